@@ -7,7 +7,7 @@ the wire names camelCase (one alias generator, below).
 
 Two kinds of checks:
   * single-field checks (types, enums, bounds, unknown fields) live in the types
-    and therefore also in the CRD schema;
+    and therefore also in the CRD schema; `check_schema` runs exactly these;
   * cross-field checks live in `validate` and report every problem as
     ``field.path: what is wrong (got X); fix``.
 
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
 import json
+import math
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kiln.dev"
@@ -158,6 +161,19 @@ class _Api(BaseModel):
         frozen=True,
         use_enum_values=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Drop nulls of fields that have a default and are not nullable, so the default applies.
+
+        The API server does the same (structural-schema defaulting replaces such a null with the
+        field's default), so `dataset: null` is accepted by `kubectl apply` and by `parse_job`.
+        """
+        if not isinstance(data, dict):
+            return data
+        defaulted = _null_defaulted(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -371,14 +387,44 @@ class TrainingJobSpec(_Api):
 
 
 class ObjectMeta(_Api):
-    """The subset of Kubernetes metadata a job file carries; server-set fields are accepted."""
+    """Kubernetes object metadata: what a job file carries plus the fields the server sets.
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+    Unknown keys are rejected (as `kubectl apply` does with strict field validation), so a typo
+    such as `lables` is an error rather than silently ignored.
+    """
 
-    name: str = Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)
-    namespace: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(
+        min_length=1,
+        max_length=NAME_MAX_LENGTH,
+        pattern=NAME_PATTERN,
+        description="name: DNS-1123 label (lowercase letters, digits, '-'; at most 63 characters).",
+    )
+    generate_name: str | None = Field(default=None, description="generateName: name prefix.")
+    namespace: str | None = Field(default=None, description="namespace: the job's namespace.")
+    self_link: str | None = Field(default=None, description="selfLink: set by the server.")
+    uid: str | None = Field(default=None, description="uid: set by the server.")
+    resource_version: str | None = Field(default=None, description="resourceVersion: server.")
+    generation: int | None = Field(default=None, description="generation: spec generation.")
+    creation_timestamp: str | None = Field(
+        default=None, description="creationTimestamp: RFC 3339, set by the server."
+    )
+    deletion_timestamp: str | None = Field(
+        default=None, description="deletionTimestamp: RFC 3339, set by the server."
+    )
+    deletion_grace_period_seconds: int | None = Field(
+        default=None, description="deletionGracePeriodSeconds: set by the server."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="labels: string map.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="annotations: string map."
+    )
+    owner_references: list[dict[str, Any]] | None = Field(
+        default=None, description="ownerReferences: owning objects."
+    )
+    finalizers: list[str] | None = Field(default=None, description="finalizers: pending cleanup.")
+    managed_fields: list[dict[str, Any]] | None = Field(
+        default=None, description="managedFields: server-side apply bookkeeping."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -450,11 +496,15 @@ class TrainingJobStatus(_Api):
 
 
 class TrainingJob(_Api):
+    """TrainingJob: trains one model on one dataset; Kiln warm-starts, places and freezes it."""
+
     api_version: Literal["kiln.dev/v1alpha1"] = Field(description="apiVersion: kiln.dev/v1alpha1")
     kind: Literal["TrainingJob"] = Field(description="kind: TrainingJob")
-    metadata: ObjectMeta
-    spec: TrainingJobSpec
-    status: TrainingJobStatus | None = None
+    metadata: ObjectMeta = Field(description="metadata: standard object metadata.")
+    spec: TrainingJobSpec = Field(description="spec: what to train and how.")
+    status: TrainingJobStatus | None = Field(
+        default=None, description="status: written by the operator (phase, conditions, results)."
+    )
 
     @property
     def name(self) -> str:
@@ -472,21 +522,48 @@ def parse_job(doc: Any, *, source: str = "") -> TrainingJob:
         InvalidSpec: with every problem found: unknown fields (with a did-you-mean), wrong types,
             bounds, enums, wrong apiVersion/kind, invalid metadata.name, and `validate`'s checks.
     """
-    if not isinstance(doc, dict):
-        raise InvalidSpec([f"<document>: expected a mapping, got {type(doc).__name__}"], source=source)
-    problems = _unknown_fields(TrainingJob, doc, "")
-    try:
-        # Strict JSON-mode validation: YAML types are taken as the API server takes them
-        # ("5" is not an integer, "yes" is not a boolean), so the CRD and this agree.
-        text = json.dumps(doc, default=str)
-        job = TrainingJob.model_validate_json(text, strict=True)
-    except ValidationError as exc:
-        problems += [_format_error(e) for e in exc.errors() if e["type"] != "extra_forbidden"]
-        raise InvalidSpec(problems, source=source) from None
+    job, problems = _check_schema(doc)
+    if job is None:
+        raise InvalidSpec(problems, source=source)
     problems += validate(job)
     if problems:
         raise InvalidSpec(problems, source=source)
     return job
+
+
+def check_schema(doc: Any) -> list[str]:
+    """The single-field problems of a job document: exactly what the CRD's schema also rejects.
+
+    Unknown fields (with a did-you-mean), wrong types, bounds, enums, wrong apiVersion/kind, an
+    invalid metadata.name, numbers JSON cannot carry. `validate`'s cross-field rules are not run.
+
+    Args:
+        doc: one document as decoded from YAML/JSON.
+
+    Returns:
+        One ``field.path: what is wrong (got X)`` line per problem; [] when the schema accepts it.
+    """
+    return _check_schema(doc)[1]
+
+
+def _check_schema(doc: Any) -> tuple[TrainingJob | None, list[str]]:
+    """`check_schema`'s problems and the parsed job (None when the types reject the document)."""
+    if not isinstance(doc, dict):
+        return None, [f"<document>: expected a mapping, got {type(doc).__name__}"]
+    problems = _unknown_fields(TrainingJob, doc, "")
+    number_problems: list[str] = []
+    wire = _as_kubectl_sends(doc, "", number_problems)
+    if number_problems:
+        return None, problems + number_problems
+    try:
+        # Strict JSON-mode validation: YAML types are taken as the API server takes them
+        # ("5" is not an integer, "yes" is not a boolean), so the CRD and this agree.
+        job = TrainingJob.model_validate_json(json.dumps(wire), strict=True)
+    except ValidationError as exc:
+        errors = exc.errors()
+        shown = [e for e in errors if e["type"] != "extra_forbidden"] if problems else errors
+        return None, problems + [_format_error(e) for e in shown]
+    return job, problems
 
 
 def load_jobs(path: str | Path) -> list[TrainingJob]:
@@ -592,6 +669,41 @@ def _unknown_fields(model: type[BaseModel], data: Any, path: str) -> list[str]:
             else:
                 problems += _unknown_fields(sub, value, where)
     return problems
+
+
+def _as_kubectl_sends(value: Any, where: str, problems: list[str]) -> Any:
+    """`value` as `kubectl apply` sends it: YAML decoded, then encoded as JSON by Go.
+
+    Whole floats become integers (Go writes 5.0 as 5, so `epochs: 5.0` is an integer on the
+    server), other scalars (dates) become strings, keys become strings. Infinities and NaN cannot
+    be sent at all; each is appended to `problems` naming its field.
+    """
+    if isinstance(value, dict):
+        return {
+            str(k): _as_kubectl_sends(v, f"{where}.{k}" if where else str(k), problems)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_as_kubectl_sends(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            problems.append(f"{where}: must be a finite number; JSON cannot carry it (got {value})")
+            return value
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if value is None or isinstance(value, str | int):  # bool is an int
+        return value
+    return str(value)
+
+
+@functools.cache
+def _null_defaulted(model: type[BaseModel]) -> frozenset[str]:
+    """Wire and Python names of `model`'s fields that have a default and do not accept null."""
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        nullable = field.annotation is None or type(None) in typing.get_args(field.annotation)
+        if not field.is_required() and not nullable:
+            names |= {name, field.alias or name}
+    return frozenset(names)
 
 
 def _model_types(annotation: Any) -> list[type[BaseModel]]:

@@ -1,0 +1,97 @@
+"""Shared pytest fixtures.
+
+S3 server (owner: zoo): `s3_server` starts moto's S3-compatible server as a subprocess on
+127.0.0.1 (DESIGN §7: the `minio` SDK talks to a real server over HTTP), once per session;
+`s3_bucket` gives each test a fresh bucket name on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+S3_SERVER_START_SECONDS = 60.0  # moto imports a lot; a loaded 2-core machine needs a while
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Server:
+    """A running S3-compatible server.
+
+    Attributes:
+        endpoint: ``host:port`` (plain HTTP).
+        access_key: an access key it accepts (moto accepts any).
+        secret_key: the matching secret key.
+    """
+
+    endpoint: str
+    access_key: str = "kiln-test-access"
+    secret_key: str = "kiln-test-secret"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers(port: int) -> bool:
+    """Whether an HTTP server answers on 127.0.0.1:port (any status counts)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", "/")
+        connection.getresponse().read()
+        return True
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """Start ``python -m moto.server`` on a free port, wait until it answers, stop it after."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("moto") / "moto-server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + S3_SERVER_START_SECONDS
+        while not _answers(port):
+            if process.poll() is not None:
+                pytest.fail(
+                    f"moto S3 server exited with code {process.returncode} before answering "
+                    f"on port {port}; its log:\n{log_path.read_text(errors='replace')[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"moto S3 server did not answer on port {port} within "
+                    f"{S3_SERVER_START_SECONDS:.0f} s; its log is {log_path}"
+                )
+            time.sleep(0.1)  # integration fixture: polling a starting server
+        yield S3Server(endpoint=f"127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A bucket name no other test uses (the store under test creates it)."""
+    return f"kiln-test-{uuid.uuid4().hex[:16]}"

@@ -1,0 +1,165 @@
+"""`kiln.api`: bad documents get one message per problem naming the field; the schema part
+(`check_schema`) is exactly what the CRD also checks; nulls, whole floats and server metadata are
+read the way the API server reads them. Agreement with the CRD itself is in test_crd.py."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kiln import api
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "kiln.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "minimal"},
+    "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}},
+}
+
+
+def corpus(kind: str) -> list[Any]:
+    """Documents of tests/data/jobs/<kind>/ as pytest params (doc, field, message)."""
+    params = []
+    for path in sorted((JOBS / kind).glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        notes = dict(re.findall(r"^# (field|message): (.*)$", text, flags=re.MULTILINE))
+        field, message = notes.get("field", ""), notes.get("message", "")
+        params.append(pytest.param(yaml.safe_load(text), field, message, id=path.stem))
+    return params
+
+
+def with_spec(**spec: Any) -> dict[str, Any]:
+    """MINIMAL with spec keys replaced."""
+    return {**MINIMAL, "spec": {**MINIMAL["spec"], **spec}}
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("invalid"))
+def test_schema_problem_message_names_the_field(doc: Any, field: str, message: str) -> None:
+    problems = api.check_schema(doc)
+    assert any(p.startswith(f"{field}: ") for p in problems), problems
+    assert any(message in p for p in problems), (message, problems)
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("invalid"))
+def test_parse_job_raises_exactly_the_schema_problems(doc: Any, field: str, message: str) -> None:
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc, source="job.yaml")
+    assert caught.value.problems == api.check_schema(doc)
+    assert str(caught.value).startswith("job.yaml: invalid TrainingJob:")
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("valid"))
+def test_valid_document_parses_and_round_trips_through_the_wire(
+    doc: Any, field: str, message: str
+) -> None:
+    assert api.check_schema(doc) == []
+    job = api.parse_job(doc)
+    assert api.parse_job(api.to_wire(job)) == job
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("crossfield"))
+def test_check_schema_leaves_cross_field_rules_to_validate(
+    doc: Any, field: str, message: str
+) -> None:
+    assert api.check_schema(doc) == []
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc)
+    assert [p.split(": ", 1)[0] for p in caught.value.problems] == [field]
+
+
+def test_unknown_field_suggests_the_closest_wire_name() -> None:
+    doc = with_spec(training={"epoch": 3, "batchsize": 8}, warmStart={"minSimilarty": 0.5})
+    assert api.check_schema(doc) == [
+        "spec.training.epoch: unknown field; did you mean 'epochs'?",
+        "spec.training.batchsize: unknown field; did you mean 'batchSize'?",
+        "spec.warmStart.minSimilarty: unknown field; did you mean 'minSimilarity'?",
+    ]
+
+
+def test_unknown_field_far_from_any_name_lists_the_known_ones() -> None:
+    (problem,) = api.check_schema(with_spec(freezing={"xyz": 1}))
+    assert problem == "spec.freezing.xyz: unknown field; known: enabled"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = with_spec(training={"epochs": 0, "batchSize": "big", "optimizer": {"name": "sgdm"}})
+    assert [p.split(":")[0] for p in api.check_schema(doc)] == [
+        "spec.training.epochs", "spec.training.batchSize", "spec.training.optimizer.name"]
+
+
+def test_null_for_a_field_with_a_default_means_the_default() -> None:
+    job = api.parse_job(with_spec(dataset={"name": None}, training=None, template=None))
+    assert job.spec.dataset == api.DatasetSpec()
+    assert job.spec.training == api.TrainingSpec()
+    assert job.spec.template == {}
+
+
+def test_null_for_a_required_field_is_an_error() -> None:
+    assert api.check_schema(with_spec(model=None)) == ["spec.model: Input should be an object"]
+
+
+def test_null_for_an_optional_field_means_unset() -> None:
+    job = api.parse_job(with_spec(target=None, resources={"gpus": None}))
+    assert job.spec.target is None and job.spec.resources.gpus is None
+
+
+def test_whole_float_is_read_as_the_integer_kubectl_sends() -> None:
+    job = api.parse_job(with_spec(training={"epochs": 5.0}))
+    assert job.spec.training.epochs == 5 and isinstance(job.spec.training.epochs, int)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_non_finite_number_is_rejected_naming_the_field(value: float) -> None:
+    (problem,) = api.check_schema(with_spec(training={"gradClipNorm": value}))
+    assert problem.startswith("spec.training.gradClipNorm: must be a finite number")
+
+
+def test_quoted_numbers_and_booleans_keep_their_yaml_type() -> None:
+    problems = api.check_schema(with_spec(training={"epochs": "5"}, dataset={"download": "yes"}))
+    assert problems == [
+        "spec.dataset.download: Input should be a valid boolean (got 'yes')",
+        "spec.training.epochs: Input should be a valid integer (got '5')",
+    ]
+
+
+def test_server_set_metadata_is_accepted_and_unknown_metadata_is_not() -> None:
+    server_meta = {"name": "a", "uid": "u", "resourceVersion": "7", "generation": 3,
+                   "creationTimestamp": "2025-01-01T00:00:00Z", "finalizers": ["kiln.dev/x"]}
+    assert api.parse_job({**MINIMAL, "metadata": server_meta}).metadata.generation == 3
+    assert api.check_schema({**MINIMAL, "metadata": {"name": "a", "namspace": "x"}}) == [
+        "metadata.namspace: unknown field; did you mean 'namespace'?"]
+
+
+def test_to_wire_leaves_server_metadata_out_when_unset() -> None:
+    assert api.to_wire(api.parse_job(MINIMAL))["metadata"] == {
+        "name": "minimal", "labels": {}, "annotations": {}}
+
+
+def test_non_mapping_document_is_one_problem() -> None:
+    assert api.check_schema(["a"]) == ["<document>: expected a mapping, got list"]
+    assert api.check_schema(None) == ["<document>: expected a mapping, got NoneType"]
+
+
+def test_load_jobs_names_each_document_of_a_multi_document_file(tmp_path: Path) -> None:
+    bad = with_spec(training={"epochs": 0})
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all([MINIMAL, bad]), encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.load_jobs(path)
+    assert caught.value.source == f"{path}[1]"
+    assert caught.value.problems[0].startswith("spec.training.epochs: ")
+
+
+def test_load_jobs_reports_yaml_errors_with_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("spec:\n  model: [1, 2\n", encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.load_jobs(path)
+    (problem,) = caught.value.problems
+    assert problem.startswith("not valid YAML at line ")

@@ -1,0 +1,391 @@
+"""`kiln.crd`: the committed CRD is regenerated from `kiln.api`, is structural, and agrees with it.
+
+The agreement corpus (tests/data/jobs/{valid,invalid,crossfield}/) runs every document through
+(a) the CRD's schema as an API server with fieldValidation=Strict applies it, emulated below with
+jsonschema, and (b) `api.check_schema`: both must accept, or both reject, each document.
+Cross-field documents must pass the CRD (it has no CEL rules) and fail `api.validate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from kiln import api, crd
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "crds" / "trainingjob.yaml"
+JOBS = REPO / "tests" / "data" / "jobs"
+PRESERVE = crd.PRESERVE_UNKNOWN
+REGENERATE = (
+    "run `kiln crd` to regenerate (until the CLI lands: "
+    "python -c 'from kiln import crd; crd.write([\"crds/trainingjob.yaml\"])')"
+)
+
+
+def corpus(kind: str) -> list[Any]:
+    """Documents of tests/data/jobs/<kind>/ as pytest params (doc, field, message)."""
+    params = []
+    for path in sorted((JOBS / kind).glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        notes = dict(re.findall(r"^# (field|message): (.*)$", text, flags=re.MULTILINE))
+        field, message = notes.get("field", ""), notes.get("message", "")
+        params.append(pytest.param(yaml.safe_load(text), field, message, id=path.stem))
+    return params
+
+
+# ----------------------------------------------------------------------------------------------
+# the API server, emulated: kubectl's YAML -> JSON, strict fields, null pruning, defaulting,
+# OpenAPI v3 validation, apiVersion/kind routing, ObjectMeta
+
+
+def _kubectl_json(value: Any, where: str, problems: list[str]) -> Any:
+    """What kubectl sends: Go's JSON encoder writes 5.0 as 5 and refuses NaN and infinities."""
+    if isinstance(value, dict):
+        return {str(k): _kubectl_json(v, f"{where}.{k}", problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_kubectl_json(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{where.lstrip('.')}: json: unsupported value: {value}")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value if value is None or isinstance(value, str | int | float) else str(value)
+
+
+def _prune_and_default(value: Any, node: dict[str, Any]) -> None:
+    """Structural defaulting, in place: a non-nullable null takes the default or is pruned,
+    an absent field with a default gets it; then the same inside (defaults included)."""
+    if node.get(PRESERVE):
+        return
+    if isinstance(value, dict) and "properties" in node:
+        for key, prop in node["properties"].items():
+            if key in value and value[key] is None and not prop.get("nullable"):
+                if "default" in prop:
+                    value[key] = copy.deepcopy(prop["default"])
+                else:
+                    del value[key]
+            elif key not in value and "default" in prop:
+                value[key] = copy.deepcopy(prop["default"])
+        for key, sub in value.items():
+            if key in node["properties"]:
+                _prune_and_default(sub, node["properties"][key])
+    if isinstance(value, list) and "items" in node:
+        for item in value:
+            _prune_and_default(item, node["items"])
+
+
+def _json_schema(node: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI v3 (CRD) node as JSON Schema 2020-12, as a strict API server reads it."""
+    skip = ("nullable", "default", "description", PRESERVE, "properties", "items",
+            "additionalProperties", "exclusiveMinimum", "exclusiveMaximum")
+    out = {k: v for k, v in node.items() if k not in skip}
+    if node.get("nullable"):
+        out["type"] = [node["type"], "null"]  # the enum must still list null itself
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if node.get(bound) is True:
+            out[bound] = out.pop(limit)
+    if "properties" in node:
+        out["properties"] = {k: _json_schema(v) for k, v in node["properties"].items()}
+        if not node.get(PRESERVE):
+            out["additionalProperties"] = False  # fieldValidation=Strict: unknown is an error
+    if "items" in node:
+        out["items"] = _json_schema(node["items"])
+    if isinstance(node.get("additionalProperties"), dict):
+        out["additionalProperties"] = _json_schema(node["additionalProperties"])
+    return out
+
+
+def _object_meta(name: dict[str, Any]) -> dict[str, Any]:
+    """The API server's own ObjectMeta schema, with the CRD's restrictions on name."""
+    text, whole = {"type": ["string", "null"]}, {"type": ["integer", "null"]}
+    strings = {"type": ["object", "null"], "additionalProperties": {"type": "string"}}
+    objects = {"type": ["array", "null"], "items": {"type": "object"}}
+    fields = {
+        "name": name, "generateName": text, "namespace": text, "selfLink": text, "uid": text,
+        "resourceVersion": text, "generation": whole, "creationTimestamp": text,
+        "deletionTimestamp": text, "deletionGracePeriodSeconds": whole, "labels": strings,
+        "annotations": strings, "ownerReferences": objects, "managedFields": objects,
+        "finalizers": {"type": ["array", "null"], "items": {"type": "string"}},
+    }
+    return {"type": "object", "properties": fields, "required": ["name"],
+            "additionalProperties": False}
+
+
+class StrictApiServer:
+    """kube-apiserver admitting a TrainingJob with fieldValidation=Strict, given the CRD."""
+
+    def __init__(self, definition: dict[str, Any]) -> None:
+        spec = definition["spec"]
+        version = spec["versions"][0]
+        self.api_version = f"{spec['group']}/{version['name']}"
+        self.kind = spec["names"]["kind"]
+        self.openapi = version["schema"]["openAPIV3Schema"]
+        schema = _json_schema(self.openapi)
+        schema["properties"]["metadata"] = _object_meta(schema["properties"]["metadata"]
+                                                        ["properties"]["name"])
+        jsonschema.Draft202012Validator.check_schema(schema)
+        self.validator = jsonschema.Draft202012Validator(schema)
+
+    def admit(self, doc: Any) -> tuple[Any, list[str]]:
+        """The object as stored (defaults applied) and the problems; [] means accepted."""
+        problems: list[str] = []
+        obj = _kubectl_json(doc, "", problems)
+        if problems:
+            return None, problems
+        if not isinstance(obj, dict):
+            return None, [f"<document>: must be an object, got {type(obj).__name__}"]
+        if obj.get("apiVersion") != self.api_version or obj.get("kind") != self.kind:
+            problems.append(f"no matches for kind {obj.get('kind')!r} in {obj.get('apiVersion')!r}")
+        _prune_and_default(obj, self.openapi)
+        for error in sorted(self.validator.iter_errors(obj), key=lambda e: list(map(str, e.path))):
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.path)
+            problems.append(f"{where.lstrip('.') or '<document>'}: {error.message}")
+        return obj, problems
+
+
+@pytest.fixture(scope="module")
+def server() -> StrictApiServer:
+    return StrictApiServer(yaml.safe_load(COMMITTED.read_text(encoding="utf-8")))
+
+
+# ----------------------------------------------------------------------------------------------
+# the generated file
+
+
+def test_committed_crd_is_regenerated_from_api() -> None:
+    assert COMMITTED.exists(), f"{COMMITTED} is missing; {REGENERATE}"
+    assert crd.render() == COMMITTED.read_text(encoding="utf-8"), f"CRD is stale; {REGENERATE}"
+
+
+def test_render_starts_with_the_generated_header_and_is_stable() -> None:
+    text = crd.render()
+    assert text.startswith("# Generated by `kiln crd` from kiln/api.py; do not edit.\n")
+    assert text == crd.render()
+    assert yaml.safe_load(text) == crd.build()
+
+
+def test_write_writes_the_same_bytes_to_every_path(tmp_path: Path) -> None:
+    paths = [tmp_path / "crds" / "trainingjob.yaml", tmp_path / "helm" / "crds" / "tj.yaml"]
+    assert crd.write(paths) == paths
+    assert [p.read_text(encoding="utf-8") for p in paths] == [crd.render()] * 2
+
+
+def test_crd_is_a_valid_apiextensions_v1_object() -> None:
+    """Kubernetes' own schema for CustomResourceDefinition (boolean exclusiveMinimum, etc.)."""
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="pip install -e '.[test]' installs kubernetes-validate")
+    version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(crd.build(), version, strict=True)
+
+
+def test_crd_names_scope_and_version_come_from_api() -> None:
+    spec = crd.build()["spec"]
+    assert crd.build()["metadata"]["name"] == "trainingjobs.kiln.dev"
+    assert (spec["group"], spec["scope"]) == (api.GROUP, "Namespaced")
+    assert spec["names"] == {
+        "kind": api.KIND, "listKind": "TrainingJobList", "plural": api.PLURAL,
+        "singular": api.SINGULAR, "shortNames": list(api.SHORT_NAMES),
+        "categories": list(api.CATEGORIES),
+    }
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (api.VERSION, True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns_point_at_declared_fields_of_the_right_type() -> None:
+    version = crd.build()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Parent", "GPUs", "Accuracy", "Age"]
+    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    assert columns["Age"] == age
+    expected = {
+        "Phase": ("status.phase", "string"),
+        "Parent": ("status.warmStart.parent", "string"),
+        "GPUs": ("status.placement.gpus", "integer"),
+        "Accuracy": ("status.result.validationAccuracy", "number"),
+    }
+    for name, (path, kind) in expected.items():
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        assert (columns[name]["jsonPath"], columns[name]["type"], node["type"]) == (
+            f".{path}", kind, kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# the schema is structural and complete
+
+
+def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for key, sub in node.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{key}" if path else key)
+    if "items" in node:
+        yield from _nodes(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _nodes(node["additionalProperties"], f"{path}.*")
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _nodes(crd.openapi_schema()):
+        where = path or "<root>"
+        assert not {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "const", "title"} & set(
+            node), f"{where}: {sorted(node)}"
+        assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), (
+            f"{where}: no type")
+        if node["type"] == "object":
+            assert "properties" in node or node.get(PRESERVE) or "additionalProperties" in node, (
+                f"{where}: an object must list its properties")
+            assert not ("properties" in node and "additionalProperties" in node), where
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(bound, True), bool), f"{where}: {bound} must be boolean"
+        if node.get("nullable") and "enum" in node:
+            assert None in node["enum"], f"{where}: a nullable enum must list null"
+
+
+def test_only_model_args_and_template_keep_unknown_fields() -> None:
+    kept = [path for path, node in _nodes(crd.openapi_schema()) if node.get(PRESERVE)]
+    assert kept == ["spec.model.args", "spec.template"]
+
+
+def test_metadata_restricts_only_the_name() -> None:
+    metadata = crd.openapi_schema()["properties"]["metadata"]
+    assert set(metadata) == {"type", "properties"} and list(metadata["properties"]) == ["name"]
+    name = metadata["properties"]["name"]
+    assert (name["maxLength"], name["pattern"]) == (api.NAME_MAX_LENGTH, api.NAME_PATTERN)
+
+
+def test_every_property_description_starts_with_its_wire_name() -> None:
+    for path, node in _nodes(crd.openapi_schema()):
+        wire = path.rsplit(".", 1)[-1]
+        if not path or path == "metadata" or wire.endswith("[]") or wire == "*":
+            continue  # the root, server-owned metadata (no description allowed) and list items
+        assert re.match(rf"{re.escape(wire)}[:.]", node.get("description", "")), (
+            f"{path}: description {node.get('description')!r} must start with '{wire}:'")
+
+
+def _declared(model: type[BaseModel], node: dict[str, Any], path: str) -> Iterator[str]:
+    """Wire paths of `model`'s fields missing from the schema `node`, recursively."""
+    for name, field in model.model_fields.items():
+        wire = field.alias or name
+        prop = node.get("properties", {}).get(wire)
+        if prop is None:
+            yield f"{path}.{wire}"
+            continue
+        for sub in crd._model_types(field.annotation):
+            yield from _declared(sub, prop["items"] if prop["type"] == "array" else prop,
+                                 f"{path}.{wire}")
+
+
+@pytest.mark.parametrize(("model", "path"), [
+    pytest.param(api.TrainingJobSpec, "spec", id="spec"),
+    pytest.param(api.TrainingJobStatus, "status", id="status"),
+])
+def test_every_api_field_is_declared_so_nothing_is_pruned(
+    model: type[BaseModel], path: str
+) -> None:
+    assert list(_declared(model, crd.openapi_schema()["properties"][path], path)) == []
+
+
+def test_spec_requires_model_and_a_target_requires_its_value() -> None:
+    schema = crd.openapi_schema()
+    spec = schema["properties"]["spec"]
+    assert schema["required"] == ["spec"] and spec["required"] == ["model"]
+    assert spec["properties"]["model"]["required"] == ["architecture", "inputShape"]
+    assert spec["properties"]["target"]["required"] == ["value"]
+
+
+def test_every_default_is_valid_against_its_own_schema() -> None:
+    for path, node in _nodes(crd.openapi_schema()):
+        if "default" in node:
+            errors = list(jsonschema.Draft202012Validator(_json_schema(node)).iter_errors(
+                node["default"]))
+            assert errors == [], path
+
+
+# ----------------------------------------------------------------------------------------------
+# agreement with kiln.api
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("valid") + corpus("invalid"))
+def test_crd_and_api_agree_on_every_document(
+    server: StrictApiServer, doc: Any, field: str, message: str
+) -> None:
+    _, crd_problems = server.admit(doc)
+    api_problems = api.check_schema(doc)
+    assert bool(crd_problems) == bool(api_problems), (
+        f"disagreement: CRD says {crd_problems or 'valid'}, api says {api_problems or 'valid'}")
+    assert bool(api_problems) == bool(field), "valid/ documents pass, invalid/ ones fail"
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("valid"))
+def test_crd_defaults_equal_api_defaults(
+    server: StrictApiServer, doc: Any, field: str, message: str
+) -> None:
+    stored, problems = server.admit(doc)
+    assert problems == []
+    wire = api.to_wire(api.parse_job(doc))
+    for part in ("spec", "status"):
+        assert _without_nulls(stored.get(part)) == _without_nulls(wire.get(part)), part
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), corpus("crossfield"))
+def test_crd_accepts_cross_field_problems_that_api_validate_rejects(
+    server: StrictApiServer, doc: Any, field: str, message: str
+) -> None:
+    assert server.admit(doc)[1] == [] and api.check_schema(doc) == []
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc)
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{field}: ") and message in problem
+
+
+def test_every_cross_field_rule_of_api_validate_has_one_corpus_case() -> None:
+    rules = inspect.getsource(api.validate).count("problems.append(")
+    messages = set()
+    for param in corpus("crossfield"):
+        doc = param.values[0]
+        for problem in api.validate(api.TrainingJob.model_validate(doc)):
+            messages.add(re.sub(r"\d+|\(got .*\)|\[.*\]", "#", problem))
+    assert len(messages) == rules == len(corpus("crossfield")), sorted(messages)
+
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES or [pytest.param(None, marks=pytest.mark.skip(
+    reason="examples/ holds no job yet"))], ids=[p.stem for p in EXAMPLES] or ["none"])
+def test_every_example_passes_the_crd_and_api(server: StrictApiServer, path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        assert server.admit(doc)[1] == [], path.name
+    assert api.load_jobs(path)
+
+
+def test_strict_server_emulation_rejects_what_a_server_rejects(server: StrictApiServer) -> None:
+    """The oracle itself: unknown fields, wrong routing, bad names, NaN never pass."""
+    ok = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "a"},
+          "spec": {"model": {"architecture": "x", "inputShape": [1, 8, 8]}}}
+    assert server.admit(ok)[1] == []
+    for bad in ({"extra": 1}, {"kind": "Pod"}, {"metadata": {"name": "A"}},
+                {"spec": {"model": {"architecture": "x", "inputShape": [math.nan]}}}):
+        assert server.admit({**ok, **bad})[1], bad
+    assert json.dumps(server.admit(ok)[0]["spec"]["training"]["optimizer"]) == (
+        '{"name": "sgd", "lr": 0.1, "momentum": 0.9, "weightDecay": 0.0005, "nesterov": false}')

@@ -1,0 +1,311 @@
+"""Unit tests of kiln.zoo.records: the meta.json codec, ids, write/delete order, weights.
+
+Stores here are DirStores in tmp_path; the same behaviour against a real S3 server is in
+tests/integration/test_zoo_stores.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kiln.zoo import records, store
+
+
+def _record(record_id: str = "small_resnet-0badc0de", **changes: Any) -> records.ZooRecord:
+    record = records.ZooRecord(
+        id=records.ZooModelId(record_id),
+        architecture="small_resnet",
+        args={"num_classes": 10, "depth": 2},
+        input_shape=(1, 8, 8),
+        modality="image",
+        task="classification",
+        dataset="digits",
+        metric_name="validation_accuracy",
+        metric_value=0.93,
+        validation_accuracy=0.93,
+        validation_loss=0.25,
+        samples_per_second=1520.5,
+        num_params=12345,
+        parent=None,
+        similarity=None,
+        created_time="2024-05-01T12:00:00Z",
+        job_name="digits-resnet",
+        job_spec={"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob"},
+    )
+    return dataclasses.replace(record, **changes)
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    return {"stem.weight": torch.arange(18.0).reshape(2, 1, 3, 3), "head.bias": torch.zeros(10)}
+
+
+class RecordingStore:
+    """A DirStore that records the order of writes and deletes."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = store.DirStore(root)
+        self.calls: list[tuple[str, str]] = []
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.calls.append(("put", key))
+        self.inner.put_bytes(key, data)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.inner.get_bytes(key)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return self.inner.list_keys(prefix)
+
+    def delete(self, key: str) -> None:
+        self.calls.append(("delete", key))
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def describe(self) -> str:
+        return "recording " + self.inner.describe()
+
+
+def _meta(record: records.ZooRecord) -> dict[str, Any]:
+    return dict(json.loads(dataclasses.replace(record, weights_sha256="ab" * 32).to_json()))
+
+
+# ----------------------------------------------------------------------------------------------
+# meta.json
+
+
+def test_meta_json_round_trips_every_field() -> None:
+    record = _record(weights_sha256="0f" * 32, parent="resnet-12345678", similarity=0.7)
+    assert records.ZooRecord.from_json(record.to_json()) == record
+
+
+def test_meta_json_carries_a_schema_version() -> None:
+    assert json.loads(_record().to_json())["schema_version"] == records.SCHEMA_VERSION
+
+
+def test_every_record_field_has_a_meta_json_check() -> None:
+    fields = [f.name for f in dataclasses.fields(records.ZooRecord)]
+    assert list(records._FIELD_KINDS) == fields
+
+
+def test_meta_json_ignores_fields_it_does_not_know() -> None:
+    doc = _meta(_record()) | {"added_later": [1, 2]}
+    assert records.ZooRecord.from_json(json.dumps(doc)).id == "small_resnet-0badc0de"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        pytest.param({"num_params": "12"}, "num_params", "expected a non-negative integer, got "
+                     "str ('12')", id="string-count"),
+        pytest.param({"num_params": True}, "num_params", "got bool", id="bool-count"),
+        pytest.param({"metric_value": None}, "metric_value", "expected a number, got NoneType",
+                     id="null-metric"),
+        pytest.param({"input_shape": []}, "input_shape", "non-empty list", id="empty-shape"),
+        pytest.param({"input_shape": [1, 0, 8]}, "input_shape", "positive", id="zero-dim"),
+        pytest.param({"args": [1]}, "args", "expected an object", id="args-list"),
+        pytest.param({"created_time": "yesterday"}, "created_time", "RFC 3339", id="time"),
+        pytest.param({"weights_sha256": "xyz"}, "weights_sha256", "SHA-256", id="sha"),
+        pytest.param({"parent": "../etc"}, "parent", "zoo model id", id="parent-id"),
+        pytest.param({"job_spec": "{}"}, "job_spec", "expected an object", id="spec-string"),
+    ],
+)
+def test_meta_json_field_of_the_wrong_type_names_record_and_field(
+    change: dict[str, Any], field: str, message: str
+) -> None:
+    doc = _meta(_record()) | change
+    with pytest.raises(records.CorruptRecord) as caught:
+        records.ZooRecord.from_json(json.dumps(doc), record_id="small_resnet-0badc0de")
+    assert caught.value.field == field
+    assert caught.value.record_id == "small_resnet-0badc0de"
+    text = str(caught.value)
+    assert text.startswith(f"zoo record small_resnet-0badc0de: meta.json field {field!r}")
+    assert message in text
+
+
+def test_meta_json_missing_a_field_names_it() -> None:
+    doc = _meta(_record())
+    del doc["dataset"]
+    with pytest.raises(records.CorruptRecord, match="field 'dataset' is missing"):
+        records.ZooRecord.from_json(json.dumps(doc), record_id="x-1")
+
+
+def test_meta_json_from_a_newer_kiln_asks_for_an_upgrade() -> None:
+    doc = _meta(_record()) | {"schema_version": records.SCHEMA_VERSION + 1}
+    with pytest.raises(records.CorruptRecord, match="upgrade Kiln"):
+        records.ZooRecord.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("{not json", "not valid JSON", id="syntax"),
+        pytest.param(b"\xff\xfe", "not valid JSON", id="binary"),
+        pytest.param("[1, 2]", "holds list, not an object", id="list"),
+        pytest.param("{}", "schema_version", id="no-version"),
+    ],
+)
+def test_unparsable_meta_json_is_a_corrupt_record(text: str | bytes, message: str) -> None:
+    with pytest.raises(records.CorruptRecord, match=message):
+        records.ZooRecord.from_json(text, record_id="x-1")
+
+
+# ----------------------------------------------------------------------------------------------
+# ids and keys
+
+
+def test_new_ids_are_the_architecture_and_eight_hex_digits() -> None:
+    ids = {records.new_id("small_resnet") for _ in range(50)}
+    assert len(ids) == 50
+    assert all(re.fullmatch(r"small_resnet-[0-9a-f]{8}", i) for i in ids)
+
+
+def test_new_ids_turn_odd_architecture_names_into_safe_ones() -> None:
+    made = records.new_id("ViT/B 16")
+    assert re.fullmatch(r"vit_b_16-[0-9a-f]{8}", made)
+    assert records.check_id(made) == made
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 129])
+def test_ids_that_cannot_name_a_folder_are_rejected(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid zoo model id"):
+        records.check_id(bad)
+
+
+def test_checkpoints_live_under_namespace_and_job() -> None:
+    key = records.checkpoint_key("team-a", "digits-resnet")
+    assert key == "checkpoints/team-a/digits-resnet/checkpoint.pt"
+    with pytest.raises(ValueError):
+        records.checkpoint_key("team-a", "../x")
+
+
+# ----------------------------------------------------------------------------------------------
+# writing and deleting
+
+
+def test_writing_puts_weights_then_graph_then_meta_json_last(tmp_path: Path) -> None:
+    zoo = RecordingStore(tmp_path)
+    records.write_record(zoo, _record(), _weights(), {"nodes": []})
+    prefix = "models/small_resnet-0badc0de/"
+    assert zoo.calls == [
+        ("put", prefix + "weights.safetensors"),
+        ("put", prefix + "graph.json"),
+        ("put", prefix + "meta.json"),
+    ]
+
+
+def test_writing_fills_in_the_weights_checksum(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    written = records.write_record(zoo, _record(), _weights(), {})
+    assert re.fullmatch(r"[0-9a-f]{64}", written.weights_sha256)
+    assert records.read_record(zoo, "small_resnet-0badc0de") == written
+
+
+def test_writing_refuses_a_checksum_that_does_not_match_the_weights(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not match"):
+        records.write_record(
+            store.DirStore(tmp_path), _record(weights_sha256="00" * 32), _weights(), {}
+        )
+
+
+def test_writing_never_overwrites_an_existing_record(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    records.write_record(zoo, _record(), _weights(), {})
+    with pytest.raises(ValueError, match="already exists"):
+        records.write_record(zoo, _record(), _weights(), {})
+
+
+def test_writing_refuses_fields_it_could_not_read_back(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    with pytest.raises(ValueError, match="refusing to write .* 'created_time'"):
+        records.write_record(zoo, _record(created_time="last tuesday"), _weights(), {})
+    assert zoo.list_keys("") == []
+
+
+def test_writing_refuses_a_graph_that_is_not_json(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    with pytest.raises(ValueError, match="graph is not JSON-serializable"):
+        records.write_record(zoo, _record(), _weights(), {"nodes": {1, 2}})
+    assert zoo.list_keys("") == []
+
+
+def test_tied_and_non_contiguous_weights_are_stored_as_separate_tensors(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    embedding = torch.randn(5, 3)
+    weights = {"embed.weight": embedding, "head.weight": embedding, "t": embedding.t()}
+    written = records.write_record(zoo, _record(), weights, {})
+    loaded = records.load_weights(zoo, written)
+    assert torch.equal(loaded["embed.weight"], embedding)
+    assert torch.equal(loaded["head.weight"], embedding)
+    assert torch.equal(loaded["t"], embedding.t())
+
+
+def test_weights_keep_their_dtypes(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    weights = {"w": torch.ones(2, dtype=torch.float16), "n": torch.tensor(7, dtype=torch.int64)}
+    loaded = records.load_weights(zoo, records.write_record(zoo, _record(), weights, {}))
+    assert loaded["w"].dtype == torch.float16
+    assert loaded["n"].item() == 7
+
+
+def test_deleting_removes_meta_json_first(tmp_path: Path) -> None:
+    zoo = RecordingStore(tmp_path)
+    records.write_record(zoo, _record(), _weights(), {})
+    zoo.calls.clear()
+    records.delete_record(zoo, "small_resnet-0badc0de")
+    assert zoo.calls[0] == ("delete", "models/small_resnet-0badc0de/meta.json")
+    assert zoo.list_keys("") == []
+
+
+def test_deleting_a_missing_record_is_not_an_error(tmp_path: Path) -> None:
+    records.delete_record(store.DirStore(tmp_path), "none-12345678")
+
+
+def test_reading_a_record_whose_meta_json_names_another_id_fails(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    written = records.write_record(zoo, _record(), _weights(), {})
+    zoo.put_bytes("models/copy-11111111/meta.json", written.to_json().encode())
+    with pytest.raises(records.CorruptRecord, match="says id 'small_resnet-0badc0de'"):
+        records.read_record(zoo, "copy-11111111")
+
+
+def test_reading_a_missing_record_is_object_not_found(tmp_path: Path) -> None:
+    with pytest.raises(store.ObjectNotFound, match="models/none-12345678/meta.json"):
+        records.read_record(store.DirStore(tmp_path), "none-12345678")
+
+
+def test_a_graph_that_is_not_an_object_is_corrupt(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    written = records.write_record(zoo, _record(), _weights(), {})
+    zoo.put_bytes("models/small_resnet-0badc0de/graph.json", b"[1]")
+    with pytest.raises(records.CorruptRecord, match="graph.json holds list"):
+        records.load_graph(zoo, written)
+
+
+def test_weights_with_a_good_checksum_but_bad_format_are_corrupt(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    written = records.write_record(zoo, _record(), _weights(), {})
+    garbage = b"not safetensors at all"
+    zoo.put_bytes("models/small_resnet-0badc0de/weights.safetensors", garbage)
+    forged = dataclasses.replace(written, weights_sha256=hashlib.sha256(garbage).hexdigest())
+    with pytest.raises(records.CorruptRecord, match="not valid safetensors"):
+        records.load_weights(zoo, forged)
+
+
+def test_listing_skips_folders_whose_names_are_not_ids(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    records.write_record(zoo, _record(), _weights(), {})
+    for name in ("meta.json", "weights.safetensors", "graph.json"):
+        zoo.put_bytes(f"models/-bad/{name}", b"{}")
+    with pytest.warns(records.SkippedRecordWarning, match="zoo record -bad .* skipped"):
+        listed = records.list_records(zoo)
+    assert [r.id for r in listed] == ["small_resnet-0badc0de"]
