@@ -1,0 +1,247 @@
+"""The `kiln` command: run jobs locally, validate job files, inspect the zoo, write the CRD.
+
+    kiln run FILE [FILE ...]      train locally, register in the zoo, print results
+    kiln validate FILE [FILE ...] check job files against the API (exit 2 if invalid)
+    kiln zoo ls | show ID | rm ID inspect or prune the model zoo
+    kiln models                   list registered architectures
+    kiln crd [--out PATH ...]     write the generated CRD (default: crds/trainingjob.yaml)
+
+Every user error is one clear message on stderr and a non-zero exit, never a traceback.
+Callers: the console script. Non-goals: no training logic here (see `kiln.local`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kiln import api, local, models
+from kiln.zoo import records, store
+
+DEFAULT_ZOO = ".kiln/zoo"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """A user mistake in arguments or files: printed as one message, exit 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `kiln` console script; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    console = Console(stderr=False)
+    errors = Console(stderr=True)
+    try:
+        code: int = args.func(args, console)
+        return code
+    except (UsageError, api.InvalidSpec, store.StoreUnavailable) as exc:
+        errors.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        return EXIT_USAGE
+    except local.TrainerFailed as exc:
+        errors.print(f"[red]error:[/] {exc}", highlight=False)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        errors.print("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="train jobs locally and register them in the zoo")
+    run.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    _zoo_options(run)
+    run.set_defaults(func=_cmd_run)
+
+    validate = sub.add_parser("validate", help="check job files (exit 2 when invalid)")
+    validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    validate.set_defaults(func=_cmd_validate)
+
+    zoo = sub.add_parser("zoo", help="inspect the model zoo")
+    zoo_sub = zoo.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
+    ls = zoo_sub.add_parser("ls", help="list models")
+    _zoo_options(ls)
+    ls.set_defaults(func=_cmd_zoo_ls)
+    show = zoo_sub.add_parser("show", help="show one model's record")
+    show.add_argument("model_id", metavar="ID")
+    _zoo_options(show)
+    show.set_defaults(func=_cmd_zoo_show)
+    rm = zoo_sub.add_parser("rm", help="delete models")
+    rm.add_argument("model_ids", nargs="+", metavar="ID")
+    _zoo_options(rm)
+    rm.set_defaults(func=_cmd_zoo_rm)
+
+    models_cmd = sub.add_parser("models", help="list registered architectures")
+    models_cmd.set_defaults(func=_cmd_models)
+
+    crd_cmd = sub.add_parser("crd", help="write the TrainingJob CRD generated from kiln.api")
+    crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",
+                         help="output file (repeatable; default crds/trainingjob.yaml)")
+    crd_cmd.set_defaults(func=_cmd_crd)
+    return parser
+
+
+def _zoo_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--zoo", default=os.environ.get("KILN_ZOO", DEFAULT_ZOO), metavar="URI",
+        help=f"zoo location: a directory or s3://bucket[/prefix] (default: $KILN_ZOO or {DEFAULT_ZOO})",
+    )
+    parser.add_argument(
+        "--zoo-endpoint", default=None, metavar="HOST:PORT",
+        help="S3 endpoint for s3:// zoos (default: $KILN_ZOO_ENDPOINT); credentials come from "
+        "$KILN_ZOO_ACCESS_KEY and $KILN_ZOO_SECRET_KEY",
+    )
+
+
+def _zoo_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"KILN_ZOO_ENDPOINT": args.zoo_endpoint} if args.zoo_endpoint else {}
+
+
+def _open_zoo(args: argparse.Namespace) -> store.ObjectStore:
+    os.environ.update(_zoo_env(args))
+    try:
+        return store.open_store(args.zoo)
+    except ValueError as exc:
+        raise UsageError(f"--zoo {args.zoo}: {exc}") from None
+
+
+def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
+    jobs, problems = [], []
+    for path in files:
+        try:
+            for job in api.load_jobs(path):
+                more = models.check_job(job)
+                if more:
+                    raise api.InvalidSpec(more, source=str(path))
+                jobs.append(job)
+        except api.InvalidSpec as exc:
+            problems.append(str(exc))
+    names = [j.name for j in jobs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        problems.append(f"metadata.name: each job needs its own name; repeated: {duplicates}")
+    if problems:
+        raise UsageError("\n".join(problems))
+    return jobs
+
+
+def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    jobs = _load_all(args.files)
+    for job in jobs:
+        console.print(f"[green]valid[/]: {job.name} ({job.spec.model.architecture} on "
+                      f"{job.spec.dataset.name})")
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    jobs = _load_all(args.files)
+    for job in jobs:
+        path = job.spec.dataset.path
+        if path and not path.startswith("s3://") and not Path(path).exists():
+            raise UsageError(f"{job.name}: spec.dataset.path: {path} does not exist here; point it "
+                             "at the data (paths are relative to the current directory)")
+    _open_zoo(args)  # fail fast on a bad zoo before any training starts
+    outcomes = local.run_jobs(
+        jobs, zoo_uri=args.zoo, work_dir=local.default_work_dir(), console=console,
+        env=_zoo_env(args),
+    )
+    console.print(_results_table(outcomes))
+    return EXIT_OK
+
+
+def _results_table(outcomes: list[local.JobOutcome]) -> Table:
+    table = Table(title="Kiln results")
+    for column in ("job", "architecture", "parent", "metric", "target reached",
+                   "time-to-target s", "wall s", "samples/s", "zoo model"):
+        table.add_column(column)
+    for o in outcomes:
+        r = o.result
+        table.add_row(
+            o.name, o.architecture, str(r.get("parent") or "cold start"),
+            _fmt(r.get("metric"), r.get("metric_name")), "yes" if r.get("target_reached") else "no",
+            _fmt(r.get("time_to_target_seconds")), _fmt(r.get("wall_seconds")),
+            _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"),
+        )
+    return table
+
+
+def _fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return f"{name} {text}" if name else text
+
+
+def _cmd_zoo_ls(args: argparse.Namespace, console: Console) -> int:
+    zoo = _open_zoo(args)
+    table = Table(title=f"Model zoo: {zoo.describe()}")
+    for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
+        table.add_column(column)
+    for rec in sorted(records.list_records(zoo), key=lambda r: r.created_time):
+        table.add_row(rec.id, rec.architecture, rec.dataset,
+                      _fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
+                      rec.parent or "-", rec.created_time)
+    console.print(table)
+    return EXIT_OK
+
+
+def _cmd_zoo_show(args: argparse.Namespace, console: Console) -> int:
+    zoo = _open_zoo(args)
+    try:
+        rec = records.read_record(zoo, records.ZooModelId(args.model_id))
+    except store.ObjectNotFound:
+        raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
+                         "`kiln zoo ls` lists them") from None
+    except records.CorruptRecord as exc:
+        raise UsageError(str(exc)) from None
+    console.print_json(json.dumps(json.loads(rec.to_json())))
+    return EXIT_OK
+
+
+def _cmd_zoo_rm(args: argparse.Namespace, console: Console) -> int:
+    zoo = _open_zoo(args)
+    missing = []
+    for model_id in args.model_ids:
+        if not zoo.exists(f"models/{model_id}/meta.json"):
+            missing.append(model_id)
+            continue
+        records.delete_record(zoo, records.ZooModelId(model_id))
+        console.print(f"deleted {model_id}")
+    if missing:
+        raise UsageError(f"no zoo model(s) {missing} in {zoo.describe()}; `kiln zoo ls` lists them")
+    return EXIT_OK
+
+
+def _cmd_models(args: argparse.Namespace, console: Console) -> int:
+    table = Table(title="Architectures")
+    for column in ("name", "family", "modality", "task"):
+        table.add_column(column)
+    for name in models.list_models():
+        info = models.get_info(name)
+        table.add_row(name, info.family, str(info.modality), str(info.task))
+    console.print(table)
+    return EXIT_OK
+
+
+def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
+    from kiln import crd
+
+    outs = args.out or [Path("crds/trainingjob.yaml")]
+    crd.write(outs)
+    for out in outs:
+        console.print(f"wrote {out}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

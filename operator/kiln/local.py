@@ -1,0 +1,209 @@
+"""Local runner: the embedded default path of `kiln run` (DESIGN.md section 1).
+
+Runs each TrainingJob as a `python -m kiln_trainer` subprocess (the same trainer a
+cluster pod runs), follows its JSON-lines progress on stdout with a live rich progress
+bar, keeps its stderr in a log file, and returns the trainer's result. Registration in
+the zoo is done by the trainer itself, so local and cluster runs share that code.
+
+Callers: `kiln.cli`. Non-goals: no placement (jobs run in order), no kopf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from kiln import api
+
+# How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
+STOP_GRACE_SECONDS = 30.0
+
+
+class TrainerFailed(RuntimeError):
+    """The trainer subprocess exited without a result; the message holds its last log lines."""
+
+    def __init__(self, job_name: str, exit_code: int, log_path: Path, tail: list[str]) -> None:
+        self.job_name, self.exit_code, self.log_path = job_name, exit_code, log_path
+        shown = "\n    ".join(tail) if tail else "(no output)"
+        super().__init__(
+            f"job {job_name}: trainer exited with code {exit_code}; last lines of {log_path}:\n"
+            f"    {shown}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOutcome:
+    """One finished job: its name, architecture and the trainer's result JSON."""
+
+    name: str
+    architecture: str
+    result: dict[str, Any]
+
+
+def run_jobs(
+    jobs: list[api.TrainingJob],
+    *,
+    zoo_uri: str,
+    work_dir: Path,
+    console: Console,
+    env: dict[str, str] | None = None,
+) -> list[JobOutcome]:
+    """Train `jobs` one after another, each in a trainer subprocess.
+
+    Args:
+        jobs: validated jobs, run in order.
+        zoo_uri: where the trainer registers models and keeps checkpoints (path or s3://).
+        work_dir: folder for job files and trainer logs (created).
+        console: where progress and messages go.
+        env: extra environment for the trainer (zoo endpoint and credentials).
+
+    Returns:
+        One outcome per job, in order.
+
+    Raises:
+        TrainerFailed: a trainer exited without a result (later jobs are not started).
+        KeyboardInterrupt: Ctrl-C; the running trainer was asked to checkpoint and stop.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for job in jobs:
+        result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
+        outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result))
+    return outcomes
+
+
+def _run_one(
+    job: api.TrainingJob,
+    *,
+    zoo_uri: str,
+    work_dir: Path,
+    console: Console,
+    env: dict[str, str] | None,
+) -> dict[str, Any]:
+    job_file = work_dir / f"{job.name}.json"
+    job_file.write_text(json.dumps(api.to_wire(job), indent=2), encoding="utf-8")
+    log_path = work_dir / f"{job.name}.log"
+    command = [sys.executable, "-m", "kiln_trainer", "--job", str(job_file), "--zoo", zoo_uri]
+    console.print(f"[bold]{job.name}[/]: training {job.spec.model.architecture} on "
+                  f"{job.spec.dataset.name} (log: {log_path})")
+    with open(log_path, "w", encoding="utf-8") as log, _progress(console) as progress:
+        task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        )
+        result = None
+        try:
+            for event in _events(process):
+                if event.get("event") == "result":
+                    result = event
+                else:
+                    _show(progress, task, event, console)
+            process.wait()
+        except KeyboardInterrupt:
+            _stop(process)
+            console.print(f"[yellow]{job.name}: stopped; its last checkpoint is kept, "
+                          "`kiln run` again resumes it[/]")
+            raise
+    if result is None or process.returncode != 0:
+        raise TrainerFailed(job.name, process.returncode, log_path, _tail(log_path))
+    return result
+
+
+def _events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+    assert process.stdout is not None
+    for line in process.stdout:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold blue]{task.description}"),
+        BarColumn(),
+        TextColumn("epoch {task.completed:.0f}/{task.total:.0f}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _show(progress: Progress, task: TaskID, event: dict[str, Any], console: Console) -> None:
+    kind = event.get("event")
+    if kind == "info":
+        progress.console.print(f"  {event.get('message', '')}")
+        return
+    if kind != "progress":
+        return
+    parts = []
+    if event.get("train_loss") is not None:
+        parts.append(f"loss {event['train_loss']:.3f}")
+    if event.get("validation_accuracy") is not None:
+        parts.append(f"val acc {event['validation_accuracy']:.3f}")
+    if event.get("validation_loss") is not None:
+        parts.append(f"val loss {event['validation_loss']:.3f}")
+    if event.get("samples_per_second"):
+        parts.append(f"{event['samples_per_second']:.0f} samples/s")
+    if event.get("frozen_modules"):
+        parts.append(f"frozen {event['frozen_modules']}")
+    completed = float(event.get("epoch") or 0)
+    steps, per_epoch = event.get("step"), event.get("steps_per_epoch")
+    if steps is not None and per_epoch:
+        completed = max(completed - 1, 0) + min(1.0, (steps % per_epoch or per_epoch) / per_epoch)
+        completed = min(completed, float(event.get("epoch") or completed))
+    total = event.get("epochs")
+    progress.update(task, completed=completed, status="  ".join(parts),
+                    **({"total": total} if total else {}))
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """Ask the trainer to checkpoint and exit (SIGTERM); kill it if it does not."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _tail(path: Path, lines: int = 12) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip() for line in deque(f, maxlen=lines)]
+    except OSError:
+        return []
+
+
+def default_work_dir() -> Path:
+    """`./.kiln/runs`, or a temp folder when the working directory is not writable."""
+    base = Path(".kiln")
+    try:
+        base.mkdir(exist_ok=True)
+        return base / "runs"
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="kiln-runs-"))

@@ -1,0 +1,364 @@
+"""The architecture registry: names -> keyword-only builders, with metadata and natural blocks.
+
+Role: the one place that maps an architecture name from `spec.model.architecture` to a builder
+`builder(*, input_shape, **args) -> nn.Module`, in the style of torchvision's `register_model` /
+`get_model` / `list_models`. Each family module (`torchvision_models`, `small_cnn`,
+`small_resnet`, `transformers`) registers its builders here at import time and declares, beside
+each builder, the model's input modality, task and natural blocks (`declare_blocks`).
+
+Callers: `kiln.models.checks` (job checks), the trainer (builds the model), `kiln.warmstart`
+(builds candidates on the `meta` device and traces them), the freezer (`natural_blocks`), the CLI
+(`kiln models` lists `list_models()` with `get_info`).
+
+Non-goals: no I/O, no weights (never downloads, never loads a checkpoint), no device placement
+(build under `with torch.device(...)` to choose one), no knowledge of jobs or datasets (that is
+`checks`).
+
+Shapes: B batch, C channels, H height, W width (pixels), T sequence length (tokens),
+V vocabulary size, K number of classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import inspect
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+Builder = Callable[..., nn.Module]
+BuilderT = TypeVar("BuilderT", bound=Builder)
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+BlocksFn = Callable[[Any], list[str]]
+
+
+class Modality(enum.StrEnum):
+    """What one input sample is."""
+
+    IMAGE = "image"  # Tensor[C, H, W] float
+    TEXT = "text"  # LongTensor[T] of byte values
+
+
+class Task(enum.StrEnum):
+    """What the model's output means."""
+
+    CLASSIFICATION = "classification"  # logits Tensor[B, K]
+    LANGUAGE_MODELING = "language_modeling"  # next-token logits Tensor[B, T, V]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchitectureInfo:
+    """Metadata of one registered architecture.
+
+    Attributes:
+        name: registry name, e.g. "resnet18".
+        family: builder family, e.g. "resnet", "small_resnet", "vit".
+        modality: input modality (image or text).
+        task: classification or language_modeling.
+        default_args: the builder's keyword arguments and their defaults (read-only).
+        paper: the paper the architecture comes from.
+        summary: first line of the builder's docstring.
+    """
+
+    name: str
+    family: str
+    modality: Modality
+    task: Task
+    default_args: Mapping[str, Any] = dataclasses.field(hash=False, compare=False)
+    paper: str = ""
+    summary: str = ""
+
+
+class UnknownArchitecture(ValueError):
+    """An architecture name that is not registered; the message lists the closest names."""
+
+    def __init__(self, name: str, *, closest: list[str], known_count: int) -> None:
+        self.name = name
+        self.closest = closest
+        hint = f"closest: {', '.join(closest)}" if closest else "no registered name is close"
+        super().__init__(
+            f"unknown architecture {name!r}; {hint} (list_models() / `kiln models` lists all "
+            f"{known_count})"
+        )
+
+
+class IncompatibleInputShape(ValueError):
+    """A builder cannot take the given input shape (wrong rank, channels or divisibility)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    info: ArchitectureInfo
+    builder: Builder
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_BLOCKS: dict[type[nn.Module], BlocksFn] = {}
+
+
+def register_model(
+    name: str, *, family: str, modality: Modality, task: Task, paper: str = ""
+) -> Callable[[BuilderT], BuilderT]:
+    """Register a keyword-only builder under `name` (decorator; returns the builder unchanged).
+
+    Args:
+        name: registry name; unique.
+        family: family name shared by related builders (e.g. "resnet").
+        modality: input modality of the built model.
+        task: what the model's output means.
+        paper: citation of the paper the architecture comes from.
+
+    Returns:
+        A decorator for `builder(*, input_shape: tuple[int, ...], **args) -> nn.Module`.
+
+    Raises:
+        ValueError: `name` is already registered.
+        TypeError: the builder has positional parameters or lacks a keyword `input_shape`.
+    """
+
+    def decorate(builder: BuilderT) -> BuilderT:
+        if name in _REGISTRY:
+            raise ValueError(f"architecture {name!r} is already registered")
+        params = inspect.signature(builder).parameters
+        positional = [p.name for p in params.values() if p.kind != p.KEYWORD_ONLY]
+        if positional or "input_shape" not in params:
+            raise TypeError(
+                f"builder of {name!r} must take keyword-only arguments including input_shape "
+                f"(positional: {positional})"
+            )
+        defaults = {
+            p.name: p.default
+            for p in params.values()
+            if p.name != "input_shape" and p.default is not p.empty
+        }
+        doc = inspect.getdoc(builder) or ""
+        info = ArchitectureInfo(
+            name=name,
+            family=family,
+            modality=modality,
+            task=task,
+            default_args=types.MappingProxyType(defaults),
+            paper=paper,
+            summary=doc.splitlines()[0] if doc else "",
+        )
+        _REGISTRY[name] = _Entry(info=info, builder=builder)
+        return builder
+
+    return decorate
+
+
+def list_models() -> list[str]:
+    """Every registered architecture name, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_info(name: str) -> ArchitectureInfo:
+    """Metadata of a registered architecture.
+
+    Raises:
+        UnknownArchitecture: `name` is not registered (message lists the closest names).
+    """
+    return _entry(name).info
+
+
+def get_model(name: str, *, input_shape: tuple[int, ...] | list[int], **args: Any) -> nn.Module:
+    """Build a freshly initialised model (no pretrained weights, ever).
+
+    Initialisation draws from torch's global RNG: seed it (`torch.manual_seed`) for a
+    deterministic model. The model is built on the current default device; use
+    `with torch.device("meta"):` to build without allocating memory.
+
+    Args:
+        name: registered architecture name.
+        input_shape: one sample's shape without the batch: (C, H, W) for images, (T,) for text.
+        **args: the builder's keyword arguments (see `get_info(name).default_args`).
+
+    Returns:
+        The model: images Tensor[B, C, H, W] -> logits Tensor[B, K]; text LongTensor[B, T] ->
+        logits Tensor[B, T, V].
+
+    Raises:
+        UnknownArchitecture: `name` is not registered.
+        TypeError: an argument name is unknown (with the closest known names), or a value has
+            the wrong type.
+        ValueError: an argument value is out of range.
+        IncompatibleInputShape: the architecture cannot take `input_shape`.
+    """
+    entry = _entry(name)
+    problems = unknown_args(name, args)
+    if problems:
+        raise TypeError(f"{name}: " + "; ".join(f"{key}: {why}" for key, why in problems))
+    shape = tuple(int(size) for size in input_shape)
+    return entry.builder(input_shape=shape, **args)
+
+
+def unknown_args(name: str, args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Argument names the builder of `name` does not take, each with a did-you-mean.
+
+    Returns:
+        (argument name, explanation) pairs; [] when every name is known.
+
+    Raises:
+        UnknownArchitecture: `name` is not registered.
+    """
+    known = list(get_info(name).default_args)
+    problems = []
+    for key in args:
+        if key in known:
+            continue
+        if key == "input_shape":
+            problems.append((key, "set it as spec.model.inputShape, not as an argument"))
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append((key, f"unknown argument of {name}; {hint}(known: {', '.join(known)})"))
+    return problems
+
+
+def example_input(
+    name: str,
+    input_shape: tuple[int, ...] | list[int],
+    *,
+    batch_size: int = 1,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A zero input batch of the right dtype for `name`: Tensor[B, C, H, W] or LongTensor[B, T].
+
+    Useful for tracing and shape checks (e.g. on the `meta` device).
+
+    Raises:
+        UnknownArchitecture: `name` is not registered.
+    """
+    shape = (batch_size, *(int(size) for size in input_shape))
+    if get_info(name).modality == Modality.TEXT:
+        return torch.zeros(shape, dtype=torch.long, device=device)
+    return torch.zeros(shape, dtype=torch.float32, device=device)
+
+
+# ----------------------------------------------------------------------------------------------
+# natural blocks (Egeria's freezing units)
+
+
+def declare_blocks(
+    model_type: type[ModuleT],
+) -> Callable[[Callable[[ModuleT], list[str]]], Callable[[ModuleT], list[str]]]:
+    """Declare how to list the natural blocks of every instance of `model_type` (decorator).
+
+    The decorated function gets the model and returns dotted submodule names in forward order:
+    stem, blocks or stages or transformer layers, head last. Together the blocks must own every
+    parameter of the model exactly once (the tests check this for every registered model).
+    """
+
+    def decorate(blocks_fn: Callable[[ModuleT], list[str]]) -> Callable[[ModuleT], list[str]]:
+        _BLOCKS[model_type] = blocks_fn
+        return blocks_fn
+
+    return decorate
+
+
+def natural_blocks(model: nn.Module) -> list[str]:
+    """The ordered natural blocks of a model, for freezing a front prefix (Egeria).
+
+    Names are dotted submodule names (`model.get_submodule(name)` works): stem first, then
+    residual blocks / stages / transformer layers in forward order, the head last. Models of a
+    registered family use the family's declaration (looked up along the class hierarchy);
+    any other model falls back to its direct children that own parameters, in definition order.
+
+    Args:
+        model: the unwrapped model (not a DDP/FSDP wrapper).
+
+    Returns:
+        Block names; never empty for a model with parameters.
+    """
+    for cls in type(model).__mro__:
+        blocks_fn = _BLOCKS.get(cls)
+        if blocks_fn is not None:
+            return blocks_fn(model)
+    return children_with_parameters(model)
+
+
+def children_with_parameters(module: nn.Module, prefix: str = "") -> list[str]:
+    """Dotted names of `module`'s direct children that own at least one parameter, in order."""
+    return [
+        f"{prefix}{name}"
+        for name, child in module.named_children()
+        if next(child.parameters(), None) is not None
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers for builders: argument and input-shape checks with messages that name the argument
+
+
+def require_int(name: str, value: Any, *, minimum: int) -> int:
+    """`value` as an int >= `minimum`.
+
+    Raises:
+        TypeError: not an int (bools are rejected).
+        ValueError: below `minimum`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer (got {value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} (got {value})")
+    return value
+
+
+def require_float(name: str, value: Any, *, minimum_exclusive: float) -> float:
+    """`value` (int or float) as a float > `minimum_exclusive`.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: not above `minimum_exclusive`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number (got {value!r})")
+    if not value > minimum_exclusive:
+        raise ValueError(f"{name} must be > {minimum_exclusive} (got {value})")
+    return float(value)
+
+
+def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Split an image input shape into (C, H, W).
+
+    Raises:
+        IncompatibleInputShape: not three positive sizes.
+    """
+    if len(input_shape) != 3 or min(input_shape) < 1:
+        raise IncompatibleInputShape(
+            f"an image model takes input shape [C, H, W], e.g. [3, 32, 32] (got "
+            f"{list(input_shape)})"
+        )
+    channels, height, width = input_shape
+    return channels, height, width
+
+
+def sequence_length(input_shape: tuple[int, ...]) -> int:
+    """The T of a text input shape (T,).
+
+    Raises:
+        IncompatibleInputShape: not one positive size.
+    """
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise IncompatibleInputShape(
+            f"a text model takes input shape [sequenceLength], e.g. [64] (got {list(input_shape)})"
+        )
+    return input_shape[0]
+
+
+def _entry(name: str) -> _Entry:
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        names = list(_REGISTRY)
+        closest = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        if not closest:  # e.g. "ResNet-18": compare case- and punctuation-insensitively
+            folded = {n.replace("_", ""): n for n in names}
+            key = name.lower().replace("-", "").replace("_", "")
+            closest = [folded[n] for n in difflib.get_close_matches(key, list(folded), n=3)]
+        raise UnknownArchitecture(name, closest=closest, known_count=len(names))
+    return entry

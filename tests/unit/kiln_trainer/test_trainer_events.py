@@ -1,0 +1,56 @@
+"""kiln_trainer.events: the stdout JSON-lines protocol and the termination log."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from kiln_trainer import events
+
+RESULT = events.Result(
+    metric_name="validation_accuracy", metric=0.97, validation_accuracy=0.97,
+    validation_loss=0.1, wall_seconds=12.5, time_to_target_seconds=8.0, target_reached=True,
+    epochs_run=3, steps=60, samples_per_second=900.0, zoo_model="small_cnn-0123abcd",
+    resumed_from_epoch=0,
+)
+
+
+def test_every_event_is_one_strict_json_line_and_nan_becomes_null(tmp_path: Path) -> None:
+    out = io.StringIO()
+    writer = events.EventWriter(out, termination_log=tmp_path / "absent")
+    writer.info("hello")
+    writer.progress(events.Progress(
+        epoch=1, epochs=3, step=20, steps_per_epoch=20, train_loss=float("nan"),
+        validation_accuracy=None, validation_loss=None, samples_per_second=10.0,
+        eta_seconds=None, elapsed_seconds=1.0))
+    writer.result(RESULT)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["info", "progress", "result"]
+    assert lines[1]["train_loss"] is None
+    assert set(lines[1]) == {"event", "epoch", "epochs", "step", "steps_per_epoch", "train_loss",
+                             "validation_accuracy", "validation_loss", "samples_per_second",
+                             "eta_seconds", "elapsed_seconds"}
+    assert set(lines[2]) == {"event", "metric_name", "metric", "validation_accuracy",
+                             "validation_loss", "wall_seconds", "time_to_target_seconds",
+                             "target_reached", "epochs_run", "steps", "samples_per_second",
+                             "zoo_model", "resumed_from_epoch"}
+    assert not (tmp_path / "absent").exists()
+
+
+def test_result_goes_to_an_existing_termination_log_under_4_kib(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    log.touch()
+    events.EventWriter(io.StringIO(), termination_log=log).result(RESULT)
+    text = log.read_text()
+    assert len(text.encode()) < 4096
+    assert json.loads(text)["zoo_model"] == "small_cnn-0123abcd"
+
+
+def test_failure_goes_to_the_termination_log_only(tmp_path: Path) -> None:
+    log, out = tmp_path / "termination-log", io.StringIO()
+    log.touch()
+    events.EventWriter(out, termination_log=log).failure("spec.dataset.path: x" * 1000)
+    assert out.getvalue() == ""
+    assert json.loads(log.read_text())["event"] == "error"
+    assert len(log.read_bytes()) < 4096

@@ -1,0 +1,283 @@
+"""Training checkpoints: a plain dict keyed by the constants below, kept in an object store.
+
+A checkpoint holds everything a restarted trainer needs to continue as if never stopped: model,
+optimizer and schedule state, every RNG (Python, NumPy, torch CPU and CUDA), the position
+(completed epochs, batches of the next epoch already trained, optimizer steps), the training
+clock and time-to-target, the evaluation history and the spec that wrote it.
+
+Where: ``checkpoints/<namespace or 'default'>/<job-name>/checkpoint.pt`` in the zoo store, or
+``<namespace>/<job-name>/checkpoint.pt`` under a checkpoint directory (``--checkpoint-dir`` /
+``KILN_CHECKPOINTS``; without zoo or directory, ``./.kiln/checkpoints``). The bytes come from
+`torch.save` and go in with one `put_bytes` (atomic in `DirStore`: temp file + rename; a single
+PUT in S3), so a reader never sees half a checkpoint. Loading uses
+``torch.load(weights_only=True)``: nothing but tensors and plain Python values may be inside,
+which is why NumPy's RNG state is stored as a tensor.
+
+`capture` and `restore` translate the default loop's state (`tracking.RunState`, model,
+optimizer, schedule, RNGs) to and from that dict; on resume a changed spec is logged field by
+field and the job's values win, while a changed model is refused.
+
+Callers: `kiln_trainer.loop` (and users' own loops, via the package root). Non-goals: no
+sharded (FSDP) checkpoints yet, no retention of older checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from kiln import api
+from kiln.zoo import store as zoo_store
+from kiln_trainer import optim, tracking
+
+_log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+FORMAT_KEY = "format_version"  # int: FORMAT_VERSION of the writer
+MODEL_KEY = "model"  # the unwrapped model's state_dict
+OPTIMIZER_KEY = "optimizer"  # optimizer.state_dict()
+OPTIMIZER_NAME_KEY = "optimizer_name"  # spec.training.optimizer.name that produced its state
+SCHEDULER_KEY = "scheduler"  # lr scheduler state_dict (LambdaLR: step counter and base lrs)
+RNG_KEY = "rng"  # rng_state()
+EPOCH_KEY = "epoch"  # epochs completed
+EPOCH_BATCH_KEY = "epoch_batch"  # batches of the next epoch already trained (0 at an epoch end)
+STEP_KEY = "step"  # optimizer steps completed
+SAMPLES_KEY = "samples"  # training samples consumed
+TRAIN_SECONDS_KEY = "train_seconds"  # seconds spent in training steps (throughput)
+ELAPSED_KEY = "elapsed_seconds"  # training clock: wall seconds of all runs, checkpoint I/O excluded
+TTT_KEY = "time_to_target_seconds"  # float, or None while the target has not been reached
+HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_seconds, metrics)
+SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
+
+DEFAULT_DIR = Path(".kiln") / "checkpoints"
+FILE_NAME = "checkpoint.pt"
+
+# Spec sections whose changes alter the training run (the rest: zoo, runPolicy, template...).
+_COMPARED_SECTIONS = ("model", "dataset", "training")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint exists but cannot be used; the message names it and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where one job's checkpoint lives.
+
+    Attributes:
+        store: the object store (the zoo's, or a DirStore on a checkpoint directory).
+        key: the object key inside it.
+    """
+
+    store: zoo_store.ObjectStore
+    key: str
+
+    def describe(self) -> str:
+        """Human text naming store and key, for messages."""
+        return f"{self.key} in {self.store.describe()}"
+
+
+def locate(
+    job: api.TrainingJob,
+    *,
+    checkpoint_dir: str | Path | None,
+    zoo: zoo_store.ObjectStore | None,
+) -> Location:
+    """Where `job`'s checkpoint lives: the checkpoint directory, else the zoo, else ./.kiln.
+
+    Args:
+        job: the job; its namespace (or "default") and name make the key.
+        checkpoint_dir: an explicit directory (wins over the zoo), or None.
+        zoo: the zoo store, or None when the job runs without a zoo.
+    """
+    relative = f"{job.metadata.namespace or 'default'}/{job.name}/{FILE_NAME}"
+    if checkpoint_dir is not None:
+        return Location(zoo_store.DirStore(Path(checkpoint_dir)), relative)
+    if zoo is not None:
+        return Location(zoo, f"checkpoints/{relative}")
+    return Location(zoo_store.DirStore(DEFAULT_DIR), relative)
+
+
+def save_checkpoint(location: Location, state: dict[str, Any]) -> int:
+    """Write `state` (a dict keyed by the *_KEY constants) as one object.
+
+    Returns:
+        The checkpoint's size in bytes.
+
+    Raises:
+        zoo_store.StoreUnavailable: the store could not be written (after its retries).
+    """
+    buffer = io.BytesIO()
+    torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, buffer)
+    data = buffer.getvalue()
+    location.store.put_bytes(location.key, data)
+    return len(data)
+
+
+def load_checkpoint(
+    location: Location, *, map_location: str | torch.device = "cpu"
+) -> dict[str, Any] | None:
+    """Read the checkpoint at `location`, or None when there is none.
+
+    Raises:
+        CheckpointError: the object is not a checkpoint this trainer can read.
+        zoo_store.StoreUnavailable: the store could not be read (after its retries).
+    """
+    try:
+        data = location.store.get_bytes(location.key)
+    except zoo_store.ObjectNotFound:
+        return None
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]  # torch's text runs long
+        raise CheckpointError(
+            f"checkpoint {location.describe()} is unreadable ({type(exc).__name__}: {reason}); "
+            "delete it to train from scratch"
+        ) from exc
+    if not isinstance(state, dict) or state.get(FORMAT_KEY) != FORMAT_VERSION:
+        found = state.get(FORMAT_KEY) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"checkpoint {location.describe()} has format {found!r}, this trainer reads "
+            f"{FORMAT_VERSION}; delete it to train from scratch"
+        )
+    return state
+
+
+def delete_checkpoint(location: Location) -> None:
+    """Remove the checkpoint (a finished job needs none); missing is fine."""
+    if location.store.exists(location.key):
+        location.store.delete(location.key)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values (loadable with weights_only=True)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": random.getstate(),
+        "numpy": [torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                  float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned; CUDA states only when the device count matches."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def spec_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Fields of the model, dataset and training sections that differ, one line each.
+
+    Args:
+        saved: the checkpoint's SPEC_KEY (wire form of the spec that wrote it).
+        current: api.to_wire(job.spec) of the job now running.
+
+    Returns:
+        Lines like ``spec.training.optimizer.lr: checkpoint 0.1, job 0.05``.
+    """
+    lines: list[str] = []
+    for section in _COMPARED_SECTIONS:
+        _diff(saved.get(section), current.get(section), f"spec.{section}", lines)
+    return lines
+
+
+def _diff(old: Any, new: Any, path: str, lines: list[str]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            _diff(old.get(key), new.get(key), f"{path}.{key}", lines)
+    elif old != new:
+        lines.append(f"{path}: checkpoint {old!r}, job {new!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# what the default loop (kiln_trainer.loop) keeps in a checkpoint
+
+
+def capture(
+    state: tracking.RunState,
+    clock: tracking.Clock,
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """The checkpoint dict (keys: `*_KEY`) for the current position."""
+    return {
+        MODEL_KEY: raw_model.state_dict(),
+        OPTIMIZER_KEY: optimizer.state_dict(),
+        OPTIMIZER_NAME_KEY: job.spec.training.optimizer.name.value,
+        SCHEDULER_KEY: scheduler.state_dict(),
+        RNG_KEY: rng_state(),
+        EPOCH_KEY: state.epochs_done,
+        EPOCH_BATCH_KEY: state.epoch_batch,
+        STEP_KEY: state.step,
+        SAMPLES_KEY: state.samples,
+        TRAIN_SECONDS_KEY: state.train_seconds,
+        ELAPSED_KEY: clock.seconds(),
+        TTT_KEY: state.time_to_target_seconds,
+        HISTORY_KEY: state.history,
+        SPEC_KEY: api.to_wire(job.spec),
+    }
+
+
+def restore(
+    saved: dict[str, Any],
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+) -> tracking.RunState:
+    """Load a checkpoint into model, optimizer, schedule and RNGs; return the run position.
+
+    Changed model, dataset or training settings are logged as warnings; the job's values win
+    from the next step on (weights and optimizer moments come from the checkpoint).
+
+    Raises:
+        CheckpointError: the checkpoint was written for a different model.
+    """
+    spec = job.spec
+    differences = spec_differences(saved[SPEC_KEY], api.to_wire(spec))
+    model_changes = [d for d in differences if d.startswith("spec.model.")]
+    if model_changes:
+        raise CheckpointError(
+            f"the checkpoint of job {job.name} was written for another model ("
+            f"{'; '.join(model_changes)}); delete it, or give the job a new name")
+    for line in differences:
+        _log.warning("checkpoint and job differ: %s; the job's value wins from here on", line)
+    raw_model.load_state_dict(saved[MODEL_KEY])
+    if saved[OPTIMIZER_NAME_KEY] == spec.training.optimizer.name.value:
+        optimizer.load_state_dict(saved[OPTIMIZER_KEY])
+    else:
+        _log.warning("optimizer changed from %s to %s: its state starts afresh",
+                     saved[OPTIMIZER_NAME_KEY], spec.training.optimizer.name.value)
+    scheduler.load_state_dict(saved[SCHEDULER_KEY])
+    optim.apply_job_hyperparameters(optimizer, scheduler, spec.training.optimizer)
+    set_rng_state(saved[RNG_KEY])
+    return tracking.RunState(
+        epochs_done=int(saved[EPOCH_KEY]),
+        epoch_batch=int(saved[EPOCH_BATCH_KEY]),
+        step=int(saved[STEP_KEY]),
+        samples=int(saved[SAMPLES_KEY]),
+        train_seconds=float(saved[TRAIN_SECONDS_KEY]),
+        time_to_target_seconds=saved[TTT_KEY],
+        history=list(saved[HISTORY_KEY]),
+    )

@@ -1,0 +1,130 @@
+"""The trainer's command line: ``python -m kiln_trainer --job FILE [options]``.
+
+Options and their environment fallbacks (pods set the environment, people the flags):
+
+| flag | env | meaning |
+|---|---|---|
+| --job FILE | KILN_JOB_FILE, or KILN_JOB (the job as JSON text) | the TrainingJob (YAML/JSON) |
+| --zoo URI | KILN_ZOO | zoo store: a path, file://..., or s3://bucket[/prefix] |
+| --metrics-port N | KILN_METRICS_PORT | Prometheus endpoint; 0 (default) serves none |
+| --checkpoint-dir DIR | KILN_CHECKPOINTS | keep checkpoints here instead of the zoo store |
+| --no-register | | train but do not add the model to the zoo |
+| --no-resume | | ignore an existing checkpoint and start afresh |
+
+Exit codes: 0 success; 2 the job, dataset, checkpoint or settings are wrong (one message on
+stderr, no traceback; also in /dev/termination-log); 3 the zoo or checkpoint store stayed
+unavailable after retries (the checkpoint is kept, a rerun continues); 1 an unexpected error
+(traceback on stderr). SIGTERM and SIGINT save a checkpoint at the next step and exit
+128 + signal (143, 130), as if the signal had ended the process.
+
+Callers: `kiln_trainer.__main__`, the local runner (as a subprocess), trainer pods.
+Non-goals: no torchrun launching (the pod command does that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from kiln import api
+from kiln.zoo import store as zoo_store
+from kiln_trainer import checkpoint, data, events, loop
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_INVALID = 2
+EXIT_STORE_UNAVAILABLE = 3
+
+_log = logging.getLogger("kiln_trainer")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the flags, with environment fallbacks (see the module docstring)."""
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="python -m kiln_trainer", description="Train one Kiln TrainingJob."
+    )
+    parser.add_argument("--job", default=env.get("KILN_JOB_FILE"),
+                        help="TrainingJob file (YAML or JSON); env KILN_JOB_FILE or KILN_JOB")
+    parser.add_argument("--zoo", default=env.get("KILN_ZOO") or None,
+                        help="zoo store URI (path, file://, s3://bucket/prefix); env KILN_ZOO")
+    parser.add_argument("--metrics-port", type=int, default=env.get("KILN_METRICS_PORT", "0"),
+                        help="Prometheus port; 0 = no endpoint (default)")
+    parser.add_argument("--checkpoint-dir", default=env.get("KILN_CHECKPOINTS") or None,
+                        help="checkpoint directory (default: the zoo store, else "
+                        f"{checkpoint.DEFAULT_DIR})")
+    parser.add_argument("--no-register", action="store_true", help="do not register in the zoo")
+    parser.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    return parser.parse_args(argv)
+
+
+def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
+    """The job from a file, else from JSON text (KILN_JOB).
+
+    Raises:
+        api.InvalidSpec: no job given, a bad file, several jobs in one file, or an invalid job.
+    """
+    if job_file:
+        jobs = api.load_jobs(job_file)
+        if len(jobs) != 1:
+            problem = f"the file holds {len(jobs)} jobs; the trainer runs exactly one (split it)"
+            raise api.InvalidSpec([problem], source=job_file)
+        return jobs[0]
+    if job_json:
+        try:
+            doc = json.loads(job_json)
+        except json.JSONDecodeError as exc:
+            raise api.InvalidSpec([f"not valid JSON: {exc}"], source="KILN_JOB") from None
+        return api.parse_job(doc, source="KILN_JOB")
+    raise api.InvalidSpec(["no job given: pass --job FILE, or set KILN_JOB_FILE or KILN_JOB"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the trainer; returns the process exit code (see the module docstring)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    emit = events.EventWriter(sys.stdout)
+    stop, received = threading.Event(), list[int]()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop.set()  # the loop checkpoints after the current step, then raises Interrupted
+
+    previous = {signum: signal.signal(signum, on_signal)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        job = load_job(args.job, os.environ.get("KILN_JOB"))
+        loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
+                  register=not args.no_register, checkpoint_dir=args.checkpoint_dir,
+                  resume=not args.no_resume, stop=stop, out=sys.stdout)
+    except loop.Interrupted:
+        return 128 + (received[0] if received else signal.SIGTERM)
+    except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
+            loop.ConfigError) as exc:
+        return _fail(emit, str(exc), EXIT_INVALID)
+    except zoo_store.StoreUnavailable as exc:
+        return _fail(emit, f"store unavailable: {exc}", EXIT_STORE_UNAVAILABLE)
+    except Exception as exc:  # noqa: BLE001  # a bug or the environment: log the traceback
+        _log.exception("unexpected error")
+        emit.failure(f"unexpected error: {type(exc).__name__}: {exc}")
+        return EXIT_UNEXPECTED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:  # arrived after the last step: the result is out, so the run counts as done
+        _log.info("signal %d arrived after training finished; exiting normally", received[0])
+    return EXIT_OK
+
+
+def _fail(emit: events.EventWriter, message: str, code: int) -> int:
+    print(f"kiln_trainer: error: {message}", file=sys.stderr)
+    emit.failure(message)
+    return code

@@ -1,0 +1,429 @@
+"""Datasets for the trainer: `api.DatasetSpec` + input shape -> train and validation splits.
+
+Four sources (`spec.dataset.name`):
+  * ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 grayscale images, 10
+    classes; nothing is downloaded). Pixels in [0, 16] are scaled to [0, 1], resized to [H, W]
+    with bilinear interpolation, replicated to C channels, then standardised with the training
+    split's mean and standard deviation.
+  * ``imagefolder``: a torchvision `ImageFolder` at ``path`` (one sub-folder per class).
+  * ``torchvision``: a torchvision dataset class by name (``torchvisionClass``) with root
+    ``path``; its *training* split is used and held out by ``validationFraction`` like every
+    other source (its test split stays untouched). Downloads only when ``download`` is true.
+  * ``text``: a UTF-8 file (or a directory: its UTF-8 files concatenated in path order) read
+    as bytes (tokens 0..255), cut into non-overlapping windows of T+1 bytes; a window gives
+    input ``w[:T]`` and next-byte target ``w[1:]``.
+
+Images from files are resized to [H, W] (bilinear), converted to grayscale or RGB to match C,
+and scaled to [-1, 1] ((x - 0.5) / 0.5). Shapes: images Tensor[C, H, W] float32 with an int
+class label; text LongTensor[T] input and LongTensor[T] target, where [C, H, W] or [T] is
+`spec.model.inputShape`.
+
+The split is a seeded permutation: ``maxSamples`` keeps its first N samples (a seeded random
+subset), the first ``round(N * validationFraction)`` of those validate, the rest train. So the
+same seed always gives the same split, on any machine. ``flip-crop`` augmentation (random
+horizontal flip, then a random crop of the image padded by H/8) touches the train split only,
+drawing from torch's global RNG, which checkpoints carry.
+
+Callers: `kiln_trainer.loop`. Non-goals: no downloads unless asked, no distributed sampling
+(the `parallel` module owns that), no caching of frozen-prefix outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+from torch.nn import functional as F
+from torch.utils import data as torch_data
+
+from kiln import api
+
+Sample = tuple[torch.Tensor, torch.Tensor | int]
+Transform = Callable[[Any], torch.Tensor]
+
+# Fixed scaling for file-backed images: [0, 1] -> [-1, 1]. Computing statistics would cost a
+# pass over the data before training starts.
+_FILE_IMAGE_MEAN = 0.5
+_FILE_IMAGE_STD = 0.5
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be loaded as specified; the message names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """A dataset cut into its training and validation parts.
+
+    Attributes:
+        train: training samples (augmented when the spec asks).
+        validation: held-out samples, never augmented.
+        modality: "image" or "text".
+        num_classes: classes of an image dataset; None for text.
+        description: short human name for logs, e.g. "digits" or "imagefolder:/data/pets".
+        in_memory: samples are tensors in memory (no loader workers needed).
+    """
+
+    train: torch_data.Dataset[Sample]
+    validation: torch_data.Dataset[Sample]
+    modality: str
+    num_classes: int | None
+    description: str
+    in_memory: bool = True
+
+
+def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Splits:
+    """Load the dataset `spec` describes and split it by `seed`.
+
+    Args:
+        spec: the job's `spec.dataset`.
+        input_shape: `spec.model.inputShape`: [C, H, W] for images, [T] for text.
+        seed: split seed (`spec.training.seed`).
+
+    Returns:
+        The train and validation splits.
+
+    Raises:
+        DatasetError: the path is missing or empty, the file is too short for two windows,
+            the torchvision class is unknown or its data is absent, or fewer than two samples.
+    """
+    shape = tuple(int(d) for d in input_shape)
+    if spec.name == api.DatasetName.DIGITS:
+        return _digits(spec, shape, seed)
+    if spec.name == api.DatasetName.TEXT:
+        return _text(spec, shape, seed)
+    base, num_classes, description = _file_images(spec)
+    train_idx, val_idx = split_indices(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
+    train_tf = _file_image_transform(shape, augment=spec.augmentation == api.Augmentation.FLIP_CROP)
+    val_tf = _file_image_transform(shape, augment=False)
+    return Splits(
+        _Subset(base, train_idx, train_tf), _Subset(base, val_idx, val_tf), "image", num_classes,
+        description, in_memory=False,
+    )
+
+
+def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded (train, validation) index lists over `n` samples, after the maxSamples cap.
+
+    Raises:
+        DatasetError: fewer than two samples remain, so one split would be empty.
+    """
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    if spec.max_samples is not None:
+        order = order[: spec.max_samples]
+    if len(order) < 2:
+        raise DatasetError(
+            f"spec.dataset: {_where(spec)} gives {len(order)} sample(s); training and "
+            "validation need at least 2 (add data or raise spec.dataset.maxSamples)"
+        )
+    n_val = min(len(order) - 1, max(1, round(len(order) * spec.validation_fraction)))
+    return order[n_val:], order[:n_val]
+
+
+def steps_per_epoch(dataset: torch_data.Dataset[Sample], *, batch_size: int) -> int:
+    """Optimizer steps in one epoch of `dataset` (see `train_batches` for the last batch)."""
+    n = len(dataset)  # type: ignore[arg-type]
+    steps = math.ceil(n / batch_size)
+    return steps - 1 if _drops_last(n, batch_size) else steps
+
+
+def train_batches(
+    dataset: torch_data.Dataset[Sample],
+    *,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    start_batch: int = 0,
+    num_workers: int = 0,
+) -> torch_data.DataLoader[Sample]:
+    """Shuffled mini-batches of epoch `epoch`, starting at batch `start_batch` (resume).
+
+    The order depends only on (seed, epoch), so a resumed run sees the same batches. A trailing
+    batch of one sample is dropped when batch_size > 1 (BatchNorm cannot train on it).
+
+    Args:
+        dataset: the train split.
+        batch_size: samples per batch.
+        seed: `spec.training.seed`.
+        epoch: 0-based epoch index.
+        start_batch: batches of this epoch already trained (skipped).
+        num_workers: DataLoader worker processes (0: load in the training process).
+    """
+    n = len(dataset)  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    if _drops_last(n, batch_size):
+        batches = batches[:-1]
+    return torch_data.DataLoader(
+        dataset, batch_sampler=batches[start_batch:], num_workers=num_workers, generator=generator
+    )
+
+
+def eval_batches(
+    dataset: torch_data.Dataset[Sample], *, batch_size: int, num_workers: int = 0
+) -> torch_data.DataLoader[Sample]:
+    """Mini-batches of `dataset` in a fixed order, every sample exactly once."""
+    return torch_data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers
+    )
+
+
+def _drops_last(n: int, batch_size: int) -> bool:
+    return batch_size > 1 and n > batch_size and n % batch_size == 1
+
+
+def _where(spec: api.DatasetSpec) -> str:
+    return f"{spec.name} at {spec.path}" if spec.path else str(spec.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# digits
+
+
+def _digits(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
+    from sklearn import datasets as sk_datasets  # scikit-learn is slow to import; only here
+
+    bunch = sk_datasets.load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32) / 16.0  # [N, 8, 8] in [0, 1]
+    labels = torch.tensor(bunch.target, dtype=torch.long)
+    channels, height, width = shape
+    images = resize_images(images.unsqueeze(1), (height, width)).expand(-1, channels, -1, -1)
+    train_idx, val_idx = split_indices(len(images), spec=spec, seed=seed)
+    train_images = images[train_idx]
+    mean, std = train_images.mean(), train_images.std().clamp_min(1e-6)
+    augment = spec.augmentation == api.Augmentation.FLIP_CROP
+    train = _TensorImages((train_images - mean) / std, labels[train_idx], augment=augment)
+    validation = _TensorImages((images[val_idx] - mean) / std, labels[val_idx], augment=False)
+    return Splits(train, validation, "image", 10, "digits")
+
+
+def resize_images(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of Tensor[N, C, H0, W0] to Tensor[N, C, H, W] (a copy when unchanged)."""
+    if tuple(images.shape[-2:]) == size:
+        return images.clone()
+    return F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+
+
+class _TensorImages(torch_data.Dataset[Sample]):
+    """In-memory images Tensor[N, C, H, W] with labels LongTensor[N]."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: bool) -> None:
+        self.images = images.contiguous()
+        self.labels = labels
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> Sample:
+        image = self.images[index]
+        return (flip_crop(image) if self.augment else image), self.labels[index]
+
+
+def flip_crop(image: torch.Tensor) -> torch.Tensor:
+    """Random horizontal flip, then a random H x W crop of the image zero-padded by H/8.
+
+    Args:
+        image: Tensor[C, H, W], standardised (so zero padding is the mean).
+
+    Returns:
+        Tensor[C, H, W]; randomness from torch's global RNG.
+    """
+    if bool(torch.rand(()) < 0.5):
+        image = image.flip(-1)
+    height, width = image.shape[-2:]
+    pad = max(1, round(height / 8))
+    padded = F.pad(image, (pad, pad, pad, pad))
+    top, left = (int(v) for v in torch.randint(0, 2 * pad + 1, (2,)))
+    return padded[:, top : top + height, left : left + width]
+
+
+# ----------------------------------------------------------------------------------------------
+# imagefolder and torchvision classes
+
+
+def _file_images(spec: api.DatasetSpec) -> tuple[torch_data.Dataset[Any], int | None, str]:
+    """The raw dataset (PIL images or tensors, int labels), its class count and description."""
+    path = Path(spec.path or "")
+    if spec.name == api.DatasetName.IMAGEFOLDER:
+        if not path.is_dir():
+            raise DatasetError(
+                f"spec.dataset.path: {path} is not a directory; an imagefolder needs one "
+                "sub-folder per class holding its images (e.g. cats/1.png, dogs/2.png)"
+            )
+        try:
+            folder = torchvision.datasets.ImageFolder(str(path))
+        except FileNotFoundError as exc:
+            raise DatasetError(
+                f"spec.dataset.path: {path} holds no class folders with images ({exc}); put "
+                "one sub-folder per class with .png/.jpg files in it"
+            ) from None
+        return folder, len(folder.classes), f"imagefolder:{path}"
+    name = spec.torchvision_class or ""
+    cls = getattr(torchvision.datasets, name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, torch_data.Dataset)):
+        known = [n for n in dir(torchvision.datasets) if n[:1].isupper()]
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "e.g. MNIST, CIFAR10, SVHN"
+        raise DatasetError(
+            f"spec.dataset.torchvisionClass: {name!r} is not a torchvision dataset class; {hint}"
+        )
+    if not spec.download and not path.exists():
+        raise DatasetError(
+            f"spec.dataset.path: {path} does not exist, so torchvision {name} has no data "
+            "(download is off); put the dataset there or set spec.dataset.download: true"
+        )
+    dataset = _construct(cls, path, download=spec.download)
+    classes = getattr(dataset, "classes", None)
+    num_classes = len(classes) if classes else None
+    return dataset, num_classes, f"torchvision:{name}"
+
+
+def _construct(cls: type[Any], path: Path, *, download: bool) -> torch_data.Dataset[Any]:
+    params = inspect.signature(cls).parameters
+    kwargs: dict[str, Any] = {"root": str(path)}
+    if "train" in params:
+        kwargs["train"] = True
+    elif "split" in params:
+        kwargs["split"] = "train"
+    if "download" in params:
+        kwargs["download"] = download
+    try:
+        dataset: torch_data.Dataset[Any] = cls(**kwargs)
+    except (RuntimeError, FileNotFoundError, OSError) as exc:
+        fix = (
+            "check the path and your network" if download else
+            "put the dataset there in torchvision's layout or set spec.dataset.download: true"
+        )
+        raise DatasetError(
+            f"spec.dataset.path: torchvision {cls.__name__} could not load its data from "
+            f"{path} ({exc}); {fix}"
+        ) from None
+    return dataset
+
+
+def _file_image_transform(shape: tuple[int, ...], *, augment: bool) -> Transform:
+    channels, height, width = shape
+
+    def transform(image: Any) -> torch.Tensor:
+        if isinstance(image, torch.Tensor):
+            pixels = image.float()
+            if image.dtype == torch.uint8:
+                pixels = pixels / 255.0
+            if pixels.ndim == 2:
+                pixels = pixels.unsqueeze(0)
+        else:  # PIL image (ImageFolder and most torchvision classes)
+            image = image.convert("L" if channels == 1 else "RGB")
+            pixels = torchvision.transforms.functional.pil_to_tensor(image).float() / 255.0
+        pixels = _match_channels(pixels, channels)
+        pixels = resize_images(pixels.unsqueeze(0), (height, width))[0]
+        pixels = (pixels - _FILE_IMAGE_MEAN) / _FILE_IMAGE_STD
+        return flip_crop(pixels) if augment else pixels
+
+    return transform
+
+
+def _match_channels(pixels: torch.Tensor, channels: int) -> torch.Tensor:
+    """Tensor[C0, H, W] -> Tensor[channels, H, W]: grey replicated, RGB averaged (ITU-R 601)."""
+    if pixels.shape[0] == channels:
+        return pixels
+    if channels == 3:
+        return pixels[:3] if pixels.shape[0] >= 3 else pixels[:1].expand(3, -1, -1)
+    weights = torch.tensor([0.299, 0.587, 0.114])[: pixels.shape[0]]
+    return (pixels[:3] * (weights / weights.sum()).view(-1, 1, 1)).sum(0, keepdim=True)
+
+
+class _Subset(torch_data.Dataset[Sample]):
+    """`indices` of a raw dataset with a per-split transform."""
+
+    def __init__(self, base: torch_data.Dataset[Any], indices: list[int], transform: Transform):
+        self.base, self.indices, self.transform = base, indices, transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Sample:
+        image, label = self.base[self.indices[index]]
+        return self.transform(image), int(label)
+
+
+# ----------------------------------------------------------------------------------------------
+# text
+
+
+def _text(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
+    path = Path(spec.path or "")
+    raw = read_text_bytes(path)
+    (length,) = shape
+    windows = len(raw) // (length + 1)
+    if windows < 2:
+        raise DatasetError(
+            f"spec.dataset.path: {path} has {len(raw)} bytes of text, too short for two windows "
+            f"of inputShape [{length}] + 1 bytes (needs >= {2 * (length + 1)}); use more text "
+            "or a shorter spec.model.inputShape"
+        )
+    tokens = torch.frombuffer(bytearray(raw[: windows * (length + 1)]), dtype=torch.uint8)
+    tokens = tokens.view(windows, length + 1).long()
+    train_idx, val_idx = split_indices(windows, spec=spec, seed=seed)
+    return Splits(
+        _Windows(tokens[train_idx]), _Windows(tokens[val_idx]), "text", None, f"text:{path}"
+    )
+
+
+def read_text_bytes(path: Path) -> bytes:
+    """The bytes of a text file, or of every UTF-8 text file under a directory.
+
+    A directory's files are taken recursively in sorted path order, joined by newlines;
+    hidden entries, ``__pycache__`` and files that are not UTF-8 (binaries) are skipped.
+
+    Raises:
+        DatasetError: the path does not exist, or a directory holds no UTF-8 text file.
+    """
+    if path.is_file():
+        return path.read_bytes()
+    if not path.is_dir():
+        raise DatasetError(
+            f"spec.dataset.path: {path} does not exist; text needs a UTF-8 text file or a "
+            "directory of them (e.g. a source tree)"
+        )
+    parts = []
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        relative = file.relative_to(path).parts
+        if any(part.startswith(".") or part == "__pycache__" for part in relative):
+            continue
+        content = file.read_bytes()
+        try:
+            content.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if b"\0" not in content:
+            parts.append(content)
+    if not parts:
+        raise DatasetError(
+            f"spec.dataset.path: directory {path} holds no UTF-8 text files; point it at a "
+            "text file or a folder of them"
+        )
+    return b"\n".join(parts)
+
+
+class _Windows(torch_data.Dataset[Sample]):
+    """Byte windows LongTensor[N, T+1] -> (input LongTensor[T], target LongTensor[T])."""
+
+    def __init__(self, windows: torch.Tensor) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> Sample:
+        window = self.windows[index]
+        return window[:-1], window[1:]
+

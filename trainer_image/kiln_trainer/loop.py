@@ -1,0 +1,421 @@
+"""The default training recipe: `main(job)` reads top to bottom (STYLE.md B6).
+
+seed -> check the job -> device -> data -> model -> optimizer and schedule -> resume from the
+checkpoint -> per epoch: `train_one_epoch`, `evaluate` (also every ``evalEverySteps``),
+report, checkpoint -> stop at the target (``stopAtTarget``) or when the epochs run out ->
+register the model in the zoo -> emit the result.
+
+Clocks. The *training clock* starts after data and model setup and runs across restarts (the
+elapsed seconds travel in the checkpoint); checkpoint writes, zoo registration and setup are
+excluded, evaluation is included. Time-to-target is the training clock when the validation
+metric first meets the target (accuracy >= value, or loss <= value). Throughput counts only
+the training steps (forward, backward, optimizer).
+
+Schedule. The learning rate changes every optimizer step (`kiln_trainer.optim`).
+
+Shapes: B batch; images Tensor[B, C, H, W] -> logits Tensor[B, K]; text LongTensor[B, T] ->
+logits Tensor[B, T, V]. Loss and accuracy flatten the leading dimensions, so for language
+models they are per token (mean cross-entropy in nats, next-byte accuracy).
+
+Callers: `kiln_trainer.cli` (``python -m kiln_trainer``); users as ``kiln_trainer.run``.
+Non-goals (for now): warm start, freezing and DDP/FSDP wrapping slot in where marked.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from kiln import api, models
+from kiln.zoo import records
+from kiln.zoo import store as zoo_store
+from kiln_trainer import checkpoint, data, events, metrics, optim, tracking
+
+_log = logging.getLogger(__name__)
+
+# Progress lines (and metric updates) come at least this often during long epochs.
+PROGRESS_INTERVAL_SECONDS = 5.0
+
+
+class ConfigError(ValueError):
+    """The run cannot start as configured (device, metrics port); the message says the fix."""
+
+
+class Interrupted(Exception):
+    """Training stopped on request (a signal) after saving a checkpoint."""
+
+
+def main(
+    job: api.TrainingJob,
+    *,
+    zoo_uri: str | None = None,
+    metrics_port: int = 0,
+    register: bool = True,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = True,
+    stop: threading.Event | None = None,
+    out: TextIO = sys.stdout,
+    termination_log: Path | None = events.TERMINATION_LOG,
+) -> dict[str, Any]:
+    """Train `job` to its target or epoch budget and register the model.
+
+    Args:
+        job: the validated TrainingJob.
+        zoo_uri: zoo store (path, file:// or s3://); None: no registration, local checkpoints.
+        metrics_port: Prometheus endpoint port; 0 serves none.
+        register: False skips zoo registration even when the job asks for it.
+        checkpoint_dir: keep checkpoints in this directory instead of the zoo store.
+        resume: False ignores (and overwrites) an existing checkpoint.
+        stop: when set (by a signal handler), save a checkpoint and raise `Interrupted`.
+        out: where the JSON-lines protocol goes (`kiln_trainer.events`).
+        termination_log: file that also receives the result, when it exists.
+
+    Returns:
+        The result fields (`events.Result.to_json()`), also emitted as the last line of `out`.
+
+    Raises:
+        api.InvalidSpec: the job fails `models.check_job` or the model does not fit the data.
+        data.DatasetError: the dataset cannot be loaded (missing path, empty, too short).
+        checkpoint.CheckpointError: an unreadable checkpoint, or one for another model.
+        ConfigError: CUDA requested but absent, or the metrics port cannot be bound.
+        Interrupted: `stop` was set; a checkpoint was saved first.
+        zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries).
+    """
+    spec, emit = job.spec, events.EventWriter(out, termination_log=termination_log)
+    seed_everything(spec.training.seed)
+    problems = models.check_job(job)
+    if problems:
+        raise api.InvalidSpec(problems, source=f"job {job.name}")
+    device = pick_device(spec)
+
+    splits = data.load(spec.dataset, input_shape=spec.model.input_shape, seed=spec.training.seed)
+    batch_size, epochs = spec.training.batch_size, spec.training.epochs
+    steps_per_epoch = data.steps_per_epoch(splits.train, batch_size=batch_size)
+    workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
+    _log.info("%s: %d train / %d validation samples, %d steps per epoch, device %s",
+              splits.description, len(splits.train), len(splits.validation),  # type: ignore[arg-type]
+              steps_per_epoch, device)
+
+    raw_model = models.build(spec.model).to(device)
+    check_outputs(raw_model, splits, device)
+    # Warm start (kiln.warmstart) loads parent weights into raw_model here.
+    model: nn.Module = raw_model  # DDP/FSDP wrapping (kiln_trainer.parallel) goes here.
+    validate = functools.partial(evaluate, model, splits, batch_size=batch_size, device=device,
+                                 num_workers=workers)
+
+    optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
+    scheduler = optim.build_schedule(optimizer, spec.training, steps_per_epoch=steps_per_epoch)
+
+    zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
+    location = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
+    state, resumed_from = tracking.RunState(), 0
+    saved = checkpoint.load_checkpoint(location, map_location=device) if resume else None
+    if saved is not None:
+        state = checkpoint.restore(saved, job, raw_model, optimizer, scheduler)
+        resumed_from = state.epochs_done
+        emit.info(f"resumed from {location.describe()} at epoch {state.epochs_done} "
+                  f"+ {state.epoch_batch} batches, step {state.step}")
+
+    gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
+    gauges.record_training(samples=state.samples, steps=state.step, train_loss=None,
+                           samples_per_second=0.0)
+    serve_metrics(gauges, metrics_port)
+    clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved else 0.0)
+    report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
+                               steps_per_epoch=steps_per_epoch)
+    eval_every = spec.training.eval_every_steps
+    try:
+        while not finished(state, spec):
+            batches = iter(data.train_batches(
+                splits.train, batch_size=batch_size, seed=spec.training.seed,
+                epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers))
+            while state.epoch_batch < steps_per_epoch and not finished(state, spec):
+                left = steps_per_epoch - state.epoch_batch
+                stats = train_one_epoch(
+                    model, batches, optimizer=optimizer, scheduler=scheduler, device=device,
+                    grad_clip_norm=spec.training.grad_clip_norm,
+                    max_steps=min(left, eval_every - state.step % eval_every) if eval_every
+                    else left, max_seconds=PROGRESS_INTERVAL_SECONDS, stop=stop)
+                state.advance(stats, steps_per_epoch=steps_per_epoch)
+                eval_due = eval_every is not None and state.step % eval_every == 0
+                epoch_over = state.epoch_batch >= steps_per_epoch
+                report.training(stats, announce=not (eval_due or epoch_over))  # eval reports
+                if stop is not None and stop.is_set():
+                    save(location, clock, state, job, raw_model, optimizer, scheduler)
+                    emit.info(f"stopped on request at epoch {state.epochs_done + 1}, step "
+                              f"{state.step}; checkpoint saved to {location.describe()}")
+                    raise Interrupted(location.describe())
+                if eval_due and not epoch_over:
+                    report.evaluation(validate(), spec.target)
+            if state.epoch_batch >= steps_per_epoch:
+                state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
+            if not state.evaluated_now():
+                report.evaluation(validate(), spec.target)
+            save(location, clock, state, job, raw_model, optimizer, scheduler)
+    finally:
+        gauges.close()
+
+    if not state.evaluated_now():  # a resumed run that had already finished training
+        report.evaluation(validate(), spec.target)
+    wall_seconds, final = clock.seconds(), state.history[-1]
+    zoo_model = None
+    if register and spec.zoo.register_model and zoo is not None:
+        zoo_model = register_model(zoo, job, raw_model, state, final)
+        if zoo_model:
+            emit.info(f"registered zoo model {zoo_model} in {zoo.describe()}")
+    checkpoint.delete_checkpoint(location)  # finished: a rerun of this job trains afresh
+    result = events.Result(
+        metric_name=metric_name(spec), metric=final[metric_name(spec)],
+        validation_accuracy=final["validation_accuracy"],
+        validation_loss=final["validation_loss"], wall_seconds=round(wall_seconds, 3),
+        time_to_target_seconds=state.time_to_target_seconds,
+        target_reached=state.time_to_target_seconds is not None,
+        epochs_run=state.epochs_done + (1 if state.epoch_batch else 0), steps=state.step,
+        samples_per_second=state.samples_per_second(), zoo_model=zoo_model,
+        resumed_from_epoch=resumed_from)
+    emit.result(result)
+    return result.to_json()
+
+
+def train_one_epoch(
+    model: nn.Module,
+    batches: Iterator[Any],
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    device: torch.device,
+    grad_clip_norm: float | None = None,
+    max_steps: int | None = None,
+    max_seconds: float | None = None,
+    stop: threading.Event | None = None,
+) -> tracking.StepStats:
+    """Train on the epoch's next batches: until they run out, `max_steps` (evalEverySteps),
+    `max_seconds` (a progress report is due) or `stop` is set.
+
+    Args:
+        model: the (possibly wrapped) model, put in train mode here.
+        batches: iterator of (inputs, targets) from `data.train_batches`.
+        optimizer: steps once per batch.
+        scheduler: steps once per batch, after the optimizer.
+        device: where the batches go.
+        grad_clip_norm: clip the global gradient 2-norm to this, or None.
+        max_steps: at most this many steps.
+        max_seconds: return after the step that crosses this many seconds.
+        stop: return after the current step once set.
+
+    Returns:
+        Steps, samples, summed per-batch mean loss and seconds of this call.
+    """
+    model.train()
+    start, steps, samples, loss_sum = time.perf_counter(), 0, 0, torch.zeros((), device=device)
+    for inputs, targets in batches:
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if grad_clip_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+        optimizer.step()
+        scheduler.step()
+        loss_sum += loss.detach()
+        steps, samples = steps + 1, samples + len(inputs)
+        if max_steps is not None and steps >= max_steps:
+            break
+        if stop is not None and stop.is_set():
+            break
+        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+            break
+    return tracking.StepStats(steps, samples, float(loss_sum), time.perf_counter() - start)
+
+
+def evaluate(
+    model: nn.Module,
+    splits: data.Splits,
+    *,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int = 0,
+) -> tracking.Evaluation:
+    """Accuracy and mean cross-entropy on the validation split (per token for LMs)."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    loader = data.eval_batches(splits.validation, batch_size=2 * batch_size,
+                               num_workers=num_workers)
+    with torch.inference_mode():
+        for inputs, targets in loader:
+            logits = model(inputs.to(device)).flatten(0, -2)
+            targets = targets.to(device).flatten()
+            loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == targets).sum())
+            count += len(targets)
+    model.train()
+    return tracking.Evaluation(accuracy=correct / count, loss=loss_sum / count)
+
+
+# ----------------------------------------------------------------------------------------------
+# the recipe's helpers, in the order main uses them
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and CUDA) global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device(spec: api.TrainingJobSpec) -> torch.device:
+    """CUDA when available and allowed (device auto/cuda, gpus not 0), else the CPU.
+
+    Under torchrun the GPU is LOCAL_RANK's.
+
+    Raises:
+        ConfigError: spec.training.device is cuda but no CUDA device is visible.
+    """
+    wanted, available = spec.training.device, torch.cuda.is_available()
+    if wanted == "cuda" and not available:
+        raise ConfigError("spec.training.device: cuda, but no CUDA device is visible to torch; "
+                          "use auto or cpu, or run where a GPU is")
+    if wanted == "cpu" or not available or (wanted == "auto" and spec.resources.gpus == 0):
+        limit_cpu_threads()
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> None:
+    """Use no more intra-op threads than the container's CPU quota allows.
+
+    torch sizes its thread pool by the host's cores and ignores a pod's CPU limit; more threads
+    than CPUs make each step many times slower (spinning OpenMP workers). OMP_NUM_THREADS, when
+    set, wins.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return  # no cgroup v2 quota to honour
+    if quota != "max":
+        threads = max(1, int(int(quota) / int(period)))
+        if threads < torch.get_num_threads():
+            _log.info("CPU quota %s/%s: using %d threads", quota, period, threads)
+            torch.set_num_threads(threads)
+
+
+def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.device) -> None:
+    """Run one validation sample through the model and check its output size fits the data.
+
+    Raises:
+        api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text.
+    """
+    sample, _ = splits.validation[0]
+    raw_model.eval()
+    with torch.inference_mode():
+        outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
+    raw_model.train()
+    if splits.num_classes is not None and outputs < splits.num_classes:
+        raise api.InvalidSpec([(
+            f"spec.model.args.num_classes: the model has {outputs} outputs but "
+            f"{splits.description} has {splits.num_classes} classes; set num_classes: "
+            f"{splits.num_classes}")])
+    if splits.modality == "text" and outputs < 256:
+        raise api.InvalidSpec([(
+            f"spec.model.args.vocab_size: the model predicts {outputs} tokens but byte-level "
+            "text has 256; set vocab_size: 256")])
+    if splits.num_classes is not None and outputs > splits.num_classes:
+        _log.warning("the model has %d outputs for %d classes; the extra ones stay unused",
+                     outputs, splits.num_classes)
+
+
+def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
+    """Serve /metrics on `port` (0: no endpoint).
+
+    Raises:
+        ConfigError: the port cannot be bound.
+    """
+    if not port:
+        return
+    try:
+        _log.info("metrics on port %d", gauges.serve(port))
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot serve ({exc}); pick a free port, "
+                          "or 0 to turn the endpoint off") from exc
+
+
+def save(
+    location: checkpoint.Location,
+    clock: tracking.Clock,
+    state: tracking.RunState,
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Write the checkpoint of the current position; its I/O is kept off the training clock."""
+    with clock.paused():
+        size = checkpoint.save_checkpoint(
+            location, checkpoint.capture(state, clock, job, raw_model, optimizer, scheduler))
+    _log.info("checkpoint: %d bytes to %s", size, location.describe())
+
+
+def metric_name(spec: api.TrainingJobSpec) -> str:
+    """The target's metric, or validation_accuracy for a job without a target."""
+    return spec.target.metric.value if spec.target else api.TargetMetric.VALIDATION_ACCURACY.value
+
+
+def finished(state: tracking.RunState, spec: api.TrainingJobSpec) -> bool:
+    """The epochs ran out, or the target was met and the job stops there."""
+    stop_at_target = spec.target is not None and spec.target.stop_at_target
+    return state.epochs_done >= spec.training.epochs or (
+        stop_at_target and state.time_to_target_seconds is not None)
+
+
+def register_model(
+    zoo: zoo_store.ObjectStore,
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    state: tracking.RunState,
+    final: dict[str, Any],
+) -> records.ZooModelId | None:
+    """Write the trained model to the zoo; None (with a warning) when its metric is not finite.
+
+    Raises:
+        zoo_store.StoreUnavailable: the store failed (the checkpoint is kept, so a rerun only
+            redoes this).
+    """
+    spec, name = job.spec, metric_name(job.spec)
+    value = final[name]
+    if value is None or not np.isfinite(value):
+        _log.warning("not registering: final %s is %s (training diverged?)", name, value)
+        return None
+    info = models.get_info(spec.model.architecture)
+    record = records.ZooRecord(
+        id=records.new_id(spec.model.architecture), architecture=spec.model.architecture,
+        args=dict(spec.model.args), input_shape=tuple(spec.model.input_shape),
+        modality=info.modality.value, task=info.task.value, dataset=spec.dataset.name.value,
+        metric_name=name, metric_value=float(value),
+        validation_accuracy=final["validation_accuracy"],
+        validation_loss=final["validation_loss"],
+        samples_per_second=state.samples_per_second(),
+        num_params=sum(p.numel() for p in raw_model.parameters()),
+        created_time=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        job_name=job.name, job_spec=api.to_wire(spec))
+    # Placeholder graph until kiln.warmstart provides the traced one.
+    graph = {"architecture": spec.model.architecture, "args": dict(spec.model.args),
+             "input_shape": list(spec.model.input_shape)}
+    return records.write_record(zoo, record, raw_model.state_dict(), graph).id

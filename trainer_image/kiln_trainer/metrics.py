@@ -1,0 +1,136 @@
+"""Prometheus metrics of one trainer process (DESIGN.md section 1; STYLE.md B9).
+
+Every metric is named ``kiln_trainer_<what>_<base unit>`` and carries exactly two labels, the
+TrainingJob's ``job`` (metadata.name) and ``namespace`` (metadata.namespace, "default" when
+unset), so cardinality is one series per job. They live in the reporter's own
+`CollectorRegistry`, never the global one, so several reporters (tests, a user's loop) coexist.
+
+| metric | type | meaning |
+|---|---|---|
+| kiln_trainer_train_loss | gauge | mean training loss since the previous report |
+| kiln_trainer_validation_accuracy_ratio | gauge | validation accuracy in [0, 1] (LMs: tokens) |
+| kiln_trainer_validation_loss | gauge | mean validation cross-entropy (nats) |
+| kiln_trainer_samples_per_second | gauge | training throughput over the last interval |
+| kiln_trainer_samples_total | counter | training samples consumed (all runs of the job) |
+| kiln_trainer_steps_total | counter | optimizer steps (all runs of the job) |
+| kiln_trainer_epoch | gauge | epochs completed |
+| kiln_trainer_progress_ratio | gauge | share of the epoch budget done, in [0, 1] |
+| kiln_trainer_eta_seconds | gauge | estimated seconds left for the remaining epochs |
+
+There is deliberately no gauge beside a counter of the same stem (prometheus-client refuses a
+gauge ``x`` next to a counter ``x_total``). Note for scrape configs: Prometheus sets its own
+``job`` target label, so keep ``honor_labels: true`` (ServiceMonitor ``honorLabels``) to keep
+ours; otherwise it shows up as ``exported_job``.
+
+The HTTP endpoint is opt-in: `serve(port)`; the trainer's ``--metrics-port`` defaults to 0,
+which means no server (local runs follow stdout instead), while trainer pods get a port.
+
+Callers: `kiln_trainer.loop`; users' own loops via ``kiln_trainer.MetricsReporter``.
+Non-goals: no push gateway, no per-layer metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+import prometheus_client
+
+PREFIX = "kiln_trainer_"
+LABELS = ("job", "namespace")
+_LABEL_HELP = " Labels: job (TrainingJob name), namespace (its namespace or default)."
+
+
+class MetricsReporter:
+    """The trainer's metrics, labelled with one job, in a private registry.
+
+    Example:
+        >>> reporter = MetricsReporter(job="digits-resnet", namespace="default")
+        >>> reporter.record_training(samples=128, steps=1, train_loss=0.7, samples_per_second=900.0)
+        >>> reporter.record_validation(accuracy=0.93, loss=0.25)
+        >>> b"kiln_trainer_validation_accuracy_ratio" in reporter.exposition()
+        True
+    """
+
+    def __init__(self, *, job: str, namespace: str | None = None) -> None:
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        self._labels = {"job": job, "namespace": namespace or "default"}
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+        def gauge(name: str, text: str) -> prometheus_client.Gauge:
+            metric = prometheus_client.Gauge(
+                PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
+            )
+            return metric.labels(**self._labels)
+
+        def counter(name: str, text: str) -> prometheus_client.Counter:
+            metric = prometheus_client.Counter(
+                PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
+            )
+            return metric.labels(**self._labels)
+
+        self.train_loss = gauge("train_loss", "Mean training loss since the previous report.")
+        self.validation_accuracy = gauge(
+            "validation_accuracy_ratio", "Validation accuracy in [0, 1] (token accuracy for LMs)."
+        )
+        self.validation_loss = gauge("validation_loss", "Mean validation cross-entropy in nats.")
+        self.samples_per_second = gauge(
+            "samples_per_second", "Training throughput over the last report interval."
+        )
+        self.samples = counter("samples", "Training samples consumed, across restarts.")
+        self.steps = counter("steps", "Optimizer steps taken, across restarts.")
+        self.epoch = gauge("epoch", "Epochs completed.")
+        self.progress = gauge("progress_ratio", "Share of the epoch budget done, in [0, 1].")
+        self.eta = gauge("eta_seconds", "Estimated seconds left for the remaining epochs.")
+
+    def serve(self, port: int, *, address: str = "0.0.0.0") -> int:
+        """Start the /metrics HTTP endpoint in a daemon thread.
+
+        Args:
+            port: TCP port; 0 picks a free one.
+            address: interface to bind.
+
+        Returns:
+            The bound port.
+
+        Raises:
+            OSError: the port is taken or cannot be bound.
+        """
+        self._server, self._thread = prometheus_client.start_http_server(
+            port, addr=address, registry=self.registry
+        )
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint, if serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def record_training(
+        self, *, samples: int, steps: int, train_loss: float | None, samples_per_second: float
+    ) -> None:
+        """Count `samples` and `steps` just trained; set loss and throughput gauges."""
+        self.samples.inc(samples)
+        self.steps.inc(steps)
+        if train_loss is not None:
+            self.train_loss.set(train_loss)
+        self.samples_per_second.set(samples_per_second)
+
+    def record_validation(self, *, accuracy: float, loss: float) -> None:
+        """Set the validation gauges (accuracy in [0, 1], loss in nats)."""
+        self.validation_accuracy.set(accuracy)
+        self.validation_loss.set(loss)
+
+    def record_progress(self, *, epochs_done: int, progress: float, eta_seconds: float) -> None:
+        """Set epoch, progress ratio in [0, 1] and ETA in seconds."""
+        self.epoch.set(epochs_done)
+        self.progress.set(min(1.0, max(0.0, progress)))
+        self.eta.set(max(0.0, eta_seconds))
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (what a scrape returns)."""
+        return prometheus_client.generate_latest(self.registry)
+
