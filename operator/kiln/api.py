@@ -208,7 +208,8 @@ class DatasetSpec(_Api):
     )
     path: str | None = Field(
         default=None,
-        description="path: dataset location: ImageFolder directory, torchvision root or text file.",
+        description="path: dataset location: ImageFolder directory, torchvision root, or a text "
+        "file or folder of text files.",
     )
     torchvision_class: str | None = Field(
         default=None,

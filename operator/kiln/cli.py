@@ -13,9 +13,11 @@ Callers: the console script. Non-goals: no training logic here (see `kiln.local`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(stderr=False, width=140)  # logs and pipes: keep tables readable
     errors = Console(stderr=True)
+    warnings.showwarning = functools.partial(_show_warning, errors)
     try:
         code: int = args.func(args, console)
         return code
@@ -52,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         errors.print("interrupted")
         return EXIT_INTERRUPTED
+
+
+def _show_warning(errors: Console, message: Warning | str, *_: Any, **__: Any) -> None:
+    """Warnings (e.g. a skipped zoo record) as one plain line, without a source location."""
+    errors.print(f"[yellow]warning:[/] {message}", highlight=False)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     crd_cmd = sub.add_parser("crd", help="write the TrainingJob CRD generated from kiln.api")
     crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",
                          help="output file (repeatable; default crds/trainingjob.yaml)")
+    crd_cmd.add_argument("--readme", type=Path, metavar="PATH",
+                         help="also regenerate the field reference in this README")
     crd_cmd.set_defaults(func=_cmd_crd)
     return parser
 
@@ -234,12 +246,15 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
-    from kiln import crd
+    from kiln import crd, reference
 
     outs = args.out or [Path("crds/trainingjob.yaml")]
     crd.write(outs)
     for out in outs:
         console.print(f"wrote {out}")
+    if args.readme is not None:
+        changed = reference.update_readme(args.readme)
+        console.print(f"{'updated' if changed else 'unchanged'}: {args.readme} reference")
     return EXIT_OK
 
 

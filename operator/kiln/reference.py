@@ -1,0 +1,96 @@
+"""The TrainingJob field reference in Markdown, generated from the CRD schema.
+
+Role: keep the README's reference table and the CRD from drifting: both come from `kiln.api`
+through `kiln.crd.openapi_schema()`. `kiln crd` rewrites the README section between the
+`reference:start`/`reference:end` markers; a test regenerates and compares.
+
+Non-goals: no prose beyond the field descriptions; no I/O except `update_readme`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kiln import crd
+
+START, END = "<!-- reference:start -->", "<!-- reference:end -->"
+
+
+def markdown() -> str:
+    """One table row per spec field: path, type, default, bounds/values and description."""
+    spec = crd.openapi_schema()["properties"]["spec"]
+    rows = ["| field | type | default | allowed | description |", "|---|---|---|---|---|"]
+    for path, node in _walk(spec, "spec"):
+        description = node.get("description", "")
+        description = description.split(": ", 1)[1] if ": " in description else description
+        rows.append(
+            f"| `{path}` | {_type(node)} | {_default(node)} | {_allowed(node)} | "
+            f"{description.replace('|', '/')} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def update_readme(path: str | Path) -> bool:
+    """Replace the text between the markers with `markdown()`; True when the file changed.
+
+    Raises:
+        ValueError: the file lacks the markers.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise ValueError(f"{path}: add the lines {START} and {END} where the reference goes")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{markdown()}{END}{tail}"
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def _walk(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    required = set(node.get("required", ()))
+    for name, child in node.get("properties", {}).items():
+        child_path = f"{path}.{name}"
+        marked = dict(child, _required=name in required)
+        out.append((child_path, marked))
+        if child.get("type") == "object" and "properties" in child:
+            out.extend(_walk(child, child_path))
+        elif child.get("type") == "array" and "properties" in child.get("items", {}):
+            out.extend(_walk(child["items"], child_path + "[]"))
+    return out
+
+
+def _type(node: dict[str, Any]) -> str:
+    kind = str(node.get("type", "any"))
+    if kind == "array":
+        kind = f"list of {node.get('items', {}).get('type', 'any')}"
+    if node.get(crd.PRESERVE_UNKNOWN):
+        kind += " (free-form)"
+    if node.get("_required"):
+        kind += ", **required**"
+    return kind
+
+
+def _default(node: dict[str, Any]) -> str:
+    if "default" not in node or node["default"] == {}:
+        return ""
+    return f"`{json.dumps(node['default'])}`"
+
+
+def _allowed(node: dict[str, Any]) -> str:
+    if "enum" in node:
+        return ", ".join(f"`{v}`" for v in node["enum"] if v is not None)
+    parts = []
+    if "minimum" in node:
+        parts.append(("> " if node.get("exclusiveMinimum") else "≥ ") + f"{node['minimum']:g}")
+    if "maximum" in node:
+        parts.append(("< " if node.get("exclusiveMaximum") else "≤ ") + f"{node['maximum']:g}")
+    if "minItems" in node or "maxItems" in node:
+        parts.append(f"{node.get('minItems', 0)}–{node.get('maxItems', '∞')} items")
+    if "pattern" in node:
+        parts.append(f"pattern `{node['pattern']}`")
+    return ", ".join(parts)

@@ -1,0 +1,107 @@
+"""`kiln run` as a user runs it: a real `kiln` process that launches real trainer processes on
+the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP), fails clearly, and
+stops cleanly on Ctrl-C.
+
+Subprocesses get OMP_NUM_THREADS=1: tiny models train fastest on one thread on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from kiln.zoo import records, store
+
+KILN = [sys.executable, "-m", "kiln.cli"]
+DEADLINE_SECONDS = 180.0
+
+
+def _job(path: Path, name: str, **spec_overrides: object) -> Path:
+    spec: dict[str, object] = {
+        "model": {"architecture": "small_cnn", "args": {"depth": 2, "width": 8},
+                  "inputShape": [1, 8, 8]},
+        "training": {"epochs": 3, "batchSize": 64,
+                     "optimizer": {"name": "adam", "lr": 0.01, "weightDecay": 0.0}},
+    }
+    spec.update(spec_overrides)
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+           "spec": spec}
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("KILN_ZOO", None)
+    return env
+
+
+def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KILN, *args], cwd=cwd, env=env or _env(), capture_output=True,
+                          text=True, timeout=DEADLINE_SECONDS, check=False)
+
+
+def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path: Path) -> None:
+    first = _job(tmp_path / "a.yaml", "digits-a")
+    second = _job(tmp_path / "b.yaml", "digits-b", target={"metric": "validation_accuracy",
+                                                           "value": 0.5})
+    done = _kiln("run", str(first), str(second), "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Kiln results" in done.stdout
+    assert "digits-a" in done.stdout and "digits-b" in done.stdout
+    saved = records.list_records(store.DirStore(tmp_path / "zoo"))
+    assert sorted(r.job_name for r in saved) == ["digits-a", "digits-b"]
+    listing = _kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
+    assert all(r.id in listing.stdout for r in saved), listing.stdout
+
+
+def test_run_registers_in_an_s3_zoo_over_http(tmp_path: Path, s3_server: object,
+                                              s3_bucket: str) -> None:
+    endpoint = s3_server.endpoint  # type: ignore[attr-defined]
+    env = _env(KILN_ZOO_ACCESS_KEY="kiln-test-access", KILN_ZOO_SECRET_KEY="kiln-test-secret")
+    job = _job(tmp_path / "a.yaml", "digits-s3", training={"epochs": 1, "batchSize": 64})
+    done = _kiln("run", str(job), "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
+                 cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    listing = _kiln("zoo", "ls", "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
+                    cwd=tmp_path, env=env)
+    assert "digits-s3" not in listing.stderr and "small_cnn" in listing.stdout, listing
+
+
+def test_a_failing_trainer_gives_a_clear_message_and_exit_1(tmp_path: Path) -> None:
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("too short", encoding="utf-8")
+    job = _job(tmp_path / "t.yaml", "text-tiny",
+               model={"architecture": "char_transformer", "inputShape": [64]},
+               dataset={"name": "text", "path": str(corpus)})
+    done = _kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode == 1
+    err = " ".join(done.stderr.split())
+    assert "text-tiny: trainer exited with code 2" in err
+    assert "spec.dataset.path" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_checkpoints_the_running_job_and_exits_130(tmp_path: Path) -> None:
+    job = _job(tmp_path / "long.yaml", "digits-long", training={"epochs": 500, "batchSize": 64})
+    process = subprocess.Popen([*KILN, "run", str(job), "--zoo", "zoo"], cwd=tmp_path,
+                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    checkpoint = tmp_path / "zoo" / "checkpoints" / "default" / "digits-long" / "checkpoint.pt"
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not checkpoint.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    out, err = process.communicate(timeout=DEADLINE_SECONDS)
+    assert process.returncode == 130, err
+    assert "stopped" in err + out and "resumes it" in " ".join((err + out).split())
+    assert checkpoint.exists()
+    assert "Traceback" not in err
