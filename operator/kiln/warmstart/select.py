@@ -1,0 +1,352 @@
+"""Parent selection: which zoo model, if any, seeds a new job (ModelKeeper's policy, as data).
+
+Role: given the similarity of every zoo candidate to the child architecture (computed by
+`kiln.warmstart.match`) and the candidates' metadata, decide the parent and say why in one
+sentence with numbers. The policy is ModelKeeper's accuracy-aware selection (Lai et al.,
+"ModelKeeper: Accelerating DNN Training via Automated Training Warmup", NSDI '23;
+shared/research/modelkeeper.md §2) with DESIGN §4's changes:
+
+1. Compatibility: keep candidates with the child's modality AND task (ModelKeeper keeps one
+   flat zoo; a text model cannot seed an image model). The count dropped goes in the reason.
+2. Accuracy outliers: within each (task, dataset, metric) group of >= 3 candidates, drop those
+   below mean - 3 sigma (higher-is-better metrics) or above mean + 3 sigma (losses); sigma is the
+   population standard deviation of the group, the candidate included (ModelKeeper's z-score,
+   `outlier_factor = 3`). Note: with n members and the candidate included, no z-score can exceed
+   (n - 1) / sqrt(n), so the filter can only fire in groups of 11 or more. Candidates with a
+   non-finite metric (a diverged run) are dropped first, whatever the group size.
+3. Threshold: if the best similarity is below `min_similarity`, cold start. Otherwise only
+   candidates at or above it take part (ModelKeeper has no threshold: SCORE_THRESHOLD = -inf).
+4. Buckets: split [0, 1] into 10 equal-width similarity buckets ([0.9, 1.0] is the top one),
+   take the highest non-empty bucket and, within it, the best metric (ties: higher similarity,
+   then the smaller id, so the choice is deterministic). If the bucket mixes metric names, only
+   the most common one is compared (a loss and an accuracy are not comparable).
+5. After the weight transform, `finalize` turns the decision into a cold start when fewer than
+   10% of the child's weight tensors transfer (ModelKeeper's THRESHOLD = 0.1, but there the
+   transformed weights were still returned and loaded; here the caller must not load them).
+
+A pinned parent (`spec.warmStart.parent` != "auto") skips the policy: the caller finds the
+record and calls `pinned`, which still reports similarity and threshold in the reason.
+
+Callers: the zoo index / operator (`choose_parent`, `pinned`), the trainer (`finalize`).
+Non-goals: pure functions of data: no store I/O, no graphs, no torch. It must not import
+`kiln.zoo`, which imports `kiln.warmstart` (the caller turns zoo records into `Candidate`s).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+
+from kiln import api
+
+BUCKETS = 10
+"""Number of equal-width similarity buckets over [0, 1] (ModelKeeper `bucketing_selection`)."""
+OUTLIER_SIGMAS = 3.0
+"""Metric z-score beyond which a candidate is an outlier (ModelKeeper `outlier_factor`)."""
+MIN_GROUP_FOR_OUTLIERS = 3
+"""Smallest (task, dataset, metric) group in which outliers are looked for."""
+MIN_TRANSFER_FRACTION = 0.1
+"""Below this fraction of the child's weight tensors transferred, cold start (ModelKeeper)."""
+
+
+class Outcome(enum.StrEnum):
+    """What the decision is, for conditions and metrics (the reason sentence says why)."""
+
+    WARM = "warm"  # a parent was selected by the policy
+    PINNED = "pinned"  # the spec pinned the parent
+    COLD_EMPTY = "cold_empty"  # the zoo has no models
+    COLD_INCOMPATIBLE = "cold_incompatible"  # no model with the child's modality and task
+    COLD_BELOW_MIN_SIMILARITY = "cold_below_min_similarity"
+    COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One zoo model as seen by selection.
+
+    Attributes:
+        model_id: the zoo id, e.g. "small_resnet-7f3c2a1b".
+        similarity: architectural similarity to the child in [0, 1] (`match.similarity`).
+        metric_name: e.g. "validation_accuracy" or "validation_loss".
+        metric_value: its final value.
+        higher_is_better: True for accuracies, False for losses.
+        modality: "image" or "text" (`kiln.models.Modality` values).
+        task: "classification" or "language_modeling" (`kiln.models.Task` values).
+        dataset: dataset name it was trained on.
+        matched_tensors: child weight tensors that would transfer, if already known.
+        total_tensors: the child's weight tensors, if known.
+
+    Raises:
+        ValueError: similarity is not a number in [0, 1].
+    """
+
+    model_id: str
+    similarity: float
+    metric_name: str
+    metric_value: float
+    higher_is_better: bool
+    modality: str
+    task: str
+    dataset: str
+    matched_tensors: int | None = None
+    total_tensors: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.similarity <= 1.0:  # also rejects NaN
+            raise ValueError(f"candidate {self.model_id}: similarity must be in [0, 1] "
+                             f"(got {self.similarity})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+    """The parent choice and its explanation.
+
+    Attributes:
+        parent_id: the chosen zoo id, or None for a cold start.
+        similarity: the parent's (or, on a cold start, the best match's) similarity; None
+            when there was no compatible candidate.
+        parent_metric: the parent's metric value (None on a cold start).
+        metric_name: the name of `parent_metric`.
+        matched_tensors: child weight tensors transferred (known after `finalize`).
+        total_tensors: the child's weight tensors (known after `finalize`).
+        reason: one sentence with numbers, for the WarmStarted condition and event.
+        candidates_considered: candidates left after the compatibility and outlier filters.
+        outcome: the kind of decision.
+        dropped_incompatible: candidates dropped for another modality or task.
+        dropped_outliers: candidates dropped as metric outliers or for a non-finite metric.
+    """
+
+    parent_id: str | None
+    similarity: float | None
+    parent_metric: float | None
+    matched_tensors: int | None
+    total_tensors: int | None
+    reason: str
+    candidates_considered: int
+    outcome: Outcome
+    metric_name: str | None = None
+    dropped_incompatible: int = 0
+    dropped_outliers: int = 0
+
+    @property
+    def cold_start(self) -> bool:
+        """True when no parent weights are to be loaded."""
+        return self.parent_id is None
+
+    @property
+    def condition_reason(self) -> api.Reason:
+        """The WarmStarted condition's reason: ParentSelected or ColdStart."""
+        return api.Reason.COLD_START if self.cold_start else api.Reason.PARENT_SELECTED
+
+
+def choose_parent(
+    candidates: Sequence[Candidate],
+    *,
+    modality: str,
+    task: str,
+    min_similarity: float,
+) -> Decision:
+    """Pick the parent for a child by ModelKeeper's bucketed policy (see the module docstring).
+
+    Args:
+        candidates: every zoo model, with its similarity to the child.
+        modality: the child's input modality ("image" / "text").
+        task: the child's task ("classification" / "language_modeling").
+        min_similarity: `spec.warmStart.minSimilarity` in [0, 1].
+
+    Returns:
+        The `Decision`; `parent_id` is None for a cold start, and `reason` says why.
+
+    Raises:
+        ValueError: min_similarity is not in [0, 1].
+    """
+    if not 0.0 <= min_similarity <= 1.0:
+        raise ValueError(f"min_similarity must be in [0, 1] (got {min_similarity})")
+    if not candidates:
+        return _cold(Outcome.COLD_EMPTY, "cold start: the model zoo is empty", considered=0)
+    compatible = [c for c in candidates if c.modality == modality and c.task == task]
+    incompatible = len(candidates) - len(compatible)
+    if not compatible:
+        return _cold(Outcome.COLD_INCOMPATIBLE,
+                     f"cold start: none of the {len(candidates)} zoo models is "
+                     f"{_a(modality)} {modality} {task} model", considered=0,
+                     incompatible=incompatible)
+    kept = drop_outliers(compatible)
+    outliers = len(compatible) - len(kept)
+    dropped = _dropped_phrase(incompatible, outliers)
+    if not kept:
+        return _cold(Outcome.COLD_INCOMPATIBLE,
+                     f"cold start: all {len(compatible)} compatible zoo models have unusable "
+                     f"metrics{dropped}", considered=0, incompatible=incompatible,
+                     outliers=outliers)
+    kept.sort(key=lambda c: c.model_id)  # `max` keeps the first maximum: ties -> smaller id
+    best = max(kept, key=lambda c: c.similarity)
+    if best.similarity < min_similarity:
+        return dataclasses.replace(
+            _cold(Outcome.COLD_BELOW_MIN_SIMILARITY,
+                  f"cold start: best zoo match {best.model_id} has similarity "
+                  f"{best.similarity:.2f} < minSimilarity {min_similarity:.2f}"
+                  f" ({len(kept)} candidates{dropped})", considered=len(kept),
+                  incompatible=incompatible, outliers=outliers),
+            similarity=best.similarity)
+    eligible = [c for c in kept if c.similarity >= min_similarity]
+    top = max(bucket_of(c.similarity) for c in eligible)
+    in_bucket = [c for c in eligible if bucket_of(c.similarity) == top]
+    metric, compared = _comparable(in_bucket)
+    parent = max(compared, key=lambda c: (_goodness(c), c.similarity))
+    low, high = top / BUCKETS, (top + 1) / BUCKETS
+    mixed = (f", compared on {metric} only" if len(compared) < len(in_bucket) else "")
+    reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
+              f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
+              f"{len(in_bucket)} in the bucket{mixed}; {len(kept)} candidates{dropped})")
+    return Decision(parent_id=parent.model_id, similarity=parent.similarity,
+                    parent_metric=parent.metric_value, metric_name=parent.metric_name,
+                    matched_tensors=parent.matched_tensors, total_tensors=parent.total_tensors,
+                    reason=reason, candidates_considered=len(kept), outcome=Outcome.WARM,
+                    dropped_incompatible=incompatible, dropped_outliers=outliers)
+
+
+def pinned(
+    candidate: Candidate,
+    *,
+    modality: str,
+    task: str,
+    min_similarity: float,
+) -> Decision:
+    """The decision for a parent pinned by `spec.warmStart.parent`: always that parent.
+
+    The policy (compatibility, outliers, threshold) is not applied: the user chose. The reason
+    still reports the similarity and flags a threshold or modality/task mismatch, so a poor
+    pin is visible in status. `finalize` still applies the 10% rule.
+
+    Args:
+        candidate: the pinned zoo model, with its similarity to the child.
+        modality: the child's input modality.
+        task: the child's task.
+        min_similarity: `spec.warmStart.minSimilarity`, reported only.
+
+    Returns:
+        A `Decision` with outcome PINNED.
+    """
+    notes = []
+    if candidate.similarity < min_similarity:
+        notes.append(f"below minSimilarity {min_similarity:.2f}, used because it is pinned")
+    if candidate.modality != modality or candidate.task != task:
+        notes.append(f"it is {_a(candidate.modality)} {candidate.modality} {candidate.task} "
+                     f"model, the job {_a(modality)} {modality} {task} one")
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    return Decision(parent_id=candidate.model_id, similarity=candidate.similarity,
+                    parent_metric=candidate.metric_value, metric_name=candidate.metric_name,
+                    matched_tensors=candidate.matched_tensors,
+                    total_tensors=candidate.total_tensors,
+                    reason=(f"warm start from pinned parent {candidate.model_id}: similarity "
+                            f"{candidate.similarity:.2f}{extra}"),
+                    candidates_considered=1, outcome=Outcome.PINNED)
+
+
+def finalize(decision: Decision, matched: int, total: int) -> Decision:
+    """Apply the 10% rule once the weight transform has counted what transfers.
+
+    Args:
+        decision: from `choose_parent` or `pinned`.
+        matched: child weight tensors that received parent values
+            (`transform.TransformResult.matched_tensors`).
+        total: the child's weight tensors (`TransformResult.total_tensors`).
+
+    Returns:
+        A cold start (outcome COLD_FEW_TENSORS, parent_id None) if matched < 10% of total;
+        otherwise the decision with the counts filled in and appended to the reason. A cold
+        decision is returned with the counts only.
+
+    Raises:
+        ValueError: a negative count, or matched > total.
+    """
+    if matched < 0 or total < 0 or matched > total:
+        raise ValueError(f"need 0 <= matched <= total (got matched={matched}, total={total})")
+    counted = dataclasses.replace(decision, matched_tensors=matched, total_tensors=total)
+    if decision.cold_start:
+        return counted
+    share = matched / total if total else 0.0
+    amount = f"{matched} of {total} weight tensors ({100 * share:.1f}%)"
+    if total == 0 or share < MIN_TRANSFER_FRACTION:
+        return dataclasses.replace(
+            counted, parent_id=None, parent_metric=None, outcome=Outcome.COLD_FEW_TENSORS,
+            reason=(f"cold start: only {amount} of the child transfer from {decision.parent_id} "
+                    f"(similarity {_fmt(decision.similarity)}), below the "
+                    f"{100 * MIN_TRANSFER_FRACTION:.0f}% minimum"))
+    return dataclasses.replace(counted, reason=f"{decision.reason}; {amount} transfer")
+
+
+def bucket_of(similarity: float) -> int:
+    """Similarity bucket 0..9: [0, 0.1) -> 0, ..., [0.9, 1.0] -> 9 (1.0 joins the top bucket).
+
+    A 1e-9 slack keeps 0.3 (stored as 0.29999...) in bucket 3.
+    """
+    return min(BUCKETS - 1, math.floor(similarity * BUCKETS + 1e-9))
+
+
+def drop_outliers(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Remove non-finite metrics and 3-sigma metric outliers per (task, dataset, metric) group.
+
+    Args:
+        candidates: compatible candidates.
+
+    Returns:
+        The kept candidates, in input order.
+    """
+    finite = [c for c in candidates if math.isfinite(c.metric_value)]
+    groups: dict[tuple[str, str, str], list[Candidate]] = collections.defaultdict(list)
+    for c in finite:
+        groups[(c.task, c.dataset, c.metric_name)].append(c)
+    outliers: set[int] = set()
+    for members in groups.values():
+        if len(members) < MIN_GROUP_FOR_OUTLIERS:
+            continue
+        values = [c.metric_value for c in members]
+        mean = sum(values) / len(values)
+        sigma = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        for c in members:
+            bad = (c.metric_value < mean - OUTLIER_SIGMAS * sigma if c.higher_is_better
+                   else c.metric_value > mean + OUTLIER_SIGMAS * sigma)
+            if bad:
+                outliers.add(id(c))
+    return [c for c in finite if id(c) not in outliers]
+
+
+def _comparable(in_bucket: list[Candidate]) -> tuple[str, list[Candidate]]:
+    """The most common metric name in the bucket (ties: name order) and its candidates."""
+    counts = collections.Counter(c.metric_name for c in in_bucket)
+    metric = min(counts, key=lambda name: (-counts[name], name))
+    return metric, [c for c in in_bucket if c.metric_name == metric]
+
+
+def _goodness(c: Candidate) -> float:
+    return c.metric_value if c.higher_is_better else -c.metric_value
+
+
+def _dropped_phrase(incompatible: int, outliers: int) -> str:
+    parts = []
+    if incompatible:
+        parts.append(f"{incompatible} incompatible dropped")
+    if outliers:
+        parts.append(f"{outliers} metric outlier{'s' if outliers > 1 else ''} dropped")
+    return "".join(f", {p}" for p in parts)
+
+
+def _cold(outcome: Outcome, reason: str, *, considered: int, incompatible: int = 0,
+          outliers: int = 0) -> Decision:
+    return Decision(parent_id=None, similarity=None, parent_metric=None, matched_tensors=None,
+                    total_tensors=None, reason=reason, candidates_considered=considered,
+                    outcome=outcome, dropped_incompatible=incompatible,
+                    dropped_outliers=outliers)
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _fmt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
