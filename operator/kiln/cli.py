@@ -3,6 +3,7 @@
     kiln run FILE [FILE ...]      train locally, register in the zoo, print results
     kiln validate FILE [FILE ...] check job files against the API (exit 2 if invalid)
     kiln zoo ls | show ID | rm ID inspect or prune the model zoo
+    kiln zoo query FILE           rank the zoo models a job would warm-start from, and why
     kiln models                   list registered architectures
     kiln crd [--out PATH ...]     write the generated CRD (default: crds/trainingjob.yaml)
 
@@ -26,6 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kiln import api, local, models
+from kiln.warmstart import plan, select
+from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
@@ -90,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("model_ids", nargs="+", metavar="ID")
     _zoo_options(rm)
     rm.set_defaults(func=_cmd_zoo_rm)
+
+    query = zoo_sub.add_parser("query", help="rank the zoo models a job would warm-start from")
+    query.add_argument("file", type=Path, metavar="FILE")
+    query.add_argument("--top", type=_positive_int, default=5, metavar="K",
+                       help="how many candidates to show (default 5)")
+    _zoo_options(query)
+    query.set_defaults(func=_cmd_zoo_query)
 
     models_cmd = sub.add_parser("models", help="list registered architectures")
     models_cmd.set_defaults(func=_cmd_models)
@@ -173,18 +183,23 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def _results_table(outcomes: list[local.JobOutcome]) -> Table:
     table = Table(title="Kiln results")
-    for column in ("job", "architecture", "parent", "metric", "target reached",
+    for column in ("job", "architecture", "warm start (similarity)", "final metric",
                    "time-to-target s", "wall s", "samples/s", "zoo model"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for o in outcomes:
         r = o.result
-        table.add_row(
-            o.name, o.architecture, str(r.get("parent") or "cold start"),
-            _fmt(r.get("metric"), r.get("metric_name")), "yes" if r.get("target_reached") else "no",
-            _fmt(r.get("time_to_target_seconds")), _fmt(r.get("wall_seconds")),
-            _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"),
-        )
+        parent = (f"{r['parent']} ({r['similarity']:.2f})" if r.get("parent")
+                  else "cold start")
+        metric = f"{_SHORT.get(r.get('metric_name', ''), '')} {_fmt(r.get('metric'))}"
+        reached = _fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
+            else "not reached"
+        table.add_row(o.name, o.architecture, parent, metric, reached,
+                      _fmt(r.get("wall_seconds"), digits=1),
+                      _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"))
     return table
+
+
+_SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
 
 
 def _fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
@@ -232,6 +247,39 @@ def _cmd_zoo_rm(args: argparse.Namespace, console: Console) -> int:
     if missing:
         raise UsageError(f"no zoo model(s) {missing} in {zoo.describe()}; `kiln zoo ls` lists them")
     return EXIT_OK
+
+
+def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
+    jobs = _load_all([args.file])
+    if len(jobs) != 1:
+        raise UsageError(f"{args.file}: holds {len(jobs)} jobs; query one job at a time")
+    job, zoo = jobs[0], _open_zoo(args)
+    info = models.get_info(job.spec.model.architecture)
+    with zoo_index.ZooIndex(zoo) as index:
+        found = index.query(plan.child_graph(job.spec.model), modality=str(info.modality),
+                            task=str(info.task), top_k=None)
+        decision = plan.plan(job, zoo, index=index)
+    table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.architecture}) "
+                        f"among {len(index)} zoo models, {found.mode} search")
+    for column in ("rank", "zoo model", "architecture", "similarity", "bucket", "metric",
+                   "chosen"):
+        table.add_column(column)
+    for rank, cand in enumerate(found.candidates[: args.top], start=1):
+        bucket = select.bucket_of(cand.similarity)
+        table.add_row(str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
+                      f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
+                      f"{_SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
+                      "yes" if cand.id == decision.parent_id else "")
+    console.print(table)
+    console.print(decision.reason[:1].upper() + decision.reason[1:], highlight=False)
+    return EXIT_OK
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
 
 
 def _cmd_models(args: argparse.Namespace, console: Console) -> int:

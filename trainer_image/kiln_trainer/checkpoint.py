@@ -58,6 +58,7 @@ ELAPSED_KEY = "elapsed_seconds"  # training clock: wall seconds of all runs, che
 TTT_KEY = "time_to_target_seconds"  # float, or None while the target has not been reached
 HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_seconds, metrics)
 SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
+WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.WarmStart)
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
 FILE_NAME = "checkpoint.pt"
@@ -236,6 +237,7 @@ def capture(
         TTT_KEY: state.time_to_target_seconds,
         HISTORY_KEY: state.history,
         SPEC_KEY: api.to_wire(job.spec),
+        WARM_START_KEY: state.warm_start,
     }
 
 
@@ -280,4 +282,5 @@ def restore(
         train_seconds=float(saved[TRAIN_SECONDS_KEY]),
         time_to_target_seconds=saved[TTT_KEY],
         history=list(saved[HISTORY_KEY]),
+        warm_start=saved.get(WARM_START_KEY),
     )

@@ -62,6 +62,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         f"{checkpoint.DEFAULT_DIR})")
     parser.add_argument("--no-register", action="store_true", help="do not register in the zoo")
     parser.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    parser.add_argument("--parent", default=env.get("KILN_WARM_START_PARENT") or None,
+                        metavar="ID", help="warm-start parent decided upstream: a zoo id, or "
+                        "none for a cold start (default: choose from the zoo)")
     return parser.parse_args(argv)
 
 
@@ -104,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = load_job(args.job, os.environ.get("KILN_JOB"))
         loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
                   register=not args.no_register, checkpoint_dir=args.checkpoint_dir,
-                  resume=not args.no_resume, stop=stop, out=sys.stdout)
+                  resume=not args.no_resume, stop=stop, parent=args.parent, out=sys.stdout)
     except loop.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,

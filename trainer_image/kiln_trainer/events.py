@@ -69,6 +69,9 @@ class Result:
         samples_per_second: mean training throughput (training steps only).
         zoo_model: the registered zoo id, or None.
         resumed_from_epoch: epochs already done when this process resumed; 0 if fresh.
+        parent: the zoo model the run warm-started from, or None (cold start).
+        similarity: architectural similarity to that parent (or the best match) in [0, 1].
+        warm_start: one sentence: which parent and how much transferred, or why cold.
     """
 
     metric_name: str
@@ -83,6 +86,9 @@ class Result:
     samples_per_second: float | None
     zoo_model: str | None
     resumed_from_epoch: int
+    parent: str | None = None
+    similarity: float | None = None
+    warm_start: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The result as a JSON-ready dict (no "event" key)."""

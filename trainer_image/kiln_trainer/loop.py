@@ -1,7 +1,7 @@
 """The default training recipe: `main(job)` reads top to bottom (STYLE.md B6).
 
-seed -> check the job -> device -> data -> model -> optimizer and schedule -> resume from the
-checkpoint -> per epoch: `train_one_epoch`, `evaluate` (also every ``evalEverySteps``),
+seed -> check the job -> device -> data -> model -> warm start (or the checkpoint's weights) ->
+optimizer and schedule (damped first epochs when warm) -> resume from the checkpoint -> per epoch: `train_one_epoch`, `evaluate` (also every ``evalEverySteps``),
 report, checkpoint -> stop at the target (``stopAtTarget``) or when the epochs run out ->
 register the model in the zoo -> emit the result.
 
@@ -18,7 +18,10 @@ logits Tensor[B, T, V]. Loss and accuracy flatten the leading dimensions, so for
 models they are per token (mean cross-entropy in nats, next-byte accuracy).
 
 Callers: `kiln_trainer.cli` (``python -m kiln_trainer``); users as ``kiln_trainer.run``.
-Non-goals (for now): warm start, freezing and DDP/FSDP wrapping slot in where marked.
+Warm start (`kiln_trainer.warm`) seeds the fresh model before training; a resumed run takes its
+weights, and the warm-start record, from the checkpoint instead.
+
+Non-goals (for now): freezing and DDP/FSDP wrapping slot in where marked.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from kiln import api, models
+from kiln.warmstart import graph, plan
 from kiln.zoo import records
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, metrics, optim, tracking
+from kiln_trainer import checkpoint, data, events, metrics, optim, tracking, warm
 
 _log = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ def main(
     checkpoint_dir: str | Path | None = None,
     resume: bool = True,
     stop: threading.Event | None = None,
+    parent: str | None = None,
     out: TextIO = sys.stdout,
     termination_log: Path | None = events.TERMINATION_LOG,
 ) -> dict[str, Any]:
@@ -81,6 +86,7 @@ def main(
         checkpoint_dir: keep checkpoints in this directory instead of the zoo store.
         resume: False ignores (and overwrites) an existing checkpoint.
         stop: when set (by a signal handler), save a checkpoint and raise `Interrupted`.
+        parent: warm-start parent decided upstream (a zoo id, or "none"); None: decide here.
         out: where the JSON-lines protocol goes (`kiln_trainer.events`).
         termination_log: file that also receives the result, when it exists.
 
@@ -110,22 +116,28 @@ def main(
               splits.description, len(splits.train), len(splits.validation),  # type: ignore[arg-type]
               steps_per_epoch, device)
 
-    raw_model = models.build(spec.model).to(device)
+    raw_model = models.build(spec.model)
+    zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
+    location = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
+    saved = checkpoint.load_checkpoint(location, map_location=device) if resume else None
+    if saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
+        warm_start = warm.WarmStart.from_json(saved[checkpoint.WARM_START_KEY])
+    else:
+        warm_start = warm.warm_start(job, raw_model, zoo, parent=parent)
+    emit.info(warm_start.message())
+    raw_model = raw_model.to(device)
     check_outputs(raw_model, splits, device)
-    # Warm start (kiln.warmstart) loads parent weights into raw_model here.
     model: nn.Module = raw_model  # DDP/FSDP wrapping (kiln_trainer.parallel) goes here.
     validate = functools.partial(evaluate, model, splits, batch_size=batch_size, device=device,
                                  num_workers=workers)
 
     optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
-    scheduler = optim.build_schedule(optimizer, spec.training, steps_per_epoch=steps_per_epoch)
-
-    zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
-    location = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
-    state, resumed_from = tracking.RunState(), 0
-    saved = checkpoint.load_checkpoint(location, map_location=device) if resume else None
+    scheduler = optim.build_schedule(optimizer, spec.training, steps_per_epoch=steps_per_epoch,
+                                     damping=warm_start.lr_damping)
+    state, resumed_from = tracking.RunState(warm_start=warm_start.to_json()), 0
     if saved is not None:
         state = checkpoint.restore(saved, job, raw_model, optimizer, scheduler)
+        state.warm_start = warm_start.to_json()
         resumed_from = state.epochs_done
         emit.info(f"resumed from {location.describe()} at epoch {state.epochs_done} "
                   f"+ {state.epoch_batch} batches, step {state.step}")
@@ -174,7 +186,7 @@ def main(
     wall_seconds, final = clock.seconds(), state.history[-1]
     zoo_model = None
     if register and spec.zoo.register_model and zoo is not None:
-        zoo_model = register_model(zoo, job, raw_model, state, final)
+        zoo_model = register_model(zoo, job, raw_model, state, final, warm_start)
         if zoo_model:
             emit.info(f"registered zoo model {zoo_model} in {zoo.describe()}")
     checkpoint.delete_checkpoint(location)  # finished: a rerun of this job trains afresh
@@ -186,7 +198,8 @@ def main(
         target_reached=state.time_to_target_seconds is not None,
         epochs_run=state.epochs_done + (1 if state.epoch_batch else 0), steps=state.step,
         samples_per_second=state.samples_per_second(), zoo_model=zoo_model,
-        resumed_from_epoch=resumed_from)
+        resumed_from_epoch=resumed_from, parent=warm_start.parent,
+        similarity=warm_start.similarity, warm_start=warm_start.reason)
     emit.result(result)
     return result.to_json()
 
@@ -391,6 +404,7 @@ def register_model(
     raw_model: nn.Module,
     state: tracking.RunState,
     final: dict[str, Any],
+    warm_start: warm.WarmStart,
 ) -> records.ZooModelId | None:
     """Write the trained model to the zoo; None (with a warning) when its metric is not finite.
 
@@ -414,8 +428,11 @@ def register_model(
         samples_per_second=state.samples_per_second(),
         num_params=sum(p.numel() for p in raw_model.parameters()),
         created_time=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        job_name=job.name, job_spec=api.to_wire(spec))
-    # Placeholder graph until kiln.warmstart provides the traced one.
-    graph = {"architecture": spec.model.architecture, "args": dict(spec.model.args),
-             "input_shape": list(spec.model.input_shape)}
-    return records.write_record(zoo, record, raw_model.state_dict(), graph).id
+        job_name=job.name, job_spec=api.to_wire(spec), parent=warm_start.parent,
+        similarity=warm_start.similarity)
+    try:
+        architecture = graph.to_json(plan.child_graph(spec.model))
+    except graph.GraphError as exc:  # kept, but no later job can match against it
+        _log.warning("registering without an architecture graph: %s", exc)
+        architecture = {"untraceable": str(exc)}
+    return records.write_record(zoo, record, raw_model.state_dict(), architecture).id

@@ -13,14 +13,13 @@ to be taken) is ``lr * lr_factor(s)``:
 `torch.optim.lr_scheduler.LambdaLR` applies it, so its state_dict (step counter, base lrs) goes
 in checkpoints. Weight decay is L2 for sgd and adam, decoupled for adamw.
 
-Callers: `kiln_trainer.loop`. Non-goals: no parameter groups (e.g. no decay on norms), no
-learning-rate damping after a warm start yet.
+Callers: `kiln_trainer.loop`. Non-goals: no parameter groups (e.g. no decay on norms).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -61,12 +60,25 @@ def lr_factor(
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, spec: api.TrainingSpec, *, steps_per_epoch: int
+    optimizer: torch.optim.Optimizer,
+    spec: api.TrainingSpec,
+    *,
+    steps_per_epoch: int,
+    damping: Callable[[int], float] | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-optimizer-step LambdaLR applying `lr_factor` to every parameter group."""
+    """A per-optimizer-step LambdaLR applying `lr_factor` to every parameter group.
+
+    Args:
+        optimizer: the optimizer to schedule.
+        spec: `spec.training`.
+        steps_per_epoch: optimizer steps per epoch.
+        damping: extra multiplier by 0-based epoch (warm start damps its first epochs,
+            `kiln_trainer.warm`); None: 1.
+    """
 
     def factor(step: int) -> float:
-        return lr_factor(
+        scale = damping(step // steps_per_epoch) if damping is not None else 1.0
+        return scale * lr_factor(
             step, schedule=spec.lr_schedule, epochs=spec.epochs, steps_per_epoch=steps_per_epoch
         )
 

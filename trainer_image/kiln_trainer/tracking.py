@@ -35,6 +35,7 @@ class RunState:
     train_seconds: float = 0.0
     time_to_target_seconds: float | None = None
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    warm_start: dict[str, Any] | None = None  # kiln_trainer.warm.WarmStart.to_json()
 
     def advance(self, stats: StepStats, *, steps_per_epoch: int) -> None:
         """Count a stretch of training steps; an empty one ends the epoch early."""

@@ -61,6 +61,9 @@ class Outcome(enum.StrEnum):
     COLD_INCOMPATIBLE = "cold_incompatible"  # no model with the child's modality and task
     COLD_BELOW_MIN_SIMILARITY = "cold_below_min_similarity"
     COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
+    COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
+    COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
+    DISABLED = "disabled"  # spec.warmStart.enabled is false
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,7 +141,9 @@ class Decision:
 
     @property
     def condition_reason(self) -> api.Reason:
-        """The WarmStarted condition's reason: ParentSelected or ColdStart."""
+        """The WarmStarted condition's reason: ParentSelected, ColdStart or WarmStartDisabled."""
+        if self.outcome == Outcome.DISABLED:
+            return api.Reason.WARM_START_DISABLED
         return api.Reason.COLD_START if self.cold_start else api.Reason.PARENT_SELECTED
 
 

@@ -1,0 +1,567 @@
+"""Zoo index for warm-start parent search: every model's graph prepared once, scored on demand.
+
+Role: the in-memory side of ModelKeeper's zoo (Lai et al., NSDI '23; code digest
+shared/research/modelkeeper.md §4 "system design", §1.3 "scale tricks"). `ZooIndex` loads the
+metadata and graph of every record of an `ObjectStore`, keeps each graph only in its prepared
+array form (`dag.Prepared`, never networkx; 10,000 models take tens of MiB), and answers
+"which zoo models are most similar, as parents, to this child architecture?":
+
+* Candidates are filtered to the given modality and task BEFORE any scoring.
+* Up to `exhaustive_limit` candidates (1,000, ModelKeeper's `mode_threshold`): all are scored
+  with `match.similarity`, in-process when few, else in a persistent process pool
+  (`kiln.zoo.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
+* Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.zoo.cluster`):
+  medoids first, then the members of each medoid's own cluster, best medoid first, until a
+  parent reaches `early_exit_similarity` (0.95) or `clustered_pair_budget` pairs were scored.
+* Every query has a deadline: past it the pool's workers are terminated and what was scored
+  comes back with `timed_out=True`. A query never hangs.
+* Scores are cached per (parent id, child graph fingerprint), LRU; parents with identical
+  graphs are scored once per query.
+* `refresh()` re-lists the store, loads only new or changed records, drops deleted ones and
+  keeps clusters current (a new model joins its nearest medoid's cluster).
+
+Unusable records are skipped with a `records.SkippedRecordWarning` naming them, never raised:
+`records.list_records` skips damaged meta.json, the index missing or malformed graph.json.
+
+Callers: warm-start parent selection (operator, local runner), bench/zoo_query.py.
+Non-goals: no selection policy (accuracy buckets, minimum similarity: kiln.warmstart), no
+weights, no writes to the store. Calls block: the operator runs them in an executor.
+
+Length: about 570 lines, over the 400 aim; pool scoring (`scoring`) and clustering (`cluster`)
+are already split out, and what is left (types, loading, refresh, query) shares the index state.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Self, TypeAlias
+
+import networkx as nx
+import numpy as np
+
+from kiln.warmstart import dag, graph, match
+from kiln.zoo import cluster, records, scoring, store
+
+EXHAUSTIVE_LIMIT = 1000
+"""Score every compatible candidate up to this many (ModelKeeper's mode_threshold)."""
+EARLY_EXIT_SIMILARITY = 0.95
+"""Clustered search stops once a parent is at least this similar (ModelKeeper's threshold)."""
+CLUSTERED_PAIR_BUDGET = 1000
+"""Clustered search visits no further cluster once this many pairs were scored."""
+CACHE_ENTRIES = 100_000
+"""Most (parent id, child fingerprint) scores kept (LRU; about 150 bytes each)."""
+GraphInput: TypeAlias = nx.DiGraph | Mapping[str, Any]
+"""A graph from `graph.extract`/`graph.from_json`, or its JSON dict (`graph.to_json`)."""
+
+_log = logging.getLogger(__name__)
+
+
+class SearchMode(enum.StrEnum):
+    """How a query searched the zoo."""
+
+    EXHAUSTIVE = "exhaustive"
+    CLUSTERED = "clustered"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A scored zoo model: its id, similarity(parent=it, child=query) in [0, 1], record."""
+
+    id: records.ZooModelId
+    similarity: float
+    record: records.ZooRecord
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueryResult:
+    """The answer to `ZooIndex.query` and how it was found.
+
+    Attributes:
+        candidates: best first (ties by id), at most top_k.
+        mode: exhaustive or clustered.
+        compatible: models passing the modality/task filter.
+        scored: candidates with a similarity (cache hits included).
+        cache_hits: of those, how many came from the cache.
+        computed: pairs actually scored (after de-duplicating identical parent graphs).
+        clusters_visited: clusters whose members were scored (0 when exhaustive).
+        failed: ids whose scoring raised (logged); they are not candidates.
+        wall_seconds: time the query took.
+        timed_out: the deadline passed; `candidates` covers only what was scored by then.
+    """
+
+    candidates: tuple[Candidate, ...]
+    mode: SearchMode
+    compatible: int
+    scored: int
+    cache_hits: int
+    computed: int
+    clusters_visited: int
+    failed: tuple[records.ZooModelId, ...]
+    wall_seconds: float
+    timed_out: bool
+
+    @property
+    def best(self) -> Candidate | None:
+        """The most similar candidate, or None when nothing was scored."""
+        return self.candidates[0] if self.candidates else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IndexSettings:
+    """Knobs of a `ZooIndex` (module docstring).
+
+    Attributes:
+        exhaustive_limit: score all compatible candidates up to this many.
+        workers: pool processes; None: min(4, CPUs); 0: never use a pool.
+        in_process_below: fewer pairs than this are scored in-process.
+        early_exit_similarity: clustered search stops at this similarity.
+        clustered_pair_budget: clustered search visits no further cluster after this many
+            scored pairs (the first cluster is always visited); None: no budget.
+        cache_entries: LRU capacity of the score cache.
+        start_method: multiprocessing start method of the pool (None: the platform default;
+            "forkserver" is safer in a threaded process, at ~1 s of worker start-up).
+    """
+
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT
+    workers: int | None = None
+    in_process_below: int = scoring.IN_PROCESS_BELOW
+    early_exit_similarity: float = EARLY_EXIT_SIMILARITY
+    clustered_pair_budget: int | None = CLUSTERED_PAIR_BUDGET
+    cache_entries: int = CACHE_ENTRIES
+    start_method: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshReport:
+    """What `ZooIndex.refresh` changed: ids added (new or replaced), removed, skipped."""
+
+    added: tuple[records.ZooModelId, ...]
+    removed: tuple[records.ZooModelId, ...]
+    skipped: tuple[records.ZooModelId, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    record: records.ZooRecord
+    prepared: dag.Prepared
+    fingerprint: str
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return (self.record.modality, self.record.task)
+
+
+@dataclasses.dataclass
+class _Search:
+    """One query's progress."""
+
+    child: dag.Prepared
+    child_fingerprint: str
+    deadline: float
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    failed: set[str] = dataclasses.field(default_factory=set)
+    cache_hits: int = 0
+    computed: int = 0
+    timed_out: bool = False
+
+
+def fingerprint(g: GraphInput) -> str:
+    """Stable SHA-256 (hex) of a graph's JSON form, without its `name` (which never affects
+    scoring): equal architectures share cache entries whatever the job called them.
+
+    Args:
+        g: a graph, or its JSON dict as written by `graph.to_json` (hashed as given).
+    """
+    doc = graph.to_json(g) if isinstance(g, nx.DiGraph) else dict(g)
+    doc.pop("name", None)
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ZooIndex:
+    """The zoo's models in matchable form, with parent search (module docstring).
+
+    Thread-safe: queries, refreshes and cluster builds may come from several threads; queries
+    run one at a time. Use as a context manager, or call `close`, to stop the worker pool.
+
+    Example:
+        >>> index = ZooIndex(store.open_store("./.kiln/zoo"))      # doctest: +SKIP
+        >>> result = index.query(child_graph, modality="image", task="classification")
+        >>> result.best.id, result.best.similarity, result.mode   # ('resnet18-7f3c2a1b', ...)
+    """
+
+    def __init__(self, zoo: store.ObjectStore | None = None, *,
+                 settings: IndexSettings = IndexSettings(), scorer: scoring.Scorer = match.similarity,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Load every usable record of `zoo` (see `refresh`); None: an empty index.
+
+        Args:
+            zoo: the store to index, or None (fill with `from_records`).
+            settings: search knobs.
+            scorer: similarity(parent, child); inject to count or slow down scoring in tests.
+            clock: monotonic seconds, for deadlines and wall times.
+
+        Raises:
+            StoreUnavailable: the store failed.
+        """
+        self._zoo = zoo
+        self._settings = settings
+        self._clock = clock
+        self._pairs = scoring.PairScorer(scorer=scorer, workers=settings.workers,
+                                         in_process_below=settings.in_process_below,
+                                         start_method=settings.start_method, clock=clock)
+        self._entries: dict[str, _Entry] = {}
+        self._skipped: dict[str, records.ZooRecord] = {}
+        self._clusters: dict[tuple[str, str], cluster.Clusters] = {}
+        self._cache: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+        self._lock = threading.RLock()
+        self._refresh_lock = threading.Lock()
+        self._warned_unclustered = False
+        if zoo is not None:
+            self.refresh()
+
+    @classmethod
+    def from_records(cls, items: Iterable[tuple[records.ZooRecord, GraphInput]], *,
+                     settings: IndexSettings = IndexSettings(),
+                     scorer: scoring.Scorer = match.similarity,
+                     clock: Callable[[], float] = time.monotonic) -> ZooIndex:
+        """An index of the given (record, graph) pairs, without a store (benchmarks, tests).
+
+        Items are consumed one at a time, so a generator keeps only prepared graphs alive.
+        Malformed graphs are skipped with a `records.SkippedRecordWarning`; a repeated id keeps
+        the last pair. `refresh` does nothing on such an index.
+        """
+        index = cls(None, settings=settings, scorer=scorer, clock=clock)
+        for record, graph_input in items:
+            try:
+                entry = _entry(record, graph_input)
+            except graph.GraphError as exc:
+                _warn_skip(record.id, "given to ZooIndex.from_records", exc)
+                continue
+            index._entries[record.id] = entry
+        return index
+
+    # ------------------------------------------------------------------------------------------
+    # contents
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, record_id: object) -> bool:
+        return record_id in self._entries
+
+    def all_records(self) -> list[records.ZooRecord]:
+        """The indexed records, sorted by id."""
+        with self._lock:
+            return [self._entries[i].record for i in sorted(self._entries)]
+
+    def prepared_bytes(self) -> int:
+        """Bytes held in numpy arrays of the prepared graphs (segments included)."""
+        with self._lock:
+            prepared = [e.prepared for e in self._entries.values()]
+        return sum(_array_bytes(p) for p in prepared)
+
+    def clusters(self) -> dict[tuple[str, str], cluster.Clusters]:
+        """A copy of the clusters per (modality, task) group; empty before `build_clusters`."""
+        with self._lock:
+            return copy.deepcopy(self._clusters)
+
+    def close(self) -> None:
+        """Stop the worker pool (a later query starts a new one)."""
+        self._pairs.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------
+    # keeping up with the store
+
+    def refresh(self) -> RefreshReport:
+        """Re-list the store: load new or replaced records, drop deleted ones.
+
+        Only records whose meta.json changed are read again; clusters (if built) lose deleted
+        models and gain new ones (k scores each). Records `records.list_records` cannot use,
+        and records whose graph.json is missing, not JSON or not a valid graph, are skipped
+        with a `records.SkippedRecordWarning` naming them (once per version of the record).
+
+        Returns:
+            The ids added, removed and skipped; all empty for an index without a store.
+
+        Raises:
+            StoreUnavailable: the store failed (the index is unchanged).
+        """
+        if self._zoo is None:
+            return RefreshReport((), (), ())
+        zoo = self._zoo
+        with self._refresh_lock:
+            listed = {r.id: r for r in records.list_records(zoo)}
+            with self._lock:
+                known = {i: e.record for i, e in self._entries.items()}
+                skipped_before = dict(self._skipped)
+            removed = [i for i, r in known.items() if listed.get(records.ZooModelId(i)) != r]
+            loaded: list[_Entry] = []
+            skipped: dict[str, records.ZooRecord] = {}
+            for record_id, record in listed.items():
+                if known.get(record_id) == record:
+                    continue
+                if skipped_before.get(record_id) == record:
+                    skipped[record_id] = record  # warned about this version already
+                    continue
+                try:
+                    loaded.append(_entry(record, records.load_graph(zoo, record)))
+                except (records.CorruptRecord, graph.GraphError) as exc:
+                    _warn_skip(record_id, f"in {zoo.describe()}", exc)
+                    skipped[record_id] = record
+                except store.ObjectNotFound:
+                    _log.debug("zoo record %s vanished while the index read it", record_id)
+            with self._lock:
+                self._remove_locked(set(removed))
+                for entry in loaded:
+                    self._entries[entry.record.id] = entry
+                self._skipped = skipped
+                self._assign_to_clusters_locked([e.record.id for e in loaded])
+        new_skips = tuple(sorted(records.ZooModelId(i) for i, r in skipped.items()
+                                 if skipped_before.get(i) != r))
+        return RefreshReport(added=tuple(sorted(e.record.id for e in loaded)),
+                             removed=tuple(sorted(map(records.ZooModelId, removed))),
+                             skipped=new_skips)
+
+    def _remove_locked(self, ids: set[str]) -> None:
+        if not ids:
+            return
+        for record_id in ids:
+            self._entries.pop(record_id, None)
+        for key in [k for k in self._cache if k[0] in ids]:
+            del self._cache[key]
+        for clusters in self._clusters.values():
+            cluster.remove(clusters, ids)
+
+    def _assign_to_clusters_locked(self, ids: Sequence[str]) -> None:
+        score = functools.partial(self._score_ids_block, self._entries)
+        for group, clusters in self._clusters.items():
+            joining = [i for i in ids if self._entries[i].group == group]
+            if joining and clusters.medoids:
+                cluster.assign(clusters, joining, score)
+            elif joining:  # every model of the group had been deleted: start over
+                self._clusters[group] = cluster.Clusters(
+                    medoids=[joining[0]], members=[[joining[0]]],
+                    similarity_to_medoid={joining[0]: 1.0}, max_diameter=0.0, built_size=1)
+                cluster.assign(self._clusters[group], joining[1:], score)
+
+    # ------------------------------------------------------------------------------------------
+    # clusters
+
+    def build_clusters(self, *, restarts: int = 20, seed: int = 0,
+                       sample_size: int | None = None) -> list[cluster.BuildStats]:
+        """Cluster every (modality, task) group CLARA-style (`kiln.zoo.cluster`), offline.
+
+        Scoring runs in a pool of its own, without holding the index: queries keep being
+        answered meanwhile. Cost: s^2 + (N - s) * k pair scores per group (N = 10,000: about
+        1e6 pairs, against 1e8 for ModelKeeper's full matrix); see `BuildStats`.
+
+        Args:
+            restarts: k-medoids restarts on the sample (ModelKeeper: 10,000 "spawns").
+            seed: seeds the sample and the restarts.
+            sample_size: CLARA sample size per group; default min(N, 40 + 2k).
+
+        Returns:
+            One `BuildStats` per group, sorted by (modality, task).
+        """
+        with self._lock:
+            snapshot = dict(self._entries)
+        by_group: dict[tuple[str, str], list[str]] = {}
+        for record_id in sorted(snapshot):
+            by_group.setdefault(snapshot[record_id].group, []).append(record_id)
+        built: dict[tuple[str, str], cluster.Clusters] = {}
+        stats = []
+        score = functools.partial(self._score_ids_block, snapshot)
+        for group, ids in sorted(by_group.items()):
+            built[group], group_stats = cluster.build(
+                ids, score, restarts=restarts, seed=seed, sample=sample_size, clock=self._clock)
+            stats.append(group_stats)
+            _log.info("clustered %d %s/%s models into %d clusters: %d pair scores, %.1f s, "
+                      "max diameter %.3f", group_stats.models, *group, group_stats.clusters,
+                      group_stats.pairs_requested, group_stats.wall_seconds,
+                      group_stats.max_diameter)
+        with self._lock:  # catch up with refreshes that happened meanwhile
+            changed = {i for i, e in snapshot.items() if self._entries.get(i) is not e}
+            for clusters in built.values():
+                cluster.remove(clusters, changed)
+            self._clusters = built
+            self._assign_to_clusters_locked(
+                [i for i, e in self._entries.items() if snapshot.get(i) is not e])
+        return stats
+
+    def _score_ids_block(self, entries: Mapping[str, _Entry], parent_ids: Sequence[str],
+                         child_ids: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """similarity(parent -> child) for id blocks, each distinct graph pair scored once."""
+        parent_keys, parents = _distinct([entries[i] for i in parent_ids])
+        child_keys, children = _distinct([entries[i] for i in child_ids])
+        grid = self._pairs.grid(parents, children, persistent=False)
+        if grid.errors:
+            _log.warning("clustering: %d pair scores failed (counted as distance 1); first: %s",
+                         len(grid.errors), grid.errors[0])
+        return grid.values[np.ix_(parent_keys, child_keys)]
+
+    # ------------------------------------------------------------------------------------------
+    # queries
+
+    def query(self, child_graph: GraphInput, *, modality: str | None = None,
+              task: str | None = None, top_k: int | None = 5,
+              timeout_seconds: float = 30.0) -> QueryResult:
+        """The zoo models most similar to `child_graph` as parents (module docstring).
+
+        Args:
+            child_graph: the new model's graph (`graph.extract`) or its JSON dict.
+            modality: keep only records of this modality (``image``, ``text``); None: all.
+            task: keep only records of this task (``classification``, ...); None: all.
+            top_k: how many candidates to return; None: every scored one (for callers that
+                bucket by similarity and then pick by accuracy).
+            timeout_seconds: deadline for the whole query, > 0.
+
+        Returns:
+            The candidates and how the search went.
+
+        Raises:
+            ValueError: top_k < 1 or timeout_seconds <= 0.
+            graph.GraphError: `child_graph` is not a valid graph (callers cold-start).
+        """
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None (got {top_k})")
+        if not timeout_seconds > 0:
+            raise ValueError(f"timeout_seconds must be > 0 (got {timeout_seconds})")
+        start = self._clock()
+        child_nx = (child_graph if isinstance(child_graph, nx.DiGraph)
+                    else graph.from_json(dict(child_graph)))
+        child = dag.prepare(child_nx)
+        match.self_score(child)  # cached on `child`, so pool workers receive it with the graph
+        search = _Search(child, fingerprint(child_nx), deadline=start + timeout_seconds)
+        with self._lock:
+            compatible = [i for i, e in self._entries.items()
+                          if (modality is None or e.record.modality == modality)
+                          and (task is None or e.record.task == task)]
+            clustered = len(compatible) > self._settings.exhaustive_limit
+            if clustered and not any(self._entries[i].group in self._clusters
+                                     for i in compatible):
+                if not self._warned_unclustered:
+                    _log.warning("zoo index: %d candidates exceed the exhaustive limit %d but "
+                                 "build_clusters() has not run; scoring all of them",
+                                 len(compatible), self._settings.exhaustive_limit)
+                    self._warned_unclustered = True
+                clustered = False
+            visited = 0
+            if clustered:
+                visited = cluster.search(
+                    self._clusters, set(compatible), search.scores,
+                    functools.partial(self._score_ids, search),
+                    early_exit_similarity=self._settings.early_exit_similarity,
+                    pair_budget=self._settings.clustered_pair_budget)
+            else:
+                self._score_ids(search, compatible)
+            ranked = sorted(search.scores.items(), key=lambda kv: (-kv[1], kv[0]))
+            candidates = tuple(Candidate(records.ZooModelId(i), s, self._entries[i].record)
+                               for i, s in ranked[:top_k])
+        failed = sorted(search.failed)
+        if failed:
+            _log.warning("zoo index: scoring failed for %d candidates: %s", len(failed),
+                         ", ".join(failed[:5]))
+        return QueryResult(
+            candidates=candidates,
+            mode=SearchMode.CLUSTERED if clustered else SearchMode.EXHAUSTIVE,
+            compatible=len(compatible), scored=len(search.scores), cache_hits=search.cache_hits,
+            computed=search.computed, clusters_visited=visited,
+            failed=tuple(records.ZooModelId(i) for i in failed),
+            wall_seconds=self._clock() - start, timed_out=search.timed_out)
+
+    def _score_ids(self, search: _Search, ids: Iterable[str]) -> bool:
+        """Score the child against these parents: cache first, each distinct graph once.
+
+        Returns:
+            False once the query's deadline has passed.
+        """
+        misses: dict[str, list[str]] = {}
+        for record_id in ids:
+            if record_id in search.scores or record_id in search.failed:
+                continue
+            key = (record_id, search.child_fingerprint)
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                search.scores[record_id] = cached
+                search.cache_hits += 1
+            else:
+                misses.setdefault(self._entries[record_id].fingerprint, []).append(record_id)
+        if not misses or search.timed_out:
+            return not search.timed_out
+        same_graph = list(misses.values())
+        parents = [self._entries[group[0]].prepared for group in same_graph]
+        grid = self._pairs.grid(parents, [search.child], deadline=search.deadline)
+        search.timed_out |= grid.timed_out
+        search.computed += int(grid.done.sum())
+        for group, value, done in zip(same_graph, grid.values[:, 0], grid.done[:, 0]):
+            if not done:
+                continue
+            if math.isnan(value):
+                search.failed.update(group)
+                continue
+            for record_id in group:
+                search.scores[record_id] = float(value)
+                self._cache[(record_id, search.child_fingerprint)] = float(value)
+        while len(self._cache) > self._settings.cache_entries:
+            self._cache.popitem(last=False)
+        for message in grid.errors[:3]:
+            _log.warning("zoo index: a pair score failed: %s", message)
+        return not search.timed_out
+
+
+def _entry(record: records.ZooRecord, graph_input: GraphInput) -> _Entry:
+    """Prepare a record's graph; the networkx graph is dropped, only arrays stay.
+
+    Raises:
+        graph.GraphError: the graph JSON is malformed or cannot be prepared.
+    """
+    g = graph_input if isinstance(graph_input, nx.DiGraph) else graph.from_json(dict(graph_input))
+    prepared = dag.prepare(g)
+    prepared.segments()  # the parent-side arrays, built once here instead of in every worker
+    return _Entry(record, prepared, fingerprint(g))
+
+
+def _distinct(entries: Sequence[_Entry]) -> tuple[list[int], list[dag.Prepared]]:
+    """Positions into the distinct graphs of `entries` (by fingerprint), and those graphs."""
+    position: dict[str, int] = {}
+    prepared: list[dag.Prepared] = []
+    keys = []
+    for entry in entries:
+        if entry.fingerprint not in position:
+            position[entry.fingerprint] = len(prepared)
+            prepared.append(entry.prepared)
+        keys.append(position[entry.fingerprint])
+    return keys, prepared
+
+
+def _array_bytes(p: dag.Prepared) -> int:
+    arrays: list[Any] = [p.op_codes, p.dims, p.ranks, p.sizes, p.pred_rows, *p.preds]
+    segments = p.cache.get("segments")
+    if segments is not None:
+        arrays += [getattr(segments, f.name) for f in dataclasses.fields(segments)]
+    return sum(int(a.nbytes) for a in arrays)
+
+
+def _warn_skip(record_id: str, where: str, exc: Exception) -> None:
+    warnings.warn(f"zoo record {record_id} {where} skipped by the zoo index: {exc}",
+                  records.SkippedRecordWarning, stacklevel=3)
