@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kiln.zoo import records, store
@@ -55,10 +56,18 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     assert done.returncode == 0, done.stderr
     assert "Kiln results" in done.stdout
     assert "digits-a" in done.stdout and "digits-b" in done.stdout
-    saved = records.list_records(store.DirStore(tmp_path / "zoo"))
-    assert sorted(r.job_name for r in saved) == ["digits-a", "digits-b"]
+    saved = {r.job_name: r for r in records.list_records(store.DirStore(tmp_path / "zoo"))}
+    assert sorted(saved) == ["digits-a", "digits-b"]
+    # The second job warm-starts from the first (same architecture: similarity 1) and says so.
+    assert saved["digits-a"].parent is None
+    assert saved["digits-b"].parent == saved["digits-a"].id
+    assert saved["digits-b"].similarity == pytest.approx(1.0)
+    assert f"Warm start from {saved['digits-a'].id}" in done.stdout
     listing = _kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
-    assert all(r.id in listing.stdout for r in saved), listing.stdout
+    assert all(r.id in listing.stdout for r in saved.values()), listing.stdout
+    query = _kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)
+    assert query.returncode == 0, query.stderr
+    assert "1.000" in query.stdout and "Warm start from" in query.stdout
 
 
 def test_run_registers_in_an_s3_zoo_over_http(tmp_path: Path, s3_server: object,
