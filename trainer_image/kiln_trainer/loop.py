@@ -34,7 +34,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -75,6 +75,7 @@ def main(
     parent: str | None = None,
     out: TextIO = sys.stdout,
     termination_log: Path | None = events.TERMINATION_LOG,
+    init_state: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Train `job` to its target or epoch budget and register the model.
 
@@ -89,6 +90,10 @@ def main(
         parent: warm-start parent decided upstream (a zoo id, or "none"); None: decide here.
         out: where the JSON-lines protocol goes (`kiln_trainer.events`).
         termination_log: file that also receives the result, when it exists.
+        init_state: initial weights chosen by the caller (e.g. a name-and-shape copy, what
+            Hugging Face's ``ignore_mismatched_sizes`` gives): unless a checkpoint is resumed,
+            loaded into the fresh model with ``strict=False`` (unknown names are ignored; shapes
+            must match) instead of warm start (no parent, no learning-rate damping).
 
     Returns:
         The result fields (`events.Result.to_json()`), also emitted as the last line of `out`.
@@ -122,6 +127,10 @@ def main(
     saved = checkpoint.load_checkpoint(location, map_location=device) if resume else None
     if saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
         warm_start = warm.WarmStart.from_json(saved[checkpoint.WARM_START_KEY])
+    elif init_state is not None and saved is None:
+        raw_model.load_state_dict(init_state, strict=False)
+        warm_start = warm.WarmStart(None, None, None, None, None, 1.0, "init_state", (
+            f"no warm start: {len(init_state)} initial tensors given by the caller"))
     else:
         warm_start = warm.warm_start(job, raw_model, zoo, parent=parent)
     emit.info(warm_start.message())
