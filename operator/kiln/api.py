@@ -43,6 +43,21 @@ CATEGORIES = ("all", "kiln")
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
 
+# spec.warmStart.parent: "auto" or a zoo model id. The id rule is kiln.zoo.records' (one safe
+# key component); repeated here because api sits below zoo in the layers.
+PARENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+PARENT_MAX_LENGTH = 128
+
+# Largest H, W or sequence length in spec.model.inputShape: beyond it one sample alone takes
+# gigabytes, and shape arithmetic in the model builders overflows.
+INPUT_DIM_MAX = 16384
+
+# spec.dataset.torchvisionClass values: the torchvision dataset classes the trainer knows how to
+# open as a labelled training split (`kiln_trainer.data` keeps the matching constructor table).
+TORCHVISION_CLASSES = (
+    "MNIST", "FashionMNIST", "KMNIST", "QMNIST", "USPS", "CIFAR10", "CIFAR100", "SVHN", "STL10",
+)
+
 
 class InvalidSpec(ValueError):
     """A job document failed validation; `problems` lists every one, one line each."""
@@ -177,6 +192,7 @@ class _Api(BaseModel):
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+InputDim = Annotated[int, Field(ge=1, le=INPUT_DIM_MAX)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,11 +209,11 @@ class ModelSpec(_Api):
         default_factory=dict,
         description="args: keyword arguments of the architecture builder, e.g. num_classes, depth.",
     )
-    input_shape: list[PositiveInt] = Field(
+    input_shape: list[InputDim] = Field(
         min_length=1,
         max_length=3,
         description="inputShape: one sample's shape without the batch: [C, H, W] for images, "
-        "[sequenceLength] for text.",
+        f"[sequenceLength] for text; each at most {INPUT_DIM_MAX}.",
     )
 
 
@@ -213,8 +229,8 @@ class DatasetSpec(_Api):
     )
     torchvision_class: str | None = Field(
         default=None,
-        description="torchvisionClass: torchvision dataset class when name is torchvision, "
-        "e.g. CIFAR10.",
+        description="torchvisionClass: torchvision dataset class when name is torchvision: "
+        f"{', '.join(TORCHVISION_CLASSES)}.",
     )
     download: bool = Field(
         default=False,
@@ -305,7 +321,10 @@ class WarmStartSpec(_Api):
     parent: str = Field(
         default="auto",
         min_length=1,
-        description="parent: auto, or a pinned zoo model id.",
+        max_length=PARENT_MAX_LENGTH,
+        pattern=PARENT_PATTERN,
+        description="parent: auto, or a pinned zoo model id from `kiln zoo ls`, e.g. "
+        "small_resnet-7f3c2a1b.",
     )
     min_similarity: float = Field(
         default=0.3,
@@ -570,8 +589,12 @@ def _check_schema(doc: Any) -> tuple[TrainingJob | None, list[str]]:
 def load_jobs(path: str | Path) -> list[TrainingJob]:
     """Read every TrainingJob document of a YAML file.
 
+    YAML is read as `yaml.safe_load` reads it, except that anchors, aliases and repeated
+    mapping keys are refused (see `_JobLoader`).
+
     Raises:
-        InvalidSpec: the file is missing, unreadable, not YAML, empty, or a document is invalid.
+        InvalidSpec: the file is missing, unreadable, not YAML, empty, uses anchors or aliases,
+            repeats a key, or a document is invalid.
     """
     path = Path(path)
     try:
@@ -581,16 +604,59 @@ def load_jobs(path: str | Path) -> list[TrainingJob]:
     except UnicodeDecodeError:
         raise InvalidSpec(["the file is not UTF-8 text"], source=str(path)) from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_JobLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, _UnsupportedYaml):  # its problem names the place itself
+            raise InvalidSpec([problem], source=str(path)) from None
         raise InvalidSpec([f"not valid YAML{where}: {problem}"], source=str(path)) from None
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise InvalidSpec(["YAML nested too deeply to read"], source=str(path)) from None
     if not docs:
         raise InvalidSpec(["the file holds no YAML document"], source=str(path))
     return [parse_job(d, source=f"{path}" + (f"[{i}]" if len(docs) > 1 else ""))
             for i, d in enumerate(docs)]
+
+
+class _UnsupportedYaml(yaml.MarkedYAMLError):  # type: ignore[misc]
+    """Valid YAML that job files may not use (anchors, aliases, repeated keys)."""
+
+
+class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """`yaml.safe_load` for job files, minus what only hurts there.
+
+    Anchors and aliases are refused: a few lines of nested aliases expand to billions of nodes
+    (the "billion laughs"), and a self-referencing one (``a: &a [*a]``) builds a cycle. Repeated
+    mapping keys are refused too, as ``kubectl apply`` (strict field validation) refuses them,
+    instead of the last one silently winning.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            mark = event.start_mark
+            raise _UnsupportedYaml(
+                problem=f"YAML anchors and aliases are not supported in job files (line "
+                f"{mark.line + 1}, column {mark.column + 1}); write the values out",
+                problem_mark=mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, typing.Hashable):
+                    continue  # SafeConstructor reports unhashable keys itself
+                if key in first_line:
+                    raise _UnsupportedYaml(
+                        problem=f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                        f"(first at line {first_line[key]}); keep one of them",
+                        problem_mark=key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 def validate(job: TrainingJob) -> list[str]:
@@ -619,6 +685,13 @@ def validate(job: TrainingJob) -> list[str]:
         problems.append("spec.dataset.torchvisionClass: required for torchvision, e.g. CIFAR10")
     if ds.name != DatasetName.TORCHVISION and ds.torchvision_class:
         problems.append("spec.dataset.torchvisionClass: only for name torchvision; remove it")
+    tv_class = ds.torchvision_class
+    if ds.name == DatasetName.TORCHVISION and tv_class and tv_class not in TORCHVISION_CLASSES:
+        problems.append(
+            f"spec.dataset.torchvisionClass: {tv_class!r} is not a supported torchvision dataset; "
+            f"{_did_you_mean(tv_class, TORCHVISION_CLASSES)}use one of "
+            f"{', '.join(TORCHVISION_CLASSES)}"
+        )
     if spec.target is not None:
         t = spec.target
         if t.metric == TargetMetric.VALIDATION_ACCURACY and not 0.0 < t.value <= 1.0:
@@ -707,6 +780,13 @@ def _null_defaulted(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _did_you_mean(value: str, choices: typing.Sequence[str]) -> str:
+    """"did you mean 'X'? " for the closest of `choices` (case-insensitive), or ""."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"did you mean {by_lower[close[0]]!r}? " if close else ""
+
+
 def _model_types(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
@@ -727,6 +807,9 @@ def _format_error(error: Any) -> str:
         return f"{where}: required field is missing"
     if where == "metadata.name" and error["type"] == "string_pattern_mismatch":
         message = "must be a DNS-1123 label: lowercase letters, digits and '-', e.g. digits-resnet"
+    if where == "spec.warmStart.parent" and error["type"] == "string_pattern_mismatch":
+        message = ("must be auto or a zoo model id (letters, digits, '_', '.', '-'), e.g. "
+                   "small_resnet-7f3c2a1b; `kiln zoo ls` lists them")
     if where in ("apiVersion", "kind"):
         message = f"must be {API_VERSION if where == 'apiVersion' else KIND}"
     shown = error.get("input")

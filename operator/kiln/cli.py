@@ -8,6 +8,8 @@
     kiln crd [--out PATH ...]     write the generated CRD (default: crds/trainingjob.yaml)
 
 Every user error is one clear message on stderr and a non-zero exit, never a traceback.
+Text from users, zoo records and the trainer is printed as plain text, never as rich markup
+(a "[/]" in a message would otherwise crash rich or restyle the output).
 Callers: the console script. Non-goals: no training logic here (see `kiln.local`).
 """
 
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from kiln import api, local, models
 from kiln.warmstart import plan, select
@@ -51,11 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, console)
         return code
-    except (UsageError, api.InvalidSpec, store.StoreUnavailable) as exc:
-        errors.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+    except (UsageError, api.InvalidSpec, store.StoreUnavailable, local.JobBusy) as exc:
+        errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except local.TrainerFailed as exc:
-        errors.print(f"[red]error:[/] {exc}", highlight=False)
+        errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_FAILED
     except KeyboardInterrupt:
         errors.print("interrupted")
@@ -64,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _show_warning(errors: Console, message: Warning | str, *_: Any, **__: Any) -> None:
     """Warnings (e.g. a skipped zoo record) as one plain line, without a source location."""
-    errors.print(f"[yellow]warning:[/] {message}", highlight=False)
+    errors.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("model_id", metavar="ID")
     _zoo_options(show)
     show.set_defaults(func=_cmd_zoo_show)
-    rm = zoo_sub.add_parser("rm", help="delete models")
+    rm = zoo_sub.add_parser("rm", help="delete models (also half-written ones)")
     rm.add_argument("model_ids", nargs="+", metavar="ID")
     _zoo_options(rm)
     rm.set_defaults(func=_cmd_zoo_rm)
@@ -160,8 +164,8 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     jobs = _load_all(args.files)
     for job in jobs:
-        console.print(f"[green]valid[/]: {job.name} ({job.spec.model.architecture} on "
-                      f"{job.spec.dataset.name})")
+        console.print(f"[green]valid[/]: {escape(job.name)} "
+                      f"({escape(job.spec.model.architecture)} on {job.spec.dataset.name})")
     return EXIT_OK
 
 
@@ -172,13 +176,37 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         if path and not path.startswith("s3://") and not Path(path).exists():
             raise UsageError(f"{job.name}: spec.dataset.path: {path} does not exist here; point it "
                              "at the data (paths are relative to the current directory)")
-    _open_zoo(args)  # fail fast on a bad zoo before any training starts
+    zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
+    _check_pinned_parents(jobs, zoo)
     outcomes = local.run_jobs(
         jobs, zoo_uri=args.zoo, work_dir=local.default_work_dir(), console=console,
         env=_zoo_env(args),
     )
     console.print(_results_table(outcomes))
     return EXIT_OK
+
+
+def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStore) -> None:
+    """Every pinned spec.warmStart.parent is a usable record of `zoo`, checked before training.
+
+    Raises:
+        UsageError: naming each job whose pinned parent is missing or damaged.
+        store.StoreUnavailable: the zoo could not be read.
+    """
+    problems = []
+    for job in jobs:
+        warm = job.spec.warm_start
+        if not warm.enabled or warm.parent == "auto":
+            continue
+        try:
+            records.read_record(zoo, warm.parent)
+        except (store.ObjectNotFound, ValueError) as exc:  # ValueError: also CorruptRecord
+            detail = "" if isinstance(exc, store.ObjectNotFound) else f" ({exc})"
+            problems.append(
+                f"{job.name}: spec.warmStart.parent: no usable zoo model {warm.parent!r} in "
+                f"{zoo.describe()}{detail}; pick an id from `kiln zoo ls`, or use auto")
+    if problems:
+        raise UsageError("\n".join(problems))
 
 
 def _results_table(outcomes: list[local.JobOutcome]) -> Table:
@@ -193,10 +221,15 @@ def _results_table(outcomes: list[local.JobOutcome]) -> Table:
         metric = f"{_SHORT.get(r.get('metric_name', ''), '')} {_fmt(r.get('metric'))}"
         reached = _fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
             else "not reached"
-        table.add_row(o.name, o.architecture, parent, metric, reached,
-                      _fmt(r.get("wall_seconds"), digits=1),
-                      _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"))
+        _add_row(table, o.name, o.architecture, parent, metric, reached,
+                 _fmt(r.get("wall_seconds"), digits=1),
+                 _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"))
     return table
+
+
+def _add_row(table: Table, *cells: str) -> None:
+    """A table row of plain text: record and trainer values are never read as markup."""
+    table.add_row(*(Text(cell) for cell in cells))
 
 
 _SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
@@ -211,21 +244,34 @@ def _fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
 
 def _cmd_zoo_ls(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)
-    table = Table(title=f"Model zoo: {zoo.describe()}")
+    table = Table(title=Text(f"Model zoo: {zoo.describe()}", style="table.title"))
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
     for rec in sorted(records.list_records(zoo), key=lambda r: r.created_time):
-        table.add_row(rec.id, rec.architecture, rec.dataset,
-                      _fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
-                      rec.parent or "-", rec.created_time)
+        _add_row(table, rec.id, rec.architecture, rec.dataset,
+                 _fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
+                 rec.parent or "-", rec.created_time)
     console.print(table)
     return EXIT_OK
 
 
+def _model_id(text: str) -> records.ZooModelId:
+    """A zoo model id from the command line.
+
+    Raises:
+        UsageError: it cannot be an id (empty, a path, odd characters).
+    """
+    try:
+        return records.check_id(text)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; `kiln zoo ls` lists the ids") from None
+
+
 def _cmd_zoo_show(args: argparse.Namespace, console: Console) -> int:
+    model_id = _model_id(args.model_id)
     zoo = _open_zoo(args)
     try:
-        rec = records.read_record(zoo, records.ZooModelId(args.model_id))
+        rec = records.read_record(zoo, model_id)
     except store.ObjectNotFound:
         raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
                          "`kiln zoo ls` lists them") from None
@@ -236,14 +282,19 @@ def _cmd_zoo_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_zoo_rm(args: argparse.Namespace, console: Console) -> int:
+    model_ids = [_model_id(text) for text in args.model_ids]  # all checked before any delete
     zoo = _open_zoo(args)
     missing = []
-    for model_id in args.model_ids:
-        if not zoo.exists(f"models/{model_id}/meta.json"):
+    for model_id in model_ids:
+        prefix = records.record_prefix(model_id)
+        if zoo.exists(prefix + records.META_NAME):
+            records.delete_record(zoo, model_id)
+            console.print(f"deleted {model_id}", markup=False, highlight=False)
+        elif zoo.list_keys(prefix):  # half-written or half-deleted: `zoo ls` warns about it
+            records.delete_record(zoo, model_id)
+            console.print(f"removed partial record {model_id}", markup=False, highlight=False)
+        else:
             missing.append(model_id)
-            continue
-        records.delete_record(zoo, records.ZooModelId(model_id))
-        console.print(f"deleted {model_id}")
     if missing:
         raise UsageError(f"no zoo model(s) {missing} in {zoo.describe()}; `kiln zoo ls` lists them")
     return EXIT_OK
@@ -266,12 +317,13 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for rank, cand in enumerate(found.candidates[: args.top], start=1):
         bucket = select.bucket_of(cand.similarity)
-        table.add_row(str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
-                      f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
-                      f"{_SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
-                      "yes" if cand.id == decision.parent_id else "")
+        _add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
+                 f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
+                 f"{_SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
+                 "yes" if cand.id == decision.parent_id else "")
     console.print(table)
-    console.print(decision.reason[:1].upper() + decision.reason[1:], highlight=False)
+    console.print(decision.reason[:1].upper() + decision.reason[1:], markup=False,
+                  highlight=False)
     return EXIT_OK
 
 
@@ -288,7 +340,7 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for name in models.list_models():
         info = models.get_info(name)
-        table.add_row(name, info.family, str(info.modality), str(info.task))
+        _add_row(table, name, info.family, str(info.modality), str(info.task))
     console.print(table)
     return EXIT_OK
 
@@ -299,10 +351,11 @@ def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
     outs = args.out or [Path("crds/trainingjob.yaml")]
     crd.write(outs)
     for out in outs:
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     if args.readme is not None:
         changed = reference.update_readme(args.readme)
-        console.print(f"{'updated' if changed else 'unchanged'}: {args.readme} reference")
+        console.print(f"{'updated' if changed else 'unchanged'}: {args.readme} reference",
+                      markup=False)
     return EXIT_OK
 
 

@@ -5,30 +5,45 @@ cluster pod runs), follows its JSON-lines progress on stdout with a live rich pr
 bar, keeps its stderr in a log file, and returns the trainer's result. Registration in
 the zoo is done by the trainer itself, so local and cluster runs share that code.
 
+A job runs at most once at a time per working directory: `run_jobs` holds an exclusive lock
+(``flock``) on ``<work_dir>/<job>.lock`` for each of its jobs, so a second `kiln run` of the same
+job fails at once instead of overwriting the first one's log and checkpoint. A trainer that
+ends by SIGINT or SIGTERM (Ctrl-C reaches the whole process group, so it may notice first) is an
+interruption, not a failure. Trainer text is printed as plain text, never as rich markup.
+
 Callers: `kiln.cli`. Non-goals: no placement (jobs run in order), no kopf.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kiln import api
 
 # How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
+
+# Trainer exit codes that mean "stopped by a signal": 128 + signal when the trainer saved its
+# checkpoint and exited itself (kiln_trainer.cli), minus the signal when it died of it.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTED_EXIT_CODES = frozenset({128 + s for s in _STOP_SIGNALS} | {-s for s in _STOP_SIGNALS})
 
 
 class TrainerFailed(RuntimeError):
@@ -38,9 +53,26 @@ class TrainerFailed(RuntimeError):
         self.job_name, self.exit_code, self.log_path = job_name, exit_code, log_path
         shown = "\n    ".join(tail) if tail else "(no output)"
         super().__init__(
-            f"job {job_name}: trainer exited with code {exit_code}; last lines of {log_path}:\n"
+            f"job {job_name}: trainer {_how_it_ended(exit_code)}; last lines of {log_path}:\n"
             f"    {shown}"
         )
+
+
+class JobBusy(RuntimeError):
+    """Another `kiln run` in this working directory is running the job (it holds the lock)."""
+
+
+def _how_it_ended(exit_code: int) -> str:
+    """"exited with code 2", or "was killed by signal 9 (SIGKILL)" for a negative code."""
+    if exit_code >= 0:
+        return f"exited with code {exit_code}"
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        name = "unknown signal"
+    hint = ("; the kernel's out-of-memory killer sends it: reduce spec.training.batchSize or the "
+            "model size" if -exit_code == signal.SIGKILL else "")
+    return f"was killed by signal {-exit_code} ({name}){hint}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +105,50 @@ def run_jobs(
         One outcome per job, in order.
 
     Raises:
+        JobBusy: another `kiln run` in `work_dir` is running one of the jobs (nothing started).
         TrainerFailed: a trainer exited without a result (later jobs are not started).
-        KeyboardInterrupt: Ctrl-C; the running trainer was asked to checkpoint and stop.
+        KeyboardInterrupt: Ctrl-C, or the trainer stopped by SIGINT/SIGTERM; the running
+            trainer was asked to checkpoint and stop, and a rerun resumes it.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    for job in jobs:
-        result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
-        outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result))
+    with contextlib.ExitStack() as locks:
+        for job in jobs:  # every lock before any training, so a clash wastes no work
+            locks.enter_context(_job_lock(work_dir / f"{job.name}.lock", job.name))
+        for job in jobs:
+            result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
+            outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result))
     return outcomes
+
+
+@contextlib.contextmanager
+def _job_lock(path: Path, job_name: str) -> Iterator[None]:
+    """Hold an exclusive, non-blocking `flock` on `path` (holding our pid) while in the block.
+
+    The kernel drops the lock when the process ends, however it ends, so a crash leaves no
+    stale lock; the file itself stays (deleting it would race with the next locker).
+
+    Raises:
+        JobBusy: another process holds the lock; the message names its pid.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trainer
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", errors="replace").strip() or "unknown"
+            raise JobBusy(
+                f"job {job_name} is already running (pid {holder}) from this directory; wait "
+                f"for it to finish or stop it (its lock: {path})"
+            ) from None
+        except OSError as exc:  # a file system without flock (some NFS mounts): run unguarded
+            warnings.warn(f"cannot lock {path} ({exc.strerror or exc}); a second `kiln run` of "
+                          f"job {job_name} would not be refused", stacklevel=3)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _run_one(
@@ -96,8 +163,9 @@ def _run_one(
     job_file.write_text(json.dumps(api.to_wire(job), indent=2), encoding="utf-8")
     log_path = work_dir / f"{job.name}.log"
     command = [sys.executable, "-m", "kiln_trainer", "--job", str(job_file), "--zoo", zoo_uri]
-    console.print(f"[bold]{job.name}[/]: training {job.spec.model.architecture} on "
-                  f"{job.spec.dataset.name} (log: {log_path})")
+    console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.architecture)} "
+                  f"on {job.spec.dataset.name} (log: {escape(str(log_path))})")
+    interrupted = False
     with open(log_path, "w", encoding="utf-8") as log, _progress(console) as progress:
         task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
         process = subprocess.Popen(
@@ -105,7 +173,8 @@ def _run_one(
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            env={"OMP_NUM_THREADS": default_threads(), **os.environ, **(env or {}),
+                 "PYTHONUNBUFFERED": "1"},
         )
         result = None
         try:
@@ -117,9 +186,13 @@ def _run_one(
             process.wait()
         except KeyboardInterrupt:
             _stop(process)
-            console.print(f"[yellow]{job.name}: stopped; its last checkpoint is kept, "
-                          "`kiln run` again resumes it[/]")
-            raise
+            interrupted = True
+    if interrupted or (result is None and process.returncode in INTERRUPTED_EXIT_CODES):
+        # Ctrl-C signals the whole process group: the trainer may see it first, save its
+        # checkpoint and exit 130 before (or, with SIGINT ignored here, instead of) us.
+        console.print(f"[yellow]{escape(job.name)}: stopped; its last checkpoint is kept, "
+                      "`kiln run` again resumes it[/]")
+        raise KeyboardInterrupt
     if result is None or process.returncode != 0:
         raise TrainerFailed(job.name, process.returncode, log_path, _tail(log_path))
     return result
@@ -144,7 +217,7 @@ def _progress(console: Console) -> Progress:
         TextColumn("[bold blue]{task.description}"),
         BarColumn(),
         TextColumn("epoch {task.completed:.0f}/{task.total:.0f}"),
-        TextColumn("{task.fields[status]}"),
+        TextColumn("{task.fields[status]}", markup=False),  # the trainer's numbers, as text
         TimeElapsedColumn(),
         console=console,
         transient=False,
@@ -154,7 +227,7 @@ def _progress(console: Console) -> Progress:
 def _show(progress: Progress, task: TaskID, event: dict[str, Any], console: Console) -> None:
     kind = event.get("event")
     if kind == "info":
-        progress.console.print(f"  {event.get('message', '')}")
+        progress.console.print(f"  {event.get('message', '')}", markup=False, highlight=False)
         return
     if kind != "progress":
         return
@@ -197,6 +270,15 @@ def _tail(path: Path, lines: int = 12) -> list[str]:
             return [line.rstrip() for line in deque(f, maxlen=lines)]
     except OSError:
         return []
+
+
+def default_threads() -> str:
+    """Torch threads per trainer unless OMP_NUM_THREADS is set: half the cores, at least 1.
+
+    Small models on few cores train several times slower when torch's threads outnumber the
+    free cores (spinning OpenMP workers), so leave room for the runner and the rest.
+    """
+    return str(max(1, (os.cpu_count() or 2) // 2))
 
 
 def default_work_dir() -> Path:

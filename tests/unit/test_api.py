@@ -163,3 +163,47 @@ def test_load_jobs_reports_yaml_errors_with_line_and_column(tmp_path: Path) -> N
         api.load_jobs(path)
     (problem,) = caught.value.problems
     assert problem.startswith("not valid YAML at line ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("a: &a [*a]\n", id="self-referencing-alias"),
+        pytest.param("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n"
+            for p, n in zip("abcdefgh", "bcdefghi", strict=True)), id="billion-laughs"),
+        pytest.param(yaml.safe_dump(MINIMAL).replace("spec:", "spec: &s") + "x: *s\n",
+                     id="anchor-in-a-job"),
+    ],
+)
+def test_load_jobs_refuses_yaml_anchors_and_aliases(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.load_jobs(path)
+    (problem,) = caught.value.problems
+    assert problem.startswith("YAML anchors and aliases are not supported in job files (line ")
+
+
+def test_load_jobs_refuses_a_repeated_key_naming_it_and_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL) + "metadata: {name: other}\n", encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.load_jobs(path)
+    (problem,) = caught.value.problems
+    assert re.fullmatch(r"duplicate key 'metadata' at line \d+ \(first at line \d+\); .*", problem)
+
+
+def test_load_jobs_reads_plain_yaml_as_safe_load_does(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump_all([MINIMAL, {**MINIMAL, "metadata": {"name": "b"}}]),
+                    encoding="utf-8")
+    assert [j.name for j in api.load_jobs(path)] == ["minimal", "b"]
+
+
+def test_unsupported_torchvision_class_suggests_the_closest_supported_one() -> None:
+    doc = with_spec(model={"architecture": "resnet18", "inputShape": [3, 32, 32]},
+                    dataset={"name": "torchvision", "path": "/data", "torchvisionClass": "cifar10"})
+    (problem,) = api.validate(api.TrainingJob.model_validate(doc))
+    assert problem.startswith("spec.dataset.torchvisionClass: 'cifar10' is not a supported ")
+    assert "did you mean 'CIFAR10'?" in problem and "MNIST, FashionMNIST" in problem

@@ -117,3 +117,150 @@ def test_unknown_flag_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exc:
         cli.main(["run", "--epochs", "3"])
     assert exc.value.code == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# text from users and records is never read as rich markup
+
+
+def _record(zoo_dir: Path, record_id: str = "small_cnn-0badc0de", **changes: object) -> None:
+    """Write a small valid record into the directory zoo at `zoo_dir`."""
+    import torch
+
+    from kiln.zoo import records, store
+
+    fields: dict[str, object] = {
+        "id": record_id, "architecture": "small_cnn", "args": {}, "input_shape": (1, 8, 8),
+        "modality": "image", "task": "classification", "dataset": "digits",
+        "metric_name": "validation_accuracy", "metric_value": 0.9, "num_params": 10,
+        "created_time": "2025-01-01T00:00:00Z", "job_name": "j", "job_spec": {}}
+    fields.update(changes)
+    record = records.ZooRecord(**fields)  # type: ignore[arg-type]
+    records.write_record(store.DirStore(zoo_dir), record, {"w": torch.zeros(2)}, {})
+
+
+def test_a_bad_zoo_uri_message_with_brackets_is_printed_as_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["zoo", "ls", "--zoo", "http://x"]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--zoo http://x:" in err and "s3://bucket[/prefix]" in err
+    assert "Traceback" not in err
+
+
+def test_zoo_ls_prints_record_text_with_markup_characters_verbatim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _record(tmp_path, dataset="[/]")
+    _record(tmp_path, "small_cnn-00000bad", dataset="[red]x")
+    assert cli.main(["zoo", "ls", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "[/]" in out and "[red]x" in out
+
+
+def test_a_skipped_record_warning_with_markup_characters_is_printed_verbatim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    _record(tmp_path)
+    meta = tmp_path / "models" / "small_cnn-0badc0de" / "meta.json"
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"created_time": "[/]"}))
+    assert cli.main(["zoo", "ls", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: zoo record small_cnn-0badc0de" in err and "('[/]')" in err
+
+
+# ----------------------------------------------------------------------------------------------
+# zoo ids, partial records, a zoo that is a file
+
+
+@pytest.mark.parametrize("action", ["show", "rm"])
+@pytest.mark.parametrize("bad", ["../../x", "", "ok-1/../../x", "a b"])
+def test_zoo_show_and_rm_refuse_an_invalid_id_with_one_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, bad: str
+) -> None:
+    assert cli.main(["zoo", action, bad, "--zoo", str(tmp_path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"invalid zoo model id {bad!r}" in err and "kiln zoo ls" in err
+    assert "Traceback" not in err
+
+
+def test_zoo_rm_removes_a_half_written_record_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _record(tmp_path)
+    (tmp_path / "models" / "small_cnn-0badc0de" / "meta.json").unlink()
+    assert cli.main(["zoo", "rm", "small_cnn-0badc0de", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    assert "removed partial record small_cnn-0badc0de" in capsys.readouterr().out
+    assert not list((tmp_path / "models").rglob("*.*"))
+    assert cli.main(["zoo", "ls", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["zoo", "ls"], ["run", "JOB"]], ids=["zoo-ls", "run"])
+@pytest.mark.parametrize("below", ["", "/zoo"], ids=["file", "under-file"])
+def test_a_zoo_that_is_a_file_fails_fast_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    command: list[str], below: str,
+) -> None:
+    from kiln import local
+
+    monkeypatch.setattr(local, "run_jobs", _no_training)
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    job = _write(tmp_path, VALID)
+    argv = [str(job) if a == "JOB" else a for a in command]
+    assert cli.main([*argv, "--zoo", str(tmp_path / "afile") + below]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--zoo {tmp_path / 'afile'}{below}: " in err
+    assert "afile is a file, not a directory" in err
+
+
+def _no_training(*_: object, **__: object) -> None:
+    raise AssertionError("training must not start")
+
+
+# ----------------------------------------------------------------------------------------------
+# kiln run checks before training
+
+
+def test_run_refuses_a_pinned_parent_missing_from_the_zoo_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln import local
+
+    monkeypatch.setattr(local, "run_jobs", _no_training)
+    path = _write(tmp_path, VALID + "  warmStart: {parent: small_cnn-12345678}\n")
+    assert cli.main(["run", str(path), "--zoo", str(tmp_path / "zoo")]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "digits-small: spec.warmStart.parent: no usable zoo model 'small_cnn-12345678'" in err
+    assert "kiln zoo ls" in err
+
+
+def test_run_accepts_a_pinned_parent_that_is_in_the_zoo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln import local
+
+    monkeypatch.setattr(local, "run_jobs", lambda *_, **__: [])
+    _record(tmp_path / "zoo")
+    path = _write(tmp_path, VALID + "  warmStart: {parent: small_cnn-0badc0de}\n")
+    assert cli.main(["run", str(path), "--zoo", str(tmp_path / "zoo")]) == cli.EXIT_OK
+
+
+def test_run_refuses_a_job_another_run_in_this_directory_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from kiln import local
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(local, "_run_one", _no_training)
+    path = _write(tmp_path, VALID)
+    runs = tmp_path / ".kiln" / "runs"
+    runs.mkdir(parents=True)
+    with local._job_lock(runs / "digits-small.lock", "digits-small"):
+        assert cli.main(["run", str(path), "--zoo", "zoo"]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"job digits-small is already running (pid {os.getpid()})" in err

@@ -13,8 +13,8 @@ Options and their environment fallbacks (pods set the environment, people the fl
 
 Exit codes: 0 success; 2 the job, dataset, checkpoint or settings are wrong (one message on
 stderr, no traceback; also in /dev/termination-log); 3 the zoo or checkpoint store stayed
-unavailable after retries (the checkpoint is kept, a rerun continues); 1 an unexpected error
-(traceback on stderr). SIGTERM and SIGINT save a checkpoint at the next step and exit
+unavailable after retries (the checkpoint is kept, a rerun continues); 1 out of memory (one
+message: reduce batchSize or the model) or an unexpected error (traceback on stderr). SIGTERM and SIGINT save a checkpoint at the next step and exit
 128 + signal (143, 130), as if the signal had ended the process.
 
 Callers: `kiln_trainer.__main__`, the local runner (as a subprocess), trainer pods.
@@ -30,8 +30,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
+
+import torch
 
 from kiln import api
 from kiln.zoo import store as zoo_store
@@ -85,6 +87,8 @@ def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
             doc = json.loads(job_json)
         except json.JSONDecodeError as exc:
             raise api.InvalidSpec([f"not valid JSON: {exc}"], source="KILN_JOB") from None
+        except RecursionError:
+            raise api.InvalidSpec(["JSON nested too deeply to read"], source="KILN_JOB") from None
         return api.parse_job(doc, source="KILN_JOB")
     raise api.InvalidSpec(["no job given: pass --job FILE, or set KILN_JOB_FILE or KILN_JOB"])
 
@@ -105,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         job = load_job(args.job, os.environ.get("KILN_JOB"))
+        _check_locations(args)
         loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
                   register=not args.no_register, checkpoint_dir=args.checkpoint_dir,
                   resume=not args.no_resume, stop=stop, parent=args.parent, out=sys.stdout)
@@ -112,9 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
             loop.ConfigError) as exc:
-        return _fail(emit, str(exc), EXIT_INVALID)
+        return _fail(emit, _unwrap_worker_error(str(exc)), EXIT_INVALID)
     except zoo_store.StoreUnavailable as exc:
         return _fail(emit, f"store unavailable: {exc}", EXIT_STORE_UNAVAILABLE)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if not _is_out_of_memory(exc):
+            _log.exception("unexpected error")
+            emit.failure(f"unexpected error: {type(exc).__name__}: {exc}")
+            return EXIT_UNEXPECTED
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return _fail(emit, f"out of memory ({first[:300]}); reduce spec.training.batchSize or "
+                     "the model size (spec.model.args, e.g. width or depth)", EXIT_UNEXPECTED)
     except Exception as exc:  # noqa: BLE001  # a bug or the environment: log the traceback
         _log.exception("unexpected error")
         emit.failure(f"unexpected error: {type(exc).__name__}: {exc}")
@@ -125,6 +138,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     if received:  # arrived after the last step: the result is out, so the run counts as done
         _log.info("signal %d arrived after training finished; exiting normally", received[0])
     return EXIT_OK
+
+
+def _check_locations(args: argparse.Namespace) -> None:
+    """Refuse a zoo URI or checkpoint directory no store can use before any work starts.
+
+    Raises:
+        api.InvalidSpec: naming the flag (or its environment variable) and the problem.
+    """
+    checks: list[tuple[str, str | None, Callable[[str], object]]] = [
+        ("--zoo", args.zoo, zoo_store.open_store),
+        ("--checkpoint-dir", args.checkpoint_dir, zoo_store.DirStore),
+    ]
+    for flag, value, open_location in checks:
+        try:
+            if value:
+                open_location(value)  # nothing is contacted or created yet
+        except ValueError as exc:
+            raise api.InvalidSpec([f"{flag} {value}: {exc}"]) from None
+
+
+_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory",
+                    "cannot allocate memory")
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(exc).lower()
+    return any(m in text for m in _MEMORY_MESSAGES)
+
+
+def _unwrap_worker_error(message: str) -> str:
+    """The original message of an error re-raised from a DataLoader worker process.
+
+    Workers send ``Caught DatasetError in DataLoader worker process 0. Original Traceback
+    ...`` whose last line is ``kiln_trainer.data.DatasetError: <message>``; keep <message>.
+    """
+    if not message.startswith("Caught ") or "Original Traceback" not in message:
+        return message
+    last = message.strip().splitlines()[-1]
+    return last.split(": ", 1)[1] if ": " in last else last
 
 
 def _fail(emit: events.EventWriter, message: str, code: int) -> int:

@@ -6,8 +6,8 @@ Four sources (`spec.dataset.name`):
     with bilinear interpolation, replicated to C channels, then standardised with the training
     split's mean and standard deviation.
   * ``imagefolder``: a torchvision `ImageFolder` at ``path`` (one sub-folder per class).
-  * ``torchvision``: a torchvision dataset class by name (``torchvisionClass``) with root
-    ``path``; its *training* split is used and held out by ``validationFraction`` like every
+  * ``torchvision``: a torchvision dataset class by name (``torchvisionClass``, one of
+    `TORCHVISION_CLASSES`) with root ``path``; its *training* split is used and held out by ``validationFraction`` like every
     other source (its test split stays untouched). Downloads only when ``download`` is true.
   * ``text``: a UTF-8 file (or a directory: its UTF-8 files concatenated in path order) read
     as bytes (tokens 0..255), cut into non-overlapping windows of T+1 bytes; a window gives
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import PIL
 import torch
 import torchvision
 from torch.nn import functional as F
@@ -56,6 +56,25 @@ _FILE_IMAGE_STD = 0.5
 
 class DatasetError(ValueError):
     """The dataset cannot be loaded as specified; the message names the field and the fix."""
+
+
+TORCHVISION_CLASSES: dict[str, tuple[dict[str, Any], int]] = {
+    # name: (constructor arguments selecting the labelled training split, number of classes).
+    # Exactly `api.TORCHVISION_CLASSES` (a unit test keeps them equal).
+    "MNIST": ({"train": True}, 10),
+    "FashionMNIST": ({"train": True}, 10),
+    "KMNIST": ({"train": True}, 10),
+    "QMNIST": ({"train": True}, 10),
+    "USPS": ({"train": True}, 10),
+    "CIFAR10": ({"train": True}, 10),
+    "CIFAR100": ({"train": True}, 100),
+    "SVHN": ({"split": "train"}, 10),
+    "STL10": ({"split": "train"}, 10),  # the 5,000 labelled images, not "unlabeled"
+}
+
+# Below this many samples in a split, accuracy and loss are noise; `split_indices` refuses a
+# validationFraction that leaves fewer when the dataset has enough for both.
+MIN_SPLIT_SAMPLES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +110,10 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Spl
         The train and validation splits.
 
     Raises:
-        DatasetError: the path is missing or empty, the file is too short for two windows,
-            the torchvision class is unknown or its data is absent, or fewer than two samples.
+        DatasetError: the path is missing or empty, a text file is not UTF-8 text or too short
+            for two windows, the torchvision class is unsupported or its data is absent, fewer
+            than two samples, or a validationFraction leaving a split too small (see
+            `split_indices`). An image file that cannot be decoded raises it later, when read.
     """
     shape = tuple(int(d) for d in input_shape)
     if spec.name == api.DatasetName.DIGITS:
@@ -113,7 +134,9 @@ def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int
     """Seeded (train, validation) index lists over `n` samples, after the maxSamples cap.
 
     Raises:
-        DatasetError: fewer than two samples remain, so one split would be empty.
+        DatasetError: fewer than two samples remain, so one split would be empty; or, with at
+            least 2 * MIN_SPLIT_SAMPLES samples, validationFraction leaves one split fewer than
+            MIN_SPLIT_SAMPLES.
     """
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     if spec.max_samples is not None:
@@ -124,6 +147,14 @@ def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int
             "validation need at least 2 (add data or raise spec.dataset.maxSamples)"
         )
     n_val = min(len(order) - 1, max(1, round(len(order) * spec.validation_fraction)))
+    n_train = len(order) - n_val
+    if len(order) >= 2 * MIN_SPLIT_SAMPLES and min(n_train, n_val) < MIN_SPLIT_SAMPLES:
+        raise DatasetError(
+            f"spec.dataset.validationFraction: {spec.validation_fraction} leaves {n_train} "
+            f"training and {n_val} validation samples of {len(order)}; each split needs at "
+            f"least {MIN_SPLIT_SAMPLES}, so use a fraction between "
+            f"{MIN_SPLIT_SAMPLES / len(order):.3g} and {1 - MIN_SPLIT_SAMPLES / len(order):.3g}"
+        )
     return order[n_val:], order[:n_val]
 
 
@@ -268,34 +299,28 @@ def _file_images(spec: api.DatasetSpec) -> tuple[torch_data.Dataset[Any], int | 
             ) from None
         return folder, len(folder.classes), f"imagefolder:{path}"
     name = spec.torchvision_class or ""
-    cls = getattr(torchvision.datasets, name, None)
-    if not (inspect.isclass(cls) and issubclass(cls, torch_data.Dataset)):
-        known = [n for n in dir(torchvision.datasets) if n[:1].isupper()]
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else "e.g. MNIST, CIFAR10, SVHN"
+    if name not in TORCHVISION_CLASSES:  # api.validate refuses these; a job that skipped it
+        close = difflib.get_close_matches(name, list(TORCHVISION_CLASSES), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise DatasetError(
-            f"spec.dataset.torchvisionClass: {name!r} is not a torchvision dataset class; {hint}"
+            f"spec.dataset.torchvisionClass: {name!r} is not a supported torchvision dataset; "
+            f"{hint}use one of {', '.join(TORCHVISION_CLASSES)}"
         )
     if not spec.download and not path.exists():
         raise DatasetError(
             f"spec.dataset.path: {path} does not exist, so torchvision {name} has no data "
             "(download is off); put the dataset there or set spec.dataset.download: true"
         )
-    dataset = _construct(cls, path, download=spec.download)
-    classes = getattr(dataset, "classes", None)
-    num_classes = len(classes) if classes else None
+    split_kwargs, num_classes = TORCHVISION_CLASSES[name]
+    dataset = _construct(getattr(torchvision.datasets, name), path, download=spec.download,
+                         split_kwargs=split_kwargs)
     return dataset, num_classes, f"torchvision:{name}"
 
 
-def _construct(cls: type[Any], path: Path, *, download: bool) -> torch_data.Dataset[Any]:
-    params = inspect.signature(cls).parameters
-    kwargs: dict[str, Any] = {"root": str(path)}
-    if "train" in params:
-        kwargs["train"] = True
-    elif "split" in params:
-        kwargs["split"] = "train"
-    if "download" in params:
-        kwargs["download"] = download
+def _construct(
+    cls: type[Any], path: Path, *, download: bool, split_kwargs: dict[str, Any]
+) -> torch_data.Dataset[Any]:
+    kwargs: dict[str, Any] = {"root": str(path), "download": download, **split_kwargs}
     try:
         dataset: torch_data.Dataset[Any] = cls(**kwargs)
     except (RuntimeError, FileNotFoundError, OSError) as exc:
@@ -351,7 +376,17 @@ class _Subset(torch_data.Dataset[Sample]):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> Sample:
-        image, label = self.base[self.indices[index]]
+        position = self.indices[index]
+        try:
+            image, label = self.base[position]
+        except OSError as exc:  # PIL.UnidentifiedImageError, truncated files, I/O errors
+            samples = getattr(self.base, "samples", None)  # ImageFolder: [(path, class), ...]
+            where = samples[position][0] if samples else f"sample {position}"
+            why = ("not an image format PIL knows" if isinstance(exc, PIL.UnidentifiedImageError)
+                   else exc.strerror or str(exc))
+            raise DatasetError(
+                f"spec.dataset.path: cannot read image {where} ({why}); remove or fix the file"
+            ) from None
         return self.transform(image), int(label)
 
 
@@ -388,7 +423,13 @@ def read_text_bytes(path: Path) -> bytes:
         DatasetError: the path does not exist, or a directory holds no UTF-8 text file.
     """
     if path.is_file():
-        return path.read_bytes()
+        content = path.read_bytes()
+        if not _is_text(content):
+            raise DatasetError(
+                f"spec.dataset.path: {path} is not UTF-8 text (a binary file?); point it at a "
+                "text file or a folder of them"
+            )
+        return content
     if not path.is_dir():
         raise DatasetError(
             f"spec.dataset.path: {path} does not exist; text needs a UTF-8 text file or a "
@@ -400,11 +441,7 @@ def read_text_bytes(path: Path) -> bytes:
         if any(part.startswith(".") or part == "__pycache__" for part in relative):
             continue
         content = file.read_bytes()
-        try:
-            content.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if b"\0" not in content:
+        if _is_text(content):
             parts.append(content)
     if not parts:
         raise DatasetError(
@@ -412,6 +449,15 @@ def read_text_bytes(path: Path) -> bytes:
             "text file or a folder of them"
         )
     return b"\n".join(parts)
+
+
+def _is_text(content: bytes) -> bool:
+    """UTF-8 without NUL bytes: text, not a binary that happens to decode."""
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in content
 
 
 class _Windows(torch_data.Dataset[Sample]):

@@ -202,7 +202,7 @@ def main(
     result = events.Result(
         metric_name=metric_name(spec), metric=final[metric_name(spec)],
         validation_accuracy=final["validation_accuracy"],
-        validation_loss=final["validation_loss"], wall_seconds=round(wall_seconds, 3),
+        validation_loss=final["validation_loss"], wall_seconds=wall_seconds,
         time_to_target_seconds=state.time_to_target_seconds,
         target_reached=state.time_to_target_seconds is not None,
         epochs_run=state.epochs_done + (1 if state.epoch_batch else 0), steps=state.step,

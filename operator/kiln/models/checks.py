@@ -31,6 +31,9 @@ _DATASET_MODALITY = {
 _DATASET_CLASSES = {api.DatasetName.DIGITS: 10}
 # Text datasets are byte-level: every token is one of 256 byte values.
 _TEXT_VOCABULARY = 256
+# Above this many parameters a model does not fit one accelerator's memory for training (8 GB
+# of fp32 weights alone, 4x that with gradients and Adam state); reject before allocating.
+MAX_PARAMETERS = 2_000_000_000
 
 
 def build(spec: api.ModelSpec) -> nn.Module:
@@ -61,8 +64,9 @@ def check_job(job: api.TrainingJob) -> list[str]:
         needs text models);
       * every spec.model.args key is a builder argument (else a did-you-mean);
       * num_classes covers the dataset's classes (digits: 10), vocab_size covers bytes (256);
-      * the builder accepts the args and the input shape, and one forward pass of a
-        Tensor[2, *inputShape] works (all on the `meta` device).
+      * the builder accepts the args and the input shape (errors of any kind while building
+        name spec.model), the model has at most MAX_PARAMETERS parameters, and one forward
+        pass of a Tensor[2, *inputShape] works (all on the `meta` device).
 
     Args:
         job: a parsed TrainingJob.
@@ -126,18 +130,34 @@ def _build_problems(info: registry.ArchitectureInfo, spec: api.ModelSpec) -> lis
             return [f"spec.model.inputShape: {exc}"]
         except (TypeError, ValueError) as exc:
             return [f"spec.model.args: {info.name} rejects its args: {exc}"]
+        except (RuntimeError, OverflowError) as exc:  # e.g. shape arithmetic overflowing int64
+            message = (f"spec.model: {info.name} cannot be built with inputShape {shape} and "
+                       f"these args ({_first_line(exc)}); use smaller sizes")
+            return [message]
+        num_params = sum(p.numel() for p in model.parameters())
+        if num_params > MAX_PARAMETERS:
+            message = (f"spec.model.args: {info.name} with these args has {num_params:,} "
+                       f"parameters, over the {MAX_PARAMETERS:,} one trainer can hold; reduce "
+                       "its width or depth")
+            return [message]
         sample = registry.example_input(info.name, shape, batch_size=2, device="meta")
         try:
             with torch.no_grad():
                 model.eval()(sample)
-        except (RuntimeError, ValueError, IndexError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except (RuntimeError, ValueError, IndexError, OverflowError) as exc:
+            reason = _first_line(exc)
             message = (
                 f"spec.model.inputShape: {info.name} cannot take input {shape} ({reason}); "
                 "use a larger input or another architecture"
             )
             return [message]
     return []
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (builders' errors can span many), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _a(modality: registry.Modality) -> str:

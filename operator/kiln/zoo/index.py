@@ -221,7 +221,8 @@ class ZooIndex:
         self._clock = clock
         self._pairs = scoring.PairScorer(scorer=scorer, workers=settings.workers,
                                          in_process_below=settings.in_process_below,
-                                         start_method=settings.start_method, clock=clock)
+                                         start_method=settings.start_method,
+                                         catalog=self._catalog, clock=clock)
         self._entries: dict[str, _Entry] = {}
         self._skipped: dict[str, records.ZooRecord] = {}
         self._clusters: dict[tuple[str, str], cluster.Clusters] = {}
@@ -281,6 +282,11 @@ class ZooIndex:
     def close(self) -> None:
         """Stop the worker pool (a later query starts a new one)."""
         self._pairs.close()
+
+    def _catalog(self) -> dict[str, dag.Prepared]:
+        """Every distinct prepared graph by fingerprint: what pool workers start with."""
+        with self._lock:
+            return {e.fingerprint: e.prepared for e in self._entries.values()}
 
     def __enter__(self) -> Self:
         return self
@@ -410,13 +416,13 @@ class ZooIndex:
     def _score_ids_block(self, entries: Mapping[str, _Entry], parent_ids: Sequence[str],
                          child_ids: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
         """similarity(parent -> child) for id blocks, each distinct graph pair scored once."""
-        parent_keys, parents = _distinct([entries[i] for i in parent_ids])
-        child_keys, children = _distinct([entries[i] for i in child_ids])
+        parent_positions, parents = _distinct([entries[i] for i in parent_ids])
+        child_positions, children = _distinct([entries[i] for i in child_ids])
         grid = self._pairs.grid(parents, children, persistent=False)
         if grid.errors:
             _log.warning("clustering: %d pair scores failed (counted as distance 1); first: %s",
                          len(grid.errors), grid.errors[0])
-        return grid.values[np.ix_(parent_keys, child_keys)]
+        return grid.values[np.ix_(parent_positions, child_positions)]
 
     # ------------------------------------------------------------------------------------------
     # queries
@@ -509,8 +515,9 @@ class ZooIndex:
         if not misses or search.timed_out:
             return not search.timed_out
         same_graph = list(misses.values())
-        parents = [self._entries[group[0]].prepared for group in same_graph]
-        grid = self._pairs.grid(parents, [search.child], deadline=search.deadline)
+        parents = [(key, self._entries[group[0]].prepared) for key, group in misses.items()]
+        grid = self._pairs.grid(parents, [(search.child_fingerprint, search.child)],
+                                deadline=search.deadline)
         search.timed_out |= grid.timed_out
         search.computed += int(grid.done.sum())
         for group, value, done in zip(same_graph, grid.values[:, 0], grid.done[:, 0]):
@@ -541,17 +548,17 @@ def _entry(record: records.ZooRecord, graph_input: GraphInput) -> _Entry:
     return _Entry(record, prepared, fingerprint(g))
 
 
-def _distinct(entries: Sequence[_Entry]) -> tuple[list[int], list[dag.Prepared]]:
-    """Positions into the distinct graphs of `entries` (by fingerprint), and those graphs."""
+def _distinct(entries: Sequence[_Entry]) -> tuple[list[int], list[scoring.Keyed]]:
+    """Positions into the distinct graphs of `entries`, and those (fingerprint, graph)."""
     position: dict[str, int] = {}
-    prepared: list[dag.Prepared] = []
-    keys = []
+    distinct: list[scoring.Keyed] = []
+    positions = []
     for entry in entries:
         if entry.fingerprint not in position:
-            position[entry.fingerprint] = len(prepared)
-            prepared.append(entry.prepared)
-        keys.append(position[entry.fingerprint])
-    return keys, prepared
+            position[entry.fingerprint] = len(distinct)
+            distinct.append((entry.fingerprint, entry.prepared))
+        positions.append(position[entry.fingerprint])
+    return positions, distinct
 
 
 def _array_bytes(p: dag.Prepared) -> int:

@@ -31,6 +31,7 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import re
 import secrets
 import warnings
@@ -57,6 +58,9 @@ CHECKPOINT_NAME = "checkpoint.pt"
 # Ids become one key component: keep them to letters, digits, '_', '.', '-' (no '/', no '..').
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+
+MAX_COUNT = 10**13
+"""Largest believable count in meta.json (num_params): ten times today's largest models."""
 
 _log = logging.getLogger(__name__)
 
@@ -146,10 +150,7 @@ class ZooRecord:
             CorruptRecord: not JSON, not an object, a newer or missing ``schema_version``, a
                 missing field, or a field of the wrong type or format (named in the message).
         """
-        try:
-            doc = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptRecord(record_id, f"{META_NAME} is not valid JSON ({exc})") from None
+        doc = _parse_json(text, record_id, META_NAME)
         if not isinstance(doc, dict):
             raise CorruptRecord(record_id, f"{META_NAME} holds {type(doc).__name__}, not an object")
         if record_id == "<unknown>" and isinstance(doc.get("id"), str):
@@ -324,17 +325,15 @@ def load_graph(zoo: store.ObjectStore, record: ZooRecord) -> dict[str, Any]:
     """The record's warm-start graph (graph.json) as a dict.
 
     Raises:
-        CorruptRecord: graph.json is missing, not JSON, or not an object.
+        CorruptRecord: graph.json is missing, not JSON (or nested too deeply to read), or not
+            an object.
         StoreUnavailable: the store failed.
     """
     try:
         text = zoo.get_bytes(record_prefix(record.id) + GRAPH_NAME)
     except store.ObjectNotFound:
         raise CorruptRecord(record.id, f"{GRAPH_NAME} is missing; delete the record") from None
-    try:
-        graph = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptRecord(record.id, f"{GRAPH_NAME} is not valid JSON ({exc})") from None
+    graph = _parse_json(text, record.id, GRAPH_NAME)
     if not isinstance(graph, dict):
         raise CorruptRecord(record.id, f"{GRAPH_NAME} holds {type(graph).__name__}, not an object")
     return graph
@@ -410,6 +409,22 @@ def delete_record(zoo: store.ObjectStore, record_id: str) -> None:
 # helpers
 
 
+def _parse_json(text: str | bytes, record_id: str, name: str) -> Any:
+    """`text` decoded as JSON; anything unreadable is a `CorruptRecord` naming the file.
+
+    Besides syntax errors this covers nesting too deep for the decoder (RecursionError: a
+    hostile ``[[[[...]]]]``) and integers longer than Python's 4,300-digit limit (ValueError).
+    """
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecord(record_id, f"{name} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CorruptRecord(record_id, f"{name} is nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer over sys.get_int_max_str_digits() digits
+        raise CorruptRecord(record_id, f"{name} is not usable JSON ({exc})") from None
+
+
 def _skip(record_id: str, why: str, zoo: store.ObjectStore) -> None:
     warnings.warn(
         f"zoo record {record_id} in {zoo.describe()} skipped: {why}",
@@ -452,12 +467,16 @@ def _as_str(value: Any) -> str:
 def _as_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError("a number")
+    if not math.isfinite(value):  # json.loads accepts NaN and Infinity; no metric may be one
+        raise TypeError("a finite number")
     return float(value)
 
 
 def _as_count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError("a non-negative integer")
+    if value > MAX_COUNT:
+        raise TypeError(f"a count up to {MAX_COUNT:,}")
     return value
 
 

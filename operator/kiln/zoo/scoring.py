@@ -6,15 +6,20 @@ never networkx graphs) it fills a similarity grid [parents x children], as Model
 shared/research/modelkeeper.md §1.3 "process-parallel scoring"):
 
 * Fewer pairs than `in_process_below` are scored in this process, checking the deadline before
-  every pair: starting workers and pickling graphs would cost more than the scoring.
+  every pair: starting workers and shipping graphs would cost more than the scoring.
 * Otherwise the grid is cut along its longer side into tasks (about 4 per worker, at most
   `PAIRS_PER_TASK` pairs each, the shorter side travelling whole with every task) and sent to
   a `ProcessPoolExecutor`: a persistent one for queries, a temporary one for cluster builds.
+* Graphs travel by key. Each pool starts with the index's whole catalogue (key -> prepared
+  graph, keys are graph fingerprints, so an entry is never stale), handed to its workers once
+  at start-up (inherited for free under fork); a task names catalogue graphs by key and carries
+  only the others (the query's child, models added since). Pickling prepared graphs per query
+  would cost more than scoring them: ~1.3 s for 800 graphs, each a few dozen small arrays.
+  When most of a grid's parents are missing from the pool's catalogue, the pool is restarted.
 * Past the deadline, pending tasks are cancelled and the workers terminated (running tasks
   cannot be interrupted otherwise); the grid keeps what finished, `timed_out=True`. A worker
-  that dies (killed for memory, say) fails only its tasks. A scorer that raises a
-  `ValueError`/`ArithmeticError`/`IndexError`/`MemoryError` fails only its pair (NaN), with the
-  message kept in `Grid.errors`.
+  that dies fails only its tasks. A scorer that raises `ValueError`, `ArithmeticError`,
+  `IndexError` or `MemoryError` fails only its pair (NaN), its message kept in `Grid.errors`.
 
 Callers: `kiln.zoo.index` only. Non-goals: no caching, no de-duplication, no ids (the index does
 those), no I/O.
@@ -30,7 +35,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -45,8 +50,13 @@ PAIRS_PER_TASK = 2000
 
 Scorer: TypeAlias = Callable[[dag.Prepared, dag.Prepared], float]
 """(parent, child) -> similarity in [0, 1]; must be picklable (module-level) for the pool."""
+Keyed: TypeAlias = tuple[str, dag.Prepared]
+"""A graph with its catalogue key (the index uses graph fingerprints)."""
+Catalog: TypeAlias = Callable[[], Mapping[str, dag.Prepared]]
+"""Returns every graph a pool's workers should hold from start-up, by key."""
 
 _SCORING_ERRORS = (ValueError, ArithmeticError, IndexError, MemoryError)
+_WORKER_CATALOG: dict[str, dag.Prepared] = {}  # in pool workers: the graphs preloaded at start
 
 
 @dataclasses.dataclass
@@ -71,7 +81,7 @@ class PairScorer:
 
     def __init__(self, *, scorer: Scorer = match.similarity, workers: int | None = None,
                  in_process_below: int = IN_PROCESS_BELOW, start_method: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 catalog: Catalog = dict, clock: Callable[[], float] = time.monotonic) -> None:
         """Set up (no process starts before the first pooled grid).
 
         Args:
@@ -79,24 +89,27 @@ class PairScorer:
             workers: pool processes; None: min(4, CPUs); 0: never use a pool.
             in_process_below: grids with fewer pairs are scored in-process.
             start_method: multiprocessing start method (None: platform default; "forkserver"
-                is safer in a threaded process, at ~1 s of worker start-up).
+                is safer in a threaded process, at ~1 s of worker start-up plus one pickled
+                copy of the catalogue per worker).
+            catalog: the graphs to preload into each new pool's workers.
             clock: monotonic seconds; deadlines are on this clock.
         """
         self.scorer = scorer
         self.workers = min(4, os.cpu_count() or 1) if workers is None else max(0, workers)
         self.in_process_below = in_process_below
         self.start_method = start_method
+        self.catalog = catalog
         self.clock = clock
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool: _Pool | None = None
         self._lock = threading.Lock()
 
-    def grid(self, parents: Sequence[dag.Prepared], children: Sequence[dag.Prepared], *,
+    def grid(self, parents: Sequence[Keyed], children: Sequence[Keyed], *,
              deadline: float | None = None, persistent: bool = True) -> Grid:
         """Score every (parent, child) pair until the deadline (module docstring).
 
         Args:
-            parents: graphs in the parent position (P of them).
-            children: graphs in the child position (C of them).
+            parents: (key, graph) in the parent position, P of them.
+            children: (key, graph) in the child position, C of them.
             deadline: `clock()` time to give up at; None: no deadline.
             persistent: use (and keep) the shared pool; False: a temporary pool, so that a
                 long job (cluster build) is never terminated by a query's timeout.
@@ -110,23 +123,20 @@ class PairScorer:
         if pairs == 0:
             return grid
         if self.workers == 0 or pairs < self.in_process_below:
-            self._in_process(grid, parents, children, deadline)
+            self._in_process(grid, [g for _, g in parents], [g for _, g in children], deadline)
         elif persistent:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = self._new_pool()
-                pool = self._pool
+            pool = self._persistent_pool(parents)
             if not self._in_pool(grid, pool, parents, children, deadline):
                 with self._lock:
                     if self._pool is pool:
                         self._pool = None
-                _terminate(pool)
+                _terminate(pool.executor)
         else:
             pool = self._new_pool()
             try:
                 self._in_pool(grid, pool, parents, children, deadline)
             finally:
-                _terminate(pool)
+                _terminate(pool.executor)
         return grid
 
     def close(self) -> None:
@@ -134,7 +144,21 @@ class PairScorer:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.executor.shutdown(wait=True, cancel_futures=True)
+
+    def _persistent_pool(self, parents: Sequence[Keyed]) -> _Pool:
+        """The shared pool; restarted first when it lacks most of these parents."""
+        with self._lock:
+            stale = self._pool
+            if stale is not None:
+                missing = sum(key not in stale.preloaded for key, _ in parents)
+                if missing <= max(IN_PROCESS_BELOW, len(parents) // 4):
+                    return stale
+            self._pool = self._new_pool()
+            pool = self._pool
+        if stale is not None:
+            stale.executor.shutdown(wait=True)
+        return pool
 
     def _in_process(self, grid: Grid, parents: Sequence[dag.Prepared],
                     children: Sequence[dag.Prepared], deadline: float | None) -> None:
@@ -149,13 +173,14 @@ class PairScorer:
                     grid.errors.append(f"{type(exc).__name__}: {exc}")
                 grid.done[i, j] = True
 
-    def _in_pool(self, grid: Grid, pool: concurrent.futures.ProcessPoolExecutor,
-                 parents: Sequence[dag.Prepared], children: Sequence[dag.Prepared],
-                 deadline: float | None) -> bool:
+    def _in_pool(self, grid: Grid, pool: _Pool, parents: Sequence[Keyed],
+                 children: Sequence[Keyed], deadline: float | None) -> bool:
         """Fill `grid` from pool tasks; False when the pool must go (timed out, or died)."""
-        parent_list, child_list = list(parents), list(children)
-        futures = {pool.submit(_score_block, self.scorer, parent_list[rows], child_list[cols]):
-                   (rows, cols) for rows, cols in tasks(len(parents), len(children), self.workers)}
+        parent_refs = [(key, None if key in pool.preloaded else g) for key, g in parents]
+        child_refs = [(key, None if key in pool.preloaded else g) for key, g in children]
+        futures = {pool.executor.submit(_score_block, self.scorer, parent_refs[rows],
+                                        child_refs[cols]): (rows, cols)
+                   for rows, cols in tasks(len(parents), len(children), self.workers)}
         healthy = True
         remaining = None if deadline is None else max(0.0, deadline - self.clock())
         try:
@@ -177,10 +202,19 @@ class PairScorer:
                 future.cancel()
         return healthy
 
-    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _new_pool(self) -> _Pool:
+        catalog = dict(self.catalog())
         context = multiprocessing.get_context(self.start_method) if self.start_method else None
-        return concurrent.futures.ProcessPoolExecutor(max_workers=max(1, self.workers),
-                                                      mp_context=context)
+        executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=max(1, self.workers), mp_context=context,
+            initializer=_load_catalog, initargs=(catalog,))
+        return _Pool(executor, frozenset(catalog))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pool:
+    executor: concurrent.futures.ProcessPoolExecutor
+    preloaded: frozenset[str]
 
 
 def tasks(n_parents: int, n_children: int, workers: int) -> list[tuple[slice, slice]]:
@@ -199,16 +233,26 @@ def tasks(n_parents: int, n_children: int, workers: int) -> list[tuple[slice, sl
     return [(cut, whole) if split_parents else (whole, cut) for cut in cuts]
 
 
-def _score_block(scorer: Scorer, parents: Sequence[dag.Prepared],
-                 children: Sequence[dag.Prepared]) -> tuple[npt.NDArray[np.float64], list[str]]:
+def _load_catalog(catalog: Mapping[str, dag.Prepared]) -> None:
+    """Pool worker initializer: keep the preloaded graphs for the worker's lifetime."""
+    _WORKER_CATALOG.clear()
+    _WORKER_CATALOG.update(catalog)
+
+
+def _score_block(scorer: Scorer, parents: Sequence[tuple[str, dag.Prepared | None]],
+                 children: Sequence[tuple[str, dag.Prepared | None]]
+                 ) -> tuple[npt.NDArray[np.float64], list[str]]:
     """Pool task: similarities [len(parents), len(children)] (NaN where scoring raised).
 
-    Child-major order: a child's self-score (cached on it) is computed once per task.
+    A graph given as None is taken from the preloaded catalogue. Child-major order: a child's
+    self-score (cached on it) is computed once per task.
     """
+    parent_graphs = [g if g is not None else _WORKER_CATALOG[k] for k, g in parents]
     values = np.full((len(parents), len(children)), np.nan)
     errors = []
-    for j, child in enumerate(children):
-        for i, parent in enumerate(parents):
+    for j, (key, graph) in enumerate(children):
+        child = graph if graph is not None else _WORKER_CATALOG[key]
+        for i, parent in enumerate(parent_graphs):
             try:
                 values[i, j] = scorer(parent, child)
             except _SCORING_ERRORS as exc:

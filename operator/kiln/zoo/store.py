@@ -164,8 +164,19 @@ class DirStore:
 
         Args:
             root: the directory; a relative path is taken from the current working directory now.
+
+        Raises:
+            ValueError: `root`, or a folder above it, is an existing file: no object could ever
+                be written there (checked now, so a run fails before training, not after).
         """
         self.root = Path(root).expanduser().absolute()
+        for path in (self.root, *self.root.parents):
+            if path.is_dir():
+                break
+            if path.exists():
+                where = "" if path == self.root else f" (it lies under {path})"
+                raise ValueError(f"{path} is a file, not a directory{where}; point the zoo at a "
+                                 "directory")
 
     def describe(self) -> str:
         return f"directory {self.root}"

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import kiln_trainer
 from kiln import api
-from kiln_trainer import cli
+from kiln_trainer import cli, data, loop
 
 JOB = {
     "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "cli-job"},
@@ -98,3 +99,61 @@ def test_docstring_examples_run(module: str) -> None:
 
     failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+                     id="cuda"),
+        pytest.param(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
+                                  "DefaultCPUAllocator: can't allocate memory: you tried to "
+                                  "allocate 4000000000000 bytes. Error code 12"), id="cpu"),
+        pytest.param(MemoryError(), id="python"),
+    ],
+)
+def test_running_out_of_memory_exits_1_with_one_message_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    error: BaseException,
+) -> None:
+    def exhausted(*_: object, **__: object) -> None:
+        raise error
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(JOB), encoding="utf-8")
+    monkeypatch.setattr(loop, "main", exhausted)
+    assert cli.main(["--job", str(job)]) == cli.EXIT_UNEXPECTED
+    err = capsys.readouterr().err
+    assert "kiln_trainer: error: out of memory (" in err
+    assert "reduce spec.training.batchSize or the model size" in err
+    assert "Traceback" not in err
+
+
+def test_a_dataset_error_from_a_loader_worker_shows_only_its_own_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    wrapped = ("Caught DatasetError in DataLoader worker process 0.\nOriginal Traceback (most "
+               "recent call last):\n  File \"x.py\", line 1, in f\nkiln_trainer.data."
+               "DatasetError: spec.dataset.path: cannot read image bad.png; remove or fix the file")
+
+    def broken(*_: object, **__: object) -> None:
+        raise data.DatasetError(wrapped)
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(JOB), encoding="utf-8")
+    monkeypatch.setattr(loop, "main", broken)
+    assert cli.main(["--job", str(job)]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.strip() == ("kiln_trainer: error: spec.dataset.path: cannot read image bad.png; "
+                           "remove or fix the file")
+
+
+def test_a_zoo_that_is_a_file_exits_2_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(JOB), encoding="utf-8")
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    assert cli.main(["--job", str(job), "--zoo", str(tmp_path / "afile")]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"--zoo {tmp_path / 'afile'}: " in err and "is a file, not a directory" in err

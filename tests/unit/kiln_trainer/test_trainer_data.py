@@ -115,14 +115,14 @@ def test_a_trailing_batch_of_one_sample_is_dropped() -> None:
 
 def test_text_windows_predict_the_next_byte(tmp_path: Path) -> None:
     text = tmp_path / "corpus.txt"
-    text.write_bytes(bytes(range(256)) * 4)
+    text.write_bytes(bytes(range(32, 127)) * 11)  # printable ASCII: 95 byte values, cycling
     splits = data.load(_spec(name="text", path=str(text)), input_shape=[15], seed=0)
-    assert len(splits.train) + len(splits.validation) == 1024 // 16
+    assert len(splits.train) + len(splits.validation) == 95 * 11 // 16
     inputs, targets = splits.train[0]
     assert inputs.shape == targets.shape == (15,)
     assert inputs.dtype == torch.long
     assert torch.equal(targets[:-1], inputs[1:])
-    assert torch.equal(targets, (inputs + 1) % 256)
+    assert torch.equal(targets, (inputs - 32 + 1) % 95 + 32)
     assert splits.modality == "text" and splits.num_classes is None
 
 
@@ -217,3 +217,54 @@ def test_unknown_torchvision_class_suggests_close_names(tmp_path: Path) -> None:
 def test_fewer_than_two_samples_cannot_be_split() -> None:
     with pytest.raises(data.DatasetError, match="at least 2"):
         data.load(_spec(name="digits", maxSamples=1), input_shape=[1, 8, 8], seed=0)
+
+
+def test_a_corrupt_image_in_an_imagefolder_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    root = _write_imagefolder(tmp_path / "pets", classes=2, per_class=2)
+    bad = root / "class0" / "bad.png"
+    bad.write_bytes(b"this is not a png")
+    splits = data.load(_spec(name="imagefolder", path=str(root), validationFraction=0.5),
+                       input_shape=[1, 8, 8], seed=0)
+    with pytest.raises(data.DatasetError, match=rf"cannot read image {bad} .*remove or fix"):
+        for split in (splits.train, splits.validation):
+            for i in range(len(split)):  # type: ignore[arg-type]
+                split[i]
+
+
+def test_torchvision_classes_are_exactly_the_ones_the_api_accepts_and_their_signatures_fit(
+) -> None:
+    import inspect
+
+    import torchvision
+
+    assert tuple(data.TORCHVISION_CLASSES) == api.TORCHVISION_CLASSES
+    for name, (split_kwargs, num_classes) in data.TORCHVISION_CLASSES.items():
+        cls = getattr(torchvision.datasets, name)
+        inspect.signature(cls).bind(root="/data", download=False, **split_kwargs)
+        assert num_classes == len(getattr(cls, "classes", None) or range(num_classes)), name
+
+
+@pytest.mark.parametrize("name", ["FakeData", "DatasetFolder", "VisionDataset"])
+def test_torchvision_classes_outside_the_supported_list_are_a_dataset_error(
+    tmp_path: Path, name: str
+) -> None:
+    spec = _spec(name="torchvision", path=str(tmp_path), torchvisionClass=name)
+    with pytest.raises(data.DatasetError, match=f"'{name}' is not a supported .*CIFAR10"):
+        data.load(spec, input_shape=[3, 32, 32], seed=0)
+
+
+def test_a_binary_file_as_text_dataset_is_a_dataset_error(tmp_path: Path) -> None:
+    binary = tmp_path / "ls"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)
+    with pytest.raises(data.DatasetError, match=r"ls is not UTF-8 text"):
+        data.load(_spec(name="text", path=str(binary)), input_shape=[16], seed=0)
+
+
+@pytest.mark.parametrize("fraction", [0.001, 0.995], ids=["too-few-validation", "too-few-train"])
+def test_a_validation_fraction_leaving_a_split_under_ten_samples_is_a_dataset_error(
+    fraction: float,
+) -> None:
+    with pytest.raises(data.DatasetError, match=r"validationFraction: .* each split needs at "
+                       "least 10"):
+        data.load(_spec(name="digits", validationFraction=fraction), input_shape=[1, 8, 8],
+                  seed=0)

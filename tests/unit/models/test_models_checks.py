@@ -171,3 +171,16 @@ def test_build_makes_the_model_the_spec_describes() -> None:
         "stages.1.0",
         "head",
     ]
+
+
+def test_a_model_too_large_to_build_even_on_meta_names_spec_model() -> None:
+    (problem,) = models.check_job(_job("small_cnn", args={"width": 10**12},
+                                       input_shape=[3, 32, 32]))
+    assert problem.startswith("spec.model: small_cnn cannot be built with inputShape [3, 32, 32]")
+    assert "use smaller sizes" in problem
+
+
+def test_a_model_with_more_than_two_billion_parameters_is_refused_with_its_count() -> None:
+    (problem,) = models.check_job(_job("vit", args={"width": 1_000_000}, input_shape=[3, 32, 32]))
+    assert problem.startswith("spec.model.args: vit with these args has ")
+    assert "over the 2,000,000,000" in problem and "reduce its width or depth" in problem

@@ -249,6 +249,23 @@ def test_pool_workers_are_terminated_at_the_deadline(
         assert result.scored < result.compatible == 40
 
 
+def test_pool_scores_a_model_added_after_its_workers_started(
+        small_zoo: store.DirStore, base_graphs: dict[str, dict[str, Any]]) -> None:
+    pooled = index.IndexSettings(workers=2, in_process_below=1)  # every query uses the pool
+    newcomer = widened(base_graphs["cnn_3"], seed=5)
+    with index.ZooIndex(small_zoo, settings=pooled) as idx:
+        before = idx.query(newcomer, top_k=None)  # workers start with the 5 graphs preloaded
+        write(small_zoo, "cnn-3-new", "cnn_3", newcomer)
+        idx.refresh()
+        after = idx.query(newcomer, top_k=None)  # the newcomer travels with the task
+
+    assert before.scored == len(BASES) and not before.timed_out
+    assert after.best is not None and (after.best.id, after.best.similarity) == ("cnn-3-new", 1.0)
+    assert {c.id: c.similarity for c in after.candidates if c.id != "cnn-3-new"} == {
+        c.id: c.similarity for c in before.candidates}
+    assert after.cache_hits == len(BASES)
+
+
 BUILD: dict[str, Any] = {"restarts": 3, "seed": 1, "sample_size": 30}
 
 

@@ -117,6 +117,12 @@ def test_meta_json_ignores_fields_it_does_not_know() -> None:
         pytest.param({"weights_sha256": "xyz"}, "weights_sha256", "SHA-256", id="sha"),
         pytest.param({"parent": "../etc"}, "parent", "zoo model id", id="parent-id"),
         pytest.param({"job_spec": "{}"}, "job_spec", "expected an object", id="spec-string"),
+        pytest.param({"metric_value": float("nan")}, "metric_value", "expected a finite number",
+                     id="nan-metric"),
+        pytest.param({"validation_loss": float("inf")}, "validation_loss",
+                     "expected a finite number", id="infinite-loss"),
+        pytest.param({"num_params": 10**40}, "num_params", "expected a count up to",
+                     id="absurd-count"),
     ],
 )
 def test_meta_json_field_of_the_wrong_type_names_record_and_field(
@@ -152,6 +158,8 @@ def test_meta_json_from_a_newer_kiln_asks_for_an_upgrade() -> None:
         pytest.param(b"\xff\xfe", "not valid JSON", id="binary"),
         pytest.param("[1, 2]", "holds list, not an object", id="list"),
         pytest.param("{}", "schema_version", id="no-version"),
+        pytest.param("[" * 100_000 + "]" * 100_000, "nested too deeply", id="deep-nesting"),
+        pytest.param('{"num_params": 1' + "0" * 5000 + "}", "not usable JSON", id="huge-integer"),
     ],
 )
 def test_unparsable_meta_json_is_a_corrupt_record(text: str | bytes, message: str) -> None:
@@ -309,3 +317,20 @@ def test_listing_skips_folders_whose_names_are_not_ids(tmp_path: Path) -> None:
     with pytest.warns(records.SkippedRecordWarning, match="zoo record -bad .* skipped"):
         listed = records.list_records(zoo)
     assert [r.id for r in listed] == ["small_resnet-0badc0de"]
+
+
+def test_listing_skips_a_record_whose_meta_json_or_graph_is_nested_too_deeply(
+    tmp_path: Path,
+) -> None:
+    zoo = store.DirStore(tmp_path)
+    records.write_record(zoo, _record(), _weights(), {})
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    for name in ("weights.safetensors", "graph.json"):
+        zoo.put_bytes(f"models/deep-1/{name}", b"{}")
+    zoo.put_bytes("models/deep-1/meta.json", deep)
+    with pytest.warns(records.SkippedRecordWarning, match="deep-1 .* nested too deeply"):
+        listed = records.list_records(zoo)
+    assert [r.id for r in listed] == ["small_resnet-0badc0de"]
+    zoo.put_bytes("models/small_resnet-0badc0de/graph.json", deep)
+    with pytest.raises(records.CorruptRecord, match="graph.json is nested too deeply"):
+        records.load_graph(zoo, listed[0])

@@ -110,6 +110,17 @@ def test_directory_store_lists_nothing_under_a_file(tmp_path: Path) -> None:
     assert zoo.list_keys("models/") == []
 
 
+@pytest.mark.parametrize("below", ["", "sub/zoo"], ids=["the-file", "under-the-file"])
+def test_directory_store_refuses_a_root_that_is_or_lies_under_a_file(
+    tmp_path: Path, below: str
+) -> None:
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"afile is a file, not a directory"):
+        store.DirStore(tmp_path / "afile" / below if below else tmp_path / "afile")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        store.open_store(str(tmp_path / "afile"))
+
+
 def test_directory_store_reports_a_full_disk_as_unavailable_and_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
