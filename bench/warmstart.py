@@ -137,7 +137,7 @@ def make_job(arch: Arch, *, name: str, seed: int, budget: Budget, warm: bool,
             "model": {"architecture": arch.architecture,
                       "args": {**arch.args, "num_classes": 10},
                       "inputShape": recipe["input_shape"]},
-            "dataset": {"name": "digits", **({"maxSamples": budget.max_samples}
+            "dataset": {"name": "digits", "splitSeed": seed, **({"maxSamples": budget.max_samples}
                                              if budget.max_samples else {})},
             "training": {"epochs": budget.epochs, "batchSize": BATCH_SIZE,
                          "optimizer": recipe["optimizer"], "lrSchedule": {"name": "cosine"},

@@ -251,6 +251,13 @@ class DatasetSpec(_Api):
         ge=1,
         description="maxSamples: use at most this many samples (text: characters / length).",
     )
+    split_seed: int = Field(
+        default=0,
+        ge=0,
+        description="splitSeed: seeds the train/validation split (and the maxSamples subset); "
+        "keep it equal across jobs on one dataset so a zoo parent never trained on a child's "
+        "validation samples.",
+    )
 
 
 class OptimizerSpec(_Api):
@@ -289,7 +296,7 @@ class TrainingSpec(_Api):
     lr_schedule: LrScheduleSpec = Field(
         default_factory=LrScheduleSpec, description="lrSchedule: learning-rate schedule."
     )
-    seed: int = Field(default=0, ge=0, description="seed: seeds data split, init and shuffling.")
+    seed: int = Field(default=0, ge=0, description="seed: seeds initialisation and shuffling.")
     eval_every_steps: int | None = Field(
         default=None,
         ge=1,

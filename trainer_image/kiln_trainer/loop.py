@@ -113,7 +113,8 @@ def main(
         raise api.InvalidSpec(problems, source=f"job {job.name}")
     device = pick_device(spec)
 
-    splits = data.load(spec.dataset, input_shape=spec.model.input_shape, seed=spec.training.seed)
+    splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
+                       seed=spec.dataset.split_seed)
     batch_size, epochs = spec.training.batch_size, spec.training.epochs
     steps_per_epoch = data.steps_per_epoch(splits.train, batch_size=batch_size)
     workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
