@@ -104,12 +104,13 @@ def main() -> None:
         "samples_per_second": {k: v["median_samples_per_second"] for k, v in rows.items()},
         "batch_size": args.batch_size, "device": device.type, "quick": args.quick,
     }
-    path = common.write_results("trainer", summary, rows)
-    _plot(summary["samples_per_second"], device.type)
+    name = "trainer_quick" if args.quick else "trainer"  # smoke runs keep the full results
+    path = common.write_results(name, summary, rows)
+    _plot(summary["samples_per_second"], device.type, name)
     print(f"wrote {path}")
 
 
-def _plot(rates: dict[str, float], device: str) -> None:
+def _plot(rates: dict[str, float], device: str, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +121,7 @@ def _plot(rates: dict[str, float], device: str) -> None:
     ax.set_xlabel(f"training samples / second ({device})")
     ax.set_title("Kiln trainer throughput")
     fig.tight_layout()
-    fig.savefig(common.plot_path("trainer"), dpi=100)
+    fig.savefig(common.plot_path(name), dpi=100)
     plt.close(fig)
 
 

@@ -530,9 +530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pairs": [dataclasses.asdict(t) for t in timings],
         "query_latency": [dataclasses.asdict(t) for t in by_size],
     }
-    print(f"wrote {common.write_results(NAME, summary, details)}")
-    for plot in (plot_pairs(timings, common.plot_path(NAME)),
-                 plot_latency(by_size, common.plot_path(NAME + "_latency"))):
+    name = NAME + ("_quick" if args.quick else "")  # a smoke run never replaces the full results
+    print(f"wrote {common.write_results(name, summary, details)}")
+    for plot in (plot_pairs(timings, common.plot_path(name)),
+                 plot_latency(by_size, common.plot_path(name + "_latency"))):
         if plot is not None:
             print(f"wrote {plot}")
     return 0

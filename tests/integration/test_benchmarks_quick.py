@@ -1,0 +1,35 @@
+"""Every benchmark runs end to end in its `--quick` form and writes a summary (CI smoke).
+
+Speed is not asserted here (benchmarks report it); only that each runs, prints its table and
+writes `bench/results/<name>_quick.json` with a top-level `summary`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize(
+    ("script", "result", "summary_key"),
+    [
+        pytest.param("trainer.py", "trainer_quick", "samples_per_second", id="trainer"),
+        pytest.param("zoo_query.py", "zoo_query_quick", "pair_seconds", id="zoo-query"),
+        pytest.param("warmstart.py", "warmstart_quick", "median_tta_ratio", id="warmstart"),
+    ],
+)
+def test_benchmark_quick_run_writes_its_summary(script: str, result: str,
+                                                summary_key: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(BENCH / script), "--quick"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    payload = json.loads((BENCH / "results" / f"{result}.json").read_text(encoding="utf-8"))
+    assert summary_key in payload["summary"], sorted(payload["summary"])
