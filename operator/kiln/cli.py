@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, local, models
+from kiln import api, jobfile, local, models
 from kiln.warmstart import plan, select
 from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
@@ -145,7 +145,7 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
     jobs, problems = [], []
     for path in files:
         try:
-            for job in api.load_jobs(path):
+            for job in jobfile.load_jobs(path):
                 more = models.check_job(job)
                 if more:
                     raise api.InvalidSpec(more, source=str(path))

@@ -11,27 +11,16 @@ from typing import Any
 
 import pytest
 import yaml
+from jobcorpus import corpus
 
-from kiln import api
+from kiln import api, jobfile
 
-JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 MINIMAL: dict[str, Any] = {
     "apiVersion": "kiln.dev/v1alpha1",
     "kind": "TrainingJob",
     "metadata": {"name": "minimal"},
     "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}},
 }
-
-
-def corpus(kind: str) -> list[Any]:
-    """Documents of tests/data/jobs/<kind>/ as pytest params (doc, field, message)."""
-    params = []
-    for path in sorted((JOBS / kind).glob("*.yaml")):
-        text = path.read_text(encoding="utf-8")
-        notes = dict(re.findall(r"^# (field|message): (.*)$", text, flags=re.MULTILINE))
-        field, message = notes.get("field", ""), notes.get("message", "")
-        params.append(pytest.param(yaml.safe_load(text), field, message, id=path.stem))
-    return params
 
 
 def with_spec(**spec: Any) -> dict[str, Any]:
@@ -151,7 +140,7 @@ def test_load_jobs_names_each_document_of_a_multi_document_file(tmp_path: Path) 
     path = tmp_path / "jobs.yaml"
     path.write_text(yaml.safe_dump_all([MINIMAL, bad]), encoding="utf-8")
     with pytest.raises(api.InvalidSpec) as caught:
-        api.load_jobs(path)
+        jobfile.load_jobs(path)
     assert caught.value.source == f"{path}[1]"
     assert caught.value.problems[0].startswith("spec.training.epochs: ")
 
@@ -160,7 +149,7 @@ def test_load_jobs_reports_yaml_errors_with_line_and_column(tmp_path: Path) -> N
     path = tmp_path / "broken.yaml"
     path.write_text("spec:\n  model: [1, 2\n", encoding="utf-8")
     with pytest.raises(api.InvalidSpec) as caught:
-        api.load_jobs(path)
+        jobfile.load_jobs(path)
     (problem,) = caught.value.problems
     assert problem.startswith("not valid YAML at line ")
 
@@ -180,7 +169,7 @@ def test_load_jobs_refuses_yaml_anchors_and_aliases(tmp_path: Path, text: str) -
     path = tmp_path / "job.yaml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(api.InvalidSpec) as caught:
-        api.load_jobs(path)
+        jobfile.load_jobs(path)
     (problem,) = caught.value.problems
     assert problem.startswith("YAML anchors and aliases are not supported in job files (line ")
 
@@ -189,7 +178,7 @@ def test_load_jobs_refuses_a_repeated_key_naming_it_and_its_line(tmp_path: Path)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(MINIMAL) + "metadata: {name: other}\n", encoding="utf-8")
     with pytest.raises(api.InvalidSpec) as caught:
-        api.load_jobs(path)
+        jobfile.load_jobs(path)
     (problem,) = caught.value.problems
     assert re.fullmatch(r"duplicate key 'metadata' at line \d+ \(first at line \d+\); .*", problem)
 
@@ -198,7 +187,7 @@ def test_load_jobs_reads_plain_yaml_as_safe_load_does(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump_all([MINIMAL, {**MINIMAL, "metadata": {"name": "b"}}]),
                     encoding="utf-8")
-    assert [j.name for j in api.load_jobs(path)] == ["minimal", "b"]
+    assert [j.name for j in jobfile.load_jobs(path)] == ["minimal", "b"]
 
 
 def test_unsupported_torchvision_class_suggests_the_closest_supported_one() -> None:

@@ -20,29 +20,18 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from jobcorpus import corpus
 from pydantic import BaseModel
 
-from kiln import api, crd
+from kiln import api, crd, jobfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "crds" / "trainingjob.yaml"
-JOBS = REPO / "tests" / "data" / "jobs"
 PRESERVE = crd.PRESERVE_UNKNOWN
 REGENERATE = (
     "run `kiln crd` to regenerate (until the CLI lands: "
     "python -c 'from kiln import crd; crd.write([\"crds/trainingjob.yaml\"])')"
 )
-
-
-def corpus(kind: str) -> list[Any]:
-    """Documents of tests/data/jobs/<kind>/ as pytest params (doc, field, message)."""
-    params = []
-    for path in sorted((JOBS / kind).glob("*.yaml")):
-        text = path.read_text(encoding="utf-8")
-        notes = dict(re.findall(r"^# (field|message): (.*)$", text, flags=re.MULTILINE))
-        field, message = notes.get("field", ""), notes.get("message", "")
-        params.append(pytest.param(yaml.safe_load(text), field, message, id=path.stem))
-    return params
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,7 +365,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 def test_every_example_passes_the_crd_and_api(server: StrictApiServer, path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
         assert server.admit(doc)[1] == [], path.name
-    assert api.load_jobs(path)
+    assert jobfile.load_jobs(path)
 
 
 def test_strict_server_emulation_rejects_what_a_server_rejects(server: StrictApiServer) -> None:

@@ -35,7 +35,7 @@ from types import FrameType
 
 import torch
 
-from kiln import api
+from kiln import api, jobfile
 from kiln.zoo import store as zoo_store
 from kiln_trainer import checkpoint, data, events, loop
 
@@ -77,7 +77,7 @@ def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
         api.InvalidSpec: no job given, a bad file, several jobs in one file, or an invalid job.
     """
     if job_file:
-        jobs = api.load_jobs(job_file)
+        jobs = jobfile.load_jobs(job_file)
         if len(jobs) != 1:
             problem = f"the file holds {len(jobs)} jobs; the trainer runs exactly one (split it)"
             raise api.InvalidSpec([problem], source=job_file)

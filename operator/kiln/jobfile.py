@@ -1,0 +1,91 @@
+"""Job files: read TrainingJob documents from YAML, strictly.
+
+Role: the file side of the API. `load_jobs` reads every document of a YAML file the way
+`yaml.safe_load` does, but refuses what only hurts in job files (anchors and aliases, repeated
+keys), and parses each document with `kiln.api.parse_job`. Callers: `kiln` CLI and the
+trainer's `--job`. Non-goals: no validation of its own (that is `kiln.api`).
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln import api
+
+
+def load_jobs(path: str | Path) -> list[api.TrainingJob]:
+    """Read every TrainingJob document of a YAML file.
+
+    YAML is read as `yaml.safe_load` reads it, except that anchors, aliases and repeated
+    mapping keys are refused (see `_JobLoader`).
+
+    Raises:
+        InvalidSpec: the file is missing, unreadable, not YAML, empty, uses anchors or aliases,
+            repeats a key, or a document is invalid.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise api.InvalidSpec([f"cannot read the file: {exc.strerror or exc}"],
+                              source=str(path)) from None
+    except UnicodeDecodeError:
+        raise api.InvalidSpec(["the file is not UTF-8 text"], source=str(path)) from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=_JobLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, _UnsupportedYaml):  # its problem names the place itself
+            raise api.InvalidSpec([problem], source=str(path)) from None
+        raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=str(path)) from None
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise api.InvalidSpec(["YAML nested too deeply to read"], source=str(path)) from None
+    if not docs:
+        raise api.InvalidSpec(["the file holds no YAML document"], source=str(path))
+    return [api.parse_job(d, source=f"{path}" + (f"[{i}]" if len(docs) > 1 else ""))
+            for i, d in enumerate(docs)]
+
+
+class _UnsupportedYaml(yaml.MarkedYAMLError):  # type: ignore[misc]
+    """Valid YAML that job files may not use (anchors, aliases, repeated keys)."""
+
+
+class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """`yaml.safe_load` for job files, minus what only hurts there.
+
+    Anchors and aliases are refused: a few lines of nested aliases expand to billions of nodes
+    (the "billion laughs"), and a self-referencing one (``a: &a [*a]``) builds a cycle. Repeated
+    mapping keys are refused too, as ``kubectl apply`` (strict field validation) refuses them,
+    instead of the last one silently winning.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            mark = event.start_mark
+            raise _UnsupportedYaml(
+                problem=f"YAML anchors and aliases are not supported in job files (line "
+                f"{mark.line + 1}, column {mark.column + 1}); write the values out",
+                problem_mark=mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, typing.Hashable):
+                    continue  # SafeConstructor reports unhashable keys itself
+                if key in first_line:
+                    raise _UnsupportedYaml(
+                        problem=f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                        f"(first at line {first_line[key]}); keep one of them",
+                        problem_mark=key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
