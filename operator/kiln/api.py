@@ -339,9 +339,62 @@ class WarmStartSpec(_Api):
     )
 
 
+class FreezingMode(enum.StrEnum):
+    AUTO = "auto"  # int8 reference where quantization works, else fp32 (logged)
+    FP32 = "fp32"  # always an fp32 reference copy (more CPU, no quantization noise)
+
+
+class CacheMode(enum.StrEnum):
+    AUTO = "auto"  # cache frozen-prefix outputs when the inputs are deterministic
+    OFF = "off"
+
+
 class FreezingSpec(_Api):
+    """Egeria layer freezing (EuroSys'23); defaults follow the research digest's design."""
+
     enabled: bool = Field(
         default=True, description="enabled: freeze front layers once they stop learning."
+    )
+    check_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="checkEverySteps: steps between plasticity probes (default: 8 per epoch).",
+    )
+    window: int = Field(
+        default=5, ge=3, le=100, description="window: probes per reference refresh and slope fit."
+    )
+    tolerance: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=10.0,
+        description="tolerance: normalised plasticity slope below which a module is converged.",
+    )
+    patience: int = Field(
+        default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."
+    )
+    probe_batch_size: int = Field(
+        default=32, ge=2, le=1024, description="probeBatchSize: samples in the fixed probe batch."
+    )
+    max_frozen_fraction: float = Field(
+        default=0.8,
+        gt=0.0,
+        lt=1.0,
+        description="maxFrozenFraction: cap on the share of modules frozen (the head never is).",
+    )
+    reference: FreezingMode = Field(
+        default=FreezingMode.AUTO, description="reference: auto (int8 when possible) or fp32."
+    )
+    reference_threads: int = Field(
+        default=1, ge=1, le=64, description="referenceThreads: CPU threads of the reference model."
+    )
+    cache: CacheMode = Field(
+        default=CacheMode.AUTO, description="cache: auto or off (frozen-prefix output cache)."
+    )
+    cache_memory_mib: int = Field(
+        default=1024,
+        ge=0,
+        alias="cacheMemoryMiB",
+        description="cacheMemoryMiB: RAM for the cache; beyond it, a memory-mapped file.",
     )
 
 

@@ -1,0 +1,1 @@
+"""Egeria layer freezing (module list: see the lead's docstring)."""
