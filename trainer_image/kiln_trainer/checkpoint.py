@@ -17,13 +17,25 @@ which is why NumPy's RNG state is stored as a tensor.
 optimizer, schedule, RNGs) to and from that dict; on resume a changed spec is logged field by
 field and the job's values win, while a changed model is refused.
 
+Parallel runs (`kiln_trainer.parallel`, issue 5). Given a `parallel.Context`, `capture` is
+collective (every rank calls it; only rank 0 saves what it returns): the model and optimizer
+state are gathered full and unsharded (FSDP) under the keys of a single process, and every
+rank's RNG state is kept (`RANK_RNG_KEY`). The position is global (epochs, global batches,
+steps), so a checkpoint of any parallelism and world size W resumes under any other:
+`restore_model` loads the weights into the unwrapped model (before wrapping; or into an FSDP
+model after), `restore_training` the optimizer, schedule, RNGs and position. A rank finds its
+own RNG state when W is unchanged; otherwise rank 0 takes the writer's rank 0 state and the
+other ranks streams derived from it. Checkpoints written before issue 5 (no parallel keys)
+read as single-process ones.
+
 Callers: `kiln_trainer.loop` (and users' own loops, via the package root). Non-goals: no
-sharded (FSDP) checkpoints yet, no retention of older checkpoints.
+sharded checkpoint files (rank 0 must hold the full state), no retention of older checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import logging
 import pickle
@@ -37,7 +49,7 @@ from torch import nn
 
 from kiln import api
 from kiln.zoo import store as zoo_store
-from kiln_trainer import optim, tracking
+from kiln_trainer import optim, parallel, tracking
 
 _log = logging.getLogger(__name__)
 
@@ -59,6 +71,9 @@ TTT_KEY = "time_to_target_seconds"  # float, or None while the target has not be
 HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_seconds, metrics)
 SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
 WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.WarmStart)
+PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
+WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
+RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
 FILE_NAME = "checkpoint.pt"
@@ -220,14 +235,36 @@ def capture(
     raw_model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    ctx: parallel.Context | None = None,
+    wrapped: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint dict (keys: `*_KEY`) for the current position."""
+    """The checkpoint dict (keys: `*_KEY`) for the current position.
+
+    Args:
+        state: the run's position and history.
+        clock: the training clock (elapsed seconds).
+        job: the running job (its spec goes in).
+        raw_model: the unwrapped model.
+        optimizer: its state goes in, full.
+        scheduler: its state goes in.
+        ctx: the parallel context; with W > 1 this call is collective (every rank makes it)
+            and only rank 0's result is complete: save that one only.
+        wrapped: the DDP/FSDP wrapper of `raw_model` (FSDP gathers through it); default
+            `raw_model`.
+    """
+    ctx = ctx or parallel.Context()
+    wrapped = raw_model if wrapped is None else wrapped
+    rngs = ctx.gather_objects(rng_state())
     return {
-        MODEL_KEY: raw_model.state_dict(),
-        OPTIMIZER_KEY: optimizer.state_dict(),
+        MODEL_KEY: ctx.full_state_dict(wrapped, raw_model),
+        OPTIMIZER_KEY: ctx.full_optimizer_state_dict(wrapped, optimizer),
         OPTIMIZER_NAME_KEY: job.spec.training.optimizer.name.value,
         SCHEDULER_KEY: scheduler.state_dict(),
-        RNG_KEY: rng_state(),
+        RNG_KEY: rngs[0],
+        RANK_RNG_KEY: rngs,
+        PARALLELISM_KEY: ctx.parallelism,
+        WORLD_SIZE_KEY: ctx.world_size,
         EPOCH_KEY: state.epochs_done,
         EPOCH_BATCH_KEY: state.epoch_batch,
         STEP_KEY: state.step,
@@ -250,30 +287,89 @@ def restore(
 ) -> tracking.RunState:
     """Load a checkpoint into model, optimizer, schedule and RNGs; return the run position.
 
-    Changed model, dataset or training settings are logged as warnings; the job's values win
-    from the next step on (weights and optimizer moments come from the checkpoint).
+    One process: `restore_model`, then `restore_training`. Changed model, dataset or training
+    settings are logged as warnings; the job's values win from the next step on (weights and
+    optimizer moments come from the checkpoint).
 
     Raises:
         CheckpointError: the checkpoint was written for a different model.
     """
-    spec = job.spec
-    differences = spec_differences(saved[SPEC_KEY], api.to_wire(spec))
+    restore_model(saved, job, raw_model)
+    return restore_training(saved, job, optimizer, scheduler)
+
+
+def restore_model(
+    saved: dict[str, Any],
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    *,
+    ctx: parallel.Context | None = None,
+    wrapped: nn.Module | None = None,
+) -> None:
+    """Check that the checkpoint fits the job's model and load its weights.
+
+    Call on every rank, with the unwrapped model before `parallel.Context.wrap` (then DDP
+    and FSDP start from these weights), or with `ctx` and an FSDP `wrapped` after it.
+
+    Raises:
+        CheckpointError: the checkpoint was written for a different model.
+    """
+    differences = spec_differences(saved[SPEC_KEY], api.to_wire(job.spec))
     model_changes = [d for d in differences if d.startswith("spec.model.")]
     if model_changes:
         raise CheckpointError(
             f"the checkpoint of job {job.name} was written for another model ("
             f"{'; '.join(model_changes)}); delete it, or give the job a new name")
+    ctx = ctx or parallel.Context()
+    ctx.load_full_state_dict(raw_model if wrapped is None else wrapped, raw_model,
+                             saved[MODEL_KEY])
+
+
+def restore_training(
+    saved: dict[str, Any],
+    job: api.TrainingJob,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    *,
+    ctx: parallel.Context | None = None,
+    wrapped: nn.Module | None = None,
+) -> tracking.RunState:
+    """Load optimizer, schedule, RNGs; return the position (global: same for every W).
+
+    Call on every rank after `restore_model` (under FSDP with the optimizer built after
+    `wrap`, and `wrapped`). Changed dataset or training settings and a changed parallelism
+    or world size are logged; the job's values win from the next step on.
+
+    Args:
+        saved: the checkpoint.
+        job: the running job.
+        optimizer: receives the saved state unless the optimizer kind changed.
+        scheduler: receives the saved state.
+        ctx: the parallel context (default: one process).
+        wrapped: the FSDP-sharded model the optimizer steps (needed under FSDP only).
+
+    Raises:
+        ValueError: under FSDP without `wrapped`, or the optimizer's parameter groups do not
+            fit the saved state.
+    """
+    spec, ctx = job.spec, ctx or parallel.Context()
+    differences = spec_differences(saved[SPEC_KEY], api.to_wire(spec))
     for line in differences:
-        _log.warning("checkpoint and job differ: %s; the job's value wins from here on", line)
-    raw_model.load_state_dict(saved[MODEL_KEY])
+        if not line.startswith("spec.model."):
+            _log.warning("checkpoint and job differ: %s; the job's value wins from here on",
+                         line)
+    writer = (saved.get(PARALLELISM_KEY, "single"), int(saved.get(WORLD_SIZE_KEY, 1)))
+    if writer != (ctx.parallelism, ctx.world_size):
+        _log.info("checkpoint written by %s x %d, resuming as %s x %d at the same position",
+                  writer[0], writer[1], ctx.parallelism, ctx.world_size)
     if saved[OPTIMIZER_NAME_KEY] == spec.training.optimizer.name.value:
-        optimizer.load_state_dict(saved[OPTIMIZER_KEY])
+        ctx.load_full_optimizer_state_dict(wrapped, optimizer, saved[OPTIMIZER_KEY])
     else:
         _log.warning("optimizer changed from %s to %s: its state starts afresh",
                      saved[OPTIMIZER_NAME_KEY], spec.training.optimizer.name.value)
     scheduler.load_state_dict(saved[SCHEDULER_KEY])
     optim.apply_job_hyperparameters(optimizer, scheduler, spec.training.optimizer)
-    set_rng_state(saved[RNG_KEY])
+    set_rank_rng_state(saved, rank=ctx.rank, world_size=ctx.world_size)
     return tracking.RunState(
         epochs_done=int(saved[EPOCH_KEY]),
         epoch_batch=int(saved[EPOCH_BATCH_KEY]),
@@ -284,3 +380,24 @@ def restore(
         history=list(saved[HISTORY_KEY]),
         warm_start=saved.get(WARM_START_KEY),
     )
+
+
+def set_rank_rng_state(saved: dict[str, Any], *, rank: int, world_size: int) -> None:
+    """Restore this rank's RNG streams from a checkpoint.
+
+    Its own saved state when the writer had the same world size; else rank 0 takes the
+    writer's rank 0 state (`RNG_KEY`) and rank r > 0 a stream seeded from a hash of that state
+    and r, so ranks never repeat each other's random numbers (augmentation, dropout).
+    """
+    per_rank = saved.get(RANK_RNG_KEY) or []
+    if len(per_rank) == world_size:
+        set_rng_state(per_rank[rank])
+        return
+    set_rng_state(saved[RNG_KEY])
+    if rank:
+        digest = hashlib.sha256(saved[RNG_KEY]["torch"].numpy().tobytes()
+                                + rank.to_bytes(8, "little")).digest()
+        seed = int.from_bytes(digest[:8], "little") >> 1
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)

@@ -24,15 +24,17 @@ same seed always gives the same split, on any machine. ``flip-crop`` augmentatio
 horizontal flip, then a random crop of the image padded by H/8) touches the train split only,
 drawing from torch's global RNG, which checkpoints carry.
 
-Callers: `kiln_trainer.loop`. Non-goals: no downloads unless asked, no distributed sampling
-(the `parallel` module owns that), no caching of frozen-prefix outputs.
+Batches: `train_batches`, `eval_batches` and `steps_per_epoch` are `kiln_trainer.batching`'s
+(seeded global batches, sharded across data-parallel ranks), kept here under their old names.
+
+Callers: `kiln_trainer.loop`. Non-goals: no downloads unless asked, no caching of frozen-prefix
+outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from torch.nn import functional as F
 from torch.utils import data as torch_data
 
 from kiln import api
+from kiln_trainer import batching
 
 Sample = tuple[torch.Tensor, torch.Tensor | int]
 Transform = Callable[[Any], torch.Tensor]
@@ -158,57 +161,10 @@ def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int
     return order[n_val:], order[:n_val]
 
 
-def steps_per_epoch(dataset: torch_data.Dataset[Sample], *, batch_size: int) -> int:
-    """Optimizer steps in one epoch of `dataset` (see `train_batches` for the last batch)."""
-    n = len(dataset)  # type: ignore[arg-type]
-    steps = math.ceil(n / batch_size)
-    return steps - 1 if _drops_last(n, batch_size) else steps
-
-
-def train_batches(
-    dataset: torch_data.Dataset[Sample],
-    *,
-    batch_size: int,
-    seed: int,
-    epoch: int,
-    start_batch: int = 0,
-    num_workers: int = 0,
-) -> torch_data.DataLoader[Sample]:
-    """Shuffled mini-batches of epoch `epoch`, starting at batch `start_batch` (resume).
-
-    The order depends only on (seed, epoch), so a resumed run sees the same batches. A trailing
-    batch of one sample is dropped when batch_size > 1 (BatchNorm cannot train on it).
-
-    Args:
-        dataset: the train split.
-        batch_size: samples per batch.
-        seed: `spec.training.seed`.
-        epoch: 0-based epoch index.
-        start_batch: batches of this epoch already trained (skipped).
-        num_workers: DataLoader worker processes (0: load in the training process).
-    """
-    n = len(dataset)  # type: ignore[arg-type]
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(n, generator=generator).tolist()
-    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    if _drops_last(n, batch_size):
-        batches = batches[:-1]
-    return torch_data.DataLoader(
-        dataset, batch_sampler=batches[start_batch:], num_workers=num_workers, generator=generator
-    )
-
-
-def eval_batches(
-    dataset: torch_data.Dataset[Sample], *, batch_size: int, num_workers: int = 0
-) -> torch_data.DataLoader[Sample]:
-    """Mini-batches of `dataset` in a fixed order, every sample exactly once."""
-    return torch_data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers
-    )
-
-
-def _drops_last(n: int, batch_size: int) -> bool:
-    return batch_size > 1 and n > batch_size and n % batch_size == 1
+# Batch order and sharding live in `kiln_trainer.batching`; these names stay here for callers.
+steps_per_epoch = batching.steps_per_epoch
+train_batches = batching.train_batches
+eval_batches = batching.eval_batches
 
 
 def _where(spec: api.DatasetSpec) -> str:

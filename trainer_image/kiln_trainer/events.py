@@ -26,12 +26,15 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
 _log = logging.getLogger(__name__)
 
-TERMINATION_LOG = Path("/dev/termination-log")
+# Where Kubernetes reads a container's termination message (the pod's terminationMessagePath);
+# KILN_TERMINATION_LOG moves it (the e2e tests' kubelet gives each pod a scratch file).
+TERMINATION_LOG = Path(os.environ.get("KILN_TERMINATION_LOG") or "/dev/termination-log")
 # Kubernetes keeps at most 4096 bytes of a termination message; stay clear of the edge.
 TERMINATION_LOG_MAX_BYTES = 4000
 
@@ -50,6 +53,8 @@ class Progress:
     samples_per_second: float | None
     eta_seconds: float | None
     elapsed_seconds: float
+    frozen_modules: int | None = None  # front modules frozen now (None: freezing off)
+    modules: int | None = None  # natural blocks of the model (None: freezing off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Result:
         parent: the zoo model the run warm-started from, or None (cold start).
         similarity: architectural similarity to that parent (or the best match) in [0, 1].
         warm_start: one sentence: which parent and how much transferred, or why cold.
+        freezing: `freezing.controller.Freezer.summary()` (frozen modules, boundary events,
+            mean skipped backward-FLOPs share, estimated saved seconds, reference CPU seconds);
+            None when freezing was off.
     """
 
     metric_name: str
@@ -89,6 +97,7 @@ class Result:
     parent: str | None = None
     similarity: float | None = None
     warm_start: str = ""
+    freezing: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as a JSON-ready dict (no "event" key)."""

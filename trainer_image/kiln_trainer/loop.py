@@ -21,7 +21,13 @@ Callers: `kiln_trainer.cli` (``python -m kiln_trainer``); users as ``kiln_traine
 Warm start (`kiln_trainer.warm`) seeds the fresh model before training; a resumed run takes its
 weights, and the warm-start record, from the checkpoint instead.
 
-Non-goals (for now): freezing and DDP/FSDP wrapping slot in where marked.
+Freezing (`kiln_trainer.freezing`, Egeria): unless ``spec.freezing.enabled`` is false, a
+`freezing.controller.Freezer` watches the blocks' plasticity and freezes a front prefix; the
+training step runs ``trainable(freezer.prefix(inputs))``, so the frozen prefix runs without
+gradients (or not at all, from the activation cache). A stretch of training ends at a boundary
+change so that the caller can re-wrap the trainable module.
+
+Non-goals (for now): DDP/FSDP wrapping slots in where marked.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import datetime
 import functools
 import logging
 import os
-import random
 import sys
 import threading
 import time
@@ -47,16 +52,16 @@ from kiln import api, models
 from kiln.warmstart import graph, plan
 from kiln.zoo import records
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, metrics, optim, tracking, warm
+from kiln_trainer import checkpoint, data, events, metrics, optim, runtime, tracking, warm
+from kiln_trainer.freezing import controller as freezing
+from kiln_trainer.freezing import partition as partitions
 
 _log = logging.getLogger(__name__)
 
 # Progress lines (and metric updates) come at least this often during long epochs.
 PROGRESS_INTERVAL_SECONDS = 5.0
 
-
-class ConfigError(ValueError):
-    """The run cannot start as configured (device, metrics port); the message says the fix."""
+ConfigError = runtime.ConfigError  # importable from here, as before the split
 
 
 class Interrupted(Exception):
@@ -107,11 +112,11 @@ def main(
         zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries).
     """
     spec, emit = job.spec, events.EventWriter(out, termination_log=termination_log)
-    seed_everything(spec.training.seed)
+    runtime.seed_everything(spec.training.seed)
     problems = models.check_job(job)
     if problems:
         raise api.InvalidSpec(problems, source=f"job {job.name}")
-    device = pick_device(spec)
+    device = runtime.pick_device(spec)
 
     splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
                        seed=spec.dataset.split_seed)
@@ -136,10 +141,9 @@ def main(
         warm_start = warm.warm_start(job, raw_model, zoo, parent=parent)
     emit.info(warm_start.message())
     raw_model = raw_model.to(device)
-    check_outputs(raw_model, splits, device)
-    model: nn.Module = raw_model  # DDP/FSDP wrapping (kiln_trainer.parallel) goes here.
-    validate = functools.partial(evaluate, model, splits, batch_size=batch_size, device=device,
-                                 num_workers=workers)
+    runtime.check_outputs(raw_model, splits, device)
+    validate = functools.partial(evaluate, raw_model, splits, batch_size=batch_size,
+                                 device=device, num_workers=workers)
 
     optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
     scheduler = optim.build_schedule(optimizer, spec.training, steps_per_epoch=steps_per_epoch,
@@ -151,33 +155,47 @@ def main(
         resumed_from = state.epochs_done
         emit.info(f"resumed from {location.describe()} at epoch {state.epochs_done} "
                   f"+ {state.epoch_batch} batches, step {state.step}")
+    freezer = start_freezing(job, raw_model, splits, optimizer, steps_per_epoch, emit)
+    if freezer is not None and saved is not None and saved.get(freezing.CHECKPOINT_KEY):
+        freezer.load_state_dict(saved[freezing.CHECKPOINT_KEY], step=state.step)
+        if freezer.boundary:
+            emit.info(f"kept the frozen prefix {', '.join(freezer.frozen_modules)}")
+    model = freezer.trainable_module() if freezer else raw_model  # DDP/FSDP wrapping goes here
+    clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved else 0.0)
+    checkpointer = functools.partial(save, location, clock, state, job, raw_model, optimizer,
+                                     scheduler, freezer)
 
     gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
     gauges.record_training(samples=state.samples, steps=state.step, train_loss=None,
                            samples_per_second=0.0)
-    serve_metrics(gauges, metrics_port)
-    clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved else 0.0)
+    runtime.serve_metrics(gauges, metrics_port)
     report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
-                               steps_per_epoch=steps_per_epoch)
+                               steps_per_epoch=steps_per_epoch, freezer=freezer)
     eval_every = spec.training.eval_every_steps
     try:
         while not finished(state, spec):
             batches = iter(data.train_batches(
                 splits.train, batch_size=batch_size, seed=spec.training.seed,
-                epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers))
+                epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers,
+                with_indices=freezer is not None))
             while state.epoch_batch < steps_per_epoch and not finished(state, spec):
                 left = steps_per_epoch - state.epoch_batch
                 stats = train_one_epoch(
                     model, batches, optimizer=optimizer, scheduler=scheduler, device=device,
                     grad_clip_norm=spec.training.grad_clip_norm,
                     max_steps=min(left, eval_every - state.step % eval_every) if eval_every
-                    else left, max_seconds=PROGRESS_INTERVAL_SECONDS, stop=stop)
+                    else left, max_seconds=PROGRESS_INTERVAL_SECONDS, stop=stop,
+                    freezer=freezer, first_step=state.step)
                 state.advance(stats, steps_per_epoch=steps_per_epoch)
+                if stats.boundary_event is not None:
+                    assert freezer is not None
+                    report.freezing(stats.boundary_event)
+                    model = freezer.trainable_module()  # DDP: re-wrap here
                 eval_due = eval_every is not None and state.step % eval_every == 0
                 epoch_over = state.epoch_batch >= steps_per_epoch
                 report.training(stats, announce=not (eval_due or epoch_over))  # eval reports
                 if stop is not None and stop.is_set():
-                    save(location, clock, state, job, raw_model, optimizer, scheduler)
+                    checkpointer()
                     emit.info(f"stopped on request at epoch {state.epochs_done + 1}, step "
                               f"{state.step}; checkpoint saved to {location.describe()}")
                     raise Interrupted(location.describe())
@@ -187,9 +205,11 @@ def main(
                 state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
             if not state.evaluated_now():
                 report.evaluation(validate(), spec.target)
-            save(location, clock, state, job, raw_model, optimizer, scheduler)
+            checkpointer()
     finally:
         gauges.close()
+        if freezer is not None:
+            freezer.close()
 
     if not state.evaluated_now():  # a resumed run that had already finished training
         report.evaluation(validate(), spec.target)
@@ -209,7 +229,8 @@ def main(
         epochs_run=state.epochs_done + (1 if state.epoch_batch else 0), steps=state.step,
         samples_per_second=state.samples_per_second(), zoo_model=zoo_model,
         resumed_from_epoch=resumed_from, parent=warm_start.parent,
-        similarity=warm_start.similarity, warm_start=warm_start.reason)
+        similarity=warm_start.similarity, warm_start=warm_start.reason,
+        freezing=freezer.summary() if freezer is not None else None)
     emit.result(result)
     return result.to_json()
 
@@ -225,6 +246,8 @@ def train_one_epoch(
     max_steps: int | None = None,
     max_seconds: float | None = None,
     stop: threading.Event | None = None,
+    freezer: freezing.Freezer | None = None,
+    first_step: int = 0,
 ) -> tracking.StepStats:
     """Train on the epoch's next batches: until they run out, `max_steps` (evalEverySteps),
     `max_seconds` (a progress report is due) or `stop` is set.
@@ -239,15 +262,23 @@ def train_one_epoch(
         max_steps: at most this many steps.
         max_seconds: return after the step that crosses this many seconds.
         stop: return after the current step once set.
+        freezer: layer freezing; batches then carry dataset indices (inputs, targets, indices),
+            and the stretch ends after a step that moved the frozen boundary.
+        first_step: optimizer steps taken before this call (the freezer's step count).
 
     Returns:
         Steps, samples, summed per-batch mean loss and seconds of this call.
     """
     model.train()
+    if freezer is not None:
+        freezer.train_mode()
     start, steps, samples, loss_sum = time.perf_counter(), 0, 0, torch.zeros((), device=device)
-    for inputs, targets in batches:
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
+    event = None
+    for batch in batches:
+        began = time.perf_counter()
+        inputs, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
+        if freezer is not None:  # the frozen prefix runs without gradients, or is cached
+            inputs = freezer.prefix(inputs, batch[2] if len(batch) > 2 else None)
         logits = model(inputs)
         loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
@@ -257,14 +288,20 @@ def train_one_epoch(
         optimizer.step()
         scheduler.step()
         loss_sum += loss.detach()
-        steps, samples = steps + 1, samples + len(inputs)
+        steps, samples = steps + 1, samples + len(targets)
+        if freezer is not None:
+            event = freezer.after_step(first_step + steps, lr=optimizer.param_groups[0]["lr"],
+                                       seconds=time.perf_counter() - began)
+            if event is not None:  # the caller re-wraps the new trainable module
+                break
         if max_steps is not None and steps >= max_steps:
             break
         if stop is not None and stop.is_set():
             break
         if max_seconds is not None and time.perf_counter() - start >= max_seconds:
             break
-    return tracking.StepStats(steps, samples, float(loss_sum), time.perf_counter() - start)
+    return tracking.StepStats(steps, samples, float(loss_sum), time.perf_counter() - start,
+                              boundary_event=event)
 
 
 def evaluate(
@@ -295,91 +332,6 @@ def evaluate(
 # the recipe's helpers, in the order main uses them
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's (CPU and CUDA) global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def pick_device(spec: api.TrainingJobSpec) -> torch.device:
-    """CUDA when available and allowed (device auto/cuda, gpus not 0), else the CPU.
-
-    Under torchrun the GPU is LOCAL_RANK's.
-
-    Raises:
-        ConfigError: spec.training.device is cuda but no CUDA device is visible.
-    """
-    wanted, available = spec.training.device, torch.cuda.is_available()
-    if wanted == "cuda" and not available:
-        raise ConfigError("spec.training.device: cuda, but no CUDA device is visible to torch; "
-                          "use auto or cpu, or run where a GPU is")
-    if wanted == "cpu" or not available or (wanted == "auto" and spec.resources.gpus == 0):
-        limit_cpu_threads()
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> None:
-    """Use no more intra-op threads than the container's CPU quota allows.
-
-    torch sizes its thread pool by the host's cores and ignores a pod's CPU limit; more threads
-    than CPUs make each step many times slower (spinning OpenMP workers). OMP_NUM_THREADS, when
-    set, wins.
-    """
-    if "OMP_NUM_THREADS" in os.environ:
-        return
-    try:
-        quota, period = cgroup_cpu_max.read_text().split()[:2]
-    except (OSError, ValueError):
-        return  # no cgroup v2 quota to honour
-    if quota != "max":
-        threads = max(1, int(int(quota) / int(period)))
-        if threads < torch.get_num_threads():
-            _log.info("CPU quota %s/%s: using %d threads", quota, period, threads)
-            torch.set_num_threads(threads)
-
-
-def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.device) -> None:
-    """Run one validation sample through the model and check its output size fits the data.
-
-    Raises:
-        api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text.
-    """
-    sample, _ = splits.validation[0]
-    raw_model.eval()
-    with torch.inference_mode():
-        outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
-    raw_model.train()
-    if splits.num_classes is not None and outputs < splits.num_classes:
-        raise api.InvalidSpec([(
-            f"spec.model.args.num_classes: the model has {outputs} outputs but "
-            f"{splits.description} has {splits.num_classes} classes; set num_classes: "
-            f"{splits.num_classes}")])
-    if splits.modality == "text" and outputs < 256:
-        raise api.InvalidSpec([(
-            f"spec.model.args.vocab_size: the model predicts {outputs} tokens but byte-level "
-            "text has 256; set vocab_size: 256")])
-    if splits.num_classes is not None and outputs > splits.num_classes:
-        _log.warning("the model has %d outputs for %d classes; the extra ones stay unused",
-                     outputs, splits.num_classes)
-
-
-def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
-    """Serve /metrics on `port` (0: no endpoint).
-
-    Raises:
-        ConfigError: the port cannot be bound.
-    """
-    if not port:
-        return
-    try:
-        _log.info("metrics on port %d", gauges.serve(port))
-    except OSError as exc:
-        raise ConfigError(f"--metrics-port {port}: cannot serve ({exc}); pick a free port, "
-                          "or 0 to turn the endpoint off") from exc
-
-
 def save(
     location: checkpoint.Location,
     clock: tracking.Clock,
@@ -388,12 +340,55 @@ def save(
     raw_model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    freezer: freezing.Freezer | None = None,
 ) -> None:
-    """Write the checkpoint of the current position; its I/O is kept off the training clock."""
+    """Write the checkpoint of the current position (with the frozen prefix, if any); its I/O
+    is kept off the training clock."""
     with clock.paused():
-        size = checkpoint.save_checkpoint(
-            location, checkpoint.capture(state, clock, job, raw_model, optimizer, scheduler))
+        saved = checkpoint.capture(state, clock, job, raw_model, optimizer, scheduler)
+        if freezer is not None:
+            saved[freezing.CHECKPOINT_KEY] = freezer.state_dict()
+        size = checkpoint.save_checkpoint(location, saved)
     _log.info("checkpoint: %d bytes to %s", size, location.describe())
+
+
+def start_freezing(
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    splits: data.Splits,
+    optimizer: torch.optim.Optimizer,
+    steps_per_epoch: int,
+    emit: events.EventWriter,
+) -> freezing.Freezer | None:
+    """The job's `Freezer`, or None when freezing is off or the model cannot be partitioned
+    (then it trains unfrozen, and says so)."""
+    spec = job.spec
+    if not spec.freezing.enabled:
+        return None
+    settings = freezing.Settings.from_job(spec, steps_per_epoch=steps_per_epoch)
+    first_decision = max(settings.bootstrap_steps,
+                         settings.check_every_steps * settings.window * settings.patience)
+    if first_decision >= spec.training.epochs * steps_per_epoch:
+        emit.info(f"freezing off: the run is too short ({spec.training.epochs * steps_per_epoch} "
+                  f"steps) for a decision, which needs {first_decision} (lower "
+                  "spec.freezing.checkEverySteps, window or patience to freeze sooner)")
+        return None
+    device = next(raw_model.parameters()).device
+    probe = freezing.probe_batch(splits.validation, settings.probe_batch_size).to(device)
+    try:
+        freezer = freezing.Freezer(raw_model, spec.model, probe, settings, optimizer=optimizer,
+                                   num_samples=len(splits.train))  # type: ignore[arg-type]
+    except partitions.Unpartitionable as exc:
+        emit.info(f"freezing off: {exc}")
+        return None
+    cache = "on" if freezer.cache is not None else (
+        "off (inputs are augmented at random)" if spec.freezing.cache == api.CacheMode.AUTO
+        else "off")
+    emit.info(f"freezing: {len(freezer.partition.blocks)} modules "
+              f"({', '.join(freezer.partition.blocks)}), probe every "
+              f"{settings.check_every_steps} steps, at most {freezer.max_frozen} frozen, "
+              f"activation cache {cache}")
+    return freezer
 
 
 def metric_name(spec: api.TrainingJobSpec) -> str:

@@ -16,6 +16,9 @@ unset), so cardinality is one series per job. They live in the reporter's own
 | kiln_trainer_epoch | gauge | epochs completed |
 | kiln_trainer_progress_ratio | gauge | share of the epoch budget done, in [0, 1] |
 | kiln_trainer_eta_seconds | gauge | estimated seconds left for the remaining epochs |
+| kiln_trainer_frozen_modules | gauge | front modules frozen now (Egeria) |
+| kiln_trainer_frozen_parameters_ratio | gauge | share of parameters frozen, in [0, 1] |
+| kiln_trainer_backward_flops_skipped_ratio | gauge | share of backward FLOPs skipped per step |
 
 There is deliberately no gauge beside a counter of the same stem (prometheus-client refuses a
 gauge ``x`` next to a counter ``x_total``). Note for scrape configs: Prometheus sets its own
@@ -83,6 +86,13 @@ class MetricsReporter:
         self.epoch = gauge("epoch", "Epochs completed.")
         self.progress = gauge("progress_ratio", "Share of the epoch budget done, in [0, 1].")
         self.eta = gauge("eta_seconds", "Estimated seconds left for the remaining epochs.")
+        self.frozen_modules = gauge("frozen_modules", "Front modules frozen now (Egeria).")
+        self.frozen_parameters = gauge(
+            "frozen_parameters_ratio", "Share of the model's parameters frozen, in [0, 1]."
+        )
+        self.backward_flops_skipped = gauge(
+            "backward_flops_skipped_ratio", "Share of backward FLOPs a step skips now, in [0, 1]."
+        )
 
     def serve(self, port: int, *, address: str = "0.0.0.0") -> int:
         """Start the /metrics HTTP endpoint in a daemon thread.
@@ -129,6 +139,14 @@ class MetricsReporter:
         self.epoch.set(epochs_done)
         self.progress.set(min(1.0, max(0.0, progress)))
         self.eta.set(max(0.0, eta_seconds))
+
+    def record_freezing(
+        self, *, frozen_modules: int, frozen_parameters: float, backward_flops_skipped: float
+    ) -> None:
+        """Set the freezing gauges: module count, parameter and backward-FLOPs ratios."""
+        self.frozen_modules.set(frozen_modules)
+        self.frozen_parameters.set(frozen_parameters)
+        self.backward_flops_skipped.set(backward_flops_skipped)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format (what a scrape returns)."""

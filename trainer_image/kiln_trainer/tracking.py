@@ -64,6 +64,7 @@ class StepStats:
     samples: int
     loss_sum: float
     seconds: float
+    boundary_event: Any = None  # a freezing.controller.Event that ended the stretch, if any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +109,10 @@ class Reporter:
     """Turns training and evaluation outcomes into history, metrics and progress events."""
 
     def __init__(self, emit: events.EventWriter, gauges: metrics.MetricsReporter, clock: Clock,
-                 state: RunState, *, epochs: int, steps_per_epoch: int) -> None:
+                 state: RunState, *, epochs: int, steps_per_epoch: int,
+                 freezer: Any = None) -> None:
         self.emit, self.gauges, self.clock, self.state = emit, gauges, clock, state
+        self.freezer = freezer  # a freezing.controller.Freezer, or None
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
         self.train_loss: float | None = None
         self.samples_per_second: float | None = None
@@ -141,6 +144,25 @@ class Reporter:
                            f"{state.epochs_done}, step {state.step}, after {now:.1f} s")
         self._progress()
 
+    def freezing(self, event: Any) -> None:
+        """Announce a frozen-boundary change (a `freezing.controller.Event`) and its effect."""
+        freezer, state = self.freezer, self.state
+        verb = "froze" if event.kind == "froze" else "unfroze"
+        self.emit.info(
+            f"{verb} {', '.join(event.modules)} at epoch {state.epochs_done + 1}, step "
+            f"{event.step}: {event.reason}; {freezer.boundary}/{len(freezer.partition.blocks)} "
+            f"modules frozen, {freezer.partition.backward_flops_fraction(freezer.boundary):.0%} "
+            "of backward FLOPs skipped from here")
+        self._record_freezing()
+
+    def _record_freezing(self) -> None:
+        if self.freezer is not None:
+            self.gauges.record_freezing(
+                frozen_modules=self.freezer.boundary,
+                frozen_parameters=self.freezer.frozen_parameter_ratio,
+                backward_flops_skipped=self.freezer.partition.backward_flops_fraction(
+                    self.freezer.boundary))
+
     def _progress(self) -> None:
         state = self.state
         total_steps = self.epochs * self.steps_per_epoch
@@ -157,7 +179,10 @@ class Reporter:
             validation_accuracy=last.get("validation_accuracy"),
             validation_loss=last.get("validation_loss"),
             samples_per_second=self.samples_per_second, eta_seconds=eta,
-            elapsed_seconds=self.clock.seconds()))
+            elapsed_seconds=self.clock.seconds(),
+            frozen_modules=self.freezer.boundary if self.freezer is not None else None,
+            modules=len(self.freezer.partition.blocks) if self.freezer is not None else None))
+        self._record_freezing()
         self.gauges.record_progress(epochs_done=state.epochs_done,
                                     progress=1.0 - left_steps / max(1, total_steps),
                                     eta_seconds=eta or 0.0)

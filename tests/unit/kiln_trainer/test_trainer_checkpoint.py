@@ -1,4 +1,5 @@
-"""kiln_trainer.checkpoint: round trips under weights_only, RNG state, locations, mismatches."""
+"""kiln_trainer.checkpoint: round trips under weights_only, RNG state, locations, mismatches,
+and what parallel runs add (writer parallelism, per-rank RNG, older checkpoints)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import random
 from pathlib import Path
 
 import numpy as np
+import parallel_harness as harness  # tests/ is on sys.path (pytest pythonpath)
 import pytest
 import torch
 
 from kiln import api
 from kiln.zoo import store
-from kiln_trainer import checkpoint
+from kiln_trainer import checkpoint, parallel, tracking
 
 
 def _job(name: str = "digits-a", namespace: str | None = None) -> api.TrainingJob:
@@ -108,3 +110,74 @@ def test_spec_differences_name_each_changed_field() -> None:
     lines = checkpoint.spec_differences(saved, api.to_wire(changed))
     assert lines == ["spec.training.epochs: checkpoint 30, job 7"]
     assert checkpoint.spec_differences(saved, saved) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# parallel runs (issue 5): which parallelism wrote it, every rank's RNG, older checkpoints
+
+
+def _captured(tmp_path: Path) -> tuple[dict[str, object], torch.nn.Module]:
+    """A checkpoint of a miniature run after 3 steps (one process), and its model."""
+    torch.set_num_threads(1)
+    job = harness.make_job()
+    model = harness.build_model(job)
+    run = harness.start_training(job, model.parameters())
+    harness.train(parallel.Context(), job, model, run, until_step=3)
+    snapshot = checkpoint.capture(run.state, tracking.Clock(), job, model, run.optimizer,
+                                  run.scheduler)
+    where = checkpoint.Location(store.DirStore(tmp_path), "mini.pt")
+    checkpoint.save_checkpoint(where, snapshot)
+    loaded = checkpoint.load_checkpoint(where)
+    assert loaded is not None
+    return loaded, model
+
+
+def test_capture_records_the_writers_parallelism_world_size_and_every_ranks_rng(
+    tmp_path: Path,
+) -> None:
+    saved, _ = _captured(tmp_path)
+    assert saved[checkpoint.PARALLELISM_KEY] == "single" and saved[checkpoint.WORLD_SIZE_KEY] == 1
+    rank_rngs = saved[checkpoint.RANK_RNG_KEY]
+    assert len(rank_rngs) == 1
+    assert torch.equal(rank_rngs[0]["torch"], saved[checkpoint.RNG_KEY]["torch"])
+
+
+def test_a_checkpoint_from_before_parallel_runs_restores_as_a_single_process_one(
+    tmp_path: Path,
+) -> None:
+    saved, model = _captured(tmp_path)
+    for key in (checkpoint.PARALLELISM_KEY, checkpoint.WORLD_SIZE_KEY, checkpoint.RANK_RNG_KEY):
+        del saved[key]
+    job = harness.make_job()
+    fresh = harness.build_model(job)
+    run = harness.start_training(job, fresh.parameters())
+    state = checkpoint.restore(saved, job, fresh, run.optimizer, run.scheduler)
+    assert (state.step, state.epochs_done, state.epoch_batch) == (3, 0, 3)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+
+
+def test_ranks_take_their_own_rng_when_the_world_size_is_unchanged_else_derived_streams() -> None:
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    states = []
+    for seed in (1, 2):
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        states.append(checkpoint.rng_state())
+    saved = {checkpoint.RNG_KEY: states[0], checkpoint.RANK_RNG_KEY: states}
+    checkpoint.set_rng_state(states[1])
+    own = draws()
+    checkpoint.set_rank_rng_state(saved, rank=1, world_size=2)
+    assert draws() == own
+    checkpoint.set_rng_state(states[0])
+    first = draws()
+    streams = []
+    for rank in range(3):  # 3 ranks resume a checkpoint written by 2
+        checkpoint.set_rank_rng_state(saved, rank=rank, world_size=3)
+        streams.append(draws())
+    assert streams[0] == first and len(set(streams)) == 3
+    checkpoint.set_rank_rng_state(saved, rank=2, world_size=3)
+    assert draws() == streams[2]  # derived deterministically

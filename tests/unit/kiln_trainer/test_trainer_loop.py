@@ -15,7 +15,7 @@ import torch
 
 from kiln import api
 from kiln.zoo import records, store
-from kiln_trainer import checkpoint, loop
+from kiln_trainer import checkpoint, loop, runtime
 
 
 @pytest.fixture(autouse=True)
@@ -180,7 +180,7 @@ def test_a_text_dataset_for_an_image_model_fails_the_job_checks(tmp_path: Path) 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_requested_without_a_gpu_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(loop.ConfigError, match="spec.training.device: cuda"):
+    with pytest.raises(runtime.ConfigError, match="spec.training.device: cuda"):
         _run(_job(training={"device": "cuda"}), tmp_path)
 
 
@@ -226,12 +226,12 @@ def test_cpu_threads_follow_the_container_quota_unless_omp_says_otherwise(
     cpu_max.write_text("100000 100000\n")
     torch.set_num_threads(2)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    loop.limit_cpu_threads(cpu_max)
+    runtime.limit_cpu_threads(cpu_max)
     assert torch.get_num_threads() == 2
     monkeypatch.delenv("OMP_NUM_THREADS")
-    loop.limit_cpu_threads(cpu_max)
+    runtime.limit_cpu_threads(cpu_max)
     assert torch.get_num_threads() == 1
     torch.set_num_threads(2)
     cpu_max.write_text("max 100000\n")
-    loop.limit_cpu_threads(cpu_max)
+    runtime.limit_cpu_threads(cpu_max)
     assert torch.get_num_threads() == 2

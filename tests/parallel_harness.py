@@ -1,0 +1,296 @@
+"""Helpers for the trainer's data-parallel tests: W gloo processes, a tiny job, a mini loop.
+
+`run_ranks(target, world_size, parallelism, *args)` starts `world_size` processes with
+torch.multiprocessing's spawn method and torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT on a free port; OMP_NUM_THREADS=1), calls
+`parallel.setup(parallelism, "cpu")` in each, then ``target(ctx, *args)``, and returns the
+targets' results by rank. A target must live in this module (spawned children import it by
+name; ``tests`` is on sys.path through pytest's ``pythonpath``).
+
+`make_job`, `make_dataset`, `build_model` and `train` are a miniature of the default loop
+(`kiln_trainer.loop`): the real optimizer, schedule, batching, checkpoint and parallel calls
+around a bare step, so the tests compare one process with W on identical work. The model is
+small_cnn with its BatchNorm layers in eval mode (fixed statistics): per-rank batch statistics
+would otherwise make DDP differ from one process (see `kiln_trainer.parallel`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+from torch.utils import data as torch_data
+
+from kiln import api, models
+from kiln.zoo import store
+from kiln_trainer import batching, checkpoint, optim, parallel, tracking
+
+SAMPLES = 40  # 5 global batches of 8 per epoch
+BATCH_SIZE = 8
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(
+    target: Callable[..., Any],
+    world_size: int,
+    parallelism: str,
+    *args: Any,
+    timeout_seconds: float = 240.0,
+) -> list[Any]:
+    """Run ``target(ctx, *args)`` in `world_size` gloo processes; their results by rank.
+
+    Raises:
+        torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
+        TimeoutError: the ranks did not finish in `timeout_seconds` (then they are killed).
+    """
+    port, previous = free_port(), os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch loads
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            processes = mp.start_processes(
+                _entry, args=(world_size, port, out, parallelism, target, args),
+                nprocs=world_size, join=False, start_method="spawn")
+            deadline = time.monotonic() + timeout_seconds
+            while not processes.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    for process in processes.processes:
+                        process.kill()
+                    raise TimeoutError(f"{world_size} ranks still running after "
+                                       f"{timeout_seconds} s")
+            return [torch.load(Path(out) / f"{rank}.pt", weights_only=False)
+                    for rank in range(world_size)]
+    finally:
+        if previous is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous
+
+
+def _entry(rank: int, world_size: int, port: int, out: str, parallelism: str,
+           target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    ctx = parallel.setup(parallelism, "cpu", timeout_seconds=120)
+    try:
+        result = target(ctx, *args)
+    finally:
+        ctx.shutdown()
+    torch.save(result, Path(out) / f"{rank}.pt")
+
+
+# ----------------------------------------------------------------------------------------------
+# a miniature training run
+
+
+def make_job(name: str = "parallel-test") -> api.TrainingJob:
+    """small_cnn on [1, 8, 8], global batch 8, Adam with cosine decay, 3 epochs."""
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {
+            "model": {"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                      "args": {"depth": 2, "width": 4}},
+            "training": {"epochs": 3, "batchSize": BATCH_SIZE, "seed": 3,
+                         "optimizer": {"name": "adam", "lr": 0.01},
+                         "lrSchedule": {"name": "cosine"}, "gradClipNorm": 1.0},
+        },
+    })
+
+
+def make_dataset() -> torch_data.TensorDataset:
+    """SAMPLES seeded random images Tensor[N, 1, 8, 8] with labels in [0, 10)."""
+    generator = torch.Generator().manual_seed(11)
+    images = torch.randn(SAMPLES, 1, 8, 8, generator=generator)
+    return torch_data.TensorDataset(images, torch.randint(0, 10, (SAMPLES,), generator=generator))
+
+
+def build_model(job: api.TrainingJob) -> nn.Module:
+    """The job's model with seed-0 weights, identical in every process."""
+    torch.manual_seed(0)
+    return models.build(job.spec.model)
+
+
+@dataclasses.dataclass
+class Training:
+    """Optimizer, schedule and position of a miniature run."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    state: tracking.RunState
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+
+def start_training(job: api.TrainingJob, parameters: Any) -> Training:
+    """The job's optimizer over `parameters` and its per-step schedule, at step 0."""
+    optimizer = optim.build_optimizer(parameters, job.spec.training.optimizer)
+    steps = batching.steps_per_epoch(make_dataset(), batch_size=BATCH_SIZE)
+    scheduler = optim.build_schedule(optimizer, job.spec.training, steps_per_epoch=steps)
+    return Training(optimizer, scheduler, tracking.RunState())
+
+
+def train(
+    ctx: parallel.Context, job: api.TrainingJob, wrapped: nn.Module, run: Training, *,
+    until_step: int,
+) -> None:
+    """Train until global step `until_step`, from `run.state`'s position, on ctx's shard."""
+    dataset, seed = make_dataset(), job.spec.training.seed
+    steps_per_epoch = batching.steps_per_epoch(dataset, batch_size=BATCH_SIZE,
+                                               world_size=ctx.world_size)
+    state = run.state
+    while state.step < until_step:
+        batches = batching.train_batches(dataset, batch_size=BATCH_SIZE, seed=seed,
+                                         epoch=state.epochs_done, start_batch=state.epoch_batch,
+                                         shard=ctx.shard)
+        for inputs, targets in batches:
+            loss = step(wrapped, run, inputs, targets,
+                        grad_clip_norm=job.spec.training.grad_clip_norm)
+            run.losses.append(ctx.all_reduce_mean(loss))
+            state.step, state.epoch_batch = state.step + 1, state.epoch_batch + 1
+            state.samples += len(targets)  # this rank's share
+            if ctx.any_rank(state.step >= until_step):
+                break
+        if state.epoch_batch >= steps_per_epoch:
+            state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
+
+
+def step(wrapped: nn.Module, run: Training, inputs: torch.Tensor, targets: torch.Tensor, *,
+         grad_clip_norm: float | None) -> float:
+    """One optimizer step of the default loop's kind; returns this rank's mean loss."""
+    wrapped.train()
+    for module in wrapped.modules():  # fixed BatchNorm statistics: see the module docstring
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()
+    loss = F.cross_entropy(wrapped(inputs), targets)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    if grad_clip_norm is not None:
+        nn.utils.clip_grad_norm_(wrapped.parameters(), grad_clip_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    return float(loss.detach())
+
+
+def evaluate_sums(module: nn.Module, shard: tuple[int, int]) -> list[float]:
+    """[loss sum, correct, count] of `module` on this rank's part of the dataset (batches of 6,
+    so shards get uneven batch sizes and counts)."""
+    module.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    with torch.inference_mode():
+        for inputs, targets in batching.eval_batches(make_dataset(), batch_size=6, shard=shard):
+            logits = module(inputs)
+            loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == targets).sum())
+            count += len(targets)
+    return [loss_sum, correct, count]
+
+
+def parameters_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies of a state dict's floating-point tensors."""
+    return {k: v.detach().cpu().clone() for k, v in state.items() if v.is_floating_point()}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest absolute element difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ----------------------------------------------------------------------------------------------
+# targets for run_ranks (and, with a one-process context, the reference runs)
+
+
+def checkpoint_location(directory: str) -> checkpoint.Location:
+    """Where the tests' checkpoints go."""
+    return checkpoint.Location(store.DirStore(Path(directory)), "parallel-test/checkpoint.pt")
+
+
+def train_with_checkpoint(
+    ctx: parallel.Context, directory: str, save_step: int, until_step: int,
+    resume_here: bool = False,
+) -> dict[str, Any]:
+    """Train to `until_step`, saving a checkpoint (rank 0) at `save_step` on the way.
+
+    Returns (complete on rank 0): final parameters, reported losses, validation sums of the
+    final model; with `resume_here`, also the parameters of a second run in the same ranks
+    that resumed from the checkpoint (`resumed`).
+    """
+    job = make_job()
+    raw = build_model(job)
+    wrapped = ctx.wrap(raw)
+    run = start_training(job, wrapped.parameters())  # FSDP: over the sharded parameters
+    train(ctx, job, wrapped, run, until_step=save_step)
+    snapshot = checkpoint.capture(run.state, tracking.Clock(), job, raw, run.optimizer,
+                                  run.scheduler, ctx=ctx, wrapped=wrapped)
+    if ctx.is_main:
+        checkpoint.save_checkpoint(checkpoint_location(directory), snapshot)
+    ctx.barrier()
+    train(ctx, job, wrapped, run, until_step=until_step)
+    sums = ctx.sum_eval_shards(evaluate_sums(ctx.prepare_eval(wrapped, raw), ctx.eval_shard))
+    result = {"params": parameters_of(ctx.full_state_dict(wrapped, raw)), "losses": run.losses,
+              "eval": sums, "samples": run.state.samples}
+    if resume_here:
+        result["resumed"] = resume(ctx, directory, until_step)
+    return result
+
+
+def resume(ctx: parallel.Context, directory: str, until_step: int) -> dict[str, torch.Tensor]:
+    """Resume the saved checkpoint under `ctx` and train to `until_step`; final parameters."""
+    job = make_job()
+    saved = checkpoint.load_checkpoint(checkpoint_location(directory))
+    assert saved is not None
+    raw = build_model(job)
+    checkpoint.restore_model(saved, job, raw)  # before wrapping: every parallelism
+    wrapped = ctx.wrap(raw)
+    run = start_training(job, wrapped.parameters())
+    run.state = checkpoint.restore_training(saved, job, run.optimizer, run.scheduler, ctx=ctx,
+                                            wrapped=wrapped)
+    train(ctx, job, wrapped, run, until_step=until_step)
+    return parameters_of(ctx.full_state_dict(wrapped, raw))
+
+
+def freeze_and_rewrap(ctx: parallel.Context) -> dict[str, Any]:
+    """Freeze the stem, wrap, train 2 steps; freeze blocks too, re-wrap, train 2 more.
+
+    Returns what DDP's reducer registered after each wrap, the trainable tensor counts, and
+    parameter snapshots (before, after the first stretch, at the end).
+    """
+    job = make_job()
+    raw = build_model(job)
+    for parameter in raw.stem.parameters():
+        parameter.requires_grad_(False)
+    wrapped = ctx.wrap(raw)
+    reducer = [wrapped._get_ddp_logging_data()]
+    run = start_training(job, raw.parameters())
+    snapshots = [parameters_of(raw.state_dict())]
+    train(ctx, job, wrapped, run, until_step=2)
+    stem_grads = [p.grad for p in raw.stem.parameters()]
+    snapshots.append(parameters_of(raw.state_dict()))
+    trainable = [sum(p.requires_grad for p in raw.parameters())]
+    for parameter in raw.blocks.parameters():
+        parameter.requires_grad_(False)
+    wrapped = ctx.rewrap(wrapped, raw)
+    reducer.append(wrapped._get_ddp_logging_data())
+    trainable.append(sum(p.requires_grad for p in raw.parameters()))
+    train(ctx, job, wrapped, run, until_step=4)
+    snapshots.append(parameters_of(raw.state_dict()))
+    return {"reducer": [(int(r["num_parameter_tensors"]), int(r["total_parameter_size_bytes"]))
+                        for r in reducer],
+            "trainable": trainable, "snapshots": snapshots,
+            "stem_grads_none": all(g is None for g in stem_grads),
+            "wrapper": type(wrapped).__name__}

@@ -1,0 +1,230 @@
+"""kiln_trainer.freezing.controller: the Freezer around a real training loop on digits.
+
+The reference model runs in its real worker process; only the policy's knobs are set so that
+decisions come within a few dozen steps (tolerance high: every window counts as converged).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from kiln import api, models
+from kiln_trainer import data, optim
+from kiln_trainer.freezing import controller
+
+SPEC = api.ModelSpec.model_validate(
+    {"architecture": "small_cnn", "inputShape": [1, 8, 8], "args": {"depth": 3, "width": 8}}
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def splits() -> data.Splits:
+    spec = api.DatasetSpec.model_validate({"name": "digits", "maxSamples": 400})
+    return data.load(spec, input_shape=[1, 8, 8], seed=0)
+
+
+def _setup(
+    splits: data.Splits, *, lr: float = 0.05, **knobs: Any
+) -> tuple[nn.Module, torch.optim.Optimizer, controller.Freezer]:
+    torch.manual_seed(0)
+    model = models.build(SPEC)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-3)
+    settings = controller.Settings(
+        **{
+            "check_every_steps": 1,
+            "window": 3,
+            "tolerance": 100.0,
+            "patience": 1,
+            "probe_batch_size": 16,
+            "reference": "fp32",
+            **knobs,
+        }
+    )
+    probe = controller.probe_batch(splits.validation, settings.probe_batch_size)
+    freezer = controller.Freezer(
+        model, SPEC, probe, settings, optimizer=optimizer, num_samples=len(splits.train)
+    )  # type: ignore[arg-type]
+    return model, optimizer, freezer
+
+
+def _steps(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    freezer: controller.Freezer,
+    splits: data.Splits,
+    n: int,
+    *,
+    first: int = 0,
+    lr: float | None = None,
+) -> list[controller.Event]:
+    """Train `n` steps the way kiln_trainer.loop does; return the boundary events."""
+    changes = []
+    batches = data.train_batches(
+        splits.train, batch_size=32, seed=0, epoch=first, with_indices=True
+    )
+    step = first
+    while step < first + n:
+        for inputs, targets, indices in batches:
+            trainable = freezer.trainable_module()
+            model.train()
+            freezer.train_mode()
+            loss = F.cross_entropy(trainable(freezer.prefix(inputs, indices)), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            event = freezer.after_step(step, lr=lr or optimizer.param_groups[0]["lr"])
+            if event is not None:
+                changes.append(event)
+            if step >= first + n:
+                break
+    return changes
+
+
+def _wait_for_results(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    freezer: controller.Freezer,
+    splits: data.Splits,
+    boundary: int,
+) -> list[controller.Event]:
+    """Train until the boundary reaches `boundary` (bounded by pytest-timeout)."""
+    events: list[controller.Event] = []
+    step = 0
+    while freezer.boundary < boundary:
+        events += _steps(model, optimizer, freezer, splits, 8, first=step)
+        step += 8
+    return events
+
+
+def test_frozen_parameters_stay_bit_identical_and_never_get_a_gradient(splits) -> None:
+    model, optimizer, freezer = _setup(splits, cache=True)
+    with freezer:
+        freezer.load_state_dict({"boundary": 2})
+        frozen = freezer.partition.params(2)
+        before = [p.detach().clone() for p in frozen]
+        state_before = [dict(optimizer.state.get(p, {})) for p in frozen]
+        freezer.settings = controller.Settings(
+            **{**freezer.settings.__dict__, "check_every_steps": 10_000}
+        )
+        _steps(model, optimizer, freezer, splits, 6)
+        assert all(torch.equal(a, p) for a, p in zip(before, frozen, strict=True))
+        assert all(p.grad is None and not p.requires_grad for p in frozen)
+        assert [dict(optimizer.state.get(p, {})) for p in frozen] == state_before
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        assert trainable and all(p.grad is not None for p in trainable)
+
+
+def test_boundary_moves_forward_one_module_at_a_time_up_to_the_cap(splits) -> None:
+    model, optimizer, freezer = _setup(splits, max_frozen_fraction=0.5)
+    with freezer:
+        events = _wait_for_results(model, optimizer, freezer, splits, freezer.max_frozen)
+        events += _steps(model, optimizer, freezer, splits, 40, first=1000)
+    boundaries = [e.boundary for e in events]
+    assert boundaries == list(range(1, freezer.max_frozen + 1))
+    assert freezer.max_frozen == len(freezer.partition.blocks) // 2
+    assert freezer.partition.blocks[-1] not in freezer.frozen_modules  # never the head
+    assert all(e.kind == "froze" and len(e.modules) == 1 for e in events)
+
+
+def test_learning_rate_drop_unfreezes_everything_and_clears_their_momentum(splits) -> None:
+    model, optimizer, freezer = _setup(splits)
+    with freezer:
+        _wait_for_results(model, optimizer, freezer, splits, 1)
+        refrozen = freezer.partition.params(freezer.boundary)
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.1  # what a step schedule's decay does
+        (event,) = _steps(model, optimizer, freezer, splits, 1, first=500)
+        assert event.kind == "unfroze" and event.boundary == 0
+        assert freezer.boundary == 0 and freezer.trainable_module() is model
+        assert all(p.requires_grad for p in model.parameters())
+        assert all(p not in optimizer.state for p in refrozen)  # momentum cleared...
+        _steps(model, optimizer, freezer, splits, 1, first=501)
+        assert all("momentum_buffer" in optimizer.state[p] for p in refrozen)  # ...then rebuilt
+
+
+def test_cached_prefix_outputs_match_the_computed_ones_within_fp16(splits) -> None:
+    model, _optimizer, freezer = _setup(splits, cache=True)
+    with freezer:
+        freezer.load_state_dict({"boundary": 2})
+        assert freezer.trainable_module() is not model, "small_cnn splits after blocks.0"
+        model.eval()
+        inputs, _, indices = next(
+            iter(
+                data.train_batches(splits.train, batch_size=32, seed=0, epoch=0, with_indices=True)
+            )
+        )
+        computed = freezer.prefix(inputs, indices)  # fills the cache
+        cached = freezer.prefix(inputs, indices)
+        assert computed.dtype == cached.dtype == torch.float32
+        torch.testing.assert_close(cached, computed, atol=1e-3, rtol=1e-3)
+        suffix = freezer.trainable_module()
+        torch.testing.assert_close(suffix(cached), model(inputs), atol=1e-3, rtol=1e-3)
+
+
+def test_a_stopped_reference_never_stalls_training(splits) -> None:
+    model, optimizer, freezer = _setup(splits)
+    with freezer:
+        assert freezer.worker is not None
+        os.kill(freezer.worker.pid, signal.SIGSTOP)
+        try:
+            events = _steps(model, optimizer, freezer, splits, 30)
+        finally:
+            os.kill(freezer.worker.pid, signal.SIGCONT)
+    assert events == [] and freezer.boundary == 0
+
+
+def test_state_dict_round_trip_keeps_the_frozen_prefix(splits) -> None:
+    model, optimizer, freezer = _setup(splits)
+    with freezer:
+        _wait_for_results(model, optimizer, freezer, splits, 1)
+        state = freezer.state_dict()
+    _model2, _optimizer2, resumed = _setup(splits)
+    with resumed:
+        resumed.load_state_dict(state, step=123)
+        assert resumed.boundary == freezer.boundary >= 1
+        assert resumed.events == freezer.events
+        assert not any(p.requires_grad for p in resumed.partition.params(resumed.boundary))
+
+
+def test_settings_from_a_job_pick_cadence_bootstrap_and_cache() -> None:
+    job = api.parse_job(
+        {
+            "apiVersion": "kiln.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "x"},
+            "spec": {
+                "model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                "dataset": {"augmentation": "flip-crop"},
+                "training": {
+                    "epochs": 10,
+                    "lrSchedule": {"name": "step", "gamma": 0.8, "warmupEpochs": 2},
+                },
+            },
+        }
+    )
+    settings = controller.Settings.from_job(job.spec, steps_per_epoch=40)
+    assert settings.check_every_steps == 5
+    assert settings.bootstrap_steps == 80  # two warm-up epochs beat 10% of 400 steps
+    assert settings.cache is False  # random augmentation: outputs differ every epoch
+    assert 0.8 <= settings.unfreeze_lr_ratio < 0.81  # one step decay is enough
+    factor = optim.lr_factor(
+        80, schedule=job.spec.training.lr_schedule, epochs=10, steps_per_epoch=40
+    )
+    assert factor == 1.0

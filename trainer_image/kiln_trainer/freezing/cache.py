@@ -1,0 +1,354 @@
+"""Cache of frozen-prefix outputs, and a background reader that serves batches ahead of use.
+
+Role: once Egeria freezes a front prefix of k blocks (Wang et al., EuroSys 2023, section 4
+"caching frozen-layer outputs"; /work/shared/research/egeria.md section 4), the prefix maps a
+sample to the same boundary activation every epoch, provided the input pipeline is
+deterministic (no random augmentation) and the prefix runs in eval mode. `ActivationCache`
+keeps those activations in fp16, keyed by dataset index: in host RAM while the whole table fits
+`memory_limit_bytes`, otherwise in a numpy memmap file on local disk. The first epoch after a
+boundary move fills it as a side effect of the normal forward; later epochs skip the prefix.
+`Prefetcher` reads the next batches in a background thread and looks each one up in the cache,
+so training does not wait for the loader or the memmap.
+
+Callers: the freezing controller and the training loop. Non-goals: no policy on when caching is
+valid (the caller decides, e.g. off with augmentation), no GPU copies (the loop moves tensors),
+no compression. Shapes: B batch, N dataset samples, ... the per-sample activation shape.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import queue
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+import torch
+
+#: Bytes per stored element (fp16).
+ELEMENT_BYTES = 2
+
+
+class ActivationCache:
+    """fp16 table of per-sample activations, keyed by dataset index, in RAM or a memmap file.
+
+    The table Tensor[N, ...] is allocated on the first `put`, once the per-sample shape is
+    known: in RAM if N x per-sample bytes <= `memory_limit_bytes`, else as a memmap file in
+    `directory` (a fresh temporary directory when None), deleted by `close` (or when the cache
+    is garbage collected). A bool mask records which samples are present. Thread-safe: the
+    `Prefetcher` reads while the training thread writes.
+
+    Values are stored as fp16: relative error about 5e-4, and magnitudes beyond 65504 become
+    inf (activations of normalised networks stay far below).
+
+    Args:
+        num_samples: N, the dataset size (indices are 0 .. N-1).
+        memory_limit_bytes: the most host RAM the table may take.
+        directory: where the memmap file goes when the table exceeds the limit.
+
+    Raises:
+        ValueError: `num_samples` < 1 or `memory_limit_bytes` < 0.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        memory_limit_bytes: int,
+        directory: pathlib.Path | None = None,
+    ) -> None:
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1 (got {num_samples})")
+        if memory_limit_bytes < 0:
+            raise ValueError(f"memory_limit_bytes must be >= 0 (got {memory_limit_bytes})")
+        self.num_samples = num_samples
+        self.memory_limit_bytes = memory_limit_bytes
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._present = torch.zeros(num_samples, dtype=torch.bool)
+        self._shape: tuple[int, ...] | None = None
+        self._memory: torch.Tensor | None = None
+        self._disk: np.memmap[Any, np.dtype[np.float16]] | None = None
+        self._cleanup: weakref.finalize[Any, Any] | None = None
+        self._generation = 0
+        self._closed = False
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the allocated table (RAM or file); 0 before the first `put`."""
+        if self._shape is None:
+            return 0
+        return self.num_samples * math.prod(self._shape) * ELEMENT_BYTES
+
+    @property
+    def location(self) -> str:
+        """Where the table lives: "disk" (memmap file) or "memory" (also before the first put)."""
+        return "disk" if self._disk is not None else "memory"
+
+    @property
+    def path(self) -> pathlib.Path | None:
+        """The memmap file, or None when the table is in RAM or not allocated."""
+        if self._disk is None or self._disk.filename is None:
+            return None
+        return pathlib.Path(self._disk.filename)
+
+    @property
+    def generation(self) -> int:
+        """Counts `invalidate` calls: activations read under an older generation are stale."""
+        return self._generation
+
+    def put(self, indices: torch.Tensor, outputs: torch.Tensor) -> None:
+        """Store `outputs[i]` for dataset index `indices[i]`, as fp16.
+
+        After `invalidate` (nothing present) the per-sample shape may change: the table is
+        reallocated for the new boundary.
+
+        Args:
+            indices: LongTensor[B], dataset indices in [0, N).
+            outputs: Tensor[B, ...], any float dtype and device (detached, copied to the host).
+
+        Raises:
+            ValueError: B differs between the arguments, an index is out of range, or the
+                per-sample shape differs from the stored one while samples are present.
+            RuntimeError: the cache is closed.
+        """
+        index = self._indices(indices)
+        if outputs.shape[0] != index.shape[0]:
+            raise ValueError(
+                f"put got {index.shape[0]} indices and {outputs.shape[0]} outputs; they must match"
+            )
+        values = outputs.detach().to(device="cpu", dtype=torch.float16)
+        shape = tuple(values.shape[1:])
+        with self._lock:
+            self._check_open()
+            if shape != self._shape:
+                if bool(self._present.any()):
+                    raise ValueError(
+                        f"put got per-sample shape {list(shape)} but the cache holds "
+                        f"{list(self._shape or ())}; invalidate() it first"
+                    )
+                self._allocate(shape)
+            if self._disk is not None:
+                self._disk[index.numpy()] = values.numpy()
+            else:
+                assert self._memory is not None
+                self._memory[index] = values
+            self._present[index] = True
+
+    def get(self, indices: torch.Tensor) -> torch.Tensor | None:
+        """The stored activations for `indices`, or None unless every one is present.
+
+        Args:
+            indices: LongTensor[B], dataset indices in [0, N).
+
+        Returns:
+            Tensor[B, ...] float32 on the CPU, or None.
+
+        Raises:
+            ValueError: an index is out of range.
+            RuntimeError: the cache is closed.
+        """
+        index = self._indices(indices)
+        with self._lock:
+            self._check_open()
+            if self._shape is None or not bool(self._present[index].all()):
+                return None
+            if self._disk is not None:
+                return torch.from_numpy(self._disk[index.numpy()]).float()
+            assert self._memory is not None
+            return self._memory[index].float()
+
+    def invalidate(self) -> None:
+        """Forget every entry (the boundary moved, or the prefix was unfrozen); keeps the table."""
+        with self._lock:
+            self._present.zero_()
+            self._generation += 1
+
+    def close(self) -> None:
+        """Free the table and delete the memmap file. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _allocate(self, shape: tuple[int, ...]) -> None:
+        self._release()
+        self._shape = shape
+        if self.bytes <= self.memory_limit_bytes:
+            self._memory = torch.empty((self.num_samples, *shape), dtype=torch.float16)
+            return
+        if self.directory is None:
+            folder = tempfile.mkdtemp(prefix="kiln-activations-")
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            folder = tempfile.mkdtemp(prefix="kiln-activations-", dir=self.directory)
+        path = pathlib.Path(folder) / "activations.f16"
+        self._disk = np.memmap(path, dtype=np.float16, mode="w+", shape=(self.num_samples, *shape))
+        self._cleanup = weakref.finalize(self, _remove, path)
+
+    def _release(self) -> None:
+        self._memory, self._disk, self._shape = None, None, None
+        self._present.zero_()
+        if self._cleanup is not None:
+            self._cleanup()  # runs once: deletes the file and its folder
+            self._cleanup = None
+
+    def _indices(self, indices: torch.Tensor) -> torch.Tensor:
+        index = torch.as_tensor(indices, dtype=torch.long).reshape(-1).cpu()
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.num_samples):
+            raise ValueError(
+                f"dataset indices must lie in [0, {self.num_samples}) "
+                f"(got {int(index.min())} .. {int(index.max())})"
+            )
+        return index
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the activation cache is closed")
+
+
+def _remove(path: pathlib.Path) -> None:
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:  # not empty (someone else's file): leave the folder
+        pass
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Served = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+
+class _End:
+    """Marks the end of the source iterator in the queue."""
+
+
+class _Failure:
+    """Carries an exception of the source iterator or the cache to the consumer."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Prefetcher:
+    """Iterates `batches` `depth` batches ahead in a background thread, with cache look-ups.
+
+    Yields `(inputs, None, targets, indices)` for a batch the cache lacks (run the prefix),
+    and `(None, cached, targets, indices)` with cached Tensor[B, ...] float32 when every
+    sample is cached (skip the prefix; Egeria section 4). A batch read ahead before
+    `cache.invalidate()` is served with its inputs (never stale activations). An exception
+    raised by `batches` is re-raised in the consuming thread, at the batch where it occurred.
+
+    Args:
+        batches: an iterator of (inputs Tensor[B, ...], targets Tensor[B, ...],
+            indices LongTensor[B]), e.g. a DataLoader iterator yielding dataset indices.
+        cache: looked up for every batch; None serves every batch with its inputs.
+        depth: batches read ahead (>= 1).
+        pin_memory: copy cached activations to pinned memory (fast asynchronous host-to-device
+            copies on CUDA); ignored without CUDA.
+
+    Raises:
+        ValueError: depth < 1.
+    """
+
+    def __init__(
+        self,
+        batches: Iterator[Batch],
+        cache: ActivationCache | None,
+        depth: int = 2,
+        *,
+        pin_memory: bool = False,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 (got {depth})")
+        self._batches, self._cache = batches, cache
+        self._pin = pin_memory and torch.cuda.is_available()  # pinning needs a CUDA runtime
+        self._queue: queue.Queue[tuple[Batch, torch.Tensor | None, int] | _End | _Failure]
+        self._queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="kiln-prefetch", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Served:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, _End | _Failure):
+            self._done = True
+            self._thread.join()
+            if isinstance(item, _Failure):
+                raise item.error
+            raise StopIteration
+        (inputs, targets, indices), cached, generation = item
+        if cached is not None and self._cache is not None and generation == self._cache.generation:
+            return None, cached, targets, indices
+        return inputs, None, targets, indices
+
+    def close(self) -> None:
+        """Stop the thread and drop batches read ahead. Idempotent."""
+        self._stop.set()
+        self._done = True
+        while self._thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                self._queue.get_nowait()
+            except queue.Empty:
+                self._thread.join(timeout=0.05)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        try:
+            for inputs, targets, indices in self._batches:
+                if self._stop.is_set():
+                    return
+                cached, generation = None, 0
+                if self._cache is not None:
+                    generation = self._cache.generation  # read before get: stale-safe
+                    cached = self._cache.get(indices)
+                    if cached is not None and self._pin:
+                        cached = cached.pin_memory()
+                if not self._offer(((inputs, targets, indices), cached, generation)):
+                    return
+        # Any error of the loader or the cache is handed to the consumer, which re-raises it.
+        except Exception as error:  # noqa: BLE001
+            self._offer(_Failure(error))
+            return
+        self._offer(_End())
+
+    def _offer(self, item: tuple[Batch, torch.Tensor | None, int] | _End | _Failure) -> bool:
+        """Queue `item`, waiting while the queue is full; False once `close` was called."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False

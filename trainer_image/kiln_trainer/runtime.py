@@ -1,0 +1,114 @@
+"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port.
+
+Callers: `kiln_trainer.loop` (and `kiln_trainer.cli` for `ConfigError`). Non-goals: no training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from kiln import api
+from kiln_trainer import data, metrics
+
+_log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """The run cannot start as configured (device, metrics port); the message says the fix."""
+
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and CUDA) global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+
+def pick_device(spec: api.TrainingJobSpec) -> torch.device:
+    """CUDA when available and allowed (device auto/cuda, gpus not 0), else the CPU.
+
+    Under torchrun the GPU is LOCAL_RANK's.
+
+    Raises:
+        ConfigError: spec.training.device is cuda but no CUDA device is visible.
+    """
+    wanted, available = spec.training.device, torch.cuda.is_available()
+    if wanted == "cuda" and not available:
+        raise ConfigError("spec.training.device: cuda, but no CUDA device is visible to torch; "
+                          "use auto or cpu, or run where a GPU is")
+    if wanted == "cpu" or not available or (wanted == "auto" and spec.resources.gpus == 0):
+        limit_cpu_threads()
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+
+def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> None:
+    """Use no more intra-op threads than the container's CPU quota allows.
+
+    torch sizes its thread pool by the host's cores and ignores a pod's CPU limit; more threads
+    than CPUs make each step many times slower (spinning OpenMP workers). OMP_NUM_THREADS, when
+    set, wins.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return  # no cgroup v2 quota to honour
+    if quota != "max":
+        threads = max(1, int(int(quota) / int(period)))
+        if threads < torch.get_num_threads():
+            _log.info("CPU quota %s/%s: using %d threads", quota, period, threads)
+            torch.set_num_threads(threads)
+
+
+
+def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.device) -> None:
+    """Run one validation sample through the model and check its output size fits the data.
+
+    Raises:
+        api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text.
+    """
+    sample, _ = splits.validation[0]
+    raw_model.eval()
+    with torch.inference_mode():
+        outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
+    raw_model.train()
+    if splits.num_classes is not None and outputs < splits.num_classes:
+        raise api.InvalidSpec([(
+            f"spec.model.args.num_classes: the model has {outputs} outputs but "
+            f"{splits.description} has {splits.num_classes} classes; set num_classes: "
+            f"{splits.num_classes}")])
+    if splits.modality == "text" and outputs < 256:
+        raise api.InvalidSpec([(
+            f"spec.model.args.vocab_size: the model predicts {outputs} tokens but byte-level "
+            "text has 256; set vocab_size: 256")])
+    if splits.num_classes is not None and outputs > splits.num_classes:
+        _log.warning("the model has %d outputs for %d classes; the extra ones stay unused",
+                     outputs, splits.num_classes)
+
+
+
+def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
+    """Serve /metrics on `port` (0: no endpoint).
+
+    Raises:
+        ConfigError: the port cannot be bound.
+    """
+    if not port:
+        return
+    try:
+        _log.info("metrics on port %d", gauges.serve(port))
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot serve ({exc}); pick a free port, "
+                          "or 0 to turn the endpoint off") from exc
