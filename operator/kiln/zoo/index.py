@@ -20,174 +20,50 @@ array form (`dag.Prepared`, never networkx; 10,000 models take tens of MiB), and
 * `refresh()` re-lists the store, loads only new or changed records, drops deleted ones and
   keeps clusters current (a new model joins its nearest medoid's cluster).
 
+Beside the index: `indextypes` (its settings and results, re-exported here), `prepared` (a
+record's graph as arrays, graph fingerprints), `scorecache` (one query's scoring through the
+LRU cache), `scoring` (the process pool), `cluster` (k-medoids).
+
 Unusable records are skipped with a `records.SkippedRecordWarning` naming them, never raised:
 `records.list_records` skips damaged meta.json, the index missing or malformed graph.json.
 
 Callers: warm-start parent selection (operator, local runner), bench/zoo_query.py.
 Non-goals: no selection policy (accuracy buckets, minimum similarity: kiln.warmstart), no
 weights, no writes to the store. Calls block: the operator runs them in an executor.
-
-Length: about 570 lines, over the 400 aim; pool scoring (`scoring`) and clustering (`cluster`)
-are already split out, and what is left (types, loading, refresh, query) shares the index state.
 """
 
 from __future__ import annotations
 
-import collections
 import copy
-import dataclasses
-import enum
 import functools
-import hashlib
-import json
 import logging
-import math
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Self, TypeAlias
+from typing import Any, Self
 
 import networkx as nx
 import numpy as np
 
 from kiln.warmstart import dag, graph, match
-from kiln.zoo import cluster, records, scoring, store
+from kiln.zoo import cluster, indextypes, prepared, records, scorecache, scoring, store
 
-EXHAUSTIVE_LIMIT = 1000
-"""Score every compatible candidate up to this many (ModelKeeper's mode_threshold)."""
-EARLY_EXIT_SIMILARITY = 0.95
-"""Clustered search stops once a parent is at least this similar (ModelKeeper's threshold)."""
-CLUSTERED_PAIR_BUDGET = 1000
-"""Clustered search visits no further cluster once this many pairs were scored."""
-CACHE_ENTRIES = 100_000
-"""Most (parent id, child fingerprint) scores kept (LRU; about 150 bytes each)."""
-GraphInput: TypeAlias = nx.DiGraph | Mapping[str, Any]
-"""A graph from `graph.extract`/`graph.from_json`, or its JSON dict (`graph.to_json`)."""
+# Re-exports: the index's API values (`indextypes`) and `prepared.fingerprint`, so callers
+# (the operator, the CLI, kiln.warmstart.plan, bench/zoo_query.py, tests) keep `index.X`.
+EXHAUSTIVE_LIMIT = indextypes.EXHAUSTIVE_LIMIT
+EARLY_EXIT_SIMILARITY = indextypes.EARLY_EXIT_SIMILARITY
+CLUSTERED_PAIR_BUDGET = indextypes.CLUSTERED_PAIR_BUDGET
+CACHE_ENTRIES = indextypes.CACHE_ENTRIES
+SearchMode = indextypes.SearchMode
+Candidate = indextypes.Candidate
+QueryResult = indextypes.QueryResult
+IndexSettings = indextypes.IndexSettings
+RefreshReport = indextypes.RefreshReport
+fingerprint = prepared.fingerprint
 
+_DEFAULT_SETTINGS = IndexSettings()  # frozen: one shared default is safe
 _log = logging.getLogger(__name__)
-
-
-class SearchMode(enum.StrEnum):
-    """How a query searched the zoo."""
-
-    EXHAUSTIVE = "exhaustive"
-    CLUSTERED = "clustered"
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A scored zoo model: its id, similarity(parent=it, child=query) in [0, 1], record."""
-
-    id: records.ZooModelId
-    similarity: float
-    record: records.ZooRecord
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class QueryResult:
-    """The answer to `ZooIndex.query` and how it was found.
-
-    Attributes:
-        candidates: best first (ties by id), at most top_k.
-        mode: exhaustive or clustered.
-        compatible: models passing the modality/task filter.
-        scored: candidates with a similarity (cache hits included).
-        cache_hits: of those, how many came from the cache.
-        computed: pairs actually scored (after de-duplicating identical parent graphs).
-        clusters_visited: clusters whose members were scored (0 when exhaustive).
-        failed: ids whose scoring raised (logged); they are not candidates.
-        wall_seconds: time the query took.
-        timed_out: the deadline passed; `candidates` covers only what was scored by then.
-    """
-
-    candidates: tuple[Candidate, ...]
-    mode: SearchMode
-    compatible: int
-    scored: int
-    cache_hits: int
-    computed: int
-    clusters_visited: int
-    failed: tuple[records.ZooModelId, ...]
-    wall_seconds: float
-    timed_out: bool
-
-    @property
-    def best(self) -> Candidate | None:
-        """The most similar candidate, or None when nothing was scored."""
-        return self.candidates[0] if self.candidates else None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class IndexSettings:
-    """Knobs of a `ZooIndex` (module docstring).
-
-    Attributes:
-        exhaustive_limit: score all compatible candidates up to this many.
-        workers: pool processes; None: min(4, CPUs); 0: never use a pool.
-        in_process_below: fewer pairs than this are scored in-process.
-        early_exit_similarity: clustered search stops at this similarity.
-        clustered_pair_budget: clustered search visits no further cluster after this many
-            scored pairs (the first cluster is always visited); None: no budget.
-        cache_entries: LRU capacity of the score cache.
-        start_method: multiprocessing start method of the pool (None: the platform default;
-            "forkserver" is safer in a threaded process, at ~1 s of worker start-up).
-    """
-
-    exhaustive_limit: int = EXHAUSTIVE_LIMIT
-    workers: int | None = None
-    in_process_below: int = scoring.IN_PROCESS_BELOW
-    early_exit_similarity: float = EARLY_EXIT_SIMILARITY
-    clustered_pair_budget: int | None = CLUSTERED_PAIR_BUDGET
-    cache_entries: int = CACHE_ENTRIES
-    start_method: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RefreshReport:
-    """What `ZooIndex.refresh` changed: ids added (new or replaced), removed, skipped."""
-
-    added: tuple[records.ZooModelId, ...]
-    removed: tuple[records.ZooModelId, ...]
-    skipped: tuple[records.ZooModelId, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    record: records.ZooRecord
-    prepared: dag.Prepared
-    fingerprint: str
-
-    @property
-    def group(self) -> tuple[str, str]:
-        return (self.record.modality, self.record.task)
-
-
-@dataclasses.dataclass
-class _Search:
-    """One query's progress."""
-
-    child: dag.Prepared
-    child_fingerprint: str
-    deadline: float
-    scores: dict[str, float] = dataclasses.field(default_factory=dict)
-    failed: set[str] = dataclasses.field(default_factory=set)
-    cache_hits: int = 0
-    computed: int = 0
-    timed_out: bool = False
-
-
-def fingerprint(g: GraphInput) -> str:
-    """Stable SHA-256 (hex) of a graph's JSON form, without its `name` (which never affects
-    scoring): equal architectures share cache entries whatever the job called them.
-
-    Args:
-        g: a graph, or its JSON dict as written by `graph.to_json` (hashed as given).
-    """
-    doc = graph.to_json(g) if isinstance(g, nx.DiGraph) else dict(g)
-    doc.pop("name", None)
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class ZooIndex:
@@ -203,7 +79,8 @@ class ZooIndex:
     """
 
     def __init__(self, zoo: store.ObjectStore | None = None, *,
-                 settings: IndexSettings = IndexSettings(), scorer: scoring.Scorer = match.similarity,
+                 settings: IndexSettings = _DEFAULT_SETTINGS,
+                 scorer: scoring.Scorer = match.similarity,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """Load every usable record of `zoo` (see `refresh`); None: an empty index.
 
@@ -223,10 +100,10 @@ class ZooIndex:
                                          in_process_below=settings.in_process_below,
                                          start_method=settings.start_method,
                                          catalog=self._catalog, clock=clock)
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, prepared.Entry] = {}
         self._skipped: dict[str, records.ZooRecord] = {}
         self._clusters: dict[tuple[str, str], cluster.Clusters] = {}
-        self._cache: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+        self._cache = scorecache.ScoreCache(settings.cache_entries)
         self._lock = threading.RLock()
         self._refresh_lock = threading.Lock()
         self._warned_unclustered = False
@@ -234,8 +111,8 @@ class ZooIndex:
             self.refresh()
 
     @classmethod
-    def from_records(cls, items: Iterable[tuple[records.ZooRecord, GraphInput]], *,
-                     settings: IndexSettings = IndexSettings(),
+    def from_records(cls, items: Iterable[tuple[records.ZooRecord, prepared.GraphInput]], *,
+                     settings: IndexSettings = _DEFAULT_SETTINGS,
                      scorer: scoring.Scorer = match.similarity,
                      clock: Callable[[], float] = time.monotonic) -> ZooIndex:
         """An index of the given (record, graph) pairs, without a store (benchmarks, tests).
@@ -247,7 +124,7 @@ class ZooIndex:
         index = cls(None, settings=settings, scorer=scorer, clock=clock)
         for record, graph_input in items:
             try:
-                entry = _entry(record, graph_input)
+                entry = prepared.make_entry(record, graph_input)
             except graph.GraphError as exc:
                 _warn_skip(record.id, "given to ZooIndex.from_records", exc)
                 continue
@@ -271,8 +148,8 @@ class ZooIndex:
     def prepared_bytes(self) -> int:
         """Bytes held in numpy arrays of the prepared graphs (segments included)."""
         with self._lock:
-            prepared = [e.prepared for e in self._entries.values()]
-        return sum(_array_bytes(p) for p in prepared)
+            graphs = [e.prepared for e in self._entries.values()]
+        return sum(prepared.array_bytes(p) for p in graphs)
 
     def clusters(self) -> dict[tuple[str, str], cluster.Clusters]:
         """A copy of the clusters per (modality, task) group; empty before `build_clusters`."""
@@ -320,7 +197,7 @@ class ZooIndex:
                 known = {i: e.record for i, e in self._entries.items()}
                 skipped_before = dict(self._skipped)
             removed = [i for i, r in known.items() if listed.get(records.ZooModelId(i)) != r]
-            loaded: list[_Entry] = []
+            loaded: list[prepared.Entry] = []
             skipped: dict[str, records.ZooRecord] = {}
             for record_id, record in listed.items():
                 if known.get(record_id) == record:
@@ -329,7 +206,7 @@ class ZooIndex:
                     skipped[record_id] = record  # warned about this version already
                     continue
                 try:
-                    loaded.append(_entry(record, records.load_graph(zoo, record)))
+                    loaded.append(prepared.make_entry(record, records.load_graph(zoo, record)))
                 except (records.CorruptRecord, graph.GraphError) as exc:
                     _warn_skip(record_id, f"in {zoo.describe()}", exc)
                     skipped[record_id] = record
@@ -352,8 +229,7 @@ class ZooIndex:
             return
         for record_id in ids:
             self._entries.pop(record_id, None)
-        for key in [k for k in self._cache if k[0] in ids]:
-            del self._cache[key]
+        self._cache.forget(ids)
         for clusters in self._clusters.values():
             cluster.remove(clusters, ids)
 
@@ -413,11 +289,11 @@ class ZooIndex:
                 [i for i, e in self._entries.items() if snapshot.get(i) is not e])
         return stats
 
-    def _score_ids_block(self, entries: Mapping[str, _Entry], parent_ids: Sequence[str],
+    def _score_ids_block(self, entries: Mapping[str, prepared.Entry], parent_ids: Sequence[str],
                          child_ids: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
         """similarity(parent -> child) for id blocks, each distinct graph pair scored once."""
-        parent_positions, parents = _distinct([entries[i] for i in parent_ids])
-        child_positions, children = _distinct([entries[i] for i in child_ids])
+        parent_positions, parents = prepared.distinct_graphs([entries[i] for i in parent_ids])
+        child_positions, children = prepared.distinct_graphs([entries[i] for i in child_ids])
         grid = self._pairs.grid(parents, children, persistent=False)
         if grid.errors:
             _log.warning("clustering: %d pair scores failed (counted as distance 1); first: %s",
@@ -427,7 +303,7 @@ class ZooIndex:
     # ------------------------------------------------------------------------------------------
     # queries
 
-    def query(self, child_graph: GraphInput, *, modality: str | None = None,
+    def query(self, child_graph: prepared.GraphInput, *, modality: str | None = None,
               task: str | None = None, top_k: int | None = 5,
               timeout_seconds: float = 30.0) -> QueryResult:
         """The zoo models most similar to `child_graph` as parents (module docstring).
@@ -456,7 +332,7 @@ class ZooIndex:
                     else graph.from_json(dict(child_graph)))
         child = dag.prepare(child_nx)
         match.self_score(child)  # cached on `child`, so pool workers receive it with the graph
-        search = _Search(child, fingerprint(child_nx), deadline=start + timeout_seconds)
+        search = scorecache.Search(child, fingerprint(child_nx), deadline=start + timeout_seconds)
         with self._lock:
             compatible = [i for i, e in self._entries.items()
                           if (modality is None or e.record.modality == modality)
@@ -494,79 +370,10 @@ class ZooIndex:
             failed=tuple(records.ZooModelId(i) for i in failed),
             wall_seconds=self._clock() - start, timed_out=search.timed_out)
 
-    def _score_ids(self, search: _Search, ids: Iterable[str]) -> bool:
-        """Score the child against these parents: cache first, each distinct graph once.
-
-        Returns:
-            False once the query's deadline has passed.
-        """
-        misses: dict[str, list[str]] = {}
-        for record_id in ids:
-            if record_id in search.scores or record_id in search.failed:
-                continue
-            key = (record_id, search.child_fingerprint)
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                search.scores[record_id] = cached
-                search.cache_hits += 1
-            else:
-                misses.setdefault(self._entries[record_id].fingerprint, []).append(record_id)
-        if not misses or search.timed_out:
-            return not search.timed_out
-        same_graph = list(misses.values())
-        parents = [(key, self._entries[group[0]].prepared) for key, group in misses.items()]
-        grid = self._pairs.grid(parents, [(search.child_fingerprint, search.child)],
-                                deadline=search.deadline)
-        search.timed_out |= grid.timed_out
-        search.computed += int(grid.done.sum())
-        for group, value, done in zip(same_graph, grid.values[:, 0], grid.done[:, 0]):
-            if not done:
-                continue
-            if math.isnan(value):
-                search.failed.update(group)
-                continue
-            for record_id in group:
-                search.scores[record_id] = float(value)
-                self._cache[(record_id, search.child_fingerprint)] = float(value)
-        while len(self._cache) > self._settings.cache_entries:
-            self._cache.popitem(last=False)
-        for message in grid.errors[:3]:
-            _log.warning("zoo index: a pair score failed: %s", message)
-        return not search.timed_out
-
-
-def _entry(record: records.ZooRecord, graph_input: GraphInput) -> _Entry:
-    """Prepare a record's graph; the networkx graph is dropped, only arrays stay.
-
-    Raises:
-        graph.GraphError: the graph JSON is malformed or cannot be prepared.
-    """
-    g = graph_input if isinstance(graph_input, nx.DiGraph) else graph.from_json(dict(graph_input))
-    prepared = dag.prepare(g)
-    prepared.segments()  # the parent-side arrays, built once here instead of in every worker
-    return _Entry(record, prepared, fingerprint(g))
-
-
-def _distinct(entries: Sequence[_Entry]) -> tuple[list[int], list[scoring.Keyed]]:
-    """Positions into the distinct graphs of `entries`, and those (fingerprint, graph)."""
-    position: dict[str, int] = {}
-    distinct: list[scoring.Keyed] = []
-    positions = []
-    for entry in entries:
-        if entry.fingerprint not in position:
-            position[entry.fingerprint] = len(distinct)
-            distinct.append((entry.fingerprint, entry.prepared))
-        positions.append(position[entry.fingerprint])
-    return positions, distinct
-
-
-def _array_bytes(p: dag.Prepared) -> int:
-    arrays: list[Any] = [p.op_codes, p.dims, p.ranks, p.sizes, p.pred_rows, *p.preds]
-    segments = p.cache.get("segments")
-    if segments is not None:
-        arrays += [getattr(segments, f.name) for f in dataclasses.fields(segments)]
-    return sum(int(a.nbytes) for a in arrays)
+    def _score_ids(self, search: scorecache.Search, ids: Iterable[str]) -> bool:
+        """`scorecache.score_ids` on this index; False once the query's deadline has passed."""
+        return scorecache.score_ids(search, ids, entries=self._entries, cache=self._cache,
+                                    pairs=self._pairs)
 
 
 def _warn_skip(record_id: str, where: str, exc: Exception) -> None:

@@ -2,9 +2,12 @@
 
 Modules:
     partition: the model's natural blocks, their parameters and FLOPs, the block-output
-        extractor, and the prefix/suffix split at a boundary (torch.fx).
+        extractor, and the prefix/suffix split at a boundary. Built on `splitting` (torch.fx
+        tracing with blocks as leaves, checks, parameter ownership, the cut) and `flops`
+        (forward/backward FLOPs per block); `partition` re-exports `Split`, `Unpartitionable`.
     plasticity: the SP loss, EMA smoothing and the windowed convergence detector.
-    reference: the quantized reference model in its own CPU process.
+    quantization: the int8 (static or dynamic, else fp32) copy of a block extractor.
+    reference: the reference model in its own CPU process, quantized with `quantization`.
     cache: the fp16 frozen-prefix output cache (RAM, or a memory-mapped file) and prefetcher.
     controller: `Freezer`, the policy that ties them together around any training loop.
 

@@ -3,13 +3,10 @@
 Role: plasticity (`plasticity.sp_loss`) compares the training model's block activations with a
 reference snapshot's on a fixed probe batch. Egeria (Wang et al., EuroSys 2023, section 4;
 digest /work/shared/research/egeria.md section 2) generates that reference on the fly by
-quantization and runs its forward asynchronously on spare CPUs, so training never waits:
-  * `quantize(extractor, calibration)` makes the int8 copy: static post-training quantization
-    (torch.ao FX `prepare_fx` / calibrate / `convert_fx`) for models with convolutions, dynamic
-    quantization (`quantize_dynamic`, Linear/LSTM/GRU) for the others, an fp32 copy when
-    neither works or when asked;
-  * `ReferenceWorker` owns a spawned process that rebuilds the architecture (`models.build`),
-    loads each refreshed snapshot, quantizes it and answers probes with one SP loss per block.
+quantization and runs its forward asynchronously on spare CPUs, so training never waits.
+`ReferenceWorker` owns a spawned process that rebuilds the architecture (`models.build`),
+loads each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`: int8 static
+or dynamic, else fp32) and answers probes with one SP loss per block.
 
 Flow control (why training never blocks): at most one refresh and one probe are ever in flight
 to the worker. `submit` drops a probe (returns False) while an earlier one is unanswered;
@@ -20,20 +17,18 @@ come back through a pipe read without blocking. Results tagged with any version 
 refresh's are discarded. Any exception in the worker is sent back, logged, and marks it dead
 (`alive` False): the trainer then trains unfrozen.
 
-Size: about 570 lines, over the 400 aim, because both ends of one message protocol (the
-trainer's `ReferenceWorker` and the worker's loop) and the quantization the worker runs are
-read together; splitting them would spread one protocol over files.
+Both ends of the message protocol (the trainer's `ReferenceWorker` and the worker's loop) stay
+in this one file, so the protocol is read in one place.
 
-Callers: the freezing controller (`controller.Freezer`). Non-goals: no freezing policy, no GPU
-in the worker, no quantization-aware training. Shapes: b probe batch, d flattened features.
+Callers: the freezing controller (`controller.Freezer`). Non-goals: no freezing policy, no
+quantization itself (`quantization`), no GPU in the worker. Shapes: b probe batch, d flattened
+features.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import enum
 import io
 import logging
 import math
@@ -42,8 +37,7 @@ import queue
 import signal
 import time
 import traceback
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
@@ -52,173 +46,14 @@ import torch.multiprocessing
 from torch import nn
 
 from kiln import api, models
-from kiln_trainer.freezing import partition, plasticity
+from kiln_trainer.freezing import partition, plasticity, quantization
 
 _log = logging.getLogger(__name__)
 
-#: `quantize` falls back when the int8 copy's SP loss against the fp32 copy on the calibration
-#: batch exceeds this share of SP's bound 4/b: such a noise floor would hide real drift.
-MAX_NOISE_FLOOR_FRACTION = 0.1
 #: Seconds between the worker's checks that the trainer still exists while idle.
 ORPHAN_CHECK_SECONDS = 1.0
 #: Seconds `close` waits for the worker to stop by itself before terminating it.
 CLOSE_JOIN_SECONDS = 5.0
-
-_DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.LSTM, nn.GRU)
-_CONV_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-class Kind(enum.StrEnum):
-    """How the reference copy was made."""
-
-    INT8_STATIC = "int8-static"  # FX post-training static quantization, calibrated
-    INT8_DYNAMIC = "int8-dynamic"  # int8 weights, activations quantized on the fly
-    FP32 = "fp32"  # a plain float copy
-
-
-@contextlib.contextmanager
-def _quiet_quantization_warnings() -> Iterator[None]:
-    # torch 2.14 still ships torch.ao.quantization and it works, but warns on every call that it
-    # moves to torchao (not installed, not a Kiln dependency); the observers and quantized
-    # tensors add "will be deprecated" notes. Only these known messages are silenced, locally.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
-        warnings.filterwarnings("ignore", message=r"(?s).*reduce_range will be deprecated")
-        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor.*deprecated")
-        yield
-
-
-def _outputs(module: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-    with torch.inference_mode():
-        out = module(inputs)
-    return dict(out) if isinstance(out, Mapping) else {"output": out}
-
-
-def quantize(
-    model: nn.Module, calibration: torch.Tensor, *, mode: str = "auto"
-) -> tuple[nn.Module, str]:
-    """A CPU, eval-mode, gradient-free copy of an extractor, int8-quantized when possible.
-
-    With mode "auto": a model with convolutions gets static post-training quantization (torch.ao
-    FX graph mode: `prepare_fx` with the default x86/fbgemm qconfig mapping, one calibration
-    forward, `convert_fx`); a model without convolutions, or whose static quantization fails,
-    gets dynamic quantization of its Linear/LSTM/GRU layers (`quantize_dynamic`, qint8). A kind
-    is kept only if it runs, keeps the outputs' blocks and shapes, and stays close to the fp32
-    copy (SP loss per block <= `MAX_NOISE_FLOOR_FRACTION` * 4/b on the calibration batch);
-    when none is kept, an fp32 copy is returned and the reason logged. Egeria, EuroSys 2023,
-    section 4; digest section 2. `model` itself is not changed.
-
-    Args:
-        model: a module whose forward maps Tensor[b, ...] to dict[block, Tensor[b, ...]]
-            (`partition.extractor`), or to one tensor.
-        calibration: Tensor[b, ...] inputs (any device) for calibration and checks.
-        mode: "auto" (int8 when possible) or "fp32" (always the float copy).
-
-    Returns:
-        (copy, kind) with kind one of `Kind`'s values: "int8-static", "int8-dynamic", "fp32".
-
-    Raises:
-        ValueError: `mode` is neither "auto" nor "fp32".
-    """
-    quantized, kind, _ = _quantize(model, calibration, mode=mode)
-    return quantized, kind
-
-
-def _quantize(
-    model: nn.Module, calibration: torch.Tensor, *, mode: str
-) -> tuple[nn.Module, Kind, dict[str, float]]:
-    """`quantize`, also returning the noise floor: SP loss per block of the copy against fp32
-    on the calibration batch ({} for an fp32 copy or b < 2)."""
-    if mode not in ("auto", "fp32"):
-        raise ValueError(f"quantization mode must be 'auto' or 'fp32' (got {mode!r})")
-    base = _eval_copy(model)
-    calibration = calibration.detach().cpu()
-    if mode == "fp32":
-        return base, Kind.FP32, {}
-    has_conv = any(isinstance(m, _CONV_TYPES) for m in base.modules())
-    has_linear = any(isinstance(m, _DYNAMIC_TYPES) for m in base.modules())
-    if not has_conv and not has_linear:
-        _log.info("reference stays fp32: %s has no conv, linear or RNN layer",
-                  type(model).__name__)
-        return base, Kind.FP32, {}
-    expected = _outputs(base, calibration)
-    attempts = [(Kind.INT8_STATIC, _static)] if has_conv else []
-    attempts += [(Kind.INT8_DYNAMIC, _dynamic)] if has_linear else []
-    for kind, method in attempts:
-        try:
-            with _quiet_quantization_warnings():
-                candidate = method(_eval_copy(base), calibration)
-                got = _outputs(candidate, calibration)
-            floor = _noise_floor(expected, got)
-        except Exception as error:  # noqa: BLE001 - any failure means: try the next kind
-            _log.info("reference: %s quantization failed (%s: %s); trying the next kind",
-                      kind, type(error).__name__, error)
-            continue
-        worst = max(floor.values(), default=0.0)
-        limit = MAX_NOISE_FLOOR_FRACTION * 4.0 / max(2, calibration.shape[0])
-        if not worst <= limit:  # also catches NaN
-            _log.info("reference: %s quantization too coarse (SP %.3g > %.3g vs fp32)",
-                      kind, worst, limit)
-            continue
-        return candidate, kind, floor
-    _log.info("reference stays fp32: no int8 quantization of %s worked", type(model).__name__)
-    return base, Kind.FP32, {}
-
-
-def _noise_floor(
-    expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]
-) -> dict[str, float]:
-    """SP loss per block between two extractor outputs on the same inputs ({} when b < 2).
-
-    Raises:
-        ValueError: a block is missing, its shape changed, or its values are not finite.
-    """
-    for block, value in expected.items():
-        other = got.get(block)
-        if other is None or other.shape != value.shape or not torch.isfinite(other).all():
-            raise ValueError(f"block {block}: output {tuple(value.shape)} became "
-                             f"{None if other is None else tuple(other.shape)} or not finite")
-    if any(value.shape[0] < 2 for value in expected.values()):
-        return {}
-    return {
-        block: plasticity.sp_loss(partition.flatten(value), partition.flatten(got[block]))
-        for block, value in expected.items()
-    }
-
-
-def _eval_copy(model: nn.Module) -> nn.Module:
-    # deepcopy of a torch.fx GraphModule comes back in training mode: set eval after copying.
-    # (Static quantization's conv-BN fusion requires eval mode.)
-    copied = copy.deepcopy(model).cpu().eval()
-    for parameter in copied.parameters():
-        parameter.requires_grad_(False)
-    return copied
-
-
-def _backend() -> str:
-    """The qconfig backend matching the quantized engine that will run the copy (x86 first)."""
-    engines = [torch.backends.quantized.engine, *torch.backends.quantized.supported_engines]
-    return next((e for e in engines if e in ("x86", "fbgemm", "qnnpack")), "x86")
-
-
-def _static(model: nn.Module, calibration: torch.Tensor) -> nn.Module:
-    from torch.ao.quantization import get_default_qconfig_mapping, quantize_fx
-
-    mapping = get_default_qconfig_mapping(_backend())
-    prepared = quantize_fx.prepare_fx(model, mapping, (calibration,))
-    _outputs(prepared, calibration)  # calibration: the observers record value ranges
-    converted: nn.Module = quantize_fx.convert_fx(prepared)
-    return converted.eval()
-
-
-def _dynamic(model: nn.Module, calibration: torch.Tensor) -> nn.Module:
-    from torch.ao.quantization import quantize_dynamic
-
-    del calibration  # dynamic quantization measures activations on the fly
-    quantized: nn.Module = quantize_dynamic(  # type: ignore[no-untyped-call]
-        model, set(_DYNAMIC_TYPES), dtype=torch.qint8, inplace=True
-    )
-    return quantized.eval()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +149,7 @@ class ReferenceWorker:
         model: the architecture to rebuild (`models.build`), as in the job's spec.
         blocks: natural block names, head last (`partition.extractor`'s argument).
         threads: torch CPU threads of the worker (`torch.set_num_threads`), >= 1.
-        mode: "auto" (int8 when possible) or "fp32"; see `quantize`.
+        mode: "auto" (int8 when possible) or "fp32"; see `quantization.quantize`.
 
     Raises:
         ValueError: `threads` < 1 or an unknown `mode`.
@@ -547,7 +382,8 @@ def _loop(spec: api.ModelSpec, blocks: tuple[str, ...], mode: str, inbox: Any,
         if refresh is not None:
             started = time.process_time()
             model.load_state_dict(refresh.state_dict)
-            reference, kind, floor = _quantize(extractor, refresh.calibration, mode=mode)
+            reference, kind, floor = quantization.quantize_with_floor(
+                extractor, refresh.calibration, mode=mode)
             version = refresh.version
             results.send(_Refreshed(version, kind, floor, time.process_time() - started))
         if pending is None or version is None or pending.version > version:
@@ -561,8 +397,8 @@ def _loop(spec: api.ModelSpec, blocks: tuple[str, ...], mode: str, inbox: Any,
 
 def _answer(reference: nn.Module, probe: _Probe) -> ProbeResult:
     started = time.process_time()
-    with _quiet_quantization_warnings():
-        outputs = _outputs(reference, probe.inputs)
+    with quantization.quiet_warnings():
+        outputs = quantization.outputs(reference, probe.inputs)
     values = {}
     for block, trained in probe.activations.items():
         values[block] = plasticity.sp_loss(trained, partition.flatten(outputs[block]))
