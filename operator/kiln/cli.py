@@ -1,6 +1,8 @@
 """The `kiln` command: run jobs locally, validate job files, inspect the zoo, write the CRD.
 
-    kiln run FILE [FILE ...]      train locally, register in the zoo, print results
+    kiln run FILE [FILE ...]      train locally (several jobs: planned over --slots devices),
+                                  register in the zoo, print results
+    kiln profile FILE             time one training step per config (cached for estimates)
     kiln validate FILE [FILE ...] check job files against the API (exit 2 if invalid)
     kiln zoo ls | show ID | rm ID inspect or prune the model zoo
     kiln zoo query FILE           rank the zoo models a job would warm-start from, and why
@@ -10,7 +12,8 @@
 Every user error is one clear message on stderr and a non-zero exit, never a traceback.
 Text from users, zoo records and the trainer is printed as plain text, never as rich markup
 (a "[/]" in a message would otherwise crash rich or restyle the output).
-Callers: the console script. Non-goals: no training logic here (see `kiln.local`).
+Callers: the console script. Non-goals: no training logic here (see `kiln.local`,
+`kiln.runplan`), no measuring (see `kiln.placement.profile`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, jobfile, local, models
+from kiln import api, jobfile, local, models, runplan, tables
+from kiln.placement import profile, types
 from kiln.warmstart import plan, select
 from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
@@ -55,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, console)
         return code
-    except (UsageError, api.InvalidSpec, store.StoreUnavailable, local.JobBusy) as exc:
+    except (UsageError, api.InvalidSpec, store.StoreUnavailable, local.JobBusy,
+            profile.ProfileCacheError) as exc:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except local.TrainerFailed as exc:
@@ -77,8 +82,24 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="train jobs locally and register them in the zoo")
     run.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    run.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+                     help="devices for several jobs: CPU worker slots (default: half the cores)"
+                     ", or at most N GPUs; 1 runs the jobs one after another in file order")
+    run.add_argument("--profile-cache", type=Path, default=profile.DEFAULT_CACHE, metavar="PATH",
+                     help=f"`kiln profile` results for estimates (default {profile.DEFAULT_CACHE})")
     _zoo_options(run)
     run.set_defaults(func=_cmd_run)
+
+    prof = sub.add_parser("profile", help="time one training step per config (for the planner)")
+    prof.add_argument("file", type=Path, metavar="FILE")
+    prof.add_argument("--configs", type=_configs, default=None, metavar="P:K,...",
+                      help="configs to time, e.g. single:1,ddp:2 (default: every config that "
+                      "can run here)")
+    prof.add_argument("--cache", type=Path, default=profile.DEFAULT_CACHE, metavar="PATH",
+                      help=f"profile cache (default {profile.DEFAULT_CACHE})")
+    prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    prof.add_argument("--refresh", action="store_true", help="measure again even when cached")
+    prof.set_defaults(func=_cmd_profile)
 
     validate = sub.add_parser("validate", help="check job files (exit 2 when invalid)")
     validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
@@ -178,12 +199,51 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                              "at the data (paths are relative to the current directory)")
     zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
-    outcomes = local.run_jobs(
-        jobs, zoo_uri=args.zoo, work_dir=local.default_work_dir(), console=console,
-        env=_zoo_env(args),
-    )
-    console.print(_results_table(outcomes))
+    work_dir = local.default_work_dir()
+    devices = runplan.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
+    if devices is None or devices.count < 2:  # one job or one device: in file order
+        outcomes = local.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
+                                  env=_zoo_env(args))
+    else:
+        try:
+            the_plan, configs = runplan.make_plan(jobs, devices=devices, zoo=zoo,
+                                                  profile_cache=args.profile_cache)
+        except types.Unplaceable as exc:
+            raise UsageError(f"{exc}; this machine has {devices.count} {devices.noun} "
+                             "(--slots)") from None
+        console.print(tables.plan(the_plan, configs, devices))  # before anything starts
+        outcomes = runplan.run_planned(jobs, the_plan=the_plan, configs=configs,
+                                       devices=devices, zoo_uri=args.zoo, work_dir=work_dir,
+                                       console=console, env=_zoo_env(args))
+    console.print(tables.results(outcomes))
     return EXIT_OK
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    jobs = _load_all([args.file])
+    if len(jobs) != 1:
+        raise UsageError(f"{args.file}: holds {len(jobs)} jobs; profile one job at a time")
+    job = jobs[0]
+    measured = profile.profile_job(job, configs=args.configs, cache_path=args.cache,
+                                   device=args.device, refresh=args.refresh)
+    console.print(tables.profile_table(job, measured, kind=profile.device_type(args.device),
+                                       cache=args.cache))
+    return EXIT_OK
+
+
+def _configs(text: str) -> list[tuple[str, int]]:
+    """`single:1,ddp:2` -> [("single", 1), ("ddp", 2)]."""
+    pairs = []
+    for part in filter(None, text.split(",")):
+        name, _, k = part.strip().partition(":")
+        if name not in types.PARALLELISMS or not k.isdigit() or int(k) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected PARALLELISM:K with PARALLELISM one of "
+                f"{', '.join(types.PARALLELISMS)} and K >= 1, e.g. single:1,ddp:2")
+        pairs.append((name, int(k)))
+    if not pairs:
+        raise argparse.ArgumentTypeError("no configs given; e.g. single:1,ddp:2")
+    return pairs
 
 
 def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStore) -> None:
@@ -209,47 +269,14 @@ def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStor
         raise UsageError("\n".join(problems))
 
 
-def _results_table(outcomes: list[local.JobOutcome]) -> Table:
-    table = Table(title="Kiln results")
-    for column in ("job", "architecture", "warm start (similarity)", "final metric",
-                   "time-to-target s", "wall s", "samples/s", "zoo model"):
-        table.add_column(column, overflow="fold")
-    for o in outcomes:
-        r = o.result
-        parent = (f"{r['parent']} ({r['similarity']:.2f})" if r.get("parent")
-                  else "cold start")
-        metric = f"{_SHORT.get(r.get('metric_name', ''), '')} {_fmt(r.get('metric'))}"
-        reached = _fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
-            else "not reached"
-        _add_row(table, o.name, o.architecture, parent, metric, reached,
-                 _fmt(r.get("wall_seconds"), digits=1),
-                 _fmt(r.get("samples_per_second"), digits=0), str(r.get("zoo_model") or "-"))
-    return table
-
-
-def _add_row(table: Table, *cells: str) -> None:
-    """A table row of plain text: record and trainer values are never read as markup."""
-    table.add_row(*(Text(cell) for cell in cells))
-
-
-_SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
-
-
-def _fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    text = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-    return f"{name} {text}" if name else text
-
-
 def _cmd_zoo_ls(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)
     table = Table(title=Text(f"Model zoo: {zoo.describe()}", style="table.title"))
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
     for rec in sorted(records.list_records(zoo), key=lambda r: r.created_time):
-        _add_row(table, rec.id, rec.architecture, rec.dataset,
-                 _fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
+        tables.add_row(table, rec.id, rec.architecture, rec.dataset,
+                 tables.fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
                  rec.parent or "-", rec.created_time)
     console.print(table)
     return EXIT_OK
@@ -317,9 +344,9 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for rank, cand in enumerate(found.candidates[: args.top], start=1):
         bucket = select.bucket_of(cand.similarity)
-        _add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
+        tables.add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
                  f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
-                 f"{_SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
+                 f"{tables.SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
                  "yes" if cand.id == decision.parent_id else "")
     console.print(table)
     console.print(decision.reason[:1].upper() + decision.reason[1:], markup=False,
@@ -340,7 +367,7 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for name in models.list_models():
         info = models.get_info(name)
-        _add_row(table, name, info.family, str(info.modality), str(info.task))
+        tables.add_row(table, name, info.family, str(info.modality), str(info.task))
     console.print(table)
     return EXIT_OK
 

@@ -11,7 +11,12 @@ job fails at once instead of overwriting the first one's log and checkpoint. A t
 ends by SIGINT or SIGTERM (Ctrl-C reaches the whole process group, so it may notice first) is an
 interruption, not a failure. Trainer text is printed as plain text, never as rich markup.
 
-Callers: `kiln.cli`. Non-goals: no placement (jobs run in order), no kopf.
+Several jobs over several devices, concurrently under a plan, is `kiln.runplan`, which uses the
+trainer-process helpers here (`write_job_file`, `trainer_env`, `read_events`, `new_progress`,
+`show`, `tail`, `job_locks`) and reports `JobOutcome.placement`.
+
+Callers: `kiln.cli`, `kiln.runplan`. Non-goals: no placement (`run_jobs` runs jobs in order),
+no kopf.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections import deque
 from collections.abc import Iterator
@@ -76,12 +82,39 @@ def _how_it_ended(exit_code: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where and when a job ran under a plan, planned vs. actual (seconds since the run began).
+
+    Attributes:
+        parallelism: "single", "ddp" or "fsdp".
+        gpus: k, devices used (GPUs, or CPU worker slots).
+        devices: the device (GPU or slot) indices it held.
+        source: where the planned duration came from ("zoo", "profile", "flops", "measured").
+        planned_start_seconds: planned start.
+        planned_seconds: estimated duration.
+        start_seconds: actual start.
+        seconds: actual duration (trainer start to exit).
+    """
+
+    parallelism: str
+    gpus: int
+    devices: tuple[int, ...]
+    source: str
+    planned_start_seconds: float
+    planned_seconds: float
+    start_seconds: float
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class JobOutcome:
-    """One finished job: its name, architecture and the trainer's result JSON."""
+    """One finished job: its name, architecture, the trainer's result JSON and, when it ran
+    under a plan (`kiln.runplan`), its placement."""
 
     name: str
     architecture: str
     result: dict[str, Any]
+    placement: Placement | None = None
 
 
 def run_jobs(
@@ -112,13 +145,25 @@ def run_jobs(
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    with contextlib.ExitStack() as locks:
-        for job in jobs:  # every lock before any training, so a clash wastes no work
-            locks.enter_context(_job_lock(work_dir / f"{job.name}.lock", job.name))
+    with job_locks(jobs, work_dir):
         for job in jobs:
             result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
             outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result))
     return outcomes
+
+
+@contextlib.contextmanager
+def job_locks(jobs: list[api.TrainingJob], work_dir: Path) -> Iterator[None]:
+    """Hold every job's lock (`_job_lock`) while in the block; all are taken before any
+    training, so a clash wastes no work.
+
+    Raises:
+        JobBusy: another process holds one of them (none is kept).
+    """
+    with contextlib.ExitStack() as locks:
+        for job in jobs:
+            locks.enter_context(_job_lock(work_dir / f"{job.name}.lock", job.name))
+        yield
 
 
 @contextlib.contextmanager
@@ -159,30 +204,28 @@ def _run_one(
     console: Console,
     env: dict[str, str] | None,
 ) -> dict[str, Any]:
-    job_file = work_dir / f"{job.name}.json"
-    job_file.write_text(json.dumps(api.to_wire(job), indent=2), encoding="utf-8")
+    job_file = write_job_file(job, work_dir)
     log_path = work_dir / f"{job.name}.log"
     command = [sys.executable, "-m", "kiln_trainer", "--job", str(job_file), "--zoo", zoo_uri]
     console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.architecture)} "
                   f"on {job.spec.dataset.name} (log: {escape(str(log_path))})")
     interrupted = False
-    with open(log_path, "w", encoding="utf-8") as log, _progress(console) as progress:
+    with open(log_path, "w", encoding="utf-8") as log, new_progress(console) as progress:
         task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env={"OMP_NUM_THREADS": default_threads(), **os.environ, **(env or {}),
-                 "PYTHONUNBUFFERED": "1"},
+            env=trainer_env(env, threads=default_threads()),
         )
         result = None
         try:
-            for event in _events(process):
+            for event in read_events(process):
                 if event.get("event") == "result":
                     result = event
                 else:
-                    _show(progress, task, event, console)
+                    show(progress, task, event)
             process.wait()
         except KeyboardInterrupt:
             _stop(process)
@@ -194,11 +237,25 @@ def _run_one(
                       "`kiln run` again resumes it[/]")
         raise KeyboardInterrupt
     if result is None or process.returncode != 0:
-        raise TrainerFailed(job.name, process.returncode, log_path, _tail(log_path))
+        raise TrainerFailed(job.name, process.returncode, log_path, tail(log_path))
     return result
 
 
-def _events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+def write_job_file(job: api.TrainingJob, work_dir: Path) -> Path:
+    """Write the job as `<work_dir>/<name>.json` (the trainer's --job file); returns its path."""
+    job_file = work_dir / f"{job.name}.json"
+    job_file.write_text(json.dumps(api.to_wire(job), indent=2), encoding="utf-8")
+    return job_file
+
+
+def trainer_env(env: dict[str, str] | None, *, threads: str) -> dict[str, str]:
+    """A trainer's environment: ours plus `env`, OMP_NUM_THREADS `threads` unless already set,
+    unbuffered output."""
+    return {"OMP_NUM_THREADS": threads, **os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+
+
+def read_events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+    """The trainer's JSON-lines events from its stdout, until it closes (other lines skipped)."""
     assert process.stdout is not None
     for line in process.stdout:
         line = line.strip()
@@ -212,7 +269,8 @@ def _events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _progress(console: Console) -> Progress:
+def new_progress(console: Console) -> Progress:
+    """The live progress display: one bar per job, epochs done, the trainer's numbers."""
     return Progress(
         TextColumn("[bold blue]{task.description}"),
         BarColumn(),
@@ -224,10 +282,12 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def _show(progress: Progress, task: TaskID, event: dict[str, Any], console: Console) -> None:
+def show(progress: Progress, task: TaskID, event: dict[str, Any], *, prefix: str = "") -> None:
+    """Show one trainer event: an info line (after `prefix`), or a progress update."""
     kind = event.get("event")
     if kind == "info":
-        progress.console.print(f"  {event.get('message', '')}", markup=False, highlight=False)
+        progress.console.print(f"  {prefix}{event.get('message', '')}", markup=False,
+                               highlight=False)
         return
     if kind != "progress":
         return
@@ -241,7 +301,7 @@ def _show(progress: Progress, task: TaskID, event: dict[str, Any], console: Cons
     if event.get("samples_per_second"):
         parts.append(f"{event['samples_per_second']:.0f} samples/s")
     if event.get("frozen_modules"):
-        parts.append(f"frozen {event['frozen_modules']}")
+        parts.append(f"frozen {event['frozen_modules']}/{event.get('modules') or '?'} modules")
     completed = float(event.get("epoch") or 0)
     steps, per_epoch = event.get("step"), event.get("steps_per_epoch")
     if steps is not None and per_epoch:
@@ -254,17 +314,26 @@ def _show(progress: Progress, task: TaskID, event: dict[str, Any], console: Cons
 
 def _stop(process: subprocess.Popen[str]) -> None:
     """Ask the trainer to checkpoint and exit (SIGTERM); kill it if it does not."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_all([process])
 
 
-def _tail(path: Path, lines: int = 12) -> list[str]:
+def stop_all(processes: list[subprocess.Popen[str]]) -> None:
+    """Ask every running trainer to checkpoint and exit (SIGTERM to all, then wait for each);
+    kill those still running STOP_GRACE_SECONDS after the signal."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def tail(path: Path, lines: int = 12) -> list[str]:
+    """The last `lines` lines of a log file ([] when it cannot be read)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return [line.rstrip() for line in deque(f, maxlen=lines)]

@@ -1,12 +1,13 @@
 """`kiln run` as a user runs it: a real `kiln` process that launches real trainer processes on
-the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP), fails clearly, and
-stops cleanly on Ctrl-C.
+the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP), fails clearly,
+stops cleanly on Ctrl-C, and runs several jobs concurrently under a plan (`--slots`).
 
 Subprocesses get OMP_NUM_THREADS=1: tiny models train fastest on one thread on 2 cores.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,9 +54,10 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     first = _job(tmp_path / "a.yaml", "digits-a")
     second = _job(tmp_path / "b.yaml", "digits-b", target={"metric": "validation_accuracy",
                                                            "value": 0.5})
-    done = _kiln("run", str(first), str(second), "--zoo", "zoo", cwd=tmp_path)
+    # --slots 1: one after another in file order on any machine (the sequential runner).
+    done = _kiln("run", str(first), str(second), "--zoo", "zoo", "--slots", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "Kiln results" in done.stdout
+    assert "Kiln results" in done.stdout and "Plan:" not in done.stdout
     assert "digits-a" in done.stdout and "digits-b" in done.stdout
     saved = {r.job_name: r for r in records.list_records(store.DirStore(tmp_path / "zoo"))}
     assert sorted(saved) == ["digits-a", "digits-b"]
@@ -136,3 +138,26 @@ def test_ctrl_c_checkpoints_the_running_job_and_exits_130(
     assert "Traceback" not in err
     with local._job_lock(tmp_path / ".kiln" / "runs" / "digits-long.lock", "digits-long"):
         pass  # kiln released the job's lock when it exited: a rerun may start
+
+
+def test_three_jobs_on_two_slots_run_under_a_plan_never_above_capacity(tmp_path: Path) -> None:
+    files = [str(_job(tmp_path / f"{n}.yaml", f"digits-{n}",
+                      dataset={"name": "digits", "maxSamples": 300},
+                      training={"epochs": 1, "batchSize": 64}))
+             for n in "abc"]
+    done = _kiln("run", *files, "--slots", "2", "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "Plan: 3 jobs on 2 CPU slots" in out
+    assert out.index("Plan: 3 jobs") < out.index("digits-a: training")  # printed first
+    assert "planned" in out and "actual" in out  # the results' planned-vs-actual columns
+    record = json.loads((tmp_path / ".kiln" / "runs" / "run.json").read_text(encoding="utf-8"))
+    jobs = record["jobs"]
+    assert [j["state"] for j in jobs] == ["done"] * 3
+    # At every trainer start, the devices held by trainers running then never exceed 2.
+    for job in jobs:
+        held = sum(j["gpus"] for j in jobs
+                   if j["start_seconds"] <= job["start_seconds"] < j["end_seconds"])
+        assert held <= 2, jobs
+    saved = records.list_records(store.DirStore(tmp_path / "zoo"))
+    assert sorted(r.job_name for r in saved) == ["digits-a", "digits-b", "digits-c"]

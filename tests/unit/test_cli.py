@@ -119,6 +119,25 @@ def test_unknown_flag_exits_with_usage(capsys: pytest.CaptureFixture[str]) -> No
     assert exc.value.code == 2
 
 
+def test_run_refuses_zero_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "a.yaml", "b.yaml", "--slots", "0"])
+    assert exc.value.code == cli.EXIT_USAGE
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_run_refuses_jobs_that_fit_no_plan_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fits = _write(tmp_path, VALID, "a.yaml")
+    too_big = _write(tmp_path, VALID.replace("digits-small", "big") + "  resources: {gpus: 4}\n",
+                     "b.yaml")
+    args = ["run", str(fits), str(too_big), "--slots", "2", "--zoo", str(tmp_path / "zoo")]
+    assert cli.main(args) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "job big" in err and "(--slots)" in err and "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------------------------
 # text from users and records is never read as rich markup
 

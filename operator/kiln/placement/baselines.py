@@ -1,0 +1,111 @@
+"""Baseline placements kept for benchmarks: whole-node FIFO and fixed-k FIFO.
+
+"Current DL practice" in Saturn's evaluation (VLDB'24; research digest section 5): every job
+uses one parallelism with a fixed or whole-node GPU allocation, in FIFO (arrival) order;
+DESIGN section 6 keeps both in code. Strict FIFO: no job starts before an earlier-arrived
+one (starts are non-decreasing in arrival order), each on the node where it starts earliest.
+Running jobs are pinned as in the planner. Callers: `simulate`, the benchmark, tests.
+Non-goals: no optimisation, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kiln.placement import heuristic, types
+
+
+def _fifo_order(snapshot: types.Snapshot) -> list[types.JobRequest]:
+    """Queued jobs by arrival (ties: snapshot order)."""
+    return sorted(snapshot.queued, key=lambda j: j.arrival)
+
+
+def _finite(job: types.JobRequest) -> list[types.Config]:
+    return [c for c in job.configs if c.seconds != float("inf")]
+
+
+def whole_node_fifo(snapshot: types.Snapshot) -> types.Plan:
+    """Every job holds a whole node, in arrival order ("current practice").
+
+    A job runs its fastest config that fits the node and holds all of the node's devices
+    (`Assignment.gpus` is the node's count) for that config's duration.
+
+    Raises:
+        types.Unplaceable: a job has no config that fits any node.
+    """
+    began = time.perf_counter()
+    problem = heuristic.problem_of(snapshot)
+    lines = heuristic.timelines(problem)
+    out: list[types.Assignment] = []
+    not_before = snapshot.now
+    for job in _fifo_order(snapshot):
+        best: tuple[float, float, int, types.Node, types.Config] | None = None
+        for i, node in enumerate(snapshot.nodes):
+            fitting = [c for c in _finite(job) if c.gpus <= node.gpus]
+            if not fitting:
+                continue
+            config = min(fitting, key=lambda c: (c.seconds, -c.gpus))
+            release = max(problem.release[job.name], not_before)
+            start = lines[node.name].earliest(node.gpus, config.seconds, release)
+            candidate = (start, start + config.seconds, i, node, config)
+            if best is None or candidate[:3] < best[:3]:
+                best = candidate
+        assert best is not None  # problem_of raised Unplaceable otherwise
+        start, end, _, node, config = best
+        lines[node.name].add(start, end, node.gpus)
+        out.append(types.Assignment(job.name, node.name, node.gpus, config.parallelism, start,
+                                    config.seconds))
+        not_before = start
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "whole-node-fifo",
+                      "baseline: whole node per job, arrival order",
+                      time.perf_counter() - began, heuristic.lower_bound(problem))
+
+
+def fixed_k_config(job: types.JobRequest, k: int, node_gpus: int) -> types.Config | None:
+    """The config a fixed-k user picks: fastest with exactly k devices, else the largest
+    count below k, else the smallest count; None if nothing fits the node."""
+    fitting = [c for c in _finite(job) if c.gpus <= node_gpus]
+    if not fitting:
+        return None
+    exact = [c for c in fitting if c.gpus == k]
+    below = [c for c in fitting if c.gpus < k]
+    if exact:
+        return min(exact, key=lambda c: c.seconds)
+    if below:
+        top = max(c.gpus for c in below)
+        return min((c for c in below if c.gpus == top), key=lambda c: c.seconds)
+    low = min(c.gpus for c in fitting)
+    return min((c for c in fitting if c.gpus == low), key=lambda c: c.seconds)
+
+
+def fixed_k_fifo(snapshot: types.Snapshot, k: int) -> types.Plan:
+    """Every job uses k devices (`fixed_k_config`), in arrival order, earliest node.
+
+    Raises:
+        types.Unplaceable: a job has no config that fits any node.
+    """
+    began = time.perf_counter()
+    problem = heuristic.problem_of(snapshot)
+    lines = heuristic.timelines(problem)
+    out: list[types.Assignment] = []
+    not_before = snapshot.now
+    for job in _fifo_order(snapshot):
+        best: tuple[float, float, int, types.Node, types.Config] | None = None
+        for i, node in enumerate(snapshot.nodes):
+            config = fixed_k_config(job, k, node.gpus)
+            if config is None:
+                continue
+            release = max(problem.release[job.name], not_before)
+            start = lines[node.name].earliest(config.gpus, config.seconds, release)
+            candidate = (start, start + config.seconds, i, node, config)
+            if best is None or candidate[:3] < best[:3]:
+                best = candidate
+        assert best is not None  # problem_of raised Unplaceable otherwise
+        start, end, _, node, config = best
+        lines[node.name].add(start, end, config.gpus)
+        out.append(types.Assignment(job.name, node.name, config.gpus, config.parallelism,
+                                    start, config.seconds))
+        not_before = start
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "fixed-k-fifo",
+                      f"baseline: k={k} per job, arrival order", time.perf_counter() - began,
+                      heuristic.lower_bound(problem))

@@ -1,0 +1,396 @@
+"""Runtime estimates: how long a job's whole training takes in each config (parallelism, k).
+
+Every estimate is the wall seconds of the whole job (DESIGN.md section 6; issue 5 item 2)::
+
+    seconds = startup + epochs * (steps_per_epoch + eval_batches / 3) * step
+
+where `step` is the seconds of one optimizer step at the job's global batch size B on k
+devices, and a validation batch costs a forward pass, about a third of a training step. `step`
+comes from the first source that has it, recorded in `types.Config.source`:
+
+1. "zoo": throughput recorded by earlier runs of similar architectures (`ZooRecord.
+   samples_per_second`, training steps only). Similar = the same architecture, else the same
+   family (`models.get_info(...).family`); among those, the same input shape, then the
+   nearest parameter count, then the newest. Its per-sample time is scaled by the ratio of
+   forward FLOPs per sample (parameter counts when FLOPs cannot be counted) and its batch
+   to B. Records say neither the device nor k, so they are read as k = 1 on this device type.
+2. "profile": the `kiln profile` cache (`profile.cache_key`): a measured step per config.
+3. "flops": forward FLOPs per sample (`torch.utils.flop_counter` on the `meta` device, no
+   memory, no GPU) x 3 for forward + backward, x B, over the device's FLOP/s (`DeviceModel`).
+
+k > 1 follows a speed-up curve from the k = 1 step: the per-step overhead stays serial, the
+compute divides by k, and a communication term is added: DDP all-reduces gradients, 2 *
+params * (k - 1) / k * 4 bytes per step over the device's bandwidth (ring all-reduce); FSDP
+moves about 1.5x that (all-gather forward and backward, reduce-scatter). A measured profile
+replaces the curve for the configs it measured; a profiled out-of-memory marks the config
+infeasible whatever the source. The flops source also rejects configs whose weights,
+gradients and optimizer state (FSDP: a 1/k shard) exceed the device memory. Only the fastest
+parallelism per k is kept and dominated k dropped (`types.candidates`).
+
+`refine` rescales a running job's configs by its measured throughput (pure; the operator and
+the local runner call it). Dataset sizes come from `workload`: digits 1,797, torchvision
+classes by their known training-split sizes, image folders and text by their files;
+`UNKNOWN_SAMPLES` otherwise (an s3:// path, a missing folder).
+
+Callers: `kiln.runplan` (local runner), `kiln.controller`, `kiln.cli`. Non-goals: no
+measuring (see `profile`), no planning. Never needs a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils import flop_counter
+
+from kiln import api, models
+from kiln.placement import profile, types
+from kiln.zoo import records, store
+
+GPU_COUNTS = (1, 2, 4, 8)
+FORWARD_BACKWARD_FACTOR = 3.0  # backward ~ 2x forward FLOPs (Kaplan et al. 2020)
+EVAL_COST_FRACTION = 1.0 / 3.0  # a validation batch is a forward pass only
+FSDP_COMMUNICATION_FACTOR = 1.5  # all-gather (fwd + bwd) + reduce-scatter vs one all-reduce
+BYTES_PER_VALUE = 4  # fp32 weights, gradients and optimizer state
+DIGITS_SAMPLES = 1797
+TORCHVISION_TRAIN_SAMPLES = {"MNIST": 60000, "FashionMNIST": 60000, "KMNIST": 60000,
+                             "QMNIST": 60000, "USPS": 7291, "CIFAR10": 50000, "CIFAR100": 50000,
+                             "SVHN": 73257, "STL10": 5000}
+UNKNOWN_SAMPLES = 50_000
+_IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff",
+                             ".ppm", ".pgm"})
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    """Speed constants of one device (a GPU, or one CPU worker slot) for the flops model.
+
+    Attributes:
+        flops_per_second: FLOP/s achieved in training (well below peak).
+        bandwidth_bytes_per_second: all-reduce bandwidth between the devices of one node.
+        step_overhead_seconds: fixed cost per optimizer step (Python, launches, data loading).
+        startup_seconds: process start, dataset load and model build, once per job.
+        memory_bytes: memory per device for weights, gradients and optimizer state.
+    """
+
+    flops_per_second: float
+    bandwidth_bytes_per_second: float
+    step_overhead_seconds: float
+    startup_seconds: float
+    memory_bytes: float
+
+
+DEVICE_MODELS = {
+    # One CPU slot: one or two cores of fp32 at 10-30% of peak; gloo over loopback.
+    "cpu": DeviceModel(flops_per_second=1.5e10, bandwidth_bytes_per_second=2e9,
+                       step_overhead_seconds=0.002, startup_seconds=8.0, memory_bytes=8 * 2**30),
+    # A data-centre GPU at ~30% of fp32/TF32 peak; PCIe/NVLink all-reduce.
+    "cuda": DeviceModel(flops_per_second=1.5e13, bandwidth_bytes_per_second=5e10,
+                        step_overhead_seconds=0.004, startup_seconds=20.0,
+                        memory_bytes=40 * 2**30),
+}
+"""Per device type ("cpu"; "cuda" for every "cuda:<name>"); pass `device=` to override."""
+
+
+def device_model(device_type: str) -> DeviceModel:
+    """The `DEVICE_MODELS` entry of "cpu" or a "cuda..." device type.
+
+    Raises:
+        ValueError: another device type.
+    """
+    kind = "cuda" if device_type.startswith("cuda") else device_type
+    if kind not in DEVICE_MODELS:
+        raise ValueError(f"device type {device_type!r}: expected cpu or cuda[:<name>]")
+    return DEVICE_MODELS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a job trains on: samples per epoch (after maxSamples and the split), epochs, B."""
+
+    train_samples: int
+    validation_samples: int
+    epochs: int
+    batch_size: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(self.train_samples / self.batch_size))
+
+    @property
+    def eval_batches(self) -> int:
+        return math.ceil(self.validation_samples / self.batch_size)
+
+    @property
+    def total_train_samples(self) -> int:
+        return self.train_samples * self.epochs
+
+
+def workload(job: api.TrainingJob) -> Workload:
+    """The job's `Workload`, sizing its dataset as the module docstring says (reads file sizes)."""
+    ds, training = job.spec.dataset, job.spec.training
+    n = min(_dataset_samples(ds, job.spec.model.input_shape), ds.max_samples or math.inf)
+    n = max(2, int(n))
+    validation = min(n - 1, max(1, round(n * ds.validation_fraction)))
+    return Workload(n - validation, validation, training.epochs, training.batch_size)
+
+
+def job_seconds(work: Workload, step_seconds: float, device: DeviceModel) -> float:
+    """Whole-job wall seconds from one step's seconds (see the module docstring)."""
+    steps = work.epochs * (work.steps_per_epoch + work.eval_batches * EVAL_COST_FRACTION)
+    return device.startup_seconds + steps * step_seconds
+
+
+def step_of(work: Workload, seconds: float, device: DeviceModel) -> float:
+    """The inverse of `job_seconds`: one step's seconds (>= a microsecond)."""
+    steps = work.epochs * (work.steps_per_epoch + work.eval_batches * EVAL_COST_FRACTION)
+    return max((seconds - device.startup_seconds) / steps, 1e-6)
+
+
+def configs(
+    job: api.TrainingJob,
+    *,
+    zoo: store.ObjectStore | None,
+    profile_cache: Path | None,
+    max_gpus: int,
+    device_type: str,
+    zoo_records: Sequence[records.ZooRecord] | None = None,
+    parallelisms: Sequence[str] = types.PARALLELISMS,
+    device: DeviceModel | None = None,
+) -> tuple[types.Config, ...]:
+    """Candidate configs of `job` with whole-job seconds and their source.
+
+    Args:
+        job: a valid job. spec.resources narrows the choice: a fixed parallelism, a fixed
+            gpus (0 = CPU only: k = 1, single), gpusPerNode as a cap on k. k must divide
+            spec.training.batchSize (each of the k processes takes B / k samples).
+        zoo: where to look for similar records (None: no zoo source).
+        profile_cache: the `kiln profile` cache file (None or missing: no profile source).
+        max_gpus: most devices one config may take (a node's GPUs, or local CPU slots), >= 1.
+        device_type: "cpu" or "cuda[:<name>]" (profiles are looked up under it).
+        zoo_records: the zoo's records, already listed (saves a listing per job).
+        parallelisms: parallelisms that can run here (e.g. ("single",) without torchrun).
+        device: speed constants (default `device_model(device_type)`).
+
+    Returns:
+        `types.candidates` of the configs: fastest parallelism per k, dominated k dropped,
+        infeasible dropped; () when nothing fits.
+
+    Raises:
+        ValueError: max_gpus < 1 or an unknown device type.
+        profile.ProfileCacheError: the profile cache file is unusable.
+    """
+    if max_gpus < 1:
+        raise ValueError(f"max_gpus: must be >= 1 (got {max_gpus})")
+    device = device or device_model(device_type)
+    work = workload(job)
+    spec = job.spec.model
+    flops, params = model_cost(spec)
+    if zoo_records is None and zoo is not None:
+        zoo_records = _list_records(zoo)
+    step1, source = _zoo_step(job, zoo_records or (), device), "zoo"
+    if step1 is None:
+        compute = FORWARD_BACKWARD_FACTOR * flops * work.batch_size / device.flops_per_second
+        step1, source = compute + device.step_overhead_seconds, "flops"
+    entries = profile.read_cache(profile_cache) if profile_cache is not None else {}
+    kind = "cuda" if device_type.startswith("cuda") else "cpu"
+    out = []
+    for parallelism, k in _shapes(job, max_gpus, kind, parallelisms):
+        key = profile.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
+                                gpus=k, kind=device_type)
+        measured = profile.lookup(entries, key)
+        if measured is not None and not measured.feasible:
+            out.append(types.Config(parallelism, k, math.inf, "profile"))
+        elif source == "flops" and measured is not None and measured.step_seconds is not None:
+            out.append(types.Config(parallelism, k,
+                                    job_seconds(work, measured.step_seconds, device), "profile"))
+        elif source == "flops" and not _fits(parallelism, k, params, job, device):
+            out.append(types.Config(parallelism, k, math.inf, "flops"))
+        else:
+            step = speedup_step(step1, parallelism, k, params=params, device=device)
+            out.append(types.Config(parallelism, k, job_seconds(work, step, device), source))
+    return types.candidates(types.JobRequest(job.name, tuple(out)))
+
+
+def speedup_step(step1: float, parallelism: str, k: int, *, params: int,
+                 device: DeviceModel) -> float:
+    """Step seconds on k devices from the k = 1 step: overhead serial, compute / k, plus
+    communication (module docstring)."""
+    overhead = min(device.step_overhead_seconds, step1 / 2)
+    step = (step1 - overhead) / k + overhead
+    if parallelism != "single" and k > 1:
+        all_reduce = 2 * params * BYTES_PER_VALUE * (k - 1) / k / \
+            device.bandwidth_bytes_per_second
+        step += all_reduce * (FSDP_COMMUNICATION_FACTOR if parallelism == "fsdp" else 1.0)
+    return step
+
+
+def refine(
+    configs: Sequence[types.Config],
+    *,
+    work: Workload,
+    running: types.Config,
+    measured_samples_per_second: float,
+    device: DeviceModel,
+) -> tuple[types.Config, ...]:
+    """Rescale a running job's configs by its measured training throughput.
+
+    The running config's step becomes B / measured samples/s; every other config keeps its
+    ratio to the running one (the estimate's shape, the measurement's level). Infinite
+    configs stay infinite. Pure.
+
+    Args:
+        configs: the job's current configs (e.g. from `configs`).
+        work: `workload(job)`.
+        running: the config it runs in (its seconds are the estimate being corrected).
+        measured_samples_per_second: training throughput the trainer reports (> 0).
+        device: the device constants the configs were estimated with.
+
+    Returns:
+        Configs with rescaled seconds and source "measured".
+
+    Raises:
+        ValueError: measured_samples_per_second is not > 0.
+    """
+    if not measured_samples_per_second > 0:
+        raise ValueError(f"measured_samples_per_second: must be > 0 "
+                         f"(got {measured_samples_per_second})")
+    measured_step = work.batch_size / measured_samples_per_second
+    factor = measured_step / step_of(work, running.seconds, device)
+    return tuple(c if math.isinf(c.seconds) else dataclasses.replace(
+        c, seconds=job_seconds(work, step_of(work, c.seconds, device) * factor, device),
+        source="measured") for c in configs)
+
+
+def remaining_seconds(work: Workload, *, samples_done: int,
+                      measured_samples_per_second: float) -> float:
+    """Seconds left for a running job: remaining training samples (plus evaluation) at the
+    measured throughput. Pure."""
+    if not measured_samples_per_second > 0:
+        raise ValueError(f"measured_samples_per_second: must be > 0 "
+                         f"(got {measured_samples_per_second})")
+    left = max(0, work.total_train_samples - samples_done)
+    eval_share = work.eval_batches * EVAL_COST_FRACTION / work.steps_per_epoch
+    return left / measured_samples_per_second * (1 + eval_share)
+
+
+def model_cost(spec: api.ModelSpec) -> tuple[float, int]:
+    """(forward FLOPs per sample, parameter count), counted on the meta device; cached.
+
+    Raises:
+        models.UnknownArchitecture, TypeError, ValueError: the model cannot be built.
+    """
+    key = json.dumps([spec.architecture, spec.args, list(spec.input_shape)], sort_keys=True)
+    return _model_cost(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_cost(key: str) -> tuple[float, int]:
+    architecture, args, shape = json.loads(key)
+    with torch.device("meta"):
+        model = models.get_model(architecture, input_shape=tuple(shape), **args)
+        example = models.example_input(architecture, tuple(shape), batch_size=1, device="meta")
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        model(example)
+    return float(counter.get_total_flops()), sum(p.numel() for p in model.parameters())
+
+
+def _shapes(job: api.TrainingJob, max_gpus: int, kind: str,
+            parallelisms: Sequence[str]) -> list[tuple[str, int]]:
+    res = job.spec.resources
+    cap = min(max_gpus, res.gpus_per_node or max_gpus)
+    ks = [1] if res.gpus == 0 else [res.gpus] if res.gpus else [k for k in GPU_COUNTS
+                                                                  if k <= cap]
+    allowed = [p for p in parallelisms if res.parallelism in (api.Parallelism.AUTO, p)]
+    if kind == "cpu":
+        allowed = [p for p in allowed if p != "fsdp"]  # FSDP needs GPUs (api.validate)
+    batch = job.spec.training.batch_size  # the trainer splits the global batch evenly over k
+    return [(p, k) for k in ks if k <= max_gpus and batch % k == 0
+            for p in allowed if (p == "single") == (k == 1)]
+
+
+def _fits(parallelism: str, k: int, params: int, job: api.TrainingJob,
+          device: DeviceModel) -> bool:
+    opt = job.spec.training.optimizer
+    states = 2 if opt.name != api.OptimizerName.SGD else (1 if opt.momentum > 0 else 0)
+    needed = params * BYTES_PER_VALUE * (2 + states)
+    return needed / (k if parallelism == "fsdp" else 1) <= device.memory_bytes
+
+
+def _zoo_step(job: api.TrainingJob, candidates: Sequence[records.ZooRecord],
+              device: DeviceModel) -> float | None:
+    """k = 1 step seconds at the job's batch from the most similar zoo record, or None."""
+    spec = job.spec.model
+    info = models.get_info(spec.architecture)
+    flops, params = model_cost(spec)
+    ranked = []
+    for rec in candidates:
+        if not rec.samples_per_second or rec.samples_per_second <= 0 or rec.num_params <= 0:
+            continue
+        try:
+            family = models.get_info(rec.architecture).family
+        except models.UnknownArchitecture:
+            continue
+        tier = 0 if rec.architecture == spec.architecture else 1 if family == info.family else 2
+        if tier == 2 or rec.task != str(info.task):
+            continue
+        distance = abs(math.log(params / rec.num_params)) if params else math.inf
+        ranked.append((tier, tuple(rec.input_shape) != tuple(spec.input_shape), distance,
+                       _negated(rec.created_time), rec))
+    if not ranked:
+        return None
+    rec = min(ranked, key=lambda r: r[:4])[4]
+    try:
+        rec_flops, _ = model_cost(api.ModelSpec(architecture=rec.architecture, args=rec.args,
+                                                input_shape=list(rec.input_shape)))
+        scale = flops / rec_flops if rec_flops > 0 and flops > 0 else params / rec.num_params
+    except (TypeError, ValueError):  # the record's model no longer builds: parameter ratio
+        scale = params / rec.num_params
+    rec_batch = _record_batch(rec) or job.spec.training.batch_size
+    rec_step = rec_batch / (rec.samples_per_second or 1.0)  # > 0: filtered above
+    compute = max(rec_step - device.step_overhead_seconds, rec_step / 2)
+    return compute * scale * job.spec.training.batch_size / rec_batch + \
+        device.step_overhead_seconds
+
+
+def _record_batch(rec: records.ZooRecord) -> int | None:
+    batch = rec.job_spec.get("spec", {}).get("training", {}).get("batchSize")
+    return batch if isinstance(batch, int) and batch > 0 else None
+
+
+def _negated(text: str) -> tuple[int, ...]:
+    """Sort key putting later RFC 3339 times first."""
+    return tuple(-ord(c) for c in text)
+
+
+def _list_records(zoo: store.ObjectStore) -> list[records.ZooRecord]:
+    try:
+        return records.list_records(zoo)
+    except store.StoreUnavailable as exc:
+        warnings.warn(f"runtime estimates without the zoo ({zoo.describe()} unavailable: "
+                      f"{exc}); using profiles and FLOPs", stacklevel=3)
+        return []
+
+
+def _dataset_samples(ds: api.DatasetSpec, input_shape: Sequence[int]) -> int:
+    if ds.name == api.DatasetName.DIGITS:
+        return DIGITS_SAMPLES
+    if ds.name == api.DatasetName.TORCHVISION:
+        return TORCHVISION_TRAIN_SAMPLES.get(ds.torchvision_class or "", UNKNOWN_SAMPLES)
+    if not ds.path or ds.path.startswith("s3://") or not Path(ds.path).exists():
+        return UNKNOWN_SAMPLES
+    path = Path(ds.path)
+    if ds.name == api.DatasetName.TEXT:
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files) // (int(input_shape[0]) + 1)
+    count = 0
+    for _root, _dirs, names in os.walk(path):
+        count += sum(1 for n in names if Path(n).suffix.lower() in _IMAGE_SUFFIXES)
+    return count or UNKNOWN_SAMPLES

@@ -1,0 +1,230 @@
+"""Placement value types: configs, jobs, nodes, cluster snapshots, plans, settings.
+
+The planner (`heuristic`, `milp`, `plan`), the baselines, the simulator, the runtime
+estimates (`estimate`), the local runner and the operator all speak these frozen dataclasses
+(CONTRACTS2.md, "Placement"). Times are seconds; `Snapshot.now`, `JobRequest.arrival`,
+`Assignment.start`, `Plan.makespan` and `Plan.lower_bound` share one absolute clock.
+Also here: `candidates` (Saturn's per-k reduction, VLDB'24 section 2 of the research digest)
+and `Unplaceable`. Non-goals: no solving, no I/O; never imports torch or kubernetes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+PARALLELISMS = ("single", "ddp", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One way to run a job: a parallelism on `gpus` devices of one node, and its duration.
+
+    Attributes:
+        parallelism: "single", "ddp" or "fsdp".
+        gpus: devices used on one node (GPUs, or CPU worker slots locally), >= 1.
+        seconds: estimated wall seconds of the whole job in this config (> 0); `math.inf`
+            marks an infeasible config (Saturn's sentinel), which `candidates` drops.
+        source: where the estimate came from ("given", "zoo", "profile", "flops", ...).
+
+    Raises:
+        ValueError: gpus < 1, or seconds not > 0 (NaN included).
+    """
+
+    parallelism: str
+    gpus: int
+    seconds: float
+    source: str = "given"
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"Config.gpus: must be >= 1 (got {self.gpus})")
+        if not self.seconds > 0:  # also rejects NaN
+            raise ValueError(f"Config.seconds: must be > 0 (got {self.seconds})")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """A queued job: its candidate configs and when it arrived (or becomes ready)."""
+
+    name: str
+    configs: tuple[Config, ...]
+    arrival: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """A node and its device count (GPUs, or CPU worker slots for the local runner)."""
+
+    name: str
+    gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Running:
+    """A job already running: pinned on `node`, holding `gpus` for `remaining_seconds` more."""
+
+    job: str
+    node: str
+    gpus: int
+    parallelism: str
+    remaining_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What the planner sees: the clock, the nodes, queued and running jobs."""
+
+    now: float
+    nodes: tuple[Node, ...]
+    queued: tuple[JobRequest, ...]
+    running: tuple[Running, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Where, how and when one queued job runs. `start` is absolute (Snapshot.now's clock)."""
+
+    job: str
+    node: str
+    gpus: int
+    parallelism: str
+    start: float
+    seconds: float
+
+    @property
+    def end(self) -> float:
+        """Planned end, absolute seconds."""
+        return self.start + self.seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A placement of every queued job.
+
+    Attributes:
+        assignments: one per queued job (running jobs are not listed; they are pinned).
+        makespan: absolute time at which the last queued or running job is planned to end.
+        solver: which planner produced it: "heuristic", "milp", "whole-node-fifo",
+            "fixed-k-fifo", "empty"; a plan kept by `plan.replan` keeps its producer's name.
+        reason: why this plan (solver outcome, fallback reason, kept or replaced); for logs.
+        solve_seconds: wall seconds spent planning.
+        lower_bound: absolute lower bound on the makespan (area and longest-job bounds).
+        kept_current: True when `plan.replan` kept the current plan (no swap).
+    """
+
+    assignments: tuple[Assignment, ...]
+    makespan: float
+    solver: str
+    reason: str = ""
+    solve_seconds: float = 0.0
+    lower_bound: float = 0.0
+    kept_current: bool = False
+
+    def for_job(self, name: str) -> Assignment | None:
+        """The assignment of job `name`, or None when the plan does not place it."""
+        return next((a for a in self.assignments if a.job == name), None)
+
+    def queues(self) -> dict[str, list[Assignment]]:
+        """Per node, its assignments ordered by planned start (then job name)."""
+        out: dict[str, list[Assignment]] = {}
+        for a in sorted(self.assignments, key=lambda a: (a.start, a.job)):
+            out.setdefault(a.node, []).append(a)
+        return out
+
+    def starting_now(self, now: float, tolerance: float) -> list[Assignment]:
+        """Assignments planned to start at or before `now + tolerance` (seconds), by start."""
+        return sorted((a for a in self.assignments if a.start <= now + tolerance),
+                      key=lambda a: (a.start, a.job))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Planner knobs (solver settings: research digest section 7.6).
+
+    Attributes:
+        time_limit_seconds: wall budget of one `plan.plan` call: the heuristic, the MILP
+            worker's start, model build, solve and decode; the watchdog kills the worker
+            at this plus `watchdog_margin_seconds`.
+        mip_rel_gap: HiGHS relative gap; profiles carry +-5-10% error, so 0.01-0.02.
+        seed: HiGHS random seed.
+        threads: HiGHS threads (its branch and bound is largely serial).
+        slots: time slots T of the time-indexed model (48-64).
+        replan_threshold: a new plan replaces the current one only when its remaining
+            makespan is shorter by this fraction.
+        freeze_window_seconds: assignments starting within this of `now` keep their slot.
+        use_milp: False plans with the heuristic alone.
+        k_policy: heuristic GPU-count choice: "best" (every policy, then local search),
+            "area" (minimum GPU-area) or "knee" (knee of the speed-up curve).
+        knee_efficiency: "knee" takes the next larger k while the step keeps at least this
+            fraction of ideal speed-up.
+        milp_max_jobs: more queued jobs than this skip the MILP (the heuristic is within a
+            few % of the area bound there, digest 7.6 finding 3).
+        slot_seconds: fixed slot length (None: derived from the heuristic horizon).
+        watchdog_margin_seconds: grace beyond the time limit (worker start, model build,
+            HiGHS overshoot) before the worker is killed.
+    """
+
+    time_limit_seconds: float = 10.0
+    mip_rel_gap: float = 0.02
+    seed: int = 0
+    threads: int = 1
+    slots: int = 48
+    replan_threshold: float = 0.05
+    freeze_window_seconds: float = 60.0
+    use_milp: bool = True
+    k_policy: str = "best"
+    knee_efficiency: float = 0.75
+    milp_max_jobs: int = 120
+    slot_seconds: float | None = None
+    watchdog_margin_seconds: float = 10.0
+
+
+class Unplaceable(ValueError):
+    """Some queued job has no config that fits any node (DESIGN section 6; B3 NoFeasibleConfig).
+
+    Attributes:
+        jobs: names of the jobs that cannot be placed.
+    """
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        self.jobs = tuple(problems)
+        super().__init__("; ".join(f"job {job}: {why}" for job, why in problems.items()))
+
+
+def candidates(job: JobRequest) -> tuple[Config, ...]:
+    """The job's useful configs: fastest parallelism per GPU count, dominated counts dropped.
+
+    Saturn keeps only the fastest technique per k (digest section 2); a larger k that is no
+    faster than a smaller one is dominated (DESIGN section 6, digest 7.1). Infeasible configs
+    (infinite seconds) are dropped.
+
+    Returns:
+        Configs with strictly increasing `gpus` and strictly decreasing `seconds`.
+    """
+    fastest: dict[int, Config] = {}
+    for config in job.configs:
+        if math.isinf(config.seconds):
+            continue
+        best = fastest.get(config.gpus)
+        if best is None or config.seconds < best.seconds:
+            fastest[config.gpus] = config
+    kept: list[Config] = []
+    for gpus in sorted(fastest):
+        if not kept or fastest[gpus].seconds < kept[-1].seconds:
+            kept.append(fastest[gpus])
+    return tuple(kept)
+
+
+def unplaceable_reasons(snapshot: Snapshot) -> dict[str, str]:
+    """Per queued job that fits no node, why (empty when every job fits somewhere)."""
+    largest = max((n.gpus for n in snapshot.nodes), default=0)
+    problems: dict[str, str] = {}
+    for job in snapshot.queued:
+        usable = candidates(job)
+        if not usable:
+            problems[job.name] = "has no feasible config (every estimate is infinite or none)"
+        elif usable[0].gpus > largest:
+            problems[job.name] = (f"its smallest config needs {usable[0].gpus} devices but the "
+                                  f"largest node has {largest}")
+    return problems

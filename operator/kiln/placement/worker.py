@@ -1,0 +1,115 @@
+"""The MILP in a worker process, under a wall-clock watchdog (research digest section 7.6).
+
+HiGHS honours its time limit only between branch-and-bound steps and Pyomo's model build is
+not interruptible, so `plan` never solves in its own process. `solve` starts
+`python -m kiln.placement.worker` (a fresh interpreter: safe under threads and inside daemon
+or pool processes, and it never re-imports the caller's main module, unlike
+multiprocessing's spawn), sends it the problem, the heuristic plan and the settings as a
+pickle on stdin, and waits `time_limit_seconds + watchdog_margin_seconds`; past that it kills
+the worker. Every way the MILP can fail (timeout, crash, no solution, infeasible, solver
+error) comes back as a reason string and the caller falls back to the heuristic plan
+(DESIGN section 6). Callers: `plan`. Non-goals: no modelling (see `milp`), no choice of plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kiln.placement import heuristic, types
+
+log = logging.getLogger(__name__)
+KILN_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds `kiln/`
+
+
+def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings, *,
+          budget_seconds: float | None = None) -> tuple[types.Plan | None, str, Any]:
+    """Run `milp.run` in a worker process with a watchdog.
+
+    Args:
+        problem: the normalised snapshot.
+        warm: the heuristic plan (horizon and warm start).
+        settings: time limit, watchdog margin and solver settings.
+        budget_seconds: wall seconds from now for everything, the worker's start included
+            (default `settings.time_limit_seconds`); the watchdog fires at this plus
+            `settings.watchdog_margin_seconds`.
+
+    Returns:
+        (decoded MILP plan or None, reason, `milp.SolveOutcome` or None). The reason says
+        what happened, with numbers: status and gap, or why there is no plan (watchdog kill
+        after N s, worker exit code and its last error line, solver error).
+    """
+    budget = settings.time_limit_seconds if budget_seconds is None else budget_seconds
+    deadline = budget + settings.watchdog_margin_seconds
+    wall_deadline = time.time() + budget  # the worker's clock: same machine
+    # Only the directory holding `kiln` is added (after any PYTHONPATH of the caller's), and
+    # -P keeps the working directory off sys.path: a caller's script folder must not shadow
+    # the standard library in the worker (a bench/operator.py once hid `operator`).
+    path = [KILN_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    began = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-P", "-m", "kiln.placement.worker"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    try:
+        out, err = process.communicate(pickle.dumps((problem, warm, settings, wall_deadline)),
+                                       timeout=deadline)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        elapsed = time.perf_counter() - began
+        return None, (f"milp: watchdog killed the solver after {elapsed:.1f} s (budget "
+                      f"{budget:.1f} s + margin {settings.watchdog_margin_seconds:g} s)"), None
+    except BaseException:  # interrupted while waiting: never leave the worker running
+        process.kill()
+        process.wait()
+        raise
+    if process.returncode != 0 or not out:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        log.warning("MILP worker failed (exit %s): %s", process.returncode,
+                    err.decode(errors="replace")[-2000:])
+        return None, f"milp: solver worker exited with code {process.returncode}: {last}", None
+    message = pickle.loads(out)
+    if message[0] == "error":
+        log.warning("MILP worker failed: %s", message[1])
+        return None, f"milp: solver failed: {message[1].splitlines()[0]}", None
+    _, decoded, outcome = message
+    if decoded is None:
+        detail = f": {outcome.message}" if outcome.message else ""
+        return None, (f"milp: no plan ({outcome.status}, {outcome.termination}) after "
+                      f"{outcome.build_seconds + outcome.solve_seconds:.1f} s{detail}"), outcome
+    return decoded, decoded.reason, outcome
+
+
+def _main() -> int:
+    """Worker entry point: pickle (problem, warm, settings, wall deadline) on stdin -> result.
+
+    The result is ("ok", plan | None, outcome) or ("error", text). Solver chatter is sent to
+    stderr (fd 1 is re-pointed there) so that stdout carries only the pickle.
+    """
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    problem, warm, settings, wall_deadline = pickle.loads(sys.stdin.buffer.read())
+    try:
+        from kiln.placement import milp  # pyomo is imported in the worker only
+
+        decoded, outcome = milp.run(problem, warm, settings,
+                                    time_limit_seconds=wall_deadline - time.time())
+        message: tuple[Any, ...] = ("ok", decoded, outcome)
+    except Exception as err:  # noqa: BLE001 - the worker boundary: reported, not swallowed
+        message = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
+    with os.fdopen(result_fd, "wb") as result:
+        result.write(pickle.dumps(message))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,109 @@
+"""The `kiln` command's result tables: training results, a run's plan, a job's profile.
+
+Every cell is plain text (`add_row`): job names, zoo records and trainer values are never read
+as rich markup. Pure formatting of data the caller already has.
+
+Callers: `kiln.cli`. Non-goals: no I/O beyond building rich tables, no decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from kiln import api, local, runplan
+from kiln.placement import estimate, profile, types
+
+SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
+"""Short names of the target metrics for table cells."""
+
+
+def add_row(table: Table, *cells: str) -> None:
+    """A table row of plain text: record and trainer values are never read as markup."""
+    table.add_row(*(Text(cell) for cell in cells))
+
+
+def fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
+    """`value` with `digits` decimals when a float ("-" for None), after `name` if given."""
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return f"{name} {text}" if name else text
+
+
+def results(outcomes: Sequence[local.JobOutcome]) -> Table:
+    """One row per job; planned runs add config and planned vs. actual "start+duration" (s)."""
+    table = Table(title="Kiln results")
+    planned = any(o.placement for o in outcomes)
+    for column in ("job", "architecture", "warm start (similarity)", "final metric",
+                   "time-to-target s", "wall s", "samples/s", "frozen (saved s)", "zoo model",
+                   *(("config", "planned s", "actual s") if planned else ())):
+        table.add_column(column, overflow="fold")
+    for o in outcomes:
+        r = o.result
+        parent = (f"{r['parent']} ({r['similarity']:.2f})" if r.get("parent")
+                  else "cold start")
+        metric = f"{SHORT.get(r.get('metric_name', ''), '')} {fmt(r.get('metric'))}"
+        reached = fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
+            else "not reached"
+        add_row(table, o.name, o.architecture, parent, metric, reached,
+                fmt(r.get("wall_seconds"), digits=1),
+                fmt(r.get("samples_per_second"), digits=0), _frozen(r.get("freezing")),
+                str(r.get("zoo_model") or "-"), *(_placement(o.placement) if planned else ()))
+    return table
+
+
+def _placement(p: local.Placement | None) -> tuple[str, ...]:
+    """('ddp×2 (flops)', '0+35', '2+41'): config, planned and actual start+duration."""
+    if p is None:
+        return ("-", "-", "-")
+    return (f"{p.parallelism}×{p.gpus} ({p.source})",
+            f"{p.planned_start_seconds:.0f}+{p.planned_seconds:.0f}",
+            f"{p.start_seconds:.0f}+{p.seconds:.0f}")
+
+
+def _frozen(summary: dict[str, Any] | None) -> str:
+    """'2 modules (4.1 s)': the most modules frozen at once and the estimated time saved."""
+    if not summary:
+        return "off"
+    most = max((e["boundary"] for e in summary.get("events", [])), default=0)
+    return f"{most} modules ({fmt(summary.get('saved_seconds'), digits=1)})" if most else "none"
+
+
+def plan(the_plan: types.Plan, configs: Mapping[str, tuple[types.Config, ...]],
+         devices: runplan.Devices) -> Table:
+    """The plan: job -> device(s), config, planned start, estimated duration, source."""
+    slots = runplan.planned_devices(the_plan, devices.count)
+    table = Table(title=f"Plan: {len(the_plan.assignments)} jobs on {devices.count} "
+                        f"{devices.noun} ({the_plan.solver}; makespan {the_plan.makespan:.0f} s)")
+    for column in ("job", devices.noun[:-1].lower() + "(s)", "config", "start s", "est. s",
+                   "source"):
+        table.add_column(column)
+    for a in sorted(the_plan.assignments, key=lambda a: (a.start, a.job)):
+        add_row(table, a.job, ",".join(map(str, slots[a.job])), f"{a.parallelism}×{a.gpus}",
+                f"{a.start:.0f}", f"{a.seconds:.0f}",
+                runplan.source_of(configs.get(a.job, ()), a))
+    return table
+
+
+def profile_table(job: api.TrainingJob, measured: Sequence[profile.Measurement], *, kind: str,
+                  cache: Path | None) -> Table:
+    """A job's profile: per config, step seconds, samples/s, estimated job seconds, status."""
+    work, device = estimate.workload(job), estimate.device_model(kind)
+    table = Table(title=f"Profile of {job.name} ({job.spec.model.architecture}, batch "
+                        f"{work.batch_size}) on {kind}; cache {cache or 'none'}")
+    for column in ("config", "step s", "samples/s", "est. job s", "status"):
+        table.add_column(column)
+    for m in measured:
+        step = m.step_seconds
+        status = ("cached " if m.cached else "") + m.status + (f": {m.detail}" if m.detail
+                                                               else "")
+        add_row(table, f"{m.parallelism}×{m.gpus}", fmt(step, digits=4),
+                fmt(work.batch_size / step if step else None, digits=0),
+                fmt(estimate.job_seconds(work, step, device) if step else None, digits=1),
+                status)
+    return table
