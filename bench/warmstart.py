@@ -64,7 +64,7 @@ import common
 from kiln import api, models
 from kiln.warmstart import plan
 from kiln.zoo import records, store
-from kiln_trainer import data, loop
+from kiln_trainer import data, evaluation, loop
 
 NAME = "warmstart"
 ARMS = ("cold", "chosen", "exact", "random")
@@ -241,8 +241,8 @@ def _accuracy(model: torch.nn.Module, state: Any, splits: data.Splits) -> float:
     trial = copy.deepcopy(model)
     if weights:
         trial.load_state_dict(weights, strict=False)
-    evaluation = loop.evaluate(trial, splits, batch_size=BATCH_SIZE, device=torch.device("cpu"))
-    return round(evaluation.accuracy, 4)
+    scores = evaluation.evaluate(trial, splits, batch_size=BATCH_SIZE, device=torch.device("cpu"))
+    return round(scores.accuracy, 4)
 
 
 def run_arm(arm: str, job: api.TrainingJob, prep: dict[str, Any], *, zoo_uri: str,

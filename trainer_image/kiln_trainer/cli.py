@@ -10,15 +10,36 @@ Options and their environment fallbacks (pods set the environment, people the fl
 | --checkpoint-dir DIR | KILN_CHECKPOINTS | keep checkpoints here instead of the zoo store |
 | --no-register | | train but do not add the model to the zoo |
 | --no-resume | | ignore an existing checkpoint and start afresh |
+| --parallelism MODE | KILN_PARALLELISM | auto (default), single, ddp or fsdp (see below) |
 
 Exit codes: 0 success; 2 the job, dataset, checkpoint or settings are wrong (one message on
 stderr, no traceback; also in /dev/termination-log); 3 the zoo or checkpoint store stayed
 unavailable after retries (the checkpoint is kept, a rerun continues); 1 out of memory (one
-message: reduce batchSize or the model) or an unexpected error (traceback on stderr). SIGTERM and SIGINT save a checkpoint at the next step and exit
-128 + signal (143, 130), as if the signal had ended the process.
+message: reduce batchSize or the model) or an unexpected error (traceback on stderr). SIGTERM
+and SIGINT save a checkpoint at the next step and exit 128 + signal (143, 130), as if the
+signal had ended the process.
+
+Parallel runs. --parallelism auto takes spec.resources.parallelism, and ddp when that is auto
+too (single with one process). Under torchrun (`kiln_trainer.parallel.launch_command`, or the
+pod command; W > 1 processes) every rank runs this `main`; stderr lines carry ``rank R``. Rank 0
+alone writes the stdout protocol (progress, info, the result) and the result to
+/dev/termination-log. A failure goes to the termination log as ``rank R of W: ...`` from the
+first rank that fails (once one rank dies, the others' collectives fail with messages that
+only echo it, so they leave the first in place). A signal to torchrun reaches every rank, and
+any rank's stop request stops all of them after the same step; rank 0 writes the checkpoint
+and the "stopped on request" info line.
+
+**Exit codes are lost under torchrun**: it exits 1 whenever a worker exits non-zero, and on
+SIGTERM, whatever the workers' codes (2, 3, 143). Callers of a torchrun command must therefore
+go by the events, which are authoritative: a ``result`` event on stdout (rank 0; also in the
+termination log) means success; a last stdout line "stopped on request ..." means interrupted
+with a checkpoint; otherwise the run failed, and the termination log's ``error`` event (and
+stderr) says why. Rank 0 writes one of these on every path it survives (on a failure, unless
+another rank's failure is already there), including a collective that fails because another
+rank died (that message then points to the other ranks' logs).
 
 Callers: `kiln_trainer.__main__`, the local runner (as a subprocess), trainer pods.
-Non-goals: no torchrun launching (the pod command does that).
+Non-goals: no torchrun launching (`parallel.launch_command` and the pod command do that).
 """
 
 from __future__ import annotations
@@ -30,14 +51,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 import torch
 
 from kiln import api, jobfile
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, loop
+from kiln_trainer import checkpoint, data, events, loop, parallel
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -45,6 +68,7 @@ EXIT_INVALID = 2
 EXIT_STORE_UNAVAILABLE = 3
 
 _log = logging.getLogger("kiln_trainer")
+_STARTED_SECONDS = time.time()  # wall clock, for `_failed_elsewhere`
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -64,6 +88,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         f"{checkpoint.DEFAULT_DIR})")
     parser.add_argument("--no-register", action="store_true", help="do not register in the zoo")
     parser.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    parser.add_argument("--parallelism", default=env.get("KILN_PARALLELISM") or "auto",
+                        choices=("auto", *parallel.PARALLELISMS),
+                        help="auto (ddp under torchrun with several processes, else single), "
+                        "single, ddp or fsdp; env KILN_PARALLELISM")
     parser.add_argument("--parent", default=env.get("KILN_WARM_START_PARENT") or None,
                         metavar="ID", help="warm-start parent decided upstream: a zoo id, or "
                         "none for a cold start (default: choose from the zoo)")
@@ -95,10 +123,12 @@ def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the trainer; returns the process exit code (see the module docstring)."""
+    rank, world_size = _rank()
+    where = f"rank {rank} " if world_size > 1 else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s")
     args = parse_args(argv)
-    emit = events.EventWriter(sys.stdout)
+    emit = events.EventWriter(sys.stdout, termination_log=events.TERMINATION_LOG)
     stop, received = threading.Event(), list[int]()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -112,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_locations(args)
         loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
                   register=not args.no_register, checkpoint_dir=args.checkpoint_dir,
-                  resume=not args.no_resume, stop=stop, parent=args.parent, out=sys.stdout)
+                  resume=not args.no_resume, stop=stop, parent=args.parent, out=sys.stdout,
+                  parallelism=args.parallelism)
     except loop.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
@@ -123,14 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if not _is_out_of_memory(exc):
             _log.exception("unexpected error")
-            emit.failure(f"unexpected error: {type(exc).__name__}: {exc}")
+            _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
             return EXIT_UNEXPECTED
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return _fail(emit, f"out of memory ({first[:300]}); reduce spec.training.batchSize or "
                      "the model size (spec.model.args, e.g. width or depth)", EXIT_UNEXPECTED)
     except Exception as exc:  # noqa: BLE001  # a bug or the environment: log the traceback
         _log.exception("unexpected error")
-        emit.failure(f"unexpected error: {type(exc).__name__}: {exc}")
+        _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
         return EXIT_UNEXPECTED
     finally:
         for signum, handler in previous.items():
@@ -182,7 +213,46 @@ def _unwrap_worker_error(message: str) -> str:
     return last.split(": ", 1)[1] if ": " in last else last
 
 
+def _rank() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from torchrun's environment; (0, 1) outside it or when malformed
+    (`parallel.setup` refuses a malformed one with a message)."""
+    try:
+        return int(os.environ.get("RANK") or 0), int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return 0, 1
+
+
+def _record_failure(emit: events.EventWriter, message: str) -> None:
+    """Put the failure in the termination log, naming the rank when there are several
+    (``rank 1 of 2: ...``); an unexpected error also points to the other ranks' logs.
+
+    The first rank to fail wins: once one rank dies, the collectives of the others fail too,
+    with messages that only echo it, so a rank leaves an error another rank of this run
+    already wrote (newer than this process) in place and logs its own on stderr instead.
+    """
+    rank, world_size = _rank()
+    if world_size > 1:
+        hint = (" (if another rank failed first, its log has the cause)"
+                if message.startswith("unexpected error") else "")
+        message = f"rank {rank} of {world_size}: {message}{hint}"
+        if _failed_elsewhere(emit.termination_log):
+            _log.error("not replacing another rank's failure in %s: %s", emit.termination_log,
+                       message)
+            return
+    emit.failure(message)
+
+
+def _failed_elsewhere(termination_log: Path | None) -> bool:
+    """Whether the termination log holds an error event written since this process started."""
+    try:
+        if termination_log is None or termination_log.stat().st_mtime < _STARTED_SECONDS:
+            return False
+        return bool(json.loads(termination_log.read_text()).get("event") == "error")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _fail(emit: events.EventWriter, message: str, code: int) -> int:
     print(f"kiln_trainer: error: {message}", file=sys.stderr)
-    emit.failure(message)
+    _record_failure(emit, message)
     return code

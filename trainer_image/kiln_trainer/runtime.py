@@ -56,8 +56,9 @@ def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> 
     """Use no more intra-op threads than the container's CPU quota allows.
 
     torch sizes its thread pool by the host's cores and ignores a pod's CPU limit; more threads
-    than CPUs make each step many times slower (spinning OpenMP workers). OMP_NUM_THREADS, when
-    set, wins.
+    than CPUs make each step many times slower (spinning OpenMP workers). The k processes
+    torchrun starts in one pod (LOCAL_WORLD_SIZE) share the quota. OMP_NUM_THREADS, when set,
+    wins.
     """
     if "OMP_NUM_THREADS" in os.environ:
         return
@@ -66,7 +67,8 @@ def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> 
     except (OSError, ValueError):
         return  # no cgroup v2 quota to honour
     if quota != "max":
-        threads = max(1, int(int(quota) / int(period)))
+        local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+        threads = max(1, int(int(quota) / int(period)) // local_processes)
         if threads < torch.get_num_threads():
             _log.info("CPU quota %s/%s: using %d threads", quota, period, threads)
             torch.set_num_threads(threads)

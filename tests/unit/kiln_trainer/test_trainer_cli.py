@@ -157,3 +157,33 @@ def test_a_zoo_that_is_a_file_exits_2_before_training(
     assert cli.main(["--job", str(job), "--zoo", str(tmp_path / "afile")]) == cli.EXIT_INVALID
     err = capsys.readouterr().err
     assert f"--zoo {tmp_path / 'afile'}: " in err and "is a file, not a directory" in err
+
+
+def test_parallelism_comes_from_the_flag_or_kiln_parallelism(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KILN_PARALLELISM", raising=False)
+    assert cli.parse_args(["--job", "j.yaml"]).parallelism == "auto"
+    monkeypatch.setenv("KILN_PARALLELISM", "fsdp")
+    assert cli.parse_args(["--job", "j.yaml"]).parallelism == "fsdp"
+    assert cli.parse_args(["--job", "j.yaml", "--parallelism", "ddp"]).parallelism == "ddp"
+
+
+def test_under_torchrun_a_failure_names_its_rank_and_the_first_ranks_failure_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "termination-log"
+    log.touch()
+    monkeypatch.setattr(cli.events, "TERMINATION_LOG", log)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("KILN_JOB", "{not json")
+    monkeypatch.delenv("KILN_JOB_FILE", raising=False)
+    assert cli.main([]) == cli.EXIT_INVALID
+    first = json.loads(log.read_text())
+    assert first["event"] == "error"
+    assert first["message"].startswith("rank 1 of 2: KILN_JOB: invalid TrainingJob")
+    monkeypatch.setenv("RANK", "0")  # rank 0 fails next, e.g. in a collective: it echoes rank 1
+    assert cli.main([]) == cli.EXIT_INVALID
+    assert json.loads(log.read_text()) == first
+    assert "not replacing another rank's failure" in caplog.text

@@ -23,9 +23,14 @@ has stopped changing. `Freezer` runs that policy around any training loop:
   block, clears the re-activated parameters' optimizer state (momentum, Adam moments), resets
   the histories and refreshes the reference.
 
-Under data parallelism every rank calls the same methods at the same steps; `agree` (rank 0's
-value broadcast, `kiln_trainer.parallel`) makes the boundary identical, and only rank 0 runs the
-reference worker. After a boundary change the caller re-wraps `trainable_module()`.
+Under data parallelism (DDP) every rank calls the same methods at the same steps. Only rank 0
+(``main=True``) runs the reference worker and takes decisions; the other ranks are followers
+(``main=False``): they keep no plasticity and take rank 0's boundary. `after_step` asks `agree`
+(rank 0's value broadcast, `kiln_trainer.parallel`) for it at every probe step; a loop that
+already has one collective per step (`kiln_trainer.loop`) calls the two halves instead,
+``apply(agreed(propose(step, lr=...)), step)``, and carries rank 0's proposal in it. Both make
+the boundary identical on every rank at the same step; after a change every rank re-wraps
+`trainable_module()`.
 
 Callers: `kiln_trainer.loop`; users' own loops (see the README's trainer section).
 Non-goals: non-contiguous freezing, per-parameter freezing, freezing the head.
@@ -36,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import torch
@@ -133,7 +138,9 @@ class Freezer:
         self.partition = partitions.Partition.of(model, probe[:1])
         blocks = self.partition.blocks
         self.max_frozen = min(len(blocks) - 1, int(settings.max_frozen_fraction * len(blocks)))
-        self.boundary, self.events, self.lr_at_freeze = 0, list[Event](), None
+        self.boundary, self.events = 0, list[Event]()
+        self.lr_at_freeze: float | None = None  # learning rate at the last freeze
+        self._unfreeze_reason: str | None = None  # set by `propose` on a learning-rate drop
         self._extractor = partitions.extractor(model, blocks)
         self._version, self._results_in_cycle, self._probe_id = 0, 0, 0
         self._emas = [plasticity.Ema(0.8) for _ in blocks[:-1]]
@@ -189,7 +196,7 @@ class Freezer:
             if cached is not None:
                 return cached.to(inputs.device, non_blocking=True)
         with torch.no_grad():
-            outputs = self._split.prefix(inputs)
+            outputs: torch.Tensor = self._split.prefix(inputs)
         if self.cache is not None and indices is not None:
             self.cache.put(indices, outputs.detach())
         return outputs
@@ -205,6 +212,9 @@ class Freezer:
     def after_step(self, step: int, *, lr: float, seconds: float | None = None) -> Event | None:
         """Advance the policy after optimizer step `step` (1-based count of steps taken).
 
+        `propose`, then `agree` at probe steps (the ranks' boundaries meet there), then
+        `apply`.
+
         Args:
             step: steps taken so far.
             lr: the learning rate the next step uses (first parameter group).
@@ -214,21 +224,53 @@ class Freezer:
             The boundary change this step caused, if any; the caller then re-wraps
             `trainable_module()` (DDP) and keeps using `prefix`.
         """
+        proposal = self.propose(step, lr=lr, seconds=seconds)
+        if self._unfreeze_reason is None and step % self.settings.check_every_steps == 0:
+            proposal = self.agree(proposal)
+        return self.apply(proposal, step)
+
+    def propose(self, step: int, *, lr: float, seconds: float | None = None) -> int:
+        """Advance the policy after optimizer step `step`; the boundary this rank proposes.
+
+        The first half of `after_step`, for loops that agree across ranks themselves: the
+        main rank returns its decision (0 after a learning-rate drop, one more block when the
+        front-most active block converged at a probe step, else the current boundary); a
+        follower returns its current boundary, or 0 after the same learning-rate drop (the
+        rate is the same on every rank). Nothing changes until `apply`.
+
+        Args:
+            step: steps taken so far.
+            lr: the learning rate the next step uses (first parameter group).
+            seconds: how long this step took (for the saved-time estimate), if measured.
+        """
         self._steps += 1
         self._skipped_flops_sum += self.partition.backward_flops_fraction(self.boundary)
         if seconds is not None:
             slot = self._step_seconds[self.boundary > 0]
             slot[0], slot[1] = slot[0] + seconds, slot[1] + 1.0
+        self._unfreeze_reason = None
         if self.boundary and self.lr_at_freeze and lr <= self.settings.unfreeze_lr_ratio * \
                 self.lr_at_freeze:
-            return self._set_boundary(0, step, f"learning rate fell to {lr:.3g}")
+            self._unfreeze_reason = f"learning rate fell to {lr:.3g}"
+            return 0
         if step % self.settings.check_every_steps:
+            return self.boundary
+        return self._decide(step) if self.worker is not None else self.boundary
+
+    def apply(self, boundary: int, step: int) -> Event | None:
+        """Move to `boundary` (rank 0's proposal, agreed by every rank) after step `step`.
+
+        The second half of `after_step`. Returns the change, or None when `boundary` is the
+        current one; the caller then re-wraps `trainable_module()`.
+
+        Raises:
+            ValueError: `boundary` outside [0, number of blocks - 1].
+        """
+        if boundary == self.boundary:
             return None
-        proposal = self._decide(step) if self.worker is not None else self.boundary
-        proposal = self.agree(proposal)
-        if proposal != self.boundary:
-            return self._set_boundary(proposal, step, self._reason(proposal))
-        return None
+        reason = (self._unfreeze_reason if boundary == 0 and self._unfreeze_reason
+                  else self._reason(boundary))
+        return self.set_boundary(boundary, step, reason)
 
     def _decide(self, step: int) -> int:
         assert self.worker is not None
@@ -314,7 +356,20 @@ class Freezer:
         return (f"plasticity {value:.2g} ({value / self._peaks[i]:.2f} of its peak), converged "
                 f"for {self.settings.patience} reference cycles")
 
-    def _set_boundary(self, k: int, step: int, reason: str) -> Event:
+    def set_boundary(self, k: int, step: int, reason: str) -> Event:
+        """Freeze exactly the first `k` blocks (0: none) now, whatever the policy says.
+
+        The policy calls it; so do fixed schedules (the FreezeOut-like benchmark baseline) and
+        users who freeze by hand. Unfreezing clears the re-activated parameters' optimizer
+        state; any change invalidates the cache, resets the histories and refreshes the
+        reference. The caller re-wraps `trainable_module()` afterwards.
+
+        Raises:
+            ValueError: `k` outside [0, number of blocks - 1] (the head never freezes).
+        """
+        if not 0 <= k < len(self.partition.blocks):
+            raise ValueError(f"cannot freeze {k} of {len(self.partition.blocks)} modules; the "
+                             f"head never freezes (use 0..{len(self.partition.blocks) - 1})")
         old = self.boundary
         params = self.partition.params(max(k, old))
         frozen = set(map(id, self.partition.params(k)))
@@ -393,7 +448,7 @@ class Freezer:
         self._steps = int(state.get("steps", 0))
         boundary = min(int(state.get("boundary", 0)), self.max_frozen)
         if boundary:
-            self._set_boundary(boundary, step, "resumed from the checkpoint")
+            self.set_boundary(boundary, step, "resumed from the checkpoint")
             self.events.pop()
         self.lr_at_freeze = state.get("lr_at_freeze")
 
@@ -417,5 +472,5 @@ def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch
     return torch.stack([samples[i][0] for i in range(min(size, len(samples)))])
 
 
-def _fmt(values: dict[str, float | None]) -> str:
+def _fmt(values: Mapping[str, float | None]) -> str:
     return ", ".join(f"{k} {v:.3g}" if v is not None else f"{k} -" for k, v in values.items())

@@ -28,11 +28,14 @@ features.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import io
 import logging
 import math
 import multiprocessing
+import os
 import queue
 import signal
 import time
@@ -167,7 +170,8 @@ class ReferenceWorker:
         self._inbox = context.Queue()
         self._results, child_end = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_serve, args=(model, self.blocks, threads, mode, self._inbox, child_end),
+            target=_serve,
+            args=(model, self.blocks, threads, mode, self._inbox, child_end, os.getpid()),
             name="kiln-reference", daemon=True,
         )
         self._process.start()
@@ -338,9 +342,10 @@ class ReferenceWorker:
 
 
 def _serve(spec: api.ModelSpec, blocks: tuple[str, ...], threads: int, mode: str,
-           inbox: Any, results: Connection) -> None:
+           inbox: Any, results: Connection, trainer_pid: int) -> None:
     """The worker process: rebuild the model, then answer refreshes and probes until stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the trainer, which closes us
+    _die_with(trainer_pid)
     torch.set_num_threads(threads)
     try:
         _loop(spec, blocks, mode, inbox, results)
@@ -349,6 +354,22 @@ def _serve(spec: api.ModelSpec, blocks: tuple[str, ...], threads: int, mode: str
             results.send(_Failed(f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
     finally:
         results.close()
+
+
+def _die_with(trainer_pid: int) -> None:
+    """Have Linux kill this process when the trainer dies, however it dies (PR_SET_PDEATHSIG).
+
+    The idle orphan check cannot help a worker blocked reading a message the trainer was
+    killed half-way through writing (it holds a copy of the queue's write end, so the read
+    never ends); the kernel's parent-death signal can. Elsewhere the orphan check remains.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: rely on the orphan check
+    if os.getppid() != trainer_pid:  # the trainer died before the signal was armed
+        os._exit(0)
 
 
 def _loop(spec: api.ModelSpec, blocks: tuple[str, ...], mode: str, inbox: Any,
