@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/kiln run examples/digits-resnet.yaml examples/digits-resnet-deeper.yaml
+	$(VENV)/bin/kiln run --slots 1 examples/digits-resnet.yaml examples/digits-resnet-deeper.yaml
+	$(VENV)/bin/kiln run --slots 2 examples/sweep/*.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
