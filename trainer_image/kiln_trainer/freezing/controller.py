@@ -11,7 +11,7 @@ has stopped changing. `Freezer` runs that policy around any training loop:
 * results are EMA-smoothed per block; a reference *cycle* is ``window`` results, after which the
   reference is refreshed from the current weights; a block has converged in a cycle when its
   plasticity stopped growing within it (`plasticity.ConvergenceDetector`: normalised slope under
-  ``tolerance``) or fell to ``tolerance`` times its peak (`Freezer._cycle_converged` says why);
+  ``tolerance``) or fell to ``tolerance`` times its peak (`convergence.Convergence` says why);
   the front-most active block freezes after ``patience`` converged cycles in a row;
 * freezing block k sets ``requires_grad=False`` on its parameters, drops their ``.grad``, keeps
   its BatchNorm/dropout in eval mode (`train_mode`), and — where the model splits at the
@@ -40,8 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Self
 
 import torch
@@ -49,53 +48,18 @@ from torch import nn
 
 from kiln import api
 from kiln_trainer.freezing import cache as activation_cache
+from kiln_trainer.freezing import convergence, reference
 from kiln_trainer.freezing import partition as partitions
-from kiln_trainer.freezing import plasticity, reference
+from kiln_trainer.freezing import settings as freezing_settings
 
 _log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "freezing"  # the Freezer's state_dict inside a trainer checkpoint
 
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Resolved knobs (see `api.FreezingSpec` for their meaning); steps are optimizer steps."""
-
-    check_every_steps: int
-    window: int = 5
-    tolerance: float = 0.1
-    patience: int = 2
-    probe_batch_size: int = 32
-    max_frozen_fraction: float = 0.8
-    reference: str = "auto"
-    reference_threads: int = 1
-    cache: bool = False
-    cache_memory_bytes: int = 1 << 30
-    bootstrap_steps: int = 0
-    unfreeze_lr_ratio: float = 0.5
-
-    @classmethod
-    def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
-        """Settings for a job: default cadence 8 probes per epoch; bootstrap = warm-up epochs
-        or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
-        the unfreeze ratio catches every decay of a step schedule (its gamma) and halvings of
-        other schedules."""
-        f, training = spec.freezing, spec.training
-        schedule = training.lr_schedule
-        ratio = 0.5
-        if schedule.name == api.ScheduleName.STEP:
-            ratio = max(0.5, schedule.gamma) * (1 + 1e-6)
-        return cls(
-            check_every_steps=f.check_every_steps or max(1, steps_per_epoch // 8),
-            window=f.window, tolerance=f.tolerance, patience=f.patience,
-            probe_batch_size=f.probe_batch_size, max_frozen_fraction=f.max_frozen_fraction,
-            reference=f.reference.value, reference_threads=f.reference_threads,
-            cache=(f.cache == api.CacheMode.AUTO
-                   and spec.dataset.augmentation == api.Augmentation.NONE),
-            cache_memory_bytes=f.cache_memory_mib << 20,
-            bootstrap_steps=max(schedule.warmup_epochs * steps_per_epoch,
-                                math.ceil(0.1 * training.epochs * steps_per_epoch)),
-            unfreeze_lr_ratio=ratio)
+# The knobs and the probe batch live in `freezing.settings`; kept reachable from here, where
+# users of the Freezer look for them.
+Settings = freezing_settings.Settings
+probe_batch = freezing_settings.probe_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +107,9 @@ class Freezer:
         self._unfreeze_reason: str | None = None  # set by `propose` on a learning-rate drop
         self._extractor = partitions.extractor(model, blocks)
         self._version, self._results_in_cycle, self._probe_id = 0, 0, 0
-        self._emas = [plasticity.Ema(0.8) for _ in blocks[:-1]]
-        self._detectors = [plasticity.ConvergenceDetector(settings.window, settings.tolerance, 1)
-                           for _ in blocks[:-1]]
-        self._peaks = [0.0 for _ in blocks[:-1]]  # highest cycle plasticity since the last reset
-        self._streaks = [0 for _ in blocks[:-1]]  # converged cycles in a row
-        self.plasticity: dict[str, float] = {}
+        self.convergence = convergence.Convergence(
+            blocks[:-1], window=settings.window, tolerance=settings.tolerance,
+            patience=settings.patience)
         self._skipped_flops_sum, self._steps = 0.0, 0
         # seconds and count of steps without / with a frozen prefix, for `saved_seconds`
         self._step_seconds = {False: [0.0, 0.0], True: [0.0, 0.0]}
@@ -276,14 +237,12 @@ class Freezer:
         assert self.worker is not None
         for result in self.worker.poll():
             if result.version == self._version:
-                self._take(result.plasticity)
+                self._results_in_cycle += 1
+                self.convergence.take(result.plasticity, first_active=self.boundary)
         proposal = self.boundary
         if self._results_in_cycle >= self.settings.window:
-            converged = self._cycle_converged()
-            _log.debug("step %d, reference v%d: plasticity %s; normalised change %s", step,
-                       self._version, _fmt(self.plasticity),
-                       _fmt({b: d.last_change for b, d in zip(
-                           self.partition.blocks, self._detectors, strict=False)}))
+            converged = self.convergence.close_cycle(first_active=self.boundary)
+            _log.debug("step %d, reference v%d: %s", step, self._version, self.convergence)
             self._refresh()
             if converged and step >= self.settings.bootstrap_steps \
                     and self.boundary < self.max_frozen:
@@ -291,38 +250,6 @@ class Freezer:
         if self.worker.alive:
             self._submit()
         return proposal
-
-    def _take(self, values: dict[str, float]) -> None:
-        self._results_in_cycle += 1
-        blocks = self.partition.blocks
-        for i in range(self.boundary, len(blocks) - 1):
-            if blocks[i] in values:
-                self.plasticity[blocks[i]] = self._emas[i].update(values[blocks[i]])
-                self._detectors[i].add(self.plasticity[blocks[i]])
-
-    def _cycle_converged(self) -> bool:
-        """Close a reference cycle: update each active block's converged-cycle streak and say
-        whether the front-most active block has converged for `patience` cycles in a row.
-
-        A cycle counts as converged for a block when its plasticity no longer grows within
-        the cycle (normalised slope under `tolerance`: the drift since the refresh is lost in
-        the quantization noise) or when its cycle plasticity — the smoothed drift over one
-        cycle's steps — has fallen to `tolerance` times its highest value since the last
-        reset: the representation now moves at a tenth (by default) of its most plastic pace.
-        The second test is scale-free like the first and, unlike it, does not wait for the
-        learning rate to vanish (measured on digits: the in-cycle slope alone fired only in
-        the last tenth of a cosine schedule).
-        """
-        blocks = self.partition.blocks
-        for i in range(self.boundary, len(blocks) - 1):
-            value, change = self.plasticity.get(blocks[i]), self._detectors[i].last_change
-            if value is None:
-                continue
-            self._peaks[i] = max(self._peaks[i], value)
-            flat = (change is not None and change < self.settings.tolerance) or \
-                value <= self.settings.tolerance * self._peaks[i]
-            self._streaks[i] = self._streaks[i] + 1 if flat else 0
-        return self._streaks[self.boundary] >= self.settings.patience
 
     def _submit(self) -> None:
         assert self.worker is not None
@@ -341,20 +268,12 @@ class Freezer:
         assert self.worker is not None
         self._version += 1
         self._results_in_cycle = 0
-        for detector in self._detectors:
-            detector.drop_partial_window()  # no window straddles a refresh
-        for ema in self._emas:
-            ema.reset()
+        self.convergence.new_cycle()
         weights = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         self.worker.refresh(self._version, weights, self.probe.cpu())
 
     def _reason(self, proposal: int) -> str:
-        i = proposal - 1
-        value = self.plasticity.get(self.partition.blocks[i]) if proposal else None
-        if value is None or not self._peaks[i]:
-            return "rank 0 decided"
-        return (f"plasticity {value:.2g} ({value / self._peaks[i]:.2f} of its peak), converged "
-                f"for {self.settings.patience} reference cycles")
+        return (self.convergence.reason(proposal - 1) if proposal else None) or "rank 0 decided"
 
     def set_boundary(self, k: int, step: int, reason: str) -> Event:
         """Freeze exactly the first `k` blocks (0: none) now, whatever the policy says.
@@ -391,12 +310,7 @@ class Freezer:
         if self.cache is not None:
             self.cache.invalidate()
         self.lr_at_freeze = self._current_lr() if k > old else self.lr_at_freeze
-        for i, detector in enumerate(self._detectors):
-            detector.reset()
-            self._emas[i].reset()
-            self._streaks[i] = 0
-            if k < old:  # an LR event: plasticity is measured afresh
-                self._peaks[i] = 0.0
+        self.convergence.reset(forget_peaks=k < old)  # an LR event: measured afresh
         if self.worker is not None:
             self._refresh()
         if k > old:
@@ -464,13 +378,3 @@ class Freezer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch.Tensor:
-    """The fixed probe batch: the first `size` samples of `samples` (the validation split,
-    which is never augmented), stacked into Tensor[b, ...]."""
-    return torch.stack([samples[i][0] for i in range(min(size, len(samples)))])
-
-
-def _fmt(values: Mapping[str, float | None]) -> str:
-    return ", ".join(f"{k} {v:.3g}" if v is not None else f"{k} -" for k, v in values.items())
