@@ -103,6 +103,7 @@ class Reason(enum.StrEnum):
     WARM_START_DISABLED = "WarmStartDisabled"
     ZOO_UNAVAILABLE = "ZooUnavailable"
     # Placed / Queued
+    WAITING_FOR_PLACEMENT = "WaitingForPlacement"
     PLANNED = "Planned"
     NO_FEASIBLE_CONFIG = "NoFeasibleConfig"
     SOLVED_WITHIN_TIME_LIMIT = "SolvedWithinTimeLimit"
@@ -569,7 +570,16 @@ class TrainingJobStatus(_Api):
     progress: ProgressStatus | None = Field(default=None, description="progress: live.")
     result: ResultStatus | None = Field(default=None, description="result: final numbers.")
     restarts: int | None = Field(default=None, description="restarts: trainer restarts so far.")
-    start_time: str | None = Field(default=None, description="startTime: first pod start.")
+    attempts: int | None = Field(
+        default=None,
+        description="attempts: trainer pods created so far (each restart and resumption adds "
+        "one); the current pod is <name>-trainer-<attempts - 1>.",
+    )
+    start_time: str | None = Field(
+        default=None,
+        description="startTime: when the trainer was launched (reset on resumption); "
+        "activeDeadlineSeconds counts from here.",
+    )
     completion_time: str | None = Field(default=None, description="completionTime: terminal.")
 
 

@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kiln import api, jobfile, local, models, runplan, tables
+from kiln.controller import main as controller_main
 from kiln.placement import profile, types
 from kiln.warmstart import plan, select
 from kiln.zoo import index as zoo_index
@@ -49,6 +50,9 @@ class UsageError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kiln` console script; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["operator"]:  # the operator owns its flags (kiln.controller.settings)
+        return controller_main.main(argv[1:], prog="kiln operator")
     parser = _parser()
     args = parser.parse_args(argv)
     console = Console(stderr=False)
@@ -128,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
 
     models_cmd = sub.add_parser("models", help="list registered architectures")
     models_cmd.set_defaults(func=_cmd_models)
+
+    sub.add_parser("operator", add_help=False,
+                   help="run the operator against a Kubernetes API server (see --help)")
 
     crd_cmd = sub.add_parser("crd", help="write the TrainingJob CRD generated from kiln.api")
     crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",

@@ -1,0 +1,212 @@
+"""Admission of a new TrainingJob: validate, choose its warm-start parent, queue it.
+
+`admit` is the create handler's domain call (issue 6 item 1; STYLE.md B3's table):
+
+1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
+   architecture, modality, builder arguments) and `pods.check_template`. Any problem ->
+   Failed/InvalidSpec with every problem named, and a Warning event; nothing is retried.
+2. Warm start: `parents.ParentChooser.decide` in a worker thread. The zoo unreachable ->
+   WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a delay
+   that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts, said plainly.
+   A pinned parent missing from the zoo is an invalid spec.
+3. Queue: Created=True, WarmStarted with the decision, warmStart in status; then Queued (the
+   placement loop takes it) or, with spec.runPolicy.suspend, Suspended.
+
+`requeue` is the resume handler's call: after an operator restart it puts a queued job back
+in the in-memory queue, or makes sure a placed job still has its pod.
+
+Callers: `kiln.controller.handlers`. Non-goals: no placement, no pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import kopf
+
+from kiln import api, models
+from kiln.controller import jobs, lifecycle, pods, status
+from kiln.warmstart import select
+from kiln.zoo import store
+
+if TYPE_CHECKING:
+    from kiln.controller.services import Services
+
+C, R = api.ConditionType, api.Reason
+ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
+
+
+async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[str]]:
+    """The parsed job and every problem with it ([] when admissible).
+
+    The registry checks build the model on the meta device (tenths of a second), so they run
+    in a worker thread and are cached per (model, dataset): a thousand jobs of a few
+    architectures build a few models.
+    """
+    try:
+        job = lifecycle.parse(body)
+    except api.InvalidSpec as exc:
+        return None, list(exc.problems)
+    key = json.dumps([api.to_wire(job.spec.model), job.spec.dataset.name.value],
+                     sort_keys=True)
+    found = _CHECKED.get(key)
+    if found is None:
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, _registry_problems, key)
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = found
+    return job, [*found, *pods.check_template(job.spec.template)]
+
+
+_CHECKED: dict[str, tuple[str, ...]] = {}  # registry problems by (model, dataset) key
+_CHECKED_MAX = 1024
+
+
+def _registry_problems(key: str) -> tuple[str, ...]:
+    """`models.check_job`'s problems for a (model spec, dataset name) key."""
+    model, dataset = json.loads(key)
+    job = api.TrainingJob.model_validate({
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "check"},
+        "spec": {"model": model, "dataset": {"name": dataset}}})
+    spec_only = set(api.validate(job))  # the real job passed these; the stand-in may not
+    return tuple(p for p in models.check_job(job) if p not in spec_only)
+
+
+def admitted(st: dict[str, Any]) -> bool:
+    """Admission finished before (a warm-start decision is recorded, or the job ended)."""
+    warm = status.condition(st, C.WARM_STARTED)
+    return status.is_terminal(st) or (warm is not None
+                                      and warm.get("reason") != R.ZOO_UNAVAILABLE.value)
+
+
+async def admit(svc: Services, body: dict[str, Any], *, retry: int) -> None:
+    """Admit a new job (module docstring).
+
+    Args:
+        svc: the operator's services.
+        body: the job as kopf saw it.
+        retry: how many times kopf already retried this handler (0 the first time).
+
+    Raises:
+        kopf.TemporaryError: the zoo is unreachable and attempts are left.
+    """
+    ref = jobs.JobRef.of(body)
+    st = body.get("status") or {}
+    if admitted(st):  # a repeated create: the operator restarted before kopf noted it done
+        if not (lifecycle.waiting(st) and ref in svc.placement):
+            await requeue(svc, ref)
+        return
+    job, problems = await validate(body)
+    if job is None or problems:
+        await reject(svc, ref, problems)
+        return
+    outcome_label = ""
+    try:
+        decision = await svc.parents.decide(job)
+    except store.StoreUnavailable as exc:
+        attempt = retry + 1
+        if attempt < svc.options.zoo_retry_limit:
+            await _zoo_unavailable(svc, ref, exc, attempt)
+        decision = select.Decision(
+            parent_id=None, similarity=None, parent_metric=None, matched_tensors=None,
+            total_tensors=None, candidates_considered=0, outcome=select.Outcome.COLD_EMPTY,
+            reason=(f"cold start: the model zoo stayed unreachable after {attempt} attempts "
+                    f"({exc})"))
+        outcome_label = ZOO_UNAVAILABLE_OUTCOME
+    except api.InvalidSpec as exc:  # a pinned parent that is not in the zoo
+        await reject(svc, ref, list(exc.problems))
+        return
+    await _queue(svc, ref, job, decision, outcome=outcome_label or decision.outcome.value)
+
+
+async def _zoo_unavailable(svc: Services, ref: jobs.JobRef, exc: Exception,
+                           attempt: int) -> None:
+    """Record a failed zoo attempt and ask kopf to retry later (raises)."""
+    delay = svc.options.zoo_retry_delay(attempt - 1)
+    message = (f"The model zoo is unreachable ({exc}); attempt {attempt} of "
+               f"{svc.options.zoo_retry_limit}, next in {delay:.0f} s; the job cold-starts "
+               "after the last one. Check the zoo endpoint and credentials.")
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        if not lifecycle.deleting(e.body):
+            e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+            if e.condition(C.WARM_STARTED, False, R.ZOO_UNAVAILABLE, message, now=now,
+                           event="Warning"):
+                svc.metrics.zoo_unavailable.inc()
+    raise kopf.TemporaryError(message, delay=delay)
+
+
+async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
+                 decision: select.Decision, *, outcome: str) -> None:
+    now = svc.clock()
+    suspended = job.spec.run_policy.suspend
+    async with svc.jobs.edit(ref) as e:
+        if lifecycle.deleting(e.body) or admitted(e.status):
+            return
+        svc.metrics.warm_starts.labels(outcome=outcome).inc()
+        e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+        e.status["warmStart"] = {k: v for k, v in {
+            "parent": decision.parent_id, "similarity": decision.similarity,
+            "parentMetric": decision.parent_metric, "matchedTensors": decision.matched_tensors,
+            "totalTensors": decision.total_tensors, "reason": decision.reason,
+        }.items() if v is not None}
+        if decision.parent_id is not None:
+            e.condition(C.WARM_STARTED, True, R.PARENT_SELECTED, _sentence(decision.reason),
+                        now=now, event="Normal")
+        else:
+            reason = (R.WARM_START_DISABLED if decision.outcome is select.Outcome.DISABLED
+                      else R.COLD_START)
+            e.condition(C.WARM_STARTED, False, reason, _sentence(decision.reason), now=now,
+                        event="Warning" if outcome == ZOO_UNAVAILABLE_OUTCOME else "Normal")
+        if suspended:
+            e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
+                        "Created suspended (spec.runPolicy.suspend); set it to false to start.",
+                        now=now, event="Normal")
+        else:
+            e.condition(C.QUEUED, True, R.WAITING_FOR_PLACEMENT,
+                        "Waiting for the placement plan to reach this job.", now=now)
+        await e.commit()
+        if not suspended and e.body is not None:
+            svc.placement.add(lifecycle.queued_entry(e.body, job, now=now))
+
+
+async def reject(svc: Services, ref: jobs.JobRef, problems: list[str]) -> None:
+    """Fail the job as InvalidSpec, naming every problem (no retries: the spec must change)."""
+    now = svc.clock()
+    message = ("Invalid spec: " + "; ".join(problems) +
+               ". Fix the job and create it again (kiln validate FILE checks it locally).")
+    async with svc.jobs.edit(ref) as e:
+        if lifecycle.deleting(e.body) or status.is_terminal(e.status):
+            return
+        e.condition(C.FAILED, True, R.INVALID_SPEC, message, now=now, event="Warning")
+        e.status["completionTime"] = status.rfc3339(now)
+    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+
+
+async def requeue(svc: Services, ref: jobs.JobRef) -> None:
+    """After an operator restart: queue a waiting job again, or make sure a placed one runs."""
+    body = await svc.jobs.fetch(ref)
+    if lifecycle.deleting(body) or body is None:
+        return
+    st = body.get("status") or {}
+    if (status.is_terminal(st) or status.is_true(st, C.SUSPENDED) or not admitted(st)):
+        return
+    if int(st.get("attempts") or 0) > 0 and status.is_true(st, C.PLACED):
+        await lifecycle.ensure_pod(svc, ref)
+    elif lifecycle.waiting(st):
+        job, problems = await validate(body)
+        if job is not None and not problems:
+            svc.placement.add(lifecycle.queued_entry(body, job, now=svc.clock()))
+    svc.metrics.set_phase(ref.namespace, ref.name, status.phase_of(st))
+
+
+def _sentence(reason: str) -> str:
+    """A decision's reason as a sentence: capitalised, with a full stop."""
+    text = reason.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith(".") else text + "."

@@ -1,0 +1,160 @@
+"""The cluster as the planner sees it: device pools, free devices, jobs already running.
+
+Pure functions from listed Node and Pod objects (DESIGN.md section 6, issue 6 item 1):
+
+* A node that is Ready, schedulable and has allocatable ``nvidia.com/gpu`` joins the "gpu"
+  pool with its GPUs minus those requested by pods Kiln does not own (other workloads). A
+  node without GPUs joins the "cpu" pool with `cpu_slots` slots (an operator setting): CPU-only
+  clusters are valid, and a CPU job holds one slot and runs single-process.
+* Kiln's own active trainer pods become `types.Running` entries (pinned by the planner) with
+  the remaining seconds their plan estimated, refined by the trainer's reported ETA.
+* `free_devices` says how many devices of a node are free right now, which is checked before a
+  planned start (a job starts when it reaches the head of its node's queue AND its devices are
+  free, DESIGN.md section 6).
+
+Callers: `kiln.controller.placement_loop`. Non-goals: no API calls, no planning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kiln.controller import pods
+from kiln.placement import types
+
+GPU_POOL = "gpu"
+CPU_POOL = "cpu"
+# A running job whose estimate has run out still holds its devices until it ends; the planner
+# is told it needs at least this much longer.
+MIN_REMAINING_SECONDS = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Pools:
+    """Device pools and who holds what.
+
+    Attributes:
+        nodes: pool name -> planner nodes with their usable device counts.
+        running: pool name -> Kiln jobs holding devices there.
+        used: (pool, node) -> devices held by active Kiln pods.
+    """
+
+    nodes: dict[str, tuple[types.Node, ...]]
+    running: dict[str, tuple[types.Running, ...]]
+    used: dict[tuple[str, str], int]
+
+    def free_devices(self, pool: str, node: str) -> int:
+        """Devices of `node` in `pool` not held by an active Kiln pod."""
+        capacity = next((n.gpus for n in self.nodes.get(pool, ()) if n.name == node), 0)
+        return capacity - self.used.get((pool, node), 0)
+
+    def pool_for(self, wants_gpus: bool) -> str | None:
+        """The pool a job runs in: GPUs when it wants them and there are GPU nodes, else CPU."""
+        if wants_gpus and self.nodes.get(GPU_POOL):
+            return GPU_POOL
+        if self.nodes.get(CPU_POOL):
+            return CPU_POOL
+        return GPU_POOL if self.nodes.get(GPU_POOL) else None
+
+
+def job_key(namespace: str, name: str) -> str:
+    """The planner's job name: ``namespace/name`` (unique across the cluster)."""
+    return f"{namespace}/{name}"
+
+
+def pools(
+    node_objects: Iterable[Mapping[str, Any]],
+    pod_objects: Iterable[Mapping[str, Any]],
+    *,
+    cpu_slots: int,
+    now: float,
+    eta_seconds: Mapping[str, float] | None = None,
+) -> Pools:
+    """The pools of a cluster (module docstring).
+
+    Args:
+        node_objects: v1 Node objects.
+        pod_objects: v1 Pod objects of all namespaces.
+        cpu_slots: slots per GPU-less node.
+        now: epoch seconds (the planner's clock).
+        eta_seconds: job key -> seconds left as the trainer last reported.
+    """
+    eta_seconds = eta_seconds or {}
+    gpu_nodes: dict[str, int] = {}
+    cpu_nodes: list[str] = []
+    for node in node_objects:
+        if not _usable(node):
+            continue
+        name = str(node["metadata"]["name"])
+        gpus = _quantity((node.get("status") or {}).get("allocatable", {}).get(
+            pods.GPU_RESOURCE))
+        if gpus > 0:
+            gpu_nodes[name] = gpus
+        else:
+            cpu_nodes.append(name)
+    foreign_gpus: dict[str, int] = {}
+    used: dict[tuple[str, str], int] = {}
+    running: dict[str, list[types.Running]] = {GPU_POOL: [], CPU_POOL: []}
+    for pod in pod_objects:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if ((pod.get("status") or {}).get("phase") in pods.FINISHED_PHASES
+                or meta.get("deletionTimestamp")):
+            continue
+        if pods.JOB_NAME_LABEL not in labels:
+            bound = str((pod.get("spec") or {}).get("nodeName") or "")
+            if bound in gpu_nodes:
+                foreign_gpus[bound] = foreign_gpus.get(bound, 0) + _requested_gpus(pod)
+            continue
+        state = pods.pod_state(pod)
+        pool = CPU_POOL if state.device == "cpu" else GPU_POOL
+        if state.node is None:
+            continue
+        used[(pool, state.node)] = used.get((pool, state.node), 0) + state.devices
+        key = job_key(str(meta.get("namespace", "")), state.job)
+        running[pool].append(types.Running(
+            job=key, node=state.node, gpus=state.devices, parallelism=state.parallelism,
+            remaining_seconds=_remaining(state, now, eta_seconds.get(key))))
+    nodes = {
+        GPU_POOL: tuple(types.Node(n, max(0, g - foreign_gpus.get(n, 0)))
+                        for n, g in sorted(gpu_nodes.items())),
+        CPU_POOL: tuple(types.Node(n, cpu_slots) for n in sorted(cpu_nodes)),
+    }
+    return Pools(nodes={k: v for k, v in nodes.items() if v},
+                 running={k: tuple(v) for k, v in running.items()}, used=used)
+
+
+def _remaining(state: pods.PodState, now: float, eta: float | None) -> float:
+    if eta is not None:
+        return max(MIN_REMAINING_SECONDS, eta)
+    elapsed = now - state.started if state.started is not None else 0.0
+    return max(MIN_REMAINING_SECONDS, state.estimated_seconds - elapsed)
+
+
+def _usable(node: Mapping[str, Any]) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return True  # no Ready condition reported: assume usable
+
+
+def _requested_gpus(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(pods.GPU_RESOURCE) or (
+            resources.get("requests") or {}).get(pods.GPU_RESOURCE)
+        total += _quantity(value)
+    return total
+
+
+def _quantity(value: Any) -> int:
+    """A whole-device resource quantity ("4", 4); 0 when absent or unreadable."""
+    try:
+        return int(str(value)) if value is not None else 0
+    except ValueError:
+        return 0

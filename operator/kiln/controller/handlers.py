@@ -1,0 +1,164 @@
+"""The kopf handlers: thin adapters from kopf's causes to one domain call each (STYLE.md B2).
+
+| handler (id) | kopf cause | domain call |
+|---|---|---|
+| login | operator login (and after a 401) | `kube.connection_info` (kubeconfig or service account) |
+| startup / cleanup | operator start / stop | settings below; `Services.start` / `stop` |
+| admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
+| resume | operator (re)started, job exists | `admission.requeue` (rebuild the queue, repair pods) |
+| suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
+| cleanup-job | TrainingJob deleted (finalizer) | `lifecycle.forget` (delete its pods) |
+| pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod` |
+| housekeeping | timer per placed or TTL-bound job | `housekeeping.tick` (TTL, deadline, progress) |
+
+Handlers are registered by `register` into a registry `main` owns (intervals come from the
+options). Each is wrapped by `_surfaced`: wall time into kiln_reconcile_seconds; API errors
+worth retrying become `kopf.TemporaryError`; anything unexpected is counted, posted as an
+UnexpectedError Warning event on the job, and re-raised for kopf to retry. Status is never
+written through kopf's `patch` (see `kiln.controller.jobs`).
+
+Startup settings: finalizer ``kiln.dev/finalizer``, progress and diff-base annotations under
+``kiln.dev/``, standalone (one replica: no peering objects), kopf's own log-to-event posting
+off (events are posted explicitly), namespace scanning off unless a namespace is a glob.
+
+Callers: `kiln.controller.main`. Non-goals: no logic beyond picking the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import kopf
+
+from kiln import api
+from kiln.controller import (
+    admission,
+    housekeeping,
+    jobs,
+    kube,
+    lifecycle,
+    pods,
+    services,
+    status,
+)
+from kiln.controller import settings as operator_settings
+
+JOBS = (api.GROUP, api.VERSION, api.PLURAL)
+FINALIZER = "kiln.dev/finalizer"
+ANNOTATION_PREFIX = "kiln.dev"
+API_RETRY_DELAY_SECONDS = 5.0
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+def register(registry: kopf.OperatorRegistry, options: operator_settings.Options) -> None:
+    """Register every handler of the operator into `registry` (module docstring)."""
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # Re-read on every call: kopf logs in again after a 401 (rotated service-account token).
+        return kube.connection_info(kubeconfig=options.kubeconfig)
+
+    kopf.on.login(registry=registry, id="login")(login)
+    kopf.on.startup(registry=registry, id="startup")(startup)
+    kopf.on.cleanup(registry=registry, id="cleanup")(cleanup)
+    kopf.on.create(*JOBS, registry=registry, id="admit")(_surfaced("admit", admit))
+    kopf.on.resume(*JOBS, registry=registry, id="resume")(_surfaced("resume", resume))
+    kopf.on.update(*JOBS, registry=registry, id="suspend", field="spec.runPolicy.suspend")(
+        _surfaced("suspend", suspend))
+    kopf.on.delete(*JOBS, registry=registry, id="cleanup-job")(_surfaced("cleanup", delete))
+    kopf.on.event("v1", "pods", registry=registry, id="pods",
+                  labels={pods.JOB_NAME_LABEL: kopf.PRESENT})(_surfaced("pods", pod_event))
+    kopf.timer(*JOBS, registry=registry, id="housekeeping",
+               interval=options.housekeeping_interval_seconds, when=housekeeping.needed)(
+        _surfaced("housekeeping", housekeeping_tick))
+
+
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf and start the services."""
+    svc: services.Services = memo.services
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.peering.standalone = True
+    settings.posting.enabled = False
+    settings.scanning.disabled = not any(
+        ch in ns for ns in svc.options.namespaces for ch in "*?[!")
+    await svc.start()
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the services."""
+    svc: services.Services = memo.services
+    await svc.stop()
+
+
+async def admit(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    """Validate a new TrainingJob, choose its warm-start parent, and queue it."""
+    await admission.admit(memo.services, dict(body), retry=retry)
+
+
+async def resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Put an existing job back where it was (queue, or its pod) after an operator restart."""
+    await admission.requeue(memo.services, jobs.JobRef.of(dict(body)))
+
+
+async def suspend(body: kopf.Body, new: Any, memo: kopf.Memo, **_: Any) -> None:
+    """Suspend or resume a job when spec.runPolicy.suspend flips."""
+    ref = jobs.JobRef.of(dict(body))
+    if new:
+        await lifecycle.suspend(memo.services, ref)
+    else:
+        await lifecycle.unsuspend(memo.services, ref)
+
+
+async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A job is being deleted: delete its pods and forget it."""
+    await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)))
+
+
+async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A trainer pod appeared, changed or vanished."""
+    await lifecycle.observe_pod(memo.services, dict(body), type)
+
+
+async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """TTL, deadline and progress of one job."""
+    await housekeeping.tick(memo.services, body)
+
+
+def _surfaced(name: str, handler: Handler) -> Handler:
+    """`handler` with timing, retryable API errors and unexpected errors surfaced (B3)."""
+
+    @functools.wraps(handler)
+    async def wrapped(**kwargs: Any) -> Any:
+        svc: services.Services = kwargs["memo"].services
+        started = time.perf_counter()
+        try:
+            return await handler(**kwargs)
+        except (kopf.TemporaryError, kopf.PermanentError):
+            raise
+        except kube.ApiError as exc:
+            svc.metrics.reconcile_errors.labels(handler=name).inc()
+            if exc.retryable:
+                raise kopf.TemporaryError(f"API server: {exc}",
+                                          delay=API_RETRY_DELAY_SECONDS) from exc
+            raise
+        except Exception as exc:
+            svc.metrics.reconcile_errors.labels(handler=name).inc()
+            body = kwargs.get("body")
+            if body is not None and body.get("kind") == api.KIND:
+                await svc.jobs.post_event(dict(body), status.Event.warning(
+                    api.Reason.UNEXPECTED_ERROR,
+                    f"Unexpected error in the operator's {name} handler: "
+                    f"{type(exc).__name__}: {exc}; it is retried. Please report it."))
+            raise
+        finally:
+            svc.metrics.reconcile_seconds.labels(handler=name).observe(
+                time.perf_counter() - started)
+
+    return wrapped

@@ -1,0 +1,117 @@
+"""Per-job periodic checks: TTL after the end, the active deadline, and live progress.
+
+The housekeeping timer (kopf, every `housekeeping_interval_seconds`) calls `tick` for each
+job that `needed` says has something to check (issue 6 items 3-4):
+
+* finished (Succeeded/Failed) with ``ttlSecondsAfterFinished``: once completionTime + TTL has
+  passed, the job is deleted (its finalizer then deletes its pods);
+* active with ``activeDeadlineSeconds``: once startTime + deadline has passed, the job fails
+  with DeadlineExceeded and cleanPodPolicy applies (startTime is set when the job is placed
+  and again when it resumes from suspension; queueing time does not count);
+* running: the trainer's metrics are read (`progress`) into status.progress, and its ETA
+  feeds the planner.
+
+The runPolicy fields are read from the raw spec, so an invalid job (which has no parsed spec)
+still honours its TTL.
+
+Callers: `kiln.controller.handlers` (the timer). Non-goals: no pod events, no planning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kiln import api
+from kiln.controller import jobs, kube, lifecycle, pods, policy, progress, status
+
+if TYPE_CHECKING:
+    from kiln.controller.services import Services
+
+C = api.ConditionType
+_log = logging.getLogger(__name__)
+
+
+def needed(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool:
+    """Whether a job needs the timer: placed and active, or finished with a TTL.
+
+    kopf runs timers only while this holds, so a thousand queued jobs cost no timers.
+    """
+    phase = (status or {}).get("phase")  # written with every status change (cheap to read)
+    if phase in (api.Phase.SUCCEEDED, api.Phase.FAILED):
+        return _int(((spec or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")) \
+            is not None
+    return phase != api.Phase.SUSPENDED and int((status or {}).get("attempts") or 0) > 0
+
+
+async def tick(svc: Services, body: Mapping[str, Any]) -> None:
+    """One round of checks for one job (module docstring)."""
+    if lifecycle.deleting(dict(body)):
+        return
+    ref = jobs.JobRef.of(dict(body))
+    st = body.get("status") or {}
+    run_policy = (body.get("spec") or {}).get("runPolicy") or {}
+    now = svc.clock()
+    if status.is_terminal(st):
+        ttl = _int(run_policy.get("ttlSecondsAfterFinished"))
+        if policy.ttl_expired(status.parse_rfc3339(st.get("completionTime")), ttl, now):
+            await _delete_finished(svc, ref, ttl)
+        return
+    if status.is_true(st, C.SUSPENDED):
+        return
+    deadline = _int(run_policy.get("activeDeadlineSeconds"))
+    started = status.parse_rfc3339(st.get("startTime"))
+    if policy.deadline_passed(started, deadline, now):
+        await lifecycle.fail(svc, ref, api.Reason.DEADLINE_EXCEEDED, (
+            f"The job ran past spec.runPolicy.activeDeadlineSeconds {deadline} s (started "
+            f"{st.get('startTime')}); its trainer was stopped. Raise the deadline or shorten "
+            "the training to finish in time."))
+        return
+    if status.is_true(st, C.RUNNING):
+        await _read_progress(svc, ref, body)
+
+
+async def _delete_finished(svc: Services, ref: jobs.JobRef, ttl: int | None) -> None:
+    """Delete a job whose TTL passed, once (the timer's body may predate the deletion)."""
+    async with svc.jobs.lock(ref):
+        if lifecycle.deleting(await svc.jobs.fetch(ref)):
+            return
+        _log.info("%s: ttlSecondsAfterFinished %s s passed; deleting the job", ref.key, ttl)
+        await svc.client.delete(kube.Paths.job(ref.namespace, ref.name))
+
+
+async def _read_progress(svc: Services, ref: jobs.JobRef, body: Mapping[str, Any]) -> None:
+    st = body.get("status") or {}
+    attempt = int(st.get("attempts") or 0) - 1
+    pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
+    if pod is None:
+        return
+    where = progress.address(svc.options.progress_address, pods.pod_state(pod), ref.namespace)
+    if where is None:
+        return
+    if svc.http is None:
+        return
+    text = await progress.read(svc.http, where,
+                               timeout_seconds=svc.options.progress_timeout_seconds)
+    if text is None:
+        return
+    epochs = int(((body.get("spec") or {}).get("training") or {}).get("epochs") or 1)
+    try:
+        found = progress.parse(text, epochs=epochs)
+    except ValueError as exc:
+        _log.warning("%s: unreadable trainer metrics at %s (%s)", ref.key, where, exc)
+        return
+    if not found:
+        return
+    if "etaSeconds" in found:
+        svc.eta_seconds[ref.key] = float(found["etaSeconds"])
+    async with svc.jobs.edit(ref) as e:
+        if (lifecycle.deleting(e.body) or not status.is_true(e.status, C.RUNNING)
+                or int(e.status.get("attempts") or 0) - 1 != attempt):
+            return
+        e.status["progress"] = found
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,376 @@
+"""A placed job's life: launch, trainer pod events, restarts, the end, suspension, deletion.
+
+Each function is one domain step, run under the job's lock through `jobs.Jobs.edit` (status
+first, then pods, so a crash in between is repaired on resume by `ensure_pod`):
+
+* `launch`: the plan reached a queued job: status Placed, placement, attempts + 1 and
+  startTime, then the pod ``<job>-trainer-<attempt>``.
+* `observe_pod`: a trainer pod changed. Only the current attempt's pod counts. Running ->
+  Running=True; exit 0 -> Succeeded with the trainer's result (termination message); a
+  retryable exit with restarts left -> Restarting and a new pod on the same placement (the
+  trainer resumes from its checkpoint); otherwise Failed (`policy.after_exit`). A pod deleted
+  under a running job counts as a retryable exit.
+* `suspend` / `unsuspend`: spec.runPolicy.suspend. Suspending deletes the active pod with the
+  grace period (SIGTERM: the trainer checkpoints and exits) and leaves the queue; resuming
+  queues the job again (a new attempt resumes from the checkpoint; the deadline clock restarts).
+* `fail`: a terminal failure decided elsewhere (activeDeadlineSeconds).
+* `forget`: the job is being deleted: its pods go, and everything kept in memory.
+
+cleanPodPolicy is applied on every terminal path (`policy.pods_to_clean`).
+
+Callers: `kiln.controller.handlers`, `housekeeping`, `admission`, `services` (placement
+callbacks). Non-goals: no admission or warm start (`admission`), no planning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from kiln import api
+from kiln.controller import jobs, kube, placement_loop, pods, policy, status
+from kiln.placement import types
+
+if TYPE_CHECKING:
+    from kiln.controller.services import Services
+
+C, R = api.ConditionType, api.Reason
+
+
+def parse(body: dict[str, Any]) -> api.TrainingJob:
+    """The job without its status (which the operator owns and the parser need not check).
+
+    Raises:
+        api.InvalidSpec: the spec does not parse or validate.
+    """
+    ref = jobs.JobRef.of(body)
+    return api.parse_job({k: v for k, v in body.items() if k != "status"}, source=ref.key)
+
+
+def deleting(body: dict[str, Any] | None) -> bool:
+    return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def waiting(st: dict[str, Any]) -> bool:
+    """Queued for placement: not placed, not suspended, not finished."""
+    return (status.is_true(st, C.QUEUED) and not status.is_true(st, C.SUSPENDED)
+            and not status.is_terminal(st))
+
+
+def queued_entry(body: dict[str, Any], job: api.TrainingJob, *,
+                 now: float) -> placement_loop.Queued:
+    """The queue entry of an admitted job, from its status."""
+    st = body.get("status") or {}
+    since = status.parse_rfc3339((status.condition(st, C.QUEUED) or {}).get(
+        "lastTransitionTime"))
+    parent = (st.get("warmStart") or {}).get("parent")
+    return placement_loop.Queued(jobs.JobRef.of(body), job, parent, since or now)
+
+
+async def launch(svc: Services, entry: placement_loop.Queued, assignment: types.Assignment,
+                 device: str) -> bool:
+    """Start a planned job (module docstring); False when it is no longer waiting."""
+    now = svc.clock()
+    async with svc.jobs.edit(entry.ref) as e:
+        if deleting(e.body) or not waiting(e.status):
+            return False
+        attempt = int(e.status.get("attempts") or 0)
+        gpus = assignment.gpus if device == "gpu" else 0
+        e.status["placement"] = {
+            "node": assignment.node, "gpus": gpus, "parallelism": assignment.parallelism,
+            "estimatedStart": status.rfc3339(max(assignment.start, now)),
+            "estimatedSeconds": round(assignment.seconds, 1)}
+        e.status["attempts"] = attempt + 1
+        e.status["startTime"] = status.rfc3339(now)
+        held = f"{gpus} GPU(s)" if gpus else "1 CPU slot"
+        message = (f"Placed on node {assignment.node} with {held} ({assignment.parallelism}), "
+                   f"estimated {assignment.seconds:.0f} s; starting pod "
+                   f"{pods.pod_name(entry.ref.name, attempt)}.")
+        e.condition(C.PLACED, True, R.PLANNED, message, now=now, event="Normal")
+        e.condition(C.QUEUED, False, R.PLANNED, message, now=now)
+        await e.commit()
+        if e.body is None:
+            return False
+        svc.metrics.queue_wait_seconds.observe(max(0.0, now - entry.since))
+        await _create_pod(svc, e, entry.job, attempt, pods.Launch(
+            node=assignment.node, devices=assignment.gpus, parallelism=assignment.parallelism,
+            device=device, parent=entry.parent, estimated_seconds=assignment.seconds,
+            started=now))
+    return True
+
+
+async def ensure_pod(svc: Services, ref: jobs.JobRef) -> None:
+    """Recreate the current attempt's pod of a placed, active job if it is missing.
+
+    Repairs an operator crash between the status write and the pod creation, and a pod
+    deleted while the operator was down.
+    """
+    async with svc.jobs.edit(ref) as e:
+        st = e.status
+        attempts = int(st.get("attempts") or 0)
+        if (deleting(e.body) or status.is_terminal(st) or status.is_true(st, C.SUSPENDED)
+                or attempts == 0 or not status.is_true(st, C.PLACED) or e.body is None):
+            return
+        name = pods.pod_name(ref.name, attempts - 1)
+        if await svc.client.get(kube.Paths.pod(ref.namespace, name)) is None:
+            await _create_pod(svc, e, parse(e.body), attempts - 1,
+                              _launch_from_status(st, now=svc.clock()))
+
+
+async def observe_pod(svc: Services, pod: dict[str, Any], event_type: str | None) -> None:
+    """React to a change of a trainer pod (module docstring)."""
+    state = pods.pod_state(pod)
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    if not state.job or not namespace:
+        return
+    ref = jobs.JobRef(namespace, state.job)
+    gone = event_type == "DELETED"
+    async with svc.jobs.edit(ref) as e:
+        st = e.status
+        if deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1:
+            return  # the job is going, or an older attempt's pod
+        if status.is_terminal(st):
+            return
+        if status.is_true(st, C.SUSPENDED):
+            if state.active and not gone:  # created just before the suspension
+                await _delete_pods(svc, namespace, [state.name])
+            return
+        now = svc.clock()
+        if gone or state.deleting:
+            verdict = policy.after_exit(
+                143, "Deleted", f"pod {state.name} was deleted before the trainer finished",
+                restarts=int(st.get("restarts") or 0),
+                backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit)
+        elif state.phase == "Running":
+            message = f"Trainer pod {state.name} is running on node {state.node}."
+            e.condition(C.RUNNING, True, R.TRAINER_STARTED, message, now=now, event="Normal")
+            if status.condition(st, C.RESTARTING) is not None:
+                e.condition(C.RESTARTING, False, R.TRAINER_STARTED, message, now=now)
+            return
+        elif state.finished:
+            exit_code = state.exit_code if state.exit_code is not None else (
+                0 if state.phase == "Succeeded" else 1)
+            verdict = policy.after_exit(
+                exit_code, state.container_reason, _trainer_words(state.message),
+                restarts=int(st.get("restarts") or 0),
+                backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit)
+        else:
+            return
+        await _apply(svc, e, state, verdict, now)
+
+
+async def _apply(svc: Services, e: jobs.Edit, state: pods.PodState, verdict: policy.Verdict,
+                 now: float) -> None:
+    ref = jobs.JobRef.of(e.body or {})
+    job = parse(e.body or {})
+    if verdict.action is policy.Action.RESTART:
+        attempt = int(e.status.get("attempts") or 0)
+        e.status["restarts"] = int(e.status.get("restarts") or 0) + 1
+        e.status["attempts"] = attempt + 1
+        e.condition(C.RESTARTING, True, verdict.reason, verdict.message, now=now,
+                    event="Warning")
+        e.condition(C.RUNNING, False, verdict.reason, verdict.message, now=now)
+        await e.commit()
+        if e.body is not None:
+            svc.metrics.restarts.labels(namespace=ref.namespace).inc()
+            await _create_pod(svc, e, job, attempt,
+                              _launch_from_status(e.status, now=now))
+        return
+    if verdict.action is policy.Action.SUCCEED:
+        result = _result(state.message)
+        if result:
+            e.status["result"] = _result_status(result)
+            _reconcile_warm_start(e, result, now=now)
+        message = _success_message(job, result)
+        e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
+        e.condition(C.RUNNING, False, R.TRAINING_COMPLETED, message, now=now)
+    else:
+        e.condition(C.FAILED, True, verdict.reason, verdict.message, now=now, event="Warning")
+        if status.condition(e.status, C.RUNNING) is not None:
+            e.condition(C.RUNNING, False, verdict.reason, verdict.message, now=now)
+    if status.is_true(e.status, C.RESTARTING):
+        e.condition(C.RESTARTING, False, verdict.reason, verdict.message, now=now)
+    await _finish(svc, e, job, now=now)
+
+
+async def fail(svc: Services, ref: jobs.JobRef, reason: api.Reason, message: str) -> None:
+    """Fail an active job for `reason` (e.g. DeadlineExceeded) and clean its pods."""
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        if deleting(e.body) or status.is_terminal(e.status):
+            return
+        e.condition(C.FAILED, True, reason, message, now=now, event="Warning")
+        for type_ in (C.RUNNING, C.QUEUED, C.RESTARTING):
+            if status.is_true(e.status, type_):
+                e.condition(type_, False, reason, message, now=now)
+        await _finish(svc, e, parse(e.body or {}), now=now)
+
+
+async def _finish(svc: Services, e: jobs.Edit, job: api.TrainingJob, *, now: float) -> None:
+    """Write a terminal status, then apply cleanPodPolicy (lock held)."""
+    ref = jobs.JobRef.of(e.body or {})
+    e.status["completionTime"] = status.rfc3339(now)
+    await e.commit()
+    svc.placement.remove(ref)
+    svc.eta_seconds.pop(ref.key, None)
+    result = "succeeded" if status.is_true(e.status, C.SUCCEEDED) else "failed"
+    svc.metrics.finished.labels(namespace=ref.namespace, result=result).inc()
+    job_pods = await job_pod_states(svc, ref)
+    await _delete_pods(svc, ref.namespace,
+                       policy.pods_to_clean(job_pods, job.spec.run_policy.clean_pod_policy))
+
+
+async def suspend(svc: Services, ref: jobs.JobRef) -> None:
+    """spec.runPolicy.suspend became true (module docstring)."""
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        if deleting(e.body) or status.is_terminal(e.status) or status.is_true(
+                e.status, C.SUSPENDED):
+            return
+        message = (f"Suspended by spec.runPolicy.suspend: the trainer was asked to checkpoint "
+                   f"and stop ({svc.options.termination_grace_seconds} s grace); set it to "
+                   "false to resume.")
+        e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER, message, now=now, event="Normal")
+        for type_ in (C.RUNNING, C.QUEUED, C.PLACED, C.RESTARTING):
+            if status.is_true(e.status, type_):
+                e.condition(type_, False, R.SUSPENDED_BY_USER, message, now=now)
+        e.status.pop("startTime", None)  # the deadline clock stops while suspended
+        await e.commit()
+        svc.placement.remove(ref)
+        active = [p.name for p in await job_pod_states(svc, ref) if p.active]
+        await _delete_pods(svc, ref.namespace, active)
+
+
+async def unsuspend(svc: Services, ref: jobs.JobRef) -> None:
+    """spec.runPolicy.suspend became false: queue the job again."""
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        if (deleting(e.body) or status.is_terminal(e.status)
+                or not status.is_true(e.status, C.SUSPENDED) or e.body is None):
+            return
+        message = "Resumed: queued for placement; the trainer continues from its checkpoint."
+        e.condition(C.SUSPENDED, False, R.RESUMED, message, now=now, event="Normal")
+        admitted = status.condition(e.status, C.WARM_STARTED) is not None
+        if admitted:
+            e.condition(C.QUEUED, True, R.WAITING_FOR_PLACEMENT, message, now=now)
+        await e.commit()
+        if admitted and e.body is not None:
+            svc.placement.add(queued_entry(e.body, parse(e.body), now=now))
+
+
+async def forget(svc: Services, ref: jobs.JobRef) -> None:
+    """The job is being deleted: delete its pods, drop it from memory."""
+    async with svc.jobs.lock(ref):
+        svc.placement.remove(ref)
+        svc.eta_seconds.pop(ref.key, None)
+        await _delete_pods(svc, ref.namespace, [p.name for p in await job_pod_states(svc, ref)])
+    svc.jobs.forget(ref)
+
+
+async def job_pod_states(svc: Services, ref: jobs.JobRef) -> list[pods.PodState]:
+    """The job's pods (filtered here: selectors are not relied upon)."""
+    listed = await svc.client.list(kube.Paths.pods(ref.namespace))
+    states = [pods.pod_state(p) for p in listed]
+    return [s for s in states if s.job == ref.name]
+
+
+async def _delete_pods(svc: Services, namespace: str, names: list[str]) -> None:
+    for name in names:
+        await svc.client.delete(kube.Paths.pod(namespace, name),
+                                grace_period_seconds=svc.options.termination_grace_seconds)
+
+
+async def _create_pod(svc: Services, e: jobs.Edit, job: api.TrainingJob, attempt: int,
+                      launch_: pods.Launch) -> None:
+    """Create the attempt's pod (an existing one is kept: the name is deterministic).
+
+    A pod the API server refuses as invalid (400/422: e.g. a bad spec.template) fails the job
+    as InvalidSpec with the server's words; other errors propagate (retried).
+    """
+    body = e.body or {}
+    ref = jobs.JobRef.of(body)
+    manifest = pods.build_pod(body, job, attempt=attempt, launch=launch_,
+                              settings=svc.pod_settings)
+    try:
+        await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
+    except kube.ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        message = (f"The API server refused trainer pod {manifest['metadata']['name']}: {exc}; "
+                   "fix spec.template and create the job again.")
+        now = svc.clock()
+        e.condition(C.FAILED, True, R.INVALID_SPEC, message, now=now, event="Warning")
+        for type_ in (C.RUNNING, C.RESTARTING):
+            if status.is_true(e.status, type_):
+                e.condition(type_, False, R.INVALID_SPEC, message, now=now)
+        e.status["completionTime"] = status.rfc3339(now)
+        svc.placement.remove(ref)
+
+
+def _launch_from_status(st: dict[str, Any], *, now: float) -> pods.Launch:
+    """The current placement again (restarts stay on their node, config and parent)."""
+    placement = st.get("placement") or {}
+    gpus = int(placement.get("gpus") or 0)
+    return pods.Launch(
+        node=str(placement.get("node")), devices=gpus or 1,
+        parallelism=str(placement.get("parallelism") or "single"),
+        device="gpu" if gpus else "cpu", parent=(st.get("warmStart") or {}).get("parent"),
+        estimated_seconds=float(placement.get("estimatedSeconds") or 0.0), started=now)
+
+
+def _result(message: str) -> dict[str, Any]:
+    """The trainer's result from its termination message ({} when there is none)."""
+    try:
+        decoded = json.loads(message)
+    except ValueError:
+        return {}
+    return decoded if isinstance(decoded, dict) and decoded.get("event") == "result" else {}
+
+
+def _trainer_words(message: str) -> str:
+    """One line of the trainer's own explanation (its error event, else the log's last line)."""
+    try:
+        decoded = json.loads(message)
+        if isinstance(decoded, dict) and decoded.get("message"):
+            return str(decoded["message"])[:500]
+    except ValueError:
+        pass
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
+
+
+def _result_status(result: dict[str, Any]) -> dict[str, Any]:
+    wire = {
+        "metric": result.get("metric"),
+        "validationAccuracy": result.get("validation_accuracy"),
+        "validationLoss": result.get("validation_loss"),
+        "zooModel": result.get("zoo_model"),
+        "wallSeconds": result.get("wall_seconds"),
+        "timeToTargetSeconds": result.get("time_to_target_seconds"),
+    }
+    return {k: v for k, v in wire.items() if v is not None}
+
+
+def _reconcile_warm_start(e: jobs.Edit, result: dict[str, Any], *, now: float) -> None:
+    """The trainer may still cold-start a planned parent (10% rule): say so in status."""
+    planned = (e.status.get("warmStart") or {}).get("parent")
+    if "parent" not in result or result.get("parent") == planned or result.get("parent"):
+        return
+    reason = str(result.get("warm_start") or "cold start in the trainer")
+    e.status["warmStart"] = {k: v for k, v in {
+        "similarity": result.get("similarity"), "reason": reason}.items() if v is not None}
+    e.condition(C.WARM_STARTED, False, R.COLD_START, reason, now=now, event="Normal")
+
+
+def _success_message(job: api.TrainingJob, result: dict[str, Any]) -> str:
+    if not result:
+        return "Training completed (the trainer left no result)."
+    metric, value = result.get("metric_name"), result.get("metric")
+    shown = f"{metric} {value:.4f}" if isinstance(value, float) else f"{metric} {value}"
+    parts = [(f"Training completed: {shown} after {result.get('epochs_run')} epoch(s) in "
+             f"{float(result.get('wall_seconds') or 0):.1f} s")]
+    if job.spec.target is not None:
+        parts.append("target reached" if result.get("target_reached") else "target not reached")
+    if result.get("zoo_model"):
+        parts.append(f"registered zoo model {result['zoo_model']}")
+    return "; ".join(parts) + "."

@@ -1,0 +1,152 @@
+"""`kiln operator`: run the Kiln operator against any Kubernetes API server.
+
+    python -m kiln.controller [--kubeconfig FILE] [--namespace NS ...] [--zoo s3://bucket] ...
+    kiln operator ...            (the same options; kiln.cli calls `main`)
+
+In a cluster the operator runs as a Deployment with one replica and uses its service
+account; out of cluster, ``--kubeconfig`` (or $KUBECONFIG) points it at any API server, e.g.
+``kiln operator --kubeconfig ~/.kube/config --zoo s3://kiln-zoo --zoo-endpoint
+minio.example:9000`` with KILN_ZOO_ACCESS_KEY/KILN_ZOO_SECRET_KEY in the environment. Every
+option is a field of `settings.Options` (flag = field name with dashes); `build_parser`
+lists them with their defaults.
+
+`run(options)` blocks until SIGINT/SIGTERM: it resolves the credentials, builds the services,
+registers the handlers, serves /metrics, and runs kopf (standalone, cluster-wide or on the
+given namespaces, liveness on /healthz).
+
+Callers: `kiln.cli` (``kiln operator``), ``python -m kiln.controller``, the e2e tests (as a
+subprocess). Non-goals: no installation of the CRD (apply crds/trainingjob.yaml first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from kiln.controller import handlers, kube, services, settings
+
+_log = logging.getLogger(__name__)
+
+# (field of settings.Options, help). Flags are the field names with dashes.
+_HELP: tuple[tuple[str, str], ...] = (
+    ("kubeconfig", "kubeconfig file (default: $KUBECONFIG, else the pod's service account)"),
+    ("namespaces", "namespace to watch (repeatable; default: all namespaces)"),
+    ("zoo_uri", "model zoo: s3://bucket[/prefix] or a directory"),
+    ("zoo_endpoint", ("S3 endpoint host:port or http(s)://host:port for the operator and the "
+                      "trainer pods (default: $KILN_ZOO_ENDPOINT)")),
+    ("zoo_secret", "Secret in each job namespace with the zoo credentials for trainer pods"),
+    ("zoo_secret_access_key", "key of the access key in --zoo-secret"),
+    ("zoo_secret_secret_key", "key of the secret key in --zoo-secret"),
+    ("zoo_retry_limit", "failed attempts to reach the zoo before a job cold-starts"),
+    ("zoo_retry_delay_seconds", "wait after the first failed zoo attempt (doubles each time)"),
+    ("zoo_retry_max_delay_seconds", "longest wait between zoo attempts"),
+    ("zoo_request_attempts", "S3 requests tried per zoo attempt"),
+    ("zoo_refresh_seconds", "re-list the zoo's models at most this often"),
+    ("zoo_query_timeout_seconds", "deadline of one warm-start parent search"),
+    ("default_image", "trainer image for jobs without spec.template.image"),
+    ("image_pull_policy", "imagePullPolicy of trainer pods"),
+    ("trainer_metrics_port", "the trainer's Prometheus port inside its pod"),
+    ("trainer_service_account", "service account of trainer pods"),
+    ("termination_grace_seconds", "time a stopped trainer has to checkpoint"),
+    ("liveness_port", "port of the liveness endpoint /healthz (0: none)"),
+    ("liveness_host", "interface of the liveness endpoint"),
+    ("metrics_port", "port of the operator's Prometheus /metrics (0: none)"),
+    ("metrics_host", "interface of /metrics"),
+    ("placement_interval_seconds", "re-plan at least this often"),
+    ("placement_time_limit_seconds", "MILP time limit per plan"),
+    ("placement_use_milp", "solve the MILP (else the heuristic alone)"),
+    ("placement_freeze_window_seconds", "planned starts this close keep their slot"),
+    ("placement_start_tolerance_seconds", "a planned start this close counts as now"),
+    ("max_gpus_per_job", "most GPUs one job gets"),
+    ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),
+    ("housekeeping_interval_seconds", "how often deadlines, TTLs and progress are checked"),
+    ("progress_address", "trainer metrics address, from {pod_ip} {port} {pod} {namespace}"),
+    ("progress_timeout_seconds", "timeout of one trainer metrics read"),
+    ("verbose", "debug logging"),
+)
+
+
+def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
+    """The argument parser of `kiln operator` (every `settings.Options` field)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run the Kiln operator (kopf) against a Kubernetes API server.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = settings.Options()
+    fields = {f.name: f for f in dataclasses.fields(settings.Options)}
+    for name, text in _HELP:
+        flag = "--" + name.replace("_", "-")
+        default = getattr(defaults, name)
+        if name == "namespaces":
+            parser.add_argument("--namespace", "-n", dest=name, action="append", default=[],
+                                help=text)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                default=default, help=text)
+        elif name == "kubeconfig":
+            parser.add_argument(flag, dest=name, type=Path, default=None, help=text)
+        else:
+            kind: Any = type(default) if default is not None else str
+            parser.add_argument(flag, dest=name, type=kind, default=default, help=text)
+        assert name in fields, name
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> settings.Options:
+    """`settings.Options` from parsed arguments."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(settings.Options)
+              if hasattr(args, f.name)}
+    values["namespaces"] = tuple(values.get("namespaces") or ())
+    return settings.Options(**values)
+
+
+def run(options: settings.Options) -> None:
+    """Run the operator until SIGINT/SIGTERM (module docstring).
+
+    Raises:
+        kopf.LoginError: no credentials (no kubeconfig and not in a pod).
+        ValueError: unusable zoo settings.
+    """
+    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not options.verbose:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").addFilter(_quiet_timers)
+    connection = kube.connection_info(kubeconfig=options.kubeconfig)
+    svc = services.Services.create(options, connection)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, options)
+    if options.metrics_port:
+        prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_host,
+                                            registry=svc.metrics.registry)
+    liveness = (f"http://{options.liveness_host}:{options.liveness_port}/healthz"
+                if options.liveness_port else None)
+    _log.info("Kiln operator: API server %s, %s, zoo %s", connection.server,
+              f"namespaces {', '.join(options.namespaces)}" if options.namespaces
+              else "all namespaces", options.zoo_uri)
+    kopf.run(registry=registry, standalone=True, clusterwide=not options.namespaces,
+             namespaces=options.namespaces, liveness_endpoint=liveness,
+             memo=kopf.Memo(services=svc))
+
+
+def _quiet_timers(record: logging.LogRecord) -> bool:
+    """Drop kopf's "Timer 'housekeeping' succeeded." line (one per job per interval)."""
+    message = record.getMessage()
+    return not (message.startswith("Timer ") and message.endswith(" succeeded."))
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> int:
+    """Parse `argv` and run the operator; returns the process exit code."""
+    args = build_parser(prog).parse_args(argv)
+    try:
+        run(options_from_args(args))
+    except (kopf.LoginError, ValueError) as exc:
+        print(f"{prog}: error: {exc}")
+        return 2
+    return 0

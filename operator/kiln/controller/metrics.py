@@ -1,0 +1,99 @@
+"""Prometheus metrics of the operator process (STYLE.md B9; k8s_peers.md section 6).
+
+Every metric is named ``kiln_<what>_<base unit>``, lives in the operator's own registry, and
+carries only bounded labels (namespace, phase, handler, outcome, solver, result):
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| kiln_build_info | gauge (1) | version, python | the running build |
+| kiln_jobs | gauge | namespace, phase | TrainingJobs by phase (as last written) |
+| kiln_jobs_finished_total | counter | namespace, result | jobs that reached succeeded/failed |
+| kiln_job_restarts_total | counter | namespace | trainer restarts after retryable exits |
+| kiln_reconcile_errors_total | counter | handler | handler calls that raised |
+| kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
+| kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job (kiln.warmstart.select.Outcome values; zoo_unavailable: cold start after the retries) |
+| kiln_zoo_unavailable_total | counter | | failed attempts to reach the zoo at admission |
+| kiln_zoo_query_seconds | histogram | | one warm-start parent search |
+| kiln_placement_solve_seconds | histogram | solver | one (re)plan |
+| kiln_queue_wait_seconds | histogram | | from Queued to the trainer pod's creation |
+| kiln_queued_jobs | gauge | | jobs waiting in the operator's placement queue |
+
+Callers: every `kiln.controller` module through `Services.metrics`; `main` serves the registry
+over HTTP. Non-goals: no per-job labels (trainer pods export those themselves).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import prometheus_client
+
+from kiln import api
+
+VERSION = "0.1.0"
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0,
+                 12 * 3600.0, 24 * 3600.0)
+
+
+class OperatorMetrics:
+    """The operator's metrics in a private `CollectorRegistry` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.build_info = prometheus_client.Gauge(
+            "kiln_build_info", "The running Kiln operator build (always 1). Labels: version, "
+            "python.", ["version", "python"], registry=r)
+        self.build_info.labels(version=VERSION, python=platform.python_version()).set(1)
+        self.jobs = prometheus_client.Gauge(
+            "kiln_jobs", "TrainingJobs by phase. Labels: namespace, phase (Pending, Queued, "
+            "Running, Succeeded, Failed, Suspended).", ["namespace", "phase"], registry=r)
+        self.finished = prometheus_client.Counter(
+            "kiln_jobs_finished", "TrainingJobs that ended. Labels: namespace, result "
+            "(succeeded, failed).", ["namespace", "result"], registry=r)
+        self.restarts = prometheus_client.Counter(
+            "kiln_job_restarts", "Trainer restarts after retryable exits. Labels: namespace.",
+            ["namespace"], registry=r)
+        self.reconcile_errors = prometheus_client.Counter(
+            "kiln_reconcile_errors", "Handler calls that raised. Labels: handler (admit, "
+            "resume, pods, suspend, housekeeping, cleanup, placement).", ["handler"],
+            registry=r)
+        self.reconcile_seconds = prometheus_client.Histogram(
+            "kiln_reconcile_seconds", "Wall seconds of one handler call. Labels: handler.",
+            ["handler"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.warm_starts = prometheus_client.Counter(
+            "kiln_warm_start", "Warm-start decisions, one per admitted job. Labels: outcome "
+            "(warm, pinned, "
+            "cold_empty, cold_incompatible, cold_below_min_similarity, cold_few_tensors, "
+            "cold_untraceable, cold_unreadable_parent, disabled, zoo_unavailable).",
+            ["outcome"], registry=r)
+        self.zoo_unavailable = prometheus_client.Counter(
+            "kiln_zoo_unavailable", "Failed attempts to reach the model zoo at admission.",
+            registry=r)
+        self.zoo_query_seconds = prometheus_client.Histogram(
+            "kiln_zoo_query_seconds", "Wall seconds of one warm-start parent search.",
+            buckets=_SECONDS_BUCKETS, registry=r)
+        self.placement_solve_seconds = prometheus_client.Histogram(
+            "kiln_placement_solve_seconds", "Wall seconds of one (re)plan. Labels: solver "
+            "(heuristic, milp, ...).", ["solver"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.queue_wait_seconds = prometheus_client.Histogram(
+            "kiln_queue_wait_seconds", "Seconds from Queued to the trainer pod's creation.",
+            buckets=_WAIT_BUCKETS, registry=r)
+        self.queued_jobs = prometheus_client.Gauge(
+            "kiln_queued_jobs", "Jobs waiting in the operator's placement queue.", registry=r)
+        self._phases: dict[tuple[str, str], str] = {}
+
+    def set_phase(self, namespace: str, name: str, phase: api.Phase | None) -> None:
+        """Record job `namespace/name`'s phase (None: the job is gone)."""
+        key = (namespace, name)
+        before = self._phases.pop(key, None)
+        if before is not None:
+            self.jobs.labels(namespace=namespace, phase=before).dec()
+        if phase is not None:
+            self._phases[key] = phase.value
+            self.jobs.labels(namespace=namespace, phase=phase.value).inc()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return prometheus_client.generate_latest(self.registry)

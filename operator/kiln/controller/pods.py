@@ -1,0 +1,392 @@
+"""Trainer pods as data: the pod a placed job runs in, and what a pod says about its trainer.
+
+`build_pod` writes the pod for one attempt of a job (issue 6 item 2): named
+``<job>-trainer-<attempt>`` (deterministic, so a retried create finds the pod it made); owned
+by the job (`kopf.adopt`: owner reference, namespace, the job's labels); image from
+``spec.template.image`` or the operator's default; ``nvidia.com/gpu`` limits and a required node
+affinity from the plan; torchrun (``python -m torch.distributed.run --standalone``) for
+ddp/fsdp on one node, plain ``python -m kiln_trainer`` otherwise; the job, zoo URI and endpoint, the metrics port and the
+warm-start parent in the environment, zoo credentials only as ``secretKeyRef`` (never values);
+labels ``kiln.dev/job-name`` and ``kiln.dev/attempt`` plus the job's ``kueue.x-k8s.io/*``
+labels; Prometheus scrape annotations; non-root, no privilege escalation, all capabilities
+dropped, seccomp RuntimeDefault. `spec.template` may override the keys in TEMPLATE_KEYS
+(`check_template` lists the problems of any other).
+
+`pod_state` reads a pod back: phase, node, IP, and the trainer container's exit code, reason
+and termination message.
+
+Callers: `kiln.controller.lifecycle` (create, observe), `kiln.controller.cluster` (who uses
+which devices), `kiln.controller.admission` (template checks). Non-goals: no API calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+
+from kiln import api
+
+JOB_NAME_LABEL = "kiln.dev/job-name"
+ATTEMPT_LABEL = "kiln.dev/attempt"
+NODE_ANNOTATION = "kiln.dev/node"
+GPUS_ANNOTATION = "kiln.dev/gpus"
+PARALLELISM_ANNOTATION = "kiln.dev/parallelism"
+DEVICE_ANNOTATION = "kiln.dev/device"
+ESTIMATED_SECONDS_ANNOTATION = "kiln.dev/estimated-seconds"
+STARTED_ANNOTATION = "kiln.dev/started-epoch-seconds"
+KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+CONTAINER_NAME = "trainer"
+METRICS_PORT_NAME = "metrics"
+SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
+
+# spec.template keys a job may set (the rest of the pod belongs to the operator).
+TEMPLATE_KEYS = (
+    "image", "imagePullPolicy", "env", "resources", "nodeSelector", "tolerations", "affinity",
+    "serviceAccountName", "priorityClassName", "schedulerName", "labels", "annotations",
+    "imagePullSecrets",
+)
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSettings:
+    """Operator-wide pod settings (command-line options of `kiln operator`).
+
+    Attributes:
+        default_image: trainer image when spec.template.image is not set.
+        image_pull_policy: default imagePullPolicy.
+        zoo_uri: zoo store URI for the trainer (KILN_ZOO), e.g. s3://kiln-zoo.
+        zoo_endpoint: S3 endpoint for the trainer (KILN_ZOO_ENDPOINT), or None.
+        zoo_secret: name of a Secret in the job's namespace holding the zoo credentials, or
+            None (anonymous, or a directory zoo).
+        zoo_secret_access_key: key of the access key in that Secret.
+        zoo_secret_secret_key: key of the secret key in that Secret.
+        metrics_port: the trainer's Prometheus port inside the pod.
+        termination_grace_seconds: how long a deleted pod's trainer has to checkpoint.
+        run_as_user: the non-root uid the trainer runs as.
+        service_account: service account of trainer pods, or None for the namespace default.
+    """
+
+    default_image: str
+    zoo_uri: str
+    image_pull_policy: str = "IfNotPresent"
+    zoo_endpoint: str | None = None
+    zoo_secret: str | None = None
+    zoo_secret_access_key: str = "accessKey"
+    zoo_secret_secret_key: str = "secretKey"
+    metrics_port: int = 9090
+    termination_grace_seconds: int = 60
+    run_as_user: int = 1000
+    service_account: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Where and how the plan runs one attempt.
+
+    Attributes:
+        node: the planned node.
+        devices: GPUs (device "gpu") or CPU slots (device "cpu") held on it.
+        parallelism: "single", "ddp" or "fsdp".
+        device: "gpu" or "cpu".
+        parent: warm-start parent decided by the operator, or None for a cold start.
+        estimated_seconds: the plan's duration estimate.
+        started: epoch seconds when the attempt was launched.
+    """
+
+    node: str
+    devices: int
+    parallelism: str
+    device: str
+    parent: str | None
+    estimated_seconds: float
+    started: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PodState:
+    """What a pod says about its trainer.
+
+    Attributes:
+        name: pod name.
+        job: the job it belongs to (kiln.dev/job-name label).
+        attempt: the attempt number (kiln.dev/attempt label), -1 when unreadable.
+        phase: Pending, Running, Succeeded, Failed or Unknown.
+        node: spec.nodeName, else the planned node, else None.
+        pod_ip: status.podIP or None.
+        devices: devices held (kiln.dev/gpus annotation).
+        device: "gpu" or "cpu" (kiln.dev/device annotation).
+        parallelism: kiln.dev/parallelism annotation.
+        estimated_seconds: the plan's estimate for the attempt.
+        started: epoch seconds the attempt was launched, or None.
+        exit_code: the trainer container's exit code once terminated, else None.
+        container_reason: its terminated reason (Completed, Error, OOMKilled, ...).
+        message: its termination message ("" when none).
+        metrics_port: port of the trainer's /metrics (prometheus.io/port), or None.
+        deleting: the pod has a deletionTimestamp.
+    """
+
+    name: str
+    job: str
+    attempt: int
+    phase: str
+    node: str | None
+    pod_ip: str | None
+    devices: int
+    device: str
+    parallelism: str
+    estimated_seconds: float
+    started: float | None
+    exit_code: int | None
+    container_reason: str | None
+    message: str
+    metrics_port: int | None
+    deleting: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    @property
+    def active(self) -> bool:
+        """Still holding its devices: not finished and not being deleted."""
+        return not self.finished and not self.deleting
+
+
+def pod_name(job_name: str, attempt: int) -> str:
+    """The deterministic name of `job_name`'s trainer pod for `attempt` (0-based)."""
+    return f"{job_name}-trainer-{attempt}"
+
+
+def trainer_command(parallelism: str, processes: int) -> list[str]:
+    """The container command: ``python -m kiln_trainer``, under torchrun for k > 1 processes.
+
+    The same form as `kiln_trainer.parallel.launch_command` (which the operator cannot import:
+    the trainer package is not part of the operator's image): torchrun as
+    ``python -m torch.distributed.run --standalone`` (one node, private rendezvous), and
+    ``--parallelism`` for the trainer.
+
+    Args:
+        parallelism: "single", "ddp" or "fsdp".
+        processes: worker processes, one per GPU (or CPU slot).
+    """
+    if processes <= 1:
+        return ["python", "-m", "kiln_trainer"]
+    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(processes), "-m", "kiln_trainer", "--parallelism", parallelism]
+
+
+def check_template(template: Mapping[str, Any]) -> list[str]:
+    """Problems of spec.template, each as ``spec.template.<key>: ...`` ([] when usable)."""
+    problems = []
+    for key, value in template.items():
+        if key not in TEMPLATE_KEYS:
+            problems.append(f"spec.template.{key}: not a pod setting Kiln passes through; use "
+                            f"one of {', '.join(TEMPLATE_KEYS)}")
+            continue
+        if key in ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName",
+                   "schedulerName") and not (isinstance(value, str) and value):
+            problems.append(f"spec.template.{key}: must be a non-empty string (got {value!r})")
+        if key in ("env", "tolerations", "imagePullSecrets") and not isinstance(value, list):
+            problems.append(f"spec.template.{key}: must be a list (got {type(value).__name__})")
+        if key in ("resources", "nodeSelector", "affinity", "labels", "annotations") and not (
+                isinstance(value, dict)):
+            problems.append(f"spec.template.{key}: must be a mapping (got "
+                            f"{type(value).__name__})")
+        if key == "env" and isinstance(value, list):
+            for i, item in enumerate(value):
+                if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
+                    problems.append(f"spec.template.env[{i}]: needs a name (got {item!r})")
+    return problems
+
+
+def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, launch: Launch,
+              settings: PodSettings) -> dict[str, Any]:
+    """The pod for one attempt of `job` (module docstring).
+
+    Args:
+        owner: the TrainingJob object as the API returned it (needs metadata.uid).
+        job: the parsed job.
+        attempt: 0-based attempt number (restarts and resumptions each add one).
+        launch: the plan's node, devices and parallelism, and the warm-start parent.
+        settings: operator-wide pod settings.
+
+    Returns:
+        A v1 Pod manifest, owned by `owner`.
+    """
+    template = job.spec.template
+    labels = {
+        JOB_NAME_LABEL: job.name,
+        ATTEMPT_LABEL: str(attempt),
+        "app.kubernetes.io/name": "kiln-trainer",
+        "app.kubernetes.io/managed-by": "kiln-operator",
+        **{k: v for k, v in job.metadata.labels.items() if k.startswith(KUEUE_LABEL_PREFIX)},
+        **dict(template.get("labels") or {}),
+    }
+    labels[JOB_NAME_LABEL], labels[ATTEMPT_LABEL] = job.name, str(attempt)
+    annotations = {
+        **dict(template.get("annotations") or {}),
+        "prometheus.io/scrape": "true",
+        SCRAPE_PORT_ANNOTATION: str(settings.metrics_port),
+        "prometheus.io/path": "/metrics",
+        NODE_ANNOTATION: launch.node,
+        GPUS_ANNOTATION: str(launch.devices),
+        PARALLELISM_ANNOTATION: launch.parallelism,
+        DEVICE_ANNOTATION: launch.device,
+        ESTIMATED_SECONDS_ANNOTATION: f"{launch.estimated_seconds:.1f}",
+        STARTED_ANNOTATION: f"{launch.started:.3f}",
+    }
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name(job.name, attempt), "labels": labels,
+                     "annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+            "securityContext": {
+                "runAsNonRoot": True, "runAsUser": settings.run_as_user,
+                "runAsGroup": settings.run_as_user, "fsGroup": settings.run_as_user,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "affinity": _affinity(template.get("affinity"), launch.node),
+            "containers": [_container(job, launch, settings)],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+    spec = pod["spec"]
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "schedulerName",
+                "imagePullSecrets"):
+        if key in template:
+            spec[key] = copy.deepcopy(template[key])
+    account = template.get("serviceAccountName") or settings.service_account
+    if account:
+        spec["serviceAccountName"] = account
+    kopf.adopt(pod, owner=cast(kopf.Body, dict(owner)))  # owner reference, namespace, the job's labels
+    return pod
+
+
+def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> dict[str, Any]:
+    template = job.spec.template
+    resources = copy.deepcopy(template.get("resources") or {})
+    if launch.device == "gpu":
+        resources.setdefault("limits", {})[GPU_RESOURCE] = str(launch.devices)
+    return {
+        "name": CONTAINER_NAME,
+        "image": template.get("image") or settings.default_image,
+        "imagePullPolicy": template.get("imagePullPolicy") or settings.image_pull_policy,
+        "command": trainer_command(launch.parallelism, launch.devices),
+        "env": _env(job, launch, settings),
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": settings.metrics_port,
+                   "protocol": "TCP"}],
+        "resources": resources,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "runAsNonRoot": True, "allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[dict[str, Any]]:
+    wire = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "metadata": {"name": job.name, "namespace": job.metadata.namespace},
+            "spec": api.to_wire(job.spec)}
+    env: list[dict[str, Any]] = [
+        {"name": "KILN_JOB", "value": json.dumps(wire, separators=(",", ":"))},
+        {"name": "KILN_ZOO", "value": settings.zoo_uri},
+        {"name": "KILN_METRICS_PORT", "value": str(settings.metrics_port)},
+        {"name": "KILN_WARM_START_PARENT", "value": launch.parent or "none"},
+        {"name": "KILN_PARALLELISM", "value": launch.parallelism},
+        {"name": "KILN_DEVICES", "value": str(launch.devices)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if settings.zoo_endpoint:
+        env.append({"name": "KILN_ZOO_ENDPOINT", "value": settings.zoo_endpoint})
+    if settings.zoo_secret:
+        for name, key in (("KILN_ZOO_ACCESS_KEY", settings.zoo_secret_access_key),
+                          ("KILN_ZOO_SECRET_KEY", settings.zoo_secret_secret_key)):
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {
+                "name": settings.zoo_secret, "key": key}}})
+    overrides = [dict(e) for e in job.spec.template.get("env") or []]
+    names = {e.get("name") for e in overrides}
+    return [e for e in env if e["name"] not in names] + overrides
+
+
+def _affinity(template_affinity: Any, node: str) -> dict[str, Any]:
+    """The template's affinity with a required ``kubernetes.io/hostname In [node]`` ANDed in."""
+    affinity = copy.deepcopy(template_affinity) if isinstance(template_affinity, dict) else {}
+    pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(pin)
+    required["nodeSelectorTerms"] = terms
+    return affinity
+
+
+def planned_node(pod: Mapping[str, Any]) -> str | None:
+    """spec.nodeName once scheduled, else the node the plan pinned it to."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(NODE_ANNOTATION)
+
+
+def pod_state(pod: Mapping[str, Any]) -> PodState:
+    """Read a trainer pod (module docstring)."""
+    meta = pod.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    status = pod.get("status") or {}
+    terminated = _terminated(status)
+    return PodState(
+        name=str(meta.get("name", "")),
+        job=str(labels.get(JOB_NAME_LABEL, "")),
+        attempt=_int(labels.get(ATTEMPT_LABEL), -1),
+        phase=str(status.get("phase") or "Pending"),
+        node=planned_node(pod),
+        pod_ip=status.get("podIP") or None,
+        devices=_int(annotations.get(GPUS_ANNOTATION), 1),
+        device=str(annotations.get(DEVICE_ANNOTATION, "gpu")),
+        parallelism=str(annotations.get(PARALLELISM_ANNOTATION, "single")),
+        estimated_seconds=_float(annotations.get(ESTIMATED_SECONDS_ANNOTATION), 0.0),
+        started=_float(annotations.get(STARTED_ANNOTATION), None),
+        exit_code=_int(terminated.get("exitCode"), None) if terminated else None,
+        container_reason=terminated.get("reason") if terminated else None,
+        message=str(terminated.get("message") or "") if terminated else "",
+        metrics_port=_int(annotations.get(SCRAPE_PORT_ANNOTATION), None),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _terminated(status: Mapping[str, Any]) -> dict[str, Any]:
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == CONTAINER_NAME:
+            state = container.get("state") or {}
+            return dict(state.get("terminated") or {})
+    return {}
+
+
+def _int(value: Any, default: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any, default: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,132 @@
+"""The operator's settings: one frozen dataclass, filled from the command line by `main`.
+
+Every knob of `kiln operator` lives in `Options`, with its unit in its name and its default
+here; `pod_settings` and `placement_settings` derive what the pod builder and the planner take.
+
+Callers: `kiln.controller.main` (parses options), `kiln.controller.services` (builds the
+operator's services from them), `kiln.cli` (``kiln operator``). Non-goals: no parsing of
+argv, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from kiln.controller import pods
+from kiln.placement import types
+
+DEFAULT_IMAGE = "ghcr.io/kiln-dev/kiln-trainer:0.1.0"
+DEFAULT_ZOO_URI = "s3://kiln-zoo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything `kiln operator` can be told.
+
+    Attributes:
+        kubeconfig: kubeconfig file to use (else $KUBECONFIG, else the pod's service account).
+        namespaces: namespaces to watch; empty: all namespaces (cluster-wide).
+        zoo_uri: the model zoo, e.g. s3://kiln-zoo or s3://bucket/prefix (or a directory).
+        zoo_endpoint: S3 endpoint (host:port or http(s)://host:port) for the operator and the
+            trainer pods; None: the operator's $KILN_ZOO_ENDPOINT.
+        zoo_secret: Secret (in each job's namespace) with the zoo credentials for trainer pods;
+            None: pods get no credentials. The operator's own credentials come from its
+            environment (KILN_ZOO_ACCESS_KEY, KILN_ZOO_SECRET_KEY).
+        zoo_secret_access_key: key of the access key in `zoo_secret`.
+        zoo_secret_secret_key: key of the secret key in `zoo_secret`.
+        zoo_retry_limit: failed attempts to reach the zoo before a job cold-starts.
+        zoo_retry_delay_seconds: wait after the first failed attempt; doubles each time, at
+            most `zoo_retry_max_delay_seconds`.
+        zoo_retry_max_delay_seconds: longest wait between attempts.
+        zoo_request_attempts: S3 requests tried per attempt (short: the handler backs off).
+        zoo_refresh_seconds: re-list the zoo's models at most this often.
+        zoo_query_timeout_seconds: deadline of one parent search.
+        default_image: trainer image when a job sets no spec.template.image.
+        image_pull_policy: imagePullPolicy of trainer pods unless the job's template sets it.
+        trainer_metrics_port: port of the trainer's /metrics inside its pod.
+        trainer_service_account: service account of trainer pods (None: namespace default).
+        termination_grace_seconds: time a stopped trainer has to write its checkpoint.
+        liveness_port: port of the liveness endpoint /healthz (0: none).
+        liveness_host: interface it listens on.
+        metrics_port: port of the operator's Prometheus /metrics (0: none).
+        metrics_host: interface it listens on.
+        placement_interval_seconds: re-plan at least this often (and on every arrival or
+            completion).
+        placement_time_limit_seconds: MILP time limit (keep it at most half the interval).
+        placement_use_milp: False plans with the heuristic alone.
+        placement_freeze_window_seconds: planned starts this close keep their slot.
+        placement_start_tolerance_seconds: a planned start this close counts as "now".
+        max_gpus_per_job: the most GPUs the planner gives one job.
+        cpu_slots_per_node: jobs a GPU-less node runs at once (CPU-only clusters).
+        housekeeping_interval_seconds: how often each job's deadline, TTL and progress are
+            checked.
+        progress_address: where a trainer's metrics are read, formatted with {pod_ip}, {port}
+            (the pod's prometheus.io/port annotation), {pod}, {namespace}.
+        progress_timeout_seconds: timeout of one metrics read.
+        verbose: debug logging.
+    """
+
+    kubeconfig: Path | None = None
+    namespaces: tuple[str, ...] = ()
+    zoo_uri: str = DEFAULT_ZOO_URI
+    zoo_endpoint: str | None = None
+    zoo_secret: str | None = None
+    zoo_secret_access_key: str = "accessKey"
+    zoo_secret_secret_key: str = "secretKey"
+    zoo_retry_limit: int = 5
+    zoo_retry_delay_seconds: float = 30.0
+    zoo_retry_max_delay_seconds: float = 600.0
+    zoo_request_attempts: int = 2
+    zoo_refresh_seconds: float = 30.0
+    zoo_query_timeout_seconds: float = 60.0
+    default_image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    trainer_metrics_port: int = 9090
+    trainer_service_account: str | None = None
+    termination_grace_seconds: int = 60
+    liveness_port: int = 8080
+    liveness_host: str = "0.0.0.0"
+    metrics_port: int = 9100
+    metrics_host: str = "0.0.0.0"
+    placement_interval_seconds: float = 10.0
+    placement_time_limit_seconds: float = 5.0
+    placement_use_milp: bool = True
+    placement_freeze_window_seconds: float = 60.0
+    placement_start_tolerance_seconds: float = 1.0
+    max_gpus_per_job: int = 8
+    cpu_slots_per_node: int = 1
+    housekeeping_interval_seconds: float = 10.0
+    progress_address: str = "{pod_ip}:{port}"
+    progress_timeout_seconds: float = 5.0
+    verbose: bool = False
+
+    def zoo_retry_delay(self, attempt: int) -> float:
+        """Seconds to wait after failed zoo attempt number `attempt` (0-based)."""
+        return min(self.zoo_retry_delay_seconds * 2.0 ** attempt,
+                   self.zoo_retry_max_delay_seconds)
+
+
+def pod_settings(options: Options) -> pods.PodSettings:
+    """What the pod builder needs from the options."""
+    return pods.PodSettings(
+        default_image=options.default_image,
+        image_pull_policy=options.image_pull_policy,
+        zoo_uri=options.zoo_uri,
+        zoo_endpoint=options.zoo_endpoint,
+        zoo_secret=options.zoo_secret,
+        zoo_secret_access_key=options.zoo_secret_access_key,
+        zoo_secret_secret_key=options.zoo_secret_secret_key,
+        metrics_port=options.trainer_metrics_port,
+        termination_grace_seconds=options.termination_grace_seconds,
+        service_account=options.trainer_service_account,
+    )
+
+
+def placement_settings(options: Options) -> types.Settings:
+    """What the planner needs from the options."""
+    return types.Settings(
+        time_limit_seconds=options.placement_time_limit_seconds,
+        freeze_window_seconds=options.placement_freeze_window_seconds,
+        use_milp=options.placement_use_milp,
+    )

@@ -1,0 +1,105 @@
+"""Fixtures of the operator's end-to-end tests (DESIGN.md section 7).
+
+One simulated cluster per session: kmock's emulator over HTTP with one CPU-only node, the
+test kubelet running pods as local processes, the zoo in a bucket of the moto S3 server
+(tests/conftest.py), and the real operator as a subprocess (``python -m kiln.controller``)
+with short intervals. Each test works in its own namespace, which holds the Secret with the
+zoo credentials that trainer pods reference.
+
+Every API call the operator makes, in any emulator of the session, is collected; at the end
+the set is written to ``<session tmp>/api-calls.json`` (and to $KILN_E2E_API_CALLS when set)
+for the Helm chart's RBAC test (`kubesim.usage`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubesim import emulator, kubelet, operator_process, scenario, usage
+
+from kiln.zoo import store
+
+NODE = "cpu-node-1"
+CPU_SLOTS = 2
+ZOO_SECRET = "kiln-zoo"
+# Short intervals and retries: the loops are event-driven, these only bound the waits.
+OPERATOR_ARGS = [
+    "--placement-interval-seconds", "1", "--housekeeping-interval-seconds", "0.5",
+    "--no-placement-use-milp", "--cpu-slots-per-node", str(CPU_SLOTS),
+    "--zoo-refresh-seconds", "0", "--termination-grace-seconds", "30",
+    "--zoo-retry-delay-seconds", "0.5", "--zoo-request-attempts", "1",
+]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Count the e2e tests before any deselection (test_rbac_usage checks all of them ran)."""
+    config.stash[usage.E2E_TESTS_COLLECTED] = sum(1 for i in items if "e2e" in i.path.parts)
+
+
+@pytest.fixture(scope="session")
+def api_calls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[usage.ApiCall]]:
+    """Every API call the operator made in this session (written out at the end)."""
+    calls: set[usage.ApiCall] = set()
+    yield calls
+    path = usage.write(tmp_path_factory.getbasetemp() / "api-calls.json", calls)
+    extra = os.environ.get("KILN_E2E_API_CALLS")
+    if extra:
+        usage.write(Path(extra), calls)
+    print(f"\noperator API calls ({len(calls)}) written to {path}")
+
+
+@pytest.fixture(scope="session")
+def cluster(api_calls: set[usage.ApiCall]) -> Iterator[emulator.Emulator]:
+    """The session's emulator with one Ready CPU-only node."""
+    with emulator.Emulator() as running:
+        running.client.create_node(NODE)
+        yield running
+        api_calls |= usage.api_calls(running.requests)
+
+
+@pytest.fixture(scope="session")
+def zoo(s3_server: Any) -> scenario.Zoo:
+    bucket = f"kiln-e2e-{uuid.uuid4().hex[:12]}"
+    endpoint = f"http://{s3_server.endpoint}"
+    return scenario.Zoo(uri=f"s3://{bucket}", endpoint=endpoint, access_key=s3_server.access_key,
+               secret_key=s3_server.secret_key,
+               store=store.S3Store(endpoint, bucket, access_key=s3_server.access_key,
+                                   secret_key=s3_server.secret_key))
+
+
+@pytest.fixture(scope="session")
+def node_kubelet(cluster: emulator.Emulator, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[kubelet.Kubelet]:
+    running = kubelet.Kubelet(cluster.url, tmp_path_factory.mktemp("kubelet"))
+    running.start()
+    yield running
+    running.stop()
+    assert not running.errors, running.errors
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: emulator.Emulator, node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[operator_process.OperatorProcess]:
+    """The real operator, cluster-wide, on the session's cluster and zoo."""
+    running = operator_process.OperatorProcess(
+        cluster, tmp_path_factory.mktemp("operator"), env=zoo.operator_env,
+        args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
+              *OPERATOR_ARGS])
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def namespace(cluster: emulator.Emulator, zoo: scenario.Zoo) -> str:
+    """A fresh namespace holding the zoo-credentials Secret trainer pods reference."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.client.create_secret(name, ZOO_SECRET, {"accessKey": zoo.access_key,
+                                                    "secretKey": zoo.secret_key})
+    return name

@@ -1,0 +1,277 @@
+"""kmock's Kubernetes emulator served over HTTP from a background thread, with a request log.
+
+The emulator (DESIGN.md section 7) is an in-memory API server: create, get, list, watch, patch
+(merge patch and JSON patch) and delete, finalizers and soft deletion. It runs in its own thread
+with its own event loop, so tests stay synchronous and the operator under test (a separate
+process) talks to it over real HTTP through a kubeconfig.
+
+What the emulator does not do (so these tests cannot check it): admission (webhooks, schema
+validation, defaulting, pruning of undeclared status fields), garbage collection through
+ownerReferences, resourceVersion bookkeeping and conflicts (it never changes resourceVersion,
+so optimistic concurrency is never exercised), label and field selectors (lists return every
+object), server-side apply, PUT, deletecollection, generateName, and a scheduler or kubelet
+(`kubesim.kubelet` stands in for the last two).
+
+Every request is logged (`Emulator.requests`) with its User-Agent, so the operator's own calls
+can be told apart from the test's and the kubelet's (`kubesim.usage`).
+
+Callers: tests/e2e, bench/operator.py. Non-goals: no TLS, no authentication (any token works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import kmock
+import yaml
+
+from kiln import api
+from kubesim import client
+
+T = TypeVar("T")
+
+START_SECONDS = 30.0
+TRAININGJOBS = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedRequest:
+    """One request the emulator received.
+
+    Attributes:
+        seconds: `time.monotonic()` when it arrived.
+        method: HTTP method (GET, POST, PATCH, DELETE, PUT).
+        action: kmock's Kubernetes action (LIST, WATCH, FETCH, CREATE, UPDATE, DELETE) or None
+            for discovery and other non-resource URLs.
+        group: API group of the resource ("" for the core group), or None.
+        resource: plural resource name, or None.
+        subresource: e.g. "status", or None.
+        namespace: the namespace in the URL, or None (cluster-wide or cluster-scoped).
+        name: the object name in the URL, or None.
+        path: the URL path.
+        user_agent: the User-Agent header.
+        body: the decoded JSON body, or None.
+    """
+
+    seconds: float
+    method: str
+    action: str | None
+    group: str | None
+    resource: str | None
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+    path: str
+    user_agent: str
+    body: Any
+
+
+class _RecordingEmulator(kmock.KubernetesEmulator):
+    """The emulator, noting each request before serving it (and forgetting it once served)."""
+
+    def _log_list(self) -> list[LoggedRequest]:
+        log: list[LoggedRequest] | None = getattr(self, "_kubesim_log", None)
+        if log is None:
+            log = []
+            self._kubesim_log = log
+        return log
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        # kmock matches each request against its reactions by scanning its whole request
+        # history (quadratic: a 1,000-job run slows to seconds per request). Keep in that
+        # history only the requests still being served; ours is in `_log_list`.
+        inflight: list[kmock.Request] = getattr(self, "_kubesim_inflight", None) or []
+        self._kubesim_inflight = inflight
+        inflight.append(request)
+        self._requests[:] = [r for r in self._requests if any(r is i for i in inflight)]
+        try:
+            return await self._record_and_serve(request)
+        finally:
+            inflight[:] = [i for i in inflight if i is not request]
+            for payload in self._payloads:  # each reaction keeps the requests it served, too
+                served = getattr(payload, "_requests", None)
+                if isinstance(served, list):
+                    served[:] = [r for r in served if any(r is i for i in inflight)]
+
+    async def _record_and_serve(self, request: kmock.Request) -> Any:
+        self._bookkeep(request)
+        resource = request.resource
+        self._log_list().append(LoggedRequest(
+            seconds=time.monotonic(),
+            method=str(request.method.value if request.method else ""),
+            action=request.action.value if request.action is not None else None,
+            group=resource.group if resource is not None else None,
+            resource=resource.plural if resource is not None else None,
+            subresource=request.subresource,
+            namespace=request.namespace,
+            name=request.name,
+            path=request.url.path,
+            user_agent=request.headers.get("User-Agent", ""),
+            body=request.data if request.method and request.method.value != "GET" else None,
+        ))
+        return await super()._handle(request)
+
+
+    def _bookkeep(self, request: kmock.Request) -> None:
+        """What the API server sets on writes: resourceVersion (a counter bumped on every
+        create and patch), uid and creationTimestamp on create, metadata.generation (bumped
+        when a patch outside the status subresource touches spec).
+
+        kmock keeps none of these; kopf relies on resourceVersion to tell its own patches'
+        echoes from stale events (without it a handler may run twice on one change).
+        """
+        if request.resource is None or request.action not in ("CREATE", "UPDATE"):
+            return
+        self._kubesim_version = getattr(self, "_kubesim_version", 0) + 1
+        version = str(self._kubesim_version)
+        data = request.data
+        if request.action == "CREATE" and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            meta["resourceVersion"] = version
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp",
+                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            meta.setdefault("generation", 1)
+        elif isinstance(data, dict):
+            meta = data.setdefault("metadata", {}) if isinstance(
+                data.get("metadata", {}), dict) else {}
+            meta["resourceVersion"] = version
+            if request.subresource is None and "spec" in data:
+                meta["generation"] = self._generation(request) + 1
+        elif isinstance(data, list):  # a JSON patch: its test ops see the old version first
+            data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": version})
+
+    def _generation(self, request: kmock.Request) -> int:
+        key = (request.resource, request.namespace, request.name)
+        try:
+            stored = self.objects[key]
+        except (KeyError, LookupError):
+            return 0
+        value = (stored.get("metadata") or {}).get("generation") if not stored.deleted else 0
+        return int(value) if isinstance(value, int) else 0
+
+
+class Emulator:
+    """The emulator and its HTTP server, running in a daemon thread until `stop`.
+
+    Example:
+        >>> with Emulator() as cluster:                       # doctest: +SKIP
+        ...     cluster.client.create_job("ns1", job_doc)
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._handler: _RecordingEmulator | None = None
+        self._thread = threading.Thread(target=self._main, name="kmock-emulator", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the thread and wait until the server listens.
+
+        Raises:
+            RuntimeError: the server did not come up within START_SECONDS.
+        """
+        self._thread.start()
+        if not self._ready.wait(START_SECONDS) or self._failure is not None:
+            raise RuntimeError(f"kmock emulator did not start: {self._failure!r}")
+        self.client = client.Client(self.url)
+
+    def stop(self) -> None:
+        """Stop the server and join the thread (idempotent)."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=30)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001  # reported to start() / the test
+            self._failure = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        handler = _RecordingEmulator()
+        handler.resources.load_bundled()  # kopf waits for v1/namespaces in discovery otherwise
+        handler.resources[TRAININGJOBS] = kmock.ResourceInfo(
+            kind=api.KIND, singular=api.SINGULAR, namespaced=True,
+            verbs={"list", "watch", "get", "patch", "create", "delete", "update"},
+            shortnames=set(api.SHORT_NAMES), categories=set(api.CATEGORIES),
+            subresources={"status"},
+        )
+        self._handler = handler
+        async with handler, kmock.Server(handler) as server:
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def call(self, function: Callable[[], T], *, timeout_seconds: float = 30.0) -> T:
+        """Run `function` on the emulator's event loop thread and return its result."""
+        assert self._loop is not None
+
+        async def run() -> T:
+            return function()
+
+        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        return future.result(timeout_seconds)
+
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """A copy of the request log, oldest first."""
+        assert self._handler is not None
+        handler = self._handler
+        return self.call(lambda: list(handler._log_list()))
+
+    def objects(self, resource: str) -> list[dict[str, Any]]:
+        """Current objects of a resource ("group/version/plural", "v1/pods"), read in the
+        emulator's thread without a request (cheap enough to poll thousands of objects)."""
+        assert self._handler is not None
+        handler = self._handler
+
+        def read() -> list[dict[str, Any]]:
+            found = []
+            for (res, _ns, _name), obj in handler.objects.items():
+                if _resource_path(res) == resource and not obj.deleted:
+                    found.append(json.loads(json.dumps(obj.raw)))
+            return found
+
+        return self.call(read)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig whose current context is this emulator; returns `path`."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "kmock", "user": {"token": "kubesim"}}],
+            "contexts": [{"name": "kmock",
+                          "context": {"cluster": "kmock", "user": "kmock"}}],
+            "current-context": "kmock",
+        }
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        return path
+
+
+def _resource_path(resource: Any) -> str:
+    group = resource.group or ""
+    return f"{group}/{resource.version}/{resource.plural}" if group else (
+        f"{resource.version}/{resource.plural}")

@@ -1,0 +1,312 @@
+"""A test kubelet: runs the emulator's pods as local processes and reports their status.
+
+What a scheduler and a kubelet would do for a trainer pod, over the emulator's HTTP API (so
+the operator sees every change through its watch):
+
+* bind: set spec.nodeName to the node the pod's required node affinity names;
+* run: start the container's command + args as a local process (its own process group) with
+  the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
+  namespace, as the kubelet does), ``fieldRef`` for metadata.name/namespace and status.podIP;
+  ``python`` resolves to this interpreter (its bin directory comes first on PATH);
+* termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
+  kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
+  when that file is empty and the exit code is not 0;
+* ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
+  port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
+  patched to it (what a CNI with per-pod IPs makes unnecessary);
+* status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
+  container's terminated exitCode (128 + signal when killed), reason and message;
+* deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
+  then SIGKILL after terminationGracePeriodSeconds.
+
+Faults (`Fault`) kill a job's trainer with a chosen signal when a condition holds (e.g. after
+its first checkpoint), as an OOM kill or a node failure would.
+
+Callers: tests/e2e. Non-goals: no images, no volumes, no resource limits, no probes.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubesim import client
+
+KUBELET_USER_AGENT = "kubesim-kubelet"
+POLL_SECONDS = 0.1
+LOG_TAIL_LINES = 80
+LOG_TAIL_BYTES = 2048
+JOB_NAME_LABEL = "kiln.dev/job-name"
+ATTEMPT_LABEL = "kiln.dev/attempt"
+
+
+@dataclasses.dataclass
+class Fault:
+    """Kill a job's trainer: the first time `when(pod)` holds, send `signal`.
+
+    Attributes:
+        job: the TrainingJob name (kiln.dev/job-name label).
+        signal: the signal (SIGKILL: exit code 137).
+        attempts: which attempts to hit (None: every attempt).
+        when: checked about every `check_every_seconds` while the pod runs.
+        container_reason: the terminated reason to report ("Error", or "OOMKilled").
+        check_every_seconds: how often `when` is evaluated.
+        hits: pods killed so far (filled by the kubelet).
+    """
+
+    job: str
+    signal: int = signal.SIGKILL
+    attempts: frozenset[int] | None = None
+    when: Callable[[RunningPod], bool] = lambda _pod: True
+    container_reason: str = "Error"
+    check_every_seconds: float = 0.5
+    hits: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class RunningPod:
+    """A pod whose container runs as a local process."""
+
+    namespace: str
+    name: str
+    job: str
+    attempt: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    termination_path: Path
+    metrics_port: int
+    grace_seconds: float
+    fault: Fault | None = None
+    last_check: float = 0.0
+    terminating_since: float | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+class Kubelet:
+    """Runs pods of the emulator (module docstring) in a daemon thread.
+
+    Args:
+        url: the emulator's base URL.
+        work_dir: scratch space; each pod gets ``<namespace>/<pod>/``.
+        base_env: environment every container starts from (besides PATH and HOME).
+    """
+
+    def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None
+                 ) -> None:
+        self.client = client.Client(url, user_agent=KUBELET_USER_AGENT)
+        self.work_dir = work_dir
+        self.base_env = {"OMP_NUM_THREADS": "1", "LANG": "C.UTF-8", **(base_env or {})}
+        self.faults: list[Fault] = []
+        self.started: list[tuple[str, str]] = []
+        self.errors: list[str] = []
+        self._running: dict[tuple[str, str], RunningPod] = {}
+        self._finished: dict[tuple[str, str], RunningPod] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="kubesim-kubelet", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling and kill every process still running."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for pod in list(self._running.values()):
+            _signal_group(pod.process, signal.SIGKILL)
+            pod.process.wait(timeout=30)
+
+    def inject(self, fault: Fault) -> Fault:
+        """Add a fault; returns it (its `hits` fill in as pods are killed)."""
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        """A pod's container log (stdout and stderr), "" when it never ran."""
+        path = self.work_dir / namespace / name / "container.log"
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception as exc:  # noqa: BLE001  # reported to the test through .errors
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(POLL_SECONDS)
+
+    def _sync(self) -> None:
+        listed = {(p["metadata"].get("namespace", ""), p["metadata"]["name"]): p
+                  for p in self.client.list(client.Client.pods_path())}
+        for key, pod in listed.items():
+            known = key in self._running or key in self._finished
+            if known or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            self._start(pod)
+        now = time.monotonic()
+        for key, running in list(self._running.items()):
+            pod = listed.get(key)
+            gone = pod is None or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+            if gone:
+                self._terminate(key, running, now)
+            elif running.process.poll() is not None:
+                self._report_exit(running)
+                self._finished[key] = self._running.pop(key)
+            else:
+                self._apply_fault(running, now)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        labels = meta.get("labels") or {}
+        container = spec["containers"][0]
+        scratch = self.work_dir / namespace / name
+        scratch.mkdir(parents=True, exist_ok=True)
+        termination = scratch / "termination-log"
+        termination.write_bytes(b"")
+        port = _free_port()
+        env = {**self.base_env, **self._container_env(namespace, name, container),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "HOME": str(scratch), "KILN_TERMINATION_LOG": str(termination)}
+        if "KILN_METRICS_PORT" in env:
+            env["KILN_METRICS_PORT"] = str(port)
+        node = _affinity_node(spec)
+        if not self._patch(client.Client.pods_path(namespace, name), {
+                "spec": {"nodeName": node},
+                "metadata": {"annotations": {"prometheus.io/port": str(port)}}}):
+            return  # deleted before it could start
+        log_path = scratch / "container.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [*container.get("command", []), *container.get("args", [])], cwd=scratch,
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
+            "containerStatuses": [{
+                "name": container["name"], "ready": True, "started": True, "restartCount": 0,
+                "image": container.get("image", ""), "state": {"running": {"startedAt": now}},
+            }]}})
+        job = str(labels.get(JOB_NAME_LABEL, ""))
+        attempt = int(labels.get(ATTEMPT_LABEL, "-1"))
+        with self._lock:
+            fault = next((f for f in self.faults if f.job == job and (
+                f.attempts is None or attempt in f.attempts)), None)
+        self._running[(namespace, name)] = RunningPod(
+            namespace=namespace, name=name, job=job, attempt=attempt, process=process,
+            log_path=log_path, termination_path=termination, metrics_port=port,
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), fault=fault)
+        self.started.append((namespace, name))
+
+    def _container_env(self, namespace: str, pod: str, container: dict[str, Any]
+                       ) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+                continue
+            source = item.get("valueFrom") or {}
+            if "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                secret = self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+                if secret is None:
+                    raise RuntimeError(f"pod {namespace}/{pod}: Secret {ref['name']} not found")
+                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            elif "fieldRef" in source:
+                path = source["fieldRef"]["fieldPath"]
+                env[item["name"]] = {"metadata.name": pod, "metadata.namespace": namespace,
+                                     "status.podIP": "127.0.0.1"}.get(path, "")
+        return env
+
+    def _report_exit(self, running: RunningPod) -> None:
+        code = running.process.returncode
+        exit_code = code if code >= 0 else 128 - code
+        fault = running.fault
+        killed = fault is not None and running.name in fault.hits
+        reason = "Completed" if exit_code == 0 else (
+            fault.container_reason if killed and fault is not None else "Error")
+        message = running.termination_path.read_text(encoding="utf-8", errors="replace")
+        if not message.strip() and exit_code != 0:  # terminationMessagePolicy FallbackToLogsOnError
+            lines = running.log().splitlines()[-LOG_TAIL_LINES:]
+            message = "\n".join(lines)[-LOG_TAIL_BYTES:]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._patch(
+            client.Client.pods_path(running.namespace, running.name) + "/status", {"status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [{
+                    "name": "trainer", "ready": False, "started": False, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": exit_code, "reason": reason,
+                                             "message": message, "finishedAt": now}},
+                }]}})
+
+    def _patch(self, path: str, patch: dict[str, Any]) -> bool:
+        """Merge-patch a pod; False when it is gone (deleted meanwhile: not an error)."""
+        try:
+            self.client.patch(path, patch)
+            return True
+        except client.ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def _apply_fault(self, running: RunningPod, now: float) -> None:
+        fault = running.fault
+        if fault is None or running.name in fault.hits:
+            return
+        if now - running.last_check < fault.check_every_seconds:
+            return
+        running.last_check = now
+        if fault.when(running):
+            fault.hits.append(running.name)
+            _signal_group(running.process, fault.signal)
+
+    def _terminate(self, key: tuple[str, str], running: RunningPod, now: float) -> None:
+        """The pod is gone: SIGTERM, then SIGKILL after its grace period; no status."""
+        if running.process.poll() is not None:
+            self._finished[key] = self._running.pop(key)
+            return
+        if running.terminating_since is None:
+            running.terminating_since = now
+            _signal_group(running.process, signal.SIGTERM)
+        elif now - running.terminating_since > running.grace_seconds:
+            _signal_group(running.process, signal.SIGKILL)
+
+
+def _affinity_node(spec: dict[str, Any]) -> str:
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    for term in terms:
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("key") == "kubernetes.io/hostname" and expression.get("values"):
+                return str(expression["values"][0])
+    return str(spec.get("nodeName") or "kubesim-node")
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,165 @@
+"""Small helpers for operator scenarios: tiny jobs, waiting for status, reading events.
+
+`tiny_job` is a TrainingJob that trains in seconds on one CPU thread (a small CNN on 8x8
+digits, freezing off, OMP_NUM_THREADS=1 in the pod); `wait_job` polls the emulator until a
+predicate on the job holds; `condition`, `events` and `pod_creations` read what the operator
+wrote.
+
+Callers: tests/e2e. Non-goals: no assertions of their own beyond timeouts.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kiln.zoo import store
+from kubesim import client, emulator
+
+JOB_SECONDS = 240.0  # a tiny job on a loaded 2-core machine: mostly importing torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Zoo:
+    """The session's zoo: an S3 bucket on the moto server."""
+
+    uri: str
+    endpoint: str
+    access_key: str
+    secret_key: str
+    store: store.ObjectStore
+
+    @property
+    def operator_env(self) -> dict[str, str]:
+        return {store.ACCESS_KEY_ENV: self.access_key, store.SECRET_KEY_ENV: self.secret_key}
+
+
+def tiny_job(name: str, *, epochs: int = 2, max_samples: int | None = 400, width: int = 8,
+             run_policy: dict[str, Any] | None = None, dataset: dict[str, Any] | None = None,
+             model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A TrainingJob document that trains in a few seconds."""
+    ds: dict[str, Any] = dataset or {"name": "digits"}
+    if max_samples is not None and "maxSamples" not in ds and dataset is None:
+        ds = {**ds, "maxSamples": max_samples}
+    return {
+        "apiVersion": "kiln.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "e2e"}},
+        "spec": {
+            "model": model or {"architecture": "small_cnn", "args": {"depth": 2, "width": width},
+                               "inputShape": [1, 8, 8]},
+            "dataset": ds,
+            "training": {"epochs": epochs, "batchSize": 32,
+                         "optimizer": {"name": "adam", "lr": 0.005, "weightDecay": 0.0}},
+            "freezing": {"enabled": False},
+            "runPolicy": run_policy or {},
+            "template": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+        },
+    }
+
+
+def with_changes(doc: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A copy of `doc` with top-level spec sections replaced."""
+    copied = copy.deepcopy(doc)
+    copied["spec"].update(spec)
+    return copied
+
+
+def condition(job: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    """The job's condition of `type_`, or None."""
+    for found in ((job or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == type_:
+            return dict(found)
+    return None
+
+
+def phase(job: dict[str, Any] | None) -> str | None:
+    return ((job or {}).get("status") or {}).get("phase")
+
+
+def wait_job(cluster: emulator.Emulator, namespace: str, name: str,
+             predicate: Callable[[dict[str, Any]], bool], *, what: str,
+             timeout_seconds: float = JOB_SECONDS,
+             details: Callable[[], str] | None = None) -> dict[str, Any]:
+    """Poll the job until `predicate(job)` holds; returns the job then.
+
+    Raises:
+        AssertionError: timed out (the message shows the job's status and `details()`).
+    """
+
+    def check() -> dict[str, Any] | None:
+        job = cluster.client.job(namespace, name)
+        return job if job is not None and predicate(job) else None
+
+    def explain() -> str:
+        job = cluster.client.job(namespace, name)
+        shown = json.dumps((job or {}).get("status"), indent=1) if job else "(job is gone)"
+        return f"status: {shown}" + (f"\n{details()}" if details else "")
+
+    return client.wait_until(check, timeout_seconds=timeout_seconds,
+                               what=f"{namespace}/{name}: {what}", details=explain)
+
+
+def wait_phase(cluster: emulator.Emulator, namespace: str, name: str, wanted: str, *,
+               timeout_seconds: float = JOB_SECONDS,
+               details: Callable[[], str] | None = None) -> dict[str, Any]:
+    """Wait for the job's phase to be `wanted`."""
+    return wait_job(cluster, namespace, name, lambda job: phase(job) == wanted,
+                    what=f"phase {wanted}", timeout_seconds=timeout_seconds, details=details)
+
+
+def events(cluster: emulator.Emulator, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Events the operator posted about a job (from the request log: the emulator's
+    storage of events is not relied upon)."""
+    found = []
+    for request in cluster.requests:
+        if (request.resource == "events" and request.action == "CREATE"
+                and request.namespace == namespace and isinstance(request.body, dict)
+                and (request.body.get("involvedObject") or {}).get("name") == name):
+            found.append(request.body)
+    return found
+
+
+def wait_event(cluster: emulator.Emulator, namespace: str, name: str, reason: str, *,
+               timeout_seconds: float = 30.0) -> dict[str, Any]:
+    """Wait for an event with `reason` about the job (posted right after its status write)."""
+
+    def find() -> dict[str, Any] | None:
+        return next((e for e in events(cluster, namespace, name) if e["reason"] == reason), None)
+
+    return client.wait_until(find, timeout_seconds=timeout_seconds,
+                               what=f"a {reason} event about {namespace}/{name}",
+                               details=lambda: str(event_reasons(cluster, namespace, name)))
+
+
+def event_reasons(cluster: emulator.Emulator, namespace: str, name: str) -> list[str]:
+    return [e["reason"] for e in events(cluster, namespace, name)]
+
+
+def pod_creations(cluster: emulator.Emulator, namespace: str, job_name: str) -> list[str]:
+    """Names of the pods created for a job, in order, from the request log."""
+    names = []
+    for request in cluster.requests:
+        if (request.resource == "pods" and request.action == "CREATE"
+                and request.namespace == namespace and isinstance(request.body, dict)):
+            labels = (request.body.get("metadata") or {}).get("labels") or {}
+            if labels.get("kiln.dev/job-name") == job_name:
+                names.append(str(request.body["metadata"]["name"]))
+    return names
+
+
+def termination_result(cluster: emulator.Emulator, namespace: str, pod: str) -> dict[str, Any]:
+    """The trainer's result from a finished pod's termination message ({} when none)."""
+    found = cluster.client.get(client.Client.pods_path(namespace, pod)) or {}
+    for container in (found.get("status") or {}).get("containerStatuses") or []:
+        message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+        if message:
+            try:
+                decoded = json.loads(message)
+            except ValueError:
+                return {}
+            return decoded if isinstance(decoded, dict) else {}
+    return {}

@@ -1,0 +1,51 @@
+"""Device pools from nodes and pods (kiln.controller.cluster, pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.controller import cluster, pods
+
+
+def _node(name: str, gpus: int = 0, *, ready: bool = True) -> dict[str, Any]:
+    allocatable = {"cpu": "8"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    return {"metadata": {"name": name}, "status": {"allocatable": allocatable, "conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def _kiln_pod(name: str, job: str, node: str, devices: int, *, phase: str = "Running",
+              device: str = "gpu") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "labels": {
+        pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"}, "annotations": {
+        pods.NODE_ANNOTATION: node, pods.GPUS_ANNOTATION: str(devices),
+        pods.DEVICE_ANNOTATION: device, pods.PARALLELISM_ANNOTATION: "ddp",
+        pods.ESTIMATED_SECONDS_ANNOTATION: "100", pods.STARTED_ANNOTATION: "1000"}},
+        "status": {"phase": phase}}
+
+
+def test_gpu_nodes_lose_the_gpus_other_workloads_request() -> None:
+    other = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"nodeName": "g1",
+             "containers": [{"resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
+             "status": {"phase": "Running"}}
+    found = cluster.pools([_node("g1", 8), _node("g2", 4, ready=False)], [other], cpu_slots=1,
+                          now=1050.0)
+    assert [(n.name, n.gpus) for n in found.nodes["gpu"]] == [("g1", 5)]
+
+
+def test_kiln_pods_are_running_jobs_holding_their_devices() -> None:
+    found = cluster.pools([_node("g1", 8)], [
+        _kiln_pod("a-trainer-0", "a", "g1", 4),
+        _kiln_pod("b-trainer-0", "b", "g1", 2, phase="Succeeded")], cpu_slots=1, now=1050.0)
+    assert [(r.job, r.gpus, r.remaining_seconds) for r in found.running["gpu"]] == [
+        ("ns/a", 4, 50.0)]
+    assert found.free_devices("gpu", "g1") == 4
+
+
+def test_a_cpu_only_cluster_has_slots() -> None:
+    found = cluster.pools([_node("c1"), _node("c2")],
+                          [_kiln_pod("a-trainer-0", "a", "c1", 1, device="cpu")], cpu_slots=2,
+                          now=0.0, eta_seconds={"ns/a": 30.0})
+    assert [(n.name, n.gpus) for n in found.nodes["cpu"]] == [("c1", 2), ("c2", 2)]
+    assert found.running["cpu"][0].remaining_seconds == 30.0
+    assert found.free_devices("cpu", "c1") == 1
+    assert found.pool_for(wants_gpus=True) == "cpu"

@@ -1,0 +1,105 @@
+"""The trainer pod built by kiln.controller.pods, and reading a pod back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln import api
+from kiln.controller import pods
+
+SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
+                            zoo_endpoint="minio:9000", zoo_secret="zoo-creds")
+
+
+def _job(**spec: Any) -> tuple[dict[str, Any], api.TrainingJob]:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "digits", "namespace": "team-a", "uid": "u-1",
+                        "labels": {"kueue.x-k8s.io/queue-name": "gpu", "team": "a"}},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}, **spec}}
+    return doc, api.parse_job(doc)
+
+
+def _launch(**changes: Any) -> pods.Launch:
+    values = {"node": "gpu-1", "devices": 2, "parallelism": "ddp", "device": "gpu",
+              "parent": "small_cnn-1234abcd", "estimated_seconds": 60.0, "started": 1.0}
+    return pods.Launch(**{**values, **changes})
+
+
+def test_a_gpu_pod_is_pinned_owned_labelled_and_runs_torchrun() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=1, launch=_launch(), settings=SETTINGS)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "digits-trainer-1" and meta["namespace"] == "team-a"
+    assert meta["ownerReferences"][0] | {"uid": "u-1", "controller": True} == \
+        meta["ownerReferences"][0]
+    assert meta["labels"]["kiln.dev/job-name"] == "digits"
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert meta["annotations"]["prometheus.io/scrape"] == "true"
+    container = spec["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["command"][:4] == ["python", "-m", "torch.distributed.run", "--standalone"]
+    assert container["command"][-2:] == ["--parallelism", "ddp"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-1"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_zoo_credentials_come_from_a_secret_reference_never_a_value() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    for name in ("KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY"):
+        assert "value" not in env[name]
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "zoo-creds"
+    assert env["KILN_WARM_START_PARENT"]["value"] == "small_cnn-1234abcd"
+    assert env["KILN_ZOO_ENDPOINT"]["value"] == "minio:9000"
+
+
+def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=0, settings=SETTINGS,
+                         launch=_launch(devices=1, parallelism="single", device="cpu",
+                                        parent=None))
+    container = pod["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert container["command"] == ["python", "-m", "kiln_trainer"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KILN_WARM_START_PARENT"] == "none"
+
+
+def test_the_template_overrides_image_and_env_and_adds_scheduling() -> None:
+    owner, job = _job(template={
+        "image": "me/trainer:1", "env": [{"name": "OMP_NUM_THREADS", "value": "4"},
+                                         {"name": "KILN_METRICS_PORT", "value": "9999"}],
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "nodeSelector": {"pool": "a"}})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "me/trainer:1"
+    names = [e["name"] for e in container["env"]]
+    assert names.count("KILN_METRICS_PORT") == 1
+    assert {e["name"]: e.get("value") for e in container["env"]}["KILN_METRICS_PORT"] == "9999"
+    assert pod["spec"]["nodeSelector"] == {"pool": "a"}
+    assert pod["spec"]["tolerations"][0]["key"] == "gpu"
+
+
+def test_unknown_template_keys_are_problems() -> None:
+    problems = pods.check_template({"image": "", "hostNetwork": True, "env": {}})
+    assert any(p.startswith("spec.template.hostNetwork") for p in problems)
+    assert any(p.startswith("spec.template.image") for p in problems)
+    assert any(p.startswith("spec.template.env") for p in problems)
+    assert pods.check_template({"image": "a/b:1", "env": []}) == []
+
+
+def test_pod_state_reads_the_terminated_trainer() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=2, launch=_launch(), settings=SETTINGS)
+    pod["status"] = {"phase": "Failed", "podIP": "10.0.0.7", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                     "message": "killed"}}}]}
+    state = pods.pod_state(pod)
+    assert (state.job, state.attempt, state.exit_code, state.container_reason) == (
+        "digits", 2, 137, "OOMKilled")
+    assert state.finished and not state.active and state.node == "gpu-1"
+    assert state.metrics_port == SETTINGS.metrics_port

@@ -1,0 +1,33 @@
+"""Reading trainer metrics into status.progress; the operator's command line."""
+
+from __future__ import annotations
+
+import prometheus_client
+
+from kiln.controller import main, progress
+
+
+def test_trainer_metrics_become_status_progress() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    labels = ["job", "namespace"]
+    for name, value in (("epoch", 2), ("train_loss", 0.5), ("validation_accuracy_ratio", 0.9),
+                        ("eta_seconds", 12.5), ("frozen_modules", 1)):
+        prometheus_client.Gauge(f"kiln_trainer_{name}", "h", labels, registry=registry).labels(
+            "j", "ns").set(value)
+    prometheus_client.Counter("kiln_trainer_steps", "h", labels, registry=registry).labels(
+        "j", "ns").inc(40)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert progress.parse(text, epochs=3) == {
+        "epoch": 3, "step": 40, "trainLoss": 0.5, "validationAccuracy": 0.9,
+        "etaSeconds": 12.5, "frozenModules": 1}
+    assert progress.parse(text, epochs=2)["epoch"] == 2
+
+
+def test_every_option_has_a_flag() -> None:
+    args = main.build_parser().parse_args([
+        "--kubeconfig", "/tmp/kc", "-n", "a", "-n", "b", "--zoo-uri", "s3://z",
+        "--no-placement-use-milp", "--cpu-slots-per-node", "4"])
+    options = main.options_from_args(args)
+    assert options.namespaces == ("a", "b")
+    assert options.zoo_uri == "s3://z" and options.placement_use_milp is False
+    assert options.cpu_slots_per_node == 4 and str(options.kubeconfig) == "/tmp/kc"
