@@ -142,8 +142,13 @@ class EventWriter:
     def _terminate(self, event: dict[str, Any]) -> None:
         if self.termination_log is None or not self.termination_log.exists():
             return
-        text = json.dumps({k: _finite(v) for k, v in event.items()}, allow_nan=False)
-        data = text.encode("utf-8")[:TERMINATION_LOG_MAX_BYTES]
+        event = {k: _finite(v) for k, v in event.items()}
+        data = json.dumps(event, allow_nan=False).encode("utf-8")
+        if len(data) > TERMINATION_LOG_MAX_BYTES and isinstance(event.get("freezing"), dict):
+            # the freezing history is the only open-ended part: keep the JSON whole without it
+            event["freezing"] = {k: v for k, v in event["freezing"].items() if k != "events"}
+            data = json.dumps(event, allow_nan=False).encode("utf-8")
+        data = data[:TERMINATION_LOG_MAX_BYTES]
         try:
             self.termination_log.write_bytes(data)
         except OSError as exc:  # read-only or gone: the result is on stdout anyway

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -55,3 +56,16 @@ def test_failure_goes_to_the_termination_log_only(tmp_path: Path) -> None:
     assert out.getvalue() == ""
     assert json.loads(log.read_text())["event"] == "error"
     assert len(log.read_bytes()) < 4096
+
+
+def test_a_long_freezing_history_is_dropped_from_the_termination_log_not_cut(
+        tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    history = [{"kind": "froze", "modules": [f"features.{i}" for i in range(40)], "step": i,
+                "boundary": i, "reason": "x" * 200} for i in range(8)]
+    result = dataclasses.replace(RESULT, freezing={"events": history, "saved_seconds": 3.5})
+    events.EventWriter(io.StringIO(), termination_log=log).result(result)
+    written = json.loads(log.read_text())  # whole JSON, not a cut-off prefix
+    assert written["freezing"] == {"saved_seconds": 3.5}
+    assert written["metric"] == RESULT.metric

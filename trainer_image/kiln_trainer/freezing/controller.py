@@ -341,7 +341,7 @@ class Freezer:
         skipped backward FLOPs share, the reference's CPU seconds and quantization."""
         return {
             "frozen": [m for m in self.frozen_modules],
-            "events": [e.to_json() for e in self.events][-12:],  # termination log < 4 KiB
+            "events": [e.to_json() for e in self.events][-8:],  # termination log < 4 KiB
             "backward_flops_skipped": round(self.backward_flops_skipped, 4),
             "saved_seconds": round(self.saved_seconds(), 2),
             "reference": str(self.worker.kind) if self.worker is not None else None,
