@@ -359,7 +359,8 @@ class FreezingSpec(_Api):
     check_every_steps: int | None = Field(
         default=None,
         ge=1,
-        description="checkEverySteps: steps between plasticity probes (default: 8 per epoch).",
+        description="checkEverySteps: steps between plasticity probes (default: 8 per "
+        "epoch, at least 10 steps apart).",
     )
     window: int = Field(
         default=5, ge=3, le=100, description="window: probes per reference refresh and slope fit."

@@ -23,6 +23,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("trainer.py", "trainer_quick", "samples_per_second", id="trainer"),
         pytest.param("zoo_query.py", "zoo_query_quick", "pair_seconds", id="zoo-query"),
         pytest.param("warmstart.py", "warmstart_quick", "median_tta_ratio", id="warmstart"),
+        pytest.param("freezing.py", "freezing_quick", "idle_overhead_ratio", id="freezing"),
+        pytest.param("placement.py", "placement_quick", "makespan_reduction_vs_whole_node",
+                     id="placement"),
+        pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
     ],
 )
 def test_benchmark_quick_run_writes_its_summary(script: str, result: str,

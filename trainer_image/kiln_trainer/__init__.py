@@ -23,11 +23,28 @@ Root exports (`__all__`): `run` (the default recipe, `loop.main`), `save_checkpo
 Importing this package never imports kopf, kubernetes or pyomo.
 """
 
-from kiln_trainer import loop
-from kiln_trainer.checkpoint import load_checkpoint, save_checkpoint
-from kiln_trainer.data import DatasetError
-from kiln_trainer.metrics import MetricsReporter
+import importlib
+from typing import Any
 
-run = loop.main
+# Root exports resolve on first use (PEP 562): the freezing reference process imports
+# `kiln_trainer.freezing.reference` and should not pay for the whole trainer (data loaders,
+# zoo, warm start) on every start.
+_EXPORTS = {
+    "run": ("kiln_trainer.loop", "main"),
+    "save_checkpoint": ("kiln_trainer.checkpoint", "save_checkpoint"),
+    "load_checkpoint": ("kiln_trainer.checkpoint", "load_checkpoint"),
+    "MetricsReporter": ("kiln_trainer.metrics", "MetricsReporter"),
+    "DatasetError": ("kiln_trainer.data", "DatasetError"),
+}
+_SUBMODULES = {"data", "loop", "checkpoint", "metrics", "optim", "events", "tracking", "cli"}
 
 __all__ = ["DatasetError", "MetricsReporter", "load_checkpoint", "run", "save_checkpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, attribute = _EXPORTS[name]
+        return getattr(importlib.import_module(module), attribute)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kiln_trainer.{name}")
+    raise AttributeError(f"module 'kiln_trainer' has no attribute {name!r}")

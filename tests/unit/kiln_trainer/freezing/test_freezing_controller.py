@@ -220,7 +220,8 @@ def test_settings_from_a_job_pick_cadence_bootstrap_and_cache() -> None:
         }
     )
     settings = controller.Settings.from_job(job.spec, steps_per_epoch=40)
-    assert settings.check_every_steps == 5
+    assert settings.check_every_steps == 10  # 8 per epoch would be 5: too close (overhead)
+    assert controller.Settings.from_job(job.spec, steps_per_epoch=400).check_every_steps == 50
     assert settings.bootstrap_steps == 80  # two warm-up epochs beat 10% of 400 steps
     assert settings.cache is False  # random augmentation: outputs differ every epoch
     assert 0.8 <= settings.unfreeze_lr_ratio < 0.81  # one step decay is enough
