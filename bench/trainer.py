@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
-from kiln import models  # noqa: E402
+from kiln import models
 
 # (label, architecture, args, input shape): the examples' models plus common torchvision ones.
 CASES = [

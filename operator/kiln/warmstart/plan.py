@@ -167,8 +167,8 @@ def _pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
     except (store.ObjectNotFound, ValueError) as exc:
         detail = "" if isinstance(exc, store.ObjectNotFound) else f" ({exc})"
         raise api.InvalidSpec([
-            f"spec.warmStart.parent: no usable zoo model {model_id!r} in {zoo.describe()}"
-            f"{detail}; use an id from `kiln zoo ls`, or auto"]) from None
+            (f"spec.warmStart.parent: no usable zoo model {model_id!r} in {zoo.describe()}"
+            f"{detail}; use an id from `kiln zoo ls`, or auto")]) from None
 
 
 def _candidate(record: records.ZooRecord, similarity: float) -> select.Candidate:

@@ -15,7 +15,6 @@ import torch
 
 from kiln import api
 
-
 # Probes closer than this cost more than they tell: measured on digits (23 steps per epoch),
 # a probe every 2 steps slowed training by a third when nothing froze, one every 8 by 8%.
 MIN_PROBE_SPACING_STEPS = 10
