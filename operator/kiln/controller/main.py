@@ -73,11 +73,21 @@ _HELP: tuple[tuple[str, str], ...] = (
 )
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where there is none or the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "(default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
 def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
     """The argument parser of `kiln operator` (every `settings.Options` field)."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Run the Kiln operator (kopf) against a Kubernetes API server.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     defaults = settings.Options()
     fields = {f.name: f for f in dataclasses.fields(settings.Options)}
     for name, text in _HELP:
