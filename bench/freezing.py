@@ -247,7 +247,11 @@ class Arm:
         """Stop the reference process; the arm's record."""
         record: dict[str, Any] = {"steps": self.step, "train_seconds": round(self.seconds, 3),
                                   "setup_seconds": round(self.setup_seconds, 2),
-                                  "curve": self.curve, "info": self.info.getvalue().splitlines()}
+                                  "curve": self.curve, "info": self.info.getvalue().splitlines(),
+                                  # a run too short to decide has no Freezer: it froze nothing
+                                  "events": [], "reference_process_cpu_seconds": 0.0,
+                                  "freezing": {"backward_flops_skipped": 0.0, "saved_seconds": 0.0,
+                                               "reference_cpu_seconds": 0.0}}
         if self.freezer is not None:
             worker = self.freezer.worker
             record["reference_process_cpu_seconds"] = _process_cpu_seconds(

@@ -29,6 +29,7 @@ from typing import Any
 
 import kopf
 import prometheus_client
+import yaml
 
 from kiln.controller import handlers, kube, services, settings
 
@@ -154,9 +155,27 @@ def _quiet_timers(record: logging.LogRecord) -> bool:
 def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> int:
     """Parse `argv` and run the operator; returns the process exit code."""
     args = build_parser(prog).parse_args(argv)
+    if args.kubeconfig is not None:
+        problem = _unreadable_kubeconfig(Path(args.kubeconfig))
+        if problem:
+            print(f"{prog}: error: --kubeconfig {args.kubeconfig}: {problem}")
+            return 2
     try:
         run(options_from_args(args))
     except (kopf.LoginError, ValueError) as exc:
         print(f"{prog}: error: {exc}")
         return 2
     return 0
+
+
+def _unreadable_kubeconfig(path: Path) -> str | None:
+    """Why `path` cannot be a kubeconfig (missing, unreadable, not a YAML mapping), or None."""
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror}); pass an existing kubeconfig file"
+    except yaml.YAMLError as exc:
+        return f"not valid YAML ({exc.__class__.__name__}); pass a kubeconfig file"
+    if not isinstance(document, dict):
+        return "not a kubeconfig (expected a YAML mapping with clusters, users, contexts)"
+    return None
