@@ -73,7 +73,7 @@ def run_ranks(
                         process.kill()
                     raise TimeoutError(f"{world_size} ranks still running after "
                                        f"{timeout_seconds} s")
-            return [torch.load(Path(out) / f"{rank}.pt", weights_only=False)
+            return [torch.load(Path(out) / f"{rank}.pt", weights_only=True)
                     for rank in range(world_size)]
     finally:
         if previous is None:

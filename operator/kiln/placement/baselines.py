@@ -11,6 +11,7 @@ Non-goals: no optimisation, no I/O.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kiln.placement import heuristic, types
 
@@ -33,32 +34,12 @@ def whole_node_fifo(snapshot: types.Snapshot) -> types.Plan:
     Raises:
         types.Unplaceable: a job has no config that fits any node.
     """
-    began = time.perf_counter()
-    problem = heuristic.problem_of(snapshot)
-    lines = heuristic.timelines(problem)
-    out: list[types.Assignment] = []
-    not_before = snapshot.now
-    for job in _fifo_order(snapshot):
-        best: tuple[float, float, int, types.Node, types.Config] | None = None
-        for i, node in enumerate(snapshot.nodes):
-            fitting = [c for c in _finite(job) if c.gpus <= node.gpus]
-            if not fitting:
-                continue
-            config = min(fitting, key=lambda c: (c.seconds, -c.gpus))
-            release = max(problem.release[job.name], not_before)
-            start = lines[node.name].earliest(node.gpus, config.seconds, release)
-            candidate = (start, start + config.seconds, i, node, config)
-            if best is None or candidate[:3] < best[:3]:
-                best = candidate
-        assert best is not None  # problem_of raised Unplaceable otherwise
-        start, end, _, node, config = best
-        lines[node.name].add(start, end, node.gpus)
-        out.append(types.Assignment(job.name, node.name, node.gpus, config.parallelism, start,
-                                    config.seconds))
-        not_before = start
-    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "whole-node-fifo",
-                      "baseline: whole node per job, arrival order",
-                      time.perf_counter() - began, heuristic.lower_bound(problem))
+    def fastest(job: types.JobRequest, node: types.Node) -> types.Config | None:
+        fitting = [c for c in _finite(job) if c.gpus <= node.gpus]
+        return min(fitting, key=lambda c: (c.seconds, -c.gpus)) if fitting else None
+
+    return _fifo(snapshot, fastest, whole_node=True, solver="whole-node-fifo",
+                 reason="baseline: whole node per job, arrival order")
 
 
 def fixed_k_config(job: types.JobRequest, k: int, node_gpus: int) -> types.Config | None:
@@ -84,28 +65,39 @@ def fixed_k_fifo(snapshot: types.Snapshot, k: int) -> types.Plan:
     Raises:
         types.Unplaceable: a job has no config that fits any node.
     """
+    return _fifo(snapshot, lambda job, node: fixed_k_config(job, k, node.gpus),
+                 whole_node=False, solver="fixed-k-fifo",
+                 reason=f"baseline: k={k} per job, arrival order")
+
+
+def _fifo(snapshot: types.Snapshot,
+          pick: Callable[[types.JobRequest, types.Node], types.Config | None], *,
+          whole_node: bool, solver: str, reason: str) -> types.Plan:
+    """Arrival-order list scheduling: each job on the node where `pick`'s config starts
+    first (ties: earlier end, then node order), never before the previous job's start;
+    `whole_node` jobs hold every device of their node."""
     began = time.perf_counter()
     problem = heuristic.problem_of(snapshot)
     lines = heuristic.timelines(problem)
     out: list[types.Assignment] = []
     not_before = snapshot.now
     for job in _fifo_order(snapshot):
-        best: tuple[float, float, int, types.Node, types.Config] | None = None
+        best: tuple[float, float, int, types.Node, types.Config, int] | None = None
         for i, node in enumerate(snapshot.nodes):
-            config = fixed_k_config(job, k, node.gpus)
+            config = pick(job, node)
             if config is None:
                 continue
+            held = node.gpus if whole_node else config.gpus
             release = max(problem.release[job.name], not_before)
-            start = lines[node.name].earliest(config.gpus, config.seconds, release)
-            candidate = (start, start + config.seconds, i, node, config)
+            start = lines[node.name].earliest(held, config.seconds, release)
+            candidate = (start, start + config.seconds, i, node, config, held)
             if best is None or candidate[:3] < best[:3]:
                 best = candidate
         assert best is not None  # problem_of raised Unplaceable otherwise
-        start, end, _, node, config = best
-        lines[node.name].add(start, end, config.gpus)
-        out.append(types.Assignment(job.name, node.name, config.gpus, config.parallelism,
-                                    start, config.seconds))
+        start, end, _, node, config, held = best
+        lines[node.name].add(start, end, held)
+        out.append(types.Assignment(job.name, node.name, held, config.parallelism, start,
+                                    config.seconds))
         not_before = start
-    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "fixed-k-fifo",
-                      f"baseline: k={k} per job, arrival order", time.perf_counter() - began,
-                      heuristic.lower_bound(problem))
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), solver, reason,
+                      time.perf_counter() - began, heuristic.lower_bound(problem))

@@ -77,6 +77,8 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
         log.warning("MILP worker failed (exit %s): %s", process.returncode,
                     err.decode(errors="replace")[-2000:])
         return None, f"milp: solver worker exited with code {process.returncode}: {last}", None
+    # Trust: these bytes come from the child this function just started with our own
+    # interpreter and arguments over a private pipe; no user or network input reaches pickle.
     message = pickle.loads(out)
     if message[0] == "error":
         log.warning("MILP worker failed: %s", message[1])
@@ -97,6 +99,7 @@ def _main() -> int:
     """
     result_fd = os.dup(1)
     os.dup2(2, 1)
+    # Trust: stdin is the private pipe from the planner process that started us (`solve`).
     problem, warm, settings, wall_deadline = pickle.loads(sys.stdin.buffer.read())
     try:
         from kiln.placement import milp  # pyomo is imported in the worker only
