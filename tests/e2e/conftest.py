@@ -84,22 +84,33 @@ def node_kubelet(cluster: emulator.Emulator, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.fixture(scope="session")
+def operator_args(zoo: scenario.Zoo) -> list[str]:
+    """`kiln operator` options of the e2e operators: the session's zoo, short intervals."""
+    return ["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
+            *OPERATOR_ARGS]
+
+
+@pytest.fixture(scope="session")
+def zoo_secret(zoo: scenario.Zoo) -> tuple[str, dict[str, str]]:
+    """Name and data of the Secret trainer pods read the zoo credentials from."""
+    return ZOO_SECRET, {"accessKey": zoo.access_key, "secretKey": zoo.secret_key}
+
+
+@pytest.fixture(scope="session")
 def operator(cluster: emulator.Emulator, node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[operator_process.OperatorProcess]:
+             operator_args: list[str], tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[operator_process.OperatorProcess]:
     """The real operator, cluster-wide, on the session's cluster and zoo."""
     running = operator_process.OperatorProcess(
-        cluster, tmp_path_factory.mktemp("operator"), env=zoo.operator_env,
-        args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
-              *OPERATOR_ARGS])
+        cluster, tmp_path_factory.mktemp("operator"), env=zoo.operator_env, args=operator_args)
     running.start()
     yield running
     running.stop()
 
 
 @pytest.fixture
-def namespace(cluster: emulator.Emulator, zoo: scenario.Zoo) -> str:
+def namespace(cluster: emulator.Emulator, zoo_secret: tuple[str, dict[str, str]]) -> str:
     """A fresh namespace holding the zoo-credentials Secret trainer pods reference."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
-    cluster.client.create_secret(name, ZOO_SECRET, {"accessKey": zoo.access_key,
-                                                    "secretKey": zoo.secret_key})
+    cluster.client.create_secret(name, *zoo_secret)
     return name

@@ -2,15 +2,16 @@
 
 Runs last in the e2e directory (file order), after the other tests drove the operator through
 every path (success, restarts, suspension, deadline, TTL, deletion, zoo outage). Every call
-recorded must be declared in `kiln.controller.rbac.RULES` (least privilege: nothing used is
-missing); when the whole e2e suite ran, every declared rule must also have been used (nothing
-granted that is not needed). The recorded set is what the Helm chart's roles are tested with.
+recorded must be declared in `kiln.controller.rbac.RULES` and granted by the Helm chart's
+roles, rendered by the real Helm library (least privilege: nothing used is missing); when the
+whole e2e suite ran, every declared rule and every grant of the chart must also have been
+used (nothing granted that is not needed).
 """
 
 from __future__ import annotations
 
 import pytest
-from kubesim import emulator, usage
+from kubesim import emulator, helm, usage
 
 from kiln.controller import rbac
 
@@ -22,6 +23,10 @@ def test_every_api_call_the_operator_made_is_declared_in_its_rbac_rules(
     recorded = usage.rbac_pairs(api_calls | usage.api_calls(cluster.requests))
     assert recorded, "the operator made no API calls in this session"
     assert recorded <= rbac.triples(), sorted(recorded - rbac.triples())
+    chart = helm.install().grants()  # the default: all namespaces, one ClusterRole
+    assert recorded <= chart, f"the chart does not grant {sorted(recorded - chart)}"
     selected = sum(1 for item in request.session.items if "e2e" in item.path.parts)
     if selected == request.config.stash.get(usage.E2E_TESTS_COLLECTED, -1):
         assert rbac.triples() <= recorded, sorted(rbac.triples() - recorded)
+        assert chart == recorded, f"the chart grants unused {sorted(chart - recorded)}"
+

@@ -120,6 +120,14 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
 
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        # kmock names the core group's version "/v1" in /api/v1 discovery; client-go (Helm)
+        # cannot parse that and then finds no ConfigMap, Service... The API server says "v1".
+        document = await super()._serve_version(request)
+        if isinstance(document, dict) and str(document.get("groupVersion", "")).startswith("/"):
+            document["groupVersion"] = document["groupVersion"][1:]
+        return document
+
     def _bookkeep(self, request: kmock.Request) -> None:
         """What the API server sets on writes: resourceVersion (a counter bumped on every
         create and patch), uid and creationTimestamp on create, metadata.generation (bumped
@@ -162,12 +170,17 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
 class Emulator:
     """The emulator and its HTTP server, running in a daemon thread until `stop`.
 
+    Args:
+        extra_resources: more resources to serve ("group/version/plural" -> kmock's
+            ResourceInfo), e.g. the Prometheus Operator's kinds for the Helm chart's tests.
+
     Example:
         >>> with Emulator() as cluster:                       # doctest: +SKIP
         ...     cluster.client.create_job("ns1", job_doc)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, extra_resources: dict[str, kmock.ResourceInfo] | None = None) -> None:
+        self._extra_resources = dict(extra_resources or {})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -218,6 +231,8 @@ class Emulator:
             shortnames=set(api.SHORT_NAMES), categories=set(api.CATEGORIES),
             subresources={"status"},
         )
+        for path, info in self._extra_resources.items():
+            handler.resources[path] = info
         self._handler = handler
         async with handler, kmock.Server(handler) as server:
             self.url = str(server.url).rstrip("/")

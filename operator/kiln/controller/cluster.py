@@ -6,6 +6,9 @@ Pure functions from listed Node and Pod objects (DESIGN.md section 6, issue 6 it
   pool with its GPUs minus those requested by pods Kiln does not own (other workloads). A
   node without GPUs joins the "cpu" pool with `cpu_slots` slots (an operator setting): CPU-only
   clusters are valid, and a CPU job holds one slot and runs single-process.
+* With a GPU type set (``kiln operator --gpu-type``), only GPU nodes whose GPU-type label
+  (e.g. ``nvidia.com/gpu.product`` from NVIDIA's GPU feature discovery) equals it join the
+  "gpu" pool; other GPU nodes join no pool (they are left to other workloads).
 * Kiln's own active trainer pods become `types.Running` entries (pinned by the planner) with
   the remaining seconds their plan estimated, refined by the trainer's reported ETA.
 * `free_devices` says how many devices of a node are free right now, which is checked before a
@@ -59,6 +62,19 @@ class Pools:
         return GPU_POOL if self.nodes.get(GPU_POOL) else None
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuType:
+    """The GPU type Kiln places jobs on: node label `label` must equal `value`."""
+
+    value: str
+    label: str = "nvidia.com/gpu.product"
+
+    def matches(self, node: Mapping[str, Any]) -> bool:
+        """Whether `node` (a v1 Node) carries this GPU type's label value."""
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return bool(labels.get(self.label) == self.value)
+
+
 def job_key(namespace: str, name: str) -> str:
     """The planner's job name: ``namespace/name`` (unique across the cluster)."""
     return f"{namespace}/{name}"
@@ -71,6 +87,7 @@ def pools(
     cpu_slots: int,
     now: float,
     eta_seconds: Mapping[str, float] | None = None,
+    gpu_type: GpuType | None = None,
 ) -> Pools:
     """The pools of a cluster (module docstring).
 
@@ -80,6 +97,7 @@ def pools(
         cpu_slots: slots per GPU-less node.
         now: epoch seconds (the planner's clock).
         eta_seconds: job key -> seconds left as the trainer last reported.
+        gpu_type: the only GPU type Kiln places on (None: any).
     """
     eta_seconds = eta_seconds or {}
     gpu_nodes: dict[str, int] = {}
@@ -91,7 +109,8 @@ def pools(
         gpus = _quantity((node.get("status") or {}).get("allocatable", {}).get(
             pods.GPU_RESOURCE))
         if gpus > 0:
-            gpu_nodes[name] = gpus
+            if gpu_type is None or gpu_type.matches(node):
+                gpu_nodes[name] = gpus
         else:
             cpu_nodes.append(name)
     foreign_gpus: dict[str, int] = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,11 +68,41 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("placement_start_tolerance_seconds", "a planned start this close counts as now"),
     ("max_gpus_per_job", "most GPUs one job gets"),
     ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),
+    ("gpu_type", ("place jobs only on GPU nodes whose --gpu-type-label equals this "
+                  "(default: any GPU node)")),
+    ("gpu_type_label", "node label naming a node's GPU type"),
     ("housekeeping_interval_seconds", "how often deadlines, TTLs and progress are checked"),
     ("progress_address", "trainer metrics address, from {pod_ip} {port} {pod} {namespace}"),
     ("progress_timeout_seconds", "timeout of one trainer metrics read"),
     ("verbose", "debug logging"),
 )
+
+
+# Numeric options that must be > 0 (the rest must be >= 0; ports at most 65535).
+_POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_timeout_seconds",
+             "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
+             "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds"}
+
+
+def _number(kind: type[int] | type[float], name: str) -> Any:
+    """An argparse type: a finite `kind` in the option's range, else a message saying so."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if name in _POSITIVE and value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        if name.endswith("_port") and value > 65535:
+            raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
+        return value
+    return parse
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -104,6 +135,8 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=name, type=Path, default=None, help=text)
         else:
             kind: Any = type(default) if default is not None else str
+            if kind in (int, float):
+                kind = _number(kind, name)
             parser.add_argument(flag, dest=name, type=kind, default=default, help=text)
         assert name in fields, name
     return parser

@@ -71,6 +71,7 @@ class LoopSettings:
     cpu_slots: int
     max_gpus: int
     planner: types.Settings
+    gpu_type: cluster.GpuType | None = None
 
 
 class PlacementLoop:
@@ -157,6 +158,7 @@ class PlacementLoop:
         pod_objects = await self._client.list(kube.Paths.pods())
         now = self._clock()
         pools = cluster.pools(node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,
+                              gpu_type=self._settings.gpu_type,
                               now=now, eta_seconds=self._eta)
         groups: dict[str, list[Queued]] = {}
         for entry in list(self._queue.values()):

@@ -11,9 +11,11 @@ Every (verb, group, resource) the operator sends, through kopf or `kiln.controll
 | "" | events | create | one per condition change worth telling |
 | "" | namespaces | list, watch | only when a ``--namespace`` is a glob (kopf then scans namespaces) |
 
-Nodes and the cluster-wide pod list make a ClusterRole necessary. The e2e tests record what the
-operator really sends to the API emulator and check it against `RULES`
-(tests/e2e/test_rbac_usage.py); the Helm chart's roles are checked against both.
+Nodes and the cluster-wide pod list make a ClusterRole necessary. When the operator watches
+listed namespaces, the rest can be a Role in each of them; `CLUSTER_WIDE_RULES` is what must
+stay in the ClusterRole then. The e2e tests record what the operator really sends to the API
+emulator and check it against `RULES` (tests/e2e/test_rbac_usage.py); the Helm chart's roles
+(helm/kiln/templates/rbac.yaml) are checked against both (tests/helm/test_rbac.py).
 
 Callers: tests; the Helm chart's RBAC test. Non-goals: no API calls.
 """
@@ -41,6 +43,12 @@ RULES: tuple[Rule, ...] = (
     Rule("", "pods", ("get", "list", "watch", "create", "delete")),
     Rule("", "nodes", ("list",)),
     Rule("", "events", ("create",)),
+)
+# Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
+# and the placement loop counts every pod's GPU requests to know which GPUs are free.
+CLUSTER_WIDE_RULES: tuple[Rule, ...] = (
+    Rule("", "nodes", ("list",)),
+    Rule("", "pods", ("list",)),
 )
 NAMESPACE_SCANNING_RULES: tuple[Rule, ...] = (Rule("", "namespaces", ("list", "watch")),)
 

@@ -91,7 +91,8 @@ class Services:
                 interval_seconds=options.placement_interval_seconds,
                 start_tolerance_seconds=options.placement_start_tolerance_seconds,
                 cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
-                planner=settings.placement_settings(options)),
+                planner=settings.placement_settings(options),
+                gpu_type=settings.gpu_type(options)),
             launch=svc._launch, publish=svc._publish, unplaceable=svc._mark_unplaceable,
             zoo_records=svc._zoo_records, metrics=registry, clock=clock,
             eta_seconds=svc.eta_seconds)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from kiln.controller import pods
+from kiln.controller import cluster, pods
 from kiln.placement import types
 
 DEFAULT_IMAGE = "ghcr.io/kiln-dev/kiln-trainer:0.1.0"
@@ -59,6 +59,9 @@ class Options:
         placement_start_tolerance_seconds: a planned start this close counts as "now".
         max_gpus_per_job: the most GPUs the planner gives one job.
         cpu_slots_per_node: jobs a GPU-less node runs at once (CPU-only clusters).
+        gpu_type: place jobs only on GPU nodes whose `gpu_type_label` equals this (e.g.
+            NVIDIA-A100-SXM4-80GB); None: any GPU node.
+        gpu_type_label: node label naming a node's GPU type.
         housekeeping_interval_seconds: how often each job's deadline, TTL and progress are
             checked.
         progress_address: where a trainer's metrics are read, formatted with {pod_ip}, {port}
@@ -96,6 +99,8 @@ class Options:
     placement_start_tolerance_seconds: float = 1.0
     max_gpus_per_job: int = 8
     cpu_slots_per_node: int = 1
+    gpu_type: str | None = None
+    gpu_type_label: str = "nvidia.com/gpu.product"
     housekeeping_interval_seconds: float = 10.0
     progress_address: str = "{pod_ip}:{port}"
     progress_timeout_seconds: float = 5.0
@@ -121,6 +126,13 @@ def pod_settings(options: Options) -> pods.PodSettings:
         termination_grace_seconds=options.termination_grace_seconds,
         service_account=options.trainer_service_account,
     )
+
+
+def gpu_type(options: Options) -> cluster.GpuType | None:
+    """The GPU type jobs are placed on, or None for any."""
+    if not options.gpu_type:
+        return None
+    return cluster.GpuType(options.gpu_type, options.gpu_type_label)
 
 
 def placement_settings(options: Options) -> types.Settings:

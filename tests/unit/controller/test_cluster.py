@@ -49,3 +49,16 @@ def test_a_cpu_only_cluster_has_slots() -> None:
     assert found.running["cpu"][0].remaining_seconds == 30.0
     assert found.free_devices("cpu", "c1") == 1
     assert found.pool_for(wants_gpus=True) == "cpu"
+
+
+def test_a_gpu_type_keeps_only_nodes_labelled_with_it() -> None:
+    a100 = _node("a100-1", 8)
+    a100["metadata"]["labels"] = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    t4 = _node("t4-1", 4)
+    t4["metadata"]["labels"] = {"nvidia.com/gpu.product": "Tesla-T4"}
+    wanted = cluster.GpuType("NVIDIA-A100-SXM4-80GB")
+    found = cluster.pools([a100, t4, _node("unlabelled", 2), _node("c1")], [], cpu_slots=1,
+                          now=0.0, gpu_type=wanted)
+    assert [n.name for n in found.nodes["gpu"]] == ["a100-1"]
+    assert [n.name for n in found.nodes["cpu"]] == ["c1"]  # other GPU nodes join no pool
+    assert len(cluster.pools([a100, t4], [], cpu_slots=1, now=0.0).nodes["gpu"]) == 2

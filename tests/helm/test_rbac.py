@@ -1,0 +1,71 @@
+"""The chart's RBAC grants exactly the API calls the operator makes (issue 7).
+
+`kiln.controller.rbac.RULES` is the declared set; tests/e2e/test_rbac_usage.py checks it equals
+what the real operator sent to the API emulator over the whole e2e suite, and compares the
+chart's default grants with those recorded calls. Here the rendered roles are compared with
+the declared rules in both install modes: all namespaces (one ClusterRole) and listed
+namespaces (a Role in each, plus a ClusterRole for what only cluster-wide calls can read).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubesim import helm
+
+from kiln.controller import rbac
+
+
+@pytest.fixture(scope="module")
+def namespaced_release() -> helm.Release:
+    return helm.install({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+
+
+@pytest.fixture(scope="module")
+def cluster_release() -> helm.Release:
+    return helm.install()
+
+
+def _subject_is_operator(binding: dict[str, Any], release: helm.Release) -> None:
+    deployment = release.one("Deployment", "kiln")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": "kiln-system"}]
+
+
+def test_all_namespaces_one_cluster_role_with_exactly_the_operator_rules(
+        cluster_release: helm.Release) -> None:
+    (role,) = cluster_release.of_kind("ClusterRole")
+    assert helm.rule_grants(role["rules"]) == rbac.triples()
+    assert not cluster_release.of_kind("Role")
+    (binding,) = cluster_release.of_kind("ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    _subject_is_operator(binding, cluster_release)
+
+
+def test_listed_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_wide_reads(
+        namespaced_release: helm.Release) -> None:
+    (cluster_role,) = namespaced_release.of_kind("ClusterRole")
+    assert helm.rule_grants(cluster_role["rules"]) == rbac.triples(rbac.CLUSTER_WIDE_RULES)
+    roles = namespaced_release.of_kind("Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    namespaced = rbac.triples() - {t for t in rbac.triples(rbac.CLUSTER_WIDE_RULES)
+                                   if t[1] == "nodes"}
+    for role in roles:
+        assert helm.rule_grants(role["rules"]) == namespaced
+    bindings = namespaced_release.of_kind("RoleBinding")
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings) == [
+        ("team-a", roles[0]["metadata"]["name"]), ("team-b", roles[0]["metadata"]["name"])]
+    for binding in bindings + namespaced_release.of_kind("ClusterRoleBinding"):
+        _subject_is_operator(binding, namespaced_release)
+    assert namespaced_release.grants() == rbac.triples()
+
+
+def test_rbac_and_service_account_can_be_left_to_the_platform() -> None:
+    release = helm.install({"rbac": {"create": False},
+                            "serviceAccount": {"create": False, "name": "platform-kiln"}})
+    assert not release.of_kind("ClusterRole") and not release.of_kind("ServiceAccount")
+    deployment = release.one("Deployment", "kiln")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "platform-kiln"
