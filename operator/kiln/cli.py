@@ -231,6 +231,9 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     if len(jobs) != 1:
         raise UsageError(f"{args.file}: holds {len(jobs)} jobs; profile one job at a time")
     job = jobs[0]
+    if args.device == "cuda" and profile.device_type("cuda") == "cpu":
+        raise UsageError("--device cuda: CUDA is not available here (no GPU, or a CPU-only "
+                         "torch); use --device cpu or --device auto")
     measured = profile.profile_job(job, configs=args.configs, cache_path=args.cache,
                                    device=args.device, refresh=args.refresh)
     console.print(tables.profile_table(job, measured, kind=profile.device_type(args.device),

@@ -136,11 +136,13 @@ def read_cache(path: Path) -> dict[str, dict[str, Any]]:
         return {}
     except (OSError, ValueError) as exc:
         raise ProfileCacheError(f"profile cache {path}: cannot read it ({exc}); delete it or "
-                                "pass another --cache") from None
+                                "point --cache (kiln profile) or --profile-cache (kiln run) "
+                                "elsewhere") from None
     if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or \
             not isinstance(doc.get("entries"), dict):
         raise ProfileCacheError(f"profile cache {path}: not a version-{CACHE_VERSION} Kiln "
-                                "profile cache; delete it or pass another --cache")
+                                "profile cache; delete it or point --cache (kiln profile) or "
+                                "--profile-cache (kiln run) elsewhere")
     entries: dict[str, dict[str, Any]] = doc["entries"]
     return entries
 

@@ -172,3 +172,16 @@ def test_kiln_profile_rejects_a_malformed_config_list(capsys: pytest.CaptureFixt
         cli.main(["profile", "job.yaml", "--configs", "ring:2"])
     assert exc.value.code == cli.EXIT_USAGE
     assert "expected PARALLELISM:K" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_kiln_profile_device_cuda_without_cuda_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB, encoding="utf-8")
+    args = ["profile", str(path), "--device", "cuda", "--cache", str(tmp_path / "p.json")]
+    assert cli.main(args) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--device cuda: CUDA is not available here" in err
+    assert not (tmp_path / "p.json").exists()
