@@ -207,7 +207,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
     work_dir = local.default_work_dir()
-    devices = runplan.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
+    try:
+        devices = runplan.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if devices is None or devices.count < 2:  # one job or one device: in file order
         outcomes = local.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
                                   env=_zoo_env(args))

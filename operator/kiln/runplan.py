@@ -107,11 +107,18 @@ def default_slots() -> int:
 
 
 def local_devices(slots: int | None) -> Devices:
-    """The GPUs here (at most `slots` of them), else `slots` CPU slots (default_slots())."""
+    """The GPUs here (at most `slots` of them), else `slots` CPU slots (default_slots()).
+
+    Raises:
+        ValueError: more CPU slots than cores (each slot needs a core of its own).
+    """
     cores = os.cpu_count() or 1
     kind = profile.device_type("auto")
     if kind.startswith("cuda"):
         count = min(torch.cuda.device_count(), slots or torch.cuda.device_count())
+    elif slots is not None and slots > cores:
+        raise ValueError(f"--slots {slots}: this machine has {cores} CPU cores and no GPU; "
+                         f"use at most --slots {cores}")
     else:
         count = slots or default_slots()
     launcher = _trainer_launcher() if count > 1 else None

@@ -187,6 +187,7 @@ def test_without_a_multi_process_trainer_only_single_is_planned() -> None:
 
 def test_the_plan_of_real_estimates_fits_the_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runplan, "_trainer_launcher", lambda: None)
+    monkeypatch.setattr(runplan.os, "cpu_count", lambda: 4)
     devices = runplan.local_devices(3)
     if devices.gpu:
         pytest.skip("this machine has GPUs; the CPU slot plan is what is checked here")
@@ -197,3 +198,11 @@ def test_the_plan_of_real_estimates_fits_the_slots(monkeypatch: pytest.MonkeyPat
     assert {a.job for a in the_plan.assignments} == {"a", "b", "c"}
     assert all(c.source == "flops" for cs in configs.values() for c in cs)
     assert all(a.gpus == 1 and a.start == 0.0 for a in the_plan.assignments)
+
+
+def test_more_cpu_slots_than_cores_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runplan.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runplan.profile, "device_type", lambda device="auto": "cpu")
+    with pytest.raises(ValueError, match=r"--slots 3: this machine has 2 CPU cores .* at most"):
+        runplan.local_devices(3)
+    assert runplan.local_devices(2).count == 2
