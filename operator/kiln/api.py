@@ -708,8 +708,25 @@ def validate(job: TrainingJob) -> list[str]:
             f"spec.resources.gpus: {res.gpus} exceeds gpusPerNode {res.gpus_per_node}; jobs run "
             "on one node"
         )
-    if res.gpus == 0 and res.parallelism == Parallelism.FSDP:
-        problems.append("spec.resources.parallelism: fsdp needs GPUs; use single or ddp with gpus 0")
+    # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,
+    # gpus 0 is one CPU process, and the global batch splits evenly over the k devices.
+    most = res.gpus if res.gpus is not None else res.gpus_per_node
+    if res.parallelism in (Parallelism.DDP, Parallelism.FSDP) and most is not None and most < 2:
+        problems.append(
+            f"spec.resources.parallelism: {res.parallelism.value} needs 2 or more GPUs (gpus "
+            f"{res.gpus}, gpusPerNode {res.gpus_per_node}); use single or auto, or allow 2+ GPUs"
+            " (gpus 0 is one CPU process)"
+        )
+    if res.parallelism == Parallelism.SINGLE and res.gpus is not None and res.gpus > 1:
+        problems.append(
+            f"spec.resources.parallelism: single trains one process on one device, not gpus "
+            f"{res.gpus}; use ddp, fsdp or auto, or gpus 1"
+        )
+    if res.gpus and res.gpus > 1 and spec.training.batch_size % res.gpus:
+        problems.append(
+            f"spec.training.batchSize: {spec.training.batch_size} does not split evenly over gpus "
+            f"{res.gpus} (the global batch is divided among them); use a multiple of {res.gpus}"
+        )
     return problems
 
 
