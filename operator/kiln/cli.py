@@ -22,6 +22,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
 class UsageError(Exception):
@@ -60,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console = Console(stderr=False, width=140)  # logs and pipes: keep tables readable
     errors = Console(stderr=True)
     warnings.showwarning = functools.partial(_show_warning, errors)
+    terminated: list[int] = []
+    previous = signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, terminated))
     try:
         code: int = args.func(args, console)
         return code
@@ -71,8 +74,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        errors.print("interrupted")
-        return EXIT_INTERRUPTED
+        errors.print("terminated" if terminated else "interrupted")
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm(terminated: list[int], signum: int, _frame: Any) -> None:
+    """SIGTERM (a service manager, `kill`) stops the run as Ctrl-C does: running trainers
+    checkpoint and stop; then exit 143."""
+    terminated.append(signum)
+    raise KeyboardInterrupt
 
 
 def _show_warning(errors: Console, message: Warning | str, *_: Any, **__: Any) -> None:

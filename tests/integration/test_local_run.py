@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,17 +107,27 @@ KILN_IGNORING_SIGINT = [sys.executable, "-c", (
     "runpy.run_module('kiln.cli', run_name='__main__')")]
 
 
+def _ctrl_c(process: subprocess.Popen[str]) -> None:
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+
+
+def _sigterm_to_kiln_only(process: subprocess.Popen[str]) -> None:
+    os.kill(process.pid, signal.SIGTERM)  # `kill PID`, a service manager stopping kiln
+
+
 @pytest.mark.parametrize(
-    "kiln",
+    ("kiln", "stop", "code"),
     [
-        pytest.param(KILN, id="both-processes-see-it"),
+        pytest.param(KILN, _ctrl_c, 130, id="both-processes-see-it"),
         # Deterministically the case where the trainer acts on Ctrl-C alone (or first): it
         # checkpoints and exits 130 by itself, which kiln must report as a stop, not a failure.
-        pytest.param(KILN_IGNORING_SIGINT, id="only-the-trainer-sees-it"),
+        pytest.param(KILN_IGNORING_SIGINT, _ctrl_c, 130, id="only-the-trainer-sees-it"),
+        # Only kiln sees it: kiln must stop its trainers, which checkpoint.
+        pytest.param(KILN, _sigterm_to_kiln_only, 143, id="sigterm-to-kiln-alone"),
     ],
 )
-def test_ctrl_c_checkpoints_the_running_job_and_exits_130(
-    tmp_path: Path, kiln: list[str]
+def test_ctrl_c_or_sigterm_checkpoints_the_running_job_and_stops(
+    tmp_path: Path, kiln: list[str], stop: Callable[[subprocess.Popen[str]], None], code: int,
 ) -> None:
     job = _job(tmp_path / "long.yaml", "digits-long", training={"epochs": 500, "batchSize": 64})
     process = subprocess.Popen([*kiln, "run", str(job), "--zoo", "zoo"], cwd=tmp_path,
@@ -128,9 +139,9 @@ def test_ctrl_c_checkpoints_the_running_job_and_exits_130(
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    stop(process)
     out, err = process.communicate(timeout=DEADLINE_SECONDS)
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     said = " ".join((err + out).split())
     assert "digits-long: stopped; its last checkpoint is kept, `kiln run` again resumes it" in said
     assert "trainer exited with code" not in said
