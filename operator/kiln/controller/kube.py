@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import ssl
+import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,31 @@ def connection_info(*, kubeconfig: Path | None) -> kopf.ConnectionInfo:
             "no Kubernetes credentials: pass --kubeconfig (or set KUBECONFIG), or run in a pod "
             "with a service account")
     return info
+
+
+def unreachable(server: str, *, attempts: int = 5, delay_seconds: float = 2.0) -> str | None:
+    """Why no TCP connection to the API server `server` (a URL) opens, or None when one does.
+
+    Tried `attempts` times, `delay_seconds` apart, so an API server that is briefly away (a
+    control-plane restart) is waited for, while a wrong address fails in seconds with one
+    message instead of kopf's retries and tracebacks.
+    """
+    url = urllib.parse.urlsplit(server)
+    host = url.hostname or ""
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return f"{server} has an invalid port"
+    problem = ""
+    for attempt in range(attempts):
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                return None
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        if attempt + 1 < attempts:
+            time.sleep(delay_seconds)
+    return f"cannot reach the API server {server} ({problem}, {attempts} attempts)"
 
 
 class Paths:

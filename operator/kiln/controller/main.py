@@ -150,11 +150,16 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
     return settings.Options(**values)
 
 
+class ApiUnreachable(RuntimeError):
+    """The API server does not accept connections (exit 1: a Deployment restarts us)."""
+
+
 def run(options: settings.Options) -> None:
     """Run the operator until SIGINT/SIGTERM (module docstring).
 
     Raises:
         kopf.LoginError: no credentials (no kubeconfig and not in a pod).
+        ApiUnreachable: no connection to the API server opens (after a few seconds of tries).
         ValueError: unusable zoo settings.
     """
     logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO,
@@ -163,6 +168,9 @@ def run(options: settings.Options) -> None:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").addFilter(_quiet_timers)
     connection = kube.connection_info(kubeconfig=options.kubeconfig)
+    problem = kube.unreachable(connection.server)
+    if problem:
+        raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
     svc = services.Services.create(options, connection)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, options)
@@ -198,6 +206,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> i
     except (kopf.LoginError, ValueError) as exc:
         print(f"{prog}: error: {exc}")
         return 2
+    except ApiUnreachable as exc:
+        print(f"{prog}: error: {exc}")
+        return 1
     return 0
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import socket
+from pathlib import Path
+
 import prometheus_client
 import pytest
+import yaml
 
-from kiln.controller import main, progress
+from kiln.controller import kube, main, progress
 
 
 def test_trainer_metrics_become_status_progress() -> None:
@@ -59,3 +64,35 @@ def test_zero_ports_and_retries_are_allowed() -> None:
         "--gpu-type", "NVIDIA-A100-SXM4-80GB"]))
     assert (options.metrics_port, options.liveness_port, options.zoo_retry_limit) == (0, 0, 0)
     assert options.gpu_type == "NVIDIA-A100-SXM4-80GB"
+
+
+def test_an_open_api_server_port_is_reachable_and_a_closed_one_is_named() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert kube.unreachable(f"http://127.0.0.1:{port}", attempts=1) is None
+    problem = kube.unreachable(f"https://127.0.0.1:{port}", attempts=2, delay_seconds=0.0)
+    assert problem is not None
+    assert f"cannot reach the API server https://127.0.0.1:{port}" in problem
+    assert "2 attempts" in problem
+
+
+def test_kiln_operator_against_a_closed_port_exits_1_with_one_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "")  # connection_info sets it; restore afterwards
+    monkeypatch.setattr(kube, "unreachable", functools.partial(kube.unreachable, attempts=1))
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "c", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "c"}}]}))
+    assert main.main(["--kubeconfig", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert f"error: cannot reach the API server http://127.0.0.1:{port}" in out
+    assert "Traceback" not in out
