@@ -84,7 +84,7 @@ _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_t
              "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds"}
 
 
-def _number(kind: type[int] | type[float], name: str) -> Any:
+def _number(kind: type[int | float], name: str) -> Any:
     """An argparse type: a finite `kind` in the option's range, else a message saying so."""
     def parse(text: str) -> int | float:
         try:
