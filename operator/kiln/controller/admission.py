@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import kopf
 
 from kiln import api, models
-from kiln.controller import jobs, lifecycle, pods, status
+from kiln.controller import jobs, lifecycle, metrics, pods, status
 from kiln.warmstart import select
 from kiln.zoo import store
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from kiln.controller.services import Services
 
 C, R = api.ConditionType, api.Reason
-ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
+ZOO_UNAVAILABLE_OUTCOME = metrics.ZOO_UNAVAILABLE_OUTCOME
 
 
 async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[str]]:
@@ -147,6 +147,8 @@ async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
         if lifecycle.deleting(e.body) or admitted(e.status):
             return
         svc.metrics.warm_starts.labels(outcome=outcome).inc()
+        if decision.parent_id is not None and decision.similarity is not None:
+            svc.metrics.warm_start_similarity.observe(decision.similarity)
         e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
         e.status["warmStart"] = {k: v for k, v in {
             "parent": decision.parent_id, "similarity": decision.similarity,

@@ -1,7 +1,8 @@
 """Prometheus metrics of the operator process (STYLE.md B9; k8s_peers.md section 6).
 
-Every metric is named ``kiln_<what>_<base unit>``, lives in the operator's own registry, and
-carries only bounded labels (namespace, phase, handler, outcome, solver, result):
+Every metric is named ``kiln_<what>_<base unit>`` (prometheus.io naming: seconds, ratios in
+[0, 1], counters ending ``_total``), lives in the operator's own registry, and carries only
+bounded labels (namespace, phase, handler, outcome, solver, result):
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -12,14 +13,21 @@ carries only bounded labels (namespace, phase, handler, outcome, solver, result)
 | kiln_reconcile_errors_total | counter | handler | handler calls that raised |
 | kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
 | kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job (kiln.warmstart.select.Outcome values; zoo_unavailable: cold start after the retries) |
+| kiln_warm_start_similarity_ratio | histogram | | similarity in [0, 1] of the parent a job warm-starts from (warm and pinned outcomes) |
 | kiln_zoo_unavailable_total | counter | | failed attempts to reach the zoo at admission |
 | kiln_zoo_query_seconds | histogram | | one warm-start parent search |
 | kiln_placement_solve_seconds | histogram | solver | one (re)plan |
 | kiln_queue_wait_seconds | histogram | | from Queued to the trainer pod's creation |
 | kiln_queued_jobs | gauge | | jobs waiting in the operator's placement queue |
 
+Series whose label values are known in advance exist from the start at 0, so that `rate()`
+and `increase()` see their first increment (prometheus.io "avoid missing metrics"): every
+warm-start outcome, every handler's errors, and, once a namespace's first job is seen, that
+namespace's phases, results and restarts.
+
 Callers: every `kiln.controller` module through `Services.metrics`; `main` serves the registry
-over HTTP. Non-goals: no per-job labels (trainer pods export those themselves).
+over HTTP; the Grafana dashboard (helm/kiln/dashboards/kiln.json) plots them. Non-goals: no
+per-job labels (trainer pods export those themselves).
 """
 
 from __future__ import annotations
@@ -29,11 +37,19 @@ import platform
 import prometheus_client
 
 from kiln import api
+from kiln.warmstart import select
 
 VERSION = "0.1.0"
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0,
                  12 * 3600.0, 24 * 3600.0)
+_RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# Values of the `handler` label: kiln.controller.handlers' wrapped handlers and the placement
+# loop (a test checks handlers.py names no other).
+HANDLERS = ("admit", "resume", "suspend", "cleanup", "pods", "housekeeping", "placement")
+# `outcome` values beyond kiln.warmstart.select.Outcome (kiln.controller.admission).
+ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
+RESULTS = ("succeeded", "failed")
 
 
 class OperatorMetrics:
@@ -59,6 +75,8 @@ class OperatorMetrics:
             "kiln_reconcile_errors", "Handler calls that raised. Labels: handler (admit, "
             "resume, pods, suspend, housekeeping, cleanup, placement).", ["handler"],
             registry=r)
+        for handler in HANDLERS:
+            self.reconcile_errors.labels(handler=handler)
         self.reconcile_seconds = prometheus_client.Histogram(
             "kiln_reconcile_seconds", "Wall seconds of one handler call. Labels: handler.",
             ["handler"], buckets=_SECONDS_BUCKETS, registry=r)
@@ -68,6 +86,12 @@ class OperatorMetrics:
             "cold_empty, cold_incompatible, cold_below_min_similarity, cold_few_tensors, "
             "cold_untraceable, cold_unreadable_parent, disabled, zoo_unavailable).",
             ["outcome"], registry=r)
+        for outcome in (*(o.value for o in select.Outcome), ZOO_UNAVAILABLE_OUTCOME):
+            self.warm_starts.labels(outcome=outcome)
+        self.warm_start_similarity = prometheus_client.Histogram(
+            "kiln_warm_start_similarity_ratio", "Architectural similarity in [0, 1] of the "
+            "parent a job warm-starts from (outcomes warm and pinned).",
+            buckets=_RATIO_BUCKETS, registry=r)
         self.zoo_unavailable = prometheus_client.Counter(
             "kiln_zoo_unavailable", "Failed attempts to reach the model zoo at admission.",
             registry=r)
@@ -83,9 +107,17 @@ class OperatorMetrics:
         self.queued_jobs = prometheus_client.Gauge(
             "kiln_queued_jobs", "Jobs waiting in the operator's placement queue.", registry=r)
         self._phases: dict[tuple[str, str], str] = {}
+        self._namespaces: set[str] = set()
 
     def set_phase(self, namespace: str, name: str, phase: api.Phase | None) -> None:
         """Record job `namespace/name`'s phase (None: the job is gone)."""
+        if namespace not in self._namespaces:
+            self._namespaces.add(namespace)
+            for known in api.Phase:
+                self.jobs.labels(namespace=namespace, phase=known.value)
+            for result in RESULTS:
+                self.finished.labels(namespace=namespace, result=result)
+            self.restarts.labels(namespace=namespace)
         key = (namespace, name)
         before = self._phases.pop(key, None)
         if before is not None:
