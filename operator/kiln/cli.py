@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, jobfile, local, models, runplan, tables
+from kiln import api, jobfile, local, machine, models, runplan, tables
 from kiln.controller import main as controller_main
 from kiln.placement import profile, types
 from kiln.warmstart import plan, select
@@ -220,7 +220,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     _check_pinned_parents(jobs, zoo)
     work_dir = local.default_work_dir()
     try:
-        devices = runplan.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
+        devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if devices is None or devices.count < 2:  # one job or one device: in file order

@@ -1,8 +1,9 @@
 """Several jobs at once on this machine, under a plan (issue 5 item 5; DESIGN.md sections 1, 6).
 
-`kiln run A.yaml B.yaml ... [--slots N]` with several jobs and devices. Devices: the GPUs here
-(at most N), else N CPU worker slots (default `default_slots`), each running one trainer
-process with cores // N torch threads (OMP_NUM_THREADS wins when set). A config with k > 1
+`kiln run A.yaml B.yaml ... [--slots N]` with several jobs and devices. Devices
+(`kiln.machine`): the GPUs here (at most N), else N CPU worker slots (default
+`default_slots`), each running one trainer process with cores // N torch threads
+(OMP_NUM_THREADS wins when set). A config with k > 1
 runs k processes under torchrun (`kiln_trainer.parallel.launch_command`; DDP over gloo on CPU,
 NCCL on GPUs) once the installed trainer takes ``--parallelism``; until then every job runs
 single on one device. Jobs fixing ``spec.resources.gpus`` count CPU slots here.
@@ -30,16 +31,13 @@ KeyboardInterrupt; a rerun resumes stopped jobs from their checkpoints. Every jo
 per job, its config, devices, state and planned and actual start and end (seconds since the
 run began), written however the run ends.
 
-Callers: `kiln.cli`. Non-goals: no multi-node runs, no moving a running job to another k.
-Length: a little over 400 lines: device discovery sits with the run loop it configures.
+Callers: `kiln.cli`. Non-goals: no multi-node runs, no moving a running job to another k; no
+device discovery (`kiln.machine`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import io
 import json
 import os
 import queue
@@ -47,17 +45,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, TaskID
 
-from kiln import api, local
-from kiln.placement import estimate, plan, profile, types
+from kiln import api, local, machine
+from kiln.placement import estimate, plan, types
 from kiln.zoo import records, store
 
 NODE = "local"
@@ -68,87 +65,12 @@ _POLL_SECONDS = 0.5  # how often the loop wakes to notice Ctrl-C while trainers 
 # stop shows only in rank 0's info event (kiln_trainer.loop: "stopped on request at ...").
 _STOPPED_MESSAGE_PREFIX = "stopped on request"
 
-Launcher = Callable[[int, Sequence[str]], list[str]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Devices:
-    """This machine's devices for a planned run.
-
-    Attributes:
-        kind: "cpu" or "cuda:<GPU name>" (`profile.device_type`).
-        count: GPUs used, or CPU worker slots.
-        threads: torch threads per trainer process (CPU: cores // slots).
-        launcher: builds the k-process trainer command; None when only single runs here.
-    """
-
-    kind: str
-    count: int
-    threads: int
-    launcher: Launcher | None
-
-    @property
-    def gpu(self) -> bool:
-        return self.kind.startswith("cuda")
-
-    @property
-    def noun(self) -> str:
-        return "GPUs" if self.gpu else "CPU slots"
-
-    def parallelisms(self) -> tuple[str, ...]:
-        if self.launcher is None or self.count < 2:
-            return ("single",)
-        return ("single", "ddp", "fsdp") if self.gpu else ("single", "ddp")
-
-
-def default_slots() -> int:
-    """CPU worker slots when --slots is not given: half the cores, at least 1."""
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
-def local_devices(slots: int | None) -> Devices:
-    """The GPUs here (at most `slots` of them), else `slots` CPU slots (default_slots()).
-
-    Raises:
-        ValueError: more CPU slots than cores (each slot needs a core of its own).
-    """
-    cores = os.cpu_count() or 1
-    kind = profile.device_type("auto")
-    if kind.startswith("cuda"):
-        count = min(torch.cuda.device_count(), slots or torch.cuda.device_count())
-    elif slots is not None and slots > cores:
-        raise ValueError(f"--slots {slots}: this machine has {cores} CPU cores and no GPU; "
-                         f"use at most --slots {cores}")
-    else:
-        count = slots or default_slots()
-    launcher = _trainer_launcher() if count > 1 else None
-    return Devices(kind, count, max(1, cores // count), launcher)
-
-
-def _trainer_launcher() -> Launcher | None:
-    """`kiln_trainer.parallel.launch_command` if the installed trainer takes --parallelism.
-
-    Imported by name at run time (the trainer is a separate package); the probe parses the
-    flag with the trainer's own argument parser.
-    """
-    try:
-        parallel = importlib.import_module("kiln_trainer.parallel")
-        trainer_cli = importlib.import_module("kiln_trainer.cli")
-    except ImportError:
-        return None
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            trainer_cli.parse_args(["--parallelism", "ddp"])
-        except SystemExit:
-            return None
-    launch: Launcher = parallel.launch_command
-    return launch
 
 
 def make_plan(
     jobs: Sequence[api.TrainingJob],
     *,
-    devices: Devices,
+    devices: machine.Devices,
     zoo: store.ObjectStore | None,
     profile_cache: Path | None,
     settings: types.Settings = PLAN_SETTINGS,
@@ -217,7 +139,7 @@ def run_planned(
     *,
     the_plan: types.Plan,
     configs: Mapping[str, tuple[types.Config, ...]],
-    devices: Devices,
+    devices: machine.Devices,
     zoo_uri: str,
     work_dir: Path,
     console: Console,
@@ -248,7 +170,7 @@ class _Run:
     """The state of one planned run; `loop` is the whole algorithm."""
 
     def __init__(self, jobs: list[api.TrainingJob], the_plan: types.Plan,
-                 configs: dict[str, tuple[types.Config, ...]], devices: Devices, zoo_uri: str,
+                 configs: dict[str, tuple[types.Config, ...]], devices: machine.Devices, zoo_uri: str,
                  work_dir: Path, console: Console, env: dict[str, str]) -> None:
         self.jobs = {job.name: job for job in jobs}
         self.plan, self.first_plan, self.configs, self.devices = the_plan, the_plan, configs, devices

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, local, runplan
+from kiln import api, local, machine, runplan
 from kiln.placement import estimate, profile, types
 
 SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
@@ -75,7 +75,7 @@ def _frozen(summary: dict[str, Any] | None) -> str:
 
 
 def plan(the_plan: types.Plan, configs: Mapping[str, tuple[types.Config, ...]],
-         devices: runplan.Devices) -> Table:
+         devices: machine.Devices) -> Table:
     """The plan: job -> device(s), config, planned start, estimated duration, source."""
     slots = runplan.planned_devices(the_plan, devices.count)
     table = Table(title=f"Plan: {len(the_plan.assignments)} jobs on {devices.count} "

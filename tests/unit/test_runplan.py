@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kiln import api, local, runplan
+from kiln import api, local, machine, runplan
 from kiln.placement import types
 
 OK = ("import json; print(json.dumps({'event': 'progress', 'epoch': 1, 'epochs': 1, 'step': 4, "
@@ -63,7 +63,7 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, the_plan: types.Plan,
     jobs = [_job(a.job) for a in sorted(the_plan.assignments, key=lambda a: a.job)]
     configs = {a.job: (types.Config(a.parallelism, a.gpus, a.seconds, "flops"),)
                for a in the_plan.assignments}
-    devices = runplan.Devices("cpu", slots, 1, lambda k, argv: ["torchrun", str(k), *argv])
+    devices = machine.Devices("cpu", slots, 1, lambda k, argv: ["torchrun", str(k), *argv])
     out = io.StringIO()
     try:
         outcome: Any = runplan.run_planned(
@@ -162,7 +162,7 @@ def test_every_lock_is_taken_before_any_trainer_starts(
 
     monkeypatch.setattr(subprocess, "Popen", no_trainer)
     the_plan = _plan(("a", 1, 0.0, 5.0), ("b", 1, 0.0, 5.0))
-    devices = runplan.Devices("cpu", 2, 1, None)
+    devices = machine.Devices("cpu", 2, 1, None)
     with local._job_lock(tmp_path / "b.lock", "b"), pytest.raises(local.JobBusy):
         runplan.run_planned([_job("a"), _job("b")], the_plan=the_plan, configs={},
                             devices=devices, zoo_uri="zoo", work_dir=tmp_path,
@@ -177,18 +177,18 @@ def test_planned_devices_reuse_devices_freed_by_earlier_jobs() -> None:
 
 
 def test_without_a_multi_process_trainer_only_single_is_planned() -> None:
-    assert runplan.Devices("cpu", 4, 1, None).parallelisms() == ("single",)
-    launcher = runplan.Devices("cpu", 4, 1, lambda k, argv: list(argv))
+    assert machine.Devices("cpu", 4, 1, None).parallelisms() == ("single",)
+    launcher = machine.Devices("cpu", 4, 1, lambda k, argv: list(argv))
     assert launcher.parallelisms() == ("single", "ddp")
-    assert runplan.Devices("cuda:X", 4, 1, launcher.launcher).parallelisms() == \
+    assert machine.Devices("cuda:X", 4, 1, launcher.launcher).parallelisms() == \
         ("single", "ddp", "fsdp")
-    assert runplan.Devices("cpu", 1, 1, launcher.launcher).parallelisms() == ("single",)
+    assert machine.Devices("cpu", 1, 1, launcher.launcher).parallelisms() == ("single",)
 
 
 def test_the_plan_of_real_estimates_fits_the_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runplan, "_trainer_launcher", lambda: None)
+    monkeypatch.setattr(machine, "_trainer_launcher", lambda: None)
     monkeypatch.setattr(runplan.os, "cpu_count", lambda: 4)
-    devices = runplan.local_devices(3)
+    devices = machine.local_devices(3)
     if devices.gpu:
         pytest.skip("this machine has GPUs; the CPU slot plan is what is checked here")
     the_plan, configs = runplan.make_plan([_job("a"), _job("b"), _job("c")], devices=devices,
@@ -202,7 +202,7 @@ def test_the_plan_of_real_estimates_fits_the_slots(monkeypatch: pytest.MonkeyPat
 
 def test_more_cpu_slots_than_cores_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runplan.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(runplan.profile, "device_type", lambda device="auto": "cpu")
+    monkeypatch.setattr(machine.profile, "device_type", lambda device="auto": "cpu")
     with pytest.raises(ValueError, match=r"--slots 3: this machine has 2 CPU cores .* at most"):
-        runplan.local_devices(3)
-    assert runplan.local_devices(2).count == 2
+        machine.local_devices(3)
+    assert machine.local_devices(2).count == 2

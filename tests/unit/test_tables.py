@@ -8,7 +8,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from kiln import local, runplan, tables
+from kiln import local, machine, tables
 from kiln.placement import types
 
 RESULT = {"metric_name": "validation_accuracy", "metric": 0.9, "wall_seconds": 3.0,
@@ -37,7 +37,7 @@ def test_the_plan_table_lists_devices_config_start_estimate_and_source() -> None
     the_plan = types.Plan((types.Assignment("[b]x[/b]", "local", 2, "ddp", 0.0, 20.0),
                            types.Assignment("y", "local", 1, "single", 20.0, 5.0)), 25.0, "milp")
     configs = {"[b]x[/b]": (types.Config("ddp", 2, 20.0, "profile"),)}
-    text = _text(tables.plan(the_plan, configs, runplan.Devices("cpu", 2, 1, None)))
+    text = _text(tables.plan(the_plan, configs, machine.Devices("cpu", 2, 1, None)))
     assert "Plan: 2 jobs on 2 CPU slots (milp; makespan 25 s)" in text
     assert "[b]x[/b]" in text  # job names are never markup
     assert "0,1" in text and "profile" in text and "?" in text  # y has no known config

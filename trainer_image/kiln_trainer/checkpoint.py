@@ -15,7 +15,8 @@ which is why NumPy's RNG state is stored as a tensor.
 
 `capture` and `restore` translate the default loop's state (`tracking.RunState`, model,
 optimizer, schedule, RNGs) to and from that dict; on resume a changed spec is logged field by
-field and the job's values win, while a changed model is refused.
+field and the job's values win, while a changed model is refused. The RNG states themselves
+come from `kiln_trainer.rngstate` (`rng_state`, `set_rng_state`, re-exported here).
 
 Parallel runs (`kiln_trainer.parallel`, issue 5). Given a `parallel.Context`, `capture` is
 collective (every rank calls it; only rank 0 saves what it returns): the model and optimizer
@@ -49,7 +50,7 @@ from torch import nn
 
 from kiln import api
 from kiln.zoo import store as zoo_store
-from kiln_trainer import optim, parallel, tracking
+from kiln_trainer import optim, parallel, rngstate, tracking
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.Wa
 PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
+
+# Re-exports: every RNG's state, as checkpoints keep it (kiln_trainer.rngstate).
+rng_state = rngstate.rng_state
+set_rng_state = rngstate.set_rng_state
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
 FILE_NAME = "checkpoint.pt"
@@ -174,30 +179,6 @@ def delete_checkpoint(location: Location) -> None:
     """Remove the checkpoint (a finished job needs none); missing is fine."""
     if location.store.exists(location.key):
         location.store.delete(location.key)
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain values (loadable with weights_only=True)."""
-    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return {
-        "python": random.getstate(),
-        "numpy": [torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
-                  float(cached)],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned; CUDA states only when the device count matches."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"].cpu())
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
 
 
 def spec_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

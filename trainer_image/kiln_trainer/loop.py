@@ -225,12 +225,12 @@ def main(
         report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
                                    steps_per_epoch=steps_per_epoch, freezer=freezer)
         eval_every = spec.training.eval_every_steps
-        while not finished(state, spec):
+        while not state.finished(spec):
             batches = iter(data.train_batches(
                 splits.train, batch_size=batch_size, seed=spec.training.seed,
                 epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers,
                 shard=ctx.shard, with_indices=freezer is not None))
-            while state.epoch_batch < steps_per_epoch and not finished(state, spec):
+            while state.epoch_batch < steps_per_epoch and not state.finished(spec):
                 left = steps_per_epoch - state.epoch_batch
                 stats = train_one_epoch(
                     model, batches, optimizer=optimizer, scheduler=scheduler, device=device,
@@ -400,10 +400,3 @@ def save(
             size = checkpoint.save_checkpoint(location, saved)
             _log.info("checkpoint: %d bytes to %s", size, location.describe())
         ctx.barrier()
-
-
-def finished(state: tracking.RunState, spec: api.TrainingJobSpec) -> bool:
-    """The epochs ran out, or the target was met and the job stops there."""
-    stop_at_target = spec.target is not None and spec.target.stop_at_target
-    return state.epochs_done >= spec.training.epochs or (
-        stop_at_target and state.time_to_target_seconds is not None)

@@ -47,6 +47,12 @@ class RunState:
                          self.epoch_batch, steps_per_epoch)
             self.epoch_batch = steps_per_epoch
 
+    def finished(self, spec: api.TrainingJobSpec) -> bool:
+        """The epochs ran out, or the target was met and the job stops there."""
+        stop_at_target = spec.target is not None and spec.target.stop_at_target
+        return self.epochs_done >= spec.training.epochs or (
+            stop_at_target and self.time_to_target_seconds is not None)
+
     def evaluated_now(self) -> bool:
         """Whether the latest evaluation saw the current weights."""
         return bool(self.history) and self.history[-1]["step"] == self.step

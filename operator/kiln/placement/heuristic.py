@@ -9,22 +9,24 @@ change one job's config at a time while the makespan drops. Its makespan is the 
 horizon, its warm start and the fallback.
 
 Also here, shared by `milp`, `plan` and `baselines`: `Problem` (a snapshot normalised:
-candidate configs, release times, reservations of running and frozen jobs), `Timeline` (one
-node's GPUs in use over time, earliest-fit search) and `lower_bound`. Callers: `plan`,
-`milp`, `baselines`, `simulate`. Non-goals: no solver, no I/O, no torch, no kubernetes.
+candidate configs, release times, reservations of running and frozen jobs), `timelines` (per
+node, a `timeline.Timeline` of GPUs in use over time with earliest-fit search; the class is
+re-exported here) and `lower_bound`. Callers: `plan`, `milp`, `baselines`, `simulate`.
+Non-goals: no solver, no I/O, no torch, no kubernetes.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 
-from kiln.placement import types
+from kiln.placement import timeline, types
 
 # Local search budget, in job placements (one placement ~ a few microseconds per node).
 LOCAL_SEARCH_PLACEMENTS = 60_000
+
+# Re-export: one node's GPUs over time (kiln.placement.timeline).
+Timeline = timeline.Timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,58 +103,9 @@ def problem_of(snapshot: types.Snapshot, *,
         reservations=tuple(reservations), fixed=tuple(fixed))
 
 
-class Timeline:
-    """GPUs in use on one node as a step function; finds the earliest window that fits.
-
-    `times[i]` starts segment i (the first is -inf), `usage[i]` GPUs are held over
-    [times[i], times[i + 1]); the last segment runs to +inf.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.times: list[float] = [-math.inf]
-        self.usage: list[int] = [0]
-
-    def _split(self, at: float) -> int:
-        i = bisect.bisect_right(self.times, at) - 1
-        if self.times[i] != at:
-            self.times.insert(i + 1, at)
-            self.usage.insert(i + 1, self.usage[i])
-            i += 1
-        return i
-
-    def add(self, start: float, end: float, gpus: int) -> None:
-        """Hold `gpus` over [start, end) (may exceed capacity: reservations are facts)."""
-        if end <= start:
-            return
-        first, last = self._split(start), self._split(end)
-        for i in range(first, last):
-            self.usage[i] += gpus
-
-    def earliest(self, gpus: int, seconds: float, release: float) -> float:
-        """Earliest t >= release with `gpus` free over [t, t + seconds)."""
-        limit = self.capacity - gpus
-        times, usage, n = self.times, self.usage, len(self.times)
-        i = bisect.bisect_right(times, release) - 1
-        start = release
-        while True:
-            end = times[i + 1] if i + 1 < n else math.inf
-            if usage[i] > limit:
-                start = end
-            elif end >= start + seconds:
-                return start
-            i += 1
-            if i >= n:
-                return start  # beyond the last breakpoint nothing is held
-
-    def peak(self) -> int:
-        """Most GPUs held at any time."""
-        return max(self.usage)
-
-
-def timelines(problem: Problem) -> dict[str, Timeline]:
+def timelines(problem: Problem) -> dict[str, timeline.Timeline]:
     """Per node, a timeline holding the problem's reservations."""
-    lines = {n.name: Timeline(n.gpus) for n in problem.nodes}
+    lines = {n.name: timeline.Timeline(n.gpus) for n in problem.nodes}
     for r in problem.reservations:
         lines[r.node].add(r.start, r.end, r.gpus)
     return lines

@@ -17,12 +17,9 @@ and NCCL on GPUs; each rank takes B / k samples and the slowest rank's step coun
 torch's `DistributedDataParallel`; FSDP is FSDP1 (`FullyShardedDataParallel`, whole model as
 one unit), so it needs GPUs.
 
-The cache is one JSON file (default ``.kiln/profiles.json``)::
-
-    {"version": 1, "entries": {"<key>": {"step_seconds": 0.012, "status": "ok", ...}}}
-
-keyed by (architecture, args, input shape, global batch size, parallelism, k, device type);
-`estimate.configs` reads it. Device types are ``cpu`` or ``cuda:<GPU name>`` (`device_type`).
+Results (`Measurement`) are kept in a JSON cache keyed by config and device type
+(`kiln.placement.profilecache`, whose names are re-exported here); `estimate.configs` reads it.
+Device types are ``cpu`` or ``cuda:<GPU name>`` (`device_type`).
 
 Callers: `kiln.cli` (`kiln profile`), `kiln.placement.estimate` (cache lookups).
 Non-goals: no estimates for configs that were not measured (see `estimate`), no planning.
@@ -47,48 +44,24 @@ from torch import nn
 from torch.nn import functional as F
 
 from kiln import api, models
+from kiln.placement import profilecache
 
-CACHE_VERSION = 1
-DEFAULT_CACHE = Path(".kiln/profiles.json")
 GPU_COUNTS = (1, 2, 4, 8)
 # A multi-process profile builds the model once per rank and meets in two all-reduces.
 WORKER_TIMEOUT_SECONDS = 300.0
-
-STATUS_OK, STATUS_OOM, STATUS_UNSUPPORTED, STATUS_FAILED = "ok", "oom", "unsupported", "failed"
 _OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "not enough memory")
 
-
-class ProfileCacheError(ValueError):
-    """The profile cache file exists but cannot be used (not JSON, wrong layout or version)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-    """One config's profile.
-
-    Attributes:
-        parallelism: "single", "ddp" or "fsdp".
-        gpus: k, devices used (GPUs, or CPU processes).
-        step_seconds: wall seconds of the timed (second) mini-batch at the global batch size;
-            None unless status is "ok".
-        status: "ok", "oom" (infeasible: out of memory), "unsupported" (cannot run here) or
-            "failed" (another error; see detail).
-        detail: why, for statuses other than "ok".
-        cached: True when it came from the cache instead of a run.
-    """
-
-    parallelism: str
-    gpus: int
-    step_seconds: float | None
-    status: str
-    detail: str = ""
-    cached: bool = False
-
-    @property
-    def feasible(self) -> bool:
-        """False only for a measured out-of-memory (unsupported/failed say nothing)."""
-        return self.status != STATUS_OOM
+# Re-exports: what a profile measured and its cache (kiln.placement.profilecache).
+CACHE_VERSION = profilecache.CACHE_VERSION
+DEFAULT_CACHE = profilecache.DEFAULT_CACHE
+STATUS_OK, STATUS_OOM = profilecache.STATUS_OK, profilecache.STATUS_OOM
+STATUS_UNSUPPORTED, STATUS_FAILED = profilecache.STATUS_UNSUPPORTED, profilecache.STATUS_FAILED
+ProfileCacheError = profilecache.ProfileCacheError
+Measurement = profilecache.Measurement
+cache_key = profilecache.cache_key
+read_cache = profilecache.read_cache
+lookup = profilecache.lookup
 
 
 def device_type(device: str = "auto") -> str:
@@ -115,50 +88,6 @@ def default_configs(kind: str, max_devices: int) -> list[tuple[str, int]]:
             if kind.startswith("cuda"):
                 pairs.append(("fsdp", k))
     return pairs
-
-
-def cache_key(model: api.ModelSpec, *, batch_size: int, parallelism: str, gpus: int,
-              kind: str) -> str:
-    """The cache key of one config: JSON of (architecture, args, input shape, batch, ...)."""
-    return json.dumps([model.architecture, model.args, list(model.input_shape), batch_size,
-                       parallelism, gpus, kind], sort_keys=True, separators=(",", ":"))
-
-
-def read_cache(path: Path) -> dict[str, dict[str, Any]]:
-    """The cache's entries by key; {} when the file does not exist.
-
-    Raises:
-        ProfileCacheError: the file is not a version-1 Kiln profile cache (names the file).
-    """
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ProfileCacheError(f"profile cache {path}: cannot read it ({exc}); delete it or "
-                                "point --cache (kiln profile) or --profile-cache (kiln run) "
-                                "elsewhere") from None
-    if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or \
-            not isinstance(doc.get("entries"), dict):
-        raise ProfileCacheError(f"profile cache {path}: not a version-{CACHE_VERSION} Kiln "
-                                "profile cache; delete it or point --cache (kiln profile) or "
-                                "--profile-cache (kiln run) elsewhere")
-    entries: dict[str, dict[str, Any]] = doc["entries"]
-    return entries
-
-
-def lookup(entries: dict[str, dict[str, Any]], key: str) -> Measurement | None:
-    """The cached measurement under `key`, or None (also for a malformed entry)."""
-    entry = entries.get(key)
-    if not isinstance(entry, dict):
-        return None
-    try:
-        step = entry.get("step_seconds")
-        return Measurement(str(entry["parallelism"]), int(entry["gpus"]),
-                           None if step is None else float(step), str(entry["status"]),
-                           str(entry.get("detail", "")), cached=True)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def profile_job(
@@ -209,7 +138,7 @@ def profile_job(
                             "architecture": job.spec.model.architecture, "device_type": kind,
                             "batch_size": batch, "measured_time": _now()}
             if cache_path is not None:
-                _write_cache(cache_path, entries)
+                profilecache.write_cache(cache_path, entries)
     return results
 
 
@@ -395,16 +324,6 @@ def _wrapper(parallelism: str, device: torch.device) -> Callable[[nn.Module], nn
         return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda"
                                        else None)
     return wrap
-
-
-def _write_cache(path: Path, entries: dict[str, dict[str, Any]]) -> None:
-    """Atomically replace the cache file (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=".profiles-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,205 @@
+"""The API's vocabulary: identity, name rules, closed sets of wire strings, the error, the base.
+
+Holds what every other part of `kiln.api` builds on: the group/version/kind and CRD names, the
+patterns and bounds of names and shapes, the `StrEnum`s whose values travel on the wire (phases,
+condition types and reasons, and the enums of spec fields), `InvalidSpec`, and `ApiModel`, the
+base of every wire type, where the one snake_case to camelCase mapping lives.
+
+Callers: `kiln.api`'s other modules; everyone else through `kiln.api`, which re-exports these
+names (`api.Phase`, `api.InvalidSpec`).
+
+Non-goals: no field types (`kiln.api.spec`, `kiln.api.status`), no checks (`kiln.api.validation`);
+no I/O, never imports torch or kopf.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kiln.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj", "kjob")
+CATEGORIES = ("all", "kiln")
+
+# Kubernetes object names for pods derive from the job name, so keep DNS-1123 labels.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH = 63
+
+# spec.warmStart.parent: "auto" or a zoo model id. The id rule is kiln.zoo.records' (one safe
+# key component); repeated here because api sits below zoo in the layers.
+PARENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+PARENT_MAX_LENGTH = 128
+
+# Largest H, W or sequence length in spec.model.inputShape: beyond it one sample alone takes
+# gigabytes, and shape arithmetic in the model builders overflows.
+INPUT_DIM_MAX = 16384
+
+# spec.dataset.torchvisionClass values: the torchvision dataset classes the trainer knows how to
+# open as a labelled training split (`kiln_trainer.data` keeps the matching constructor table).
+TORCHVISION_CLASSES = (
+    "MNIST", "FashionMNIST", "KMNIST", "QMNIST", "USPS", "CIFAR10", "CIFAR100", "SVHN", "STL10",
+)
+
+
+class InvalidSpec(ValueError):
+    """A job document failed validation; `problems` lists every one, one line each."""
+
+    def __init__(self, problems: list[str], *, source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "invalid TrainingJob:\n  " + "\n  ".join(problems))
+
+
+class Phase(enum.StrEnum):
+    """Coarse job state shown in `kubectl get`; derived from conditions, never set directly."""
+
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class ConditionType(enum.StrEnum):
+    """The closed set of condition types (Kubeflow vocabulary plus Kiln's own)."""
+
+    CREATED = "Created"  # the job was accepted and validated
+    WARM_STARTED = "WarmStarted"  # True: a zoo parent was chosen; False: cold start (reason says why)
+    QUEUED = "Queued"  # waiting for the placement plan to reach it
+    PLACED = "Placed"  # the planner gave it a node, GPU count and parallelism
+    RUNNING = "Running"  # trainer pod(s) running
+    RESTARTING = "Restarting"  # trainer exited with a retryable code and is being restarted
+    SUCCEEDED = "Succeeded"  # training finished and the model was registered
+    FAILED = "Failed"  # terminal failure; reason says which
+    SUSPENDED = "Suspended"  # runPolicy.suspend is true
+
+
+class Reason(enum.StrEnum):
+    """CamelCase reasons, grouped by the condition they explain; events reuse them."""
+
+    # Created
+    JOB_CREATED = "JobCreated"
+    # WarmStarted
+    PARENT_SELECTED = "ParentSelected"
+    COLD_START = "ColdStart"
+    WARM_START_DISABLED = "WarmStartDisabled"
+    ZOO_UNAVAILABLE = "ZooUnavailable"
+    # Placed / Queued
+    WAITING_FOR_PLACEMENT = "WaitingForPlacement"
+    PLANNED = "Planned"
+    NO_FEASIBLE_CONFIG = "NoFeasibleConfig"
+    SOLVED_WITHIN_TIME_LIMIT = "SolvedWithinTimeLimit"
+    # Running / Restarting
+    TRAINER_STARTED = "TrainerStarted"
+    TRAINER_EXITED = "TrainerExited"
+    # Succeeded
+    TRAINING_COMPLETED = "TrainingCompleted"
+    # Failed
+    INVALID_SPEC = "InvalidSpec"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    PERMANENT_ERROR = "PermanentError"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    # Suspended
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    RESUMED = "Resumed"
+    UNEXPECTED_ERROR = "UnexpectedError"
+
+
+class TargetMetric(enum.StrEnum):
+    VALIDATION_ACCURACY = "validation_accuracy"
+    VALIDATION_LOSS = "validation_loss"
+
+
+class DatasetName(enum.StrEnum):
+    DIGITS = "digits"  # scikit-learn's bundled handwritten digits (1,797 8x8 images)
+    IMAGEFOLDER = "imagefolder"  # torchvision ImageFolder at `path`
+    TORCHVISION = "torchvision"  # a torchvision dataset class (`torchvisionClass`) with root `path`
+    TEXT = "text"  # a UTF-8 text file at `path`, byte-level characters
+
+
+class Augmentation(enum.StrEnum):
+    NONE = "none"  # deterministic inputs (frozen-prefix outputs may be cached)
+    FLIP_CROP = "flip-crop"  # random horizontal flip and padded crop (images only)
+
+
+class OptimizerName(enum.StrEnum):
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class ScheduleName(enum.StrEnum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    STEP = "step"
+
+
+class Parallelism(enum.StrEnum):
+    AUTO = "auto"
+    SINGLE = "single"
+    DDP = "ddp"
+    FSDP = "fsdp"
+
+
+class CleanPodPolicy(enum.StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class FreezingMode(enum.StrEnum):
+    AUTO = "auto"  # int8 reference where quantization works, else fp32 (logged)
+    FP32 = "fp32"  # always an fp32 reference copy (more CPU, no quantization noise)
+
+
+class CacheMode(enum.StrEnum):
+    AUTO = "auto"  # cache frozen-prefix outputs when the inputs are deterministic
+    OFF = "off"
+
+
+class ApiModel(BaseModel):
+    """Base of every wire type: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=False,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Drop nulls of fields that have a default and are not nullable, so the default applies.
+
+        The API server does the same (structural-schema defaulting replaces such a null with the
+        field's default), so `dataset: null` is accepted by `kubectl apply` and by `parse_job`.
+        """
+        if not isinstance(data, dict):
+            return data
+        defaulted = _null_defaulted(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
+@functools.cache
+def _null_defaulted(model: type[BaseModel]) -> frozenset[str]:
+    """Wire and Python names of `model`'s fields that have a default and do not accept null."""
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        nullable = field.annotation is None or type(None) in typing.get_args(field.annotation)
+        if not field.is_required() and not nullable:
+            names |= {name, field.alias or name}
+    return frozenset(names)

@@ -1,0 +1,325 @@
+"""TrainingJob spec types: every field the user writes, with its default, bounds and doc.
+
+One pydantic type per spec section (`ModelSpec`, `DatasetSpec`, … `RunPolicySpec`), joined by
+`TrainingJobSpec`, plus `ObjectMeta`. Each field's description starts with its wire name and
+becomes the CRD's description; single-field checks (types, enums, bounds) live here and so also
+in the CRD schema (`kiln.crd` walks these types).
+
+Callers: `kiln.api.status` (`TrainingJob` holds a spec and metadata); everyone else through
+`kiln.api`, which re-exports these names (`api.TrainingJobSpec`, `api.ModelSpec`).
+
+Non-goals: no cross-field checks (`kiln.api.validation`), no status; no I/O, never imports torch
+or kopf.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from kiln.api import names
+
+PositiveInt = Annotated[int, Field(ge=1)]
+InputDim = Annotated[int, Field(ge=1, le=names.INPUT_DIM_MAX)]
+
+
+class ModelSpec(names.ApiModel):
+    architecture: str = Field(
+        min_length=1,
+        description="architecture: registry name, e.g. resnet18, small_resnet, char_transformer "
+        "(`kiln models` lists them).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="args: keyword arguments of the architecture builder, e.g. num_classes, depth.",
+    )
+    input_shape: list[InputDim] = Field(
+        min_length=1,
+        max_length=3,
+        description="inputShape: one sample's shape without the batch: [C, H, W] for images, "
+        f"[sequenceLength] for text; each at most {names.INPUT_DIM_MAX}.",
+    )
+
+
+class DatasetSpec(names.ApiModel):
+    name: names.DatasetName = Field(
+        default=names.DatasetName.DIGITS,
+        description="name: the loader: digits, imagefolder, torchvision or text.",
+    )
+    path: str | None = Field(
+        default=None,
+        description="path: dataset location: ImageFolder directory, torchvision root, or a text "
+        "file or folder of text files.",
+    )
+    torchvision_class: str | None = Field(
+        default=None,
+        description="torchvisionClass: torchvision dataset class when name is torchvision: "
+        f"{', '.join(names.TORCHVISION_CLASSES)}.",
+    )
+    download: bool = Field(
+        default=False,
+        description="download: let a torchvision dataset download itself (off: data must exist).",
+    )
+    validation_fraction: float = Field(
+        default=0.2,
+        gt=0.0,
+        lt=1.0,
+        description="validationFraction: share of samples held out for validation, split by seed.",
+    )
+    augmentation: names.Augmentation = Field(
+        default=names.Augmentation.NONE,
+        description="augmentation: none (deterministic) or flip-crop (random, images only).",
+    )
+    max_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="maxSamples: use at most this many samples (text: characters / length).",
+    )
+    split_seed: int = Field(
+        default=0,
+        ge=0,
+        description="splitSeed: seeds the train/validation split (and the maxSamples subset); "
+        "keep it equal across jobs on one dataset so a zoo parent never trained on a child's "
+        "validation samples.",
+    )
+
+
+class OptimizerSpec(names.ApiModel):
+    name: names.OptimizerName = Field(
+        default=names.OptimizerName.SGD, description="name: sgd, adam or adamw."
+    )
+    lr: float = Field(default=0.1, gt=0.0, le=10.0, description="lr: base learning rate.")
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="momentum: SGD momentum.")
+    weight_decay: float = Field(
+        default=5e-4, ge=0.0, le=1.0, description="weightDecay: L2 penalty (decoupled for adamw)."
+    )
+    nesterov: bool = Field(default=False, description="nesterov: Nesterov momentum for SGD.")
+
+
+class LrScheduleSpec(names.ApiModel):
+    name: names.ScheduleName = Field(
+        default=names.ScheduleName.COSINE, description="name: constant, cosine or step."
+    )
+    warmup_epochs: int = Field(
+        default=0, ge=0, description="warmupEpochs: linear warm-up epochs before the schedule."
+    )
+    step_epochs: int = Field(
+        default=10, ge=1, description="stepEpochs: epochs between decays (step schedule)."
+    )
+    gamma: float = Field(
+        default=0.1, gt=0.0, lt=1.0, description="gamma: decay factor (step schedule)."
+    )
+
+
+class TrainingSpec(names.ApiModel):
+    epochs: int = Field(default=30, ge=1, le=100000, description="epochs: upper bound on epochs.")
+    batch_size: int = Field(
+        default=128, ge=1, le=65536, description="batchSize: global mini-batch size in samples."
+    )
+    optimizer: OptimizerSpec = Field(
+        default_factory=OptimizerSpec, description="optimizer: optimizer and its settings."
+    )
+    lr_schedule: LrScheduleSpec = Field(
+        default_factory=LrScheduleSpec, description="lrSchedule: learning-rate schedule."
+    )
+    seed: int = Field(default=0, ge=0, description="seed: seeds initialisation and shuffling.")
+    eval_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="evalEverySteps: also evaluate every N optimizer steps (default: per epoch).",
+    )
+    grad_clip_norm: float | None = Field(
+        default=None, gt=0.0, description="gradClipNorm: clip the global gradient norm."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="device: auto uses CUDA when present."
+    )
+
+
+class TargetSpec(names.ApiModel):
+    metric: names.TargetMetric = Field(
+        default=names.TargetMetric.VALIDATION_ACCURACY,
+        description="metric: validation_accuracy (higher is better) or validation_loss (lower).",
+    )
+    value: float = Field(
+        description="value: the goal; accuracy in (0, 1], loss > 0.",
+    )
+    stop_at_target: bool = Field(
+        default=True, description="stopAtTarget: stop training once the target is reached."
+    )
+
+
+class WarmStartSpec(names.ApiModel):
+    enabled: bool = Field(default=True, description="enabled: start from the most similar model.")
+    parent: str = Field(
+        default="auto",
+        min_length=1,
+        max_length=names.PARENT_MAX_LENGTH,
+        pattern=names.PARENT_PATTERN,
+        description="parent: auto, or a pinned zoo model id from `kiln zoo ls`, e.g. "
+        "small_resnet-7f3c2a1b.",
+    )
+    min_similarity: float = Field(
+        default=0.3,
+        ge=0.0,
+        le=1.0,
+        description="minSimilarity: below this architectural similarity, cold start.",
+    )
+
+
+class FreezingSpec(names.ApiModel):
+    """Egeria layer freezing (EuroSys'23); defaults follow the research digest's design."""
+
+    enabled: bool = Field(
+        default=True, description="enabled: freeze front layers once they stop learning."
+    )
+    check_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="checkEverySteps: steps between plasticity probes (default: 8 per "
+        "epoch, at least 10 steps apart).",
+    )
+    window: int = Field(
+        default=5, ge=3, le=100, description="window: probes per reference refresh and slope fit."
+    )
+    tolerance: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=10.0,
+        description="tolerance: normalised plasticity slope below which a module is converged.",
+    )
+    patience: int = Field(
+        default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."
+    )
+    probe_batch_size: int = Field(
+        default=32, ge=2, le=1024, description="probeBatchSize: samples in the fixed probe batch."
+    )
+    max_frozen_fraction: float = Field(
+        default=0.8,
+        gt=0.0,
+        lt=1.0,
+        description="maxFrozenFraction: cap on the share of modules frozen (the head never is).",
+    )
+    reference: names.FreezingMode = Field(
+        default=names.FreezingMode.AUTO, description="reference: auto (int8 when possible) or fp32."
+    )
+    reference_threads: int = Field(
+        default=1, ge=1, le=64, description="referenceThreads: CPU threads of the reference model."
+    )
+    cache: names.CacheMode = Field(
+        default=names.CacheMode.AUTO, description="cache: auto or off (frozen-prefix output cache)."
+    )
+    cache_memory_mib: int = Field(
+        default=1024,
+        ge=0,
+        alias="cacheMemoryMiB",
+        description="cacheMemoryMiB: RAM for the cache; beyond it, a memory-mapped file.",
+    )
+
+
+class ResourcesSpec(names.ApiModel):
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="gpus: GPUs per job; omit to let the planner choose (0 = CPU only).",
+    )
+    parallelism: names.Parallelism = Field(
+        default=names.Parallelism.AUTO, description="parallelism: auto, single, ddp or fsdp."
+    )
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=64, description="gpusPerNode: cap on GPUs taken on one node."
+    )
+
+
+class ZooSpec(names.ApiModel):
+    register_model: bool = Field(
+        default=True, alias="register", description="register: add the trained model to the zoo."
+    )
+
+
+class RunPolicySpec(names.ApiModel):
+    backoff_limit: int = Field(
+        default=3, ge=0, le=100, description="backoffLimit: retries after retryable failures."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="activeDeadlineSeconds: fail the job after this long."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="ttlSecondsAfterFinished: delete the job this long after."
+    )
+    clean_pod_policy: names.CleanPodPolicy = Field(
+        default=names.CleanPodPolicy.RUNNING,
+        description="cleanPodPolicy: pods deleted when the job ends: All, Running or None.",
+    )
+    suspend: bool = Field(default=False, description="suspend: stop pods and hold the job.")
+
+
+class TrainingJobSpec(names.ApiModel):
+    model: ModelSpec = Field(description="model: architecture, builder arguments, input shape.")
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="dataset: data source.")
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec, description="training: epochs, batch, optimizer, schedule."
+    )
+    target: TargetSpec | None = Field(
+        default=None, description="target: metric goal for time-to-target and early stop."
+    )
+    warm_start: WarmStartSpec = Field(
+        default_factory=WarmStartSpec, description="warmStart: model-zoo warm start."
+    )
+    freezing: FreezingSpec = Field(
+        default_factory=FreezingSpec, description="freezing: layer freezing."
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="resources: GPUs and parallelism."
+    )
+    zoo: ZooSpec = Field(default_factory=ZooSpec, description="zoo: registration of the result.")
+    run_policy: RunPolicySpec = Field(
+        default_factory=RunPolicySpec, description="runPolicy: restarts, deadline, TTL, cleanup."
+    )
+    template: dict[str, Any] = Field(
+        default_factory=dict,
+        description="template: pod template overrides (image, nodeSelector, tolerations, env).",
+    )
+
+
+class ObjectMeta(names.ApiModel):
+    """Kubernetes object metadata: what a job file carries plus the fields the server sets.
+
+    Unknown keys are rejected (as `kubectl apply` does with strict field validation), so a typo
+    such as `lables` is an error rather than silently ignored.
+    """
+
+    name: str = Field(
+        min_length=1,
+        max_length=names.NAME_MAX_LENGTH,
+        pattern=names.NAME_PATTERN,
+        description="name: DNS-1123 label (lowercase letters, digits, '-'; at most 63 characters).",
+    )
+    generate_name: str | None = Field(default=None, description="generateName: name prefix.")
+    namespace: str | None = Field(default=None, description="namespace: the job's namespace.")
+    self_link: str | None = Field(default=None, description="selfLink: set by the server.")
+    uid: str | None = Field(default=None, description="uid: set by the server.")
+    resource_version: str | None = Field(default=None, description="resourceVersion: server.")
+    generation: int | None = Field(default=None, description="generation: spec generation.")
+    creation_timestamp: str | None = Field(
+        default=None, description="creationTimestamp: RFC 3339, set by the server."
+    )
+    deletion_timestamp: str | None = Field(
+        default=None, description="deletionTimestamp: RFC 3339, set by the server."
+    )
+    deletion_grace_period_seconds: int | None = Field(
+        default=None, description="deletionGracePeriodSeconds: set by the server."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="labels: string map.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="annotations: string map."
+    )
+    owner_references: list[dict[str, Any]] | None = Field(
+        default=None, description="ownerReferences: owning objects."
+    )
+    finalizers: list[str] | None = Field(default=None, description="finalizers: pending cleanup.")
+    managed_fields: list[dict[str, Any]] | None = Field(
+        default=None, description="managedFields: server-side apply bookkeeping."
+    )

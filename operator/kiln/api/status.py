@@ -1,0 +1,110 @@
+"""TrainingJob status types, and `TrainingJob` itself (metadata, spec and status in one object).
+
+Every field the operator writes must be declared here: the CRD's structural schema prunes the
+rest. Conditions use the closed sets in `kiln.api.names` (`ConditionType`, `Reason`); `phase` is
+derived from conditions by the controller, never set directly.
+
+Callers: `kiln.api.validation` (parses into `TrainingJob`); everyone else through `kiln.api`,
+which re-exports these names (`api.TrainingJob`, `api.TrainingJobStatus`).
+
+Non-goals: no status logic (setting conditions, deriving the phase: `kiln.controller.status`);
+no I/O, never imports torch or kopf.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kiln.api import names
+from kiln.api import spec as spec_mod
+
+
+class Condition(names.ApiModel):
+    type: names.ConditionType = Field(description="type: one of the Kiln condition types.")
+    status: Literal["True", "False", "Unknown"] = Field(description="status: True/False/Unknown.")
+    reason: str = Field(default="", description="reason: CamelCase cause.")
+    message: str = Field(default="", description="message: one sentence with numbers.")
+    last_transition_time: str | None = Field(
+        default=None, description="lastTransitionTime: RFC 3339 time the status last flipped."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration: spec generation the condition saw."
+    )
+
+
+class WarmStartStatus(names.ApiModel):
+    parent: str | None = Field(default=None, description="parent: zoo model id, null if cold.")
+    similarity: float | None = Field(default=None, description="similarity: in [0, 1].")
+    parent_metric: float | None = Field(default=None, description="parentMetric: parent's metric.")
+    matched_tensors: int | None = Field(default=None, description="matchedTensors: transferred.")
+    total_tensors: int | None = Field(default=None, description="totalTensors: child's tensors.")
+    reason: str | None = Field(default=None, description="reason: why this parent or cold start.")
+
+
+class PlacementStatus(names.ApiModel):
+    node: str | None = Field(default=None, description="node: planned node.")
+    gpus: int | None = Field(default=None, description="gpus: planned GPU count.")
+    parallelism: str | None = Field(default=None, description="parallelism: single/ddp/fsdp.")
+    estimated_start: str | None = Field(default=None, description="estimatedStart: RFC 3339.")
+    estimated_seconds: float | None = Field(default=None, description="estimatedSeconds: run.")
+
+
+class ProgressStatus(names.ApiModel):
+    epoch: int | None = Field(default=None, description="epoch: current epoch (1-based).")
+    step: int | None = Field(default=None, description="step: optimizer steps so far.")
+    train_loss: float | None = Field(default=None, description="trainLoss: recent training loss.")
+    validation_accuracy: float | None = Field(default=None, description="validationAccuracy.")
+    validation_loss: float | None = Field(default=None, description="validationLoss.")
+    frozen_modules: int | None = Field(default=None, description="frozenModules: frozen prefix.")
+    samples_per_second: float | None = Field(default=None, description="samplesPerSecond.")
+    eta_seconds: float | None = Field(default=None, description="etaSeconds: time left.")
+
+
+class ResultStatus(names.ApiModel):
+    metric: float | None = Field(default=None, description="metric: final target metric.")
+    validation_accuracy: float | None = Field(default=None, description="validationAccuracy.")
+    validation_loss: float | None = Field(default=None, description="validationLoss.")
+    zoo_model: str | None = Field(default=None, description="zooModel: registered zoo id.")
+    wall_seconds: float | None = Field(default=None, description="wallSeconds: training time.")
+    time_to_target_seconds: float | None = Field(
+        default=None, description="timeToTargetSeconds: wall seconds until the target was met."
+    )
+
+
+class TrainingJobStatus(names.ApiModel):
+    phase: names.Phase | None = Field(default=None, description="phase: derived from conditions.")
+    conditions: list[Condition] = Field(default_factory=list, description="conditions.")
+    warm_start: WarmStartStatus | None = Field(default=None, description="warmStart: decision.")
+    placement: PlacementStatus | None = Field(default=None, description="placement: plan.")
+    progress: ProgressStatus | None = Field(default=None, description="progress: live.")
+    result: ResultStatus | None = Field(default=None, description="result: final numbers.")
+    restarts: int | None = Field(default=None, description="restarts: trainer restarts so far.")
+    attempts: int | None = Field(
+        default=None,
+        description="attempts: trainer pods created so far (each restart and resumption adds "
+        "one); the current pod is <name>-trainer-<attempts - 1>.",
+    )
+    start_time: str | None = Field(
+        default=None,
+        description="startTime: when the trainer was launched (reset on resumption); "
+        "activeDeadlineSeconds counts from here.",
+    )
+    completion_time: str | None = Field(default=None, description="completionTime: terminal.")
+
+
+class TrainingJob(names.ApiModel):
+    """TrainingJob: trains one model on one dataset; Kiln warm-starts, places and freezes it."""
+
+    api_version: Literal["kiln.dev/v1alpha1"] = Field(description="apiVersion: kiln.dev/v1alpha1")
+    kind: Literal["TrainingJob"] = Field(description="kind: TrainingJob")
+    metadata: spec_mod.ObjectMeta = Field(description="metadata: standard object metadata.")
+    spec: spec_mod.TrainingJobSpec = Field(description="spec: what to train and how.")
+    status: TrainingJobStatus | None = Field(
+        default=None, description="status: written by the operator (phase, conditions, results)."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name

@@ -1,0 +1,251 @@
+"""Parsing and validating job documents: `parse_job`, `check_schema`, `validate`, `to_wire`.
+
+Two kinds of checks:
+  * single-field checks (types, enums, bounds, unknown fields) live in the types and therefore
+    also in the CRD schema; `check_schema` runs exactly these, reading the document as
+    `kubectl apply` sends it (strict JSON types, whole floats as integers);
+  * cross-field checks live in `validate` and report every problem as
+    ``field.path: what is wrong (got X); fix``.
+
+Callers: the CLI, the local runner, the trainer and the operator, through `kiln.api`, which
+re-exports these names (`api.parse_job`, `api.validate`); the CRD tests compare `check_schema`
+with the generated schema.
+
+Non-goals: no I/O beyond the document given (`kiln.jobfile` reads files); never imports torch or
+kopf.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from kiln.api import names, status
+
+
+def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
+    """Parse and validate one job document (a dict as decoded from YAML/JSON).
+
+    Raises:
+        InvalidSpec: with every problem found: unknown fields (with a did-you-mean), wrong types,
+            bounds, enums, wrong apiVersion/kind, invalid metadata.name, and `validate`'s checks.
+    """
+    job, problems = _check_schema(doc)
+    if job is None:
+        raise names.InvalidSpec(problems, source=source)
+    problems += validate(job)
+    if problems:
+        raise names.InvalidSpec(problems, source=source)
+    return job
+
+
+def check_schema(doc: Any) -> list[str]:
+    """The single-field problems of a job document: exactly what the CRD's schema also rejects.
+
+    Unknown fields (with a did-you-mean), wrong types, bounds, enums, wrong apiVersion/kind, an
+    invalid metadata.name, numbers JSON cannot carry. `validate`'s cross-field rules are not run.
+
+    Args:
+        doc: one document as decoded from YAML/JSON.
+
+    Returns:
+        One ``field.path: what is wrong (got X)`` line per problem; [] when the schema accepts it.
+    """
+    return _check_schema(doc)[1]
+
+
+def _check_schema(doc: Any) -> tuple[status.TrainingJob | None, list[str]]:
+    """`check_schema`'s problems and the parsed job (None when the types reject the document)."""
+    if not isinstance(doc, dict):
+        return None, [f"<document>: expected a mapping, got {type(doc).__name__}"]
+    problems = _unknown_fields(status.TrainingJob, doc, "")
+    number_problems: list[str] = []
+    wire = _as_kubectl_sends(doc, "", number_problems)
+    if number_problems:
+        return None, problems + number_problems
+    try:
+        # Strict JSON-mode validation: YAML types are taken as the API server takes them
+        # ("5" is not an integer, "yes" is not a boolean), so the CRD and this agree.
+        job = status.TrainingJob.model_validate_json(json.dumps(wire), strict=True)
+    except ValidationError as exc:
+        errors = exc.errors()
+        shown = [e for e in errors if e["type"] != "extra_forbidden"] if problems else errors
+        return None, problems + [_format_error(e) for e in shown]
+    return job, problems
+
+
+def validate(job: status.TrainingJob) -> list[str]:
+    """Cross-field checks the schema cannot express; [] when the job is consistent."""
+    spec, problems = job.spec, []
+    shape, ds = spec.model.input_shape, spec.dataset
+    image = ds.name in (
+        names.DatasetName.DIGITS, names.DatasetName.IMAGEFOLDER, names.DatasetName.TORCHVISION
+    )
+    if image and (len(shape) != 3 or shape[0] not in (1, 3)):
+        problems.append(
+            f"spec.model.inputShape: dataset {ds.name} gives images, so use [C, H, W] with C 1 "
+            f"or 3 (got {shape})"
+        )
+    if image and len(shape) == 3 and min(shape[1:]) < 8:
+        problems.append(f"spec.model.inputShape: images need H, W >= 8 (got {shape})")
+    if ds.name == names.DatasetName.TEXT and len(shape) != 1:
+        problems.append(
+            f"spec.model.inputShape: text takes [sequenceLength], e.g. [64] (got {shape})"
+        )
+    if ds.name == names.DatasetName.TEXT and ds.augmentation != names.Augmentation.NONE:
+        problems.append("spec.dataset.augmentation: text has no augmentation; use none")
+    needs_path = (
+        names.DatasetName.IMAGEFOLDER, names.DatasetName.TORCHVISION, names.DatasetName.TEXT
+    )
+    if ds.name in needs_path and not ds.path:
+        problems.append(f"spec.dataset.path: required for dataset {ds.name}; set the data location")
+    if ds.name == names.DatasetName.DIGITS and ds.path:
+        problems.append("spec.dataset.path: digits is bundled with scikit-learn; remove path")
+    if ds.name == names.DatasetName.TORCHVISION and not ds.torchvision_class:
+        problems.append("spec.dataset.torchvisionClass: required for torchvision, e.g. CIFAR10")
+    if ds.name != names.DatasetName.TORCHVISION and ds.torchvision_class:
+        problems.append("spec.dataset.torchvisionClass: only for name torchvision; remove it")
+    tv_class = ds.torchvision_class
+    torchvision = ds.name == names.DatasetName.TORCHVISION
+    if torchvision and tv_class and tv_class not in names.TORCHVISION_CLASSES:
+        problems.append(
+            f"spec.dataset.torchvisionClass: {tv_class!r} is not a supported torchvision dataset; "
+            f"{_did_you_mean(tv_class, names.TORCHVISION_CLASSES)}use one of "
+            f"{', '.join(names.TORCHVISION_CLASSES)}"
+        )
+    if spec.target is not None:
+        t = spec.target
+        if t.metric == names.TargetMetric.VALIDATION_ACCURACY and not 0.0 < t.value <= 1.0:
+            problems.append(
+                f"spec.target.value: accuracy is a fraction in (0, 1], e.g. 0.95 (got {t.value})"
+            )
+        if t.metric == names.TargetMetric.VALIDATION_LOSS and t.value <= 0.0:
+            problems.append(f"spec.target.value: a loss target must be > 0 (got {t.value})")
+    sched = spec.training.lr_schedule
+    if sched.warmup_epochs >= spec.training.epochs:
+        problems.append(
+            f"spec.training.lrSchedule.warmupEpochs: must be < epochs {spec.training.epochs} "
+            f"(got {sched.warmup_epochs})"
+        )
+    res = spec.resources
+    if res.gpus is not None and res.gpus_per_node is not None and res.gpus > res.gpus_per_node:
+        problems.append(
+            f"spec.resources.gpus: {res.gpus} exceeds gpusPerNode {res.gpus_per_node}; jobs run "
+            "on one node"
+        )
+    # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,
+    # gpus 0 is one CPU process, and the global batch splits evenly over the k devices.
+    most = res.gpus if res.gpus is not None else res.gpus_per_node
+    several = (names.Parallelism.DDP, names.Parallelism.FSDP)
+    if res.parallelism in several and most is not None and most < 2:
+        problems.append(
+            f"spec.resources.parallelism: {res.parallelism.value} needs 2 or more GPUs (gpus "
+            f"{res.gpus}, gpusPerNode {res.gpus_per_node}); use single or auto, or allow 2+ GPUs"
+            " (gpus 0 is one CPU process)"
+        )
+    if res.parallelism == names.Parallelism.SINGLE and res.gpus is not None and res.gpus > 1:
+        problems.append(
+            f"spec.resources.parallelism: single trains one process on one device, not gpus "
+            f"{res.gpus}; use ddp, fsdp or auto, or gpus 1"
+        )
+    if res.gpus and res.gpus > 1 and spec.training.batch_size % res.gpus:
+        problems.append(
+            f"spec.training.batchSize: {spec.training.batch_size} does not split evenly over gpus "
+            f"{res.gpus} (the global batch is divided among them); use a multiple of {res.gpus}"
+        )
+    return problems
+
+
+def to_wire(model: BaseModel) -> dict[str, Any]:
+    """A type as its camelCase JSON-compatible dict (defaults included, nulls dropped)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _unknown_fields(model: type[BaseModel], data: Any, path: str) -> list[str]:
+    """Unknown keys anywhere under `data`, each with the closest known wire name."""
+    if not isinstance(data, dict) or model.model_config.get("extra") == "allow":
+        return []
+    fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+    problems = []
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        field = fields.get(key)
+        if field is None:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(fields)}"
+            problems.append(f"{where}: unknown field{hint}")
+            continue
+        for sub in _model_types(field.annotation):
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    problems += _unknown_fields(sub, item, f"{where}[{i}]")
+            else:
+                problems += _unknown_fields(sub, value, where)
+    return problems
+
+
+def _as_kubectl_sends(value: Any, where: str, problems: list[str]) -> Any:
+    """`value` as `kubectl apply` sends it: YAML decoded, then encoded as JSON by Go.
+
+    Whole floats become integers (Go writes 5.0 as 5, so `epochs: 5.0` is an integer on the
+    server), other scalars (dates) become strings, keys become strings. Infinities and NaN cannot
+    be sent at all; each is appended to `problems` naming its field.
+    """
+    if isinstance(value, dict):
+        return {
+            str(k): _as_kubectl_sends(v, f"{where}.{k}" if where else str(k), problems)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_as_kubectl_sends(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            problems.append(f"{where}: must be a finite number; JSON cannot carry it (got {value})")
+            return value
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if value is None or isinstance(value, str | int):  # bool is an int
+        return value
+    return str(value)
+
+
+def _did_you_mean(value: str, choices: typing.Sequence[str]) -> str:
+    """"did you mean 'X'? " for the closest of `choices` (case-insensitive), or ""."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"did you mean {by_lower[close[0]]!r}? " if close else ""
+
+
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [t for arg in getattr(annotation, "__args__", ()) for t in _model_types(arg)]
+
+
+def _format_error(error: Any) -> str:
+    loc = error["loc"]
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        elif re.fullmatch(r"[a-z]+\[.*\]|function-.*|[a-z-]+-[a-z-]+", str(item)) is None:
+            parts.append(str(item))
+    where = ".".join(parts) or "<document>"
+    message = error["msg"]
+    if error["type"] == "missing":
+        return f"{where}: required field is missing"
+    if where == "metadata.name" and error["type"] == "string_pattern_mismatch":
+        message = "must be a DNS-1123 label: lowercase letters, digits and '-', e.g. digits-resnet"
+    if where == "spec.warmStart.parent" and error["type"] == "string_pattern_mismatch":
+        message = ("must be auto or a zoo model id (letters, digits, '_', '.', '-'), e.g. "
+                   "small_resnet-7f3c2a1b; `kiln zoo ls` lists them")
+    if where in ("apiVersion", "kind"):
+        message = f"must be {names.API_VERSION if where == 'apiVersion' else names.KIND}"
+    shown = error.get("input")
+    got = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict | list) else ""
+    return f"{where}: {message}{got}"

@@ -1,0 +1,100 @@
+"""This machine's devices for a planned `kiln run`: GPUs here, else CPU worker slots.
+
+`local_devices(slots)` finds them: the GPUs here (at most `slots`), else `slots` CPU worker slots
+(default `default_slots`), each running one trainer process with cores // slots torch threads
+(OMP_NUM_THREADS wins when set). `Devices` also carries the k-process trainer launcher
+(`kiln_trainer.parallel.launch_command`, under torchrun) when the installed trainer takes
+``--parallelism``; without it only single runs are planned here.
+
+Callers: `kiln.runplan` (which re-exports these names for `kiln.cli`) and `kiln.tables`.
+Non-goals: no planning, no launching: `kiln.runplan` plans on these devices and runs the jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import io
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kiln.placement import profile
+
+Launcher = Callable[[int, Sequence[str]], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """This machine's devices for a planned run.
+
+    Attributes:
+        kind: "cpu" or "cuda:<GPU name>" (`profile.device_type`).
+        count: GPUs used, or CPU worker slots.
+        threads: torch threads per trainer process (CPU: cores // slots).
+        launcher: builds the k-process trainer command; None when only single runs here.
+    """
+
+    kind: str
+    count: int
+    threads: int
+    launcher: Launcher | None
+
+    @property
+    def gpu(self) -> bool:
+        return self.kind.startswith("cuda")
+
+    @property
+    def noun(self) -> str:
+        return "GPUs" if self.gpu else "CPU slots"
+
+    def parallelisms(self) -> tuple[str, ...]:
+        if self.launcher is None or self.count < 2:
+            return ("single",)
+        return ("single", "ddp", "fsdp") if self.gpu else ("single", "ddp")
+
+
+def default_slots() -> int:
+    """CPU worker slots when --slots is not given: half the cores, at least 1."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def local_devices(slots: int | None) -> Devices:
+    """The GPUs here (at most `slots` of them), else `slots` CPU slots (default_slots()).
+
+    Raises:
+        ValueError: more CPU slots than cores (each slot needs a core of its own).
+    """
+    cores = os.cpu_count() or 1
+    kind = profile.device_type("auto")
+    if kind.startswith("cuda"):
+        count = min(torch.cuda.device_count(), slots or torch.cuda.device_count())
+    elif slots is not None and slots > cores:
+        raise ValueError(f"--slots {slots}: this machine has {cores} CPU cores and no GPU; "
+                         f"use at most --slots {cores}")
+    else:
+        count = slots or default_slots()
+    launcher = _trainer_launcher() if count > 1 else None
+    return Devices(kind, count, max(1, cores // count), launcher)
+
+
+def _trainer_launcher() -> Launcher | None:
+    """`kiln_trainer.parallel.launch_command` if the installed trainer takes --parallelism.
+
+    Imported by name at run time (the trainer is a separate package); the probe parses the
+    flag with the trainer's own argument parser.
+    """
+    try:
+        parallel = importlib.import_module("kiln_trainer.parallel")
+        trainer_cli = importlib.import_module("kiln_trainer.cli")
+    except ImportError:
+        return None
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            trainer_cli.parse_args(["--parallelism", "ddp"])
+        except SystemExit:
+            return None
+    launch: Launcher = parallel.launch_command
+    return launch
