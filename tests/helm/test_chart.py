@@ -13,6 +13,7 @@ pod scheduling, image pulls.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -229,8 +230,47 @@ def test_notes_tell_the_user_what_to_do_next(full_release: helm.Release,
     assert "kubectl -n kiln-system rollout status deployment/kiln" in full_release.notes
     assert "create secret generic kiln-minio" in full_release.notes
     assert "namespaces team-a, team-b" in full_release.notes
-    assert "no zoo endpoint is set" in default_release.notes
+    assert "s3://kiln-zoo at minio.example:9000" in default_release.notes
+    assert "kubectl -n <job-namespace> apply -f" in default_release.notes
+    assert "kubectl -n team-a apply -f" in full_release.notes  # a watched namespace
+    assert "jsonpath='{.data.accessKey}' | base64 -d" in full_release.notes
     assert "crds/trainingjob.yaml" in default_release.notes
+
+
+def test_long_and_dotted_release_names_give_valid_object_names() -> None:
+    release = helm.install({"podMonitor": {"enabled": True},
+                            "grafanaDashboard": {"enabled": True}}, release="my.team." + "a" * 45)
+    for document in release.manifests:
+        name = document["metadata"]["name"]
+        assert len(name) <= 63 and "." not in name, name
+    assert release.one("Service")["metadata"]["name"].endswith("-metrics")
+
+
+def test_pod_labels_cannot_unselect_the_operators_pods() -> None:
+    release = helm.install({"operator": {"podLabels": {
+        "app.kubernetes.io/component": "mine", "team": "ml"}}})
+    deployment = release.one("Deployment", "kiln")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["team"] == "ml"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({}, "zoo.endpoint: the operator and trainer pods need the model zoo's S3 endpoint"),
+    ({"zoo": {"endpoint": "m:9000"}, "serviceAccount": {"create": False}},
+     "serviceAccount.name: with serviceAccount.create=false, name an existing account"),
+    ({"zoo": {"endpoint": "m:9000"}, "serviceAccount": {"name": "default"}},
+     'serviceAccount.name: "default" already exists'),
+    ({"zoo": {"endpoint": "m:9000"}, "metrics": {"port": 8080}},
+     "metrics.port and operator.livenessPort are both 8080"),
+    ({"zoo": {"endpoint": "m:9000"}, "operator": {"extraArgs": ["--liveness-port=0"]}},
+     "operator.extraArgs: --liveness-port is set by the chart"),
+], ids=["no-zoo-endpoint", "no-account-name", "default-account", "same-ports",
+        "extra-arg-the-chart-sets"])
+def test_values_no_schema_can_check_fail_install_naming_the_value(
+        values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmFailed, match=re.escape(message)):
+        helm.install(values, required=False)
 
 
 def test_chart_values_file_is_documented_in_its_schema() -> None:

@@ -36,6 +36,11 @@ MONITORING_RESOURCES = {
 }
 
 
+# What every install must set (the chart refuses to install without a zoo endpoint).
+REQUIRED_VALUES: dict[str, Any] = {
+    "zoo": {"endpoint": "minio.example:9000", "existingSecret": "kiln-zoo"}}
+
+
 class HelmFailed(Exception):
     """Helm refused: the message is Helm's own (e.g. a values.schema.json violation)."""
 
@@ -107,8 +112,10 @@ def lint(chart: Path = CHART) -> dict[str, Any]:
 
 
 def install(values: dict[str, Any] | None = None, *, namespace: str = "kiln-system",
-            release: str = "kiln", chart: Path = CHART) -> Release:
+            release: str = "kiln", chart: Path = CHART, required: bool = True) -> Release:
     """``helm install`` of `chart` with `values` into a fresh emulator.
+
+    `values` go over `REQUIRED_VALUES` (deep merge) unless `required` is False.
 
     Raises:
         HelmFailed: Helm refused the values or the rendered objects.
@@ -117,8 +124,9 @@ def install(values: dict[str, Any] | None = None, *, namespace: str = "kiln-syst
         kubeconfig = cluster.write_kubeconfig(
             Path(os.environ.get("TMPDIR", "/tmp")) / f"kiln-helm-{os.getpid()}.kubeconfig")
         try:
+            given = _merged(REQUIRED_VALUES, values or {}) if required else values or {}
             result = _run(["install", str(chart), release, namespace, str(kubeconfig),
-                           json.dumps(values or {})])
+                           json.dumps(given)])
         finally:
             kubeconfig.unlink(missing_ok=True)
         created = {(f"{r.body.get('apiVersion')}/{r.body.get('kind')}", r.namespace or "",
@@ -129,6 +137,14 @@ def install(values: dict[str, Any] | None = None, *, namespace: str = "kiln-syst
     crds = [d for d in yaml.safe_load_all(_chart_crds(chart)) if d]
     return Release(manifests=manifests, crds=crds,
                    notes=str((result.get("info") or {}).get("notes") or ""), created=created)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = (_merged(merged[key], value)
+                       if isinstance(value, dict) and isinstance(merged.get(key), dict) else value)
+    return merged
 
 
 def _chart_crds(chart: Path) -> str:

@@ -4,17 +4,24 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The resource name prefix. Dots (allowed in release names) are not in Service names. */}}
 {{- define "kiln.fullname" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | replace "." "-" | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Release.Name | replace "." "-" | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | replace "." "-" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The full name with a suffix, the prefix cut so that the whole stays within 63. */}}
+{{- define "kiln.suffixed" -}}
+{{- $prefix := include "kiln.fullname" .context | trunc (int (sub 63 (len .suffix))) | trimSuffix "-" -}}
+{{- printf "%s%s" $prefix .suffix -}}
 {{- end -}}
 
 {{- define "kiln.selectorLabels" -}}
@@ -35,9 +42,31 @@ app.kubernetes.io/part-of: kiln
 
 {{- define "kiln.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
+{{- if eq .Values.serviceAccount.name "default" -}}
+{{- fail "serviceAccount.name: \"default\" already exists in every namespace; leave it empty (the chart names its account) or set serviceAccount.create=false" -}}
+{{- end -}}
 {{- default (include "kiln.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
+{{- if or (not .Values.serviceAccount.name) (eq .Values.serviceAccount.name "default") -}}
+{{- fail "serviceAccount.name: with serviceAccount.create=false, name an existing account for the operator alone (not \"default\": every pod there would get the operator's cluster-wide rights)" -}}
+{{- end -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Values no schema can check; each failure names the value and the fix. */}}
+{{- define "kiln.checkValues" -}}
+{{- if and (not .Values.minio.enabled) (not .Values.zoo.endpoint) -}}
+{{- fail "zoo.endpoint: the operator and trainer pods need the model zoo's S3 endpoint (host:port or http(s)://host:port); set zoo.endpoint (and zoo.existingSecret), or minio.enabled=true for a bundled MinIO" -}}
+{{- end -}}
+{{- if eq (int .Values.metrics.port) (int .Values.operator.livenessPort) -}}
+{{- fail (printf "metrics.port and operator.livenessPort are both %d; the two endpoints need different ports" (int .Values.metrics.port)) -}}
+{{- end -}}
+{{- range .Values.operator.extraArgs -}}
+{{- $flag := regexReplaceAll "=.*$" . "" -}}
+{{- if has $flag (list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--max-gpus-per-job" "--cpu-slots-per-node" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig") -}}
+{{- fail (printf "operator.extraArgs: %s is set by the chart from its values (see values.yaml); set the value instead" $flag) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -51,7 +80,7 @@ app.kubernetes.io/part-of: kiln
 {{- end -}}
 
 {{- define "kiln.minioName" -}}
-{{- printf "%s-minio" (include "kiln.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "kiln.suffixed" (dict "context" . "suffix" "-minio") -}}
 {{- end -}}
 
 {{/* The zoo: s3://bucket[/prefix]. */}}
