@@ -220,6 +220,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     _check_pinned_parents(jobs, zoo)
     work_dir = local.default_work_dir()
     try:
+        machine.check_slots(args.slots)
         devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None

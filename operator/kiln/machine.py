@@ -65,19 +65,31 @@ def local_devices(slots: int | None) -> Devices:
     """The GPUs here (at most `slots` of them), else `slots` CPU slots (default_slots()).
 
     Raises:
-        ValueError: more CPU slots than cores (each slot needs a core of its own).
+        ValueError: more CPU slots than cores (`check_slots`).
     """
     cores = os.cpu_count() or 1
-    kind = profile.device_type("auto")
+    kind = check_slots(slots)
     if kind.startswith("cuda"):
         count = min(torch.cuda.device_count(), slots or torch.cuda.device_count())
-    elif slots is not None and slots > cores:
-        raise ValueError(f"--slots {slots}: this machine has {cores} CPU cores and no GPU; "
-                         f"use at most --slots {cores}")
     else:
         count = slots or default_slots()
     launcher = _trainer_launcher() if count > 1 else None
     return Devices(kind, count, max(1, cores // count), launcher)
+
+
+def check_slots(slots: int | None) -> str:
+    """This machine's device type ("cpu" or "cuda:<name>") if `slots` fit it.
+
+    Raises:
+        ValueError: more CPU slots than cores, on a machine without GPUs (each slot needs a
+            core of its own).
+    """
+    kind = profile.device_type("auto")
+    cores = os.cpu_count() or 1
+    if not kind.startswith("cuda") and slots is not None and slots > cores:
+        raise ValueError(f"--slots {slots}: this machine has {cores} CPU cores and no GPU; "
+                         f"use at most --slots {cores}")
+    return kind
 
 
 def _trainer_launcher() -> Launcher | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import cli
+from kiln import cli, machine
 
 VALID = """\
 apiVersion: kiln.dev/v1alpha1
@@ -283,3 +283,15 @@ def test_run_refuses_a_job_another_run_in_this_directory_holds(
         assert cli.main(["run", str(path), "--zoo", "zoo"]) == cli.EXIT_USAGE
     err = " ".join(capsys.readouterr().err.split())
     assert f"job digits-small is already running (pid {os.getpid()})" in err
+
+
+def test_run_refuses_more_cpu_slots_than_cores_even_for_one_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine.profile, "device_type", lambda device="auto": "cpu")
+    monkeypatch.setattr(cli.local, "run_jobs", _no_training)
+    job = _write(tmp_path, VALID)
+    args = ["run", str(job), "--slots", "3", "--zoo", str(tmp_path / "zoo")]
+    assert cli.main(args) == cli.EXIT_USAGE
+    assert "--slots 3: this machine has 2 CPU cores" in " ".join(capsys.readouterr().err.split())

@@ -159,6 +159,13 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"spec.training.batchSize: {spec.training.batch_size} does not split evenly over gpus "
             f"{res.gpus} (the global batch is divided among them); use a multiple of {res.gpus}"
         )
+    if (res.parallelism in several and res.gpus is None
+            and spec.training.batch_size % 2):
+        problems.append(
+            f"spec.training.batchSize: {spec.training.batch_size} is odd, but "
+            f"{res.parallelism.value} splits the global batch evenly over 2, 4 or 8 GPUs; use "
+            "an even batch size"
+        )
     return problems
 
 

@@ -16,13 +16,11 @@ side apply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
-import socket
 import ssl
-import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,29 +76,35 @@ def connection_info(*, kubeconfig: Path | None) -> kopf.ConnectionInfo:
     return info
 
 
-def unreachable(server: str, *, attempts: int = 5, delay_seconds: float = 2.0) -> str | None:
-    """Why no TCP connection to the API server `server` (a URL) opens, or None when one does.
+async def unreachable(info: kopf.ConnectionInfo, *, attempts: int = 5,
+                      delay_seconds: float = 2.0, timeout_seconds: float = 5.0) -> str | None:
+    """Why the API server at ``info.server`` does not answer ``GET /version``, or None.
 
     Tried `attempts` times, `delay_seconds` apart, so an API server that is briefly away (a
-    control-plane restart) is waited for, while a wrong address fails in seconds with one
-    message instead of kopf's retries and tracebacks.
+    control-plane restart) is waited for, while a wrong address, a TLS mismatch, a server that
+    never answers or one that is not Kubernetes fails in seconds with one message instead of
+    kopf's retries and tracebacks. /version needs no RBAC rule.
     """
-    url = urllib.parse.urlsplit(server)
-    host = url.hostname or ""
-    try:
-        port = url.port or (443 if url.scheme == "https" else 80)
-    except ValueError:
-        return f"{server} has an invalid port"
+    client = Client(info, request_timeout_seconds=timeout_seconds)
     problem = ""
-    for attempt in range(attempts):
-        try:
-            with socket.create_connection((host, port), timeout=5):
-                return None
-        except OSError as exc:
-            problem = exc.strerror or str(exc)
-        if attempt + 1 < attempts:
-            time.sleep(delay_seconds)
-    return f"cannot reach the API server {server} ({problem}, {attempts} attempts)"
+    try:
+        for attempt in range(attempts):
+            try:
+                answer = await client.request("GET", "/version")
+            except ApiError as exc:
+                problem = str(exc)
+            except (ssl.SSLError, OSError, ValueError) as exc:  # unusable TLS settings
+                return f"cannot connect to the API server {client.server}: {exc}"
+            else:
+                if isinstance(answer, dict) and "gitVersion" in answer:
+                    return None
+                return (f"{client.server} answered GET /version, but not as a Kubernetes API "
+                        "server")
+            if attempt + 1 < attempts:
+                await asyncio.sleep(delay_seconds)
+    finally:
+        await client.close()
+    return f"cannot reach the API server {client.server} ({problem}; {attempts} attempts)"
 
 
 class Paths:

@@ -21,9 +21,12 @@ subprocess). Non-goals: no installation of the CRD (apply crds/trainingjob.yaml 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import math
+import re
+import string
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ import yaml
 from kiln.controller import handlers, kube, services, settings
 
 _log = logging.getLogger(__name__)
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 # (field of settings.Options, help). Flags are the field names with dashes.
 _HELP: tuple[tuple[str, str], ...] = (
@@ -78,10 +82,42 @@ _HELP: tuple[tuple[str, str], ...] = (
 )
 
 
-# Numeric options that must be > 0 (the rest must be >= 0; ports at most 65535).
+# Numeric options that must be > 0 (the rest must be >= 0; ports at most 65535), and upper
+# bounds where a larger value breaks arithmetic (2 ** attempts backoffs) or means nothing.
 _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_timeout_seconds",
              "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
-             "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds"}
+             "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds",
+             "termination_grace_seconds"}
+_MAXIMUM = {"zoo_request_attempts": 100, "zoo_retry_limit": 1000, "max_gpus_per_job": 64,
+            "cpu_slots_per_node": 256, "termination_grace_seconds": 86400}
+# Kubernetes label values and (optionally prefixed) keys, for --gpu-type and its label.
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_PROGRESS_FIELDS = {"pod_ip", "port", "pod", "namespace"}
+
+
+def _text(name: str) -> Any:
+    """An argparse type for string options, checking those that have a shape."""
+    def parse(text: str) -> str:
+        if name == "gpu_type" and not _LABEL_VALUE.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a node label value (letters, digits, '-', '_', '.'; at most "
+                "63), e.g. NVIDIA-A100-SXM4-80GB")
+        if name == "gpu_type_label" and not _LABEL_KEY.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a label key, e.g. nvidia.com/gpu.product")
+        if name == "progress_address":
+            fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+            if not fields <= _PROGRESS_FIELDS:
+                raise argparse.ArgumentTypeError(
+                    f"unknown fields {sorted(fields - _PROGRESS_FIELDS)}; use "
+                    "{pod_ip}, {port}, {pod}, {namespace}")
+        if name == "default_image" and not text.strip():
+            raise argparse.ArgumentTypeError("an image is needed, e.g. "
+                                             f"{settings.DEFAULT_IMAGE}")
+        return text
+    return parse
 
 
 def _number(kind: type[int | float], name: str) -> Any:
@@ -101,6 +137,8 @@ def _number(kind: type[int | float], name: str) -> Any:
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
         if name.endswith("_port") and value > 65535:
             raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
+        if name in _MAXIMUM and value > _MAXIMUM[name]:
+            raise argparse.ArgumentTypeError(f"must be at most {_MAXIMUM[name]}, got {text}")
         return value
     return parse
 
@@ -135,9 +173,10 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=name, type=Path, default=None, help=text)
         else:
             kind: Any = type(default) if default is not None else str
-            if kind in (int, float):
-                kind = _number(kind, name)
-            parser.add_argument(flag, dest=name, type=kind, default=default, help=text)
+            kind = _number(kind, name) if kind in (int, float) else _text(name)
+            choices = PULL_POLICIES if name == "image_pull_policy" else None
+            parser.add_argument(flag, dest=name, type=kind, default=default, help=text,
+                                choices=choices)
         assert name in fields, name
     return parser
 
@@ -168,7 +207,7 @@ def run(options: settings.Options) -> None:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").addFilter(_quiet_timers)
     connection = kube.connection_info(kubeconfig=options.kubeconfig)
-    problem = kube.unreachable(connection.server)
+    problem = asyncio.run(kube.unreachable(connection))
     if problem:
         raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
     svc = services.Services.create(options, connection)

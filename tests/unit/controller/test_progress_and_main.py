@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import http.server
+import json
 import socket
+import threading
 from pathlib import Path
+from typing import Any
 
+import kopf
 import prometheus_client
 import pytest
 import yaml
@@ -48,6 +54,12 @@ def test_every_option_has_a_flag() -> None:
     (["--zoo-retry-limit", "1.5"], "expected a whole number"),
     (["--metrics-port", "70000"], "a port is at most 65535"),
     (["--max-gpus-per-job", "0"], "must be greater than 0"),
+    (["--zoo-request-attempts", "1026"], "must be at most 100"),
+    (["--termination-grace-seconds", "0"], "must be greater than 0"),
+    (["--image-pull-policy", "Sometimes"], "invalid choice: 'Sometimes'"),
+    (["--gpu-type", "A100 80GB"], "'A100 80GB' is not a node label value"),
+    (["--gpu-type-label", "bad label!"], "'bad label!' is not a label key"),
+    (["--progress-address", "{nope}:{port}"], "unknown fields ['nope']"),
 ])
 def test_numeric_options_out_of_range_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,15 +78,54 @@ def test_zero_ports_and_retries_are_allowed() -> None:
     assert options.gpu_type == "NVIDIA-A100-SXM4-80GB"
 
 
-def test_an_open_api_server_port_is_reachable_and_a_closed_one_is_named() -> None:
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        port = listening.getsockname()[1]
-        assert kube.unreachable(f"http://127.0.0.1:{port}", attempts=1) is None
-    problem = kube.unreachable(f"https://127.0.0.1:{port}", attempts=2, delay_seconds=0.0)
-    assert problem is not None
-    assert f"cannot reach the API server https://127.0.0.1:{port}" in problem
+class _Server(http.server.BaseHTTPRequestHandler):
+    """/version as an API server answers it, or 404 (not Kubernetes) when `kubernetes` is off."""
+
+    kubernetes = True
+
+    def do_GET(self) -> None:
+        found = self.kubernetes and self.path == "/version"
+        body = json.dumps({"gitVersion": "v1.30.0"} if found else {"kind": "Status"}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def _info(url: str) -> kopf.ConnectionInfo:
+    return kopf.ConnectionInfo(server=url, token="t")
+
+
+@pytest.mark.parametrize("kubernetes", [True, False], ids=["kubernetes", "not-kubernetes"])
+def test_the_api_server_check_asks_for_version(kubernetes: bool) -> None:
+    handler = type("Handler", (_Server,), {"kubernetes": kubernetes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        problem = asyncio.run(kube.unreachable(_info(url), attempts=1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    if kubernetes:
+        assert problem is None
+    else:
+        assert problem is not None and "cannot reach the API server" in problem
+        assert "404" in problem
+
+
+def test_a_server_that_never_answers_fails_the_check_within_its_timeout() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts connections, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        problem = asyncio.run(kube.unreachable(_info(url), attempts=2, delay_seconds=0.0,
+                                               timeout_seconds=0.5))
+    assert problem is not None and f"cannot reach the API server {url}" in problem
     assert "2 attempts" in problem
 
 
