@@ -76,6 +76,8 @@ class Services:
         env = dict(os.environ)
         if options.zoo_endpoint:
             env[store.ENDPOINT_ENV] = options.zoo_endpoint
+        elif env.get(store.ENDPOINT_ENV):  # trainer pods must reach the zoo the operator uses
+            options = dataclasses.replace(options, zoo_endpoint=env[store.ENDPOINT_ENV])
         zoo = parents.open_zoo(options.zoo_uri, env=env, retry=store.RetryPolicy(
             attempts=options.zoo_request_attempts, first_backoff_seconds=0.5))
         chooser = parents.ParentChooser(

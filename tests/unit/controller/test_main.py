@@ -1,12 +1,22 @@
-"""kiln.controller.main: command-line errors come back as exit 2 with the flag named."""
+"""kiln.controller.main: every option has a flag; bad flags are usage errors naming the flag
+(exit 2); an unreachable API server is one message (exit 1); what services make of options."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import http.server
+import json
+import socket
+import threading
 from pathlib import Path
+from typing import Any
 
+import kopf
 import pytest
+import yaml
 
-from kiln.controller import main
+from kiln.controller import kube, main, services
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -23,3 +33,130 @@ def test_an_unusable_kubeconfig_is_a_usage_error_naming_the_flag(
     assert main.main(["--kubeconfig", str(path)]) == 2
     out = capsys.readouterr().out
     assert f"--kubeconfig {path}: {message}" in out
+
+
+def test_every_option_has_a_flag() -> None:
+    args = main.build_parser().parse_args([
+        "--kubeconfig", "/tmp/kc", "-n", "a", "-n", "b", "--zoo-uri", "s3://z",
+        "--no-placement-use-milp", "--cpu-slots-per-node", "4"])
+    options = main.options_from_args(args)
+    assert options.namespaces == ("a", "b")
+    assert options.zoo_uri == "s3://z" and options.placement_use_milp is False
+    assert options.cpu_slots_per_node == 4 and str(options.kubeconfig) == "/tmp/kc"
+    assert options.gpu_type is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--placement-interval-seconds", "-1"], "must be greater than 0, got -1"),
+    (["--placement-time-limit-seconds", "nan"], "expected a finite number"),
+    (["--housekeeping-interval-seconds", "0"], "must be greater than 0"),
+    (["--zoo-retry-limit", "-2"], "must be 0 or more"),
+    (["--zoo-retry-limit", "1.5"], "expected a whole number"),
+    (["--metrics-port", "70000"], "a port is at most 65535"),
+    (["--max-gpus-per-job", "0"], "must be greater than 0"),
+    (["--zoo-request-attempts", "1026"], "must be at most 100"),
+    (["--termination-grace-seconds", "0"], "must be greater than 0"),
+    (["--image-pull-policy", "Sometimes"], "invalid choice: 'Sometimes'"),
+    (["--gpu-type", "A100 80GB"], "'A100 80GB' is not a node label value"),
+    (["--gpu-type-label", "bad label!"], "'bad label!' is not a label key"),
+    (["--progress-address", "{nope}:{port}"], "unknown fields ['nope']"),
+])
+def test_numeric_options_out_of_range_are_usage_errors_naming_the_flag(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main.build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument {argv[0]}: {message}" in error, error
+
+
+def test_zero_ports_and_retries_are_allowed() -> None:
+    options = main.options_from_args(main.build_parser().parse_args([
+        "--metrics-port", "0", "--liveness-port", "0", "--zoo-retry-limit", "0",
+        "--gpu-type", "NVIDIA-A100-SXM4-80GB"]))
+    assert (options.metrics_port, options.liveness_port, options.zoo_retry_limit) == (0, 0, 0)
+    assert options.gpu_type == "NVIDIA-A100-SXM4-80GB"
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """/version as an API server answers it, or 404 (not Kubernetes) when `kubernetes` is off."""
+
+    kubernetes = True
+
+    def do_GET(self) -> None:
+        found = self.kubernetes and self.path == "/version"
+        body = json.dumps({"gitVersion": "v1.30.0"} if found else {"kind": "Status"}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def _info(url: str) -> kopf.ConnectionInfo:
+    return kopf.ConnectionInfo(server=url, token="t")
+
+
+@pytest.mark.parametrize("kubernetes", [True, False], ids=["kubernetes", "not-kubernetes"])
+def test_the_api_server_check_asks_for_version(kubernetes: bool) -> None:
+    handler = type("Handler", (_Server,), {"kubernetes": kubernetes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        problem = asyncio.run(kube.unreachable(_info(url), attempts=1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    if kubernetes:
+        assert problem is None
+    else:
+        assert problem is not None and "cannot reach the API server" in problem
+        assert "404" in problem
+
+
+def test_a_server_that_never_answers_fails_the_check_within_its_timeout() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts connections, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        problem = asyncio.run(kube.unreachable(_info(url), attempts=2, delay_seconds=0.0,
+                                               timeout_seconds=0.5))
+    assert problem is not None and f"cannot reach the API server {url}" in problem
+    assert "2 attempts" in problem
+
+
+def test_kiln_operator_against_a_closed_port_exits_1_with_one_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "")  # connection_info sets it; restore afterwards
+    monkeypatch.setattr(kube, "unreachable", functools.partial(kube.unreachable, attempts=1))
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "c", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "c"}}]}))
+    assert main.main(["--kubeconfig", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert f"error: cannot reach the API server http://127.0.0.1:{port}" in out
+    assert "Traceback" not in out
+
+
+def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator may take its endpoint from $KILN_ZOO_ENDPOINT (the chart's operator.env);
+    trainer pods must then be told the same endpoint, not none."""
+    monkeypatch.setenv("KILN_ZOO_ENDPOINT", "minio.example:9000")
+    monkeypatch.setenv("KILN_ZOO_ACCESS_KEY", "k")
+    monkeypatch.setenv("KILN_ZOO_SECRET_KEY", "s")
+    options = main.options_from_args(main.build_parser().parse_args(["--zoo-uri", "s3://zoo"]))
+    assert options.zoo_endpoint is None
+    svc = services.Services.create(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    assert svc.pod_settings.zoo_endpoint == "minio.example:9000"
