@@ -95,8 +95,8 @@ def test_helm_lint_catches_a_broken_template(tmp_path: Path) -> None:
 def test_chart_crd_is_the_repository_crd() -> None:
     assert ((helm.CHART / "crds" / "trainingjob.yaml").read_bytes()
             == (REPO / "crds" / "trainingjob.yaml").read_bytes()), (
-        "helm/kiln/crds/trainingjob.yaml differs from crds/trainingjob.yaml: "
-        "copy it (kiln crd > crds/trainingjob.yaml; cp crds/trainingjob.yaml helm/kiln/crds/)")
+        "helm/kiln/crds/trainingjob.yaml differs from crds/trainingjob.yaml: regenerate both "
+        "(kiln crd --out crds/trainingjob.yaml --out helm/kiln/crds/trainingjob.yaml)")
 
 
 @pytest.mark.parametrize("name", ["default_release", "full_release", "existing_zoo_release"])
