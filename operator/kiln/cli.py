@@ -32,12 +32,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 from kiln import api, jobfile, local, machine, models, runplan, tables
 from kiln.controller import main as controller_main
 from kiln.placement import profile, types
-from kiln.warmstart import plan, select
+from kiln.warmstart import plan
 from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
 
@@ -150,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
 
     crd_cmd = sub.add_parser("crd", help="write the TrainingJob CRD generated from kiln.api")
     crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",
-                         help="output file (repeatable; default crds/trainingjob.yaml)")
+                         help="output file (repeatable; default crds/trainingjob.yaml and, "
+                              "where it exists, the Helm chart's helm/kiln/crds/ copy)")
     crd_cmd.add_argument("--readme", type=Path, metavar="PATH",
                          help="also regenerate the field reference in this README")
     crd_cmd.set_defaults(func=_cmd_crd)
@@ -297,14 +297,7 @@ def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStor
 
 def _cmd_zoo_ls(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)
-    table = Table(title=Text(f"Model zoo: {zoo.describe()}", style="table.title"))
-    for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
-        table.add_column(column)
-    for rec in sorted(records.list_records(zoo), key=lambda r: r.created_time):
-        tables.add_row(table, rec.id, rec.architecture, rec.dataset,
-                 tables.fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}",
-                 rec.parent or "-", rec.created_time)
-    console.print(table)
+    console.print(tables.zoo_models(zoo.describe(), records.list_records(zoo)))
     return EXIT_OK
 
 
@@ -363,18 +356,8 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
         found = index.query(plan.child_graph(job.spec.model), modality=str(info.modality),
                             task=str(info.task), top_k=None)
         decision = plan.plan(job, zoo, index=index)
-    table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.architecture}) "
-                        f"among {len(index)} zoo models, {found.mode} search")
-    for column in ("rank", "zoo model", "architecture", "similarity", "bucket", "metric",
-                   "chosen"):
-        table.add_column(column)
-    for rank, cand in enumerate(found.candidates[: args.top], start=1):
-        bucket = select.bucket_of(cand.similarity)
-        tables.add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
-                 f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
-                 f"{tables.SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
-                 "yes" if cand.id == decision.parent_id else "")
-    console.print(table)
+    console.print(tables.warm_start_candidates(job, found, len(index), decision.parent_id,
+                                               top=args.top))
     console.print(decision.reason[:1].upper() + decision.reason[1:], markup=False,
                   highlight=False)
     return EXIT_OK
@@ -401,7 +384,9 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
 def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
     from kiln import crd, reference
 
-    outs = args.out or [Path("crds/trainingjob.yaml")]
+    chart_copy = Path("helm/kiln/crds/trainingjob.yaml")
+    outs = args.out or [Path("crds/trainingjob.yaml"),
+                        *([chart_copy] if chart_copy.parent.is_dir() else [])]
     crd.write(outs)
     for out in outs:
         console.print(f"wrote {out}", markup=False)

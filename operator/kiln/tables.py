@@ -1,4 +1,5 @@
-"""The `kiln` command's result tables: training results, a run's plan, a job's profile.
+"""The `kiln` command's tables: training results, a run's plan, a job's profile, the zoo's
+models and a job's warm-start candidates.
 
 Every cell is plain text (`add_row`): job names, zoo records and trainer values are never read
 as rich markup. Pure formatting of data the caller already has.
@@ -17,6 +18,8 @@ from rich.text import Text
 
 from kiln import api, local, machine, runplan
 from kiln.placement import estimate, profile, types
+from kiln.warmstart import select
+from kiln.zoo import indextypes, records
 
 SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
 """Short names of the target metrics for table cells."""
@@ -106,4 +109,32 @@ def profile_table(job: api.TrainingJob, measured: Sequence[profile.Measurement],
                 fmt(work.batch_size / step if step else None, digits=0),
                 fmt(estimate.job_seconds(work, step, device) if step else None, digits=1),
                 status)
+    return table
+
+
+def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
+    """`kiln zoo ls`: the zoo's models, oldest first."""
+    table = Table(title=Text(f"Model zoo: {where}", style="table.title"))
+    for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
+        table.add_column(column)
+    for rec in sorted(found, key=lambda r: r.created_time):
+        add_row(table, rec.id, rec.architecture, rec.dataset, fmt(rec.metric_value, rec.metric_name),
+                f"{rec.num_params:,}", rec.parent or "-", rec.created_time)
+    return table
+
+
+def warm_start_candidates(job: api.TrainingJob, found: indextypes.QueryResult, zoo_size: int,
+                          chosen: str | None, *, top: int) -> Table:
+    """`kiln zoo query`: the `top` ranked parents of a query result (`ZooIndex.query`)."""
+    table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.architecture}) "
+                        f"among {zoo_size} zoo models, {found.mode} search")
+    for column in ("rank", "zoo model", "architecture", "similarity", "bucket", "metric",
+                   "chosen"):
+        table.add_column(column)
+    for rank, cand in enumerate(found.candidates[:top], start=1):
+        bucket = select.bucket_of(cand.similarity)
+        add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
+                f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
+                f"{SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
+                "yes" if cand.id == chosen else "")
     return table

@@ -96,7 +96,7 @@ def test_chart_crd_is_the_repository_crd() -> None:
     assert ((helm.CHART / "crds" / "trainingjob.yaml").read_bytes()
             == (REPO / "crds" / "trainingjob.yaml").read_bytes()), (
         "helm/kiln/crds/trainingjob.yaml differs from crds/trainingjob.yaml: regenerate both "
-        "(kiln crd --out crds/trainingjob.yaml --out helm/kiln/crds/trainingjob.yaml)")
+        "(`kiln crd` in the repository root)")
 
 
 @pytest.mark.parametrize("name", ["default_release", "full_release", "existing_zoo_release"])
