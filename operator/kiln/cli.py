@@ -8,6 +8,7 @@
     kiln zoo query FILE           rank the zoo models a job would warm-start from, and why
     kiln models                   list registered architectures
     kiln crd [--out PATH ...]     write the generated CRD (default: crds/trainingjob.yaml)
+    kiln dashboard [--out PATH]   write the generated Grafana dashboard (default: the chart's)
 
 Every user error is one clear message on stderr and a non-zero exit, never a traceback.
 Text from users, zoo records and the trainer is printed as plain text, never as rich markup
@@ -33,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kiln import api, jobfile, local, machine, models, runplan, tables
+from kiln import api, dashboard, jobfile, local, machine, models, runplan, tables
 from kiln.controller import main as controller_main
 from kiln.placement import profile, types
 from kiln.warmstart import plan
@@ -154,6 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     crd_cmd.add_argument("--readme", type=Path, metavar="PATH",
                          help="also regenerate the field reference in this README")
     crd_cmd.set_defaults(func=_cmd_crd)
+
+    dash = sub.add_parser("dashboard", help="write the Grafana dashboard from kiln.dashboard")
+    dash.add_argument("--out", action="append", type=Path, metavar="PATH",
+                      help=f"output file (repeatable; default {dashboard.CHART_COPY})")
+    dash.set_defaults(func=_cmd_dashboard)
     return parser
 
 
@@ -394,6 +400,12 @@ def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
         changed = reference.update_readme(args.readme)
         console.print(f"{'updated' if changed else 'unchanged'}: {args.readme} reference",
                       markup=False)
+    return EXIT_OK
+
+
+def _cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
+    for out in dashboard.write(args.out or [dashboard.CHART_COPY]):
+        console.print(f"wrote {out}", markup=False)
     return EXIT_OK
 
 
