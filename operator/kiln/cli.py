@@ -208,10 +208,22 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    jobs = _load_all(args.files)
-    for job in jobs:
-        console.print(f"[green]valid[/]: {escape(job.name)} "
-                      f"({escape(job.spec.model.architecture)} on {job.spec.dataset.name})")
+    invalid, names = [], []
+    for path in args.files:  # each file on its own: the valid ones are said valid too
+        try:
+            jobs = _load_all([path])
+        except UsageError as exc:
+            invalid.append(str(exc))
+            continue
+        for job in jobs:
+            names.append(job.name)
+            console.print(f"[green]valid[/]: {escape(job.name)} "
+                          f"({escape(job.spec.model.architecture)} on {job.spec.dataset.name})")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        invalid.append(f"metadata.name: each job needs its own name; repeated: {repeated}")
+    if invalid:
+        raise UsageError("\n".join(invalid))
     return EXIT_OK
 
 

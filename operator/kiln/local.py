@@ -115,6 +115,7 @@ class JobOutcome:
     architecture: str
     result: dict[str, Any]
     placement: Placement | None = None
+    has_target: bool = True
 
 
 def run_jobs(
@@ -148,7 +149,8 @@ def run_jobs(
     with job_locks(jobs, work_dir):
         for job in jobs:
             result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
-            outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result))
+            outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result,
+                                       has_target=job.spec.target is not None))
     return outcomes
 
 

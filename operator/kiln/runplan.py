@@ -282,8 +282,9 @@ class _Run:
         placement = local.Placement(a.parallelism, a.gpus, live.devices, rec["source"],
                                     rec["planned_start_seconds"], rec["planned_seconds"],
                                     live.start, rec["end_seconds"] - live.start)
-        self.outcomes[name] = local.JobOutcome(name, self.jobs[name].spec.model.architecture,
-                                               live.result, placement)
+        spec = self.jobs[name].spec
+        self.outcomes[name] = local.JobOutcome(name, spec.model.architecture, live.result,
+                                               placement, has_target=spec.target is not None)
         progress.update(self.tasks[name], completed=self.jobs[name].spec.training.epochs)
         self.replan()
 

@@ -52,7 +52,7 @@ def results(outcomes: Sequence[local.JobOutcome]) -> Table:
                   else "cold start")
         metric = f"{SHORT.get(r.get('metric_name', ''), '')} {fmt(r.get('metric'))}"
         reached = fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
-            else "not reached"
+            else "not reached" if o.has_target else "no target"
         add_row(table, o.name, o.architecture, parent, metric, reached,
                 fmt(r.get("wall_seconds"), digits=1),
                 fmt(r.get("samples_per_second"), digits=0), _frozen(r.get("freezing")),

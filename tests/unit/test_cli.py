@@ -295,3 +295,13 @@ def test_run_refuses_more_cpu_slots_than_cores_even_for_one_job(
     args = ["run", str(job), "--slots", "3", "--zoo", str(tmp_path / "zoo")]
     assert cli.main(args) == cli.EXIT_USAGE
     assert "--slots 3: this machine has 2 CPU cores" in " ".join(capsys.readouterr().err.split())
+
+
+def test_validate_says_which_files_are_valid_when_another_is_not(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _write(tmp_path, VALID, "good.yaml")
+    bad = _write(tmp_path, VALID.replace("digits-small", "Bad_Name"), "bad.yaml")
+    assert cli.main(["validate", str(bad), str(good)]) == cli.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert "valid: digits-small" in out
+    assert "bad.yaml" in err and "metadata.name" in err

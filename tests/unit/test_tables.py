@@ -26,6 +26,13 @@ def test_results_of_a_sequential_run_have_no_placement_columns() -> None:
     assert "planned" not in text and "m-1" in text
 
 
+def test_a_job_without_a_target_says_so_instead_of_not_reached() -> None:
+    without = _text(tables.results([local.JobOutcome("a", "small_cnn", RESULT,
+                                                     has_target=False)]))
+    assert "no target" in without and "not reached" not in without
+    assert "not reached" in _text(tables.results([local.JobOutcome("a", "small_cnn", RESULT)]))
+
+
 def test_results_of_a_planned_run_show_config_and_planned_vs_actual() -> None:
     placed = local.Placement("ddp", 2, (0, 1), "zoo", 0.0, 30.4, 1.2, 41.0)
     text = _text(tables.results([local.JobOutcome("a", "small_cnn", RESULT, placed)]))
