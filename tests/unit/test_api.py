@@ -117,6 +117,12 @@ def test_quoted_numbers_and_booleans_keep_their_yaml_type() -> None:
     ]
 
 
+def test_an_unquoted_off_read_as_false_gets_a_quoting_hint() -> None:
+    (problem,) = api.check_schema(with_spec(freezing={"cache": False}))
+    assert problem.startswith("spec.freezing.cache: Input should be 'auto' or 'off' (got False)")
+    assert 'quote it, e.g. "off"' in problem
+
+
 def test_server_set_metadata_is_accepted_and_unknown_metadata_is_not() -> None:
     server_meta = {"name": "a", "uid": "u", "resourceVersion": "7", "generation": 3,
                    "creationTimestamp": "2025-01-01T00:00:00Z", "finalizers": ["kiln.dev/x"]}

@@ -255,4 +255,7 @@ def _format_error(error: Any) -> str:
         message = f"must be {names.API_VERSION if where == 'apiVersion' else names.KIND}"
     shown = error.get("input")
     got = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict | list) else ""
+    if isinstance(shown, bool) and error["type"] == "enum":
+        # YAML 1.1 (PyYAML, kubectl) reads an unquoted off/on/yes/no as a boolean.
+        got += "; YAML reads an unquoted off, on, yes or no as true/false: quote it, e.g. \"off\""
     return f"{where}: {message}{got}"
