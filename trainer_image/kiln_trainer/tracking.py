@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -157,8 +158,8 @@ class Reporter:
         self.emit.info(
             f"{verb} {', '.join(event.modules)} at epoch {state.epochs_done + 1}, step "
             f"{event.step}: {event.reason}; {freezer.boundary}/{len(freezer.partition.blocks)} "
-            f"modules frozen, {freezer.partition.backward_flops_fraction(freezer.boundary):.0%} "
-            "of backward FLOPs skipped from here")
+            f"modules frozen, {_share(freezer.partition.backward_flops_fraction(freezer.boundary))}"
+            " of backward FLOPs skipped from here")
         self._record_freezing()
 
     def _record_freezing(self) -> None:
@@ -192,3 +193,12 @@ class Reporter:
         self.gauges.record_progress(epochs_done=state.epochs_done,
                                     progress=1.0 - left_steps / max(1, total_steps),
                                     eta_seconds=eta or 0.0)
+
+
+def _share(fraction: float) -> str:
+    """A fraction as a percentage that never rounds up to 100% or down to 0% (the head always
+    trains; a stem's sliver is not nothing): 0.4%, 31%, 99.6%."""
+    percent = 100.0 * fraction
+    if 0.0 < percent < 1.0 or 99.0 < percent < 100.0:
+        return f"{math.floor(percent * 10) / 10:.1f}%"
+    return f"{round(percent)}%"

@@ -43,7 +43,7 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # (field of settings.Options, help). Flags are the field names with dashes.
 _HELP: tuple[tuple[str, str], ...] = (
     ("kubeconfig", "kubeconfig file (default: $KUBECONFIG, else the pod's service account)"),
-    ("namespaces", "namespace to watch (repeatable; default: all namespaces)"),
+    ("namespaces", "namespace to watch, repeatable (default: all namespaces)"),
     ("zoo_uri", "model zoo: s3://bucket[/prefix] or a directory"),
     ("zoo_endpoint", ("S3 endpoint host:port or http(s)://host:port for the operator and the "
                       "trainer pods (default: $KILN_ZOO_ENDPOINT)")),

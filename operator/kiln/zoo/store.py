@@ -87,8 +87,8 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> objectstore
     endpoint = env.get(ENDPOINT_ENV, "").strip()
     if not endpoint:
         raise ValueError(
-            f"zoo URI {uri!r} needs the S3 server address: set {ENDPOINT_ENV} to host:port "
-            "or http(s)://host:port"
+            f"zoo URI {uri!r} needs the S3 server address: pass --zoo-endpoint or set "
+            f"{ENDPOINT_ENV} to host:port or http(s)://host:port"
         )
     access_key, secret_key = credentials_from_env(env)
     return s3store.S3Store(
