@@ -176,7 +176,8 @@ def main(
             chosen = warm.warm_start(job, raw_model, zoo, parent=parent) if ctx.is_main else None
             warm_start = warm.WarmStart.from_json(ctx.broadcast_object(
                 chosen.to_json() if chosen is not None else None))
-        emit.info(warm_start.message())
+        emit.info(warm_start.message() + (" (when the job first started; its weights now come "
+                                          "from the checkpoint)" if saved is not None else ""))
         if saved is not None:
             checkpoint.restore_model(saved, job, raw_model)  # before wrapping: any writer's W
         raw_model = raw_model.to(device)
