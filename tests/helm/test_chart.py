@@ -290,3 +290,26 @@ def test_chart_values_file_is_documented_in_its_schema() -> None:
             walk(child, node["properties"][key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+def test_the_charts_extra_args_lists_cover_every_operator_flag_once() -> None:
+    """The template sorts `kiln operator`'s flags into those its values set and those
+    `operator.extraArgs` may add; a flag added to the operator must be sorted too."""
+    helpers = (helm.CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+
+    def listed(name: str) -> list[str]:
+        line = re.search(rf"\$({name}) := list (.*) -}}}}", helpers)
+        assert line, name
+        return re.findall(r'"([^"]+)"', line.group(2))
+
+    managed, open_ = listed("managed"), listed("open")
+    parser = main.build_parser()
+    flags = {s for action in parser._actions for s in action.option_strings}
+    assert sorted(managed + open_) == sorted(flags)  # each once, none missing or stale
+
+
+def test_an_unknown_extra_arg_fails_install_naming_the_open_flags() -> None:
+    with pytest.raises(helm.HelmFailed, match="--bogus-flag is not a kiln operator flag"):
+        helm.install({"operator": {"extraArgs": ["--bogus-flag=1"]}})
+    release = helm.install({"operator": {"extraArgs": ["--housekeeping-interval-seconds=5"]}})
+    assert _operator_options(release).housekeeping_interval_seconds == 5.0

@@ -62,10 +62,14 @@ app.kubernetes.io/part-of: kiln
 {{- if eq (int .Values.metrics.port) (int .Values.operator.livenessPort) -}}
 {{- fail (printf "metrics.port and operator.livenessPort are both %d; the two endpoints need different ports" (int .Values.metrics.port)) -}}
 {{- end -}}
+{{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--max-gpus-per-job" "--cpu-slots-per-node" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" -}}
+{{- $open := list "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--liveness-host" "--metrics-host" "--placement-start-tolerance-seconds" "--housekeeping-interval-seconds" "--progress-address" "--progress-timeout-seconds" -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
-{{- if has $flag (list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--max-gpus-per-job" "--cpu-slots-per-node" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig") -}}
+{{- if has $flag $managed -}}
 {{- fail (printf "operator.extraArgs: %s is set by the chart from its values (see values.yaml); set the value instead" $flag) -}}
+{{- else if not (has $flag $open) -}}
+{{- fail (printf "operator.extraArgs: %s is not a kiln operator flag the chart leaves open; use one of %s, as --flag=value" $flag (join ", " $open)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
