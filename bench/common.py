@@ -7,7 +7,9 @@ asserts on speed.
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
 import platform
 import time
@@ -42,6 +44,31 @@ def write_results(name: str, summary: dict[str, Any], details: dict[str, Any]) -
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def arguments(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: the docstring's first line and ``--quick``."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser
+
+
+def one_thread(log_level: int = logging.WARNING) -> None:
+    """Measure on one torch thread (arms compare fairly on a shared machine); quiet logs."""
+    torch.set_num_threads(1)
+    logging.getLogger().setLevel(log_level)
+
+
+def save_figure(fig: Any, path: Path, *, title: str | None = None, dpi: int = 100) -> Path:
+    """Lay out a matplotlib figure, write it to `path` and close it."""
+    import matplotlib.pyplot as plt  # the caller chose the backend (Agg) before
+
+    if title is not None:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
     return path
 
 

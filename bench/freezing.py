@@ -48,11 +48,9 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one steady thread per process
 
-import argparse
 import dataclasses
 import hashlib
 import io
-import logging
 import statistics
 import sys
 import tempfile
@@ -521,22 +519,17 @@ def plot(per_case: dict[str, Any], runs: dict[str, dict[int, Any]], path: Path,
     axes[2].set_xlabel("fraction of the step budget")
     axes[2].set_ylabel("frozen blocks, first seed (dotted: full at target)")
     axes[2].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, title=title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (CI)")
+    parser = common.arguments(__doc__, "tiny smoke run (CI)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--cases", default=None, help="comma-separated case labels (default all)")
     parser.add_argument("--idle-steps", type=int, default=None,
                         help="steps per case of the idle-overhead measurement (default 120)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    logging.getLogger().setLevel(logging.WARNING)
+    common.one_thread()
     name = NAME + ("_quick" if args.quick else "")
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     cases = QUICK_CASES if args.quick else CASES

@@ -25,7 +25,6 @@ latency CDF). ``--quick`` submits 50 jobs and writes operator_quick.*. Needs the
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import os
 import statistics
@@ -129,8 +128,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="50 jobs (CI smoke)")
+    parser = common.arguments(__doc__, "50 jobs (CI smoke)")
     parser.add_argument("--jobs", type=int, default=None, help="jobs to submit (default 1000)")
     args = parser.parse_args()
     count = args.jobs or (50 if args.quick else 1000)
@@ -194,9 +192,7 @@ def _plot(timeline: list[tuple[float, int]], latencies: list[float], count: int,
     right.set_xlabel("reconcile latency: creation -> first status write (s)")
     right.set_ylabel("fraction of jobs")
     fig.suptitle(f"Kiln operator: {count} TrainingJobs submitted at once")
-    fig.tight_layout()
-    fig.savefig(common.plot_path(name), dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, common.plot_path(name))
 
 
 if __name__ == "__main__":

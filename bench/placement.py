@@ -32,7 +32,6 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one steady thread per process
 
-import argparse
 import dataclasses
 import logging
 import statistics
@@ -40,8 +39,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
@@ -264,19 +261,14 @@ def plot(cases: tuple[Case, ...], results: dict[str, dict[int, Any]], path: Path
     bx.set_xlabel("jobs")
     bx.set_ylabel("planning seconds")
     bx.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, title=title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI smoke run (under a minute)")
+    parser = common.arguments(__doc__, "CI smoke run (under a minute)")
     parser.add_argument("--seeds", default="0", help="comma-separated noise seeds (default 0)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    logging.getLogger().setLevel(logging.ERROR)
+    common.one_thread(logging.ERROR)
     quick = args.quick
     name = NAME + ("_quick" if quick else "")
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -10,7 +10,6 @@ model) and bench/results/trainer.png.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -76,8 +75,7 @@ def samples_per_second(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few models, few steps (CI smoke)")
+    parser = common.arguments(__doc__, "few models, few steps (CI smoke)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args()
@@ -120,9 +118,7 @@ def _plot(rates: dict[str, float], device: str, name: str) -> None:
     ax.barh(list(rates), list(rates.values()), color="tab:orange")
     ax.set_xlabel(f"training samples / second ({device})")
     ax.set_title("Kiln trainer throughput")
-    fig.tight_layout()
-    fig.savefig(common.plot_path(name), dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, common.plot_path(name))
 
 
 if __name__ == "__main__":

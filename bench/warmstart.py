@@ -40,13 +40,11 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one steady thread per process
 
-import argparse
 import collections
 import copy
 import dataclasses
 import io
 import json
-import logging
 import random
 import statistics
 import sys
@@ -393,20 +391,15 @@ def plot(per_variant: dict[str, Any], path: Path, title: str) -> None:
         ax.set_ylabel(f"{name} to target, cold / warm")
         ax.set_title(f"{name}-to-target ratio (median over seeds)", fontsize=10)
     axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, title=title)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (CI)")
+    parser = common.arguments(__doc__, "tiny smoke run (CI)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default 8)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    logging.getLogger().setLevel(logging.WARNING)
+    common.one_thread()
     quick = args.quick
     name = NAME + ("_quick" if quick else "")
     seeds = [int(s) for s in (args.seeds or ("0" if quick else "0,1,2")).split(",")]

@@ -29,7 +29,6 @@ its part of the summary; `main` runs them in order.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import gc
@@ -170,10 +169,7 @@ def plot_pairs(timings: list[PairTiming], path: Path) -> Path | None:
     ax.set_ylabel("seconds per pair (one thread)")
     ax.set_title("Zoo matching cost per parent/child pair")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=120)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -490,15 +486,11 @@ def plot_latency(timings: Sequence[SizeTiming], path: Path) -> Path | None:
     ax.set_ylabel("seconds per query")
     ax.set_title("Zoo parent search latency (held-out children)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (CI smoke run)")
+    parser = common.arguments(__doc__, "fewer repeats (CI smoke run)")
     parser.add_argument("--sizes", help="zoo sizes, comma-separated (default 100,1000,10000; "
                         "--quick: 100,300 with the exhaustive limit lowered to 150)")
     parser.add_argument("--queries", type=int, help="timed queries per size (default 20)")

@@ -13,14 +13,19 @@ that release's schema (the pinned 11.6 models dashboards of schemaVersion 41,
   and every field it declares non-optional must be present (Grafana's own exports write
   them all; its schema gives some of them defaults).
 
-Callers: tests/e2e/test_dashboard_prometheus.py. Non-goals: no rendering, no semantic checks
-(queries, layout: the caller's).
+`panels`, `queries` and `fill_in` read a dashboard's panels and PromQL expressions (with the
+selector inside each ``label_values`` variable) and fill in its variables.
+
+Callers: tests/unit/test_dashboard.py, tests/e2e/test_dashboard_prometheus.py. Non-goals: no
+rendering, no semantic checks (queries, layout: the caller's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -30,6 +35,8 @@ from grafana_foundation_sdk.cog import encoder, plugins, runtime
 from grafana_foundation_sdk.models import dashboard
 
 SCHEMA_VERSION: int = dashboard.Dashboard().schema_version
+LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
+VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
 def problems(raw: dict[str, Any]) -> list[str]:
@@ -148,3 +155,56 @@ def unknown_panel_types(panel_types: set[str]) -> set[str]:
     plugins.register_default_plugins()
     types_used = panel_types - {"row"}
     return {t for t in types_used if runtime.panelcfg_config(t) is None}
+
+
+def panels(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel of dashboard JSON `model`, rows included, a collapsed row's own after it."""
+    found = []
+    for panel in model["panels"]:
+        found.append(panel)
+        found.extend(panel.get("panels") or [])
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One PromQL expression of the dashboard and where it is.
+
+    Attributes:
+        where: ``panel "<title>" target <refId>`` or ``variable <name>``.
+        expr: the expression as written (variables not filled in).
+        label: for a ``label_values(selector, label)`` variable, the label (expr is the
+            selector).
+    """
+
+    where: str
+    expr: str
+    label: str | None = None
+
+
+def queries(model: dict[str, Any]) -> list[Query]:
+    """Every PromQL expression: panel targets, and the selector of each query variable."""
+    found = []
+    for panel in panels(model):
+        for target in panel.get("targets") or []:
+            found.append(Query(f'panel "{panel["title"]}" target {target.get("refId")}',
+                               target.get("expr", "")))
+    for variable in model["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = variable["query"]
+        text = query["query"] if isinstance(query, dict) else query
+        match = LABEL_VALUES.match(text)
+        assert match, f"variable {variable['name']}: only label_values(selector, label) is used"
+        found.append(Query(f"variable {variable['name']}", match["selector"], match["label"]))
+    return found
+
+
+def panel_types(model: dict[str, Any]) -> set[str]:
+    """The panel types a dashboard uses (rows included)."""
+    return {str(panel["type"]) for panel in panels(model)}
+
+
+def fill_in(expr: str, values: dict[str, str]) -> str:
+    """`expr` with each ``$name`` / ``${name}`` replaced by ``values[name]``."""
+    return VARIABLE.sub(lambda m: values[m.group(1) or m.group(2)], expr)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import copy
 import typing
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -120,23 +118,6 @@ def render() -> str:
     body: str = yaml.safe_dump(build(), sort_keys=False, width=100, allow_unicode=True)
     return HEADER + body
 
-
-def write(paths: Iterable[str | Path]) -> list[Path]:
-    """Write the rendered CRD to every path (parent folders are created).
-
-    Args:
-        paths: output files, e.g. crds/trainingjob.yaml and the Helm chart's crds/ copy.
-
-    Returns:
-        The paths written.
-    """
-    text = render()
-    written = []
-    for path in map(Path, paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:

@@ -13,8 +13,9 @@ Grafana's sidecar) and the tests, which regenerate and compare byte for byte
 (tests/unit/test_dashboard.py) and run every query against a real Prometheus
 (tests/e2e/test_dashboard_prometheus.py).
 
-Non-goals: no I/O but `write`; no Grafana API calls; not a general dashboard library (only the
-three panel kinds Kiln uses: timeseries, stat, bargauge); never imports `kiln.controller`.
+Non-goals: no I/O (`kiln dashboard` writes the file); no Grafana API calls; not a general
+dashboard library (only the three panel kinds Kiln uses: timeseries, stat, bargauge); never
+imports `kiln.controller`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-CHART_COPY = "helm/kiln/dashboards/kiln.json"  # from the repository root; `kiln dashboard`
+CHART_COPY = Path("helm/kiln/dashboards/kiln.json")  # from the repository root; `kiln dashboard`
 SCHEMA_VERSION = 41  # Grafana 11.6
 GRID_COLUMNS = 24
 PANEL_HEIGHT = 8
@@ -383,21 +384,3 @@ def _panel(panel: Panel, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
 def render() -> str:
     """The dashboard as JSON text (2-space indent, trailing newline); same input, same bytes."""
     return json.dumps(build(), indent=2) + "\n"
-
-
-def write(paths: Iterable[str | Path]) -> list[Path]:
-    """Write the rendered dashboard to every path (parent folders are created).
-
-    Args:
-        paths: output files, e.g. helm/kiln/dashboards/kiln.json.
-
-    Returns:
-        The paths written.
-    """
-    text = render()
-    written = []
-    for path in map(Path, paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, local, machine, runplan
+from kiln import api, local, machine, models, runplan
 from kiln.placement import estimate, profile, types
 from kiln.warmstart import select
 from kiln.zoo import indextypes, records
@@ -137,4 +137,15 @@ def warm_start_candidates(job: api.TrainingJob, found: indextypes.QueryResult, z
                 f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
                 f"{SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
                 "yes" if cand.id == chosen else "")
+    return table
+
+
+def architectures() -> Table:
+    """`kiln models`: the registered architectures."""
+    table = Table(title="Architectures")
+    for column in ("name", "family", "modality", "task"):
+        table.add_column(column)
+    for name in models.list_models():
+        info = models.get_info(name)
+        add_row(table, name, info.family, str(info.modality), str(info.task))
     return table

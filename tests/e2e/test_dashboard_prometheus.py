@@ -1,19 +1,8 @@
-"""The Grafana dashboard (helm/kiln/dashboards/kiln.json): well-formed, and every query has data.
+"""Every query of the Grafana dashboard (helm/kiln/dashboards/kiln.json) returns data.
 
-Static checks first:
+(Its Grafana schema, layout and variables are checked in tests/unit/test_dashboard.py.)
 
-* it is valid for Grafana's typed dashboard model of the release whose ``schemaVersion`` it
-  declares (`grafana_model`: ``grafana-foundation-sdk`` 11.6, generated from Grafana 11.6's
-  schema, schemaVersion 41): no key is lost on a round trip (an unknown or misspelt field
-  would be), every value has the declared type or enum value, every non-optional field is
-  present, and every panel type is one Grafana ships;
-* the rules a reviewer checks by eye: unique panel ids, panels inside the 24-column grid and
-  not overlapping, each target with a refId and an expr, every panel, target and query
-  variable on the ``${datasource}`` variable, a unit on every panel, every ``$variable`` an
-  expression uses defined, every metric it names exported by the operator, the trainer or
-  dcgm-exporter.
-
-Then the end-to-end check, on the session's simulated cluster and real operator: a real
+On the session's simulated cluster and real operator: a real
 Prometheus (Debian's binary, `kubesim.prometheus`) scrapes the operator's /metrics, the
 trainer pod (at the host port the test kubelet mapped, with the ``pod`` and ``namespace``
 target labels a PodMonitor adds, and ``honor_labels`` as the chart's PodMonitor sets) and a
@@ -34,10 +23,8 @@ trainer's two only.
 
 from __future__ import annotations
 
-import dataclasses
 import http.server
 import json
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -48,21 +35,13 @@ import grafana_model  # tests/ is on sys.path (pytest pythonpath)
 import pytest
 from kubesim import client, emulator, kubelet, operator_process, prometheus, scenario
 
-from kiln.controller import metrics as operator_metrics
 from kiln.zoo import records
-from kiln_trainer import metrics as trainer_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "kiln" / "dashboards" / "kiln.json"
-GRID_COLUMNS = 24
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-GRAFANA_BUILTINS = {"__rate_interval", "__range", "__interval"}
 # What Grafana would put in: a rate window holding several 1 s scrapes, and a time range
 # reaching back before the test's first job.
 FILLED_IN = {"__rate_interval": "30s", "__range": "10m"}
 QUERIES_SECONDS = 120.0
-LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
-VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
-METRIC = re.compile(r"\b(kiln_\w+|DCGM_FI_\w+)\b")
 PARENT, FLAKY, CHILD = "dash-parent", "dash-flaky", "dash-child"
 # What the fake dcgm-exporter reports for every GPU (percent, ratio, MiB, watts, Celsius).
 DCGM_VALUES = {"DCGM_FI_DEV_GPU_UTIL": 87.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83,
@@ -73,140 +52,6 @@ DCGM_VALUES = {"DCGM_FI_DEV_GPU_UTIL": 87.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.
 def _load() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
     return loaded
-
-
-# -- the dashboard's parts ---------------------------------------------------------------------
-
-
-def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every panel, rows included, with a collapsed row's own panels after it."""
-    found = []
-    for panel in dashboard["panels"]:
-        found.append(panel)
-        found.extend(panel.get("panels") or [])
-    return found
-
-
-@dataclasses.dataclass(frozen=True)
-class Query:
-    """One PromQL expression of the dashboard and where it is.
-
-    Attributes:
-        where: ``panel "<title>" target <refId>`` or ``variable <name>``.
-        expr: the expression as written (variables not filled in).
-        label: for a ``label_values(selector, label)`` variable, the label (expr is the
-            selector).
-    """
-
-    where: str
-    expr: str
-    label: str | None = None
-
-
-def _queries(dashboard: dict[str, Any]) -> list[Query]:
-    found = []
-    for panel in _panels(dashboard):
-        for target in panel.get("targets") or []:
-            found.append(Query(f'panel "{panel["title"]}" target {target.get("refId")}',
-                               target.get("expr", "")))
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        query = variable["query"]
-        text = query["query"] if isinstance(query, dict) else query
-        match = LABEL_VALUES.match(text)
-        assert match, f"variable {variable['name']}: only label_values(selector, label) is used"
-        found.append(Query(f"variable {variable['name']}", match["selector"], match["label"]))
-    return found
-
-
-def _panel_types(dashboard: dict[str, Any]) -> set[str]:
-    return {str(panel["type"]) for panel in _panels(dashboard)}
-
-
-def _fill_in(expr: str, values: dict[str, str]) -> str:
-    return VARIABLE.sub(lambda m: values[m.group(1) or m.group(2)], expr)
-
-
-def _exported_metrics() -> set[str]:
-    """Sample names the operator's and a trainer's registries expose."""
-    names = set()
-    registries = [operator_metrics.OperatorMetrics().registry,
-                  trainer_metrics.MetricsReporter(job="j").registry]
-    for registry in registries:
-        for family in registry.collect():
-            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(
-                family.type, [""])
-            names |= {family.name + suffix for suffix in suffixes}
-    return names
-
-
-def test_the_dashboard_is_valid_for_the_grafana_schema_version_it_declares() -> None:
-    raw = _load()
-    assert raw["schemaVersion"] == grafana_model.SCHEMA_VERSION, (
-        "the dashboard declares another schemaVersion than grafana-foundation-sdk's release "
-        "models; pin the SDK release matching it in pyproject.toml")
-    assert grafana_model.problems(raw) == []
-    assert grafana_model.unknown_panel_types(_panel_types(raw)) == set()
-
-
-def test_the_model_check_catches_misspelt_fields_wrong_types_and_unknown_panels() -> None:
-    raw = _load()
-    panel = raw["panels"][1]
-    panel["fieldConfig"]["defaults"]["unti"] = "s"
-    panel["gridPos"]["w"] = "8"
-    del panel["options"]["legend"]["showLegend"]
-    panel["options"]["tooltip"]["mode"] = "all"
-    problems = "\n".join(grafana_model.problems(raw))
-    assert "panels[1].fieldConfig.defaults.unti: not a field" in problems
-    assert "panels[1].gridPos.w: '8' is not a int" in problems
-    assert "panels[1].options.legend.showLegend: required" in problems
-    assert "panels[1].options.tooltip.mode: 'all' is not one of" in problems
-    panel["type"] = "timeseriess"
-    assert grafana_model.unknown_panel_types(_panel_types(raw)) == {"timeseriess"}
-
-
-def test_the_dashboard_layout_datasources_variables_and_metrics_are_consistent() -> None:
-    raw = _load()
-    panels = _panels(raw)
-    ids = [panel["id"] for panel in panels]
-    assert len(ids) == len(set(ids)), f"duplicate panel ids: {ids}"
-    cells: dict[tuple[int, int], str] = {}
-    for panel in panels:
-        where, grid = f'panel "{panel["title"]}"', panel["gridPos"]
-        assert 0 <= grid["x"] and 1 <= grid["w"] and grid["x"] + grid["w"] <= GRID_COLUMNS, where
-        assert grid["y"] >= 0 and grid["h"] >= 1, where
-        for x in range(grid["x"], grid["x"] + grid["w"]):
-            for y in range(grid["y"], grid["y"] + grid["h"]):
-                assert (x, y) not in cells, f"{where} overlaps {cells[x, y]}"
-                cells[x, y] = where
-        assert panel.get("datasource") == DATASOURCE, where
-        if panel["type"] == "row":
-            continue
-        assert panel["fieldConfig"]["defaults"].get("unit"), f"{where} has no unit"
-        refs = [target.get("refId") for target in panel.get("targets") or []]
-        assert refs and all(refs) and len(refs) == len(set(refs)), f"{where}: refIds {refs}"
-        for target in panel["targets"]:
-            assert target.get("expr"), f"{where} target {target['refId']} has no expr"
-            assert target.get("datasource") == DATASOURCE, f"{where} target {target['refId']}"
-    variables = {v["name"]: v for v in raw["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"
-    assert variables["datasource"]["query"] == "prometheus"
-    for variable in variables.values():
-        if variable["type"] == "query":
-            assert variable["datasource"] == DATASOURCE, variable["name"]
-    exported, dcgm = _exported_metrics(), set(DCGM_VALUES)
-    for query in _queries(raw):
-        used = {a or b for a, b in VARIABLE.findall(query.expr)}
-        assert used <= set(variables) | GRAFANA_BUILTINS, f"{query.where}: {used}"
-        for name in METRIC.findall(query.expr):
-            assert name in exported | dcgm, f"{query.where}: no exporter has {name}"
-    titles = " ".join(str(panel["title"]) for panel in panels)
-    for name in VARIABLE.findall(titles):
-        assert (name[0] or name[1]) in variables, name
-
-
-# -- the end-to-end check ---------------------------------------------------------------------
 
 
 class FakeDcgmExporter:
@@ -296,12 +141,13 @@ def _content_checks(namespace: str, pod: str) -> dict[str, Check]:
     return checks
 
 
-def _problems(server: prometheus.Prometheus, queries: list[Query], values: dict[str, str],
+def _problems(server: prometheus.Prometheus, queries: list[grafana_model.Query],
+              values: dict[str, str],
               checks: dict[str, Check]) -> list[str]:
     """Queries without the data they should show; a query Prometheus rejects fails at once."""
     problems = []
     for query in queries:
-        expr = _fill_in(query.expr, values)
+        expr = grafana_model.fill_in(query.expr, values)
         answer = server.query(expr)
         if answer.get("status") != "success":
             pytest.fail(f"{query.where}: Prometheus rejects {expr!r}: {answer.get('error')}")
@@ -375,7 +221,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
             f"127.0.0.1:{port}", {"pod": pod_name, "namespace": namespace})])
         dcgm.pods = [(namespace, pod_name), (namespace, "other-job-trainer-0")]
 
-        queries = _queries(_load())
+        queries = grafana_model.queries(_load())
         values = {**FILLED_IN, "namespace": namespace, "job": CHILD}
         checks = _content_checks(namespace, pod_name)
         last: list[str] = []
@@ -405,13 +251,3 @@ def _running_pod(cluster: emulator.Emulator, namespace: str, job: str) -> dict[s
                 annotations.get("prometheus.io/port")):
             return pod
     return None
-
-
-def test_queries_fill_in_variables_and_read_label_values_selectors() -> None:
-    queries = {q.where: q for q in _queries(_load())}
-    job = queries["variable job"]
-    assert (job.expr, job.label) == ('kiln_trainer_progress_ratio{namespace=~"$namespace"}',
-                                     "job")
-    assert _fill_in(job.expr, {"namespace": "team-a"}) == (
-        'kiln_trainer_progress_ratio{namespace=~"team-a"}')
-    assert _fill_in("rate(x[${__rate_interval}])", FILLED_IN) == "rate(x[30s])"

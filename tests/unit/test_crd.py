@@ -23,7 +23,7 @@ import yaml
 from jobcorpus import corpus
 from pydantic import BaseModel
 
-from kiln import api, crd, jobfile
+from kiln import api, cli, crd, jobfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "crds" / "trainingjob.yaml"
@@ -164,10 +164,19 @@ def test_render_starts_with_the_generated_header_and_is_stable() -> None:
     assert yaml.safe_load(text) == crd.build()
 
 
-def test_write_writes_the_same_bytes_to_every_path(tmp_path: Path) -> None:
+def test_kiln_crd_writes_the_same_bytes_to_every_path(tmp_path: Path) -> None:
     paths = [tmp_path / "crds" / "trainingjob.yaml", tmp_path / "helm" / "crds" / "tj.yaml"]
-    assert crd.write(paths) == paths
+    assert cli.main(["crd", *(f"--out={p}" for p in paths)]) == cli.EXIT_OK
     assert [p.read_text(encoding="utf-8") for p in paths] == [crd.render()] * 2
+
+
+def test_kiln_crd_writes_the_helm_charts_copy_where_the_chart_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "helm" / "kiln" / "crds").mkdir(parents=True)
+    assert cli.main(["crd"]) == cli.EXIT_OK
+    for written in ("crds/trainingjob.yaml", "helm/kiln/crds/trainingjob.yaml"):
+        assert (tmp_path / written).read_text(encoding="utf-8") == crd.render()
 
 
 def test_crd_is_a_valid_apiextensions_v1_object() -> None:

@@ -1,8 +1,9 @@
-"""`kiln.dashboard`: the committed Grafana dashboard is regenerated from it, laid out on the grid,
-and names only metrics that exist.
+"""`kiln.dashboard`: the committed Grafana dashboard is regenerated from it, valid for Grafana's
+typed model of the schemaVersion it declares (`grafana_model`, grafana-foundation-sdk 11.6: no
+key lost on a round trip, declared types and enum values, required fields, known panel types),
+laid out on the grid, on the ``${datasource}`` variable, and names only metrics that exist.
 
-The Grafana schema check and every query against a real Prometheus are in
-tests/e2e/test_dashboard_prometheus.py.
+Every query against a real Prometheus: tests/e2e/test_dashboard_prometheus.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import grafana_model  # tests/ is on sys.path (pytest pythonpath)
 import pytest
 
 from kiln import cli, dashboard
@@ -23,6 +25,12 @@ COMMITTED = REPO / dashboard.CHART_COPY
 REGENERATE = "run `kiln dashboard` in the repository root to regenerate it"
 METRIC = re.compile(r"\b(kiln_\w+|DCGM_FI_\w+)\b")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+GRAFANA_BUILTINS = {"__rate_interval", "__range", "__interval"}
+
+
+def _committed() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    return loaded
 
 
 def _panels() -> list[dict[str, Any]]:
@@ -148,3 +156,67 @@ def test_kiln_dashboard_defaults_to_the_helm_charts_copy(
     assert cli.main(["dashboard"]) == cli.EXIT_OK
     written = tmp_path / "helm" / "kiln" / "dashboards" / "kiln.json"
     assert written.read_text(encoding="utf-8") == dashboard.render()
+
+
+def test_the_dashboard_is_valid_for_the_grafana_schema_version_it_declares() -> None:
+    raw = _committed()
+    assert raw["schemaVersion"] == grafana_model.SCHEMA_VERSION, (
+        "the dashboard declares another schemaVersion than grafana-foundation-sdk's release "
+        "models; pin the SDK release matching it in pyproject.toml")
+    assert grafana_model.problems(raw) == []
+    assert grafana_model.unknown_panel_types(grafana_model.panel_types(raw)) == set()
+
+
+def test_the_model_check_catches_misspelt_fields_wrong_types_and_unknown_panels() -> None:
+    raw = _committed()
+    panel = raw["panels"][1]
+    panel["fieldConfig"]["defaults"]["unti"] = "s"
+    panel["gridPos"]["w"] = "8"
+    del panel["options"]["legend"]["showLegend"]
+    panel["options"]["tooltip"]["mode"] = "all"
+    problems = "\n".join(grafana_model.problems(raw))
+    assert "panels[1].fieldConfig.defaults.unti: not a field" in problems
+    assert "panels[1].gridPos.w: '8' is not a int" in problems
+    assert "panels[1].options.legend.showLegend: required" in problems
+    assert "panels[1].options.tooltip.mode: 'all' is not one of" in problems
+    panel["type"] = "timeseriess"
+    assert grafana_model.unknown_panel_types(grafana_model.panel_types(raw)) == {"timeseriess"}
+
+
+def test_every_panel_and_query_is_on_the_datasource_variable_with_units_and_known_variables(
+) -> None:
+    raw = _committed()
+    for panel in grafana_model.panels(raw):
+        where = f'panel "{panel["title"]}"'
+        assert panel.get("datasource") == dashboard.DATASOURCE, where
+        if panel["type"] == "row":
+            continue
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{where} has no unit"
+        refs = [target.get("refId") for target in panel.get("targets") or []]
+        assert refs and all(refs) and len(refs) == len(set(refs)), f"{where}: refIds {refs}"
+        for target in panel["targets"]:
+            assert target.get("expr"), f"{where} target {target['refId']} has no expr"
+            assert target.get("datasource") == dashboard.DATASOURCE, where
+    variables = {v["name"]: v for v in raw["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == (
+        "datasource", "prometheus")
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"] == dashboard.DATASOURCE, variable["name"]
+    for query in grafana_model.queries(raw):
+        used = {a or b for a, b in grafana_model.VARIABLE.findall(query.expr)}
+        assert used <= set(variables) | GRAFANA_BUILTINS, f"{query.where}: {used}"
+    titles = " ".join(str(panel["title"]) for panel in grafana_model.panels(raw))
+    for name in grafana_model.VARIABLE.findall(titles):
+        assert (name[0] or name[1]) in variables, name
+
+
+def test_queries_fill_in_variables_and_read_label_values_selectors() -> None:
+    queries = {q.where: q for q in grafana_model.queries(_committed())}
+    job = queries["variable job"]
+    assert (job.expr, job.label) == ('kiln_trainer_progress_ratio{namespace=~"$namespace"}',
+                                     "job")
+    assert grafana_model.fill_in(job.expr, {"namespace": "team-a"}) == (
+        'kiln_trainer_progress_ratio{namespace=~"team-a"}')
+    assert grafana_model.fill_in("rate(x[${__rate_interval}])", {"__rate_interval": "30s"}) == (
+        "rate(x[30s])")

@@ -97,7 +97,7 @@ def plan(
     except graph.GraphError as exc:
         return cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
     if spec.parent != "auto":
-        record = _pinned_record(zoo, spec.parent)
+        record = pinned_record(zoo, spec.parent)
         parent = graph.from_json(records.load_graph(zoo, record))
         return select.pinned(_candidate(record, match.similarity(parent, child)),
                              modality=modality, task=task, min_similarity=spec.min_similarity)
@@ -161,7 +161,13 @@ def apply(
     return Applied(final, result.state_dict, result.untransferred_fraction, tuple(result.notes))
 
 
-def _pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
+def pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
+    """The zoo record a job pins as its parent (``spec.warmStart.parent``).
+
+    Raises:
+        api.InvalidSpec: no such record, or a damaged one (one problem naming the field).
+        store.StoreUnavailable: the zoo could not be read.
+    """
     try:
         return records.read_record(zoo, model_id)
     except (store.ObjectNotFound, ValueError) as exc:
