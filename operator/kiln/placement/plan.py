@@ -119,8 +119,7 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
     if current is None:
         return plan(snapshot, settings)
     began = time.perf_counter()
-    problem = heuristic.problem_of(snapshot, fixed=_frozen(current, snapshot, settings))
-    kept = _retimed(current, problem, settings)
+    problem, kept = _kept(current, snapshot, settings)
     fresh = _best(problem, settings, began)
     now = snapshot.now
     kept_left, fresh_left = kept.makespan - now, fresh.makespan - now
@@ -150,8 +149,7 @@ def extend(current: types.Plan | None, snapshot: types.Snapshot,
     if current is None:
         return plan(snapshot, settings)
     began = time.perf_counter()
-    problem = heuristic.problem_of(snapshot, fixed=_frozen(current, snapshot, settings))
-    kept = _retimed(current, problem, settings)
+    _, kept = _kept(current, snapshot, settings)
     return dataclasses.replace(kept, solve_seconds=time.perf_counter() - began,
                                reason="extended current plan")
 
@@ -162,6 +160,14 @@ def _same_config(job: types.JobRequest, a: types.Assignment) -> types.Config | N
                  if c.gpus == a.gpus and c.parallelism == a.parallelism
                  and c.seconds != float("inf")), None)
 
+
+
+def _kept(current: types.Plan, snapshot: types.Snapshot, settings: types.Settings
+          ) -> tuple[heuristic.Problem, types.Plan]:
+    """The problem of `snapshot` with `current`'s frozen starts fixed, and `current` re-timed
+    on it (what `replan` compares against and `extend` returns)."""
+    problem = heuristic.problem_of(snapshot, fixed=_frozen(current, snapshot, settings))
+    return problem, _retimed(current, problem, settings)
 
 def _frozen(current: types.Plan, snapshot: types.Snapshot,
             settings: types.Settings) -> list[types.Assignment]:
