@@ -4,8 +4,9 @@ HiGHS honours its time limit only between branch-and-bound steps and Pyomo's mod
 not interruptible, so `plan` never solves in its own process. `solve` starts
 `python -m kiln.placement.worker` (a fresh interpreter: safe under threads and inside daemon
 or pool processes, and it never re-imports the caller's main module, unlike
-multiprocessing's spawn), sends it the problem, the heuristic plan and the settings as a
-pickle on stdin, and waits `time_limit_seconds + watchdog_margin_seconds`; past that it kills
+multiprocessing's spawn), sends it the problem, the heuristic plan and the settings as
+JSON on stdin (`encode`: each dataclass tagged with its name; `decode` rebuilds only the
+placement types it knows, so nothing but data crosses the pipe), and waits `time_limit_seconds + watchdog_margin_seconds`; past that it kills
 the worker. Every way the MILP can fail (timeout, crash, no solution, infeasible, solver
 error) comes back as a reason string and the caller falls back to the heuristic plan
 (DESIGN section 6). Callers: `plan`. Non-goals: no modelling (see `milp`), no choice of plan.
@@ -13,13 +14,15 @@ error) comes back as a reason string and the caller falls back to the heuristic 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,7 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env)
     try:
-        out, err = process.communicate(pickle.dumps((problem, warm, settings, wall_deadline)),
+        out, err = process.communicate(encode((problem, warm, settings, wall_deadline)),
                                        timeout=deadline)
     except subprocess.TimeoutExpired:
         process.kill()
@@ -77,9 +80,7 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
         log.warning("MILP worker failed (exit %s): %s", process.returncode,
                     err.decode(errors="replace")[-2000:])
         return None, f"milp: solver worker exited with code {process.returncode}: {last}", None
-    # Trust: these bytes come from the child this function just started with our own
-    # interpreter and arguments over a private pipe; no user or network input reaches pickle.
-    message = pickle.loads(out)
+    message = decode(out)
     if message[0] == "error":
         log.warning("MILP worker failed: %s", message[1])
         return None, f"milp: solver failed: {message[1].splitlines()[0]}", None
@@ -91,16 +92,62 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
     return decoded, decoded.reason, outcome
 
 
+def encode(value: Any) -> bytes:
+    """`value` (placement dataclasses, tuples, str-keyed mappings, numbers, text) as JSON."""
+    return json.dumps(_tagged(value)).encode()
+
+
+def decode(data: bytes) -> Any:
+    """The value `encode` wrote; sequences come back as tuples, as the dataclasses hold them.
+
+    Raises:
+        ValueError: not JSON, or a tagged class that is not a placement type.
+    """
+    return _untagged(json.loads(data))
+
+
+def _tagged(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"__class__": type(value).__name__,
+                **{f.name: _tagged(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, list | tuple):
+        return [_tagged(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _tagged(item) for key, item in value.items()}
+    return value
+
+
+def _untagged(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_untagged(item) for item in value)
+    if not isinstance(value, dict):
+        return value
+    fields = {key: _untagged(item) for key, item in value.items() if key != "__class__"}
+    if "__class__" not in value:
+        return fields
+    known = _placement_types()
+    if value["__class__"] not in known:
+        raise ValueError(f"not a placement type: {value['__class__']!r}")
+    return known[value["__class__"]](**fields)
+
+
+def _placement_types() -> dict[str, type]:
+    from kiln.placement import milp  # SolveOutcome; imports pyomo, as the worker does anyway
+
+    return {cls.__name__: cls for cls in (
+        types.Config, types.JobRequest, types.Node, types.Assignment, types.Plan, types.Settings,
+        heuristic.Reservation, heuristic.Problem, milp.SolveOutcome)}
+
+
 def _main() -> int:
-    """Worker entry point: pickle (problem, warm, settings, wall deadline) on stdin -> result.
+    """Worker entry point: (problem, warm, settings, wall deadline) as JSON on stdin -> result.
 
     The result is ("ok", plan | None, outcome) or ("error", text). Solver chatter is sent to
-    stderr (fd 1 is re-pointed there) so that stdout carries only the pickle.
+    stderr (fd 1 is re-pointed there) so that stdout carries only the result.
     """
     result_fd = os.dup(1)
     os.dup2(2, 1)
-    # Trust: stdin is the private pipe from the planner process that started us (`solve`).
-    problem, warm, settings, wall_deadline = pickle.loads(sys.stdin.buffer.read())
+    problem, warm, settings, wall_deadline = decode(sys.stdin.buffer.read())
     try:
         from kiln.placement import milp  # pyomo is imported in the worker only
 
@@ -110,7 +157,7 @@ def _main() -> int:
     except Exception as err:  # noqa: BLE001 - the worker boundary: reported, not swallowed
         message = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
     with os.fdopen(result_fd, "wb") as result:
-        result.write(pickle.dumps(message))
+        result.write(encode(message))
     return 0
 
 

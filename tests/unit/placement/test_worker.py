@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,13 @@ def test_a_module_in_the_working_directory_cannot_shadow_the_standard_library(
     problem = heuristic.problem_of(snapshot)
     decoded, reason, _ = worker.solve(problem, heuristic.schedule(problem, SETTINGS), SETTINGS)
     assert decoded is not None, reason
+
+
+def test_the_worker_pipe_carries_placement_types_as_json_and_nothing_else() -> None:
+    problem = heuristic.problem_of(cases.random_snapshot(7, jobs=4, nodes=(8,)))
+    warm = heuristic.schedule(problem, SETTINGS)
+    sent = (problem, warm, SETTINGS, 12.5)
+    assert worker.decode(worker.encode(sent)) == sent
+    assert json.loads(worker.encode(warm))["__class__"] == "Plan"  # plain JSON on the pipe
+    with pytest.raises(ValueError, match="not a placement type: 'Popen'"):
+        worker.decode(b'{"__class__": "Popen", "args": ["rm", "-rf", "/"]}')
