@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from kubesim import client
 
 S3_SERVER_START_SECONDS = 60.0  # moto imports a lot; a loaded 2-core machine needs a while
 
@@ -36,12 +36,6 @@ class S3Server:
     secret_key: str = "kiln-test-secret"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
 
 def _answers(port: int) -> bool:
     """Whether an HTTP server answers on 127.0.0.1:port (any status counts)."""
@@ -59,7 +53,7 @@ def _answers(port: int) -> bool:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """Start ``python -m moto.server`` on a free port, wait until it answers, stop it after."""
-    port = _free_port()
+    port = client.free_port()
     log_path = tmp_path_factory.mktemp("moto") / "moto-server.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kubesim import client
 from torch import multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
@@ -38,12 +38,6 @@ from kiln_trainer import batching, checkpoint, optim, parallel, tracking
 SAMPLES = 40  # 5 global batches of 8 per epoch
 BATCH_SIZE = 8
 
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_ranks(
@@ -59,7 +53,7 @@ def run_ranks(
         torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
         TimeoutError: the ranks did not finish in `timeout_seconds` (then they are killed).
     """
-    port, previous = free_port(), os.environ.get("OMP_NUM_THREADS")
+    port, previous = client.free_port(), os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch loads
     try:
         with tempfile.TemporaryDirectory() as out:

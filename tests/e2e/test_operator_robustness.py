@@ -46,7 +46,7 @@ def outage_cluster(api_calls: set[usage.ApiCall], tmp_path: Path
     """A second cluster whose operator's zoo endpoint answers nothing (a closed port)."""
     with emulator.Emulator() as cluster:
         cluster.client.create_node("cpu-node-1")
-        dead = f"http://127.0.0.1:{operator_process.free_port()}"
+        dead = f"http://127.0.0.1:{client.free_port()}"
         operator = operator_process.OperatorProcess(
             cluster, tmp_path, env={"KILN_ZOO_ACCESS_KEY": "k", "KILN_ZOO_SECRET_KEY": "s"},
             args=["--zoo-uri", f"s3://kiln-{uuid.uuid4().hex[:8]}", "--zoo-endpoint", dead,

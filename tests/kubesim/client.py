@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -177,3 +178,11 @@ def wait_until(predicate: Callable[[], T], *, timeout_seconds: float, what: str,
             raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}"
                                  f"{extra}")
         time.sleep(poll_seconds)  # polling a real server with a deadline
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -31,7 +31,6 @@ import base64
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -180,7 +179,7 @@ class Kubelet:
         scratch.mkdir(parents=True, exist_ok=True)
         termination = scratch / "termination-log"
         termination.write_bytes(b"")
-        port = _free_port()
+        port = client.free_port()
         env = {**self.base_env, **self._container_env(namespace, name, container),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "HOME": str(scratch), "KILN_TERMINATION_LOG": str(termination)}
@@ -304,9 +303,3 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
     except ProcessLookupError:
         pass
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

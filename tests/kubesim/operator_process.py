@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ from kubesim import client, emulator
 
 START_SECONDS = 120.0  # importing torch and kopf on a loaded 2-core machine
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class OperatorProcess:
@@ -50,8 +43,8 @@ class OperatorProcess:
         self.log_path = work_dir / f"{name}.log"
         self.args = args
         self.env = env or {}
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        self.metrics_port = client.free_port()
+        self.liveness_port = client.free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self._runs = 0
 

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -37,7 +36,7 @@ from kubesim import client
 DEBIAN_BINARY = "/usr/bin/prometheus"
 START_SECONDS = 60.0
 INSTALL_HINT = ("the Prometheus server binary is missing: install Debian's package with "
-                "`apt-get install prometheus` (CI's .ci/run does)")
+                "`apt-get install prometheus` (`make test` does)")
 
 
 class PrometheusMissing(RuntimeError):
@@ -94,7 +93,7 @@ class Prometheus:
         self.work_dir = work_dir
         self.jobs = {job.name: job for job in jobs}
         self.scrape_interval_seconds = scrape_interval_seconds
-        self.port = _free_port()
+        self.port = client.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = work_dir / "prometheus.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -186,9 +185,3 @@ class Prometheus:
         except OSError:
             return False
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
