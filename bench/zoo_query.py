@@ -11,9 +11,9 @@
    blocks/widths, small_cnn depths/widths, vit and char_transformer depths/widths, torchvision
    resnet18/34/50) are extracted on the meta device; a zoo of N entries is made of variants of
    them, each with some weight tensors widened in the graph JSON so that all N graphs differ
-   (no help from de-duplication: a worst case). `kiln.zoo.index.ZooIndex.from_records` loads
+   (no help from de-duplication: a worst case). `kiln.warmstart.index.ZooIndex.from_records` loads
    them; above the exhaustive limit (1,000) clusters are built (CLARA-style k-medoids,
-   kiln.zoo.cluster). Then held-out children (variants not in the zoo) are queried with their
+   kiln.warmstart.clusters). Then held-out children (variants not in the zoo) are queried with their
    modality and task, after one untimed warm-up query (the operator's pool is persistent).
    Reports p50/p95 seconds per query, index load and cluster build seconds, peak RSS, and at
    1,000 models how often a clustered search finds the exhaustive search's best parent.
@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 from kiln import models
-from kiln.warmstart import dag, graph, match
-from kiln.zoo import index, records
+from kiln.warmstart import dag, graph, index, match
+from kiln.zoo import records
 
 NAME = "zoo_query"
 INPUT_SHAPE = (3, 224, 224)

@@ -11,7 +11,7 @@ name; ``tests`` is on sys.path through pytest's ``pythonpath``).
 (`kiln_trainer.loop`): the real optimizer, schedule, batching, checkpoint and parallel calls
 around a bare step, so the tests compare one process with W on identical work. The model is
 small_cnn with its BatchNorm layers in eval mode (fixed statistics): per-rank batch statistics
-would otherwise make DDP differ from one process (see `kiln_trainer.parallel`).
+would otherwise make DDP differ from one process (see `kiln_trainer.distributed.parallel`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from torch.utils import data as torch_data
 
 from kiln import api, models
 from kiln.zoo import store
-from kiln_trainer import batching, checkpoint, optim, parallel, tracking
+from kiln_trainer import checkpoint, optim, tracking
+from kiln_trainer.distributed import batching, parallel
 
 SAMPLES = 40  # 5 global batches of 8 per epoch
 BATCH_SIZE = 8

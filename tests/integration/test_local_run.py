@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln import local
+from kiln.local import runner as local
 from kiln.zoo import records, store
 
 KILN = [sys.executable, "-m", "kiln.cli"]

@@ -9,7 +9,7 @@ both ranks freeze at the same step and re-wrap, so the frozen parameters leave D
 (the trainer compares a digest of every rank's weights at each checkpoint).
 
 BatchNorm: in training mode DDP normalises with per-rank batch statistics (B/W samples), so a
-net with BatchNorm cannot match one process exactly (`kiln_trainer.parallel`). The equivalence
+net with BatchNorm cannot match one process exactly (`kiln_trainer.distributed.parallel`). The equivalence
 tests therefore train a tiny `vit` (LayerNorm, per sample: exact up to float rounding); the
 freezing test trains small_cnn (BatchNorm), where only the ranks' agreement is asserted.
 Adam: an attention key bias has zero gradient in exact arithmetic (softmax ignores a shift
@@ -38,7 +38,7 @@ import yaml
 
 from kiln import api, models
 from kiln.zoo import records, store
-from kiln_trainer import parallel
+from kiln_trainer.distributed import parallel
 
 RUN_SECONDS = 240  # a whole run, startup included; the tests take far less
 EPOCHS = 4  # 40 steps: time for test (c)'s signal to land before the end
@@ -151,7 +151,7 @@ def test_two_ddp_processes_match_one_process_on_the_same_job(
     assert two["result"]["validation_loss"] == pytest.approx(one["result"]["validation_loss"],
                                                              rel=TOLERANCE)
     assert _max_difference(two["weights"], one["weights"]) < TOLERANCE
-    assert "rank 1 kiln_trainer.parallel: rank 1 of 2 (ddp, gloo on cpu)" in two["log"]
+    assert "rank 1 kiln_trainer.distributed.parallel: rank 1 of 2 (ddp, gloo on cpu)" in two["log"]
     assert f"step {10 * EPOCHS}: the 2 DDP replicas hold identical weights" in two["log"]
 
 

@@ -1,4 +1,4 @@
-"""kiln_trainer.parallel across real processes: DDP and FSDP on two gloo ranks, torchrun.
+"""kiln_trainer.distributed.parallel across real processes: DDP and FSDP on two gloo ranks, torchrun.
 
 Issue 5's trainer tests: DDP on CPU (two gloo processes) matches single-process training on the
 same global batch; a checkpoint written by two processes resumes in one at the same global
@@ -23,7 +23,7 @@ import parallel_harness as harness
 import pytest
 import torch
 
-from kiln_trainer import parallel
+from kiln_trainer.distributed import parallel
 
 SAVE_STEP, UNTIL_STEP = 7, 12  # steps per epoch: 5, so the checkpoint is at epoch 1, batch 2
 TOLERANCE = 1e-5
@@ -146,7 +146,7 @@ def test_launch_command_runs_ranks_under_torchrun_and_only_rank_0_prints(tmp_pat
 
 _PROBE = '''
 import json, sys
-from kiln_trainer import parallel
+from kiln_trainer.distributed import parallel
 
 ctx = parallel.setup("auto", "cpu")
 from_rank_0 = ctx.broadcast_int(7 if ctx.is_main else -1)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from jobcorpus import corpus
 
-from kiln import api, jobfile
+from kiln import api
+from kiln.api import jobfile
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "kiln.dev/v1alpha1",

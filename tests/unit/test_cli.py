@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import cli, machine
+from kiln import cli
+from kiln.local import machine
 
 VALID = """\
 apiVersion: kiln.dev/v1alpha1
@@ -223,7 +224,7 @@ def test_a_zoo_that_is_a_file_fails_fast_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     command: list[str], below: str,
 ) -> None:
-    from kiln import local
+    from kiln.local import runner as local
 
     monkeypatch.setattr(local, "run_jobs", _no_training)
     (tmp_path / "afile").write_text("x", encoding="utf-8")
@@ -246,7 +247,7 @@ def _no_training(*_: object, **__: object) -> None:
 def test_run_refuses_a_pinned_parent_missing_from_the_zoo_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln import local
+    from kiln.local import runner as local
 
     monkeypatch.setattr(local, "run_jobs", _no_training)
     path = _write(tmp_path, VALID + "  warmStart: {parent: small_cnn-12345678}\n")
@@ -259,7 +260,7 @@ def test_run_refuses_a_pinned_parent_missing_from_the_zoo_before_training(
 def test_run_accepts_a_pinned_parent_that_is_in_the_zoo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln import local
+    from kiln.local import runner as local
 
     monkeypatch.setattr(local, "run_jobs", lambda *_, **__: [])
     _record(tmp_path / "zoo")
@@ -272,7 +273,7 @@ def test_run_refuses_a_job_another_run_in_this_directory_holds(
 ) -> None:
     import os
 
-    from kiln import local
+    from kiln.local import runner as local
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(local, "_run_one", _no_training)

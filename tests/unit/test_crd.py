@@ -23,7 +23,8 @@ import yaml
 from jobcorpus import corpus
 from pydantic import BaseModel
 
-from kiln import api, cli, crd, jobfile
+from kiln import api, cli, crd
+from kiln.api import jobfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "crds" / "trainingjob.yaml"

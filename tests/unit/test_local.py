@@ -1,4 +1,4 @@
-"""`kiln.local`: how a trainer's end is reported (interrupted, failed, killed), the per-job lock,
+"""`kiln.local.runner`: how a trainer's end is reported (interrupted, failed, killed), the per-job lock,
 and trainer text printed verbatim. Fake trainers (tiny Python scripts) stand in for
 `python -m kiln_trainer`; the real one runs in tests/integration/test_local_run.py."""
 
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kiln import api, local
+from kiln import api
+from kiln.local import runner as local
 
 JOB = api.parse_job({
     "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fake"},

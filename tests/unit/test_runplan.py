@@ -1,4 +1,4 @@
-"""`kiln.runplan`: jobs start in the plan's queue order when their devices are free, never above
+"""`kiln.local.runplan`: jobs start in the plan's queue order when their devices are free, never above
 capacity; a failure or an interruption stops every trainer; run.json records planned vs.
 actual. Fake trainers (tiny Python scripts chosen by job name) stand in for `python -m
 kiln_trainer`; the real one runs in tests/integration/test_local_run.py."""
@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kiln import api, local, machine, runplan
+from kiln import api
+from kiln.local import machine, runplan
+from kiln.local import runner as local
 from kiln.placement import types
 
 OK = ("import json; print(json.dumps({'event': 'progress', 'epoch': 1, 'epochs': 1, 'step': 4, "

@@ -1,4 +1,4 @@
-"""`kiln.tables`: planned runs add config and planned-vs-actual columns to the results; the plan
+"""`kiln.local.tables`: planned runs add config and planned-vs-actual columns to the results; the plan
 table shows each job's devices, config, start, estimate and source; cells are plain text."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from kiln import local, machine, tables
+from kiln.local import machine, tables
+from kiln.local import runner as local
 from kiln.placement import types
 
 RESULT = {"metric_name": "validation_accuracy", "metric": 0.9, "wall_seconds": 3.0,

@@ -18,7 +18,7 @@ optimizer, schedule, RNGs) to and from that dict; on resume a changed spec is lo
 field and the job's values win, while a changed model is refused. The RNG states themselves
 come from `kiln_trainer.rngstate` (`rng_state`, `set_rng_state`, re-exported here).
 
-Parallel runs (`kiln_trainer.parallel`, issue 5). Given a `parallel.Context`, `capture` is
+Parallel runs (`kiln_trainer.distributed.parallel`, issue 5). Given a `parallel.Context`, `capture` is
 collective (every rank calls it; only rank 0 saves what it returns): the model and optimizer
 state are gathered full and unsharded (FSDP) under the keys of a single process, and every
 rank's RNG state is kept (`RANK_RNG_KEY`). The position is global (epochs, global batches,
@@ -50,7 +50,8 @@ from torch import nn
 
 from kiln import api
 from kiln.zoo import store as zoo_store
-from kiln_trainer import optim, parallel, rngstate, tracking
+from kiln_trainer import optim, rngstate, tracking
+from kiln_trainer.distributed import parallel
 
 _log = logging.getLogger(__name__)
 

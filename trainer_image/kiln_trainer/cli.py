@@ -20,7 +20,7 @@ and SIGINT save a checkpoint at the next step and exit 128 + signal (143, 130), 
 signal had ended the process.
 
 Parallel runs. --parallelism auto takes spec.resources.parallelism, and ddp when that is auto
-too (single with one process). Under torchrun (`kiln_trainer.parallel.launch_command`, or the
+too (single with one process). Under torchrun (`kiln_trainer.distributed.parallel.launch_command`, or the
 pod command; W > 1 processes) every rank runs this `main`; stderr lines carry ``rank R``. Rank 0
 alone writes the stdout protocol (progress, info, the result) and the result to
 /dev/termination-log. A failure goes to the termination log as ``rank R of W: ...`` from the
@@ -58,9 +58,11 @@ from types import FrameType
 
 import torch
 
-from kiln import api, jobfile
+from kiln import api
+from kiln.api import jobfile
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, loop, parallel
+from kiln_trainer import checkpoint, data, events, loop
+from kiln_trainer.distributed import parallel
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1

@@ -24,7 +24,7 @@ re-exported here. ``flip-crop`` augmentation (random horizontal flip, then a ran
 image padded by H/8) touches the train split only, drawing from torch's global RNG, which
 checkpoints carry.
 
-Batches: `train_batches`, `eval_batches` and `steps_per_epoch` are `kiln_trainer.batching`'s
+Batches: `train_batches`, `eval_batches` and `steps_per_epoch` are `kiln_trainer.distributed.batching`'s
 (seeded global batches, sharded across data-parallel ranks), kept here under their old names.
 
 Callers: `kiln_trainer.loop`. Non-goals: no downloads unless asked, no caching of frozen-prefix
@@ -45,7 +45,8 @@ from torch.nn import functional as F
 from torch.utils import data as torch_data
 
 from kiln import api
-from kiln_trainer import batching, splits
+from kiln_trainer import splits
+from kiln_trainer.distributed import batching
 
 Transform = Callable[[Any], torch.Tensor]
 
@@ -108,7 +109,7 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Spl
     )
 
 
-# Batch order and sharding live in `kiln_trainer.batching`; these names stay here for callers.
+# Batch order and sharding live in `kiln_trainer.distributed.batching`; these names stay here for callers.
 steps_per_epoch = batching.steps_per_epoch
 train_batches = batching.train_batches
 eval_batches = batching.eval_batches

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kiln_trainer import data, parallel, tracking
+from kiln_trainer import data, tracking
+from kiln_trainer.distributed import parallel
 
 
 def evaluate(

@@ -1,6 +1,6 @@
 """The trainer's stdout protocol: one JSON object per line, the result last.
 
-Readers (the local runner `kiln.local`, and anyone tailing a pod's log) see three events:
+Readers (the local runner `kiln.local.runner`, and anyone tailing a pod's log) see three events:
 
   * ``{"event": "progress", "epoch", "epochs", "step", "steps_per_epoch", "train_loss",
     "validation_accuracy", "validation_loss", "samples_per_second", "eta_seconds",

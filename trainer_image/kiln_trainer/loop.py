@@ -12,7 +12,7 @@ excluded, evaluation is included. Time-to-target is the training clock when the 
 metric first meets the target (accuracy >= value, or loss <= value). Throughput counts only
 the training steps (forward, backward, optimizer). The learning rate changes every step.
 
-Parallel runs (`kiln_trainer.parallel`, issue 5). Under torchrun every rank runs `main`; with
+Parallel runs (`kiln_trainer.distributed.parallel`, issue 5). Under torchrun every rank runs `main`; with
 one process every collective is the identity, so single, DDP and FSDP share this path.
 ``batchSize`` is the global batch. Rank 0 alone warm-starts and writes events, metrics,
 checkpoints and the zoo record. Each step ends with one control collective carrying any rank's
@@ -54,17 +54,16 @@ from kiln_trainer import (
     data,
     evaluation,
     events,
-    freezing_setup,
     metrics,
     optim,
-    parallel,
     registration,
-    replicas,
     runtime,
     tracking,
     warm,
 )
+from kiln_trainer.distributed import parallel, replicas
 from kiln_trainer.freezing import controller as freezing
+from kiln_trainer.freezing import setup as freezing_setup
 
 _log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ dataset of fewer than two samples, with `DatasetError` naming the field and the 
 
 Callers: `kiln_trainer.data`, whose sources build `Splits` through `split_indices` and which
 re-exports these names (`data.Splits`, `data.DatasetError`). Non-goals: no reading of data, no
-transforms, no batching (`kiln_trainer.batching`).
+transforms, no batching (`kiln_trainer.distributed.batching`).
 """
 
 from __future__ import annotations

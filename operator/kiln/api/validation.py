@@ -11,7 +11,7 @@ Callers: the CLI, the local runner, the trainer and the operator, through `kiln.
 re-exports these names (`api.parse_job`, `api.validate`); the CRD tests compare `check_schema`
 with the generated schema.
 
-Non-goals: no I/O beyond the document given (`kiln.jobfile` reads files); never imports torch or
+Non-goals: no I/O beyond the document given (`kiln.api.jobfile` reads files); never imports torch or
 kopf.
 """
 

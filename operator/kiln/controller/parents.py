@@ -2,7 +2,7 @@
 
 `ParentChooser.decide(job)` runs `kiln.warmstart.plan.plan` (ModelKeeper's parent search,
 DESIGN.md section 4) in a worker thread so the kopf event loop never blocks, against a
-`kiln.zoo.index.ZooIndex` the operator keeps loaded and refreshes at most every
+`kiln.warmstart.index.ZooIndex` the operator keeps loaded and refreshes at most every
 `refresh_seconds`. Decisions are cached by (model spec, warmStart spec, zoo contents): jobs
 of one architecture submitted together trace their graph and search the zoo once. An empty zoo
 needs no search at all (cold start, said plainly). An unreachable zoo raises
@@ -29,8 +29,8 @@ from urllib.parse import unquote, urlsplit
 
 from kiln import api
 from kiln.controller import metrics
+from kiln.warmstart import index as zoo_index
 from kiln.warmstart import plan, select
-from kiln.zoo import index as zoo_index
 from kiln.zoo import records, store
 
 CACHE_ENTRIES = 4096

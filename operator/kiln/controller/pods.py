@@ -169,7 +169,7 @@ def pod_name(job_name: str, attempt: int) -> str:
 def trainer_command(parallelism: str, processes: int) -> list[str]:
     """The container command: ``python -m kiln_trainer``, under torchrun for k > 1 processes.
 
-    The same form as `kiln_trainer.parallel.launch_command` (which the operator cannot import:
+    The same form as `kiln_trainer.distributed.parallel.launch_command` (which the operator cannot import:
     the trainer package is not part of the operator's image): torchrun as
     ``python -m torch.distributed.run --standalone`` (one node, private rendezvous), and
     ``--parallelism`` for the trainer.

@@ -35,7 +35,7 @@ from kiln.controller import (
     status,
 )
 from kiln.placement import types
-from kiln.zoo import index as zoo_index
+from kiln.warmstart import index as zoo_index
 from kiln.zoo import records, store
 
 _log = logging.getLogger(__name__)

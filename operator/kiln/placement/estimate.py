@@ -32,7 +32,7 @@ the local runner call it). Dataset sizes come from `workload`: digits 1,797, tor
 classes by their known training-split sizes, image folders and text by their files;
 `UNKNOWN_SAMPLES` otherwise (an s3:// path, a missing folder).
 
-Callers: `kiln.runplan` (local runner), `kiln.controller`, `kiln.cli`. Non-goals: no
+Callers: `kiln.local.runplan` (local runner), `kiln.controller`, `kiln.cli`. Non-goals: no
 measuring (see `profile`), no planning. Never needs a GPU.
 """
 

@@ -12,7 +12,7 @@ config infeasible.
 Configs: `single` (k = 1) runs in this process. `ddp` and `fsdp` (k >= 2) run k processes of
 this module's worker (`python -m kiln.placement.profile --worker SPEC OUT`) under torchrun
 (``python -m torch.distributed.run --standalone --nproc-per-node k``, the local form of
-`kiln_trainer.parallel.launch_command`, which is fixed to the trainer's module), gloo on CPU
+`kiln_trainer.distributed.parallel.launch_command`, which is fixed to the trainer's module), gloo on CPU
 and NCCL on GPUs; each rank takes B / k samples and the slowest rank's step counts. DDP is
 torch's `DistributedDataParallel`; FSDP is FSDP1 (`FullyShardedDataParallel`, whole model as
 one unit), so it needs GPUs.

@@ -4,7 +4,7 @@ The ModelKeeper pipeline (Lai et al., NSDI '23; DESIGN.md section 4) behind two 
 trainer, the operator and `kiln zoo query` share one path:
 
 1. `plan(job, zoo)`: trace the child architecture (`graph`), query the zoo index for the most
-   similar compatible models (`kiln.zoo.index`), and let `select` pick the parent by similarity
+   similar compatible models (`kiln.warmstart.index`), and let `select` pick the parent by similarity
    bucket, then accuracy; or score a pinned parent (`spec.warmStart.parent`). The operator runs
    this in an executor and passes the parent to the trainer pod.
 2. `apply(decision, zoo, child_model, input_shape)`: load the parent's weights (checksum
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from kiln import api, models
 from kiln.warmstart import graph, match, select, transform
-from kiln.zoo import index as zoo_index
+from kiln.warmstart import index as zoo_index
 from kiln.zoo import records, store
 
 QUERY_TIMEOUT_SECONDS = 30.0

@@ -1,4 +1,4 @@
-"""kiln_trainer.batching: seeded global batches, their shards per rank, indices, eval ranges."""
+"""kiln_trainer.distributed.batching: seeded global batches, their shards per rank, indices, eval ranges."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils import data as torch_data
 
-from kiln_trainer import batching, data
+from kiln_trainer import data
+from kiln_trainer.distributed import batching
 
 
 def _numbered(n: int) -> torch_data.TensorDataset:

@@ -13,7 +13,8 @@ import torch
 
 from kiln import api
 from kiln.zoo import store
-from kiln_trainer import checkpoint, parallel, tracking
+from kiln_trainer import checkpoint, tracking
+from kiln_trainer.distributed import parallel
 
 
 def _job(name: str = "digits-a", namespace: str | None = None) -> api.TrainingJob:

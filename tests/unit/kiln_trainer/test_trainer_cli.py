@@ -87,7 +87,7 @@ def test_package_root_exports_few_names_and_imports_no_operator_stack() -> None:
     assert callable(kiln_trainer.run)
     code = ("import sys, kiln_trainer, kiln_trainer.loop; "
             "print(sorted(m for m in sys.modules if m.startswith("
-            "('kopf', 'kubernetes', 'pyomo', 'kiln.controller', 'kiln.local', 'kiln.cli'))))")
+            "('kopf', 'kubernetes', 'pyomo', 'kiln.controller', 'kiln.local.runner', 'kiln.cli'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -16,7 +16,8 @@ import torch
 from torch.utils import data as torch_data
 
 from kiln import api, models
-from kiln_trainer import batching, loop, parallel
+from kiln_trainer import loop
+from kiln_trainer.distributed import batching, parallel
 from kiln_trainer.freezing import controller
 
 SPEC = api.ModelSpec.model_validate(

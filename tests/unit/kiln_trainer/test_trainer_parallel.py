@@ -1,4 +1,4 @@
-"""kiln_trainer.parallel in one process: setup from torchrun's environment, errors, commands.
+"""kiln_trainer.distributed.parallel in one process: setup from torchrun's environment, errors, commands.
 
 The collectives across real processes (DDP, FSDP, torchrun) are in
 tests/integration/test_trainer_parallel.py.
@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from kiln_trainer import parallel, runtime
+from kiln_trainer import runtime
+from kiln_trainer.distributed import parallel
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -1,4 +1,4 @@
-"""kiln_trainer.sharding without a process group: the optimizer-state key translation.
+"""kiln_trainer.distributed.sharding without a process group: the optimizer-state key translation.
 
 FSDP2 itself (sharding, gathering, loading) runs on two gloo processes in
 tests/integration/test_trainer_parallel.py.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln_trainer import sharding
+from kiln_trainer.distributed import sharding
 
 
 def _stepped() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

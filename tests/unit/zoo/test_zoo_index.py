@@ -1,4 +1,4 @@
-"""Unit tests of kiln.zoo.index (and its parts kiln.zoo.cluster, kiln.zoo.scoring).
+"""Unit tests of kiln.warmstart.index (and its parts kiln.warmstart.clusters, kiln.warmstart.scoring).
 
 Zoos are DirStores in tmp_path with records written by `records.write_record` (tiny weights,
 graphs extracted from kiln.models builders on the meta device). Zoo "variants" are extracted
@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from kiln import models
-from kiln.warmstart import dag, graph, match
-from kiln.zoo import cluster, index, records, scoring, store
+from kiln.warmstart import clusters as cluster
+from kiln.warmstart import dag, graph, index, match, scoring
+from kiln.zoo import records, store
 
 IMAGE = ("image", "classification")
 TEXT = ("text", "language_modeling")
@@ -386,7 +387,7 @@ def test_refresh_adds_a_new_model_to_its_nearest_medoids_cluster(
 
 
 # ----------------------------------------------------------------------------------------------
-# kiln.zoo.cluster and kiln.zoo.scoring on their own
+# kiln.warmstart.clusters and kiln.warmstart.scoring on their own
 
 
 def test_k_medoids_separates_two_obvious_groups_with_the_medoid_as_parent() -> None:

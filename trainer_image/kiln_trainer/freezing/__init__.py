@@ -13,6 +13,6 @@ Modules:
     cache: the fp16 frozen-prefix output cache (RAM, or a memory-mapped file) and prefetcher.
     controller: `Freezer`, the policy that ties them together around any training loop.
 
-Callers: `kiln_trainer.loop` (through `kiln_trainer.freezing_setup`); users' own loops (README,
+Callers: `kiln_trainer.loop` (through `kiln_trainer.freezing.setup`); users' own loops (README,
 "Layer freezing", "In your own loop").
 """

@@ -26,7 +26,7 @@ has stopped changing. `Freezer` runs that policy around any training loop:
 Under data parallelism (DDP) every rank calls the same methods at the same steps. Only rank 0
 (``main=True``) runs the reference worker and takes decisions; the other ranks are followers
 (``main=False``): they keep no plasticity and take rank 0's boundary. `after_step` asks `agree`
-(rank 0's value broadcast, `kiln_trainer.parallel`) for it at every probe step; a loop that
+(rank 0's value broadcast, `kiln_trainer.distributed.parallel`) for it at every probe step; a loop that
 already has one collective per step (`kiln_trainer.loop`) calls the two halves instead,
 ``apply(agreed(propose(step, lr=...)), step)``, and carries rank 0's proposal in it. Both make
 the boundary identical on every rank at the same step; after a change every rank re-wraps

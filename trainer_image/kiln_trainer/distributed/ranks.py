@@ -1,7 +1,7 @@
 """This process's place in a data-parallel run: wrapping, full state and collectives.
 
 `Context` holds rank, W, device and the process groups of one trainer process, as
-`kiln_trainer.parallel.setup` built it from torchrun's environment. With one process (or
+`kiln_trainer.distributed.parallel.setup` built it from torchrun's environment. With one process (or
 parallelism "single") there is no process group and every collective below is the identity, so
 single, DDP and FSDP share one code path (STYLE B6).
 
@@ -17,13 +17,13 @@ single, DDP and FSDP share one code path (STYLE B6).
 * Checkpoints and the zoo hold full tensors keyed like a single process's ``state_dict()``
   (`full_state_dict`, `full_optimizer_state_dict`), so any (parallelism, W) loads any other's.
 
-`kiln_trainer.sharding` (FSDP2) is imported on first use: it takes seconds to import. Control
+`kiln_trainer.distributed.sharding` (FSDP2) is imported on first use: it takes seconds to import. Control
 messages (stop flags, reported losses, rank 0's decisions) use a CPU gloo group, so they never
 force a CUDA synchronisation.
 
-Callers: `kiln_trainer.parallel` (builds it and re-exports it as `parallel.Context`, the name
+Callers: `kiln_trainer.distributed.parallel` (builds it and re-exports it as `parallel.Context`, the name
 the loop, the checkpoints and the tests use). Non-goals: no process-group set-up or launching
-(`kiln_trainer.parallel`), no tensor/pipeline parallelism, no mixed precision, no sharded
+(`kiln_trainer.distributed.parallel`), no tensor/pipeline parallelism, no mixed precision, no sharded
 (distributed-checkpoint) files.
 """
 
@@ -114,7 +114,7 @@ class Context:
         if not self.distributed:
             return model
         if self.parallelism == "fsdp":
-            from kiln_trainer import sharding  # imported lazily: module docstring
+            from kiln_trainer.distributed import sharding
             return sharding.shard(model, self.device, self.world_size)
         if not any(p.requires_grad for p in model.parameters()):
             _log.info("nothing to train in %s: no DDP wrapper", type(model).__name__)
@@ -181,7 +181,7 @@ class Context:
         """
         if self.parallelism != "fsdp" or not self.distributed:
             return raw_model.state_dict()
-        from kiln_trainer import sharding  # imported lazily: module docstring
+        from kiln_trainer.distributed import sharding
         return sharding.full_model_state(wrapped)
 
     def load_full_state_dict(
@@ -198,7 +198,7 @@ class Context:
         if self.parallelism != "fsdp" or not self.distributed:
             raw_model.load_state_dict(state)
             return
-        from kiln_trainer import sharding  # imported lazily: module docstring
+        from kiln_trainer.distributed import sharding
         sharding.load_full_model_state(wrapped, state)
 
     def full_optimizer_state_dict(
@@ -211,7 +211,7 @@ class Context:
         """
         if self.parallelism != "fsdp" or not self.distributed:
             return optimizer.state_dict()
-        from kiln_trainer import sharding  # imported lazily: module docstring
+        from kiln_trainer.distributed import sharding
         return sharding.full_optimizer_state(wrapped, optimizer)
 
     def load_full_optimizer_state_dict(
@@ -236,7 +236,7 @@ class Context:
             return
         if wrapped is None:
             raise ValueError("loading an optimizer state under FSDP needs the sharded model")
-        from kiln_trainer import sharding  # imported lazily: module docstring
+        from kiln_trainer.distributed import sharding
         sharding.load_full_optimizer_state(wrapped, optimizer, state)
 
     # ------------------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ smaller shards slightly more than one process would (relative error below W/R).
 Validation under DDP is sharded by contiguous ranges of the split (`eval_batches` with a
 shard): ranks may get batches of different sizes and counts, so only a forward without
 collectives (the unwrapped model) may run on them. FSDP evaluates the whole split on every
-rank (`kiln_trainer.parallel.Context.eval_shard`).
+rank (`kiln_trainer.distributed.parallel.Context.eval_shard`).
 
 Shapes: indices LongTensor[b] with b = B/W (the local batch). Callers: `kiln_trainer.data`
 re-exports `train_batches`, `eval_batches` and `steps_per_epoch` (the loop calls them there);
-`kiln_trainer.parallel` for the shard of this process. Non-goals: no DistributedSampler
+`kiln_trainer.distributed.parallel` for the shard of this process. Non-goals: no DistributedSampler
 (its padding repeats samples and its positions depend on W), no dataset loading.
 """
 
@@ -89,7 +89,7 @@ def check_shard(shard: Shard, *, batch_size: int | None = None) -> None:
 
     Raises:
         ValueError: world size < 1, rank outside [0, W), or batch_size not a multiple of W.
-            (`kiln_trainer.parallel.Context.local_batch_size` gives the user-facing message.)
+            (`kiln_trainer.distributed.parallel.Context.local_batch_size` gives the user-facing message.)
     """
     rank, world = shard
     if world < 1 or not 0 <= rank < world:

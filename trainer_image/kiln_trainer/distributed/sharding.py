@@ -16,7 +16,7 @@ parallelism. Caveat: loading an optimizer state into FSDP first initialises the 
 zero-learning-rate step (torch's ``set_optimizer_state_dict``), so parameters absent from the
 loaded state (never stepped, e.g. frozen since the start) begin with a step count of 1.
 
-Callers: `kiln_trainer.parallel` only (imported on first FSDP use). Non-goals: no sharded
+Callers: `kiln_trainer.distributed.parallel` only (imported on first FSDP use). Non-goals: no sharded
 checkpoint files (torch.distributed.checkpoint save/load), no mixed precision, no CPU offload
 of parameters.
 """

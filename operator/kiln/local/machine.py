@@ -3,11 +3,11 @@
 `local_devices(slots)` finds them: the GPUs here (at most `slots`), else `slots` CPU worker slots
 (default `default_slots`), each running one trainer process with cores // slots torch threads
 (OMP_NUM_THREADS wins when set). `Devices` also carries the k-process trainer launcher
-(`kiln_trainer.parallel.launch_command`, under torchrun) when the installed trainer takes
+(`kiln_trainer.distributed.parallel.launch_command`, under torchrun) when the installed trainer takes
 ``--parallelism``; without it only single runs are planned here.
 
-Callers: `kiln.runplan` (which re-exports these names for `kiln.cli`) and `kiln.tables`.
-Non-goals: no planning, no launching: `kiln.runplan` plans on these devices and runs the jobs.
+Callers: `kiln.local.runplan` (which re-exports these names for `kiln.cli`) and `kiln.local.tables`.
+Non-goals: no planning, no launching: `kiln.local.runplan` plans on these devices and runs the jobs.
 """
 
 from __future__ import annotations
@@ -93,13 +93,13 @@ def check_slots(slots: int | None) -> str:
 
 
 def _trainer_launcher() -> Launcher | None:
-    """`kiln_trainer.parallel.launch_command` if the installed trainer takes --parallelism.
+    """`kiln_trainer.distributed.parallel.launch_command` if the installed trainer takes --parallelism.
 
     Imported by name at run time (the trainer is a separate package); the probe parses the
     flag with the trainer's own argument parser.
     """
     try:
-        parallel = importlib.import_module("kiln_trainer.parallel")
+        parallel = importlib.import_module("kiln_trainer.distributed.parallel")
         trainer_cli = importlib.import_module("kiln_trainer.cli")
     except ImportError:
         return None

@@ -1,10 +1,10 @@
 """Zoo records in matchable form: one `Entry` per record, its graph prepared once.
 
-Role: the memory side of `kiln.zoo.index`. An `Entry` keeps a record's graph only as arrays
+Role: the memory side of `kiln.warmstart.index`. An `Entry` keeps a record's graph only as arrays
 (`dag.Prepared`, its parent-side segments built once; never networkx: 10,000 models take tens
 of MiB) with the `fingerprint` that keys scores and de-duplicates identical graphs.
 
-Callers: `kiln.zoo.index` (which re-exports `fingerprint`), `kiln.zoo.scorecache`.
+Callers: `kiln.warmstart.index` (which re-exports `fingerprint`), `kiln.warmstart.scorecache`.
 Non-goals: no scoring, no search, no I/O.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, TypeAlias
 
 import networkx as nx
 
-from kiln.warmstart import dag, graph
-from kiln.zoo import records, scoring
+from kiln.warmstart import dag, graph, scoring
+from kiln.zoo import records
 
 GraphInput: TypeAlias = nx.DiGraph | Mapping[str, Any]
 """A graph from `graph.extract`/`graph.from_json`, or its JSON dict (`graph.to_json`)."""

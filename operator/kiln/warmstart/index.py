@@ -9,8 +9,8 @@ array form (`dag.Prepared`, never networkx; 10,000 models take tens of MiB), and
 * Candidates are filtered to the given modality and task BEFORE any scoring.
 * Up to `exhaustive_limit` candidates (1,000, ModelKeeper's `mode_threshold`): all are scored
   with `match.similarity`, in-process when few, else in a persistent process pool
-  (`kiln.zoo.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
-* Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.zoo.cluster`):
+  (`kiln.warmstart.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
+* Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.warmstart.clusters`):
   medoids first, then the members of each medoid's own cluster, best medoid first, until a
   parent reaches `early_exit_similarity` (0.95) or `clustered_pair_budget` pairs were scored.
 * Every query has a deadline: past it the pool's workers are terminated and what was scored
@@ -46,8 +46,9 @@ from typing import Any, Self
 import networkx as nx
 import numpy as np
 
-from kiln.warmstart import dag, graph, match
-from kiln.zoo import cluster, indextypes, prepared, records, scorecache, scoring, store
+from kiln.warmstart import clusters as cluster
+from kiln.warmstart import dag, graph, indextypes, match, prepared, scorecache, scoring
+from kiln.zoo import records, store
 
 # Re-exports: the index's API values (`indextypes`) and `prepared.fingerprint`, so callers
 # (the operator, the CLI, kiln.warmstart.plan, bench/zoo_query.py, tests) keep `index.X`.
@@ -250,7 +251,7 @@ class ZooIndex:
 
     def build_clusters(self, *, restarts: int = 20, seed: int = 0,
                        sample_size: int | None = None) -> list[cluster.BuildStats]:
-        """Cluster every (modality, task) group CLARA-style (`kiln.zoo.cluster`), offline.
+        """Cluster every (modality, task) group CLARA-style (`kiln.warmstart.clusters`), offline.
 
         Scoring runs in a pool of its own, without holding the index: queries keep being
         answered meanwhile. Cost: s^2 + (N - s) * k pair scores per group (N = 10,000: about

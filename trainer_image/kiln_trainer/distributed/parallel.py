@@ -7,7 +7,7 @@ collective of the context is the identity, so single, DDP and FSDP share one cod
 B6).
 
 Semantics (issue 5 item 1). ``spec.training.batchSize`` is the *global* batch B: each of the W
-ranks trains on its contiguous B/W share of every global batch (`kiln_trainer.batching`), and
+ranks trains on its contiguous B/W share of every global batch (`kiln_trainer.distributed.batching`), and
 DDP averages the ranks' gradients, so a step equals the single-process step on the same B
 samples up to float rounding. Caveat: BatchNorm normalises with per-rank batch statistics
 (B/W samples) in training mode, as in torchvision's reference recipe without ``--sync-bn``;
@@ -15,7 +15,7 @@ SyncBatchNorm is not used (torch runs it on GPUs only), so nets with BatchNorm m
 single process only approximately, and exactly when their BN layers are in eval mode.
 
 `Context` itself (wrapping after freezing decisions, full state for checkpoints and the zoo,
-the control collectives) lives in `kiln_trainer.ranks` and is re-exported here, so callers
+the control collectives) lives in `kiln_trainer.distributed.ranks` and is re-exported here, so callers
 write `parallel.Context`.
 
 `launch_command` gives the one-node torchrun command; pods spanning nodes would add ``--nnodes
@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import distributed as dist
 
-from kiln_trainer import ranks, runtime
+from kiln_trainer import runtime
+from kiln_trainer.distributed import ranks
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ PARALLELISMS = ("single", "ddp", "fsdp")
 DEVICE_KINDS = ("cpu", "cuda")
 
 
-# Re-export: the context `setup` returns (kiln_trainer.ranks).
+# Re-export: the context `setup` returns (kiln_trainer.distributed.ranks).
 Context = ranks.Context
 
 

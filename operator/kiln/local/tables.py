@@ -16,10 +16,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, local, machine, models, runplan
+from kiln import api, models
+from kiln.local import machine, runplan
+from kiln.local import runner as local
 from kiln.placement import estimate, profile, types
-from kiln.warmstart import select
-from kiln.zoo import indextypes, records
+from kiln.warmstart import indextypes, select
+from kiln.zoo import records
 
 SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
 """Short names of the target metrics for table cells."""

@@ -1,6 +1,6 @@
 """Score blocks of (parent, child) graph pairs in-process or in a process pool, with a deadline.
 
-Role: the engine under `kiln.zoo.index`: given prepared graphs (`dag.Prepared`, arrays only;
+Role: the engine under `kiln.warmstart.index`: given prepared graphs (`dag.Prepared`, arrays only;
 never networkx graphs) it fills a similarity grid [parents x children], as ModelKeeper's
 `query_scores` does with its process pool and batch timeout (Lai et al., NSDI '23; code digest
 shared/research/modelkeeper.md §1.3 "process-parallel scoring"):
@@ -21,7 +21,7 @@ shared/research/modelkeeper.md §1.3 "process-parallel scoring"):
   that dies fails only its tasks. A scorer that raises `ValueError`, `ArithmeticError`,
   `IndexError` or `MemoryError` fails only its pair (NaN), its message kept in `Grid.errors`.
 
-Callers: `kiln.zoo.index` only. Non-goals: no caching, no de-duplication, no ids (the index does
+Callers: `kiln.warmstart.index` only. Non-goals: no caching, no de-duplication, no ids (the index does
 those), no I/O.
 """
 

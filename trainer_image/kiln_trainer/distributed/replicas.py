@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from kiln_trainer import parallel
+from kiln_trainer.distributed import parallel
 
 _log = logging.getLogger(__name__)
 

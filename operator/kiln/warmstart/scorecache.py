@@ -1,12 +1,12 @@
 """Scoring one query's child against zoo parents by record id, through an LRU score cache.
 
-Role: the per-query half of `kiln.zoo.index` (module docstring there). `score_ids` looks each
+Role: the per-query half of `kiln.warmstart.index` (module docstring there). `score_ids` looks each
 parent up in the `ScoreCache` (keyed by (parent id, child graph fingerprint)), groups the misses
 by parent graph fingerprint so identical graphs are scored once, hands them to the
 `scoring.PairScorer` with the query's deadline, and records scores, failures (NaN) and cache
 entries in the query's `Search`.
 
-Callers: `kiln.zoo.index` only, holding its lock around every call. Non-goals: no candidate
+Callers: `kiln.warmstart.index` only, holding its lock around every call. Non-goals: no candidate
 filtering or ranking, no clusters, no process pool (`scoring`), no locking, no I/O.
 """
 
@@ -18,8 +18,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 
-from kiln.warmstart import dag
-from kiln.zoo import prepared, scoring
+from kiln.warmstart import dag, prepared, scoring
 
 _log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from kiln import api
-from kiln_trainer import data, events, parallel
+from kiln_trainer import data, events
+from kiln_trainer.distributed import parallel
 from kiln_trainer.freezing import controller as freezing
 from kiln_trainer.freezing import partition as partitions
 

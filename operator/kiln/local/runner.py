@@ -11,11 +11,11 @@ job fails at once instead of overwriting the first one's log and checkpoint. A t
 ends by SIGINT or SIGTERM (Ctrl-C reaches the whole process group, so it may notice first) is an
 interruption, not a failure. Trainer text is printed as plain text, never as rich markup.
 
-Several jobs over several devices, concurrently under a plan, is `kiln.runplan`, which uses the
+Several jobs over several devices, concurrently under a plan, is `kiln.local.runplan`, which uses the
 trainer-process helpers here (`write_job_file`, `trainer_env`, `read_events`, `new_progress`,
 `show`, `tail`, `job_locks`) and reports `JobOutcome.placement`.
 
-Callers: `kiln.cli`, `kiln.runplan`. Non-goals: no placement (`run_jobs` runs jobs in order),
+Callers: `kiln.cli`, `kiln.local.runplan`. Non-goals: no placement (`run_jobs` runs jobs in order),
 no kopf.
 """
 
@@ -109,7 +109,7 @@ class Placement:
 @dataclasses.dataclass(frozen=True)
 class JobOutcome:
     """One finished job: its name, architecture, the trainer's result JSON and, when it ran
-    under a plan (`kiln.runplan`), its placement."""
+    under a plan (`kiln.local.runplan`), its placement."""
 
     name: str
     architecture: str

@@ -1,10 +1,10 @@
 """Values of the zoo index's API: its settings and defaults, query results, refresh reports.
 
-Role: the data `kiln.zoo.index.ZooIndex` takes and returns, apart from the mechanism, so the
+Role: the data `kiln.warmstart.index.ZooIndex` takes and returns, apart from the mechanism, so the
 index module holds only the index. Every name here is re-exported by `index` (callers write
 `index.IndexSettings`, `index.QueryResult`, ...).
 
-Callers: `kiln.zoo.index`. Non-goals: no behaviour beyond `QueryResult.best`, no I/O.
+Callers: `kiln.warmstart.index`. Non-goals: no behaviour beyond `QueryResult.best`, no I/O.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from kiln.zoo import records, scoring
+from kiln.warmstart import scoring
+from kiln.zoo import records
 
 EXHAUSTIVE_LIMIT = 1000
 """Score every compatible candidate up to this many (ModelKeeper's mode_threshold)."""

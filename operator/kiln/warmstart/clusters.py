@@ -40,7 +40,7 @@ tests/unit/zoo/test_zoo_index.py. Stop once the best similarity reaches the earl
 (0.95), once a pair budget is spent (ours: bounds a query when no parent is that close), or at
 the deadline.
 
-Callers: `kiln.zoo.index` only (`ZooIndex.build_clusters`, `refresh`, `query`). Non-goals: no
+Callers: `kiln.warmstart.index` only (`ZooIndex.build_clusters`, `refresh`, `query`). Non-goals: no
 scoring (callbacks do it), no cache, no I/O, no torch.
 """
 

@@ -1,16 +1,16 @@
 """Several jobs at once on this machine, under a plan (issue 5 item 5; DESIGN.md sections 1, 6).
 
 `kiln run A.yaml B.yaml ... [--slots N]` with several jobs and devices. Devices
-(`kiln.machine`): the GPUs here (at most N), else N CPU worker slots (default
+(`kiln.local.machine`): the GPUs here (at most N), else N CPU worker slots (default
 `default_slots`), each running one trainer process with cores // N torch threads
 (OMP_NUM_THREADS wins when set). A config with k > 1
-runs k processes under torchrun (`kiln_trainer.parallel.launch_command`; DDP over gloo on CPU,
+runs k processes under torchrun (`kiln_trainer.distributed.parallel.launch_command`; DDP over gloo on CPU,
 NCCL on GPUs) once the installed trainer takes ``--parallelism``; until then every job runs
 single on one device. Jobs fixing ``spec.resources.gpus`` count CPU slots here.
 
 Plan: `estimate.configs` per job (zoo, else the `kiln profile` cache, else FLOPs) on one node
 "local" with N devices, `plan.plan` (heuristic, then the MILP), printed before anything starts
-(`kiln.tables.plan`). Running follows Saturn's per-node queue (research digest 7.7): jobs start
+(`kiln.local.tables.plan`). Running follows Saturn's per-node queue (research digest 7.7): jobs start
 in planned order, the head as soon as its k devices are free (never by wall clock), so at most
 N devices are ever busy. When a job ends, the queued jobs are re-planned (`plan.replan`,
 heuristic only, kept unless clearly beaten) with running jobs pinned for their measured
@@ -32,7 +32,7 @@ per job, its config, devices, state and planned and actual start and end (second
 run began), written however the run ends.
 
 Callers: `kiln.cli`. Non-goals: no multi-node runs, no moving a running job to another k; no
-device discovery (`kiln.machine`).
+device discovery (`kiln.local.machine`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, TaskID
 
-from kiln import api, local, machine
+from kiln import api
+from kiln.local import machine
+from kiln.local import runner as local
 from kiln.placement import estimate, plan, types
 from kiln.zoo import records, store
 
