@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kiln-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install prometheus bench clean
+.PHONY: demo test docs install prometheus bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,11 +29,15 @@ demo: $(STAMP)
 	$(VENV)/bin/kiln run --slots 1 examples/digits-resnet.yaml examples/digits-resnet-deeper.yaml
 	$(VENV)/bin/kiln run --slots 2 examples/sweep/*.yaml
 
-test: $(STAMP) prometheus
+# The docs site first: --strict fails on a broken link or anchor (site/ is git-ignored).
+test: $(STAMP) prometheus docs
 	$(PY) -m pytest -q tests
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 bench: $(STAMP)
 	$(PY) bench/trainer.py
 
 clean:
-	rm -rf $(VENV) .kiln
+	rm -rf $(VENV) .kiln site

@@ -1,8 +1,7 @@
-"""Shared plumbing for Kiln's benchmarks: result files and plots (DESIGN.md section 8).
+"""Shared plumbing for Kiln's benchmarks: result files and plots.
 
-Every benchmark prints a table, writes `bench/results/<name>.json` with a top-level
-`summary` object, and a PNG plot beside it. Benchmarks are not tests: nothing here
-asserts on speed.
+Every benchmark prints a table, writes `bench/results/<name>.json` with a top-level `summary`
+object, and a PNG plot beside it. Benchmarks are not tests: nothing here asserts on speed.
 """
 
 from __future__ import annotations

@@ -1,44 +1,7 @@
-"""Layer freezing (Egeria): time-to-target of full training, Kiln freezing and a fixed schedule.
+"""Layer freezing (Egeria): time to target of full training, Kiln's freezing and a fixed schedule.
 
-1. Arms. For each case (a CNN and a ResNet on scikit-learn digits, a character transformer on
-   Kiln's own Python sources) and seed, three arms train the same job from the same initial
-   weights on the same batches: ``full`` (no freezing); ``kiln`` (the job's default policy, set
-   up by `loop.start_freezing`: `controller.Settings.from_job` and a `Freezer` with its int8
-   reference process); ``fixed`` (FreezeOut-like, Brock et al. 2017: block k of the prefix Kiln
-   may freeze goes at step t_k, linearly spaced from 30% to 80% of the budget, the head never;
-   a `Freezer(main=False)` with no reference process and no learning-rate rule, moved by
-   `Freezer.set_boundary`). All run through the trainer's own pieces: `loop.train_one_epoch`
-   (``freezer=``, ``first_step=``), `kiln_trainer.data`, `kiln_trainer.optim`, `loop.evaluate`;
-   one process, one torch thread. Recipe: Egeria's own setting, a step schedule (the learning
-   rate drops tenfold halfway, which is also Kiln's unfreeze event).
-2. Interleaving. The arms advance in lockstep, `Case.eval_every` steps at a time, round robin
-   (the order rotates every round), each chunk followed by that arm's evaluation, so load
-   changes on this shared machine hit the arms alike. An arm's training clock sums its
-   `train_one_epoch` seconds (and the fixed arm's `set_boundary` calls); evaluations and setup
-   are off it. The reference process is started, and its first snapshot made, before training
-   (its start-up, mostly imports, is reported apart: a one-off per job). Its later CPU work
-   (refreshes, probes) answers the kiln arm's own probes, so it mostly overlaps that arm's
-   chunks and, on this CPU-only box, slows its clock; it is also reported as
-   ``reference_cpu_ratio`` (reference CPU seconds / training seconds).
-3. Measures. A case's target is TARGET_FRACTION (98%) of the full arm's final accuracy (median
-   over seeds), a rule fixed before the run. Time to target: the training clock at the first
-   evaluation meeting it (an arm that never does counts its whole budget, flagged); also steps
-   and backward FLOPs to target (`Freezer.backward_flops_skipped` so far), final accuracy, and
-   the Freezer's summary (freeze/unfreeze events, skipped share, saved-seconds estimate,
-   reference CPU seconds). Ratios are full / arm per seed, median over seeds, then over cases;
-   deltas are arm - full, in accuracy points.
-4. Idle overhead. ``full`` against ``idle`` (the same job with ``freezing.tolerance`` 1e-9: the
-   probes, refreshes and reference process all run, nothing converges), lockstep, over the same
-   steps: the ratio of their training clocks, median over IDLE_REPEATS fresh pairs and over
-   cases, at the default probe cadence; also for the first case at SPARSE_CHECK_EVERY_STEPS.
-
-Writes bench/results/freezing.json (`summary`: `median_tta_ratio`, `worst_final_metric_delta`,
-`median_backward_flops_skipped`, `idle_overhead_ratio`, `beats_fixed_schedule`, ...) and
-bench/results/freezing.png; `--quick` (CI smoke: one small CNN, one seed, a tiny budget) writes
-freezing_quick.* instead. A spawned reference process imports this file, hence the main guard.
-The full run takes 10 to 20 minutes on a loaded 2-core machine. Length: about 600 lines, past
-the 400 aimed at; one benchmark (arms, lockstep driver, summary, table, plot) read together.
-
+Writes bench/results/freezing.json and .png (`--quick`, a CI smoke: freezing_quick.*); a spawned
+reference process imports this file, hence the main guard. 10-20 minutes on 2 loaded cores.
     OMP_NUM_THREADS=1 python bench/freezing.py [--quick] [--seeds 0,1,2] [--cases cnn,resnet]
 """
 
@@ -65,7 +28,9 @@ import common
 
 from kiln import api, models
 from kiln_trainer import data, events, loop, optim, runtime
+from kiln_trainer.distributed import batching
 from kiln_trainer.freezing import controller
+from kiln_trainer.freezing import setup as freezing_setup
 
 NAME = "freezing"
 ARMS = ("full", "kiln", "fixed")
@@ -76,7 +41,7 @@ TARGET_FRACTION = 0.98
 FIXED_SPAN = (0.3, 0.8)  # the fixed schedule's first and last freeze, as budget fractions
 SPARSE_CHECK_EVERY_STEPS = 8  # the second idle measurement's probe cadence
 IDLE_REPEATS = 2  # fresh full/idle pairs per case: this machine's load moves between minutes
-IDLE_TOLERANCE = 1e-9  # freezing.tolerance of the idle arm: no block ever counts as converged
+IDLE_TOLERANCE = 1e-9  # the idle arm's tolerance and peakFraction: no block ever converges
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,9 +117,20 @@ def write_corpus(directory: Path) -> tuple[Path, dict[str, Any]]:
 class Arm:
     """One training run of a job, advanced a chunk at a time through the trainer's own step.
 
+    For each case (a CNN and a ResNet on scikit-learn digits, a character transformer on Kiln's
+    own Python sources) and seed, three arms train the same job from the same initial weights
+    on the same batches: ``full`` (no freezing); ``kiln`` (the job's default policy, set up by
+    `freezing.setup.start`, with its int8 reference process); ``fixed`` (FreezeOut-like, Brock
+    et al. 2017: block k of the prefix Kiln may freeze goes at step t_k, linearly spaced from
+    30% to 80% of the budget, the head never; a `Freezer(main=False)` with no reference
+    process and no learning-rate rule, moved by `Freezer.set_boundary`). All run through the
+    trainer's own pieces (`loop.train_one_epoch`, `loop.evaluate`, `kiln_trainer.data`,
+    `kiln_trainer.optim`), one process, one torch thread, on Egeria's own recipe: a step
+    schedule whose tenfold drop halfway is also Kiln's unfreeze event.
+
     Args:
         name: "full", "kiln", "fixed" or "idle".
-        job: the job (the idle arm's carries its tolerance).
+        job: the job (the idle arm's carries its thresholds).
         splits: the loaded data; `spe`: steps per epoch.
     """
 
@@ -171,8 +147,9 @@ class Arm:
         self.info = io.StringIO()
         began = time.perf_counter()
         if name in ("kiln", "idle"):
-            self.freezer = loop.start_freezing(job, self.model, splits, self.optimizer, spe,
-                                               events.EventWriter(self.info, termination_log=None))
+            self.freezer = freezing_setup.start(
+                job, self.model, splits, self.optimizer, spe,
+                events.EventWriter(self.info, termination_log=None))
         elif name == "fixed":
             settings = controller.Settings.from_job(spec, steps_per_epoch=spe)
             validation, train = splits.validation, splits.train
@@ -210,7 +187,7 @@ class Arm:
         while self.step < until:
             if self.epoch_batch >= self.spe:
                 self.epoch, self.epoch_batch = self.epoch + 1, 0
-                self.batches = iter(data.train_batches(
+                self.batches = iter(batching.train_batches(
                     self.splits.train, batch_size=self.spec.training.batch_size,
                     seed=self.spec.training.seed, epoch=self.epoch,
                     with_indices=self.freezer is not None))
@@ -275,11 +252,21 @@ def _process_cpu_seconds(pid: int | None) -> float | None:
 
 
 def run_case(case: Case, seed: int, *, corpus: Path | None, order: int) -> dict[str, Any]:
-    """The three arms of one (case, seed), in lockstep; their records."""
+    """The three arms of one (case, seed), in lockstep; their records.
+
+    The arms advance `Case.eval_every` steps at a time, round robin (the order rotates every
+    round), each chunk followed by that arm's evaluation, so load changes on this shared
+    machine hit the arms alike. An arm's training clock sums its `train_one_epoch` seconds (and
+    the fixed arm's `set_boundary` calls); evaluations and setup are off it. The reference
+    process is started, and its first snapshot made, before training (its start-up, mostly
+    imports, is reported apart: a one-off per job). Its later CPU work answers the kiln arm's
+    own probes, so it mostly overlaps that arm's chunks and, on this CPU-only box, slows its
+    clock; it is also reported as ``reference_cpu_ratio`` (reference CPU / training seconds).
+    """
     job = make_job(case, seed=seed, corpus=corpus)
     splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape,
                        seed=job.spec.dataset.split_seed)
-    spe = data.steps_per_epoch(splits.train, batch_size=case.batch_size)
+    spe = batching.steps_per_epoch(splits.train, batch_size=case.batch_size)
     arms = {name: Arm(name, job, splits, spe) for name in ARMS}
     startup = arms["kiln"].wait_for_reference()
     names = list(ARMS)
@@ -302,15 +289,19 @@ def measure_idle(case: Case, seed: int, *, corpus: Path | None, steps: int, repe
                  check_every_steps: int | None = None) -> dict[str, Any]:
     """Training clocks of `full` and `idle` (probes and reference running, nothing freezes),
     `repeats` times with fresh arms; `check_every_steps`: the probe cadence (None: the
-    default, 8 probes per epoch). The ratio is the median over repeats of idle / full."""
+    default, 8 probes per epoch). The ratio is the median over repeats of idle / full.
+
+    The idle arm is the same job with ``freezing.tolerance`` and ``freezing.peakFraction``
+    1e-9: the probes, refreshes and reference process all run, nothing converges.
+    """
     job = make_job(case, seed=seed, corpus=corpus)
-    knobs: dict[str, Any] = {"tolerance": IDLE_TOLERANCE}
+    knobs: dict[str, Any] = {"tolerance": IDLE_TOLERANCE, "peakFraction": IDLE_TOLERANCE}
     if check_every_steps:
         knobs["checkEverySteps"] = check_every_steps
     idle_job = make_job(case, seed=seed, corpus=corpus, freezing=knobs)
     splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape,
                        seed=job.spec.dataset.split_seed)
-    spe = data.steps_per_epoch(splits.train, batch_size=case.batch_size)
+    spe = batching.steps_per_epoch(splits.train, batch_size=case.batch_size)
     runs = []
     for _ in range(repeats):
         arms = {"full": Arm("full", job, splits, spe), "idle": Arm("idle", idle_job, splits, spe)}
@@ -326,7 +317,7 @@ def measure_idle(case: Case, seed: int, *, corpus: Path | None, steps: int, repe
                      "reference_alive": idle.get("reference_alive"), "info": idle["info"]})
 
     def total(key: str) -> float:
-        return round(sum(r[key] for r in runs), 3)
+        return round(float(sum(r[key] for r in runs)), 3)
 
     return {"steps": steps, "repeats": runs, "check_every_steps": controller.Settings.from_job(
                 idle_job.spec, steps_per_epoch=spe).check_every_steps,
@@ -347,7 +338,16 @@ def to_target(record: dict[str, Any], *, target: float, total_steps: int) -> dic
 
 def summarize(runs: dict[str, dict[int, Any]], cases: list[Case], idle: dict[str, Any]
               ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Per-case medians over seeds of paired ratios and deltas; the summary over cases."""
+    """Per-case medians over seeds of paired ratios and deltas; the summary over cases.
+
+    A case's target is TARGET_FRACTION of the full arm's final accuracy (median over seeds), a
+    rule fixed before the run. Time to target: the training clock at the first evaluation
+    meeting it (an arm that never does counts its whole budget, flagged); also steps and
+    backward FLOPs to target, final accuracy, and the Freezer's summary. Ratios are full / arm
+    per seed, median over seeds, then over cases; deltas are arm - full, in accuracy points.
+    The summary holds `median_tta_ratio`, `worst_final_metric_delta`,
+    `median_backward_flops_skipped`, `idle_overhead_ratio`, `beats_fixed_schedule`, ...
+    """
     per_case: dict[str, Any] = {}
     for case in cases:
         row: dict[str, Any] = {}

@@ -1,27 +1,23 @@
-"""Operator scale: 1,000 TrainingJobs submitted at once to an emulated cluster.
-
-The real operator (``python -m kiln.controller``, default settings but a 2 s placement
-interval) runs against kmock's Kubernetes emulator (tests/kubesim: the e2e tests' harness) with
-16 nodes of 8 GPUs and an empty directory zoo (every job cold-starts; the warm-start search
-itself is measured by bench/zoo_query.py). The jobs are a mix of small CNNs and ResNets on
-digits with 5-40 epochs and automatic GPUs, so the planner chooses k per job. No kubelet runs:
-created pods stay Pending and hold their GPUs, as on a busy cluster.
-
-Measured:
-
-* ``seconds_to_place_1000``: from the first submission until every job has a placement
-  decision in its status (status.placement: started now, or planned node and start);
-* reconcile latency: per job, from its creation request to the operator's first status write
-  (admission: validated, warm-start decided, queued), p50 and p99;
-* ``peak_rss_bytes``: the operator process's peak resident memory (VmHWM).
-
-Writes bench/results/operator.json (``summary`` {seconds_to_place_1000, reconcile_p50_seconds,
-reconcile_p99_seconds, peak_rss_bytes, jobs, ...}) and operator.png (jobs placed over time,
-latency CDF). ``--quick`` submits 50 jobs and writes operator_quick.*. Needs the test extra
-(kmock).
+"""Operator scale: 1,000 TrainingJobs submitted at once to an emulated cluster (needs kmock).
 
     python bench/operator.py [--quick] [--jobs 1000]
+
+Writes bench/results/operator.json and operator.png (``--quick``: 50 jobs, operator_quick.*).
 """
+
+# The real operator (``python -m kiln.controller``, default settings but a 2 s placement
+# interval) runs against kmock's Kubernetes emulator (tests/kubesim: the e2e tests' harness) with
+# 16 nodes of 8 GPUs and an empty directory zoo (every job cold-starts; the warm-start search
+# itself is measured by bench/zoo_query.py). The jobs are a mix of small CNNs and ResNets on
+# digits with 5-40 epochs and automatic GPUs, so the planner chooses k per job. No kubelet runs:
+# created pods stay Pending and hold their GPUs, as on a busy cluster.
+#
+# Measured (``summary`` of the JSON, with the job count and settings):
+# * ``seconds_to_place_1000``: from the first submission until every job has a placement
+#   decision in its status (status.placement: started now, or planned node and start);
+# * ``reconcile_p50_seconds``, ``reconcile_p99_seconds``: per job, from its creation request to
+#   the operator's first status write (admission: validated, warm-start decided, queued);
+# * ``peak_rss_bytes``: the operator process's peak resident memory (VmHWM).
 
 from __future__ import annotations
 

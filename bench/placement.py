@@ -10,8 +10,8 @@ durations by exp(N(0, 0.1)) per job and config (profiles carry +-5-10% error); t
 
 Policies, side by side on the same jobs and noise: whole-node FIFO ("current practice" in
 Saturn, VLDB'24), fixed-k FIFO (k = FIXED_K), the heuristic (min-area/knee + longest-first),
-the MILP (time-indexed Model A, heuristic warm start, HiGHS; digest section 7.2) planned once,
-and MILP + re-planning (`plan.replan` on arrivals and periodically, threshold and freeze
+the MILP (time-indexed, heuristic warm start, HiGHS) planned once,
+and MILP + re-planning (`planner.replan` on arrivals and periodically, threshold and freeze
 window; its first plan is the MILP policy's, reused). Reports simulated makespan and its ratio
 to whole-node FIFO, mean completion time, GPU utilisation, the planned makespan's gap to the
 lower bound (area / longest job, on the estimates the planner saw), and planning seconds
@@ -46,7 +46,7 @@ import placement_workload as workload
 from rich.console import Console
 from rich.table import Table
 
-from kiln.placement import heuristic, plan, simulate, types
+from kiln.placement import heuristic, planner, simulate, types
 
 NAME = "placement"
 FIXED_K = 2
@@ -92,7 +92,7 @@ def policy_functions(settings: types.Settings, replan_settings: types.Settings
                      ) -> dict[str, simulate.Policy]:
     """The five policies; MILP+re-planning reuses the MILP policy's first plan."""
     first: dict[str, types.Plan] = {}
-    milp_once = simulate.planner(settings, replanning=False)
+    milp_once = simulate.kiln_policy(settings, replanning=False)
 
     def milp(snapshot: types.Snapshot, current: types.Plan | None) -> types.Plan:
         chosen = milp_once(snapshot, current)
@@ -103,11 +103,11 @@ def policy_functions(settings: types.Settings, replan_settings: types.Settings
     def milp_replanning(snapshot: types.Snapshot, current: types.Plan | None) -> types.Plan:
         if current is None and "plan" in first:
             return first.pop("plan")
-        return plan.replan(current, snapshot, replan_settings)
+        return planner.replan(current, snapshot, replan_settings)
 
     return {POLICIES[0]: simulate.whole_node_fifo(), POLICIES[1]: simulate.fixed_k_fifo(FIXED_K),
-            POLICIES[2]: simulate.planner(dataclasses.replace(settings, use_milp=False),
-                                          replanning=False),
+            POLICIES[2]: simulate.kiln_policy(dataclasses.replace(settings, use_milp=False),
+                                              replanning=False),
             POLICIES[3]: milp, POLICIES[4]: milp_replanning}
 
 

@@ -1,35 +1,7 @@
 """Warm start (ModelKeeper): time-to-target of warm vs cold runs, with ablations, in one run.
 
-1. Zoo. Trains the ZOO architectures (cold, real data: scikit-learn digits) with registration
-   into a DirStore in a temporary directory, once per seed: the trainer splits train and
-   validation by `spec.training.seed`, so a parent trained on another seed's split has seen
-   most of the child's validation images; one zoo per seed keeps every parent off them.
-2. Variants. For each other architecture (deeper, wider, other block counts, one from a family
-   the zoo lacks) and seed, four arms run interleaved (the order rotates), same seed, same
-   recipe, same epoch budget, no registration (the zoo stays fixed), fresh checkpoints:
-   cold (warmStart disabled); chosen (the default plan picks the parent); exact (only
-   the chosen parent's tensors whose name and shape match are loaded, what Hugging Face's
-   ``ignore_mismatched_sizes`` gives: no transform, no learning-rate damping;
-   `kiln_trainer.loop.main(init_state=...)`); random (a random other zoo model, pinned).
-3. Measures. Every arm runs the whole budget with stopAtTarget false, so one run gives both the
-   time to target (the trainer's clock, first evaluation at or above the target, evaluations
-   every EVAL_EVERY steps) and the final metric. Steps and FLOPs to target are exact (this
-   shared 2-core machine distorts seconds); FLOPs are `torch.utils.flop_counter` matmul/conv
-   FLOPs: 3x forward per training sample plus the evaluations. The trainer's clock starts after
-   warm start, so the parent search and transform are timed here (`plan.plan` + `plan.apply`)
-   and reported as overhead, with a ratio that includes it. The accuracy of each warm arm's
-   initial weights (before any step) shows how much of the parent's function survived.
-
-Ratios are cold / arm per seed (paired), median over seeds per variant, median over variants.
-An arm that never reaches the target counts at its whole budget (a bound; see `unreached`); a
-warm arm whose initial weights already meet it counts at the first evaluation, so its ratio is a
-lower bound (`chosen_at_target_before_training`). Targets are per recipe (RECIPES): the small
-ViT does not reach the conv nets' 0.97 in the budget. One torch thread throughout; the full run
-takes about 20 minutes on a loaded 2-core machine.
-Writes bench/results/warmstart.json (`summary.median_tta_ratio`, `median_steps_ratio`,
-`worst_final_metric_delta` (accuracy points, warm minus cold), `ablations`, ...) and
-bench/results/warmstart.png; `--quick` (CI smoke: 2 zoo models, 2 variants, 1 seed, a tiny
-budget) writes warmstart_quick.* instead, so it never overwrites the full run's results.
+Writes bench/results/warmstart.json and .png, or warmstart_quick.* with ``--quick`` (method in
+the comment below the imports).
 
     OMP_NUM_THREADS=1 python bench/warmstart.py [--quick] [--seeds 0,1,2]
 """
@@ -59,10 +31,43 @@ from torch.utils import flop_counter
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
-from kiln import api, models
-from kiln.warmstart import plan
+from kiln import api, contract, models
+from kiln.warmstart import decision, select
 from kiln.zoo import records, store
-from kiln_trainer import data, evaluation, loop
+from kiln_trainer import data, loop
+from kiln_trainer.distributed import batching
+
+# 1. Zoo. Trains the ZOO architectures (cold, real data: scikit-learn digits) with registration
+#    into a DirStore in a temporary directory, once per seed: the trainer splits train and
+#    validation by `spec.training.seed`, so a parent trained on another seed's split has seen
+#    most of the child's validation images; one zoo per seed keeps every parent off them.
+# 2. Variants. For each other architecture (deeper, wider, other block counts, one from a family
+#    the zoo lacks) and seed, four arms run interleaved (the order rotates), same seed, same
+#    recipe, same epoch budget, no registration (the zoo stays fixed), fresh checkpoints:
+#    cold (warmStart disabled); chosen (the default plan picks the parent); exact (only
+#    the chosen parent's tensors whose name and shape match are loaded, what Hugging Face's
+#    ``ignore_mismatched_sizes`` gives: no transform, no learning-rate damping;
+#    `kiln_trainer.loop.main(init_state=...)`); random (a random other zoo model, pinned).
+# 3. Measures. Every arm runs the whole budget with stopAtTarget false, so one run gives both the
+#    time to target (the trainer's clock, first evaluation at or above the target, evaluations
+#    every EVAL_EVERY steps) and the final metric. Steps and FLOPs to target are exact (this
+#    shared 2-core machine distorts seconds); FLOPs are `torch.utils.flop_counter` matmul/conv
+#    FLOPs: 3x forward per training sample plus the evaluations. The trainer's clock starts after
+#    warm start, so the parent search and transform are timed here (`decision.decide` +
+#    `decision.apply`) and reported as overhead, with a ratio that includes it. The accuracy of
+#    each warm arm's initial weights (before any step) shows how much of the parent's function
+#    survived.
+#
+# Ratios are cold / arm per seed (paired), median over seeds per variant, median over variants.
+# An arm that never reaches the target counts at its whole budget (a bound; see `unreached`); a
+# warm arm whose initial weights already meet it counts at the first evaluation, so its ratio is a
+# lower bound (`chosen_at_target_before_training`). Targets are per recipe (RECIPES): the small
+# ViT does not reach the conv nets' 0.97 in the budget. One torch thread throughout; the full run
+# takes about 20 minutes on a loaded 2-core machine.
+# Writes bench/results/warmstart.json (`summary.median_tta_ratio`, `median_steps_ratio`,
+# `worst_final_metric_delta` (accuracy points, warm minus cold), `ablations`, ...) and
+# bench/results/warmstart.png; `--quick` (CI smoke: 2 zoo models, 2 variants, 1 seed, a tiny
+# budget) writes warmstart_quick.* instead, so it never overwrites the full run's results.
 
 NAME = "warmstart"
 ARMS = ("cold", "chosen", "exact", "random")
@@ -147,20 +152,22 @@ def make_job(arch: Arch, *, name: str, seed: int, budget: Budget, warm: bool,
 
 
 def train(job: api.TrainingJob, *, zoo_uri: str | None, workdir: Path, register: bool = False,
-          parent: str | None = None, init_state: dict[str, torch.Tensor] | None = None,
-          ) -> dict[str, Any]:
+          warm_decision: select.Decision | None = None,
+          init_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Run the trainer in process; the result plus the evaluation curve and step to target."""
     out, began = io.StringIO(), time.perf_counter()
     result = loop.main(job, zoo_uri=zoo_uri, register=register, checkpoint_dir=workdir / "ckpt",
-                       resume=False, parent=parent, out=out, termination_log=None,
+                       resume=False, warm_decision=warm_decision, out=out, termination_log=None,
                        init_state=init_state)
     call_seconds = time.perf_counter() - began
     curve, last = [], None
     for line in out.getvalue().splitlines():
-        event = json.loads(line)
-        point = (event.get("validation_accuracy"), event.get("validation_loss"))
-        if event["event"] == "progress" and point[0] is not None and point != last:
-            curve.append([event["step"], round(point[0], 4)])  # an evaluation's own event
+        event = contract.from_line(line)
+        if not isinstance(event, contract.Progress):
+            continue
+        point = (event.validation_accuracy, event.validation_loss)
+        if point[0] is not None and point != last:
+            curve.append([event.step, round(point[0], 4)])  # an evaluation's own event
             last = point
     target = job.spec.target.value  # type: ignore[union-attr]
     hit = next((step for step, acc in curve if acc >= target), None)
@@ -198,12 +205,12 @@ def prepare_arms(job: api.TrainingJob, zoo: store.DirStore, zoo_labels: dict[str
     """Plan as the trainer will (timed), build the exact-shape state, pick the random parent,
     and measure each warm arm's accuracy before training."""
     began = time.perf_counter()
-    decision = plan.plan(job, zoo)
+    decided = decision.decide(job, zoo)
     fresh = models.build(job.spec.model)
-    applied = plan.apply(decision, zoo, fresh, job.spec.model.input_shape,
-                         seed=job.spec.training.seed)
+    applied = decision.apply(decided, zoo, fresh, job.spec.model.input_shape,
+                             seed=job.spec.training.seed)
     overhead = time.perf_counter() - began
-    chosen = applied.decision.parent_id
+    chosen = decided.parent_id
     child_state = fresh.state_dict()
     exact: dict[str, torch.Tensor] = {}
     if chosen is not None:
@@ -212,21 +219,23 @@ def prepare_arms(job: api.TrainingJob, zoo: store.DirStore, zoo_labels: dict[str
                  if k in child_state and v.shape == child_state[k].shape}
     others = sorted(i for i in zoo_labels if i != chosen)
     random_id = rng.choice(others)
-    rand = plan.apply(plan.plan(job.model_copy(update={"spec": job.spec.model_copy(update={
-        "warm_start": job.spec.warm_start.model_copy(update={"parent": random_id})})}), zoo),
-        zoo, fresh, job.spec.model.input_shape, seed=job.spec.training.seed)
+    random_decided = decision.decide(job.model_copy(update={"spec": job.spec.model_copy(update={
+        "warm_start": job.spec.warm_start.model_copy(update={"parent": random_id})})}), zoo)
+    rand = decision.apply(random_decided, zoo, fresh, job.spec.model.input_shape,
+                          seed=job.spec.training.seed)
     params = {k for k, _ in fresh.named_parameters()}
     return {
         "chosen": chosen, "chosen_label": zoo_labels.get(chosen or ""),
-        "similarity": applied.decision.similarity,
-        "matched_tensors": applied.decision.matched_tensors,
-        "total_tensors": applied.decision.total_tensors,
+        "similarity": decided.similarity,
+        "matched_tensors": decided.matched_tensors,
+        "total_tensors": decided.total_tensors,
         "untransferred_fraction": round(applied.untransferred_fraction, 4),
-        "reason": applied.decision.reason, "notes": list(applied.notes),
+        "reason": decided.reason, "notes": list(applied.notes),
         "search_seconds": round(overhead, 3),
         "exact_state": exact, "exact_params": len(params & set(exact)), "params": len(params),
         "random": random_id, "random_label": zoo_labels[random_id],
-        "random_similarity": rand.decision.similarity, "random_reason": rand.decision.reason,
+        "random_decision": random_decided,
+        "random_similarity": random_decided.similarity, "random_reason": random_decided.reason,
         "initial_accuracy": {
             "cold": _accuracy(fresh, None, splits), "chosen": _accuracy(fresh, applied, splits),
             "exact": _accuracy(fresh, exact, splits), "random": _accuracy(fresh, rand, splits)},
@@ -234,12 +243,12 @@ def prepare_arms(job: api.TrainingJob, zoo: store.DirStore, zoo_labels: dict[str
 
 
 def _accuracy(model: torch.nn.Module, state: Any, splits: data.Splits) -> float:
-    """Validation accuracy of `model` (a copy) with `state` (a state_dict or `plan.Applied`)."""
-    weights = state.state_dict if isinstance(state, plan.Applied) else state
+    """Validation accuracy of `model` (a copy) with `state` (a state_dict or `decision.Applied`)."""
+    weights = state.state_dict if isinstance(state, decision.Applied) else state
     trial = copy.deepcopy(model)
     if weights:
         trial.load_state_dict(weights, strict=False)
-    scores = evaluation.evaluate(trial, splits, batch_size=BATCH_SIZE, device=torch.device("cpu"))
+    scores = loop.evaluate(trial, splits, batch_size=BATCH_SIZE, device=torch.device("cpu"))
     return round(scores.accuracy, 4)
 
 
@@ -252,8 +261,8 @@ def run_arm(arm: str, job: api.TrainingJob, prep: dict[str, Any], *, zoo_uri: st
             zoo_uri=None, workdir=workdir)
     if arm == "exact":
         return train(job, zoo_uri=None, workdir=workdir, init_state=prep["exact_state"])
-    parent = prep["random"] if arm == "random" else None
-    return train(job, zoo_uri=zoo_uri, workdir=workdir, parent=parent)
+    decided = prep["random_decision"] if arm == "random" else None
+    return train(job, zoo_uri=zoo_uri, workdir=workdir, warm_decision=decided)
 
 
 def to_target(run: dict[str, Any], *, spe: int, n_train: int, n_val: int, fwd: int
@@ -424,7 +433,7 @@ def main() -> None:
                                warm=True)
                 splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape,
                                    seed=seed)
-                spe = data.steps_per_epoch(splits.train, batch_size=BATCH_SIZE)
+                spe = batching.steps_per_epoch(splits.train, batch_size=BATCH_SIZE)
                 shape = {"spe": spe, "n_train": len(splits.train),  # type: ignore[arg-type]
                          "n_val": len(splits.validation), "fwd": fwd[arch.label]}  # type: ignore
                 prep = prepare_arms(job, zoo, labels, splits,
@@ -445,6 +454,7 @@ def main() -> None:
                     print(f"  note: the trainer chose {arms['chosen']['parent']}, the bench's "
                           f"plan {prep['chosen']}", flush=True)
                 prep.pop("exact_state")
+                prep.pop("random_decision")
                 runs[arch.label][seed] = {"arms": arms, "prep": prep, "shape": shape}
                 details["variants"].setdefault(arch.label, {
                     "architecture": arch.architecture, "args": arch.args, "change": arch.change,

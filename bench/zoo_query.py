@@ -1,28 +1,6 @@
 """Warm-start zoo query cost: seconds per (parent, child) pair, and per query by zoo size.
 
-1. Pair cost. Measures `kiln.warmstart.match.similarity` (the call a zoo query makes per
-   candidate) on one thread, with graphs extracted and prepared beforehand as a zoo index holds
-   them, and reports the median of several runs per pair. The baseline is the published
-   ModelKeeper C++ matcher (`modelkeeper/backend/bin/matcher.so`, one thread), whose per-pair
-   times were measured on this kind of 2-core machine (shared/research/modelkeeper.md §1.2);
-   the .so itself is not run here. Also times `match.align` (score + backtrack, run once per
-   query for the chosen parent).
-2. Query latency by zoo size (`measure_query_latency`). A few dozen real graphs (small_resnet
-   blocks/widths, small_cnn depths/widths, vit and char_transformer depths/widths, torchvision
-   resnet18/34/50) are extracted on the meta device; a zoo of N entries is made of variants of
-   them, each with some weight tensors widened in the graph JSON so that all N graphs differ
-   (no help from de-duplication: a worst case). `kiln.warmstart.index.ZooIndex.from_records` loads
-   them; above the exhaustive limit (1,000) clusters are built (CLARA-style k-medoids,
-   kiln.warmstart.clusters). Then held-out children (variants not in the zoo) are queried with their
-   modality and task, after one untimed warm-up query (the operator's pool is persistent).
-   Reports p50/p95 seconds per query, index load and cluster build seconds, peak RSS, and at
-   1,000 models how often a clustered search finds the exhaustive search's best parent.
-
-Writes bench/results/zoo_query.json (`summary.pair_seconds` {"parent->child": seconds},
-`summary.speedup_vs_modelkeeper`, `summary.similarity`, `summary.p50_seconds_at_<N>`,
-`summary.p95_seconds_at_<N>`, `summary.peak_rss_bytes_at_10000`, ...) and
-bench/results/zoo_query.png, zoo_query_png. Each measurement is one function returning
-its part of the summary; `main` runs them in order.
+Writes bench/results/zoo_query.json and .png (method in the comment below the imports).
 
     python bench/zoo_query.py [--quick] [--sizes 100,1000,10000] [--queries 20]
 """
@@ -52,12 +30,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 from kiln import models
-from kiln.warmstart import dag, graph, index, match
+from kiln.warmstart import graph, index, match
 from kiln.zoo import records
+
+# 1. Pair cost. Measures `kiln.warmstart.match.similarity` (the call a zoo query makes per
+#    candidate) on one thread, with graphs extracted and prepared beforehand as a zoo index holds
+#    them, and reports the median of several runs per pair. The baseline is the published
+#    ModelKeeper C++ matcher (`modelkeeper/backend/bin/matcher.so`, one thread), whose per-pair
+#    times were measured on this kind of 2-core machine; the .so itself is not run here.
+#    Also times `match.align` (score + backtrack, run once per query for the chosen parent).
+# 2. Query latency by zoo size (`measure_query_latency`). A few dozen real graphs (small_resnet
+#    blocks/widths, small_cnn depths/widths, vit and char_transformer depths/widths, torchvision
+#    resnet18/34/50) are extracted on the meta device; a zoo of N entries is made of variants of
+#    them, each with some weight tensors widened in the graph JSON so that all N graphs differ
+#    (no help from de-duplication: a worst case). `kiln.warmstart.index.ZooIndex.from_records`
+#    loads them; above the exhaustive limit (1,000) clusters are built (CLARA-style k-medoids,
+#    kiln.warmstart.clusters). Then held-out children (variants not in the zoo) are queried with
+#    their modality and task, after one untimed warm-up query (the operator's pool is persistent).
+#    Reports p50/p95 seconds per query, index load and cluster build seconds, peak RSS, and at
+#    1,000 models how often a clustered search finds the exhaustive search's best parent.
+#
+# Writes bench/results/zoo_query.json (`summary.pair_seconds` {"parent->child": seconds},
+# `summary.speedup_vs_modelkeeper`, `summary.similarity`, `summary.p50_seconds_at_<N>`,
+# `summary.p95_seconds_at_<N>`, `summary.peak_rss_bytes_at_10000`, ...) and
+# bench/results/zoo_query.png, zoo_query_png. Each measurement is one function returning
+# its part of the summary; `main` runs them in order.
 
 NAME = "zoo_query"
 INPUT_SHAPE = (3, 224, 224)
-# Published C++ matcher, one thread, seconds per pair (research digest §1.2, [measured]).
+# Published C++ matcher, one thread, seconds per pair (measured on a 2-core machine).
 MODELKEEPER_CPP_SECONDS = {
     ("resnet18", "resnet34"): 0.11,
     ("resnet50", "resnet101"): 0.65,
@@ -95,7 +96,7 @@ def extract_graphs(names: Sequence[str]) -> dict[str, nx.DiGraph]:
         with torch.device("meta"):
             model = getattr(tvm, name)()
         graphs[name] = graph.extract(model, INPUT_SHAPE, name=name)
-        dag.prepare(graphs[name]).segments()  # what a zoo index caches per stored model
+        graph.prepare(graphs[name]).segments()  # what a zoo index caches per stored model
     return graphs
 
 
@@ -113,7 +114,7 @@ def measure_pair_seconds(graphs: dict[str, nx.DiGraph], *, repeats: int) -> list
     """Median seconds of `match.similarity` (and `match.align`) per benchmark pair."""
     timings = []
     for (parent, child), cpp_seconds in MODELKEEPER_CPP_SECONDS.items():
-        p, c = dag.prepare(graphs[parent]), dag.prepare(graphs[child])
+        p, c = graph.prepare(graphs[parent]), graph.prepare(graphs[child])
         median, fastest = _median_seconds(functools.partial(match.similarity, p, c), repeats)
         align_median, _ = _median_seconds(functools.partial(match.align, p, c),
                                           max(3, repeats // 4))

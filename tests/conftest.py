@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 S3 server (owner: zoo): `s3_server` starts moto's S3-compatible server as a subprocess on
-127.0.0.1 (DESIGN §7: the `minio` SDK talks to a real server over HTTP), once per session;
+127.0.0.1 (the `minio` SDK talks to a real server over HTTP), once per session;
 `s3_bucket` gives each test a fresh bucket name on it.
 """
 

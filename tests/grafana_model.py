@@ -1,4 +1,4 @@
-"""Grafana's typed dashboard model as a validator (grafana-foundation-sdk; DESIGN.md section 7).
+"""Grafana's typed dashboard model as a validator (grafana-foundation-sdk).
 
 grafana-foundation-sdk publishes one release per Grafana release, its models generated from
 that release's schema (the pinned 11.6 models dashboards of schemaVersion 41,

@@ -1,17 +1,8 @@
 """Helpers for the trainer's data-parallel tests: W gloo processes, a tiny job, a mini loop.
 
-`run_ranks(target, world_size, parallelism, *args)` starts `world_size` processes with
-torch.multiprocessing's spawn method and torchrun's environment (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT on a free port; OMP_NUM_THREADS=1), calls
-`parallel.setup(parallelism, "cpu")` in each, then ``target(ctx, *args)``, and returns the
-targets' results by rank. A target must live in this module (spawned children import it by
-name; ``tests`` is on sys.path through pytest's ``pythonpath``).
-
-`make_job`, `make_dataset`, `build_model` and `train` are a miniature of the default loop
-(`kiln_trainer.loop`): the real optimizer, schedule, batching, checkpoint and parallel calls
-around a bare step, so the tests compare one process with W on identical work. The model is
-small_cnn with its BatchNorm layers in eval mode (fixed statistics): per-rank batch statistics
-would otherwise make DDP differ from one process (see `kiln_trainer.distributed.parallel`).
+`run_ranks` runs a target of this module in W spawned processes under torchrun's environment;
+`make_job`, `make_dataset`, `build_model` and `train` are a miniature of `kiln_trainer.loop`,
+so the tests compare one process with W on identical work.
 """
 
 from __future__ import annotations
@@ -49,6 +40,11 @@ def run_ranks(
     timeout_seconds: float = 240.0,
 ) -> list[Any]:
     """Run ``target(ctx, *args)`` in `world_size` gloo processes; their results by rank.
+
+    Each process gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT on a free port; OMP_NUM_THREADS=1) and calls `parallel.setup(parallelism,
+    "cpu")`. `target` must live in this module: spawned children import it by name (``tests``
+    is on sys.path through pytest's ``pythonpath``).
 
     Raises:
         torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
@@ -168,7 +164,9 @@ def step(wrapped: nn.Module, run: Training, inputs: torch.Tensor, targets: torch
          grad_clip_norm: float | None) -> float:
     """One optimizer step of the default loop's kind; returns this rank's mean loss."""
     wrapped.train()
-    for module in wrapped.modules():  # fixed BatchNorm statistics: see the module docstring
+    # Fixed BatchNorm statistics: per-rank batch statistics would make DDP differ from one
+    # process.
+    for module in wrapped.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()
     loss = F.cross_entropy(wrapped(inputs), targets)

@@ -1,22 +1,8 @@
 """The `kiln` command: run jobs locally, validate job files, inspect the zoo, write the CRD.
 
-    kiln run FILE [FILE ...]      train locally (several jobs: planned over --slots devices),
-                                  register in the zoo, print results
-    kiln profile FILE             time one training step per config (cached for estimates)
-    kiln validate FILE [FILE ...] check job files against the API (exit 2 if invalid)
-    kiln zoo ls | show ID | rm ID inspect or prune the model zoo
-    kiln zoo query FILE           rank the zoo models a job would warm-start from, and why
-    kiln models                   list registered architectures
-    kiln crd [--out PATH ...]     write the generated CRD (default: crds/trainingjob.yaml)
-    kiln dashboard [--out PATH]   write the generated Grafana dashboard (default: the chart's)
-
-Every user error is one clear message on stderr and a non-zero exit, never a traceback.
-Text from users, zoo records and the trainer is printed as plain text, never as rich markup
-(a "[/]" in a message would otherwise crash rich or restyle the output).
-About 420 lines, over the ~400 aim on purpose: the argument parser and one short function per
-subcommand, all of them thin (tables in `kiln.local.tables`, logic in the modules they call).
-Callers: the console script. Non-goals: no training logic here (see `kiln.local.runner`,
-`kiln.local.runplan`), no measuring (see `kiln.placement.profile`).
+Every user error is one message on stderr and a non-zero exit, never a traceback. Text from
+users, zoo records and the trainer is printed as plain text, never as rich markup (a "[/]" in
+a message would otherwise crash rich or restyle the output).
 """
 
 from __future__ import annotations
@@ -35,14 +21,13 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from kiln import api, dashboard, models
+from kiln import api, contract, dashboard, models
 from kiln.api import jobfile
 from kiln.controller import main as controller_main
-from kiln.local import machine, runplan, tables
-from kiln.local import runner as local
-from kiln.placement import profile, types
+from kiln.local import machine, runner, runplan, tables
+from kiln.placement import profile, profilecache, types
+from kiln.warmstart import decision
 from kiln.warmstart import index as zoo_index
-from kiln.warmstart import plan
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
@@ -70,11 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, console)
         return code
-    except (UsageError, api.InvalidSpec, store.StoreUnavailable, local.JobBusy,
-            profile.ProfileCacheError) as exc:
+    except (UsageError, api.InvalidSpec, store.StoreUnavailable, runner.JobBusy,
+            profilecache.ProfileCacheError) as exc:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
-    except local.TrainerFailed as exc:
+    except runner.TrainerFailed as exc:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -105,8 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--slots", type=_positive_int, default=None, metavar="N",
                      help="devices for several jobs: CPU worker slots (default: half the cores)"
                      ", or at most N GPUs; 1 runs the jobs one after another in file order")
-    run.add_argument("--profile-cache", type=Path, default=profile.DEFAULT_CACHE, metavar="PATH",
-                     help=f"`kiln profile` results for estimates (default {profile.DEFAULT_CACHE})")
+    run.add_argument("--profile-cache", type=Path, default=profilecache.DEFAULT_CACHE,
+                     metavar="PATH", help="`kiln profile` results for estimates (default "
+                     f"{profilecache.DEFAULT_CACHE})")
     _zoo_options(run)
     run.set_defaults(func=_cmd_run)
 
@@ -115,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--configs", type=_configs, default=None, metavar="P:K,...",
                       help="configs to time, e.g. single:1,ddp:2 (default: every config that "
                       "can run here)")
-    prof.add_argument("--cache", type=Path, default=profile.DEFAULT_CACHE, metavar="PATH",
-                      help=f"profile cache (default {profile.DEFAULT_CACHE})")
+    prof.add_argument("--cache", type=Path, default=profilecache.DEFAULT_CACHE, metavar="PATH",
+                      help=f"profile cache (default {profilecache.DEFAULT_CACHE})")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     prof.add_argument("--refresh", action="store_true", help="measure again even when cached")
     prof.set_defaults(func=_cmd_profile)
@@ -156,8 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",
                          help="output file (repeatable; default crds/trainingjob.yaml and, "
                               "where it exists, the Helm chart's helm/kiln/crds/ copy)")
-    crd_cmd.add_argument("--readme", type=Path, metavar="PATH",
-                         help="also regenerate the field reference in this README")
+    crd_cmd.add_argument("--reference", type=Path, metavar="PATH",
+                         help="the field reference page to regenerate (default, without --out: "
+                              "docs/reference/trainingjob.md where it exists)")
     crd_cmd.set_defaults(func=_cmd_crd)
 
     dash = sub.add_parser("dashboard", help="write the Grafana dashboard from kiln.dashboard")
@@ -169,8 +156,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _zoo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--zoo", default=os.environ.get("KILN_ZOO", DEFAULT_ZOO), metavar="URI",
-        help=f"zoo location: a directory or s3://bucket[/prefix] (default: $KILN_ZOO or {DEFAULT_ZOO})",
+        "--zoo", default=os.environ.get(contract.Env.ZOO, DEFAULT_ZOO), metavar="URI",
+        help="zoo location: a directory or s3://bucket[/prefix] (default: $KILN_ZOO or "
+        f"{DEFAULT_ZOO})",
     )
     parser.add_argument(
         "--zoo-endpoint", default=None, metavar="HOST:PORT",
@@ -180,7 +168,7 @@ def _zoo_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _zoo_env(args: argparse.Namespace) -> dict[str, str]:
-    return {"KILN_ZOO_ENDPOINT": args.zoo_endpoint} if args.zoo_endpoint else {}
+    return {contract.Env.ZOO_ENDPOINT: args.zoo_endpoint} if args.zoo_endpoint else {}
 
 
 def _open_zoo(args: argparse.Namespace) -> store.ObjectStore:
@@ -240,14 +228,14 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                              "at the data (paths are relative to the current directory)")
     zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
-    work_dir = local.default_work_dir()
+    work_dir = runner.default_work_dir()
     try:
         machine.check_slots(args.slots)
         devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if devices is None or devices.count < 2:  # one job or one device: in file order
-        outcomes = local.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
+        outcomes = runner.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
                                   env=_zoo_env(args))
     else:
         try:
@@ -306,7 +294,7 @@ def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStor
         warm = job.spec.warm_start
         if warm.enabled and warm.parent != "auto":
             try:
-                plan.pinned_record(zoo, warm.parent)
+                decision.pinned_record(zoo, warm.parent)
             except api.InvalidSpec as exc:
                 problems += [f"{job.name}: {problem}" for problem in exc.problems]
     if problems:
@@ -371,12 +359,12 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
     job, zoo = jobs[0], _open_zoo(args)
     info = models.get_info(job.spec.model.architecture)
     with zoo_index.ZooIndex(zoo) as index:
-        found = index.query(plan.child_graph(job.spec.model), modality=str(info.modality),
+        found = index.query(decision.model_graph(job.spec.model), modality=str(info.modality),
                             task=str(info.task), top_k=None)
-        decision = plan.plan(job, zoo, index=index)
-    console.print(tables.warm_start_candidates(job, found, len(index), decision.parent_id,
+        chosen = decision.decide(job, zoo, zoo_index=index)
+    console.print(tables.warm_start_candidates(job, found, len(index), chosen.parent_id,
                                                top=args.top))
-    console.print(decision.reason[:1].upper() + decision.reason[1:], markup=False,
+    console.print(chosen.reason[:1].upper() + chosen.reason[1:], markup=False,
                   highlight=False)
     return EXIT_OK
 
@@ -408,10 +396,15 @@ def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
     _write_generated(crd.render(), args.out or [
         Path("crds/trainingjob.yaml"), *([chart_copy] if chart_copy.parent.is_dir() else [])],
         console)
-    if args.readme is not None:
-        changed = reference.update_readme(args.readme)
-        console.print(f"{'updated' if changed else 'unchanged'}: {args.readme} reference",
-                      markup=False)
+    page = args.reference
+    if page is None and args.out is None and reference.PAGE.is_file():
+        page = reference.PAGE
+    if page is not None:
+        try:
+            changed = reference.update(page)
+        except (OSError, ValueError) as error:
+            raise UsageError(str(error)) from error
+        console.print(f"{'updated' if changed else 'unchanged'}: {page}", markup=False)
     return EXIT_OK
 
 

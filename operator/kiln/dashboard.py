@@ -295,7 +295,8 @@ def build() -> dict[str, Any]:
         "uid": "kiln-training", "title": "Kiln training",
         "description": "Kiln operator fleet, one TrainingJob's training curves and freezing, "
         "and its GPUs (DCGM exporter). Metrics: kiln_* (operator), kiln_trainer_* (trainer pods, "
-        "scraped with honor_labels), DCGM_FI_* (dcgm-exporter).",
+        "scraped with honor_labels), DCGM_FI_* (dcgm-exporter). Generated from "
+        "operator/kiln/dashboard.py by `kiln dashboard`; do not edit.",
         "tags": ["kiln", "training", "gpu"], "timezone": "browser", "editable": True,
         "graphTooltip": 1,  # shared crosshair
         "fiscalYearStartMonth": 0, "liveNow": False, "refresh": "30s",

@@ -1,10 +1,8 @@
-"""The TrainingJob field reference in Markdown, generated from the CRD schema.
+"""The TrainingJob field reference of the docs site, generated from the CRD schema.
 
-Role: keep the README's reference table and the CRD from drifting: both come from `kiln.api`
-through `kiln.crd.openapi_schema()`. `kiln crd` rewrites the README section between the
-`reference:start`/`reference:end` markers; a test regenerates and compares.
-
-Non-goals: no prose beyond the field descriptions; no I/O except `update_readme`.
+The page's table and the CRD both come from `kiln.api` through `kiln.crd.openapi_schema()`, so
+they cannot drift. `kiln crd` rewrites the table between the page's markers; the only I/O is
+`update`.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 
 from kiln import crd
 
+PAGE = Path("docs/reference/trainingjob.md")  # from the repository root, as `kiln crd` runs
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
 
@@ -32,8 +31,14 @@ def markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def update_readme(path: str | Path) -> bool:
-    """Replace the text between the markers with `markdown()`; True when the file changed.
+def update(path: str | Path = PAGE) -> bool:
+    """Replace the text between the markers in `path` with `markdown()`.
+
+    Args:
+        path: the Markdown page holding the markers.
+
+    Returns:
+        True when the file changed.
 
     Raises:
         ValueError: the file lacks the markers.

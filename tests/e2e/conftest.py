@@ -1,15 +1,12 @@
-"""Fixtures of the operator's end-to-end tests (DESIGN.md section 7).
+"""Fixtures of the operator's end-to-end tests: one simulated cluster per session.
 
-One simulated cluster per session: kmock's emulator over HTTP with one CPU-only node, the
-test kubelet running pods as local processes, the zoo in a bucket of the moto S3 server
-(tests/conftest.py), and the real operator as a subprocess (``python -m kiln.controller``)
-with short intervals. Each test works in its own namespace, which holds the Secret with the
-zoo credentials that trainer pods reference.
-
-Every API call the operator makes, in any emulator of the session, is collected; at the end
-the set is written to ``<session tmp>/api-calls.json`` (and to $KILN_E2E_API_CALLS when set)
-for the Helm chart's RBAC test (`kubesim.usage`).
+kmock's emulator with one CPU-only node, the test kubelet, the zoo in a moto S3 bucket, and the
+real operator as a subprocess with short intervals. Each test works in its own namespace.
 """
+
+# Every API call the operator makes, in any emulator of the session, is collected; at the end
+# the set is written to ``<session tmp>/api-calls.json`` (and to $KILN_E2E_API_CALLS when set)
+# for the Helm chart's RBAC test (`kubesim.usage`).
 
 from __future__ import annotations
 

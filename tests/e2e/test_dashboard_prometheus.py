@@ -1,25 +1,28 @@
 """Every query of the Grafana dashboard (helm/kiln/dashboards/kiln.json) returns data.
 
-(Its Grafana schema, layout and variables are checked in tests/unit/test_dashboard.py.)
-
-On the session's simulated cluster and real operator: a real
-Prometheus (Debian's binary, `kubesim.prometheus`) scrapes the operator's /metrics, the
-trainer pod (at the host port the test kubelet mapped, with the ``pod`` and ``namespace``
-target labels a PodMonitor adds, and ``honor_labels`` as the chart's PodMonitor sets) and a
-DCGM exporter. Real jobs fill every fleet series: a parent that succeeds and registers in the
-zoo, a child that warm-starts from it and keeps training, and a job whose trainer is
-OOM-killed twice (one restart, then BackoffLimitExceeded). Every PromQL expression in the
-dashboard (panel targets, and the selector inside each variable's ``label_values``), with
-$namespace, $job, $__rate_interval and $__range filled in, must parse and return data; a few
-also must show the right thing (hit rate and similarity in (0, 1], the failure and restart
-counted, the GPU rows joined to the trainer pod only).
-
-No GPU runs here: `FakeDcgmExporter` serves dcgm-exporter's DCGM_FI_* gauges with the labels
-it attaches through the kubelet's pod-resources API (gpu, UUID, device, modelName, Hostname,
-container, namespace, pod) for two GPUs of the real trainer pod, one GPU of another pod, and
-one idle GPU; the GPU row's ``on(namespace, pod) group_left(job)`` join must keep the
-trainer's two only.
+A real Prometheus scrapes the operator, a trainer pod and a fake DCGM exporter while real jobs
+fill every fleet series; every PromQL expression of the dashboard must parse and return data.
 """
+
+# Its Grafana schema, layout and variables are checked in tests/unit/test_dashboard.py.
+#
+# On the session's simulated cluster and real operator: a real Prometheus (Debian's binary,
+# `kubesim.prometheus`) scrapes the operator's /metrics, the trainer pod (at the host port the
+# test kubelet mapped, with the ``pod`` and ``namespace`` target labels a PodMonitor adds, and
+# ``honor_labels`` as the chart's PodMonitor sets) and a DCGM exporter. Real jobs fill every
+# fleet series: a parent that succeeds and registers in the zoo, a child that warm-starts from it
+# and keeps training, and a job whose trainer is OOM-killed twice (one restart, then
+# BackoffLimitExceeded). Every PromQL expression in the dashboard (panel targets, and the
+# selector inside each variable's ``label_values``), with $namespace, $job, $__rate_interval and
+# $__range filled in, must parse and return data; a few also must show the right thing (hit rate
+# and similarity in (0, 1], the failure and restart counted, the GPU rows joined to the trainer
+# pod only).
+#
+# No GPU runs here: `FakeDcgmExporter` serves dcgm-exporter's DCGM_FI_* gauges with the labels
+# it attaches through the kubelet's pod-resources API (gpu, UUID, device, modelName, Hostname,
+# container, namespace, pod) for two GPUs of the real trainer pod, one GPU of another pod, and
+# one idle GPU; the GPU row's ``on(namespace, pod) group_left(job)`` join must keep the
+# trainer's two only.
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ runs the trainer pods as local processes (kubesim). Jobs are tiny (a small CNN o
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -48,7 +49,9 @@ def test_a_job_succeeds_registers_its_model_and_a_second_job_warm_starts_from_it
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "e2e"
     assert pod["metadata"]["ownerReferences"][0]["name"] == "digits-second"
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
-    assert env["KILN_WARM_START_PARENT"]["value"] == model
+    decided = json.loads(env["KILN_WARM_START"]["value"])
+    assert (decided["parent_id"], decided["outcome"]) == (model, "warm")
+    assert decided["similarity"] == warm["similarity"]
     assert env["KILN_ZOO_SECRET_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "kiln-zoo"
 
     exposition = operator.metrics()

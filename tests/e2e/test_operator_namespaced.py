@@ -1,11 +1,8 @@
 """An operator that watches one namespace needs only what the chart's namespaced RBAC grants.
 
-With ``operator.watchNamespaces`` the Helm chart gives the operator a Role in each listed
-namespace and keeps only `kiln.controller.rbac.CLUSTER_WIDE_RULES` in its ClusterRole. This
-runs the real operator with ``--namespace`` against its own emulator and kubelet (the
-session's cluster-wide operator must not see the job), trains one tiny job, and checks every
-call it made against the roles the chart renders for that namespace: calls without a
-namespace against the ClusterRole, the rest against the namespace's Role.
+Runs the real operator with ``--namespace`` against its own emulator, trains one tiny job, and
+checks every call: those without a namespace against the ClusterRole (which keeps only
+`kiln.controller.rbac.CLUSTER_WIDE_RULES`), the rest against the namespace's Role.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The API calls the operator really made are exactly what its RBAC rules declare.
 
 Runs last in the e2e directory (file order), after the other tests drove the operator through
-every path (success, restarts, suspension, deadline, TTL, deletion, zoo outage). Every call
-recorded must be declared in `kiln.controller.rbac.RULES` and granted by the Helm chart's
-roles, rendered by the real Helm library (least privilege: nothing used is missing); when the
-whole e2e suite ran, every declared rule and every grant of the chart must also have been
-used (nothing granted that is not needed).
+every path. Every call must be declared in `kiln.controller.rbac.RULES` and granted by the
+chart's roles; after a whole e2e run, every rule and grant must also have been used.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Helm chart (helm/kiln): lint, render, validate, and what the rendered objects say.
 
-Real parts (DESIGN.md section 7): ``helm lint`` and ``helm install`` are the Helm library
+Real parts: ``helm lint`` and ``helm install`` are the Helm library
 bundled by helm-sdkpy; install goes over HTTP to the kmock API emulator (`kubesim.helm`), so
 the chart's CRD and every template reach an API server; each rendered object is validated
 with kubernetes-validate (strict: unknown fields are errors) against Kubernetes' own OpenAPI

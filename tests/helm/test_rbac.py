@@ -1,4 +1,4 @@
-"""The chart's RBAC grants exactly the API calls the operator makes (issue 7).
+"""The chart's RBAC grants exactly the API calls the operator makes.
 
 `kiln.controller.rbac.RULES` is the declared set; tests/e2e/test_rbac_usage.py checks it equals
 what the real operator sent to the API emulator over the whole e2e suite, and compares the

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.local import runner as local
+from kiln.local import runner
 from kiln.zoo import records, store
 
 KILN = [sys.executable, "-m", "kiln.cli"]
@@ -147,7 +147,7 @@ def test_ctrl_c_or_sigterm_checkpoints_the_running_job_and_stops(
     assert "trainer exited with code" not in said
     assert checkpoint.exists()
     assert "Traceback" not in err
-    with local._job_lock(tmp_path / ".kiln" / "runs" / "digits-long.lock", "digits-long"):
+    with runner._job_lock(tmp_path / ".kiln" / "runs" / "digits-long.lock", "digits-long"):
         pass  # kiln released the job's lock when it exited: a rerun may start
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln import api
-from kiln.placement import profile
+from kiln.placement import profile, profilecache
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="ddp k=2 needs two cores")
@@ -29,4 +29,4 @@ def test_ddp_on_two_cpu_processes_times_a_real_step_and_caches_it(
     assert [(m.parallelism, m.gpus, m.status) for m in found] == [
         ("single", 1, "ok"), ("ddp", 2, "ok")], found
     assert all(m.step_seconds and m.step_seconds > 0 for m in found)
-    assert len(profile.read_cache(cache)) == 2
+    assert len(profilecache.read_cache(cache)) == 2

@@ -1,5 +1,5 @@
 """The default trainer under torchrun: ``python -m kiln_trainer --parallelism ddp`` on two gloo
-processes, started by `parallel.launch_command`, end to end on digits.
+processes, started by `contract.trainer_command`, end to end on digits.
 
 Issue 5: two DDP processes match one process on the same job (final validation numbers and
 weights, from the zoo records), and a checkpoint they write on SIGTERM resumes in one process to
@@ -36,9 +36,8 @@ import pytest
 import torch
 import yaml
 
-from kiln import api, models
+from kiln import api, contract, models
 from kiln.zoo import records, store
-from kiln_trainer.distributed import parallel
 
 RUN_SECONDS = 240  # a whole run, startup included; the tests take far less
 EPOCHS = 4  # 40 steps: time for test (c)'s signal to land before the end
@@ -48,7 +47,7 @@ VIT = {"architecture": "vit", "inputShape": [1, 8, 8],
        "args": {"depth": 2, "width": 16, "heads": 2, "patch_size": 4}}
 SMALL_CNN = {"architecture": "small_cnn", "inputShape": [1, 8, 8], "args": {"depth": 3, "width": 8}}
 FORCED_FREEZING = {"checkEverySteps": 1, "window": 3, "patience": 1, "tolerance": 10,
-                   "reference": "fp32"}
+                   "peakFraction": 1, "reference": "fp32"}
 
 
 def _write_job(path: Path, name: str, model: dict[str, Any], *, epochs: int,
@@ -68,12 +67,12 @@ def _write_job(path: Path, name: str, model: dict[str, Any], *, epochs: int,
 
 
 def _start(k: int, argv: list[str], stderr: Path) -> subprocess.Popen[str]:
-    """`parallel.launch_command(k, argv)` with stdout piped and stderr to a file, in a session
+    """`contract.trainer_command(k, argv)` with stdout piped and stderr to a file, in a session
     of its own (torchrun puts each worker in another one, with its reference process)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
     with stderr.open("w") as err:
-        return subprocess.Popen(parallel.launch_command(k, argv), stdout=subprocess.PIPE,
+        return subprocess.Popen(contract.trainer_command(k, argv), stdout=subprocess.PIPE,
                                 stderr=err, text=True, env=env, start_new_session=True)
 
 
@@ -131,7 +130,7 @@ def uninterrupted(
     for k in (1, 2):
         directory = tmp_path_factory.mktemp(f"k{k}")
         argv = ["--job", str(vit_job), "--checkpoint-dir", str(directory / "checkpoints"),
-                "--zoo", str(directory / "zoo"), "--parent", "none"]
+                "--zoo", str(directory / "zoo")]
         started[k] = (_start(k, argv, directory / "stderr"), directory)
     runs = {}
     for k, (process, directory) in started.items():
@@ -159,7 +158,7 @@ def test_a_checkpoint_from_two_ddp_processes_resumes_in_one_to_the_uninterrupted
     vit_job: Path, tmp_path: Path, uninterrupted: dict[int, dict[str, Any]]
 ) -> None:
     argv = ["--job", str(vit_job), "--checkpoint-dir", str(tmp_path / "checkpoints"),
-            "--zoo", str(tmp_path / "zoo"), "--parent", "none"]
+            "--zoo", str(tmp_path / "zoo")]
     first = _start(2, argv, tmp_path / "first.stderr")
     watchdog = threading.Timer(RUN_SECONDS, _kill, (first,))
     watchdog.start()
@@ -234,7 +233,7 @@ def test_under_ddp_both_ranks_freeze_at_rank_0s_step_and_frozen_parameters_leave
     expected = [(0, sum(per_block))] + [
         (int(step), sum(per_block[k:])) for k, (_, step) in enumerate(announced, start=1)]
     for rank in (0, 1):
-        wraps = re.findall(rf"INFO rank {rank} kiln_trainer\.replicas: step (\d+): DDP over "
+        wraps = re.findall(rf"INFO rank {rank} kiln_trainer\.distributed\.replicas: step (\d+): DDP over "
                            r"\w+; its reducer holds (\d+) parameter tensors", log)
         assert [(int(step), int(n)) for step, n in wraps] == expected, rank
 

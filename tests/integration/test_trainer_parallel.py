@@ -23,6 +23,7 @@ import parallel_harness as harness
 import pytest
 import torch
 
+from kiln import contract
 from kiln_trainer.distributed import parallel
 
 SAVE_STEP, UNTIL_STEP = 7, 12  # steps per epoch: 5, so the checkpoint is at epoch 1, batch 2
@@ -127,8 +128,8 @@ def test_fsdp_checkpoint_resumes_under_fsdp_and_in_one_process(
     assert harness.max_difference(resumed, single_run["params"]) < TOLERANCE
 
 
-def test_launch_command_runs_ranks_under_torchrun_and_only_rank_0_prints(tmp_path: Path) -> None:
-    command = parallel.launch_command(2, ["--rank-report"])
+def test_trainer_command_runs_ranks_under_torchrun_and_only_rank_0_prints(tmp_path: Path) -> None:
+    command = contract.trainer_command(2, ["--rank-report"])
     assert command[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                             "2", "-m"]
     command[command.index("kiln_trainer")] = "parallel_probe"  # a stand-in trainer (below)

@@ -1,7 +1,7 @@
 """kiln.zoo against both stores: a DirStore in tmp_path and an S3Store on a real S3 server.
 
 The S3 server is moto's, started as a subprocess by the `s3_server` fixture (tests/conftest.py);
-the `minio` SDK talks to it over HTTP (DESIGN §7). Every test gets a fresh directory or bucket.
+the `minio` SDK talks to it over HTTP. Every test gets a fresh directory or bucket.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """A small synchronous Kubernetes client for tests, and polling with a deadline.
 
-`Client` speaks JSON over urllib to the emulator (or any API server without TLS): get, list,
-create (filling what a real server would), merge patch, delete, plus shortcuts for
-TrainingJobs, pods, nodes and Secrets. Its User-Agent tells its requests apart in the
-emulator's log. `wait_until` polls a predicate until it holds or a deadline passes.
-
-Callers: kubesim.emulator (each emulator has a `client`), kubesim.kubelet, tests/e2e,
-bench/operator.py. Non-goals: no watches, no authentication.
+`Client` speaks JSON over urllib to the emulator (or any API server without TLS); its
+User-Agent tells its requests apart in the emulator's log. No watches, no authentication.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """kmock's Kubernetes emulator served over HTTP from a background thread, with a request log.
 
-The emulator (DESIGN.md section 7) is an in-memory API server: create, get, list, watch, patch
-(merge patch and JSON patch) and delete, finalizers and soft deletion. It runs in its own thread
-with its own event loop, so tests stay synchronous and the operator under test (a separate
-process) talks to it over real HTTP through a kubeconfig.
-
-What the emulator does not do (so these tests cannot check it): admission (webhooks, schema
-validation, defaulting, pruning of undeclared status fields), garbage collection through
-ownerReferences, resourceVersion bookkeeping and conflicts (it never changes resourceVersion,
-so optimistic concurrency is never exercised), label and field selectors (lists return every
-object), server-side apply, PUT, deletecollection, generateName, and a scheduler or kubelet
-(`kubesim.kubelet` stands in for the last two).
-
-Every request is logged (`Emulator.requests`) with its User-Agent, so the operator's own calls
-can be told apart from the test's and the kubelet's (`kubesim.usage`).
-
-Callers: tests/e2e, bench/operator.py. Non-goals: no TLS, no authentication (any token works).
+An in-memory API server in its own thread and event loop, so tests stay synchronous and the
+operator under test (a separate process) talks to it over real HTTP. No TLS, no authentication.
 """
+
+# What the emulator does not do (so these tests cannot check it): admission (webhooks, schema
+# validation, defaulting, pruning of undeclared status fields), garbage collection through
+# ownerReferences, resourceVersion bookkeeping and conflicts (it never changes resourceVersion,
+# so optimistic concurrency is never exercised), label and field selectors (lists return every
+# object), server-side apply, PUT, deletecollection, generateName, and a scheduler or kubelet
+# (`kubesim.kubelet` stands in for the last two).
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """The Helm chart through the real Helm library: lint it, and install it into the emulator.
 
-DESIGN.md section 7: Helm is the Go library bundled by ``helm-sdkpy`` (no ``helm`` binary is
-installable here). Each call runs `helm_worker` in a subprocess with ``HELM_DRIVER=memory``
-(the worker's docstring says why). `install` starts a fresh `emulator.Emulator` that also
-serves the Prometheus Operator's ServiceMonitor and PodMonitor kinds, runs ``helm install``
-against it over HTTP (CRDs from the chart's crds/, then every template), and returns what
-Helm rendered and what the API server received.
-
-Callers: tests/helm, tests/e2e/test_rbac_usage.py. Non-goals: no upgrades, no hooks.
+Each call runs `helm_worker` in a subprocess with ``HELM_DRIVER=memory``; `install` returns what
+Helm rendered and what the API server received. No upgrades, no hooks.
 """
+
+# Helm is the Go library bundled by ``helm-sdkpy`` (no ``helm`` binary is installable here).
+# `install` starts a fresh `emulator.Emulator` that also serves the Prometheus Operator's
+# ServiceMonitor and PodMonitor kinds, then runs ``helm install`` against it over HTTP (CRDs from
+# the chart's crds/, then every template).
 
 from __future__ import annotations
 

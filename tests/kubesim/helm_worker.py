@@ -2,12 +2,12 @@
 
     python helm_worker.py lint CHART
     python helm_worker.py install CHART RELEASE NAMESPACE KUBECONFIG VALUES_JSON
-
-Helm runs in this separate process because its Go runtime reads the environment once, when
-the library loads: ``HELM_DRIVER=memory`` (set by `kubesim.helm`) keeps release records in
-memory instead of a protobuf-encoded Secret, which the API emulator cannot decode. Exit code
-0 with the result on stdout; 1 with Helm's error message on stdout.
 """
+
+# Helm runs in this separate process because its Go runtime reads the environment once, when
+# the library loads: ``HELM_DRIVER=memory`` (set by `kubesim.helm`) keeps release records in
+# memory instead of a protobuf-encoded Secret, which the API emulator cannot decode. Exit code
+# 0 with the result on stdout; 1 with Helm's error message on stdout.
 
 from __future__ import annotations
 

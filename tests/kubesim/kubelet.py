@@ -1,28 +1,8 @@
 """A test kubelet: runs the emulator's pods as local processes and reports their status.
 
-What a scheduler and a kubelet would do for a trainer pod, over the emulator's HTTP API (so
-the operator sees every change through its watch):
-
-* bind: set spec.nodeName to the node the pod's required node affinity names;
-* run: start the container's command + args as a local process (its own process group) with
-  the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
-  namespace, as the kubelet does), ``fieldRef`` for metadata.name/namespace and status.podIP;
-  ``python`` resolves to this interpreter (its bin directory comes first on PATH);
-* termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
-  kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
-  when that file is empty and the exit code is not 0;
-* ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
-  port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
-  patched to it (what a CNI with per-pod IPs makes unnecessary);
-* status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
-  container's terminated exitCode (128 + signal when killed), reason and message;
-* deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
-  then SIGKILL after terminationGracePeriodSeconds.
-
-Faults (`Fault`) kill a job's trainer with a chosen signal when a condition holds (e.g. after
-its first checkpoint), as an OOM kill or a node failure would.
-
-Callers: tests/e2e. Non-goals: no images, no volumes, no resource limits, no probes.
+Does for a trainer pod what a scheduler and a kubelet would, over the emulator's HTTP API (so
+the operator sees every change through its watch), and injects faults (`Fault`). No images,
+volumes, resource limits or probes.
 """
 
 from __future__ import annotations
@@ -39,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiln import contract
 from kubesim import client
 
 KUBELET_USER_AGENT = "kubesim-kubelet"
@@ -94,7 +75,23 @@ class RunningPod:
 
 
 class Kubelet:
-    """Runs pods of the emulator (module docstring) in a daemon thread.
+    """Runs pods of the emulator in a daemon thread, as a scheduler and kubelet would:
+
+    * bind: set spec.nodeName to the node the pod's required node affinity names;
+    * run: start the container's command + args as a local process (its own process group) with
+      the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
+      namespace, as the kubelet does), ``fieldRef`` for metadata.name/namespace and status.podIP;
+      ``python`` resolves to this interpreter (its bin directory comes first on PATH);
+    * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
+      kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
+      when that file is empty and the exit code is not 0;
+    * ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
+      port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
+      patched to it (what a CNI with per-pod IPs makes unnecessary);
+    * status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
+      container's terminated exitCode (128 + signal when killed), reason and message;
+    * deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
+      then SIGKILL after terminationGracePeriodSeconds.
 
     Args:
         url: the emulator's base URL.
@@ -182,9 +179,9 @@ class Kubelet:
         port = client.free_port()
         env = {**self.base_env, **self._container_env(namespace, name, container),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               "HOME": str(scratch), "KILN_TERMINATION_LOG": str(termination)}
-        if "KILN_METRICS_PORT" in env:
-            env["KILN_METRICS_PORT"] = str(port)
+               "HOME": str(scratch), contract.Env.TERMINATION_LOG: str(termination)}
+        if contract.Env.METRICS_PORT in env:
+            env[contract.Env.METRICS_PORT] = str(port)
         node = _affinity_node(spec)
         if not self._patch(client.Client.pods_path(namespace, name), {
                 "spec": {"nodeName": node},

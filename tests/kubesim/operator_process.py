@@ -1,12 +1,7 @@
 """The real operator as a subprocess: ``python -m kiln.controller --kubeconfig ...``.
 
-`OperatorProcess.start` launches it against an `emulator.Emulator` (through a kubeconfig, as
-``kiln operator`` runs out of cluster) with its liveness and metrics endpoints on free ports,
-and waits until kopf watches TrainingJobs and pods. `stop` sends SIGTERM (graceful), `kill`
-SIGKILL (a crash).
-
-Callers: tests/e2e, bench/operator.py. Non-goals: no in-process operator (a subprocess is what
-runs in production, and its memory can be measured on its own).
+A subprocess is what runs in production, and its memory can be measured on its own. `start`
+waits until kopf watches TrainingJobs and pods; `stop` sends SIGTERM, `kill` SIGKILL (a crash).
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ START_SECONDS = 120.0  # importing torch and kopf on a loaded 2-core machine
 
 
 class OperatorProcess:
-    """One run of the operator (module docstring).
+    """One run of the operator, with its liveness and metrics endpoints on free ports.
 
     Args:
         cluster: the emulator it talks to.

@@ -1,20 +1,15 @@
 """A real Prometheus server for tests: Debian's ``prometheus`` binary as a subprocess.
 
-DESIGN.md section 7: the dashboard's PromQL is evaluated by the real thing. `Prometheus`
-writes a config with one scrape job per `ScrapeJob` (1 s scrape interval), each discovering
-its targets from a file_sd JSON file the test rewrites with `set_targets` (atomically, by
-rename; Prometheus watches the file). Targets carry the labels a Prometheus Operator
-PodMonitor would add (``pod``, ``namespace``); a job with ``honor_labels`` keeps the labels the
-target exposes over the target's own, as the chart's PodMonitor (``honorLabels: true``) does:
-the trainer exports a ``job`` label that would otherwise become ``exported_job``.
-
-The server listens on 127.0.0.1 on a free port and keeps its TSDB in the given directory.
-`query` runs an instant query through the HTTP API (/api/v1/query) and returns the decoded
-answer, errors included (a query that does not parse answers ``status: error``).
-
-Callers: tests/e2e/test_dashboard_prometheus.py. Non-goals: no rules, no alerting, no remote
-storage, no Kubernetes service discovery (targets come from the test).
+The dashboard's PromQL is evaluated by the real thing. One scrape job per `ScrapeJob` (1 s
+interval), targets from a file_sd file the test rewrites (`set_targets`); `query` runs an
+instant query. No rules, alerting, remote storage or Kubernetes service discovery.
 """
+
+# Targets carry the labels a Prometheus Operator PodMonitor would add (``pod``, ``namespace``);
+# a job with ``honor_labels`` keeps the labels the target exposes over the target's own, as the
+# chart's PodMonitor (``honorLabels: true``) does: the trainer exports a ``job`` label that would
+# otherwise become ``exported_job``. `query` returns the decoded answer, errors included (a
+# query that does not parse answers ``status: error``).
 
 from __future__ import annotations
 
@@ -80,7 +75,7 @@ def binary() -> str:
 
 
 class Prometheus:
-    """One Prometheus server (module docstring).
+    """One Prometheus server on 127.0.0.1 at a free port, its TSDB in `work_dir`.
 
     Args:
         work_dir: config, target files, TSDB and log go here.

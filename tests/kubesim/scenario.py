@@ -1,11 +1,7 @@
 """Small helpers for operator scenarios: tiny jobs, waiting for status, reading events.
 
-`tiny_job` is a TrainingJob that trains in seconds on one CPU thread (a small CNN on 8x8
-digits, freezing off, OMP_NUM_THREADS=1 in the pod); `wait_job` polls the emulator until a
-predicate on the job holds; `condition`, `events` and `pod_creations` read what the operator
-wrote.
-
-Callers: tests/e2e. Non-goals: no assertions of their own beyond timeouts.
+`tiny_job` trains in seconds on one CPU thread (a small CNN on 8x8 digits, freezing off,
+OMP_NUM_THREADS=1 in the pod); `wait_job` polls until a predicate on the job holds.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from kiln import contract
 from kiln.zoo import store
 from kubesim import client, emulator
 
@@ -34,7 +31,7 @@ class Zoo:
 
     @property
     def operator_env(self) -> dict[str, str]:
-        return {store.ACCESS_KEY_ENV: self.access_key, store.SECRET_KEY_ENV: self.secret_key}
+        return {contract.Env.ZOO_ACCESS_KEY: self.access_key, contract.Env.ZOO_SECRET_KEY: self.secret_key}
 
 
 def tiny_job(name: str, *, epochs: int = 2, max_samples: int | None = 400, width: int = 8,

@@ -1,19 +1,16 @@
 """Which API calls the operator made: (verb, group, resource) as RBAC names them.
 
-The emulator logs every request with its User-Agent; the operator's are kopf's
-(``kopf/...``) and its own client's (``kiln-operator/...``). Each resource request maps to an
-RBAC verb: GET of a collection is ``list`` (``watch`` with ``?watch=true``), GET of an object
-``get``, POST ``create``, PATCH ``patch``, PUT ``update``, DELETE ``delete``; subresources are
-named ``resource/subresource`` (``trainingjobs/status``). Discovery requests (``/api``,
-``/apis/...`` without a resource) need no rules and are left out. Whether a call was
-cluster-wide (no namespace in the URL) is kept too: a Role cannot grant those.
-
 The e2e tests write the union of every run's calls to ``api-calls.json`` (`write`); the Helm
-chart's RBAC test compares its roles with such a file (`read`) or with the calls of a run it
-makes itself.
-
-Callers: tests/e2e (conftest), the Helm RBAC test. Non-goals: no RBAC rendering.
+chart's RBAC test compares its roles with such a file (`read`).
 """
+
+# The emulator logs every request with its User-Agent; the operator's are kopf's
+# (``kopf/...``) and its own client's (``kiln-operator/...``). Each resource request maps to an
+# RBAC verb: GET of a collection is ``list`` (``watch`` with ``?watch=true``), GET of an object
+# ``get``, POST ``create``, PATCH ``patch``, PUT ``update``, DELETE ``delete``; subresources are
+# named ``resource/subresource`` (``trainingjobs/status``). Discovery requests (``/api``,
+# ``/apis/...`` without a resource) need no rules and are left out. Whether a call was
+# cluster-wide (no namespace in the URL) is kept too: a Role cannot grant those.
 
 from __future__ import annotations
 

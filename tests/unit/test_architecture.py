@@ -1,5 +1,5 @@
-"""Layering (DESIGN.md section 2) and import hygiene, checked by import-linter and a fresh
-interpreter."""
+"""Layering and code hygiene: import-linter's contracts, ruff, `mypy --strict`, and a fresh
+interpreter that imports the trainer."""
 
 from __future__ import annotations
 
@@ -10,9 +10,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _run_tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a tool installed beside this interpreter, from the repository root."""
+    tool = Path(sys.executable).with_name(name)
+    return subprocess.run([str(tool), *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+
+
 def test_import_contracts_hold() -> None:
-    lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, check=False)
+    done = _run_tool("lint-imports", "--no-cache")  # its cache can miss a fresh edit
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_finds_nothing() -> None:
+    done = _run_tool("ruff", "check", "operator", "trainer_image", "tests", "bench")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict_passes_on_both_packages() -> None:
+    done = _run_tool("mypy", "operator/kiln", "trainer_image/kiln_trainer")
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln import cli
-from kiln.local import machine
+from kiln.local import machine, runner
 
 VALID = """\
 apiVersion: kiln.dev/v1alpha1
@@ -224,9 +224,7 @@ def test_a_zoo_that_is_a_file_fails_fast_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     command: list[str], below: str,
 ) -> None:
-    from kiln.local import runner as local
-
-    monkeypatch.setattr(local, "run_jobs", _no_training)
+    monkeypatch.setattr(runner, "run_jobs", _no_training)
     (tmp_path / "afile").write_text("x", encoding="utf-8")
     job = _write(tmp_path, VALID)
     argv = [str(job) if a == "JOB" else a for a in command]
@@ -247,9 +245,7 @@ def _no_training(*_: object, **__: object) -> None:
 def test_run_refuses_a_pinned_parent_missing_from_the_zoo_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln.local import runner as local
-
-    monkeypatch.setattr(local, "run_jobs", _no_training)
+    monkeypatch.setattr(runner, "run_jobs", _no_training)
     path = _write(tmp_path, VALID + "  warmStart: {parent: small_cnn-12345678}\n")
     assert cli.main(["run", str(path), "--zoo", str(tmp_path / "zoo")]) == cli.EXIT_USAGE
     err = " ".join(capsys.readouterr().err.split())
@@ -260,9 +256,7 @@ def test_run_refuses_a_pinned_parent_missing_from_the_zoo_before_training(
 def test_run_accepts_a_pinned_parent_that_is_in_the_zoo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln.local import runner as local
-
-    monkeypatch.setattr(local, "run_jobs", lambda *_, **__: [])
+    monkeypatch.setattr(runner, "run_jobs", lambda *_, **__: [])
     _record(tmp_path / "zoo")
     path = _write(tmp_path, VALID + "  warmStart: {parent: small_cnn-0badc0de}\n")
     assert cli.main(["run", str(path), "--zoo", str(tmp_path / "zoo")]) == cli.EXIT_OK
@@ -273,14 +267,12 @@ def test_run_refuses_a_job_another_run_in_this_directory_holds(
 ) -> None:
     import os
 
-    from kiln.local import runner as local
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(local, "_run_one", _no_training)
+    monkeypatch.setattr(runner, "_run_one", _no_training)
     path = _write(tmp_path, VALID)
     runs = tmp_path / ".kiln" / "runs"
     runs.mkdir(parents=True)
-    with local._job_lock(runs / "digits-small.lock", "digits-small"):
+    with runner._job_lock(runs / "digits-small.lock", "digits-small"):
         assert cli.main(["run", str(path), "--zoo", "zoo"]) == cli.EXIT_USAGE
     err = " ".join(capsys.readouterr().err.split())
     assert f"job digits-small is already running (pid {os.getpid()})" in err
@@ -291,7 +283,7 @@ def test_run_refuses_more_cpu_slots_than_cores_even_for_one_job(
 ) -> None:
     monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(machine.profile, "device_type", lambda device="auto": "cpu")
-    monkeypatch.setattr(cli.local, "run_jobs", _no_training)
+    monkeypatch.setattr(cli.runner, "run_jobs", _no_training)
     job = _write(tmp_path, VALID)
     args = ["run", str(job), "--slots", "3", "--zoo", str(tmp_path / "zoo")]
     assert cli.main(args) == cli.EXIT_USAGE

@@ -1,10 +1,8 @@
 """kiln_trainer: Kiln's trainer, as the default entrypoint and as a library.
 
-As an entrypoint, ``python -m kiln_trainer --job job.yaml`` trains one TrainingJob (see
-`kiln_trainer.cli`): seed, data, model, schedule, resume, epochs, zoo registration, with
-JSON-lines progress on stdout and Prometheus metrics.
-
-As a library, a few calls add Kiln's checkpoints and metrics to your own loop:
+``python -m kiln_trainer --job job.yaml`` trains one TrainingJob (`loop.main`); as a library, a
+few calls add Kiln's checkpoints and metrics to your own loop. Importing this package never
+imports kopf, kubernetes or pyomo.
 
     >>> import tempfile, torch, kiln_trainer
     >>> from kiln.zoo import store
@@ -15,12 +13,6 @@ As a library, a few calls add Kiln's checkpoints and metrics to your own loop:
     >>> size_bytes = kiln_trainer.save_checkpoint(where, {"model": model.state_dict(), "epoch": 1})
     >>> kiln_trainer.load_checkpoint(where)["epoch"]
     1
-
-Root exports (`__all__`): `run` (the default recipe, `loop.main`), `save_checkpoint`,
-`load_checkpoint`, `MetricsReporter`, `DatasetError`. Submodules: `data`, `loop`,
-`checkpoint`, `metrics`, `optim`, `events`, `tracking`, `cli`.
-
-Importing this package never imports kopf, kubernetes or pyomo.
 """
 
 import importlib
@@ -36,7 +28,8 @@ _EXPORTS = {
     "MetricsReporter": ("kiln_trainer.metrics", "MetricsReporter"),
     "DatasetError": ("kiln_trainer.data", "DatasetError"),
 }
-_SUBMODULES = {"data", "loop", "checkpoint", "metrics", "optim", "events", "tracking", "cli"}
+_SUBMODULES = {"checkpoint", "cli", "data", "distributed", "events", "freezing", "loop", "metrics",
+               "optim", "registration", "runtime", "tracking", "warm"}
 
 __all__ = ["DatasetError", "MetricsReporter", "load_checkpoint", "run", "save_checkpoint"]
 

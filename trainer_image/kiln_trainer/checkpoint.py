@@ -1,36 +1,8 @@
 """Training checkpoints: a plain dict keyed by the constants below, kept in an object store.
 
-A checkpoint holds everything a restarted trainer needs to continue as if never stopped: model,
-optimizer and schedule state, every RNG (Python, NumPy, torch CPU and CUDA), the position
-(completed epochs, batches of the next epoch already trained, optimizer steps), the training
-clock and time-to-target, the evaluation history and the spec that wrote it.
-
-Where: ``checkpoints/<namespace or 'default'>/<job-name>/checkpoint.pt`` in the zoo store, or
-``<namespace>/<job-name>/checkpoint.pt`` under a checkpoint directory (``--checkpoint-dir`` /
-``KILN_CHECKPOINTS``; without zoo or directory, ``./.kiln/checkpoints``). The bytes come from
-`torch.save` and go in with one `put_bytes` (atomic in `DirStore`: temp file + rename; a single
-PUT in S3), so a reader never sees half a checkpoint. Loading uses
-``torch.load(weights_only=True)``: nothing but tensors and plain Python values may be inside,
-which is why NumPy's RNG state is stored as a tensor.
-
-`capture` and `restore` translate the default loop's state (`tracking.RunState`, model,
-optimizer, schedule, RNGs) to and from that dict; on resume a changed spec is logged field by
-field and the job's values win, while a changed model is refused. The RNG states themselves
-come from `kiln_trainer.rngstate` (`rng_state`, `set_rng_state`, re-exported here).
-
-Parallel runs (`kiln_trainer.distributed.parallel`, issue 5). Given a `parallel.Context`, `capture` is
-collective (every rank calls it; only rank 0 saves what it returns): the model and optimizer
-state are gathered full and unsharded (FSDP) under the keys of a single process, and every
-rank's RNG state is kept (`RANK_RNG_KEY`). The position is global (epochs, global batches,
-steps), so a checkpoint of any parallelism and world size W resumes under any other:
-`restore_model` loads the weights into the unwrapped model (before wrapping; or into an FSDP
-model after), `restore_training` the optimizer, schedule, RNGs and position. A rank finds its
-own RNG state when W is unchanged; otherwise rank 0 takes the writer's rank 0 state and the
-other ranks streams derived from it. Checkpoints written before issue 5 (no parallel keys)
-read as single-process ones.
-
-Callers: `kiln_trainer.loop` (and users' own loops, via the package root). Non-goals: no
-sharded checkpoint files (rank 0 must hold the full state), no retention of older checkpoints.
+A checkpoint holds everything a restarted trainer needs to continue as if never stopped, at a
+global position (epochs, global batches, steps), so one written under any parallelism and world
+size resumes under any other. Never here: sharded checkpoint files, retention of older ones.
 """
 
 from __future__ import annotations
@@ -50,7 +22,7 @@ from torch import nn
 
 from kiln import api
 from kiln.zoo import store as zoo_store
-from kiln_trainer import optim, rngstate, tracking
+from kiln_trainer import optim, tracking
 from kiln_trainer.distributed import parallel
 
 _log = logging.getLogger(__name__)
@@ -76,10 +48,6 @@ WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.Wa
 PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
-
-# Re-exports: every RNG's state, as checkpoints keep it (kiln_trainer.rngstate).
-rng_state = rngstate.rng_state
-set_rng_state = rngstate.set_rng_state
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
 FILE_NAME = "checkpoint.pt"
@@ -117,6 +85,9 @@ def locate(
 ) -> Location:
     """Where `job`'s checkpoint lives: the checkpoint directory, else the zoo, else ./.kiln.
 
+    ``<namespace or 'default'>/<job-name>/checkpoint.pt`` under the directory (or
+    ``DEFAULT_DIR``), ``checkpoints/<same>`` in the zoo store.
+
     Args:
         job: the job; its namespace (or "default") and name make the key.
         checkpoint_dir: an explicit directory (wins over the zoo), or None.
@@ -132,6 +103,9 @@ def locate(
 
 def save_checkpoint(location: Location, state: dict[str, Any]) -> int:
     """Write `state` (a dict keyed by the *_KEY constants) as one object.
+
+    One `put_bytes` of `torch.save`'s bytes: atomic in `DirStore` (temp file + rename), a single
+    PUT in S3, so a reader never sees half a checkpoint.
 
     Returns:
         The checkpoint's size in bytes.
@@ -182,6 +156,36 @@ def delete_checkpoint(location: Location) -> None:
         location.store.delete(location.key)
 
 
+# ----------------------------------------------------------------------------------------------
+# RNG states as checkpoint-safe values: tensors and plain Python values only, so a checkpoint
+# holding them loads with ``torch.load(weights_only=True)`` (NumPy's key array travels as an
+# int64 tensor)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values (loadable with weights_only=True)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": random.getstate(),
+        "numpy": [torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                  float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned; CUDA states only when the device count matches."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
 def spec_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Fields of the model, dataset and training sections that differ, one line each.
 
@@ -222,6 +226,9 @@ def capture(
     wrapped: nn.Module | None = None,
 ) -> dict[str, Any]:
     """The checkpoint dict (keys: `*_KEY`) for the current position.
+
+    Model and optimizer state are gathered full and unsharded, under a single process's keys;
+    every rank's RNG state is kept (`RANK_RNG_KEY`).
 
     Args:
         state: the run's position and history.

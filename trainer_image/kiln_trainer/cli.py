@@ -1,50 +1,11 @@
-"""The trainer's command line: ``python -m kiln_trainer --job FILE [options]``.
+"""The trainer's entrypoint, ``python -m kiln_trainer``: run one job, map its outcome to an exit
+code and events.
 
-Options and their environment fallbacks (pods set the environment, people the flags):
-
-| flag | env | meaning |
-|---|---|---|
-| --job FILE | KILN_JOB_FILE, or KILN_JOB (the job as JSON text) | the TrainingJob (YAML/JSON) |
-| --zoo URI | KILN_ZOO | zoo store: a path, file://..., or s3://bucket[/prefix] |
-| --metrics-port N | KILN_METRICS_PORT | Prometheus endpoint; 0 (default) serves none |
-| --checkpoint-dir DIR | KILN_CHECKPOINTS | keep checkpoints here instead of the zoo store |
-| --no-register | | train but do not add the model to the zoo |
-| --no-resume | | ignore an existing checkpoint and start afresh |
-| --parallelism MODE | KILN_PARALLELISM | auto (default), single, ddp or fsdp (see below) |
-
-Exit codes: 0 success; 2 the job, dataset, checkpoint or settings are wrong (one message on
-stderr, no traceback; also in /dev/termination-log); 3 the zoo or checkpoint store stayed
-unavailable after retries (the checkpoint is kept, a rerun continues); 1 out of memory (one
-message: reduce batchSize or the model) or an unexpected error (traceback on stderr). SIGTERM
-and SIGINT save a checkpoint at the next step and exit 128 + signal (143, 130), as if the
-signal had ended the process.
-
-Parallel runs. --parallelism auto takes spec.resources.parallelism, and ddp when that is auto
-too (single with one process). Under torchrun (`kiln_trainer.distributed.parallel.launch_command`, or the
-pod command; W > 1 processes) every rank runs this `main`; stderr lines carry ``rank R``. Rank 0
-alone writes the stdout protocol (progress, info, the result) and the result to
-/dev/termination-log. A failure goes to the termination log as ``rank R of W: ...`` from the
-first rank that fails (once one rank dies, the others' collectives fail with messages that
-only echo it, so they leave the first in place). A signal to torchrun reaches every rank, and
-any rank's stop request stops all of them after the same step; rank 0 writes the checkpoint
-and the "stopped on request" info line.
-
-**Exit codes are lost under torchrun**: it exits 1 whenever a worker exits non-zero, and on
-SIGTERM, whatever the workers' codes (2, 3, 143). Callers of a torchrun command must therefore
-go by the events, which are authoritative: a ``result`` event on stdout (rank 0; also in the
-termination log) means success; a last stdout line "stopped on request ..." means interrupted
-with a checkpoint; otherwise the run failed, and the termination log's ``error`` event (and
-stderr) says why. Rank 0 writes one of these on every path it survives (on a failure, unless
-another rank's failure is already there), including a collective that fails because another
-rank died (that message then points to the other ranks' logs).
-
-Callers: `kiln_trainer.__main__`, the local runner (as a subprocess), trainer pods.
-Non-goals: no torchrun launching (`parallel.launch_command` and the pod command do that).
+Flags, environment, events and exit codes are those of `kiln.contract`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -58,50 +19,18 @@ from types import FrameType
 
 import torch
 
-from kiln import api
+from kiln import api, contract
 from kiln.api import jobfile
+from kiln.warmstart import decision
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, loop
-from kiln_trainer.distributed import parallel
-
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_INVALID = 2
-EXIT_STORE_UNAVAILABLE = 3
+from kiln_trainer import checkpoint, data, events, loop, runtime, warm
 
 _log = logging.getLogger("kiln_trainer")
 _STARTED_SECONDS = time.time()  # wall clock, for `_failed_elsewhere`
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse the flags, with environment fallbacks (see the module docstring)."""
-    env = os.environ
-    parser = argparse.ArgumentParser(
-        prog="python -m kiln_trainer", description="Train one Kiln TrainingJob."
-    )
-    parser.add_argument("--job", default=env.get("KILN_JOB_FILE"),
-                        help="TrainingJob file (YAML or JSON); env KILN_JOB_FILE or KILN_JOB")
-    parser.add_argument("--zoo", default=env.get("KILN_ZOO") or None,
-                        help="zoo store URI (path, file://, s3://bucket/prefix); env KILN_ZOO")
-    parser.add_argument("--metrics-port", type=int, default=env.get("KILN_METRICS_PORT", "0"),
-                        help="Prometheus port; 0 = no endpoint (default)")
-    parser.add_argument("--checkpoint-dir", default=env.get("KILN_CHECKPOINTS") or None,
-                        help="checkpoint directory (default: the zoo store, else "
-                        f"{checkpoint.DEFAULT_DIR})")
-    parser.add_argument("--no-register", action="store_true", help="do not register in the zoo")
-    parser.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
-    parser.add_argument("--parallelism", default=env.get("KILN_PARALLELISM") or "auto",
-                        choices=("auto", *parallel.PARALLELISMS),
-                        help="auto (ddp under torchrun with several processes, else single), "
-                        "single, ddp or fsdp; env KILN_PARALLELISM")
-    parser.add_argument("--parent", default=env.get("KILN_WARM_START_PARENT") or None,
-                        metavar="ID", help="warm-start parent decided upstream: a zoo id, or "
-                        "none for a cold start (default: choose from the zoo)")
-    return parser.parse_args(argv)
-
-
 def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
-    """The job from a file, else from JSON text (KILN_JOB).
+    """The job from a file, else from JSON text (`contract.Env.JOB`).
 
     Raises:
         api.InvalidSpec: no job given, a bad file, several jobs in one file, or an invalid job.
@@ -116,20 +45,27 @@ def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
         try:
             doc = json.loads(job_json)
         except json.JSONDecodeError as exc:
-            raise api.InvalidSpec([f"not valid JSON: {exc}"], source="KILN_JOB") from None
+            raise api.InvalidSpec([f"not valid JSON: {exc}"], source=contract.Env.JOB) from None
         except RecursionError:
-            raise api.InvalidSpec(["JSON nested too deeply to read"], source="KILN_JOB") from None
-        return api.parse_job(doc, source="KILN_JOB")
-    raise api.InvalidSpec(["no job given: pass --job FILE, or set KILN_JOB_FILE or KILN_JOB"])
+            raise api.InvalidSpec(["JSON nested too deeply to read"],
+                                  source=contract.Env.JOB) from None
+        return api.parse_job(doc, source=contract.Env.JOB)
+    raise api.InvalidSpec([(f"no job given: pass {contract.Flag.JOB} FILE, or set "
+                            f"{contract.Env.JOB_FILE} or {contract.Env.JOB}")])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the trainer; returns the process exit code (see the module docstring)."""
+    """Run the trainer; returns the process exit code (`kiln.contract`'s EXIT_*, or 128 + the
+    signal that stopped it after a checkpoint).
+
+    Under torchrun every rank runs this; rank 0 alone writes the events (`loop.main`), and the
+    first rank to fail writes the termination log (`_record_failure`).
+    """
     rank, world_size = _rank()
-    where = f"rank {rank} " if world_size > 1 else ""
+    where = f"rank {rank} " if world_size > 1 else ""  # so interleaved stderr names the rank
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s")
-    args = parse_args(argv)
+    args = contract.parse_trainer_args(argv, os.environ)
     emit = events.EventWriter(sys.stdout, termination_log=events.TERMINATION_LOG)
     stop, received = threading.Event(), list[int]()
 
@@ -140,48 +76,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = {signum: signal.signal(signum, on_signal)
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        job = load_job(args.job, os.environ.get("KILN_JOB"))
+        job = load_job(args.job_file, os.environ.get(contract.Env.JOB))
         _check_locations(args)
         loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
-                  register=not args.no_register, checkpoint_dir=args.checkpoint_dir,
-                  resume=not args.no_resume, stop=stop, parent=args.parent, out=sys.stdout,
+                  register=args.register, checkpoint_dir=args.checkpoint_dir,
+                  resume=args.resume, stop=stop, out=sys.stdout,
+                  warm_decision=warm.parse_decision(args.warm_start),
                   parallelism=args.parallelism)
     except loop.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
-            loop.ConfigError) as exc:
-        return _fail(emit, _unwrap_worker_error(str(exc)), EXIT_INVALID)
+            runtime.ConfigError, decision.ApplyError) as exc:
+        return _fail(emit, _unwrap_worker_error(str(exc)), contract.EXIT_INVALID)
     except zoo_store.StoreUnavailable as exc:
-        return _fail(emit, f"store unavailable: {exc}", EXIT_STORE_UNAVAILABLE)
+        return _fail(emit, f"store unavailable: {exc}", contract.EXIT_STORE_UNAVAILABLE)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if not _is_out_of_memory(exc):
             _log.exception("unexpected error")
             _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
-            return EXIT_UNEXPECTED
+            return contract.EXIT_UNEXPECTED
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return _fail(emit, f"out of memory ({first[:300]}); reduce spec.training.batchSize or "
-                     "the model size (spec.model.args, e.g. width or depth)", EXIT_UNEXPECTED)
+                     "the model size (spec.model.args, e.g. width or depth)",
+                     contract.EXIT_UNEXPECTED)
     except Exception as exc:  # noqa: BLE001  # a bug or the environment: log the traceback
         _log.exception("unexpected error")
         _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
-        return EXIT_UNEXPECTED
+        return contract.EXIT_UNEXPECTED
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if received:  # arrived after the last step: the result is out, so the run counts as done
         _log.info("signal %d arrived after training finished; exiting normally", received[0])
-    return EXIT_OK
+    return contract.EXIT_OK
 
 
-def _check_locations(args: argparse.Namespace) -> None:
+def _check_locations(args: contract.TrainerArgs) -> None:
     """Refuse a zoo URI or checkpoint directory no store can use before any work starts.
 
     Raises:
         api.InvalidSpec: naming the flag (or its environment variable) and the problem.
     """
     checks: list[tuple[str, str | None, Callable[[str], object]]] = [
-        ("--zoo", args.zoo, zoo_store.open_store),
-        ("--checkpoint-dir", args.checkpoint_dir, zoo_store.DirStore),
+        (contract.Flag.ZOO, args.zoo, zoo_store.open_store),
+        (contract.Flag.CHECKPOINT_DIR, args.checkpoint_dir, zoo_store.DirStore),
     ]
     for flag, value, open_location in checks:
         try:
@@ -249,9 +187,10 @@ def _failed_elsewhere(termination_log: Path | None) -> bool:
     try:
         if termination_log is None or termination_log.stat().st_mtime < _STARTED_SECONDS:
             return False
-        return bool(json.loads(termination_log.read_text()).get("event") == "error")
-    except (OSError, ValueError, AttributeError):
+        message = contract.read_termination_message(termination_log.read_text())
+    except (OSError, UnicodeDecodeError):
         return False
+    return isinstance(message, contract.Failure)
 
 
 def _fail(emit: events.EventWriter, message: str, code: int) -> int:

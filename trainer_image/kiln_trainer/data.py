@@ -1,38 +1,13 @@
-"""Datasets for the trainer: `api.DatasetSpec` + input shape -> train and validation splits.
+"""Datasets for the trainer: `api.DatasetSpec` + input shape -> seeded train and validation splits.
 
-Four sources (`spec.dataset.name`):
-  * ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 grayscale images, 10
-    classes; nothing is downloaded). Pixels in [0, 16] are scaled to [0, 1], resized to [H, W]
-    with bilinear interpolation, replicated to C channels, then standardised with the training
-    split's mean and standard deviation.
-  * ``imagefolder``: a torchvision `ImageFolder` at ``path`` (one sub-folder per class).
-  * ``torchvision``: a torchvision dataset class by name (``torchvisionClass``, one of
-    `TORCHVISION_CLASSES`) with root ``path``; its *training* split is used and held out by ``validationFraction`` like every
-    other source (its test split stays untouched). Downloads only when ``download`` is true.
-  * ``text``: a UTF-8 file (or a directory: its UTF-8 files concatenated in path order) read
-    as bytes (tokens 0..255), cut into non-overlapping windows of T+1 bytes; a window gives
-    input ``w[:T]`` and next-byte target ``w[1:]``.
-
-Images from files are resized to [H, W] (bilinear), converted to grayscale or RGB to match C,
-and scaled to [-1, 1] ((x - 0.5) / 0.5). Shapes: images Tensor[C, H, W] float32 with an int
-class label; text LongTensor[T] input and LongTensor[T] target, where [C, H, W] or [T] is
-`spec.model.inputShape`.
-
-Every source is split by `kiln_trainer.splits.split_indices` (a seeded permutation, so the same
-seed gives the same split on any machine) into `Splits`; those names and `DatasetError` are
-re-exported here. ``flip-crop`` augmentation (random horizontal flip, then a random crop of the
-image padded by H/8) touches the train split only, drawing from torch's global RNG, which
-checkpoints carry.
-
-Batches: `train_batches`, `eval_batches` and `steps_per_epoch` are `kiln_trainer.distributed.batching`'s
-(seeded global batches, sharded across data-parallel ranks), kept here under their old names.
-
-Callers: `kiln_trainer.loop`. Non-goals: no downloads unless asked, no caching of frozen-prefix
-outputs.
+Shapes: images Tensor[C, H, W] float32 with an int class label; text LongTensor[T] input and
+LongTensor[T] target, where [C, H, W] or [T] is `spec.model.inputShape`. Never downloads unless
+``spec.dataset.download`` asks; batching is `distributed.batching`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,17 +20,77 @@ from torch.nn import functional as F
 from torch.utils import data as torch_data
 
 from kiln import api
-from kiln_trainer import splits
-from kiln_trainer.distributed import batching
 
 Transform = Callable[[Any], torch.Tensor]
 
-# Re-exports: what a loaded dataset is, and how it is split (kiln_trainer.splits).
-Sample = splits.Sample
-DatasetError = splits.DatasetError
-Splits = splits.Splits
-MIN_SPLIT_SAMPLES = splits.MIN_SPLIT_SAMPLES
-split_indices = splits.split_indices
+Sample = tuple[torch.Tensor, torch.Tensor | int]
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be loaded as specified; the message names the field and the fix."""
+
+
+# Below this many samples in a split, accuracy and loss are noise; `split_indices` refuses a
+# validationFraction that leaves fewer when the dataset has enough for both.
+MIN_SPLIT_SAMPLES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """A dataset cut into its training and validation parts.
+
+    Attributes:
+        train: training samples (augmented when the spec asks).
+        validation: held-out samples, never augmented.
+        modality: "image" or "text".
+        num_classes: classes of an image dataset; None for text.
+        description: short human name for logs, e.g. "digits" or "imagefolder:/data/pets".
+        in_memory: samples are tensors in memory (no loader workers needed).
+    """
+
+    train: torch_data.Dataset[Sample]
+    validation: torch_data.Dataset[Sample]
+    modality: str
+    num_classes: int | None
+    description: str
+    in_memory: bool = True
+
+
+def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded (train, validation) index lists over `n` samples, after the maxSamples cap.
+
+    A seeded permutation, so the same seed gives the same split on any machine: ``maxSamples``
+    keeps its first N samples (a seeded random subset), the first
+    ``round(N * validationFraction)`` of those validate, the rest train.
+
+    Raises:
+        DatasetError: fewer than two samples remain, so one split would be empty; or, with at
+            least 2 * MIN_SPLIT_SAMPLES samples, validationFraction leaves one split fewer than
+            MIN_SPLIT_SAMPLES.
+    """
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    if spec.max_samples is not None:
+        order = order[: spec.max_samples]
+    if len(order) < 2:
+        raise DatasetError(
+            f"spec.dataset: {_where(spec)} gives {len(order)} sample(s); training and "
+            "validation need at least 2 (add data or raise spec.dataset.maxSamples)"
+        )
+    n_val = min(len(order) - 1, max(1, round(len(order) * spec.validation_fraction)))
+    n_train = len(order) - n_val
+    if len(order) >= 2 * MIN_SPLIT_SAMPLES and min(n_train, n_val) < MIN_SPLIT_SAMPLES:
+        raise DatasetError(
+            f"spec.dataset.validationFraction: {spec.validation_fraction} leaves {n_train} "
+            f"training and {n_val} validation samples of {len(order)}; each split needs at "
+            f"least {MIN_SPLIT_SAMPLES}, so use a fraction between "
+            f"{MIN_SPLIT_SAMPLES / len(order):.3g} and {1 - MIN_SPLIT_SAMPLES / len(order):.3g}"
+        )
+    return order[n_val:], order[:n_val]
+
+
+def _where(spec: api.DatasetSpec) -> str:
+    return f"{spec.name} at {spec.path}" if spec.path else str(spec.name)
+
 
 # Fixed scaling for file-backed images: [0, 1] -> [-1, 1]. Computing statistics would cost a
 # pass over the data before training starts.
@@ -78,7 +113,23 @@ TORCHVISION_CLASSES: dict[str, tuple[dict[str, Any], int]] = {
 
 
 def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Splits:
-    """Load the dataset `spec` describes and split it by `seed`.
+    """Load the dataset `spec` describes and split it by `seed` (`split_indices`).
+
+    Four sources (`spec.dataset.name`):
+      * ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 grayscale images, 10
+        classes; nothing is downloaded), scaled to [0, 1], resized to [H, W] (bilinear),
+        replicated to C channels, standardised with the training split's mean and std.
+      * ``imagefolder``: a torchvision `ImageFolder` at ``path`` (one sub-folder per class).
+      * ``torchvision``: a torchvision class by name (``torchvisionClass``, one of
+        `TORCHVISION_CLASSES`) with root ``path``; its *training* split is held out by
+        ``validationFraction`` like every other source (its test split stays untouched).
+      * ``text``: a UTF-8 file (or a directory: its UTF-8 files concatenated in path order)
+        read as bytes (tokens 0..255), cut into non-overlapping windows of T+1 bytes; a window
+        gives input ``w[:T]`` and next-byte target ``w[1:]``.
+
+    Images from files are resized to [H, W] (bilinear), converted to grayscale or RGB to match
+    C, and scaled to [-1, 1]. ``flip-crop`` augmentation (`flip_crop`) touches the train split
+    only, drawing from torch's global RNG, which checkpoints carry.
 
     Args:
         spec: the job's `spec.dataset`.
@@ -108,11 +159,6 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Spl
         description, in_memory=False,
     )
 
-
-# Batch order and sharding live in `kiln_trainer.distributed.batching`; these names stay here for callers.
-steps_per_epoch = batching.steps_per_epoch
-train_batches = batching.train_batches
-eval_batches = batching.eval_batches
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,32 +1,8 @@
-"""The default training recipe: `main(job)` reads top to bottom (STYLE.md B6).
+"""The default training recipe: `main(job)` reads top to bottom.
 
-seed -> check the job -> device and parallel context -> data -> model -> warm start (or the
-checkpoint's weights) -> FSDP wrap -> optimizer and schedule (damped first epochs when warm)
--> resume -> freezer -> DDP wrap -> per epoch: `train_one_epoch`, `evaluation.evaluate` (also
-every ``evalEverySteps``), report, checkpoint -> stop at the target (``stopAtTarget``) or when
-the epochs run out -> register the model in the zoo -> emit the result.
-
-Clocks. The *training clock* starts after data and model setup and runs across restarts (the
-elapsed seconds travel in the checkpoint); checkpoint writes, zoo registration and setup are
-excluded, evaluation is included. Time-to-target is the training clock when the validation
-metric first meets the target (accuracy >= value, or loss <= value). Throughput counts only
-the training steps (forward, backward, optimizer). The learning rate changes every step.
-
-Parallel runs (`kiln_trainer.distributed.parallel`, issue 5). Under torchrun every rank runs `main`; with
-one process every collective is the identity, so single, DDP and FSDP share this path.
-``batchSize`` is the global batch. Rank 0 alone warm-starts and writes events, metrics,
-checkpoints and the zoo record. Each step ends with one control collective carrying any rank's
-stop request and rank 0's freezing boundary, so all ranks leave a stretch after the same step.
-
-Freezing (`kiln_trainer.freezing`, Egeria): unless ``spec.freezing.enabled`` is false, a
-`freezing.controller.Freezer` freezes a front prefix of the blocks once their plasticity
-settles; the step runs ``trainable(freezer.prefix(inputs))``, the prefix without gradients (or
-from the activation cache). A boundary change ends the stretch; under DDP every rank re-wraps
-the trainable module, so frozen parameters leave the reducer (rank 0 decides, the others
-follow). Under FSDP freezing is off.
-
-Callers: `kiln_trainer.cli` (``python -m kiln_trainer``); users as ``kiln_trainer.run``.
-Non-goals: no process launching (`parallel.launch_command`), no tensor/pipeline parallelism.
+seed -> device and parallel context -> data -> model -> warm start (or the checkpoint's
+weights) -> FSDP wrap -> optimizer and schedule -> resume -> freezer -> DDP wrap -> per epoch
+`train_one_epoch`, `evaluate`, report, checkpoint -> register the model in the zoo -> result.
 """
 
 from __future__ import annotations
@@ -47,12 +23,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kiln import api, models
+from kiln import api, contract, models
+from kiln.warmstart import select
 from kiln.zoo import store as zoo_store
 from kiln_trainer import (
     checkpoint,
     data,
-    evaluation,
     events,
     metrics,
     optim,
@@ -61,7 +37,7 @@ from kiln_trainer import (
     tracking,
     warm,
 )
-from kiln_trainer.distributed import parallel, replicas
+from kiln_trainer.distributed import batching, parallel, replicas
 from kiln_trainer.freezing import controller as freezing
 from kiln_trainer.freezing import setup as freezing_setup
 
@@ -69,11 +45,6 @@ _log = logging.getLogger(__name__)
 
 # Progress lines (and metric updates) come at least this often during long epochs.
 PROGRESS_INTERVAL_SECONDS = 5.0
-
-ConfigError = runtime.ConfigError  # importable from here, as before the split
-evaluate = evaluation.evaluate  # importable from here, as before the split
-metric_name = registration.metric_name
-start_freezing = freezing_setup.start
 
 
 class Interrupted(Exception):
@@ -89,7 +60,7 @@ def main(
     checkpoint_dir: str | Path | None = None,
     resume: bool = True,
     stop: threading.Event | None = None,
-    parent: str | None = None,
+    warm_decision: select.Decision | None = None,
     out: TextIO = sys.stdout,
     termination_log: Path | None = events.TERMINATION_LOG,
     init_state: Mapping[str, torch.Tensor] | None = None,
@@ -105,7 +76,7 @@ def main(
         checkpoint_dir: keep checkpoints in this directory instead of the zoo store.
         resume: False ignores (and overwrites) an existing checkpoint.
         stop: when set (by a signal handler), save a checkpoint and raise `Interrupted`.
-        parent: warm-start parent decided upstream (a zoo id, or "none"); None: decide here.
+        warm_decision: the warm-start decision made upstream, final; None: decide here.
         out: where the JSON-lines protocol goes (`kiln_trainer.events`); rank 0 only.
         termination_log: file that also receives the result, when it exists; rank 0 only.
         init_state: initial weights chosen by the caller (e.g. a name-and-shape copy, what
@@ -116,7 +87,7 @@ def main(
             auto too, ddp under torchrun with W > 1 processes, else single).
 
     Returns:
-        The result fields (`events.Result.to_json()`), also emitted as the last line of `out`
+        The result fields (`contract.Result.to_json()`), also emitted as the last line of `out`
         (rank 0's; the other ranks return theirs, which differ only in their own clocks).
 
     Raises:
@@ -124,7 +95,7 @@ def main(
         data.DatasetError: the dataset cannot be loaded (missing path, empty, too short).
         checkpoint.CheckpointError: an unreadable checkpoint, one for another model, or one
             that only some ranks can see.
-        ConfigError: CUDA requested but absent, the metrics port cannot be bound, a bad
+        runtime.ConfigError: CUDA requested but absent, the metrics port cannot be bound, a bad
             torchrun environment, or a batch size the ranks cannot share.
         Interrupted: `stop` was set (on any rank); a checkpoint was saved first.
         zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries).
@@ -136,6 +107,8 @@ def main(
         raise api.InvalidSpec(problems, source=f"job {job.name}")
     device = runtime.pick_device(spec)
     requested = parallelism if parallelism != "auto" else spec.resources.parallelism.value
+    # Under torchrun every rank runs `main`; with one process every collective is the identity.
+    # Rank 0 alone warm-starts and writes events, metrics, checkpoints and the zoo record.
     ctx = parallel.setup(requested, device.type)
     cleanup = contextlib.ExitStack()  # what the run holds: process group, files, processes
     cleanup.callback(ctx.shutdown)
@@ -149,8 +122,8 @@ def main(
 
         splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
                            seed=spec.dataset.split_seed)
-        steps_per_epoch = data.steps_per_epoch(splits.train, batch_size=batch_size,
-                                               world_size=ctx.world_size)
+        steps_per_epoch = batching.steps_per_epoch(splits.train, batch_size=batch_size,
+                                                   world_size=ctx.world_size)
         workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
         _log.info("%s: %d train / %d validation samples, %d steps per epoch, device %s",
                   splits.description, len(splits.train), len(splits.validation),  # type: ignore[arg-type]
@@ -171,8 +144,9 @@ def main(
             raw_model.load_state_dict(init_state, strict=False)
             warm_start = warm.WarmStart(None, None, None, None, None, 1.0, "init_state", (
                 f"no warm start: {len(init_state)} initial tensors given by the caller"))
-        else:  # rank 0 chooses and loads the parent; the weights reach the others below
-            chosen = warm.warm_start(job, raw_model, zoo, parent=parent) if ctx.is_main else None
+        else:  # rank 0 applies the decision; the weights reach the others below
+            chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision)
+                      if ctx.is_main else None)
             warm_start = warm.WarmStart.from_json(ctx.broadcast_object(
                 chosen.to_json() if chosen is not None else None))
         emit.info(warm_start.message() + (" (when the job first started; its weights now come "
@@ -209,11 +183,14 @@ def main(
             model = replicas.describe(ctx.wrap(trainable), state.step)
         if ctx.rank and saved is None:  # same init everywhere; now each rank its own stream
             runtime.seed_everything(spec.training.seed + 1_000_003 * ctx.rank)
+        # The training clock starts here, after setup, and runs across restarts; checkpoint
+        # writes and zoo registration are excluded, evaluation is included. Time-to-target is
+        # its reading when the validation metric first meets the target.
         clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved
                                else 0.0)
         checkpointer = functools.partial(save, location, clock, state, job, raw_model, optimizer,
                                          scheduler, freezer, ctx)
-        validate = functools.partial(evaluation.evaluate, raw_model, splits,
+        validate = functools.partial(evaluate, raw_model, splits,
                                      batch_size=batch_size, device=device,
                                      num_workers=workers, ctx=ctx)  # FSDP: sharded in place
 
@@ -226,7 +203,7 @@ def main(
                                    steps_per_epoch=steps_per_epoch, freezer=freezer)
         eval_every = spec.training.eval_every_steps
         while not state.finished(spec):
-            batches = iter(data.train_batches(
+            batches = iter(batching.train_batches(
                 splits.train, batch_size=batch_size, seed=spec.training.seed,
                 epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers,
                 shard=ctx.shard, with_indices=freezer is not None))
@@ -253,7 +230,7 @@ def main(
                 report.training(stats, announce=not (eval_due or epoch_over))  # eval reports
                 if stops:
                     checkpointer(model)
-                    emit.info(f"stopped on request at epoch {state.epochs_done + 1}, step "
+                    emit.info(f"{contract.STOPPED_PREFIX} at epoch {state.epochs_done + 1}, step "
                               f"{state.step}; checkpoint saved to {location.describe()}")
                     raise Interrupted(location.describe())
                 if eval_due and not epoch_over:
@@ -279,8 +256,9 @@ def main(
         ctx.barrier()  # every rank is done with the checkpoint
         if ctx.is_main:
             checkpoint.delete_checkpoint(location)  # finished: a rerun of this job trains afresh
-        result = events.Result(
-            metric_name=metric_name(spec), metric=final[metric_name(spec)],
+        result = contract.Result(
+            metric_name=registration.metric_name(spec),
+            metric=final[registration.metric_name(spec)],
             validation_accuracy=final["validation_accuracy"],
             validation_loss=final["validation_loss"], wall_seconds=wall_seconds,
             time_to_target_seconds=state.time_to_target_seconds,
@@ -320,7 +298,7 @@ def train_one_epoch(
 
     Args:
         model: the (possibly wrapped) trainable module, put in train mode here.
-        batches: iterator of (inputs, targets) from `data.train_batches`.
+        batches: iterator of (inputs, targets) from `batching.train_batches`.
         optimizer: steps once per batch.
         scheduler: steps once per batch, after the optimizer.
         device: where the batches go.
@@ -369,6 +347,56 @@ def train_one_epoch(
             break
     return tracking.StepStats(steps, samples, float(loss_sum), time.perf_counter() - start,
                               boundary_event=event)
+
+
+def evaluate(
+    model: nn.Module,
+    splits: data.Splits,
+    *,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int = 0,
+    ctx: parallel.Context | None = None,
+    wrapped: nn.Module | None = None,
+) -> tracking.Evaluation:
+    """Accuracy and mean cross-entropy on the validation split (per token for LMs).
+
+    Runs under ``torch.inference_mode()``. Under DDP each rank evaluates its contiguous range of
+    the split with the unwrapped model (rank 0's BatchNorm statistics copied first,
+    `parallel.Context.prepare_eval`) and the sums are added over the ranks; under FSDP every
+    rank runs the whole split through the sharded model, whose forward is collective. Images
+    Tensor[B, C, H, W] give logits Tensor[B, K]; text LongTensor[B, T] gives Tensor[B, T, V];
+    loss and accuracy flatten the leading dimensions (per token: nats, next-byte accuracy).
+
+    Args:
+        model: the unwrapped model (`raw_model`); left in train mode afterwards.
+        splits: the data; its validation split is evaluated once, in a fixed order.
+        batch_size: the global training batch size B; evaluation batches hold 2B samples.
+        device: where the batches go.
+        num_workers: DataLoader worker processes.
+        ctx: the parallel context (default: one process). With W > 1 this call is collective.
+        wrapped: the DDP or FSDP wrapper of `model` (default `model`; FSDP evaluates through it).
+
+    Returns:
+        The same numbers on every rank.
+    """
+    ctx = ctx or parallel.Context()
+    module = ctx.prepare_eval(model if wrapped is None else wrapped, model)
+    module.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    loader = batching.eval_batches(splits.validation, batch_size=2 * batch_size,
+                               num_workers=num_workers, shard=ctx.eval_shard)
+    with torch.inference_mode():
+        for inputs, targets in loader:
+            logits = module(inputs.to(device)).flatten(0, -2)
+            targets = targets.to(device).flatten()
+            loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == targets).sum())
+            count += len(targets)
+    module.train()
+    total_loss, total_correct, total_count = ctx.sum_eval_shards([loss_sum, correct, count])
+    return tracking.Evaluation(accuracy=total_correct / total_count,
+                               loss=total_loss / total_count)
 
 
 # ----------------------------------------------------------------------------------------------

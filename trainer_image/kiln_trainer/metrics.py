@@ -1,35 +1,7 @@
-"""Prometheus metrics of one trainer process (DESIGN.md section 1; STYLE.md B9).
+"""Prometheus metrics of one trainer process, ``kiln_trainer_<what>_<base unit>``.
 
-Every metric is named ``kiln_trainer_<what>_<base unit>`` and carries exactly two labels, the
-TrainingJob's ``job`` (metadata.name) and ``namespace`` (metadata.namespace, "default" when
-unset), so cardinality is one series per job. They live in the reporter's own
-`CollectorRegistry`, never the global one, so several reporters (tests, a user's loop) coexist.
-
-| metric | type | meaning |
-|---|---|---|
-| kiln_trainer_train_loss | gauge | mean training loss since the previous report |
-| kiln_trainer_validation_accuracy_ratio | gauge | validation accuracy in [0, 1] (LMs: tokens) |
-| kiln_trainer_validation_loss | gauge | mean validation cross-entropy (nats) |
-| kiln_trainer_samples_per_second | gauge | training throughput over the last interval |
-| kiln_trainer_samples_total | counter | training samples consumed (all runs of the job) |
-| kiln_trainer_steps_total | counter | optimizer steps (all runs of the job) |
-| kiln_trainer_epoch | gauge | epochs completed |
-| kiln_trainer_progress_ratio | gauge | share of the epoch budget done, in [0, 1] |
-| kiln_trainer_eta_seconds | gauge | estimated seconds left for the remaining epochs |
-| kiln_trainer_frozen_modules | gauge | front modules frozen now (Egeria) |
-| kiln_trainer_frozen_parameters_ratio | gauge | share of parameters frozen, in [0, 1] |
-| kiln_trainer_backward_flops_skipped_ratio | gauge | share of backward FLOPs skipped per step |
-
-There is deliberately no gauge beside a counter of the same stem (prometheus-client refuses a
-gauge ``x`` next to a counter ``x_total``). Note for scrape configs: Prometheus sets its own
-``job`` target label, so keep ``honor_labels: true`` (ServiceMonitor ``honorLabels``) to keep
-ours; otherwise it shows up as ``exported_job``.
-
-The HTTP endpoint is opt-in: `serve(port)`; the trainer's ``--metrics-port`` defaults to 0,
-which means no server (local runs follow stdout instead), while trainer pods get a port.
-
-Callers: `kiln_trainer.loop`; users' own loops via ``kiln_trainer.MetricsReporter``.
-Non-goals: no push gateway, no per-layer metrics.
+Each carries exactly two labels, ``job`` and ``namespace``: one series per job. They live in
+the reporter's own `CollectorRegistry`, never the global one, so several reporters coexist.
 """
 
 from __future__ import annotations
@@ -39,7 +11,10 @@ from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 
-PREFIX = "kiln_trainer_"
+from kiln import contract
+
+# Prometheus sets its own ``job`` target label: scrape with ``honor_labels: true``
+# (ServiceMonitor ``honorLabels``) to keep ours, else it shows up as ``exported_job``.
 LABELS = ("job", "namespace")
 _LABEL_HELP = " Labels: job (TrainingJob name), namespace (its namespace or default)."
 
@@ -63,30 +38,32 @@ class MetricsReporter:
 
         def gauge(name: str, text: str) -> prometheus_client.Gauge:
             metric = prometheus_client.Gauge(
-                PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
+                contract.METRIC_PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
             )
             return metric.labels(**self._labels)
 
         def counter(name: str, text: str) -> prometheus_client.Counter:
             metric = prometheus_client.Counter(
-                PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
+                contract.METRIC_PREFIX + name, text + _LABEL_HELP, LABELS, registry=self.registry
             )
             return metric.labels(**self._labels)
 
-        self.train_loss = gauge("train_loss", "Mean training loss since the previous report.")
+        # No gauge beside a counter of the same stem: prometheus-client refuses a gauge ``x``
+        # next to a counter ``x_total``.
+        self.train_loss = gauge(contract.Metric.TRAIN_LOSS, "Mean training loss since the previous report.")
         self.validation_accuracy = gauge(
-            "validation_accuracy_ratio", "Validation accuracy in [0, 1] (token accuracy for LMs)."
+            contract.Metric.VALIDATION_ACCURACY, "Validation accuracy in [0, 1] (token accuracy for LMs)."
         )
-        self.validation_loss = gauge("validation_loss", "Mean validation cross-entropy in nats.")
+        self.validation_loss = gauge(contract.Metric.VALIDATION_LOSS, "Mean validation cross-entropy in nats.")
         self.samples_per_second = gauge(
-            "samples_per_second", "Training throughput over the last report interval."
+            contract.Metric.SAMPLES_PER_SECOND, "Training throughput over the last report interval."
         )
         self.samples = counter("samples", "Training samples consumed, across restarts.")
-        self.steps = counter("steps", "Optimizer steps taken, across restarts.")
-        self.epoch = gauge("epoch", "Epochs completed.")
+        self.steps = counter(contract.Metric.STEPS, "Optimizer steps taken, across restarts.")
+        self.epoch = gauge(contract.Metric.EPOCH, "Epochs completed.")
         self.progress = gauge("progress_ratio", "Share of the epoch budget done, in [0, 1].")
-        self.eta = gauge("eta_seconds", "Estimated seconds left for the remaining epochs.")
-        self.frozen_modules = gauge("frozen_modules", "Front modules frozen now (Egeria).")
+        self.eta = gauge(contract.Metric.ETA, "Estimated seconds left for the remaining epochs.")
+        self.frozen_modules = gauge(contract.Metric.FROZEN_MODULES, "Front modules frozen now (Egeria).")
         self.frozen_parameters = gauge(
             "frozen_parameters_ratio", "Share of the model's parameters frozen, in [0, 1]."
         )
@@ -95,7 +72,8 @@ class MetricsReporter:
         )
 
     def serve(self, port: int, *, address: str = "0.0.0.0") -> int:
-        """Start the /metrics HTTP endpoint in a daemon thread.
+        """Start the /metrics HTTP endpoint in a daemon thread (opt-in: the trainer's
+        ``--metrics-port`` defaults to 0, no server; trainer pods get a port).
 
         Args:
             port: TCP port; 0 picks a free one.

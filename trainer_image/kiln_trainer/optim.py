@@ -1,19 +1,7 @@
 """Optimizer and learning-rate schedule from `spec.training`.
 
-The schedule is stepped once per *optimizer step* (not per epoch), so warm-up and cosine decay
-are smooth even for runs of a few epochs. The learning rate at step s (0-based, the step about
-to be taken) is ``lr * lr_factor(s)``:
-
-  * warm-up: ``(s + 1) / W`` for the first W = warmupEpochs * steps_per_epoch steps;
-  * constant: 1;
-  * cosine: ``0.5 * (1 + cos(pi * (s - W) / (S - W)))`` over the remaining S - W steps, where
-    S = epochs * steps_per_epoch (decays to 0 at the end of the epoch budget);
-  * step: ``gamma ** ((epoch - warmupEpochs) // stepEpochs)`` with epoch = s // steps_per_epoch.
-
-`torch.optim.lr_scheduler.LambdaLR` applies it, so its state_dict (step counter, base lrs) goes
-in checkpoints. Weight decay is L2 for sgd and adam, decoupled for adamw.
-
-Callers: `kiln_trainer.loop`. Non-goals: no parameter groups (e.g. no decay on norms).
+The schedule steps once per *optimizer step* (not per epoch), so warm-up and cosine decay are
+smooth even for runs of a few epochs. No parameter groups (e.g. no decay exemption for norms).
 """
 
 from __future__ import annotations
@@ -30,7 +18,10 @@ from kiln import api
 def build_optimizer(
     parameters: Iterable[nn.Parameter], spec: api.OptimizerSpec
 ) -> torch.optim.Optimizer:
-    """The optimizer `spec.training.optimizer` names, over `parameters`."""
+    """The optimizer `spec.training.optimizer` names, over `parameters`.
+
+    Weight decay is L2 for sgd and adam, decoupled for adamw.
+    """
     params = list(parameters)
     if spec.name == api.OptimizerName.SGD:
         return torch.optim.SGD(
@@ -45,7 +36,14 @@ def build_optimizer(
 def lr_factor(
     step: int, *, schedule: api.LrScheduleSpec, epochs: int, steps_per_epoch: int
 ) -> float:
-    """Multiplier of the base learning rate for optimizer step `step` (0-based); see module."""
+    """Multiplier of the base learning rate for optimizer step `step` (0-based, about to be taken).
+
+      * warm-up: ``(s + 1) / W`` for the first W = warmupEpochs * steps_per_epoch steps;
+      * constant: 1;
+      * cosine: ``0.5 * (1 + cos(pi * (s - W) / (S - W)))`` over the remaining S - W steps,
+        where S = epochs * steps_per_epoch (decays to 0 at the end of the epoch budget);
+      * step: ``gamma ** ((epoch - warmupEpochs) // stepEpochs)``, epoch = s // steps_per_epoch.
+    """
     warmup_steps = schedule.warmup_epochs * steps_per_epoch
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -67,6 +65,8 @@ def build_schedule(
     damping: Callable[[int], float] | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-optimizer-step LambdaLR applying `lr_factor` to every parameter group.
+
+    Its state_dict (step counter, base lrs) goes in checkpoints.
 
     Args:
         optimizer: the optimizer to schedule.

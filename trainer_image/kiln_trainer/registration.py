@@ -1,12 +1,6 @@
 """Zoo registration of a trained model: the record, its weights and its architecture graph.
 
-`register_model` turns the default loop's final state into a `records.ZooRecord` (architecture
-and arguments, dataset, final metrics, throughput, lineage) and writes it with the weights and
-the graph that later warm starts match against (`kiln.warmstart.graph`). Under data
-parallelism only rank 0 calls it, with the full weights (`parallel.Context.full_state_dict`).
-
-Callers: `kiln_trainer.loop`. Non-goals: no choice of whether to register (the loop decides),
-no reading of the zoo (`kiln_trainer.warm` does that).
+Under data parallelism only rank 0 calls it, with the full weights; it never reads the zoo.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import torch
 from torch import nn
 
 from kiln import api, models
-from kiln.warmstart import graph, plan
+from kiln.warmstart import decision, graph
 from kiln.zoo import records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import tracking, warm
@@ -80,7 +74,7 @@ def register_model(
         parent=records.ZooModelId(warm_start.parent) if warm_start.parent else None,
         similarity=warm_start.similarity)
     try:
-        architecture = graph.to_json(plan.child_graph(spec.model))
+        architecture = graph.to_json(decision.model_graph(spec.model))
     except graph.GraphError as exc:  # kept, but no later job can match against it
         _log.warning("registering without an architecture graph: %s", exc)
         architecture = {"untraceable": str(exc)}

@@ -1,7 +1,4 @@
-"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port.
-
-Callers: `kiln_trainer.loop` (and `kiln_trainer.cli` for `ConfigError`). Non-goals: no training.
-"""
+"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln import api
+from kiln import api, contract
 from kiln_trainer import data, metrics
 
 _log = logging.getLogger(__name__)
@@ -24,13 +21,11 @@ class ConfigError(ValueError):
     """The run cannot start as configured (device, metrics port); the message says the fix."""
 
 
-
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and CUDA) global RNGs."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
 
 
 def pick_device(spec: api.TrainingJobSpec) -> torch.device:
@@ -49,7 +44,6 @@ def pick_device(spec: api.TrainingJobSpec) -> torch.device:
         limit_cpu_threads()
         return torch.device("cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-
 
 
 def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> None:
@@ -72,7 +66,6 @@ def limit_cpu_threads(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> 
         if threads < torch.get_num_threads():
             _log.info("CPU quota %s/%s: using %d threads", quota, period, threads)
             torch.set_num_threads(threads)
-
 
 
 def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.device) -> None:
@@ -100,7 +93,6 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
                      outputs, splits.num_classes)
 
 
-
 def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
     """Serve /metrics on `port` (0: no endpoint).
 
@@ -112,5 +104,5 @@ def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
     try:
         _log.info("metrics on port %d", gauges.serve(port))
     except OSError as exc:
-        raise ConfigError(f"--metrics-port {port}: cannot serve ({exc}); pick a free port, "
+        raise ConfigError(f"{contract.Flag.METRICS_PORT} {port}: cannot serve ({exc}); pick a free port, "
                           "or 0 to turn the endpoint off") from exc

@@ -1,12 +1,7 @@
 """Run tracking: the run's position, the training clock, history and progress reports.
 
-`RunState` is the position a checkpoint carries (epochs, batches, steps, samples, history,
-time-to-target). `Clock` is the training clock: it starts after setup, continues across
-restarts from the checkpoint's elapsed seconds and excludes checkpoint I/O. `Reporter` turns
-training stretches and evaluations into history entries, Prometheus metrics and the stdout
-progress events, and notices when the target is first met.
-
-Callers: `kiln_trainer.loop`. Non-goals: no I/O besides the event stream and metrics.
+`RunState` is the position a checkpoint carries; `Clock` the training clock; `Reporter` turns
+training stretches and evaluations into history, Prometheus metrics and progress events.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kiln import api
+from kiln import api, contract
 from kiln_trainer import events, metrics
 
 _log = logging.getLogger(__name__)
@@ -90,7 +85,11 @@ def target_met(target: api.TargetSpec, evaluation: Evaluation) -> bool:
 
 
 class Clock:
-    """The training clock in seconds: starts at `offset_seconds`, excludes `paused()` spans."""
+    """The training clock in seconds: starts at `offset_seconds`, excludes `paused()` spans.
+
+    It starts after setup, continues across restarts from the checkpoint's elapsed seconds and
+    excludes checkpoint I/O.
+    """
 
     def __init__(
         self, *, offset_seconds: float = 0.0, now: Callable[[], float] = time.monotonic
@@ -180,7 +179,7 @@ class Reporter:
         eta = left_steps * seconds_per_step if ran_steps else None
         last = state.history[-1] if state.history else {}
         epoch = min(self.epochs, state.epochs_done + (1 if state.epoch_batch else 0))
-        self.emit.progress(events.Progress(
+        self.emit.progress(contract.Progress(
             epoch=epoch, epochs=self.epochs, step=state.step,
             steps_per_epoch=self.steps_per_epoch, train_loss=self.train_loss,
             validation_accuracy=last.get("validation_accuracy"),

@@ -1,9 +1,7 @@
 """Job files: read TrainingJob documents from YAML, strictly.
 
-Role: the file side of the API. `load_jobs` reads every document of a YAML file the way
-`yaml.safe_load` does, but refuses what only hurts in job files (anchors and aliases, repeated
-keys), and parses each document with `kiln.api.parse_job`. Callers: `kiln` CLI and the
-trainer's `--job`. Non-goals: no validation of its own (that is `kiln.api`).
+Refuses what only hurts in job files (anchors and aliases, repeated keys) and parses each
+document with `kiln.api.parse_job`; no validation of its own.
 """
 
 from __future__ import annotations

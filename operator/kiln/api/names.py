@@ -1,15 +1,6 @@
 """The API's vocabulary: identity, name rules, closed sets of wire strings, the error, the base.
 
-Holds what every other part of `kiln.api` builds on: the group/version/kind and CRD names, the
-patterns and bounds of names and shapes, the `StrEnum`s whose values travel on the wire (phases,
-condition types and reasons, and the enums of spec fields), `InvalidSpec`, and `ApiModel`, the
-base of every wire type, where the one snake_case to camelCase mapping lives.
-
-Callers: `kiln.api`'s other modules; everyone else through `kiln.api`, which re-exports these
-names (`api.Phase`, `api.InvalidSpec`).
-
-Non-goals: no field types (`kiln.api.spec`, `kiln.api.status`), no checks (`kiln.api.validation`);
-no I/O, never imports torch or kopf.
+`ApiModel`, the base of every wire type, holds the one snake_case to camelCase mapping.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """TrainingJob spec types: every field the user writes, with its default, bounds and doc.
 
-One pydantic type per spec section (`ModelSpec`, `DatasetSpec`, … `RunPolicySpec`), joined by
-`TrainingJobSpec`, plus `ObjectMeta`. Each field's description starts with its wire name and
-becomes the CRD's description; single-field checks (types, enums, bounds) live here and so also
-in the CRD schema (`kiln.crd` walks these types).
-
-Callers: `kiln.api.status` (`TrainingJob` holds a spec and metadata); everyone else through
-`kiln.api`, which re-exports these names (`api.TrainingJobSpec`, `api.ModelSpec`).
-
-Non-goals: no cross-field checks (`kiln.api.validation`), no status; no I/O, never imports torch
-or kopf.
+Each field's description starts with its wire name and becomes the CRD's description;
+single-field checks (types, enums, bounds) live here and so also in the CRD schema.
 """
 
 from __future__ import annotations
@@ -169,7 +161,12 @@ class WarmStartSpec(names.ApiModel):
 
 
 class FreezingSpec(names.ApiModel):
-    """Egeria layer freezing (EuroSys'23); defaults follow the research digest's design."""
+    """Egeria layer freezing (Wang et al., EuroSys'23).
+
+    A module counts as converged in a reference cycle (``window`` probes) when either of two
+    tests holds: its plasticity's slope is flat (``tolerance``) or its plasticity fell far below
+    its peak (``peakFraction``). It freezes after ``patience`` converged cycles in a row.
+    """
 
     enabled: bool = Field(
         default=True, description="enabled: freeze front layers once they stop learning."
@@ -187,7 +184,17 @@ class FreezingSpec(names.ApiModel):
         default=0.1,
         gt=0.0,
         le=10.0,
-        description="tolerance: normalised plasticity slope below which a module is converged.",
+        description="tolerance: a module is converged in a reference cycle when its plasticity "
+        "stopped growing: the least-squares slope over the cycle's probes, normalised as "
+        "abs(slope) x window / mean (dimensionless), is below this.",
+    )
+    peak_fraction: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=1.0,
+        description="peakFraction: a module is also converged in a reference cycle when its "
+        "plasticity fell to this fraction of its highest value since the last unfreeze "
+        "(dimensionless; 0.1: it moves at a tenth of its most plastic pace; 1: always).",
     )
     patience: int = Field(
         default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."

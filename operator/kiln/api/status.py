@@ -1,14 +1,7 @@
 """TrainingJob status types, and `TrainingJob` itself (metadata, spec and status in one object).
 
 Every field the operator writes must be declared here: the CRD's structural schema prunes the
-rest. Conditions use the closed sets in `kiln.api.names` (`ConditionType`, `Reason`); `phase` is
-derived from conditions by the controller, never set directly.
-
-Callers: `kiln.api.validation` (parses into `TrainingJob`); everyone else through `kiln.api`,
-which re-exports these names (`api.TrainingJob`, `api.TrainingJobStatus`).
-
-Non-goals: no status logic (setting conditions, deriving the phase: `kiln.controller.status`);
-no I/O, never imports torch or kopf.
+rest. Status logic (conditions, phase) lives in `kiln.controller.status`.
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ class WarmStartStatus(names.ApiModel):
     matched_tensors: int | None = Field(default=None, description="matchedTensors: transferred.")
     total_tensors: int | None = Field(default=None, description="totalTensors: child's tensors.")
     reason: str | None = Field(default=None, description="reason: why this parent or cold start.")
+    outcome: str | None = Field(default=None, description="outcome: warm, pinned or cold_*.")
 
 
 class PlacementStatus(names.ApiModel):

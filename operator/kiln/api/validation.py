@@ -1,18 +1,7 @@
 """Parsing and validating job documents: `parse_job`, `check_schema`, `validate`, `to_wire`.
 
-Two kinds of checks:
-  * single-field checks (types, enums, bounds, unknown fields) live in the types and therefore
-    also in the CRD schema; `check_schema` runs exactly these, reading the document as
-    `kubectl apply` sends it (strict JSON types, whole floats as integers);
-  * cross-field checks live in `validate` and report every problem as
-    ``field.path: what is wrong (got X); fix``.
-
-Callers: the CLI, the local runner, the trainer and the operator, through `kiln.api`, which
-re-exports these names (`api.parse_job`, `api.validate`); the CRD tests compare `check_schema`
-with the generated schema.
-
-Non-goals: no I/O beyond the document given (`kiln.api.jobfile` reads files); never imports torch or
-kopf.
+Single-field checks live in the types (and so in the CRD schema); `check_schema` runs exactly
+these. Cross-field checks live in `validate`, which reports every problem.
 """
 
 from __future__ import annotations
@@ -81,7 +70,10 @@ def _check_schema(doc: Any) -> tuple[status.TrainingJob | None, list[str]]:
 
 
 def validate(job: status.TrainingJob) -> list[str]:
-    """Cross-field checks the schema cannot express; [] when the job is consistent."""
+    """Cross-field checks the schema cannot express; [] when the job is consistent.
+
+    Every problem reads ``field.path: what is wrong (got X); fix``.
+    """
     spec, problems = job.spec, []
     shape, ds = spec.model.input_shape, spec.dataset
     image = ds.name in (

@@ -1,41 +1,23 @@
 """Admission of a new TrainingJob: validate, choose its warm-start parent, queue it.
 
-`admit` is the create handler's domain call (issue 6 item 1; STYLE.md B3's table):
-
-1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
-   architecture, modality, builder arguments) and `pods.check_template`. Any problem ->
-   Failed/InvalidSpec with every problem named, and a Warning event; nothing is retried.
-2. Warm start: `parents.ParentChooser.decide` in a worker thread. The zoo unreachable ->
-   WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a delay
-   that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts, said plainly.
-   A pinned parent missing from the zoo is an invalid spec.
-3. Queue: Created=True, WarmStarted with the decision, warmStart in status; then Queued (the
-   placement loop takes it) or, with spec.runPolicy.suspend, Suspended.
-
-`requeue` is the resume handler's call: after an operator restart it puts a queued job back
-in the in-memory queue, or makes sure a placed job still has its pod.
-
-Callers: `kiln.controller.handlers`. Non-goals: no placement, no pods.
+`admit` is the create handler's domain call; `requeue` the resume handler's, which after an
+operator restart puts a job back in the queue or makes sure a placed one still has its pod.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kopf
 
 from kiln import api, models
-from kiln.controller import jobs, lifecycle, metrics, pods, status
+from kiln.controller import jobs, lifecycle, metrics, parents, pods, services, status
 from kiln.warmstart import select
 from kiln.zoo import store
 
-if TYPE_CHECKING:
-    from kiln.controller.services import Services
-
 C, R = api.ConditionType, api.Reason
-ZOO_UNAVAILABLE_OUTCOME = metrics.ZOO_UNAVAILABLE_OUTCOME
 
 
 async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[str]]:
@@ -82,8 +64,18 @@ def admitted(st: dict[str, Any]) -> bool:
                                       and warm.get("reason") != R.ZOO_UNAVAILABLE.value)
 
 
-async def admit(svc: Services, body: dict[str, Any], *, retry: int) -> None:
-    """Admit a new job (module docstring).
+async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> None:
+    """Admit a new job.
+
+    1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
+       architecture, modality, builder arguments) and `pods.check_template`. Any problem ->
+       Failed/InvalidSpec naming every problem, and a Warning event; nothing is retried.
+    2. Warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
+       WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a
+       delay that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts,
+       said plainly. A pinned parent missing from the zoo is an invalid spec.
+    3. Queue: Created=True, WarmStarted with the decision, warmStart in status; then Queued
+       (the placement loop takes it) or, with spec.runPolicy.suspend, Suspended.
 
     Args:
         svc: the operator's services.
@@ -110,19 +102,17 @@ async def admit(svc: Services, body: dict[str, Any], *, retry: int) -> None:
         attempt = retry + 1
         if attempt < svc.options.zoo_retry_limit:
             await _zoo_unavailable(svc, ref, exc, attempt)
-        decision = select.Decision(
-            parent_id=None, similarity=None, parent_metric=None, matched_tensors=None,
-            total_tensors=None, candidates_considered=0, outcome=select.Outcome.COLD_EMPTY,
-            reason=(f"cold start: the model zoo stayed unreachable after {attempt} attempts "
-                    f"({exc})"))
-        outcome_label = ZOO_UNAVAILABLE_OUTCOME
+        decision = select.cold_start(
+            select.Outcome.COLD_EMPTY,
+            f"cold start: the model zoo stayed unreachable after {attempt} attempts ({exc})")
+        outcome_label = metrics.ZOO_UNAVAILABLE_OUTCOME
     except api.InvalidSpec as exc:  # a pinned parent that is not in the zoo
         await reject(svc, ref, list(exc.problems))
         return
     await _queue(svc, ref, job, decision, outcome=outcome_label or decision.outcome.value)
 
 
-async def _zoo_unavailable(svc: Services, ref: jobs.JobRef, exc: Exception,
+async def _zoo_unavailable(svc: services.Services, ref: jobs.JobRef, exc: Exception,
                            attempt: int) -> None:
     """Record a failed zoo attempt and ask kopf to retry later (raises)."""
     delay = svc.options.zoo_retry_delay(attempt - 1)
@@ -139,7 +129,7 @@ async def _zoo_unavailable(svc: Services, ref: jobs.JobRef, exc: Exception,
     raise kopf.TemporaryError(message, delay=delay)
 
 
-async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
+async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
                  decision: select.Decision, *, outcome: str) -> None:
     now = svc.clock()
     suspended = job.spec.run_policy.suspend
@@ -150,11 +140,7 @@ async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
         if decision.parent_id is not None and decision.similarity is not None:
             svc.metrics.warm_start_similarity.observe(decision.similarity)
         e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
-        e.status["warmStart"] = {k: v for k, v in {
-            "parent": decision.parent_id, "similarity": decision.similarity,
-            "parentMetric": decision.parent_metric, "matchedTensors": decision.matched_tensors,
-            "totalTensors": decision.total_tensors, "reason": decision.reason,
-        }.items() if v is not None}
+        e.status["warmStart"] = parents.to_status(decision)
         if decision.parent_id is not None:
             e.condition(C.WARM_STARTED, True, R.PARENT_SELECTED, _sentence(decision.reason),
                         now=now, event="Normal")
@@ -162,7 +148,7 @@ async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
             reason = (R.WARM_START_DISABLED if decision.outcome is select.Outcome.DISABLED
                       else R.COLD_START)
             e.condition(C.WARM_STARTED, False, reason, _sentence(decision.reason), now=now,
-                        event="Warning" if outcome == ZOO_UNAVAILABLE_OUTCOME else "Normal")
+                        event="Warning" if outcome == metrics.ZOO_UNAVAILABLE_OUTCOME else "Normal")
         if suspended:
             e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
                         "Created suspended (spec.runPolicy.suspend); set it to false to start.",
@@ -175,7 +161,7 @@ async def _queue(svc: Services, ref: jobs.JobRef, job: api.TrainingJob,
             svc.placement.add(lifecycle.queued_entry(e.body, job, now=now))
 
 
-async def reject(svc: Services, ref: jobs.JobRef, problems: list[str]) -> None:
+async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) -> None:
     """Fail the job as InvalidSpec, naming every problem (no retries: the spec must change)."""
     now = svc.clock()
     message = ("Invalid spec: " + "; ".join(problems) +
@@ -188,7 +174,7 @@ async def reject(svc: Services, ref: jobs.JobRef, problems: list[str]) -> None:
     svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
 
 
-async def requeue(svc: Services, ref: jobs.JobRef) -> None:
+async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
     """After an operator restart: queue a waiting job again, or make sure a placed one runs."""
     body = await svc.jobs.fetch(ref)
     if lifecycle.deleting(body) or body is None:

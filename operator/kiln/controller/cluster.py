@@ -1,21 +1,6 @@
 """The cluster as the planner sees it: device pools, free devices, jobs already running.
 
-Pure functions from listed Node and Pod objects (DESIGN.md section 6, issue 6 item 1):
-
-* A node that is Ready, schedulable and has allocatable ``nvidia.com/gpu`` joins the "gpu"
-  pool with its GPUs minus those requested by pods Kiln does not own (other workloads). A
-  node without GPUs joins the "cpu" pool with `cpu_slots` slots (an operator setting): CPU-only
-  clusters are valid, and a CPU job holds one slot and runs single-process.
-* With a GPU type set (``kiln operator --gpu-type``), only GPU nodes whose GPU-type label
-  (e.g. ``nvidia.com/gpu.product`` from NVIDIA's GPU feature discovery) equals it join the
-  "gpu" pool; other GPU nodes join no pool (they are left to other workloads).
-* Kiln's own active trainer pods become `types.Running` entries (pinned by the planner) with
-  the remaining seconds their plan estimated, refined by the trainer's reported ETA.
-* `free_devices` says how many devices of a node are free right now, which is checked before a
-  planned start (a job starts when it reaches the head of its node's queue AND its devices are
-  free, DESIGN.md section 6).
-
-Callers: `kiln.controller.placement_loop`. Non-goals: no API calls, no planning.
+Pure functions of listed Node and Pod objects: no API calls, no planning.
 """
 
 from __future__ import annotations
@@ -49,7 +34,11 @@ class Pools:
     used: dict[tuple[str, str], int]
 
     def free_devices(self, pool: str, node: str) -> int:
-        """Devices of `node` in `pool` not held by an active Kiln pod."""
+        """Devices of `node` in `pool` not held by an active Kiln pod.
+
+        Checked before a planned start: a job starts when it reaches the head of its node's
+        queue and its devices are free.
+        """
         capacity = next((n.gpus for n in self.nodes.get(pool, ()) if n.name == node), 0)
         return capacity - self.used.get((pool, node), 0)
 
@@ -89,7 +78,15 @@ def pools(
     eta_seconds: Mapping[str, float] | None = None,
     gpu_type: GpuType | None = None,
 ) -> Pools:
-    """The pools of a cluster (module docstring).
+    """The pools of a cluster.
+
+    A node that is Ready, schedulable and has allocatable ``nvidia.com/gpu`` joins the "gpu"
+    pool with its GPUs minus those requested by pods Kiln does not own (other workloads); with
+    `gpu_type` set, only GPU nodes whose GPU-type label equals it do (other GPU nodes join no
+    pool). A node without GPUs joins the "cpu" pool with `cpu_slots` slots: CPU-only clusters
+    are valid, and a CPU job holds one slot and runs single-process. Kiln's own active trainer
+    pods become `types.Running` entries (pinned by the planner) with the remaining seconds
+    their plan estimated, refined by the trainer's reported ETA.
 
     Args:
         node_objects: v1 Node objects.

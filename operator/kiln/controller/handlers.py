@@ -1,27 +1,7 @@
-"""The kopf handlers: thin adapters from kopf's causes to one domain call each (STYLE.md B2).
+"""The kopf handlers: thin adapters from kopf's causes to one domain call each.
 
-| handler (id) | kopf cause | domain call |
-|---|---|---|
-| login | operator login (and after a 401) | `kube.connection_info` (kubeconfig or service account) |
-| startup / cleanup | operator start / stop | settings below; `Services.start` / `stop` |
-| admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
-| resume | operator (re)started, job exists | `admission.requeue` (rebuild the queue, repair pods) |
-| suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
-| cleanup-job | TrainingJob deleted (finalizer) | `lifecycle.forget` (delete its pods) |
-| pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod` |
-| housekeeping | timer per placed or TTL-bound job | `housekeeping.tick` (TTL, deadline, progress) |
-
-Handlers are registered by `register` into a registry `main` owns (intervals come from the
-options). Each is wrapped by `_surfaced`: wall time into kiln_reconcile_seconds; API errors
-worth retrying become `kopf.TemporaryError`; anything unexpected is counted, posted as an
-UnexpectedError Warning event on the job, and re-raised for kopf to retry. Status is never
-written through kopf's `patch` (see `kiln.controller.jobs`).
-
-Startup settings: finalizer ``kiln.dev/finalizer``, progress and diff-base annotations under
-``kiln.dev/``, standalone (one replica: no peering objects), kopf's own log-to-event posting
-off (events are posted explicitly), namespace scanning off unless a namespace is a glob.
-
-Callers: `kiln.controller.main`. Non-goals: no logic beyond picking the call.
+Status is never written through kopf's `patch`: every status change goes through
+`kiln.controller.jobs`, the one writer.
 """
 
 from __future__ import annotations
@@ -55,7 +35,21 @@ Handler = Callable[..., Awaitable[Any]]
 
 
 def register(registry: kopf.OperatorRegistry, options: operator_settings.Options) -> None:
-    """Register every handler of the operator into `registry` (module docstring)."""
+    """Register every handler of the operator into `registry`.
+
+    | handler (id) | kopf cause | domain call |
+    |---|---|---|
+    | login | operator login (and after a 401) | `kube.connection_info` |
+    | startup / cleanup | operator start / stop | kopf settings; `Services.start` / `stop` |
+    | admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
+    | resume | operator (re)started, job exists | `admission.requeue` |
+    | suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
+    | cleanup-job | TrainingJob deleted (finalizer) | `lifecycle.forget` (delete its pods) |
+    | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod` |
+    | housekeeping | timer per placed or TTL-bound job | `housekeeping.tick` |
+
+    Each job handler is wrapped by `_surfaced`; the timer's interval comes from `options`.
+    """
 
     def login(**_: Any) -> kopf.ConnectionInfo:
         # Re-read on every call: kopf logs in again after a 401 (rotated service-account token).
@@ -77,7 +71,12 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure kopf and start the services."""
+    """Configure kopf and start the services.
+
+    Finalizer ``kiln.dev/finalizer``, progress and diff-base annotations under ``kiln.dev/``;
+    standalone (one replica: no peering objects); kopf's log-to-event posting off (events are
+    posted explicitly); namespace scanning off unless a watched namespace is a glob.
+    """
     svc: services.Services = memo.services
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
@@ -132,7 +131,11 @@ async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 def _surfaced(name: str, handler: Handler) -> Handler:
-    """`handler` with timing, retryable API errors and unexpected errors surfaced (B3)."""
+    """`handler` with its wall time in kiln_reconcile_seconds and its errors surfaced.
+
+    API errors worth retrying become `kopf.TemporaryError`; anything unexpected is counted,
+    posted as an UnexpectedError Warning event on the job, and re-raised for kopf to retry.
+    """
 
     @functools.wraps(handler)
     async def wrapped(**kwargs: Any) -> Any:

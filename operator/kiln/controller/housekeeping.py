@@ -1,33 +1,17 @@
 """Per-job periodic checks: TTL after the end, the active deadline, and live progress.
 
-The housekeeping timer (kopf, every `housekeeping_interval_seconds`) calls `tick` for each
-job that `needed` says has something to check (issue 6 items 3-4):
-
-* finished (Succeeded/Failed) with ``ttlSecondsAfterFinished``: once completionTime + TTL has
-  passed, the job is deleted (its finalizer then deletes its pods);
-* active with ``activeDeadlineSeconds``: once startTime + deadline has passed, the job fails
-  with DeadlineExceeded and cleanPodPolicy applies (startTime is set when the job is placed
-  and again when it resumes from suspension; queueing time does not count);
-* running: the trainer's metrics are read (`progress`) into status.progress, and its ETA
-  feeds the planner.
-
 The runPolicy fields are read from the raw spec, so an invalid job (which has no parsed spec)
 still honours its TTL.
-
-Callers: `kiln.controller.handlers` (the timer). Non-goals: no pod events, no planning.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiln import api
-from kiln.controller import jobs, kube, lifecycle, pods, policy, progress, status
-
-if TYPE_CHECKING:
-    from kiln.controller.services import Services
+from kiln.controller import jobs, kube, lifecycle, pods, policy, progress, services, status
 
 C = api.ConditionType
 _log = logging.getLogger(__name__)
@@ -45,8 +29,16 @@ def needed(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool
     return phase != api.Phase.SUSPENDED and int((status or {}).get("attempts") or 0) > 0
 
 
-async def tick(svc: Services, body: Mapping[str, Any]) -> None:
-    """One round of checks for one job (module docstring)."""
+async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
+    """One round of checks for one job.
+
+    * finished with ``ttlSecondsAfterFinished``: once completionTime + TTL has passed, the job
+      is deleted (its finalizer then deletes its pods);
+    * active with ``activeDeadlineSeconds``: once startTime + deadline has passed, the job
+      fails with DeadlineExceeded (startTime is set when the job is placed and again when it
+      resumes from suspension: queueing time does not count);
+    * running: the trainer's metrics are read into status.progress; its ETA feeds the planner.
+    """
     if lifecycle.deleting(dict(body)):
         return
     ref = jobs.JobRef.of(dict(body))
@@ -72,7 +64,7 @@ async def tick(svc: Services, body: Mapping[str, Any]) -> None:
         await _read_progress(svc, ref, body)
 
 
-async def _delete_finished(svc: Services, ref: jobs.JobRef, ttl: int | None) -> None:
+async def _delete_finished(svc: services.Services, ref: jobs.JobRef, ttl: int | None) -> None:
     """Delete a job whose TTL passed, once (the timer's body may predate the deletion)."""
     async with svc.jobs.lock(ref):
         if lifecycle.deleting(await svc.jobs.fetch(ref)):
@@ -81,7 +73,7 @@ async def _delete_finished(svc: Services, ref: jobs.JobRef, ttl: int | None) -> 
         await svc.client.delete(kube.Paths.job(ref.namespace, ref.name))
 
 
-async def _read_progress(svc: Services, ref: jobs.JobRef, body: Mapping[str, Any]) -> None:
+async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping[str, Any]) -> None:
     st = body.get("status") or {}
     attempt = int(st.get("attempts") or 0) - 1
     pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))

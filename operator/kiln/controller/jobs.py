@@ -1,20 +1,7 @@
 """The one way the operator changes a TrainingJob's status, and posts its events.
 
-Several parts of the operator act on one job: kopf handlers (admission, suspension, deletion,
-timers), pod events, and the placement loop. Conditions are a list, and a JSON merge patch
-replaces a list whole, so two writers computing from different snapshots would drop each other's
-conditions. Hence every status change goes through `Jobs`: under the job's asyncio lock it
-reads the job, lets the caller change a copy of the status (the pure helpers of
-`kiln.controller.status`), and sends one merge patch of the difference to the status
-subresource; then it posts the caller's events and updates the phase gauge. kopf's own `patch`
-is never used for status (STYLE.md B2 says `patch.status`; this is why we do not).
-
-Events are posted by this module, not by `kopf.info`: kopf's poster only exists inside kopf's
-per-object tasks, and the placement loop is not one. They are core/v1 Events named
-``<job>.<random hex>`` (the kubectl convention), with the condition's reason.
-
-Callers: `kiln.controller.admission`, `lifecycle`, `housekeeping`, `placement_loop`.
-Non-goals: no decisions (callers decide), no retries (kopf retries the handler).
+Callers decide; `Jobs` reads, writes one merge patch under the job's lock, and posts events.
+No retries: kopf retries the handler.
 """
 
 from __future__ import annotations
@@ -99,7 +86,14 @@ class Edit:
 
 
 class Jobs:
-    """Reads jobs and writes their status under per-job locks (module docstring).
+    """Reads jobs and writes their status under per-job locks.
+
+    Several parts of the operator act on one job: kopf handlers, pod events and the placement
+    loop. Conditions are a list, and a JSON merge patch replaces a list whole, so two writers
+    computing from different snapshots would drop each other's conditions. Hence every status
+    change reads the job under its asyncio lock, lets the caller change a copy of the status
+    (the pure helpers of `kiln.controller.status`), and sends one merge patch of the
+    difference to the status subresource; kopf's own `patch` is never used for status.
 
     Args:
         client: the API client.
@@ -176,7 +170,12 @@ class Jobs:
         return written
 
     async def post_event(self, body: dict[str, Any], event: job_status.Event) -> None:
-        """Post a core/v1 Event about the job (best effort: failures are logged)."""
+        """Post a core/v1 Event about the job (best effort: failures are logged).
+
+        Not `kopf.info`: kopf's poster only exists inside kopf's per-object tasks, and the
+        placement loop is not one. Events are named ``<job>.<random hex>`` (kubectl's
+        convention) and carry the condition's reason.
+        """
         meta = body.get("metadata") or {}
         ref = JobRef.of(body)
         now = job_status.rfc3339(self.clock())

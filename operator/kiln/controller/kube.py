@@ -1,18 +1,14 @@
 """A minimal asynchronous Kubernetes API client for the operator's own calls.
 
-kopf watches and patches the TrainingJobs it handles, but it is not an API client: pods,
-nodes, job status written outside a handler, and events go through this module. It speaks
-JSON over aiohttp with the same credentials kopf logs in with (`connection_info`: a kubeconfig
-or the pod's service account), and sends merge patches only.
-
-Every call this module can make is a (verb, group, resource) pair that the Helm chart's RBAC
-must grant; `kiln.controller.rbac` lists them and the e2e tests check the list against the calls
-actually recorded by the API emulator.
-
-Callers: every `kiln.controller` module that touches the cluster. Non-goals: no watches (kopf
-watches), no retries (callers turn `ApiError` into kopf's temporary errors), no PUT, no server-
-side apply.
+JSON over aiohttp with kopf's credentials; merge patches only. No watches (kopf watches), no
+retries (callers turn `ApiError` into kopf's temporary errors), no PUT, no server-side apply.
 """
+
+# kopf watches and patches the TrainingJobs it handles, but it is not an API client: pods,
+# nodes, job status written outside a handler, and events go through this module. Every call
+# it can make is a (verb, group, resource) pair that the Helm chart's RBAC must grant;
+# `kiln.controller.rbac` lists them and the e2e tests check the list against the calls the API
+# emulator records.
 
 from __future__ import annotations
 

@@ -1,38 +1,16 @@
-"""A placed job's life: launch, trainer pod events, restarts, the end, suspension, deletion.
+"""A job's life after admission: its plan, launch, pod events, restarts, the end, suspension.
 
-Each function is one domain step, run under the job's lock through `jobs.Jobs.edit` (status
-first, then pods, so a crash in between is repaired on resume by `ensure_pod`):
-
-* `launch`: the plan reached a queued job: status Placed, placement, attempts + 1 and
-  startTime, then the pod ``<job>-trainer-<attempt>``.
-* `observe_pod`: a trainer pod changed. Only the current attempt's pod counts. Running ->
-  Running=True; exit 0 -> Succeeded with the trainer's result (termination message); a
-  retryable exit with restarts left -> Restarting and a new pod on the same placement (the
-  trainer resumes from its checkpoint); otherwise Failed (`policy.after_exit`). A pod deleted
-  under a running job counts as a retryable exit.
-* `suspend` / `unsuspend`: spec.runPolicy.suspend. Suspending deletes the active pod with the
-  grace period (SIGTERM: the trainer checkpoints and exits) and leaves the queue; resuming
-  queues the job again (a new attempt resumes from the checkpoint; the deadline clock restarts).
-* `fail`: a terminal failure decided elsewhere (activeDeadlineSeconds).
-* `forget`: the job is being deleted: its pods go, and everything kept in memory.
-
-cleanPodPolicy is applied on every terminal path (`policy.pods_to_clean`).
-
-Callers: `kiln.controller.handlers`, `housekeeping`, `admission`, `services` (placement
-callbacks). Non-goals: no admission or warm start (`admission`), no planning.
+Each step runs under the job's lock through `jobs.Jobs.edit`, writing status before pods, so a
+crash in between is repaired on resume by `ensure_pod`. No admission, no planning.
 """
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kiln import api
-from kiln.controller import jobs, kube, placement_loop, pods, policy, status
+from kiln import api, contract
+from kiln.controller import jobs, kube, parents, placement_loop, pods, policy, services, status
 from kiln.placement import types
-
-if TYPE_CHECKING:
-    from kiln.controller.services import Services
 
 C, R = api.ConditionType, api.Reason
 
@@ -63,13 +41,51 @@ def queued_entry(body: dict[str, Any], job: api.TrainingJob, *,
     st = body.get("status") or {}
     since = status.parse_rfc3339((status.condition(st, C.QUEUED) or {}).get(
         "lastTransitionTime"))
-    parent = (st.get("warmStart") or {}).get("parent")
-    return placement_loop.Queued(jobs.JobRef.of(body), job, parent, since or now)
+    return placement_loop.Queued(jobs.JobRef.of(body), job,
+                                 parents.from_status(st.get("warmStart")), since or now)
 
 
-async def launch(svc: Services, entry: placement_loop.Queued, assignment: types.Assignment,
-                 device: str) -> bool:
-    """Start a planned job (module docstring); False when it is no longer waiting."""
+async def publish_plan(svc: services.Services, entry: placement_loop.Queued,
+                       assignment: types.Assignment, device: str) -> None:
+    """Record a waiting job's planned node and start in status.placement (if changed)."""
+    placement = {
+        "node": assignment.node,
+        "gpus": assignment.gpus if device == "gpu" else 0,
+        "parallelism": assignment.parallelism,
+        "estimatedStart": status.rfc3339(max(assignment.start, svc.clock())),
+        "estimatedSeconds": round(assignment.seconds, 1),
+    }
+    if svc.published.get(entry.ref) == placement:
+        return
+    async with svc.jobs.lock(entry.ref):
+        if entry.ref not in svc.placement:  # started, suspended or deleted meanwhile
+            return
+        path = kube.Paths.job(entry.ref.namespace, entry.ref.name, status=True)
+        if await svc.client.merge_patch(path, {"status": {"placement": placement}}):
+            svc.published[entry.ref] = placement
+
+
+async def mark_unplaceable(svc: services.Services, entry: placement_loop.Queued,
+                           why: str) -> None:
+    """Placed=False/NoFeasibleConfig (once per distinct reason); the job stays queued."""
+    if svc.unplaceable.get(entry.ref) == why:
+        return
+    message = (f"No node can run this job: {why}. It stays queued and is planned again "
+               "when nodes change; or lower spec.resources.gpus / gpusPerNode.")
+    now = svc.clock()
+    async with svc.jobs.edit(entry.ref) as e:
+        if e.body is not None and entry.ref in svc.placement:
+            e.condition(C.PLACED, False, R.NO_FEASIBLE_CONFIG, message, now=now,
+                        event="Warning")
+    svc.unplaceable[entry.ref] = why
+
+
+async def launch(svc: services.Services, entry: placement_loop.Queued,
+                 assignment: types.Assignment, device: str) -> bool:
+    """Start a job the plan reached: status Placed, placement, attempts + 1 and startTime,
+    then the pod ``<job>-trainer-<attempt>``. False when the job is no longer waiting."""
+    svc.published.pop(entry.ref, None)
+    svc.unplaceable.pop(entry.ref, None)
     now = svc.clock()
     async with svc.jobs.edit(entry.ref) as e:
         if deleting(e.body) or not waiting(e.status):
@@ -94,12 +110,12 @@ async def launch(svc: Services, entry: placement_loop.Queued, assignment: types.
         svc.metrics.queue_wait_seconds.observe(max(0.0, now - entry.since))
         await _create_pod(svc, e, entry.job, attempt, pods.Launch(
             node=assignment.node, devices=assignment.gpus, parallelism=assignment.parallelism,
-            device=device, parent=entry.parent, estimated_seconds=assignment.seconds,
+            device=device, warm_start=entry.warm_start, estimated_seconds=assignment.seconds,
             started=now))
     return True
 
 
-async def ensure_pod(svc: Services, ref: jobs.JobRef) -> None:
+async def ensure_pod(svc: services.Services, ref: jobs.JobRef) -> None:
     """Recreate the current attempt's pod of a placed, active job if it is missing.
 
     Repairs an operator crash between the status write and the pod creation, and a pod
@@ -117,8 +133,15 @@ async def ensure_pod(svc: Services, ref: jobs.JobRef) -> None:
                               _launch_from_status(st, now=svc.clock()))
 
 
-async def observe_pod(svc: Services, pod: dict[str, Any], event_type: str | None) -> None:
-    """React to a change of a trainer pod (module docstring)."""
+async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
+    """React to a change of a trainer pod.
+
+    Only the current attempt's pod counts. Running -> Running=True; exit 0 -> Succeeded with
+    the trainer's result (its termination message); a retryable exit with restarts left ->
+    Restarting and a new pod on the same placement (the trainer resumes from its checkpoint);
+    otherwise Failed (`policy.after_exit`). A pod deleted under a running job counts as a
+    retryable exit.
+    """
     state = pods.pod_state(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     if not state.job or not namespace:
@@ -159,7 +182,7 @@ async def observe_pod(svc: Services, pod: dict[str, Any], event_type: str | None
         await _apply(svc, e, state, verdict, now)
 
 
-async def _apply(svc: Services, e: jobs.Edit, state: pods.PodState, verdict: policy.Verdict,
+async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, verdict: policy.Verdict,
                  now: float) -> None:
     ref = jobs.JobRef.of(e.body or {})
     job = parse(e.body or {})
@@ -180,7 +203,6 @@ async def _apply(svc: Services, e: jobs.Edit, state: pods.PodState, verdict: pol
         result = _result(state.message)
         if result:
             e.status["result"] = _result_status(result)
-            _reconcile_warm_start(e, result, now=now)
         message = _success_message(job, result)
         e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
         e.condition(C.RUNNING, False, R.TRAINING_COMPLETED, message, now=now)
@@ -193,7 +215,7 @@ async def _apply(svc: Services, e: jobs.Edit, state: pods.PodState, verdict: pol
     await _finish(svc, e, job, now=now)
 
 
-async def fail(svc: Services, ref: jobs.JobRef, reason: api.Reason, message: str) -> None:
+async def fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason, message: str) -> None:
     """Fail an active job for `reason` (e.g. DeadlineExceeded) and clean its pods."""
     now = svc.clock()
     async with svc.jobs.edit(ref) as e:
@@ -206,8 +228,11 @@ async def fail(svc: Services, ref: jobs.JobRef, reason: api.Reason, message: str
         await _finish(svc, e, parse(e.body or {}), now=now)
 
 
-async def _finish(svc: Services, e: jobs.Edit, job: api.TrainingJob, *, now: float) -> None:
-    """Write a terminal status, then apply cleanPodPolicy (lock held)."""
+async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *, now: float) -> None:
+    """Write a terminal status, then apply cleanPodPolicy (lock held).
+
+    Every terminal path ends here, so cleanPodPolicy always applies.
+    """
     ref = jobs.JobRef.of(e.body or {})
     e.status["completionTime"] = status.rfc3339(now)
     await e.commit()
@@ -220,8 +245,9 @@ async def _finish(svc: Services, e: jobs.Edit, job: api.TrainingJob, *, now: flo
                        policy.pods_to_clean(job_pods, job.spec.run_policy.clean_pod_policy))
 
 
-async def suspend(svc: Services, ref: jobs.JobRef) -> None:
-    """spec.runPolicy.suspend became true (module docstring)."""
+async def suspend(svc: services.Services, ref: jobs.JobRef) -> None:
+    """spec.runPolicy.suspend became true: delete the active pod with the grace period
+    (SIGTERM: the trainer checkpoints and exits) and leave the queue."""
     now = svc.clock()
     async with svc.jobs.edit(ref) as e:
         if deleting(e.body) or status.is_terminal(e.status) or status.is_true(
@@ -241,8 +267,9 @@ async def suspend(svc: Services, ref: jobs.JobRef) -> None:
         await _delete_pods(svc, ref.namespace, active)
 
 
-async def unsuspend(svc: Services, ref: jobs.JobRef) -> None:
-    """spec.runPolicy.suspend became false: queue the job again."""
+async def unsuspend(svc: services.Services, ref: jobs.JobRef) -> None:
+    """spec.runPolicy.suspend became false: queue the job again (a new attempt resumes from the
+    checkpoint; the deadline clock restarts)."""
     now = svc.clock()
     async with svc.jobs.edit(ref) as e:
         if (deleting(e.body) or status.is_terminal(e.status)
@@ -258,7 +285,7 @@ async def unsuspend(svc: Services, ref: jobs.JobRef) -> None:
             svc.placement.add(queued_entry(e.body, parse(e.body), now=now))
 
 
-async def forget(svc: Services, ref: jobs.JobRef) -> None:
+async def forget(svc: services.Services, ref: jobs.JobRef) -> None:
     """The job is being deleted: delete its pods, drop it from memory."""
     async with svc.jobs.lock(ref):
         svc.placement.remove(ref)
@@ -267,20 +294,20 @@ async def forget(svc: Services, ref: jobs.JobRef) -> None:
     svc.jobs.forget(ref)
 
 
-async def job_pod_states(svc: Services, ref: jobs.JobRef) -> list[pods.PodState]:
+async def job_pod_states(svc: services.Services, ref: jobs.JobRef) -> list[pods.PodState]:
     """The job's pods (filtered here: selectors are not relied upon)."""
     listed = await svc.client.list(kube.Paths.pods(ref.namespace))
     states = [pods.pod_state(p) for p in listed]
     return [s for s in states if s.job == ref.name]
 
 
-async def _delete_pods(svc: Services, namespace: str, names: list[str]) -> None:
+async def _delete_pods(svc: services.Services, namespace: str, names: list[str]) -> None:
     for name in names:
         await svc.client.delete(kube.Paths.pod(namespace, name),
                                 grace_period_seconds=svc.options.termination_grace_seconds)
 
 
-async def _create_pod(svc: Services, e: jobs.Edit, job: api.TrainingJob, attempt: int,
+async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, attempt: int,
                       launch_: pods.Launch) -> None:
     """Create the attempt's pod (an existing one is kept: the name is deterministic).
 
@@ -308,33 +335,27 @@ async def _create_pod(svc: Services, e: jobs.Edit, job: api.TrainingJob, attempt
 
 
 def _launch_from_status(st: dict[str, Any], *, now: float) -> pods.Launch:
-    """The current placement again (restarts stay on their node, config and parent)."""
+    """The current placement again (restarts stay on their node, config and warm start)."""
     placement = st.get("placement") or {}
     gpus = int(placement.get("gpus") or 0)
     return pods.Launch(
         node=str(placement.get("node")), devices=gpus or 1,
         parallelism=str(placement.get("parallelism") or "single"),
-        device="gpu" if gpus else "cpu", parent=(st.get("warmStart") or {}).get("parent"),
+        device="gpu" if gpus else "cpu", warm_start=parents.from_status(st.get("warmStart")),
         estimated_seconds=float(placement.get("estimatedSeconds") or 0.0), started=now)
 
 
 def _result(message: str) -> dict[str, Any]:
     """The trainer's result from its termination message ({} when there is none)."""
-    try:
-        decoded = json.loads(message)
-    except ValueError:
-        return {}
-    return decoded if isinstance(decoded, dict) and decoded.get("event") == "result" else {}
+    event = contract.read_termination_message(message)
+    return event.to_json() if isinstance(event, contract.Result) else {}
 
 
 def _trainer_words(message: str) -> str:
     """One line of the trainer's own explanation (its error event, else the log's last line)."""
-    try:
-        decoded = json.loads(message)
-        if isinstance(decoded, dict) and decoded.get("message"):
-            return str(decoded["message"])[:500]
-    except ValueError:
-        pass
+    event = contract.read_termination_message(message)
+    if isinstance(event, contract.Failure) and event.message:
+        return event.message[:500]
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     return lines[-1][:500] if lines else ""
 
@@ -349,17 +370,6 @@ def _result_status(result: dict[str, Any]) -> dict[str, Any]:
         "timeToTargetSeconds": result.get("time_to_target_seconds"),
     }
     return {k: v for k, v in wire.items() if v is not None}
-
-
-def _reconcile_warm_start(e: jobs.Edit, result: dict[str, Any], *, now: float) -> None:
-    """The trainer may still cold-start a planned parent (10% rule): say so in status."""
-    planned = (e.status.get("warmStart") or {}).get("parent")
-    if "parent" not in result or result.get("parent") == planned or result.get("parent"):
-        return
-    reason = str(result.get("warm_start") or "cold start in the trainer")
-    e.status["warmStart"] = {k: v for k, v in {
-        "similarity": result.get("similarity"), "reason": reason}.items() if v is not None}
-    e.condition(C.WARM_STARTED, False, R.COLD_START, reason, now=now, event="Normal")
 
 
 def _success_message(job: api.TrainingJob, result: dict[str, Any]) -> str:

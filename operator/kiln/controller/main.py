@@ -1,21 +1,7 @@
 """`kiln operator`: run the Kiln operator against any Kubernetes API server.
 
-    python -m kiln.controller [--kubeconfig FILE] [--namespace NS ...] [--zoo s3://bucket] ...
-    kiln operator ...            (the same options; kiln.cli calls `main`)
-
-In a cluster the operator runs as a Deployment with one replica and uses its service
-account; out of cluster, ``--kubeconfig`` (or $KUBECONFIG) points it at any API server, e.g.
-``kiln operator --kubeconfig ~/.kube/config --zoo s3://kiln-zoo --zoo-endpoint
-minio.example:9000`` with KILN_ZOO_ACCESS_KEY/KILN_ZOO_SECRET_KEY in the environment. Every
-option is a field of `settings.Options` (flag = field name with dashes); `build_parser`
-lists them with their defaults.
-
-`run(options)` blocks until SIGINT/SIGTERM: it resolves the credentials, builds the services,
-registers the handlers, serves /metrics, and runs kopf (standalone, cluster-wide or on the
-given namespaces, liveness on /healthz).
-
-Callers: `kiln.cli` (``kiln operator``), ``python -m kiln.controller``, the e2e tests (as a
-subprocess). Non-goals: no installation of the CRD (apply crds/trainingjob.yaml first).
+Parses the options (every field of `settings.Options`, flag = field name with dashes), builds
+the services and runs kopf. Installs no CRD (apply crds/trainingjob.yaml first).
 """
 
 from __future__ import annotations
@@ -23,11 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
+import os
 import re
 import string
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +24,20 @@ import kopf
 import prometheus_client
 import yaml
 
-from kiln.controller import handlers, kube, services, settings
+from kiln import contract
+from kiln.controller import (
+    handlers,
+    jobs,
+    kube,
+    lifecycle,
+    metrics,
+    parents,
+    placement_loop,
+    services,
+    settings,
+)
+from kiln.warmstart import index as zoo_index
+from kiln.zoo import store
 
 _log = logging.getLogger(__name__)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -69,7 +71,6 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("placement_time_limit_seconds", "MILP time limit per plan"),
     ("placement_use_milp", "solve the MILP (else the heuristic alone)"),
     ("placement_freeze_window_seconds", "planned starts this close keep their slot"),
-    ("placement_start_tolerance_seconds", "a planned start this close counts as now"),
     ("max_gpus_per_job", "most GPUs one job gets"),
     ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),
     ("gpu_type", ("place jobs only on GPU nodes whose --gpu-type-label equals this "
@@ -189,12 +190,56 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
     return settings.Options(**values)
 
 
+def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *,
+                   clock: Callable[[], float] = time.time) -> services.Services:
+    """The operator's services, wired to the lifecycle steps; nothing is contacted yet.
+
+    Raises:
+        ValueError: the zoo URI or the zoo settings in the environment are unusable.
+    """
+    registry = metrics.OperatorMetrics()
+    client = kube.Client(connection, relogin=lambda: kube.connection_info(
+        kubeconfig=options.kubeconfig))
+    env = dict(os.environ)
+    if options.zoo_endpoint:
+        env[contract.Env.ZOO_ENDPOINT] = options.zoo_endpoint
+    elif env.get(contract.Env.ZOO_ENDPOINT):  # trainer pods must reach the zoo the operator uses
+        options = dataclasses.replace(options, zoo_endpoint=env[contract.Env.ZOO_ENDPOINT])
+    zoo = parents.open_zoo(options.zoo_uri, env=env, retry=store.RetryPolicy(
+        attempts=options.zoo_request_attempts, first_backoff_seconds=0.5))
+    chooser = parents.ParentChooser(
+        zoo, metrics=registry, refresh_seconds=options.zoo_refresh_seconds,
+        query_timeout_seconds=options.zoo_query_timeout_seconds,
+        index_settings=zoo_index.IndexSettings(start_method="forkserver"))
+    svc = services.Services(
+        options=options, connection=connection, metrics=registry, client=client,
+        jobs=jobs.Jobs(client, metrics=registry, clock=clock), parents=chooser,
+        pod_settings=settings.pod_settings(options), clock=clock, eta_seconds={})
+    svc.placement = placement_loop.PlacementLoop(
+        client=client,
+        settings=placement_loop.LoopSettings(
+            interval_seconds=options.placement_interval_seconds,
+            cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
+            planner=settings.placement_settings(options),
+            gpu_type=settings.gpu_type(options)),
+        launch=functools.partial(lifecycle.launch, svc),
+        publish=functools.partial(lifecycle.publish_plan, svc),
+        unplaceable=functools.partial(lifecycle.mark_unplaceable, svc),
+        zoo_records=chooser.records, metrics=registry, clock=clock,
+        eta_seconds=svc.eta_seconds)
+    return svc
+
+
 class ApiUnreachable(RuntimeError):
     """The API server does not accept connections (exit 1: a Deployment restarts us)."""
 
 
 def run(options: settings.Options) -> None:
-    """Run the operator until SIGINT/SIGTERM (module docstring).
+    """Run the operator until SIGINT/SIGTERM.
+
+    Resolves the credentials (``--kubeconfig``, $KUBECONFIG, else the pod's service account),
+    builds the services, registers the handlers, serves /metrics, and runs kopf (standalone,
+    cluster-wide or on the given namespaces, liveness on /healthz).
 
     Raises:
         kopf.LoginError: no credentials (no kubeconfig and not in a pod).
@@ -210,7 +255,7 @@ def run(options: settings.Options) -> None:
     problem = asyncio.run(kube.unreachable(connection))
     if problem:
         raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
-    svc = services.Services.create(options, connection)
+    svc = build_services(options, connection)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, options)
     if options.metrics_port:

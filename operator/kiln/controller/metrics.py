@@ -1,33 +1,7 @@
-"""Prometheus metrics of the operator process (STYLE.md B9; k8s_peers.md section 6).
+"""Prometheus metrics of the operator process, in the operator's own registry.
 
-Every metric is named ``kiln_<what>_<base unit>`` (prometheus.io naming: seconds, ratios in
-[0, 1], counters ending ``_total``), lives in the operator's own registry, and carries only
-bounded labels (namespace, phase, handler, outcome, solver, result):
-
-| metric | type | labels | meaning |
-|---|---|---|---|
-| kiln_build_info | gauge (1) | version, python | the running build |
-| kiln_jobs | gauge | namespace, phase | TrainingJobs by phase (as last written) |
-| kiln_jobs_finished_total | counter | namespace, result | jobs that reached succeeded/failed |
-| kiln_job_restarts_total | counter | namespace | trainer restarts after retryable exits |
-| kiln_reconcile_errors_total | counter | handler | handler calls that raised |
-| kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
-| kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job (kiln.warmstart.select.Outcome values; zoo_unavailable: cold start after the retries) |
-| kiln_warm_start_similarity_ratio | histogram | | similarity in [0, 1] of the parent a job warm-starts from (warm and pinned outcomes) |
-| kiln_zoo_unavailable_total | counter | | failed attempts to reach the zoo at admission |
-| kiln_zoo_query_seconds | histogram | | one warm-start parent search |
-| kiln_placement_solve_seconds | histogram | solver | one (re)plan |
-| kiln_queue_wait_seconds | histogram | | from Queued to the trainer pod's creation |
-| kiln_queued_jobs | gauge | | jobs waiting in the operator's placement queue |
-
-Series whose label values are known in advance exist from the start at 0, so that `rate()`
-and `increase()` see their first increment (prometheus.io "avoid missing metrics"): every
-warm-start outcome, every handler's errors, and, once a namespace's first job is seen, that
-namespace's phases, results and restarts.
-
-Callers: every `kiln.controller` module through `Services.metrics`; `main` serves the registry
-over HTTP; the Grafana dashboard (helm/kiln/dashboards/kiln.json) plots them. Non-goals: no
-per-job labels (trainer pods export those themselves).
+Named ``kiln_<what>_<base unit>`` (seconds, ratios in [0, 1], counters ending ``_total``), with
+bounded labels only (namespace, phase, handler, outcome, solver, result): no per-job labels.
 """
 
 from __future__ import annotations
@@ -52,8 +26,31 @@ ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")
 
 
+# Every metric, in one table (a test keeps it complete):
+#
+# | metric | type | labels | meaning |
+# |---|---|---|---|
+# | kiln_build_info | gauge (1) | version, python | the running build |
+# | kiln_jobs | gauge | namespace, phase | TrainingJobs by phase (as last written) |
+# | kiln_jobs_finished_total | counter | namespace, result | jobs that reached succeeded/failed |
+# | kiln_job_restarts_total | counter | namespace | trainer restarts after retryable exits |
+# | kiln_reconcile_errors_total | counter | handler | handler calls that raised |
+# | kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
+# | kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job |
+# | kiln_warm_start_similarity_ratio | histogram | | similarity of a warm-start parent |
+# | kiln_zoo_unavailable_total | counter | | failed attempts to reach the zoo at admission |
+# | kiln_zoo_query_seconds | histogram | | one warm-start parent search |
+# | kiln_placement_solve_seconds | histogram | solver | one (re)plan |
+# | kiln_queue_wait_seconds | histogram | | from Queued to the trainer pod's creation |
+# | kiln_queued_jobs | gauge | | jobs waiting in the operator's placement queue |
 class OperatorMetrics:
-    """The operator's metrics in a private `CollectorRegistry` (module docstring)."""
+    """The operator's metrics in a private `CollectorRegistry` (`main` serves it over HTTP).
+
+    Series whose label values are known in advance exist from the start at 0, so that
+    `rate()` and `increase()` see their first increment: every warm-start outcome, every
+    handler's errors, and, once a namespace's first job is seen, that namespace's phases,
+    results and restarts.
+    """
 
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)

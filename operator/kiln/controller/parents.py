@@ -1,19 +1,7 @@
-"""Warm-start parent choice for the operator: off the event loop, cached, against one zoo index.
+"""Warm-start decisions for the operator: off the event loop, cached, against one zoo index.
 
-`ParentChooser.decide(job)` runs `kiln.warmstart.plan.plan` (ModelKeeper's parent search,
-DESIGN.md section 4) in a worker thread so the kopf event loop never blocks, against a
-`kiln.warmstart.index.ZooIndex` the operator keeps loaded and refreshes at most every
-`refresh_seconds`. Decisions are cached by (model spec, warmStart spec, zoo contents): jobs
-of one architecture submitted together trace their graph and search the zoo once. An empty zoo
-needs no search at all (cold start, said plainly). An unreachable zoo raises
-`store.StoreUnavailable`; the admission handler turns that into the ZooUnavailable condition
-and retries with backoff, then cold-starts after its limit.
-
-The zoo store is opened by `open_zoo` with the operator's own retry policy (a short one: the
-handler's backoff does the waiting, not a blocked worker thread).
-
-Callers: `kiln.controller.admission`. Non-goals: no status writes, no weights (the trainer
-loads and transforms the parent's weights itself, from the id it is given).
+Also the decision's round trip through ``status.warmStart``, from admission to the trainer
+pods (a restarted operator launches from status). No status writes of its own, no weights.
 """
 
 from __future__ import annotations
@@ -25,12 +13,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from kiln import api
+from kiln import api, contract
 from kiln.controller import metrics
+from kiln.warmstart import decision, select
 from kiln.warmstart import index as zoo_index
-from kiln.warmstart import plan, select
 from kiln.zoo import records, store
 
 CACHE_ENTRIES = 4096
@@ -49,13 +38,43 @@ def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> s
     parts = urlsplit(uri)
     access_key, secret_key = store.credentials_from_env(env)
     return store.S3Store(
-        env[store.ENDPOINT_ENV].strip(), parts.netloc, access_key=access_key,
-        secret_key=secret_key, region=env.get(store.REGION_ENV) or None,
+        env[contract.Env.ZOO_ENDPOINT].strip(), parts.netloc, access_key=access_key,
+        secret_key=secret_key, region=env.get(contract.Env.ZOO_REGION) or None,
         prefix=unquote(parts.path), retry=retry)
 
 
+# Wire names of `select.Decision` fields in ``status.warmStart`` (api.WarmStartStatus).
+_STATUS_FIELDS = {"parent_id": "parent", "similarity": "similarity",
+                  "parent_metric": "parentMetric", "matched_tensors": "matchedTensors",
+                  "total_tensors": "totalTensors", "reason": "reason", "outcome": "outcome"}
+
+
+def to_status(chosen: select.Decision) -> dict[str, Any]:
+    """``status.warmStart`` for a decision (None fields left out)."""
+    doc = chosen.to_json()
+    return {wire: doc[name] for name, wire in _STATUS_FIELDS.items() if doc[name] is not None}
+
+
+def from_status(warm: Mapping[str, Any] | None) -> select.Decision:
+    """The decision recorded in ``status.warmStart`` by `to_status`, to launch the trainer with.
+
+    A status without an outcome (written by an older operator) reads as a warm start when it
+    names a parent, else as a cold start.
+    """
+    warm = warm or {}
+    doc: dict[str, Any] = {name: warm.get(wire) for name, wire in _STATUS_FIELDS.items()}
+    if doc["outcome"] not in {o.value for o in select.Outcome}:
+        doc["outcome"] = select.Outcome.WARM if doc["parent_id"] else select.Outcome.COLD_EMPTY
+    doc["reason"] = str(doc["reason"] or "")
+    return select.Decision.from_json({**doc, "candidates_considered": 0})
+
+
 class ParentChooser:
-    """Warm-start decisions for the operator (module docstring).
+    """Warm-start decisions for the operator: `decision.decide` in a worker thread, so the kopf
+    event loop never blocks, against a `ZooIndex` kept loaded and refreshed at most every
+    `refresh_seconds`. Decisions are cached by (model spec, warmStart spec, zoo contents): jobs
+    of one architecture submitted together trace their graph and search the zoo once. An empty
+    zoo needs no search at all. An unreachable zoo raises `store.StoreUnavailable`.
 
     Args:
         zoo: the zoo store.
@@ -125,11 +144,11 @@ class ParentChooser:
                 if cached is not None:
                     self._cache.move_to_end(key)
                     return cached
-                decision = self._search(job, index)
-                self._cache[key] = decision
+                chosen = self._search(job, index)
+                self._cache[key] = chosen
                 while len(self._cache) > CACHE_ENTRIES:
                     self._cache.popitem(last=False)
-                return decision
+                return chosen
         finally:
             self._metrics.zoo_query_seconds.observe(self._clock() - started)
 
@@ -151,6 +170,8 @@ class ParentChooser:
     def _search(self, job: api.TrainingJob, index: zoo_index.ZooIndex) -> select.Decision:
         spec = job.spec.warm_start
         if spec.enabled and spec.parent == "auto" and len(index) == 0:
-            return plan.cold_start(select.Outcome.COLD_EMPTY,
-                                   f"cold start: the model zoo ({self.zoo.describe()}) is empty")
-        return plan.plan(job, self.zoo, index=index, timeout_seconds=self._timeout_seconds)
+            return select.cold_start(
+                select.Outcome.COLD_EMPTY,
+                f"cold start: the model zoo ({self.zoo.describe()}) is empty")
+        return decision.decide(job, self.zoo, zoo_index=index,
+                               timeout_seconds=self._timeout_seconds)

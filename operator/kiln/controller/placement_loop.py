@@ -1,26 +1,8 @@
-"""The placement loop: plan every queued job over the cluster, start those whose time is now.
+"""The operator's placement loop: one asyncio task that plans queued jobs and starts them.
 
-Saturn's introspective loop (DESIGN.md section 6) as one asyncio task of the operator:
-
-1. Wait for a wake-up (a job was queued or left, a trainer ended) or the interval.
-2. List nodes and pods; `kiln.controller.cluster.pools` gives device pools ("gpu": GPUs per
-   node minus other workloads' requests; "cpu": slots per GPU-less node) and Kiln's running
-   trainers (pinned for their remaining time).
-3. Per pool: configs per queued job from `kiln.placement.estimate.configs` (cached per job
-   and device type; the zoo's records come from the warm-start index, so no extra listing);
-   jobs that fit no node are reported (Placed=False, NoFeasibleConfig) and left queued; the
-   rest are planned with `kiln.placement.plan.replan` (the current plan is kept unless clearly
-   beaten; planned starts inside the freeze window keep their slot), in a worker thread.
-4. Assignments starting now whose devices are free are launched (status, then the pod); the
-   others get their planned node and estimated start published in status.placement.
-
-The queue itself is in memory: `add` on admission and on resumption from suspension, `remove`
-on start, suspension and deletion; after an operator restart kopf's resume handlers refill it
-from the jobs' status.
-
-Callers: `kiln.controller.services` (creates and runs it), `admission` and `lifecycle` (add,
-remove, wake). Non-goals: no status logic (the launch/publish/unplaceable callbacks do it),
-no planning of its own.
+On every wake-up (a job queued or left, a trainer ended) and at least every interval it
+re-plans each device pool (`cluster.pools`) and starts jobs by the placement queue's rule
+(`queues.NodeQueues`). The queue is in memory; kopf's resume handlers refill it after a restart.
 """
 
 from __future__ import annotations
@@ -32,8 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from kiln import api
 from kiln.controller import cluster, jobs, kube, metrics
-from kiln.placement import estimate, types
-from kiln.placement import plan as planner
+from kiln.placement import estimate, queues, types
+from kiln.warmstart import select
 from kiln.zoo import records
 
 _log = logging.getLogger(__name__)
@@ -47,13 +29,13 @@ class Queued:
     Attributes:
         ref: the job.
         job: the parsed job.
-        parent: the warm-start parent decided at admission (None: cold start).
+        warm_start: the warm-start decision made at admission.
         since: epoch seconds it was queued (its arrival for the planner).
     """
 
     ref: jobs.JobRef
     job: api.TrainingJob
-    parent: str | None
+    warm_start: select.Decision
     since: float
 
 
@@ -67,7 +49,6 @@ class LoopSettings:
     """Knobs of the loop (from `settings.Options`)."""
 
     interval_seconds: float
-    start_tolerance_seconds: float
     cpu_slots: int
     max_gpus: int
     planner: types.Settings
@@ -76,6 +57,9 @@ class LoopSettings:
 
 class PlacementLoop:
     """The queue and the loop (module docstring).
+
+    `add` on admission and on resumption from suspension, `remove` on start, suspension and
+    deletion. Status is written by the callbacks, never here.
 
     Args:
         client: API client (lists nodes and pods).
@@ -103,7 +87,7 @@ class PlacementLoop:
         self._eta = eta_seconds
         self._queue: dict[jobs.JobRef, Queued] = {}
         self._configs: dict[tuple[jobs.JobRef, str], tuple[types.Config, ...]] = {}
-        self._plans: dict[str, types.Plan] = {}
+        self._pools: dict[str, queues.NodeQueues] = {}  # device pool -> its queues
         self._wake = asyncio.Event()
         self.ticks = 0
 
@@ -150,7 +134,7 @@ class PlacementLoop:
                 _log.exception("placement: unexpected error; retrying next interval")
 
     async def tick(self) -> None:
-        """One round of planning and starting (module docstring, steps 2-4)."""
+        """One round: list nodes and pods, then plan and start each device pool's jobs."""
         self.ticks += 1
         if not self._queue:
             return
@@ -172,6 +156,13 @@ class PlacementLoop:
 
     async def _plan_pool(self, pool: str, entries: list[Queued], pools: cluster.Pools,
                          now: float) -> None:
+        """Re-plan one pool's queued jobs, start the queue heads whose devices are free, and
+        publish the others' planned node and start.
+
+        Configs are estimated once per job and device type, in a worker thread (the zoo's
+        records come from the warm-start index: no extra listing). Jobs that fit no node are
+        reported unplaceable and stay queued.
+        """
         device = "gpu" if pool == cluster.GPU_POOL else "cpu"
         by_key = {e.ref.key: e for e in entries}
         missing = [e for e in entries if (e.ref, device) not in self._configs]
@@ -192,27 +183,22 @@ class PlacementLoop:
             snapshot, queued=tuple(r for r in requests if r.name not in problems))
         if not snapshot.queued:
             return
-        loop = asyncio.get_running_loop()
-        plan = await loop.run_in_executor(None, planner.replan, self._plans.get(pool),
-                                          snapshot, self._settings.planner)
-        self._plans[pool] = plan
+        line = self._pools.setdefault(pool, queues.NodeQueues())
+        loop = asyncio.get_running_loop()  # the planner may run the MILP: off the event loop
+        plan = await loop.run_in_executor(None, line.replan, snapshot, self._settings.planner)
         self._metrics.placement_solve_seconds.labels(solver=plan.solver).observe(
             plan.solve_seconds)
         _log.debug("placement %s: %d queued, %s (%s)", pool, len(snapshot.queued), plan.solver,
                    plan.reason)
-        taken: dict[str, int] = {}
-        starting = plan.starting_now(now, self._settings.start_tolerance_seconds)
-        for assignment in starting:
-            chosen = by_key.get(assignment.job)
-            free = pools.free_devices(pool, assignment.node) - taken.get(assignment.node, 0)
-            if chosen is None or chosen.ref not in self._queue or free < assignment.gpus:
+        free = {n.name: pools.free_devices(pool, n.name) for n in pools.nodes[pool]}
+        for assignment in line.start_heads(free):
+            chosen = by_key[assignment.job]
+            if chosen.ref not in self._queue:  # left while an earlier launch was awaited
                 continue
-            if await self._launch(chosen, assignment, device):
-                taken[assignment.node] = taken.get(assignment.node, 0) + assignment.gpus
-            self.remove(chosen.ref)  # started, or no longer startable (suspended, deleted)  # started, or no longer startable (suspended, deleted)
-        started = {a.job for a in starting if by_key.get(a.job) is not None
-                   and by_key[a.job].ref not in self._queue}
-        waiting = [a for a in plan.assignments if a.job not in started and a.job in by_key]
+            if not await self._launch(chosen, assignment, device):  # suspended or deleted
+                _log.debug("placement: %s can no longer start", assignment.job)
+            self.remove(chosen.ref)  # and wake: freed or untaken devices are re-planned soon
+        waiting = line.waiting()
         limit = asyncio.Semaphore(PUBLISH_CONCURRENCY)
 
         async def publish(assignment: types.Assignment) -> None:
@@ -222,7 +208,7 @@ class PlacementLoop:
         await asyncio.gather(*(publish(a) for a in waiting))
 
     def _estimate(self, job: api.TrainingJob, device: str) -> tuple[types.Config, ...]:
-        """Runtime estimates of `job` on `device` (DESIGN.md section 6; B2's estimate)."""
+        """Runtime estimates of `job` on `device` ("gpu" or "cpu")."""
         kind = "cuda" if device == "gpu" else "cpu"
         max_gpus = self._settings.max_gpus if device == "gpu" else 1
         return estimate.configs(job, zoo=None, profile_cache=None, max_gpus=max_gpus,

@@ -1,22 +1,6 @@
 """Trainer pods as data: the pod a placed job runs in, and what a pod says about its trainer.
 
-`build_pod` writes the pod for one attempt of a job (issue 6 item 2): named
-``<job>-trainer-<attempt>`` (deterministic, so a retried create finds the pod it made); owned
-by the job (`kopf.adopt`: owner reference, namespace, the job's labels); image from
-``spec.template.image`` or the operator's default; ``nvidia.com/gpu`` limits and a required node
-affinity from the plan; torchrun (``python -m torch.distributed.run --standalone``) for
-ddp/fsdp on one node, plain ``python -m kiln_trainer`` otherwise; the job, zoo URI and endpoint, the metrics port and the
-warm-start parent in the environment, zoo credentials only as ``secretKeyRef`` (never values);
-labels ``kiln.dev/job-name`` and ``kiln.dev/attempt`` plus the job's ``kueue.x-k8s.io/*``
-labels; Prometheus scrape annotations; non-root, no privilege escalation, all capabilities
-dropped, seccomp RuntimeDefault. `spec.template` may override the keys in TEMPLATE_KEYS
-(`check_template` lists the problems of any other).
-
-`pod_state` reads a pod back: phase, node, IP, and the trainer container's exit code, reason
-and termination message.
-
-Callers: `kiln.controller.lifecycle` (create, observe), `kiln.controller.cluster` (who uses
-which devices), `kiln.controller.admission` (template checks). Non-goals: no API calls.
+`build_pod` writes the pod for one attempt of a job; `pod_state` reads one back. No API calls.
 """
 
 from __future__ import annotations
@@ -29,7 +13,8 @@ from typing import Any, cast
 
 import kopf
 
-from kiln import api
+from kiln import api, contract
+from kiln.warmstart import select
 
 JOB_NAME_LABEL = "kiln.dev/job-name"
 ATTEMPT_LABEL = "kiln.dev/attempt"
@@ -63,8 +48,8 @@ class PodSettings:
     Attributes:
         default_image: trainer image when spec.template.image is not set.
         image_pull_policy: default imagePullPolicy.
-        zoo_uri: zoo store URI for the trainer (KILN_ZOO), e.g. s3://kiln-zoo.
-        zoo_endpoint: S3 endpoint for the trainer (KILN_ZOO_ENDPOINT), or None.
+        zoo_uri: zoo store URI for the trainer, e.g. s3://kiln-zoo.
+        zoo_endpoint: S3 endpoint for the trainer, or None.
         zoo_secret: name of a Secret in the job's namespace holding the zoo credentials, or
             None (anonymous, or a directory zoo).
         zoo_secret_access_key: key of the access key in that Secret.
@@ -97,7 +82,7 @@ class Launch:
         devices: GPUs (device "gpu") or CPU slots (device "cpu") held on it.
         parallelism: "single", "ddp" or "fsdp".
         device: "gpu" or "cpu".
-        parent: warm-start parent decided by the operator, or None for a cold start.
+        warm_start: the warm-start decision made at admission; the trainer applies it.
         estimated_seconds: the plan's duration estimate.
         started: epoch seconds when the attempt was launched.
     """
@@ -106,7 +91,7 @@ class Launch:
     devices: int
     parallelism: str
     device: str
-    parent: str | None
+    warm_start: select.Decision
     estimated_seconds: float
     started: float
 
@@ -166,24 +151,6 @@ def pod_name(job_name: str, attempt: int) -> str:
     return f"{job_name}-trainer-{attempt}"
 
 
-def trainer_command(parallelism: str, processes: int) -> list[str]:
-    """The container command: ``python -m kiln_trainer``, under torchrun for k > 1 processes.
-
-    The same form as `kiln_trainer.distributed.parallel.launch_command` (which the operator cannot import:
-    the trainer package is not part of the operator's image): torchrun as
-    ``python -m torch.distributed.run --standalone`` (one node, private rendezvous), and
-    ``--parallelism`` for the trainer.
-
-    Args:
-        parallelism: "single", "ddp" or "fsdp".
-        processes: worker processes, one per GPU (or CPU slot).
-    """
-    if processes <= 1:
-        return ["python", "-m", "kiln_trainer"]
-    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(processes), "-m", "kiln_trainer", "--parallelism", parallelism]
-
-
 def check_template(template: Mapping[str, Any]) -> list[str]:
     """Problems of spec.template, each as ``spec.template.<key>: ...`` ([] when usable)."""
     problems = []
@@ -210,7 +177,15 @@ def check_template(template: Mapping[str, Any]) -> list[str]:
 
 def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, launch: Launch,
               settings: PodSettings) -> dict[str, Any]:
-    """The pod for one attempt of `job` (module docstring).
+    """The pod for one attempt of `job`.
+
+    Named ``<job>-trainer-<attempt>`` (deterministic, so a retried create finds the pod it
+    made) and owned by the job (`kopf.adopt`); image from ``spec.template.image`` or the
+    operator's default; ``nvidia.com/gpu`` limits and a required node affinity from the plan;
+    the trainer's command and environment from `kiln.contract`; labels ``kiln.dev/job-name``,
+    ``kiln.dev/attempt`` and the job's ``kueue.x-k8s.io/*``; Prometheus scrape annotations;
+    non-root, no privilege escalation, all capabilities dropped, seccomp RuntimeDefault.
+    ``spec.template`` may override the keys in TEMPLATE_KEYS.
 
     Args:
         owner: the TrainingJob object as the API returned it (needs metadata.uid).
@@ -283,7 +258,7 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
         "name": CONTAINER_NAME,
         "image": template.get("image") or settings.default_image,
         "imagePullPolicy": template.get("imagePullPolicy") or settings.image_pull_policy,
-        "command": trainer_command(launch.parallelism, launch.devices),
+        "command": _command(launch),
         "env": _env(job, launch, settings),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": settings.metrics_port,
                    "protocol": "TCP"}],
@@ -297,24 +272,33 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
     }
 
 
+def _command(launch: Launch) -> list[str]:
+    """``python -m kiln_trainer``, under torchrun with ``--parallelism`` for several devices."""
+    processes = max(1, launch.devices)  # one worker process per GPU (or CPU slot)
+    argv = [contract.Flag.PARALLELISM.value, launch.parallelism] if processes > 1 else []
+    return contract.trainer_command(processes, argv, python="python")  # the image's python
+
+
 def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[dict[str, Any]]:
+    """The trainer's settings (`kiln.contract.Env`); zoo credentials only as secretKeyRef."""
     wire = {"apiVersion": api.API_VERSION, "kind": api.KIND,
             "metadata": {"name": job.name, "namespace": job.metadata.namespace},
             "spec": api.to_wire(job.spec)}
     env: list[dict[str, Any]] = [
-        {"name": "KILN_JOB", "value": json.dumps(wire, separators=(",", ":"))},
-        {"name": "KILN_ZOO", "value": settings.zoo_uri},
-        {"name": "KILN_METRICS_PORT", "value": str(settings.metrics_port)},
-        {"name": "KILN_WARM_START_PARENT", "value": launch.parent or "none"},
-        {"name": "KILN_PARALLELISM", "value": launch.parallelism},
-        {"name": "KILN_DEVICES", "value": str(launch.devices)},
+        {"name": contract.Env.JOB.value, "value": json.dumps(wire, separators=(",", ":"))},
+        {"name": contract.Env.ZOO.value, "value": settings.zoo_uri},
+        {"name": contract.Env.METRICS_PORT.value, "value": str(settings.metrics_port)},
+        {"name": contract.Env.WARM_START.value,
+         "value": json.dumps(launch.warm_start.to_json(), separators=(",", ":"))},
+        {"name": contract.Env.PARALLELISM.value, "value": launch.parallelism},
+        {"name": contract.Env.DEVICES.value, "value": str(launch.devices)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if settings.zoo_endpoint:
-        env.append({"name": "KILN_ZOO_ENDPOINT", "value": settings.zoo_endpoint})
+        env.append({"name": contract.Env.ZOO_ENDPOINT.value, "value": settings.zoo_endpoint})
     if settings.zoo_secret:
-        for name, key in (("KILN_ZOO_ACCESS_KEY", settings.zoo_secret_access_key),
-                          ("KILN_ZOO_SECRET_KEY", settings.zoo_secret_secret_key)):
+        for name, key in ((contract.Env.ZOO_ACCESS_KEY.value, settings.zoo_secret_access_key),
+                          (contract.Env.ZOO_SECRET_KEY.value, settings.zoo_secret_secret_key)):
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
                 "name": settings.zoo_secret, "key": key}}})
     overrides = [dict(e) for e in job.spec.template.get("env") or []]
@@ -345,7 +329,8 @@ def planned_node(pod: Mapping[str, Any]) -> str | None:
 
 
 def pod_state(pod: Mapping[str, Any]) -> PodState:
-    """Read a trainer pod (module docstring)."""
+    """Read a trainer pod: phase, node, IP, and the trainer container's exit code, reason and
+    termination message."""
     meta = pod.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     status = pod.get("status") or {}

@@ -1,22 +1,6 @@
 """runPolicy as decisions: exit codes, restarts, deadline, TTL and which pods to clean.
 
-Pure functions (issue 6 item 4; Kubeflow's `ExitCode` restart policy, k8s_peers.md section 1):
-
-* `classify_exit`: 0 succeeded; 128 and above (killed by a signal: 137 SIGKILL, OOM-kill, 143
-  SIGTERM after a checkpoint) retryable; the container reason `OOMKilled` retryable; the
-  trainer's 3 ("store unavailable", kiln_trainer.cli: the checkpoint is kept and a rerun
-  continues) retryable; any other code (1 unexpected error, 2 invalid job or data) permanent.
-* `after_exit`: retryable with restarts left -> restart (resume from the checkpoint);
-  retryable with none left -> Failed/BackoffLimitExceeded; permanent -> Failed/PermanentError
-  at once, whatever the backoff limit (Kubeflow issue #2044: never stay Restarting forever).
-* `deadline_passed` / `ttl_expired`: activeDeadlineSeconds counts from status.startTime (set when
-  the job is placed, reset when it resumes from suspension); ttlSecondsAfterFinished from
-  status.completionTime.
-* `pods_to_clean`: cleanPodPolicy All deletes every pod of the job, Running only those not yet
-  finished, None none; applied on every terminal path.
-
-Callers: `kiln.controller.lifecycle`, `kiln.controller.housekeeping`. Non-goals: no I/O, no
-clock of its own.
+Pure functions: no I/O, no clock of their own.
 """
 
 from __future__ import annotations
@@ -26,12 +10,10 @@ import enum
 import signal
 from collections.abc import Iterable
 
-from kiln import api
+from kiln import api, contract
 from kiln.controller import pods
 
-# kiln_trainer.cli.EXIT_STORE_UNAVAILABLE: the zoo/checkpoint store stayed unreachable.
-STORE_UNAVAILABLE_EXIT_CODE = 3
-RETRYABLE_EXIT_CODES = frozenset({STORE_UNAVAILABLE_EXIT_CODE})
+RETRYABLE_EXIT_CODES = frozenset({contract.EXIT_STORE_UNAVAILABLE})
 RETRYABLE_CONTAINER_REASONS = frozenset({"OOMKilled", "Evicted", "DeadlineExceeded"})
 SIGNAL_EXIT_CODE_MIN = 128
 
@@ -64,7 +46,13 @@ class Verdict:
 
 
 def classify_exit(exit_code: int, container_reason: str | None) -> ExitKind:
-    """Succeeded, retryable or permanent (module docstring)."""
+    """Succeeded, retryable or permanent (Kubeflow's `ExitCode` restart policy).
+
+    0 succeeded; 128 and above (killed by a signal: 137 SIGKILL or OOM-kill, 143 SIGTERM after
+    a checkpoint) retryable; the container reasons in `RETRYABLE_CONTAINER_REASONS` retryable;
+    the trainer's 3 (store unavailable: the checkpoint is kept and a rerun continues)
+    retryable; any other code (1 unexpected error, 2 invalid job or data) permanent.
+    """
     if exit_code == 0:
         return ExitKind.SUCCEEDED
     if container_reason in RETRYABLE_CONTAINER_REASONS:
@@ -97,6 +85,10 @@ def after_exit(
 ) -> Verdict:
     """The verdict on a finished trainer pod.
 
+    Retryable with restarts left -> restart (resume from the checkpoint); retryable with none
+    left -> Failed/BackoffLimitExceeded; permanent -> Failed/PermanentError at once, whatever
+    the backoff limit (a job must never stay Restarting forever).
+
     Args:
         exit_code: the container's exit code.
         container_reason: the container's terminated reason (Completed, Error, OOMKilled...).
@@ -125,7 +117,11 @@ def after_exit(
 
 def deadline_passed(start_seconds: float | None, deadline_seconds: int | None,
                     now: float) -> bool:
-    """Whether an active job has run past activeDeadlineSeconds."""
+    """Whether an active job has run past activeDeadlineSeconds.
+
+    `start_seconds` is status.startTime: set when the job is placed, reset when it resumes
+    from suspension.
+    """
     return (start_seconds is not None and deadline_seconds is not None
             and now >= start_seconds + deadline_seconds)
 
@@ -137,7 +133,10 @@ def ttl_expired(completion_seconds: float | None, ttl_seconds: int | None, now: 
 
 
 def pods_to_clean(job_pods: Iterable[pods.PodState], policy: api.CleanPodPolicy) -> list[str]:
-    """Names of the pods cleanPodPolicy deletes when the job ends."""
+    """Names of the pods cleanPodPolicy deletes when the job ends.
+
+    All: every pod of the job; Running: those not yet finished; None: none.
+    """
     if policy == api.CleanPodPolicy.NONE:
         return []
     return [p.name for p in job_pods

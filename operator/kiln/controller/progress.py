@@ -1,17 +1,6 @@
-"""Live progress of a running trainer, read from its Prometheus endpoint.
+"""Live progress of a running trainer, read from its Prometheus endpoint into status.progress.
 
-The trainer serves ``kiln_trainer_*`` metrics (kiln_trainer.metrics) on its pod's metrics
-port; `read` fetches them over HTTP and `parse` turns the exposition text into
-status.progress (`api.ProgressStatus` wire names): epoch (1-based, in progress), step,
-trainLoss, validationAccuracy, validationLoss, samplesPerSecond, etaSeconds, frozenModules.
-The ETA also refines the planner's idea of when the job's devices come free.
-
-Where the endpoint is comes from the pod: its IP and its ``prometheus.io/port`` annotation,
-formatted by the operator's `progress_address` setting ("{pod_ip}:{port}" in a cluster; the
-tests' kubelet runs every pod on 127.0.0.1 with its own port).
-
-Callers: `kiln.controller.housekeeping`. Non-goals: no status writes, no retries (the next
-housekeeping tick tries again).
+No status writes and no retries: the next housekeeping tick tries again.
 """
 
 from __future__ import annotations
@@ -22,24 +11,28 @@ from typing import Any
 import aiohttp
 from prometheus_client import parser
 
+from kiln import contract
 from kiln.controller import pods
 
-PREFIX = "kiln_trainer_"
-# metric (without the prefix) -> status.progress field; gauges unless marked.
+# sample name (without the prefix) -> status.progress field (`api.ProgressStatus` wire names)
 _FIELDS = {
-    "steps_total": "step",
-    "train_loss": "trainLoss",
-    "validation_accuracy_ratio": "validationAccuracy",
-    "validation_loss": "validationLoss",
-    "samples_per_second": "samplesPerSecond",
-    "eta_seconds": "etaSeconds",
-    "frozen_modules": "frozenModules",
+    f"{contract.Metric.STEPS}_total": "step",
+    contract.Metric.TRAIN_LOSS: "trainLoss",
+    contract.Metric.VALIDATION_ACCURACY: "validationAccuracy",
+    contract.Metric.VALIDATION_LOSS: "validationLoss",
+    contract.Metric.SAMPLES_PER_SECOND: "samplesPerSecond",
+    contract.Metric.ETA: "etaSeconds",
+    contract.Metric.FROZEN_MODULES: "frozenModules",
 }
 _INTEGERS = ("step", "frozenModules")
 
 
 def address(template: str, state: pods.PodState, namespace: str) -> str | None:
-    """The trainer's host:port, or None before the pod has an IP and a metrics port."""
+    """The trainer's host:port, or None before the pod has an IP and a metrics port.
+
+    `template` is the operator's progress_address setting: "{pod_ip}:{port}" in a cluster (the
+    tests' kubelet runs every pod on 127.0.0.1 with its own port).
+    """
     if not state.pod_ip or not state.metrics_port:
         return None
     return template.format(pod_ip=state.pod_ip, port=state.metrics_port, pod=state.name,
@@ -72,11 +65,11 @@ def parse(text: str, *, epochs: int) -> dict[str, Any]:
     values: dict[str, float] = {}
     for family in parser.text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith(PREFIX):
-                values[sample.name[len(PREFIX):]] = float(sample.value)
+            if sample.name.startswith(contract.METRIC_PREFIX):
+                values[sample.name[len(contract.METRIC_PREFIX):]] = float(sample.value)
     progress: dict[str, Any] = {}
-    if "epoch" in values:
-        progress["epoch"] = min(int(values["epoch"]) + 1, epochs)
+    if contract.Metric.EPOCH in values:  # epochs completed -> the 1-based epoch in progress
+        progress["epoch"] = min(int(values[contract.Metric.EPOCH]) + 1, epochs)
     for name, field in _FIELDS.items():
         value = values.get(name)
         if value is None or not math.isfinite(value):

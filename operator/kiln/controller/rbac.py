@@ -1,23 +1,7 @@
-"""The API calls the operator makes, as RBAC rules (least privilege, issue 7).
+"""The API calls the operator makes, as least-privilege RBAC rules. Makes no API calls.
 
-Every (verb, group, resource) the operator sends, through kopf or `kiln.controller.kube`:
-
-| group | resource | verbs | why |
-|---|---|---|---|
-| kiln.dev | trainingjobs | get, list, watch, patch, delete | kopf watches and patches (finalizer, progress annotations); status writer reads; TTL deletes |
-| kiln.dev | trainingjobs/status | patch | every status change |
-| "" | pods | get, list, watch, create, delete | trainer pods; the placement loop lists all namespaces' pods for free GPUs |
-| "" | nodes | list | allocatable GPUs and CPU slots |
-| "" | events | create | one per condition change worth telling |
-| "" | namespaces | list, watch | only when a ``--namespace`` is a glob (kopf then scans namespaces) |
-
-Nodes and the cluster-wide pod list make a ClusterRole necessary. When the operator watches
-listed namespaces, the rest can be a Role in each of them; `CLUSTER_WIDE_RULES` is what must
-stay in the ClusterRole then. The e2e tests record what the operator really sends to the API
-emulator and check it against `RULES` (tests/e2e/test_rbac_usage.py); the Helm chart's roles
-(helm/kiln/templates/rbac.yaml) are checked against both (tests/helm/test_rbac.py).
-
-Callers: tests; the Helm chart's RBAC test. Non-goals: no API calls.
+The e2e tests check `RULES` against the calls the API emulator records; the Helm chart's roles
+are checked against both.
 """
 
 from __future__ import annotations
@@ -37,12 +21,16 @@ class Rule:
     verbs: tuple[str, ...]
 
 
+# Every (verb, group, resource) the operator sends, through kopf or `kiln.controller.kube`.
 RULES: tuple[Rule, ...] = (
+    # kopf watches and patches (finalizer, progress annotations); the status writer reads;
+    # the TTL deletes.
     Rule(api.GROUP, api.PLURAL, ("get", "list", "watch", "patch", "delete")),
-    Rule(api.GROUP, f"{api.PLURAL}/status", ("patch",)),
+    Rule(api.GROUP, f"{api.PLURAL}/status", ("patch",)),  # every status change
+    # Trainer pods; the placement loop lists all namespaces' pods for free GPUs.
     Rule("", "pods", ("get", "list", "watch", "create", "delete")),
-    Rule("", "nodes", ("list",)),
-    Rule("", "events", ("create",)),
+    Rule("", "nodes", ("list",)),  # allocatable GPUs and CPU slots
+    Rule("", "events", ("create",)),  # one per condition change worth telling
 )
 # Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
 # and the placement loop counts every pod's GPU requests to know which GPUs are free.
@@ -50,6 +38,7 @@ CLUSTER_WIDE_RULES: tuple[Rule, ...] = (
     Rule("", "nodes", ("list",)),
     Rule("", "pods", ("list",)),
 )
+# Only when a --namespace is a glob: kopf then scans namespaces.
 NAMESPACE_SCANNING_RULES: tuple[Rule, ...] = (Rule("", "namespaces", ("list", "watch")),)
 
 

@@ -1,11 +1,7 @@
 """The operator's settings: one frozen dataclass, filled from the command line by `main`.
 
-Every knob of `kiln operator` lives in `Options`, with its unit in its name and its default
-here; `pod_settings` and `placement_settings` derive what the pod builder and the planner take.
-
-Callers: `kiln.controller.main` (parses options), `kiln.controller.services` (builds the
-operator's services from them), `kiln.cli` (``kiln operator``). Non-goals: no parsing of
-argv, no I/O.
+Every knob of `kiln operator` lives in `Options`, with its unit in its name and its default;
+`pod_settings` and `placement_settings` derive what the pod builder and the planner take.
 """
 
 from __future__ import annotations
@@ -56,7 +52,6 @@ class Options:
         placement_time_limit_seconds: MILP time limit (keep it at most half the interval).
         placement_use_milp: False plans with the heuristic alone.
         placement_freeze_window_seconds: planned starts this close keep their slot.
-        placement_start_tolerance_seconds: a planned start this close counts as "now".
         max_gpus_per_job: the most GPUs the planner gives one job.
         cpu_slots_per_node: jobs a GPU-less node runs at once (CPU-only clusters).
         gpu_type: place jobs only on GPU nodes whose `gpu_type_label` equals this (e.g.
@@ -96,7 +91,6 @@ class Options:
     placement_time_limit_seconds: float = 5.0
     placement_use_milp: bool = True
     placement_freeze_window_seconds: float = 60.0
-    placement_start_tolerance_seconds: float = 1.0
     max_gpus_per_job: int = 8
     cpu_slots_per_node: int = 1
     gpu_type: str | None = None

@@ -1,15 +1,6 @@
 """TrainingJob status as data: conditions, phase, and the merge patch between two statuses.
 
-Pure functions over the status as it travels on the wire (a camelCase dict, see
-`kiln.api.TrainingJobStatus`), in Kueue's style (STYLE.md A3, B3): `set_condition` upserts one
-condition and moves `lastTransitionTime` only when its status flips; `phase_of` derives the
-phase from the conditions (nothing sets the phase directly); `merge_patch` turns "old status ->
-new status" into the one JSON merge patch the caller sends. Condition types and reasons are the
-closed sets in `kiln.api` (`ConditionType`, `Reason`); messages are capped like Kubernetes caps
-them.
-
-Callers: `kiln.controller.jobs` (the status writer) and the lifecycle modules. Non-goals: no
-I/O, no clock of its own (`now` is passed in), never imports kopf.
+Pure functions over the wire (camelCase) status; `now` is passed in. Never imports kopf.
 """
 
 from __future__ import annotations
@@ -149,7 +140,7 @@ def set_condition(
 
 
 def phase_of(status: Mapping[str, Any]) -> api.Phase:
-    """The phase the conditions imply (DESIGN.md section 3).
+    """The phase the conditions imply; nothing sets the phase directly.
 
     Failed, then Succeeded, then Suspended win; a running or restarting trainer is Running;
     a job waiting for its plan, or placed but not yet running, is Queued; else Pending.

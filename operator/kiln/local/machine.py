@@ -1,26 +1,18 @@
 """This machine's devices for a planned `kiln run`: GPUs here, else CPU worker slots.
 
-`local_devices(slots)` finds them: the GPUs here (at most `slots`), else `slots` CPU worker slots
-(default `default_slots`), each running one trainer process with cores // slots torch threads
-(OMP_NUM_THREADS wins when set). `Devices` also carries the k-process trainer launcher
-(`kiln_trainer.distributed.parallel.launch_command`, under torchrun) when the installed trainer takes
-``--parallelism``; without it only single runs are planned here.
-
-Callers: `kiln.local.runplan` (which re-exports these names for `kiln.cli`) and `kiln.local.tables`.
-Non-goals: no planning, no launching: `kiln.local.runplan` plans on these devices and runs the jobs.
+Each CPU slot runs one trainer process with cores // slots torch threads (OMP_NUM_THREADS wins
+when set). No planning, no launching (`kiln.local.runplan` does both).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import io
 import os
 from collections.abc import Callable, Sequence
 
 import torch
 
+from kiln import contract
 from kiln.placement import profile
 
 Launcher = Callable[[int, Sequence[str]], list[str]]
@@ -73,7 +65,7 @@ def local_devices(slots: int | None) -> Devices:
         count = min(torch.cuda.device_count(), slots or torch.cuda.device_count())
     else:
         count = slots or default_slots()
-    launcher = _trainer_launcher() if count > 1 else None
+    launcher = contract.trainer_command if count > 1 else None
     return Devices(kind, count, max(1, cores // count), launcher)
 
 
@@ -91,22 +83,3 @@ def check_slots(slots: int | None) -> str:
                          f"use at most --slots {cores}")
     return kind
 
-
-def _trainer_launcher() -> Launcher | None:
-    """`kiln_trainer.distributed.parallel.launch_command` if the installed trainer takes --parallelism.
-
-    Imported by name at run time (the trainer is a separate package); the probe parses the
-    flag with the trainer's own argument parser.
-    """
-    try:
-        parallel = importlib.import_module("kiln_trainer.distributed.parallel")
-        trainer_cli = importlib.import_module("kiln_trainer.cli")
-    except ImportError:
-        return None
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            trainer_cli.parse_args(["--parallelism", "ddp"])
-        except SystemExit:
-            return None
-    launch: Launcher = parallel.launch_command
-    return launch

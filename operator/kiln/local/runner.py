@@ -1,22 +1,8 @@
-"""Local runner: the embedded default path of `kiln run` (DESIGN.md section 1).
+"""`kiln run` jobs one after another, and the trainer subprocess both local runs share.
 
-Runs each TrainingJob as a `python -m kiln_trainer` subprocess (the same trainer a
-cluster pod runs), follows its JSON-lines progress on stdout with a live rich progress
-bar, keeps its stderr in a log file, and returns the trainer's result. Registration in
-the zoo is done by the trainer itself, so local and cluster runs share that code.
-
-A job runs at most once at a time per working directory: `run_jobs` holds an exclusive lock
-(``flock``) on ``<work_dir>/<job>.lock`` for each of its jobs, so a second `kiln run` of the same
-job fails at once instead of overwriting the first one's log and checkpoint. A trainer that
-ends by SIGINT or SIGTERM (Ctrl-C reaches the whole process group, so it may notice first) is an
-interruption, not a failure. Trainer text is printed as plain text, never as rich markup.
-
-Several jobs over several devices, concurrently under a plan, is `kiln.local.runplan`, which uses the
-trainer-process helpers here (`write_job_file`, `trainer_env`, `read_events`, `new_progress`,
-`show`, `tail`, `job_locks`) and reports `JobOutcome.placement`.
-
-Callers: `kiln.cli`, `kiln.local.runplan`. Non-goals: no placement (`run_jobs` runs jobs in order),
-no kopf.
+Each job runs `python -m kiln_trainer` (the trainer a cluster pod runs, which registers the
+model in the zoo itself); its events drive a live progress bar, its stderr goes to a log file.
+Trainer text is printed as plain text, never as rich markup. No placement, no kopf.
 """
 
 from __future__ import annotations
@@ -28,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -41,15 +26,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kiln import api
+from kiln import api, contract
 
 # How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
-
-# Trainer exit codes that mean "stopped by a signal": 128 + signal when the trainer saved its
-# checkpoint and exited itself (kiln_trainer.cli), minus the signal when it died of it.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-INTERRUPTED_EXIT_CODES = frozenset({128 + s for s in _STOP_SIGNALS} | {-s for s in _STOP_SIGNALS})
 
 
 class TrainerFailed(RuntimeError):
@@ -127,6 +107,11 @@ def run_jobs(
     env: dict[str, str] | None = None,
 ) -> list[JobOutcome]:
     """Train `jobs` one after another, each in a trainer subprocess.
+
+    A job runs at most once at a time per working directory (`job_locks`), so a second
+    `kiln run` of the same job fails at once instead of overwriting the first one's log and
+    checkpoint. A trainer that ends by SIGINT or SIGTERM is an interruption, not a failure:
+    Ctrl-C reaches the whole process group, so the trainer may notice it first.
 
     Args:
         jobs: validated jobs, run in order.
@@ -208,7 +193,8 @@ def _run_one(
 ) -> dict[str, Any]:
     job_file = write_job_file(job, work_dir)
     log_path = work_dir / f"{job.name}.log"
-    command = [sys.executable, "-m", "kiln_trainer", "--job", str(job_file), "--zoo", zoo_uri]
+    command = contract.trainer_command(
+        1, contract.TrainerArgs(job_file=str(job_file), zoo=zoo_uri).to_argv())
     console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.architecture)} "
                   f"on {job.spec.dataset.name} (log: {escape(str(log_path))})")
     interrupted = False
@@ -224,7 +210,7 @@ def _run_one(
         result = None
         try:
             for event in read_events(process):
-                if event.get("event") == "result":
+                if isinstance(event, contract.Result):
                     result = event
                 else:
                     show(progress, task, event)
@@ -232,7 +218,7 @@ def _run_one(
         except KeyboardInterrupt:
             _stop(process)
             interrupted = True
-    if interrupted or (result is None and process.returncode in INTERRUPTED_EXIT_CODES):
+    if interrupted or (result is None and process.returncode in contract.INTERRUPTED_EXIT_CODES):
         # Ctrl-C signals the whole process group: the trainer may see it first, save its
         # checkpoint and exit 130 before (or, with SIGINT ignored here, instead of) us.
         console.print(f"[yellow]{escape(job.name)}: stopped; its last checkpoint is kept, "
@@ -240,7 +226,7 @@ def _run_one(
         raise KeyboardInterrupt
     if result is None or process.returncode != 0:
         raise TrainerFailed(job.name, process.returncode, log_path, tail(log_path))
-    return result
+    return result.to_json()
 
 
 def write_job_file(job: api.TrainingJob, work_dir: Path) -> Path:
@@ -256,18 +242,20 @@ def trainer_env(env: dict[str, str] | None, *, threads: str) -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads, **os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
 
 
-def read_events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
-    """The trainer's JSON-lines events from its stdout, until it closes (other lines skipped)."""
+def read_events(process: subprocess.Popen[str]) -> Iterator[contract.Event]:
+    """The trainer's events from its stdout, until it closes.
+
+    Stray output is skipped; so is an event the contract cannot read, with a warning naming it.
+    """
     assert process.stdout is not None
     for line in process.stdout:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
         try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
+            event = contract.from_line(line)
+        except ValueError as exc:
+            warnings.warn(f"trainer pid {process.pid}: unreadable event ({exc}): {line[:200]}",
+                          stacklevel=2)
             continue
-        if isinstance(event, dict):
+        if event is not None:
             yield event
 
 
@@ -284,34 +272,31 @@ def new_progress(console: Console) -> Progress:
     )
 
 
-def show(progress: Progress, task: TaskID, event: dict[str, Any], *, prefix: str = "") -> None:
+def show(progress: Progress, task: TaskID, event: contract.Event, *, prefix: str = "") -> None:
     """Show one trainer event: an info line (after `prefix`), or a progress update."""
-    kind = event.get("event")
-    if kind == "info":
-        progress.console.print(f"  {prefix}{event.get('message', '')}", markup=False,
-                               highlight=False)
+    if isinstance(event, contract.Info):
+        progress.console.print(f"  {prefix}{event.message}", markup=False, highlight=False)
         return
-    if kind != "progress":
+    if not isinstance(event, contract.Progress):
         return
     parts = []
-    if event.get("train_loss") is not None:
-        parts.append(f"loss {event['train_loss']:.3f}")
-    if event.get("validation_accuracy") is not None:
-        parts.append(f"val acc {event['validation_accuracy']:.3f}")
-    if event.get("validation_loss") is not None:
-        parts.append(f"val loss {event['validation_loss']:.3f}")
-    if event.get("samples_per_second"):
-        parts.append(f"{event['samples_per_second']:.0f} samples/s")
-    if event.get("frozen_modules"):
-        parts.append(f"frozen {event['frozen_modules']}/{event.get('modules') or '?'} modules")
-    completed = float(event.get("epoch") or 0)
-    steps, per_epoch = event.get("step"), event.get("steps_per_epoch")
-    if steps is not None and per_epoch:
+    if event.train_loss is not None:
+        parts.append(f"loss {event.train_loss:.3f}")
+    if event.validation_accuracy is not None:
+        parts.append(f"val acc {event.validation_accuracy:.3f}")
+    if event.validation_loss is not None:
+        parts.append(f"val loss {event.validation_loss:.3f}")
+    if event.samples_per_second:
+        parts.append(f"{event.samples_per_second:.0f} samples/s")
+    if event.frozen_modules:
+        parts.append(f"frozen {event.frozen_modules}/{event.modules or '?'} modules")
+    completed = float(event.epoch or 0)
+    steps, per_epoch = event.step, event.steps_per_epoch
+    if per_epoch:
         completed = max(completed - 1, 0) + min(1.0, (steps % per_epoch or per_epoch) / per_epoch)
-        completed = min(completed, float(event.get("epoch") or completed))
-    total = event.get("epochs")
-    progress.update(task, completed=completed, status="  ".join(parts),
-                    **({"total": total} if total else {}))
+        completed = min(completed, float(event.epoch or completed))
+    progress.update(task, completed=completed, total=event.epochs or None,  # None: unchanged
+                    status="  ".join(parts))
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

@@ -1,38 +1,8 @@
-"""Several jobs at once on this machine, under a plan (issue 5 item 5; DESIGN.md sections 1, 6).
+"""`kiln run --slots N` with several jobs: plan them on this machine's devices, then run them.
 
-`kiln run A.yaml B.yaml ... [--slots N]` with several jobs and devices. Devices
-(`kiln.local.machine`): the GPUs here (at most N), else N CPU worker slots (default
-`default_slots`), each running one trainer process with cores // N torch threads
-(OMP_NUM_THREADS wins when set). A config with k > 1
-runs k processes under torchrun (`kiln_trainer.distributed.parallel.launch_command`; DDP over gloo on CPU,
-NCCL on GPUs) once the installed trainer takes ``--parallelism``; until then every job runs
-single on one device. Jobs fixing ``spec.resources.gpus`` count CPU slots here.
-
-Plan: `estimate.configs` per job (zoo, else the `kiln profile` cache, else FLOPs) on one node
-"local" with N devices, `plan.plan` (heuristic, then the MILP), printed before anything starts
-(`kiln.local.tables.plan`). Running follows Saturn's per-node queue (research digest 7.7): jobs start
-in planned order, the head as soon as its k devices are free (never by wall clock), so at most
-N devices are ever busy. When a job ends, the queued jobs are re-planned (`plan.replan`,
-heuristic only, kept unless clearly beaten) with running jobs pinned for their measured
-remaining time (`estimate.remaining_seconds`); a queued job with the same model and batch as a
-finished one takes its measured throughput (`estimate.refine`; learning-rate copies run at the
-same speed, as Saturn assumes).
-
-Warm start: a job warm-starts from the zoo as it is when the job *starts*: jobs running at the
-same time never warm-start from each other; a job started after another finished may.
-``--slots 1`` keeps the sequential runner (`local.run_jobs`, file order), where each job sees
-every earlier one.
-
-Failures and Ctrl-C: a failed trainer stops the run: the others are asked to checkpoint and
-stop (SIGTERM), queued jobs never start, and `local.TrainerFailed` names the failed job.
-Ctrl-C, or a trainer stopped by SIGINT/SIGTERM, stops every trainer the same way and raises
-KeyboardInterrupt; a rerun resumes stopped jobs from their checkpoints. Every job's lock
-(`local.job_locks`) is held for the whole run. ``<work_dir>/run.json`` records the plan and,
-per job, its config, devices, state and planned and actual start and end (seconds since the
-run began), written however the run ends.
-
-Callers: `kiln.cli`. Non-goals: no multi-node runs, no moving a running job to another k; no
-device discovery (`kiln.local.machine`).
+Jobs start as the placement queue says (`queues.NodeQueues`: a job starts when it heads the
+queue and its devices are free); when one ends, the rest are re-planned with what was measured.
+`<work_dir>/run.json` records the plan and how each job ran, however the run ends.
 """
 
 from __future__ import annotations
@@ -42,7 +12,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -53,20 +22,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, TaskID
 
-from kiln import api
-from kiln.local import machine
-from kiln.local import runner as local
-from kiln.placement import estimate, plan, types
+from kiln import api, contract
+from kiln.local import machine, runner
+from kiln.placement import estimate, planner, queues, types
 from kiln.zoo import records, store
 
-NODE = "local"
+NODE = "local"  # this machine, the planner's only node
 PLAN_SETTINGS = types.Settings(time_limit_seconds=5.0)
 REPLAN_SETTINGS = types.Settings(use_milp=False)  # between jobs: fast, no solver process
 _POLL_SECONDS = 0.5  # how often the loop wakes to notice Ctrl-C while trainers are quiet
-# torchrun exits 1 whatever its workers' codes (143 after SIGTERM included), so a k > 1 job's
-# stop shows only in rank 0's info event (kiln_trainer.loop: "stopped on request at ...").
-_STOPPED_MESSAGE_PREFIX = "stopped on request"
-
 
 
 def make_plan(
@@ -79,12 +43,15 @@ def make_plan(
 ) -> tuple[types.Plan, dict[str, tuple[types.Config, ...]]]:
     """Estimate every job's configs and plan them on one node of `devices.count` devices.
 
+    Estimates come from the zoo, else the `kiln profile` cache, else FLOPs (`estimate.configs`);
+    the plan is the heuristic's, or the MILP's when it does better (`planner.plan`).
+
     Returns:
         The plan (times in seconds from 0) and each job's configs.
 
     Raises:
         types.Unplaceable: a job has no config that fits (e.g. it fixes more GPUs than here).
-        profile.ProfileCacheError: the profile cache is unusable.
+        profilecache.ProfileCacheError: the profile cache is unusable.
     """
     zoo_records = records.list_records(zoo) if zoo is not None else []
     configs = {job.name: estimate.configs(
@@ -93,7 +60,7 @@ def make_plan(
         for job in jobs}
     snapshot = types.Snapshot(0.0, (types.Node(NODE, devices.count),),
                               tuple(types.JobRequest(n, c) for n, c in configs.items()))
-    return plan.plan(snapshot, settings), configs
+    return planner.plan(snapshot, settings), configs
 
 
 def planned_devices(the_plan: types.Plan, count: int) -> dict[str, tuple[int, ...]]:
@@ -146,22 +113,28 @@ def run_planned(
     work_dir: Path,
     console: Console,
     env: dict[str, str] | None = None,
-) -> list[local.JobOutcome]:
-    """Run `jobs` concurrently per `the_plan` (module docstring: order, capacity, re-planning).
+) -> list[runner.JobOutcome]:
+    """Run `jobs` concurrently per `the_plan`, at most `devices.count` devices busy at once.
+
+    A job warm-starts from the zoo as it is when the job *starts*: jobs running at the same
+    time never warm-start from each other. A config with k > 1 runs k processes under
+    torchrun (`devices.launcher`); each job's lock (`runner.job_locks`) is held for the whole
+    run, so a rerun resumes stopped jobs from their checkpoints.
 
     Returns:
-        One outcome per job, in the order of `jobs`, each with its `local.Placement`.
+        One outcome per job, in the order of `jobs`, each with its `runner.Placement`.
 
     Raises:
-        local.JobBusy: another `kiln run` here holds a job's lock (nothing started).
-        local.TrainerFailed: a trainer failed; the others were checkpointed and stopped.
+        runner.JobBusy: another `kiln run` here holds a job's lock (nothing started).
+        runner.TrainerFailed: a trainer failed; the others were asked to checkpoint and stop
+            (SIGTERM) and queued jobs never start.
         KeyboardInterrupt: Ctrl-C or a trainer stopped by a signal; all were stopped.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(list(jobs), the_plan, dict(configs), devices, zoo_uri, work_dir, console, env or {})
-    with local.job_locks(list(jobs), work_dir):
+    with runner.job_locks(list(jobs), work_dir):
         try:
-            with local.new_progress(console) as progress:
+            with runner.new_progress(console) as progress:
                 run.loop(progress)
         finally:
             run.write_record(work_dir / "run.json")
@@ -172,17 +145,17 @@ class _Run:
     """The state of one planned run; `loop` is the whole algorithm."""
 
     def __init__(self, jobs: list[api.TrainingJob], the_plan: types.Plan,
-                 configs: dict[str, tuple[types.Config, ...]], devices: machine.Devices, zoo_uri: str,
-                 work_dir: Path, console: Console, env: dict[str, str]) -> None:
+                 configs: dict[str, tuple[types.Config, ...]], devices: machine.Devices,
+                 zoo_uri: str, work_dir: Path, console: Console, env: dict[str, str]) -> None:
         self.jobs = {job.name: job for job in jobs}
-        self.plan, self.first_plan, self.configs, self.devices = the_plan, the_plan, configs, devices
+        self.first_plan, self.configs, self.devices = the_plan, configs, devices
         self.zoo_uri, self.work_dir, self.console, self.env = zoo_uri, work_dir, console, env
-        self.queue = list(the_plan.queues().get(NODE, []))
+        self.queue = queues.NodeQueues(the_plan)
         self.preferred = planned_devices(the_plan, devices.count)
         self.free = list(range(devices.count))
         self.live: dict[str, _Live] = {}
-        self.events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
-        self.outcomes: dict[str, local.JobOutcome] = {}
+        self.events: queue.Queue[tuple[str, contract.Event | None]] = queue.Queue()
+        self.outcomes: dict[str, runner.JobOutcome] = {}
         self.record: dict[str, dict[str, Any]] = {}
         self.measured: dict[str, float] = {}  # job -> final samples/s
         self.began = time.monotonic()
@@ -192,29 +165,29 @@ class _Run:
         return time.monotonic() - self.began
 
     def loop(self, progress: Progress) -> None:
-        for a in self.queue:
+        for a in self.queue.waiting():
             self.tasks[a.job] = progress.add_task(
                 a.job, total=self.jobs[a.job].spec.training.epochs,
                 status=f"queued: planned start {a.start:.0f} s, {a.parallelism}×{a.gpus}")
         try:
             while self.queue or self.live:
-                while self.queue and len(self.free) >= self.queue[0].gpus:
-                    self.start(self.queue.pop(0), progress)
+                for a in self.queue.start_heads({NODE: len(self.free)}):
+                    self.start(a, progress)
                 try:
                     name, event = self.events.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
                     continue
                 if event is None:
                     self.ended(name, progress)
-                elif event.get("event") == "result":
-                    self.live[name].result = event
+                elif isinstance(event, contract.Result):
+                    self.live[name].result = event.to_json()
                 else:
                     self.note(name, event)
-                    local.show(progress, self.tasks[name], event, prefix=f"{name}: ")
+                    runner.show(progress, self.tasks[name], event, prefix=f"{name}: ")
         except (KeyboardInterrupt, _Interrupted):
             self.stop_all("stopped")
             raise KeyboardInterrupt from None
-        except local.TrainerFailed:
+        except runner.TrainerFailed:
             self.stop_all("stopped because another job failed")
             raise
 
@@ -224,11 +197,13 @@ class _Run:
         held = wanted if len(wanted) == a.gpus and set(wanted) <= set(self.free) \
             else tuple(sorted(self.free)[: a.gpus])
         self.free = [d for d in self.free if d not in held]
-        argv = ["--job", str(local.write_job_file(job, self.work_dir)), "--zoo", self.zoo_uri]
+        args = contract.TrainerArgs(job_file=str(runner.write_job_file(job, self.work_dir)),
+                                    zoo=self.zoo_uri)
         if a.gpus > 1 and self.devices.launcher is not None:
-            command = self.devices.launcher(a.gpus, [*argv, "--parallelism", a.parallelism])
+            parallel = dataclasses.replace(args, parallelism=a.parallelism)
+            command = self.devices.launcher(a.gpus, parallel.to_argv())
         else:
-            command = [sys.executable, "-m", "kiln_trainer", *argv]
+            command = contract.trainer_command(1, args.to_argv())
         extra = dict(self.env)
         if self.devices.gpu:  # our indices count the GPUs visible to us
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -237,7 +212,7 @@ class _Run:
         log_path = self.work_dir / f"{a.job}.log"
         log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in `ended`)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   env=local.trainer_env(extra, threads=str(self.devices.threads)))
+                                   env=runner.trainer_env(extra, threads=str(self.devices.threads)))
         self.live[a.job] = _Live(a, process, log, held, self.now())
         threading.Thread(target=self._pump, args=(a.job, process), daemon=True).start()
         progress.console.print(
@@ -247,20 +222,21 @@ class _Run:
         progress.update(self.tasks[a.job], status="starting")
 
     def _pump(self, name: str, process: subprocess.Popen[str]) -> None:
-        for event in local.read_events(process):
+        for event in runner.read_events(process):
             self.events.put((name, event))
         process.wait()
         self.events.put((name, None))
 
-    def note(self, name: str, event: dict[str, Any]) -> None:
+    def note(self, name: str, event: contract.Event) -> None:
         live = self.live[name]
-        if event.get("event") == "info" and \
-                str(event.get("message", "")).startswith(_STOPPED_MESSAGE_PREFIX):
+        if isinstance(event, contract.Info) and event.message.startswith(contract.STOPPED_PREFIX):
+            # torchrun exits 1 whatever its workers' codes, so a k > 1 job's stop shows only
+            # in rank 0's info event
             live.stopped = True
-        if event.get("samples_per_second"):
-            live.samples_per_second = float(event["samples_per_second"])
-        if event.get("step") is not None:
-            live.samples_done = int(event["step"]) * self.jobs[name].spec.training.batch_size
+        if isinstance(event, contract.Progress):
+            if event.samples_per_second:
+                live.samples_per_second = float(event.samples_per_second)
+            live.samples_done = event.step * self.jobs[name].spec.training.batch_size
 
     def ended(self, name: str, progress: Progress) -> None:
         live = self.live.pop(name)
@@ -270,45 +246,50 @@ class _Run:
         self._record(name, live, state="done" if code == 0 and live.result else "ended",
                      code=code)
         if live.result is None or code != 0:
-            if live.result is None and (code in local.INTERRUPTED_EXIT_CODES or live.stopped):
+            if live.result is None and (code in contract.INTERRUPTED_EXIT_CODES or live.stopped):
                 self.record[name]["state"] = "stopped"
                 self.console.print(f"[yellow]{escape(name)}: stopped; its last checkpoint is "
                                    "kept, `kiln run` again resumes it[/]")
                 raise _Interrupted(name)
             self.record[name]["state"] = "failed"
             log_path = self.work_dir / f"{name}.log"
-            raise local.TrainerFailed(name, code, log_path, local.tail(log_path))
+            raise runner.TrainerFailed(name, code, log_path, runner.tail(log_path))
         if live.result.get("samples_per_second"):
             self.measured[name] = float(live.result["samples_per_second"])
         a, rec = live.assignment, self.record[name]
-        placement = local.Placement(a.parallelism, a.gpus, live.devices, rec["source"],
+        placement = runner.Placement(a.parallelism, a.gpus, live.devices, rec["source"],
                                     rec["planned_start_seconds"], rec["planned_seconds"],
                                     live.start, rec["end_seconds"] - live.start)
         spec = self.jobs[name].spec
-        self.outcomes[name] = local.JobOutcome(name, spec.model.architecture, live.result,
+        self.outcomes[name] = runner.JobOutcome(name, spec.model.architecture, live.result,
                                                placement, has_target=spec.target is not None)
         progress.update(self.tasks[name], completed=self.jobs[name].spec.training.epochs)
         self.replan()
 
     def replan(self) -> None:
-        """Re-plan the queued jobs with what was measured (module docstring)."""
-        if not self.queue:
+        """Re-plan the queued jobs with what was measured, running ones pinned.
+
+        A queued job with the same model and batch as a finished one takes its measured
+        throughput (`_refined`); running jobs hold their devices for their measured remaining
+        time (`_remaining`). The plan in force is kept unless clearly beaten.
+        """
+        waiting = self.queue.waiting()
+        if not waiting:
             return
-        for a in self.queue:
+        for a in waiting:
             self.configs[a.job] = self._refined(a.job)
         running = tuple(types.Running(n, NODE, lv.assignment.gpus, lv.assignment.parallelism,
                                       self._remaining(n, lv)) for n, lv in self.live.items())
-        queued = tuple(types.JobRequest(a.job, self.configs[a.job]) for a in self.queue)
+        queued = tuple(types.JobRequest(a.job, self.configs[a.job]) for a in waiting)
         snapshot = types.Snapshot(self.now(), (types.Node(NODE, self.devices.count),), queued,
                                   running)
         try:
-            fresh = plan.replan(self.plan, snapshot, REPLAN_SETTINGS)
+            fresh = self.queue.replan(snapshot, REPLAN_SETTINGS)
         except ValueError as exc:  # Unplaceable cannot happen with unchanged shapes; keep order
             self.console.print(f"re-planning skipped: {exc}", markup=False, highlight=False)
             return
         if not fresh.kept_current:
             self.console.print(f"re-planned: {fresh.reason}", markup=False, highlight=False)
-        self.plan, self.queue = fresh, list(fresh.queues().get(NODE, []))
         self.preferred.update(planned_devices(fresh, self.devices.count))
 
     def _refined(self, name: str) -> tuple[types.Config, ...]:
@@ -334,7 +315,7 @@ class _Run:
 
     def stop_all(self, why: str) -> None:
         """SIGTERM every running trainer (they checkpoint), wait, and say so per job."""
-        local.stop_all([lv.process for lv in self.live.values()])
+        runner.stop_all([lv.process for lv in self.live.values()])
         for name, live in list(self.live.items()):
             live.log.close()
             self._record(name, live, state="stopped", code=live.process.returncode)
@@ -354,7 +335,8 @@ class _Run:
             "end_seconds": self.now()}
 
     def write_record(self, path: Path) -> None:
-        """Write run.json (module docstring); jobs that never started are "not started"."""
+        """Write run.json: the first plan, and per job its config, devices, state and planned and
+        actual start and end (seconds since the run began); jobs never started are "not started"."""
         jobs = [self.record.get(name, {"name": name, "state": "not started"})
                 for name in self.jobs]
         doc = {"devices": {"kind": self.devices.kind, "count": self.devices.count},
@@ -367,7 +349,8 @@ class _Run:
 
 
 def _speed_key(job: api.TrainingJob) -> str:
-    """Jobs with equal keys train at the same speed (same model, input shape and batch)."""
+    """Jobs with equal keys train at the same speed (same model, input shape and batch; the
+    learning rate does not change it, as Saturn assumes)."""
     m = job.spec.model
     return json.dumps([m.architecture, m.args, list(m.input_shape),
                        job.spec.training.batch_size], sort_keys=True)

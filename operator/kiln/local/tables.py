@@ -1,10 +1,7 @@
-"""The `kiln` command's tables: training results, a run's plan, a job's profile, the zoo's
-models and a job's warm-start candidates.
+"""The `kiln` command's tables: results, a run's plan, a profile, the zoo, warm-start candidates.
 
 Every cell is plain text (`add_row`): job names, zoo records and trainer values are never read
 as rich markup. Pure formatting of data the caller already has.
-
-Callers: `kiln.cli`. Non-goals: no I/O beyond building rich tables, no decisions.
 """
 
 from __future__ import annotations
@@ -17,10 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kiln import api, models
-from kiln.local import machine, runplan
-from kiln.local import runner as local
-from kiln.placement import estimate, profile, types
-from kiln.warmstart import indextypes, select
+from kiln.local import machine, runner, runplan
+from kiln.placement import estimate, profilecache, types
+from kiln.warmstart import index, select
 from kiln.zoo import records
 
 SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
@@ -40,7 +36,7 @@ def fmt(value: Any, name: str | None = None, digits: int = 3) -> str:
     return f"{name} {text}" if name else text
 
 
-def results(outcomes: Sequence[local.JobOutcome]) -> Table:
+def results(outcomes: Sequence[runner.JobOutcome]) -> Table:
     """One row per job; planned runs add config and planned vs. actual "start+duration" (s)."""
     table = Table(title="Kiln results")
     planned = any(o.placement for o in outcomes)
@@ -62,7 +58,7 @@ def results(outcomes: Sequence[local.JobOutcome]) -> Table:
     return table
 
 
-def _placement(p: local.Placement | None) -> tuple[str, ...]:
+def _placement(p: runner.Placement | None) -> tuple[str, ...]:
     """('ddp×2 (flops)', '0+35', '2+41'): config, planned and actual start+duration."""
     if p is None:
         return ("-", "-", "-")
@@ -95,8 +91,8 @@ def plan(the_plan: types.Plan, configs: Mapping[str, tuple[types.Config, ...]],
     return table
 
 
-def profile_table(job: api.TrainingJob, measured: Sequence[profile.Measurement], *, kind: str,
-                  cache: Path | None) -> Table:
+def profile_table(job: api.TrainingJob, measured: Sequence[profilecache.Measurement], *,
+                  kind: str, cache: Path | None) -> Table:
     """A job's profile: per config, step seconds, samples/s, estimated job seconds, status."""
     work, device = estimate.workload(job), estimate.device_model(kind)
     table = Table(title=f"Profile of {job.name} ({job.spec.model.architecture}, batch "
@@ -120,12 +116,13 @@ def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
     for rec in sorted(found, key=lambda r: r.created_time):
-        add_row(table, rec.id, rec.architecture, rec.dataset, fmt(rec.metric_value, rec.metric_name),
-                f"{rec.num_params:,}", rec.parent or "-", rec.created_time)
+        add_row(table, rec.id, rec.architecture, rec.dataset,
+                fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}", rec.parent or "-",
+                rec.created_time)
     return table
 
 
-def warm_start_candidates(job: api.TrainingJob, found: indextypes.QueryResult, zoo_size: int,
+def warm_start_candidates(job: api.TrainingJob, found: index.QueryResult, zoo_size: int,
                           chosen: str | None, *, top: int) -> Table:
     """`kiln zoo query`: the `top` ranked parents of a query result (`ZooIndex.query`)."""
     table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.architecture}) "

@@ -1,16 +1,8 @@
 """Registry checks of a TrainingJob: does its model exist, suit its dataset and build?
 
-Role: `check_job(job)` runs `api.validate(job)` and adds what only the registry can tell:
-an unknown architecture (with the closest names), an image model on text data or the other
-way round, unknown or rejected builder arguments, a class count or vocabulary too small for
-the dataset, and an input shape the model cannot take. It builds the model on the `meta`
-device (no memory, no initialisation cost, global RNG untouched) and runs one forward pass
-there. `build(spec)` builds the real model of a `spec.model`.
-
-Callers: the CLI and the local runner before launching, the operator when admitting a job,
-the trainer (`build`). Messages follow `kiln.api`: ``field.path: what is wrong (got X); fix``.
-
-Non-goals: no I/O, no training, no checks of the data itself (files, class folders).
+`check_job` adds to `api.validate` what only the registry can tell, building the model on the
+`meta` device (no memory, no initialisation, global RNG untouched); `build` builds the real one.
+No I/O, no checks of the data itself.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The architecture registry: names -> keyword-only builders, with metadata and natural blocks.
 
-Role: the one place that maps an architecture name from `spec.model.architecture` to a builder
-`builder(*, input_shape, **args) -> nn.Module`, in the style of torchvision's `register_model` /
-`get_model` / `list_models`. Each family module (`torchvision_models`, `small_cnn`,
-`small_resnet`, `transformers`) registers its builders here at import time and declares, beside
-each builder, the model's input modality, task and natural blocks (`declare_blocks`).
-
-Callers: `kiln.models.checks` (job checks), the trainer (builds the model), `kiln.warmstart`
-(builds candidates on the `meta` device and traces them), the freezer (`natural_blocks`), the CLI
-(`kiln models` lists `list_models()` with `get_info`).
-
-Non-goals: no I/O, no weights (never downloads, never loads a checkpoint), no device placement
-(build under `with torch.device(...)` to choose one), no knowledge of jobs or datasets (that is
-`checks`).
-
-Shapes: B batch, C channels, H height, W width (pixels), T sequence length (tokens),
-V vocabulary size, K number of classes.
+Each family module registers its builders here at import time, declaring beside each builder
+its input modality, task and natural blocks. No I/O, no weights, no device placement (build
+under `with torch.device(...)`), no knowledge of jobs or datasets (that is `checks`).
 """
 
 from __future__ import annotations

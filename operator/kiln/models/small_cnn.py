@@ -1,17 +1,7 @@
 """small_cnn: a plain stack of 3x3 conv-BN-ReLU layers for small images, fast on CPU.
 
-Role: the simplest image family of the registry, for quick jobs (digits, CIFAR-sized images)
-and as an easy warm-start parent/child pair (depth and width vary, the layer kinds do not).
-Architecture, for input Tensor[B, C, H, W]:
-  stem      conv3x3(C -> width) + BN + ReLU, stride 1
-  blocks.i  conv3x3 + BN + ReLU for i = 0 .. depth-2; every odd layer (blocks.0, blocks.2, ...)
-            halves the map (stride 2) while it is at least 2x2, and doubles the channels
-            (capped at 8 * width)
-  head      global average pool + linear -> Tensor[B, K]
-This is the LeCun et al. conv-net recipe with VGG's 3x3 stacks and batch norm.
-
-Callers: the registry (`get_model("small_cnn", ...)`). Non-goals: no dropout, no residuals
-(that is `small_resnet`). Shapes: B batch, C channels, H height, W width, K classes.
+The simplest image family, for quick jobs and as an easy warm-start pair (depth and width vary,
+the layer kinds do not). Shapes: B batch, C channels, H height, W width, K classes.
 """
 
 from __future__ import annotations
@@ -30,6 +20,15 @@ PAPER = (
 
 class SmallCNN(nn.Module):
     """Plain conv net: stem, `depth - 1` conv blocks, pooled linear head.
+
+    LeCun et al.'s conv-net recipe with VGG's 3x3 stacks and batch norm; no dropout, no
+    residuals (that is `small_resnet`). For input Tensor[B, C, H, W]:
+
+        stem      conv3x3(C -> width) + BN + ReLU, stride 1
+        blocks.i  conv3x3 + BN + ReLU for i = 0 .. depth-2; every odd layer (blocks.0,
+                  blocks.2, ...) halves the map (stride 2) while it is at least 2x2, and
+                  doubles the channels (capped at 8 * width)
+        head      global average pool + linear -> Tensor[B, K]
 
     Args:
         in_channels: C.

@@ -1,21 +1,8 @@
 """small_resnet: CIFAR-style residual networks for small images, fast on CPU.
 
-Role: the default image family of Kiln's demos (digits, CIFAR-sized images) and the natural
-warm-start ladder: `blocks` [1, 1, 1] -> [2, 2, 2] -> [3, 3, 3] keeps every layer kind and
-widths, so a deeper child inherits most of its parent. Architecture (He et al. 2016, section
-4.2, the CIFAR-10 ResNets; `blocks` = [n, n, n] and `width` 16 is their ResNet-(6n+2)), for
-input Tensor[B, C, H, W]:
-  stem          conv3x3(C -> width) + BN + ReLU, stride 1
-  stages.s.b    BasicBlock b of stage s: two conv3x3 + BN with an identity shortcut; stage s has
-                width * 2**s channels; its first block halves the map (stride 2, while the map
-                is at least 2x2) with a 1x1 conv + BN projection shortcut ("option B")
-  head          global average pool + linear -> Tensor[B, K]
-The last BN of each block starts at zero (Goyal et al. 2017, 1706.02677), so a fresh block is
-the identity: this speeds up early training and makes inserted blocks harmless in warm starts.
-
-Callers: the registry (`get_model("small_resnet", ...)`). Non-goals: no bottleneck blocks
-(use resnet50/101), no pre-activation variant. Shapes: B batch, C channels, H height,
-W width, K classes.
+The default image family of the demos and the natural warm-start ladder: `blocks` [1, 1, 1] ->
+[2, 2, 2] -> [3, 3, 3] keeps every layer kind and width, so a deeper child inherits most of its
+parent. Shapes: B batch, C channels, H height, W width, K classes.
 """
 
 from __future__ import annotations
@@ -66,6 +53,21 @@ class BasicBlock(nn.Module):
 
 class SmallResNet(nn.Module):
     """CIFAR-style ResNet: stem, stages of BasicBlocks, pooled linear head.
+
+    He et al. 2016, section 4.2 (`blocks` = [n, n, n] and `width` 16 is their
+    ResNet-(6n+2)); no bottleneck blocks (use resnet50/101), no pre-activation variant. For
+    input Tensor[B, C, H, W]:
+
+        stem        conv3x3(C -> width) + BN + ReLU, stride 1
+        stages.s.b  BasicBlock b of stage s: two conv3x3 + BN with an identity shortcut;
+                    stage s has width * 2**s channels; its first block halves the map
+                    (stride 2, while the map is at least 2x2) with a 1x1 conv + BN projection
+                    shortcut ("option B")
+        head        global average pool + linear -> Tensor[B, K]
+
+    The last BN of each block starts at zero (Goyal et al. 2017, 1706.02677), so a fresh
+    block is the identity: this speeds up early training and makes inserted blocks harmless
+    in warm starts.
 
     Args:
         in_channels: C.

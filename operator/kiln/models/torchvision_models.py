@@ -1,32 +1,8 @@
 """torchvision classification models, adapted to grey-scale and small images.
 
-Role: registers torchvision's ResNet, VGG-BN, MobileNet and DenseNet builders (always
-`weights=None`: Kiln never downloads weights; warm starts come from the zoo instead) with
-`num_classes` (default 10) and any (C, H, W) input. Module names stay torchvision's, so
-state dicts and traced graphs read like torchvision's.
-
-What differs from torchvision, and why:
-  * C != 3 (e.g. grey digits): the first conv takes C input channels; kernel, stride, padding
-    and output channels are unchanged.
-  * Small images (min(H, W) < 64, e.g. CIFAR's 32x32 or digits' 8x8): an ImageNet stem
-    (stride 4 before the first block) would shrink an 8x8 image to 1x1 before any block
-    runs, so the stem is made small-input friendly, as the CIFAR variants of these papers do:
-      - resnet: conv1 is 3x3, stride 1, padding 1 and maxpool is removed (He et al. 2016,
-        section 4.2 uses a 3x3 stride-1 stem on CIFAR-10); total stride 8 instead of 32;
-      - vgg: only floor(log2(min(H, W))) of the five max-pools are kept (the last ones go),
-        so the map never shrinks below 1x1; avgpool is 1x1 and the classifier is
-        512-512-K with dropout 0.5 instead of 25088-4096-4096-K (as in the common CIFAR VGG,
-        github.com/chengyangfu/pytorch-vgg-cifar10), 15M instead of 119M parameters;
-      - mobilenet_v2 / mobilenet_v3_small: the stem conv has stride 1 (total stride 16);
-      - densenet: conv0 is 3x3, stride 1, padding 1 and pool0 is removed (Huang et al. 2017,
-        section 3, CIFAR configuration); total stride 8.
-    Replaced convs are initialised like torchvision's (Kaiming normal, fan-out).
-  * Larger images keep torchvision's architecture exactly (apart from the C != 3 change).
-
-Every model here traces with `torch.fx.symbolic_trace` (checked by the tests).
-
-Non-goals: no pretrained weights, no detection/segmentation models, no ImageNet transforms.
-Shapes: B batch, C channels, H height, W width, K classes (`num_classes`).
+ResNet, VGG-BN, MobileNet and DenseNet with `num_classes` (default 10) and any (C, H, W) input;
+always `weights=None` (warm starts come from the zoo). Module names stay torchvision's, and
+every model traces with `torch.fx`. Shapes: B batch, C channels, H height, W width, K classes.
 """
 
 from __future__ import annotations
@@ -47,7 +23,24 @@ from torchvision.models import vgg as tv_vgg
 
 from kiln.models import registry
 
-# Below this many pixels on the short side, use the small-input stems described above.
+# What differs from torchvision, and why:
+#   * C != 3 (e.g. grey digits): the first conv takes C input channels; kernel, stride, padding
+#     and output channels are unchanged.
+#   * Small images (min(H, W) < SMALL_IMAGE_SIZE, e.g. CIFAR's 32x32 or digits' 8x8): an
+#     ImageNet stem (stride 4 before the first block) would shrink an 8x8 image to 1x1 before
+#     any block runs, so the stem is made small-input friendly, as the CIFAR variants of these
+#     papers do:
+#       - resnet: conv1 is 3x3, stride 1, padding 1 and maxpool is removed (He et al. 2016,
+#         section 4.2 uses a 3x3 stride-1 stem on CIFAR-10); total stride 8 instead of 32;
+#       - vgg: only floor(log2(min(H, W))) of the five max-pools are kept (the last ones go),
+#         so the map never shrinks below 1x1; avgpool is 1x1 and the classifier is 512-512-K
+#         with dropout 0.5 instead of 25088-4096-4096-K (as in the common CIFAR VGG), 15M
+#         instead of 119M parameters;
+#       - mobilenet_v2 / mobilenet_v3_small: the stem conv has stride 1 (total stride 16);
+#       - densenet: conv0 is 3x3, stride 1, padding 1 and pool0 is removed (Huang et al. 2017,
+#         section 3, CIFAR configuration); total stride 8.
+#     Replaced convs are initialised like torchvision's (Kaiming normal, fan-out).
+#   * Larger images keep torchvision's architecture exactly (apart from the C != 3 change).
 SMALL_IMAGE_SIZE = 64
 
 _IMAGE = registry.Modality.IMAGE

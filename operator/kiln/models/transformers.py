@@ -1,22 +1,8 @@
 """Small transformers: `vit` (images by patches) and `char_transformer` (causal byte-level LM).
 
-Role: the transformer families of the registry, small enough to train on CPU. Both stack the
-same pre-norm block (Xiong et al. 2020): x + attention(LN(x)), then x + MLP(LN(x)), with
-multi-head attention through `F.scaled_dot_product_attention`. The blocks are written out
-(separate query/key/value/output projections) instead of using `nn.TransformerEncoderLayer`,
-so `torch.fx.symbolic_trace` sees every Linear and LayerNorm (torch.nn modules are fx leaves,
-and a leaf hides its weights from the warm-start graph matcher) and tracing works on `meta`.
-
-  vit:               stem (patch conv + class token + positions) -> layers.i -> head (LN + linear
-                     on the class token); Tensor[B, C, H, W] -> Tensor[B, K]
-  char_transformer:  stem (byte embedding + positions) -> causal layers.i -> head (LN + linear
-                     over bytes); LongTensor[B, T] -> Tensor[B, T, V]; position t only sees
-                     positions <= t. No weight tying, so the stem and head freeze separately.
-
-No dropout: the models are small and train for few epochs. Callers: the registry. Non-goals:
-no KV cache or sampling loop, no pretrained weights. Shapes: B batch, C channels, H height,
-W width, P patch size, N = (H/P)(W/P) patches, T sequence length, D width (model dim),
-V vocabulary size, K classes.
+Small enough to train on CPU; no dropout, no KV cache, no pretrained weights. Shapes: B batch,
+C channels, H height, W width, P patch size, N = (H/P)(W/P) patches, T sequence length,
+D width (model dim), V vocabulary size, K classes.
 """
 
 from __future__ import annotations
@@ -68,6 +54,11 @@ class SelfAttention(nn.Module):
         return result
 
 
+# Both families stack the same pre-norm block (Xiong et al. 2020): x + attention(LN(x)), then
+# x + MLP(LN(x)). The blocks are written out (separate query/key/value/output projections)
+# instead of using `nn.TransformerEncoderLayer`, so `torch.fx.symbolic_trace` sees every Linear
+# and LayerNorm (torch.nn modules are fx leaves, and a leaf hides its weights from the
+# warm-start graph matcher) and tracing works on `meta`.
 class TransformerBlock(nn.Module):
     """Pre-norm transformer layer: Tensor[B, T, D] -> Tensor[B, T, D].
 
@@ -263,6 +254,9 @@ class TokenEmbedding(nn.Module):
 
 class CharTransformer(nn.Module):
     """Causal character-level language model: stem, `depth` causal layers, LN + linear head.
+
+    Position t only sees positions <= t. No weight tying, so the stem and head freeze
+    separately.
 
     Args:
         vocab_size: V (256 for bytes).

@@ -1,11 +1,8 @@
-"""Baseline placements kept for benchmarks: whole-node FIFO and fixed-k FIFO.
+"""Baseline placements for benchmarks: whole-node FIFO and fixed-k FIFO.
 
-"Current DL practice" in Saturn's evaluation (VLDB'24; research digest section 5): every job
-uses one parallelism with a fixed or whole-node GPU allocation, in FIFO (arrival) order;
-DESIGN section 6 keeps both in code. Strict FIFO: no job starts before an earlier-arrived
-one (starts are non-decreasing in arrival order), each on the node where it starts earliest.
-Running jobs are pinned as in the planner. Callers: `simulate`, the benchmark, tests.
-Non-goals: no optimisation, no I/O.
+"Current DL practice" in Saturn's evaluation (VLDB'24): one parallelism, a fixed or whole-node
+GPU allocation, strict FIFO (no job starts before an earlier arrival), each job on the node
+where it starts earliest; running jobs pinned as in the planner. No optimisation, no I/O.
 """
 
 from __future__ import annotations

@@ -1,39 +1,7 @@
 """Runtime estimates: how long a job's whole training takes in each config (parallelism, k).
 
-Every estimate is the wall seconds of the whole job (DESIGN.md section 6; issue 5 item 2)::
-
-    seconds = startup + epochs * (steps_per_epoch + eval_batches / 3) * step
-
-where `step` is the seconds of one optimizer step at the job's global batch size B on k
-devices, and a validation batch costs a forward pass, about a third of a training step. `step`
-comes from the first source that has it, recorded in `types.Config.source`:
-
-1. "zoo": throughput recorded by earlier runs of similar architectures (`ZooRecord.
-   samples_per_second`, training steps only). Similar = the same architecture, else the same
-   family (`models.get_info(...).family`); among those, the same input shape, then the
-   nearest parameter count, then the newest. Its per-sample time is scaled by the ratio of
-   forward FLOPs per sample (parameter counts when FLOPs cannot be counted) and its batch
-   to B. Records say neither the device nor k, so they are read as k = 1 on this device type.
-2. "profile": the `kiln profile` cache (`profile.cache_key`): a measured step per config.
-3. "flops": forward FLOPs per sample (`torch.utils.flop_counter` on the `meta` device, no
-   memory, no GPU) x 3 for forward + backward, x B, over the device's FLOP/s (`DeviceModel`).
-
-k > 1 follows a speed-up curve from the k = 1 step: the per-step overhead stays serial, the
-compute divides by k, and a communication term is added: DDP all-reduces gradients, 2 *
-params * (k - 1) / k * 4 bytes per step over the device's bandwidth (ring all-reduce); FSDP
-moves about 1.5x that (all-gather forward and backward, reduce-scatter). A measured profile
-replaces the curve for the configs it measured; a profiled out-of-memory marks the config
-infeasible whatever the source. The flops source also rejects configs whose weights,
-gradients and optimizer state (FSDP: a 1/k shard) exceed the device memory. Only the fastest
-parallelism per k is kept and dominated k dropped (`types.candidates`).
-
-`refine` rescales a running job's configs by its measured throughput (pure; the operator and
-the local runner call it). Dataset sizes come from `workload`: digits 1,797, torchvision
-classes by their known training-split sizes, image folders and text by their files;
-`UNKNOWN_SAMPLES` otherwise (an s3:// path, a missing folder).
-
-Callers: `kiln.local.runplan` (local runner), `kiln.controller`, `kiln.cli`. Non-goals: no
-measuring (see `profile`), no planning. Never needs a GPU.
+Sources, first that has it: the zoo's recorded throughput, the `kiln profile` cache, FLOPs.
+`refine` rescales them by a running job's measured throughput. Never needs a GPU.
 """
 
 from __future__ import annotations
@@ -51,7 +19,7 @@ import torch
 from torch.utils import flop_counter
 
 from kiln import api, models
-from kiln.placement import profile, types
+from kiln.placement import profilecache, types
 from kiln.zoo import records, store
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -134,7 +102,7 @@ class Workload:
 
 
 def workload(job: api.TrainingJob) -> Workload:
-    """The job's `Workload`, sizing its dataset as the module docstring says (reads file sizes)."""
+    """The job's `Workload`, sizing its dataset as `configs` says (reads file sizes)."""
     ds, training = job.spec.dataset, job.spec.training
     n = min(_dataset_samples(ds, job.spec.model.input_shape), ds.max_samples or math.inf)
     n = max(2, int(n))
@@ -143,7 +111,7 @@ def workload(job: api.TrainingJob) -> Workload:
 
 
 def job_seconds(work: Workload, step_seconds: float, device: DeviceModel) -> float:
-    """Whole-job wall seconds from one step's seconds (see the module docstring)."""
+    """Whole-job wall seconds from one step's seconds (the formula in `configs`)."""
     steps = work.epochs * (work.steps_per_epoch + work.eval_batches * EVAL_COST_FRACTION)
     return device.startup_seconds + steps * step_seconds
 
@@ -167,6 +135,40 @@ def configs(
 ) -> tuple[types.Config, ...]:
     """Candidate configs of `job` with whole-job seconds and their source.
 
+    Every estimate is the wall seconds of the whole job::
+
+        seconds = startup + epochs * (steps_per_epoch + eval_batches / 3) * step
+
+    where `step` is the seconds of one optimizer step at the job's global batch size B on k
+    devices, and a validation batch costs a forward pass, about a third of a training step.
+    `step` comes from the first source that has it, recorded in `types.Config.source`:
+
+    1. "zoo": throughput recorded by earlier runs of similar architectures
+       (`ZooRecord.samples_per_second`, training steps only). Similar = the same
+       architecture, else the same family (`models.get_info(...).family`); among those, the
+       same input shape, then the nearest parameter count, then the newest. Its per-sample
+       time is scaled by the ratio of forward FLOPs per sample (parameter counts when FLOPs
+       cannot be counted) and its batch to B. Records say neither the device nor k, so they
+       are read as k = 1 on this device type.
+    2. "profile": the `kiln profile` cache (`profilecache.cache_key`): a measured step per
+       config.
+    3. "flops": forward FLOPs per sample (`torch.utils.flop_counter` on the `meta` device, no
+       memory, no GPU) x 3 for forward + backward, x B, over the device's FLOP/s
+       (`DeviceModel`).
+
+    k > 1 follows a speed-up curve from the k = 1 step: the per-step overhead stays serial,
+    the compute divides by k, and a communication term is added: DDP all-reduces gradients,
+    2 * params * (k - 1) / k * 4 bytes per step over the device's bandwidth (ring all-reduce);
+    FSDP moves about 1.5x that (all-gather forward and backward, reduce-scatter). A measured
+    profile replaces the curve for the configs it measured; a profiled out-of-memory marks the
+    config infeasible whatever the source. The flops source also rejects configs whose
+    weights, gradients and optimizer state (FSDP: a 1/k shard) exceed the device memory. Only
+    the fastest parallelism per k is kept and dominated k dropped (`types.candidates`).
+
+    Dataset sizes come from `workload`: digits 1,797, torchvision classes by their known
+    training-split sizes, image folders and text by their files; `UNKNOWN_SAMPLES` otherwise
+    (an s3:// path, a missing folder).
+
     Args:
         job: a valid job. spec.resources narrows the choice: a fixed parallelism, a fixed
             gpus (0 = CPU only: k = 1, single), gpusPerNode as a cap on k. k must divide
@@ -185,7 +187,7 @@ def configs(
 
     Raises:
         ValueError: max_gpus < 1 or an unknown device type.
-        profile.ProfileCacheError: the profile cache file is unusable.
+        profilecache.ProfileCacheError: the profile cache file is unusable.
     """
     if max_gpus < 1:
         raise ValueError(f"max_gpus: must be >= 1 (got {max_gpus})")
@@ -199,13 +201,13 @@ def configs(
     if step1 is None:
         compute = FORWARD_BACKWARD_FACTOR * flops * work.batch_size / device.flops_per_second
         step1, source = compute + device.step_overhead_seconds, "flops"
-    entries = profile.read_cache(profile_cache) if profile_cache is not None else {}
+    entries = profilecache.read_cache(profile_cache) if profile_cache is not None else {}
     kind = "cuda" if device_type.startswith("cuda") else "cpu"
     out = []
     for parallelism, k in _shapes(job, max_gpus, kind, parallelisms):
-        key = profile.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
+        key = profilecache.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
                                 gpus=k, kind=device_type)
-        measured = profile.lookup(entries, key)
+        measured = profilecache.lookup(entries, key)
         if measured is not None and not measured.feasible:
             out.append(types.Config(parallelism, k, math.inf, "profile"))
         elif source == "flops" and measured is not None and measured.step_seconds is not None:
@@ -222,7 +224,7 @@ def configs(
 def speedup_step(step1: float, parallelism: str, k: int, *, params: int,
                  device: DeviceModel) -> float:
     """Step seconds on k devices from the k = 1 step: overhead serial, compute / k, plus
-    communication (module docstring)."""
+    communication (as `configs` says)."""
     overhead = min(device.step_overhead_seconds, step1 / 2)
     step = (step1 - overhead) / k + overhead
     if parallelism != "single" and k > 1:

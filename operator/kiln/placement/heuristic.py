@@ -1,18 +1,8 @@
 """The placement heuristic: GPU count per job, then longest-first list scheduling.
 
-Research digest section 7.4 (Saturn, VLDB'24, uses heuristics only as baselines; Kiln always
-builds this plan first): choose k per job by minimum GPU-area (k * d) or by the knee of its
-speed-up curve, list-schedule in longest-first order on the node where the job finishes
-earliest, keep the best of several policies (with `k_policy` "best" also every fixed k, and
-"deadline" choices: the cheapest config that ends by a multiple of the lower bound), then
-change one job's config at a time while the makespan drops. Its makespan is the MILP's
-horizon, its warm start and the fallback.
-
-Also here, shared by `milp`, `plan` and `baselines`: `Problem` (a snapshot normalised:
-candidate configs, release times, reservations of running and frozen jobs), `timelines` (per
-node, a `timeline.Timeline` of GPUs in use over time with earliest-fit search; the class is
-re-exported here) and `lower_bound`. Callers: `plan`, `milp`, `baselines`, `simulate`.
-Non-goals: no solver, no I/O, no torch, no kubernetes.
+Its plan always comes first: its makespan is the MILP's horizon, its warm start and the
+fallback. Also the shared normalised `Problem`, per-node `timelines` and the `lower_bound`.
+No solver, no I/O, no torch, no kubernetes.
 """
 
 from __future__ import annotations
@@ -24,9 +14,6 @@ from kiln.placement import timeline, types
 
 # Local search budget, in job placements (one placement ~ a few microseconds per node).
 LOCAL_SEARCH_PLACEMENTS = 60_000
-
-# Re-export: one node's GPUs over time (kiln.placement.timeline).
-Timeline = timeline.Timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +180,7 @@ def lower_bound(problem: Problem) -> float:
 
 def choose_k(options: Sequence[types.Config], policy: str, *,
              knee_efficiency: float = 0.75) -> types.Config:
-    """One config per job by a policy (digest 7.4).
+    """One config per job by a policy.
 
     Args:
         options: the job's candidates (increasing gpus, decreasing seconds).
@@ -282,7 +269,14 @@ def _score(problem: Problem, assignments: Sequence[types.Assignment]) -> tuple[f
 
 
 def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
-    """The heuristic plan (digest 7.4): best policy and order, then one-job local search.
+    """The heuristic plan: best policy and order, then one-job local search.
+
+    Choose k per job by minimum GPU-area (k * d) or by the knee of its speed-up curve,
+    list-schedule longest first on the node where the job finishes earliest, keep the best of
+    several policies (with `k_policy` "best" also every fixed k, and "deadline" choices: the
+    cheapest config that ends by a multiple of the lower bound), then change one job's config
+    at a time while the makespan drops. Saturn (VLDB'24) uses such heuristics only as
+    baselines; here the plan is always built first.
 
     Returns:
         A plan with solver "heuristic"; `reason` names the policy, order and local-search
@@ -331,7 +325,7 @@ def polish(problem: Problem, choice: Mapping[str, types.Config]) -> types.Plan:
 def _local_search(problem: Problem, choice: dict[str, types.Config], key: str,
                   score: tuple[float, float]
                   ) -> tuple[tuple[float, float], dict[str, types.Config], str, int]:
-    """First-improvement search over one job's config at a time (digest 7.4 step 2).
+    """First-improvement search over one job's config at a time.
 
     Each trial is list-scheduled in every order of ORDERS; a change is accepted when
     (makespan, sum of ends) drops. Stops after a pass without one or when

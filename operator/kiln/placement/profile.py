@@ -1,28 +1,7 @@
-"""Profiling runs: time one training step of a job's model per config, and cache the result.
+"""Profiling runs (`kiln profile`): time one training step of a job's model per config.
 
-Saturn's empirical profiler (VLDB'24; research digest section 2), as `kiln profile FILE` runs
-it: for each config (parallelism, k) it builds the job's model at the job's global batch size
-on synthetic inputs of the job's shape and dtype (images Tensor[B, C, H, W] float32 with int64
-class labels; text LongTensor[B, T] with next-token targets), runs two mini-batches (forward,
-backward, optimizer step) and times the *second* (the first pays for allocation and lazy
-initialisation). Memory feasibility is empirical, as in Saturn: an out-of-memory error
-(`torch.OutOfMemoryError`, or a RuntimeError saying the allocator has no memory) marks the
-config infeasible.
-
-Configs: `single` (k = 1) runs in this process. `ddp` and `fsdp` (k >= 2) run k processes of
-this module's worker (`python -m kiln.placement.profile --worker SPEC OUT`) under torchrun
-(``python -m torch.distributed.run --standalone --nproc-per-node k``, the local form of
-`kiln_trainer.distributed.parallel.launch_command`, which is fixed to the trainer's module), gloo on CPU
-and NCCL on GPUs; each rank takes B / k samples and the slowest rank's step counts. DDP is
-torch's `DistributedDataParallel`; FSDP is FSDP1 (`FullyShardedDataParallel`, whole model as
-one unit), so it needs GPUs.
-
-Results (`Measurement`) are kept in a JSON cache keyed by config and device type
-(`kiln.placement.profilecache`, whose names are re-exported here); `estimate.configs` reads it.
-Device types are ``cpu`` or ``cuda:<GPU name>`` (`device_type`).
-
-Callers: `kiln.cli` (`kiln profile`), `kiln.placement.estimate` (cache lookups).
-Non-goals: no estimates for configs that were not measured (see `estimate`), no planning.
+Results go to the profile cache (`profilecache`), which `estimate.configs` reads. No estimates
+for configs that were not measured, no planning.
 """
 
 from __future__ import annotations
@@ -43,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kiln import api, models
+from kiln import api, contract, models
 from kiln.placement import profilecache
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -51,17 +30,6 @@ GPU_COUNTS = (1, 2, 4, 8)
 WORKER_TIMEOUT_SECONDS = 300.0
 _OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "not enough memory")
-
-# Re-exports: what a profile measured and its cache (kiln.placement.profilecache).
-CACHE_VERSION = profilecache.CACHE_VERSION
-DEFAULT_CACHE = profilecache.DEFAULT_CACHE
-STATUS_OK, STATUS_OOM = profilecache.STATUS_OK, profilecache.STATUS_OOM
-STATUS_UNSUPPORTED, STATUS_FAILED = profilecache.STATUS_UNSUPPORTED, profilecache.STATUS_FAILED
-ProfileCacheError = profilecache.ProfileCacheError
-Measurement = profilecache.Measurement
-cache_key = profilecache.cache_key
-read_cache = profilecache.read_cache
-lookup = profilecache.lookup
 
 
 def device_type(device: str = "auto") -> str:
@@ -94,11 +62,26 @@ def profile_job(
     job: api.TrainingJob,
     *,
     configs: Sequence[tuple[str, int]] | None = None,
-    cache_path: Path | None = DEFAULT_CACHE,
+    cache_path: Path | None = profilecache.DEFAULT_CACHE,
     device: str = "auto",
     refresh: bool = False,
-) -> list[Measurement]:
+) -> list[profilecache.Measurement]:
     """Profile `job` per config, reusing and updating the cache.
+
+    Saturn's empirical profiler (VLDB'24): each config builds the job's model at the job's
+    global batch size on synthetic inputs of the job's shape and dtype (images
+    Tensor[B, C, H, W] float32 with int64 class labels; text LongTensor[B, T] with next-token
+    targets), runs two mini-batches (forward, backward, optimizer step) and times the *second*
+    (the first pays for allocation and lazy initialisation). Memory feasibility is empirical:
+    an out-of-memory error (`torch.OutOfMemoryError`, or a RuntimeError saying the allocator
+    has no memory) marks the config infeasible.
+
+    `single` (k = 1) runs in this process. `ddp` and `fsdp` (k >= 2) run k processes of this
+    module's worker (`python -m kiln.placement.profile --worker SPEC OUT`) under torchrun
+    (`kiln.contract.torchrun_command`, as the trainer is launched), gloo on CPU and NCCL on
+    GPUs; each rank takes B / k samples and the slowest rank's step counts. FSDP is FSDP1
+    (`FullyShardedDataParallel`, whole model as one unit), so it needs GPUs. Device types are
+    ``cpu`` or ``cuda:<GPU name>`` (`device_type`).
 
     Args:
         job: a valid job (its model, input shape and global batch size are used).
@@ -111,7 +94,7 @@ def profile_job(
         One measurement per config, in order. Unsupported configs are returned, not cached.
 
     Raises:
-        ProfileCacheError: the cache file is unusable.
+        profilecache.ProfileCacheError: the cache file is unusable.
         ValueError: a config names an unknown parallelism or k < 1.
     """
     kind = device_type(device)
@@ -121,19 +104,19 @@ def profile_job(
         if parallelism not in ("single", "ddp", "fsdp") or k < 1:
             raise ValueError(f"config {parallelism}:{k}: parallelism must be single, ddp or "
                              "fsdp and k >= 1")
-    entries = read_cache(cache_path) if cache_path is not None else {}
+    entries = profilecache.read_cache(cache_path) if cache_path is not None else {}
     batch = job.spec.training.batch_size
     results = []
     for parallelism, k in wanted:
-        key = cache_key(job.spec.model, batch_size=batch, parallelism=parallelism, gpus=k,
-                        kind=kind)
-        cached = None if refresh else lookup(entries, key)
+        key = profilecache.cache_key(job.spec.model, batch_size=batch, parallelism=parallelism,
+                                     gpus=k, kind=kind)
+        cached = None if refresh else profilecache.lookup(entries, key)
         if cached is not None:
             results.append(cached)
             continue
         found = _measure_config(job, parallelism, k, kind)
         results.append(found)
-        if found.status in (STATUS_OK, STATUS_OOM):
+        if found.status in (profilecache.STATUS_OK, profilecache.STATUS_OOM):
             entries[key] = {**dataclasses.asdict(found),
                             "architecture": job.spec.model.architecture, "device_type": kind,
                             "batch_size": batch, "measured_time": _now()}
@@ -142,17 +125,18 @@ def profile_job(
     return results
 
 
-def _measure_config(job: api.TrainingJob, parallelism: str, k: int, kind: str) -> Measurement:
+def _measure_config(job: api.TrainingJob, parallelism: str, k: int,
+                    kind: str) -> profilecache.Measurement:
     why = _unsupported(parallelism, k, kind)
     if why:
-        return Measurement(parallelism, k, None, STATUS_UNSUPPORTED, why)
+        return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_UNSUPPORTED, why)
     if parallelism == "single":
         dev = torch.device("cuda", 0) if kind.startswith("cuda") else torch.device("cpu")
         try:
             seconds = step_seconds(job.spec.model, job.spec.training, device=dev)
         except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError too
             return _failure(parallelism, k, exc)
-        return Measurement(parallelism, k, seconds, STATUS_OK)
+        return profilecache.Measurement(parallelism, k, seconds, profilecache.STATUS_OK)
     return _measure_distributed(job, parallelism, k, kind)
 
 
@@ -168,12 +152,14 @@ def _unsupported(parallelism: str, k: int, kind: str) -> str:
     return ""
 
 
-def _failure(parallelism: str, k: int, exc: BaseException) -> Measurement:
+def _failure(parallelism: str, k: int, exc: BaseException) -> profilecache.Measurement:
     if is_out_of_memory(exc):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return Measurement(parallelism, k, None, STATUS_OOM, _first_line(exc))
-    return Measurement(parallelism, k, None, STATUS_FAILED, _first_line(exc))
+        return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_OOM,
+                                        _first_line(exc))
+    return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_FAILED,
+                                    _first_line(exc))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -256,34 +242,36 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _measure_distributed(job: api.TrainingJob, parallelism: str, k: int,
-                         kind: str) -> Measurement:
+                         kind: str) -> profilecache.Measurement:
     with tempfile.TemporaryDirectory(prefix="kiln-profile-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps({"job": api.to_wire(job), "parallelism": parallelism,
                                          "device": "cuda" if kind.startswith("cuda") else "cpu"}),
                              encoding="utf-8")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(k), "-m", "kiln.placement.profile", "--worker",
-                   str(spec_path), tmp]
+        command = contract.torchrun_command(k, "kiln.placement.profile",
+                                            ["--worker", str(spec_path), tmp])
         try:
             done = subprocess.run(command, capture_output=True, text=True,
                                   timeout=WORKER_TIMEOUT_SECONDS, check=False,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
         except subprocess.TimeoutExpired:
-            return Measurement(parallelism, k, None, STATUS_FAILED,
-                               f"workers did not finish in {WORKER_TIMEOUT_SECONDS:.0f} s")
+            return profilecache.Measurement(
+                parallelism, k, None, profilecache.STATUS_FAILED,
+                f"workers did not finish in {WORKER_TIMEOUT_SECONDS:.0f} s")
         outs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(tmp).glob("rank-*"))]
-    if any(o["status"] == STATUS_OOM for o in outs):
-        return Measurement(parallelism, k, None, STATUS_OOM,
-                           next(o["detail"] for o in outs if o["status"] == STATUS_OOM))
-    if len(outs) != k or any(o["status"] != STATUS_OK for o in outs):
-        failed = [o["detail"] for o in outs if o["status"] != STATUS_OK]
+    if any(o["status"] == profilecache.STATUS_OOM for o in outs):
+        return profilecache.Measurement(
+            parallelism, k, None, profilecache.STATUS_OOM,
+            next(o["detail"] for o in outs if o["status"] == profilecache.STATUS_OOM))
+    if len(outs) != k or any(o["status"] != profilecache.STATUS_OK for o in outs):
+        failed = [o["detail"] for o in outs if o["status"] != profilecache.STATUS_OK]
         lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
         why = failed[0] if failed else next((line for line in reversed(lines)
                                              if "Error" in line), lines[-1] if lines else "")
-        return Measurement(parallelism, k, None, STATUS_FAILED,
-                           f"torchrun exited with {done.returncode}: {why[:300]}")
-    return Measurement(parallelism, k, max(o["step_seconds"] for o in outs), STATUS_OK)
+        return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_FAILED,
+                                        f"torchrun exited with {done.returncode}: {why[:300]}")
+    return profilecache.Measurement(parallelism, k, max(o["step_seconds"] for o in outs),
+                                    profilecache.STATUS_OK)
 
 
 def _worker(spec_path: Path, out_dir: Path) -> int:
@@ -304,10 +292,10 @@ def _worker(spec_path: Path, out_dir: Path) -> int:
         seconds = step_seconds(job.spec.model, job.spec.training, device=device,
                                batch_size=max(1, job.spec.training.batch_size // world),
                                wrap=_wrapper(spec["parallelism"], device))
-        result = {"status": STATUS_OK, "step_seconds": seconds, "detail": ""}
+        result = {"status": profilecache.STATUS_OK, "step_seconds": seconds, "detail": ""}
     except RuntimeError as exc:
-        result = {"status": STATUS_OOM if is_out_of_memory(exc) else STATUS_FAILED,
-                  "step_seconds": None, "detail": _first_line(exc)}
+        status = profilecache.STATUS_OOM if is_out_of_memory(exc) else profilecache.STATUS_FAILED
+        result = {"status": status, "step_seconds": None, "detail": _first_line(exc)}
     (out_dir / f"rank-{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()
     return 0

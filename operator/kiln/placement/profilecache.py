@@ -1,16 +1,8 @@
-"""Profile results and their cache: `Measurement`, its statuses, and the JSON cache file.
+"""Profile results and their cache file: `Measurement`, its statuses, read, look up, write.
 
-The cache is one JSON file (default ``.kiln/profiles.json``)::
-
-    {"version": 1, "entries": {"<key>": {"step_seconds": 0.012, "status": "ok", ...}}}
-
-keyed by (architecture, args, input shape, global batch size, parallelism, k, device type)
-(`cache_key`). `read_cache` refuses a file of another layout or version, naming it; `lookup`
-skips a malformed entry; `write_cache` replaces the file atomically (temp file + rename).
-
-Callers: `kiln.placement.profile` (which measures, and re-exports these names for `kiln.cli`
-and `kiln.placement.estimate`). Non-goals: no measuring (`profile`), no estimates (`estimate`);
-never imports torch.
+The cache is one JSON file (default ``.kiln/profiles.json``), ``{"version": 1, "entries":
+{"<key>": {"step_seconds": 0.012, "status": "ok", ...}}}``, written by `profile` and read by
+`estimate`. No measuring, no estimates; never imports torch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Discrete-event simulator: replay a workload on a cluster under a placement policy.
 
-A workload is jobs with true per-config durations, optional estimates that differ from them
-(profiling error, `with_noise`) and arrival times. A policy is a function
-`(snapshot, current plan or None) -> plan`; the simulator calls it when jobs arrive, and, if
-asked, when jobs complete and periodically (Saturn's introspection interval, VLDB'24; the
-research digest section 7.5 adds arrivals and completions). It executes plans the way the
-operator does (DESIGN section 6): each node has a queue ordered by planned start, and the
-head starts as soon as its GPUs are free, running for its *true* duration; running jobs
-appear in snapshots with their measured remaining time. Reports makespan, mean completion
-time (completion - arrival) and GPU utilisation (GPU-seconds held / capacity x makespan),
-and keeps every decision so tests can check hysteresis, freeze windows and that no job is
-lost. Callers: the benchmark and tests. Non-goals: no real processes, no clock.
+Jobs start as in the operator (`queues.NodeQueues`) and run for their *true* durations, which
+the planner sees only through estimates. Reports makespan, mean completion time and GPU
+utilisation, and keeps every decision. No real processes, no clock.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
-from kiln.placement import baselines, plan, types
+from kiln.placement import baselines, planner, queues, types
 
 Policy = Callable[[types.Snapshot, types.Plan | None], types.Plan]
 
@@ -111,6 +103,9 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
         period_seconds: float | None = None) -> Result:
     """Replay `jobs` on `nodes` under `policy`.
 
+    The policy sees running jobs with their true remaining time. Utilisation is GPU-seconds
+    held / (capacity x makespan); a job's completion time is its end - arrival.
+
     Args:
         jobs: the workload.
         nodes: the cluster.
@@ -130,7 +125,7 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
     free = {n.name: n.gpus for n in nodes}
     done: list[JobRecord] = []
     decisions: list[Decision] = []
-    current: types.Plan | None = None
+    line = queues.NodeQueues()
     now = pending[0].arrival if pending else 0.0
     next_tick = now + period_seconds if period_seconds else math.inf
     while pending or queued or running:
@@ -158,33 +153,19 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
                 types.JobRequest(j.name, j.estimates, j.arrival) for j in queued.values()),
                 tuple(types.Running(r.name, r.node, r.gpus, r.parallelism, r.end - now)
                       for r in running.values()))
-            new = policy(snapshot, current)
+            new = policy(snapshot, line.plan)
             placed = sorted(a.job for a in new.assignments)
             if placed != sorted(queued):
                 raise SimulationError(f"{name} at {now:.1f} s: plan places {placed}, "
                                       f"queued are {sorted(queued)}")
-            decisions.append(Decision(snapshot, current, new, trigger))
-            current = new
-        if current is not None:
-            _dispatch(current, now, queued, running, free, by_name)
-    return _result(name, list(jobs), done, decisions, nodes)
-
-
-def _dispatch(current: types.Plan, now: float, queued: dict[str, SimJob],
-              running: dict[str, JobRecord], free: dict[str, int],
-              by_name: dict[str, SimJob]) -> None:
-    """Start each node's queue head while its GPUs are free (head-of-line order)."""
-    for node, queue in current.queues().items():
-        for a in queue:
-            if a.job not in queued:
-                continue
-            if a.gpus > free[node]:
-                break
+            decisions.append(Decision(snapshot, line.plan, new, trigger))
+            line.follow(new)
+        for a in line.start_heads(free):
             job = queued.pop(a.job)
-            seconds = true_seconds(by_name[job.name], a)
-            running[job.name] = JobRecord(job.name, node, a.gpus, a.parallelism, job.arrival,
-                                          now, now + seconds)
-            free[node] -= a.gpus
+            running[job.name] = JobRecord(job.name, a.node, a.gpus, a.parallelism, job.arrival,
+                                          now, now + true_seconds(by_name[job.name], a))
+            free[a.node] -= a.gpus
+    return _result(name, list(jobs), done, decisions, nodes)
 
 
 def _result(name: str, jobs: list[SimJob], done: list[JobRecord], decisions: list[Decision],
@@ -215,10 +196,10 @@ def fixed_k_fifo(k: int) -> Policy:
     return lambda snapshot, _current: baselines.fixed_k_fifo(snapshot, k)
 
 
-def planner(settings: types.Settings, *, replanning: bool) -> Policy:
-    """Kiln's planner: `plan.replan` (re-planning) or plan once, then `plan.extend` (new
-    jobs inserted into the current plan, nothing re-optimised)."""
+def kiln_policy(settings: types.Settings, *, replanning: bool) -> Policy:
+    """Kiln's planner: `planner.replan` (re-planning) or plan once, then `planner.extend`
+    (new jobs inserted into the current plan, nothing re-optimised)."""
     if replanning:
-        return lambda snapshot, current: plan.replan(current, snapshot, settings)
-    return lambda snapshot, current: (plan.plan(snapshot, settings) if current is None
-                                      else plan.extend(current, snapshot, settings))
+        return lambda snapshot, current: planner.replan(current, snapshot, settings)
+    return lambda snapshot, current: (planner.plan(snapshot, settings) if current is None
+                                      else planner.extend(current, snapshot, settings))

@@ -1,11 +1,7 @@
 """One node's GPUs in use over time, as a step function, with earliest-fit search.
 
-`Timeline` holds GPUs over half-open intervals (reservations may exceed the capacity: they are
-facts) and answers "the earliest start >= release with k GPUs free for d seconds" by a walk
-over its breakpoints. The list scheduler (`heuristic.list_schedule`) keeps one per node.
-
-Callers: `kiln.placement.heuristic` (which re-exports `Timeline`). Non-goals: no choice of
-node, config or order (`heuristic`); no I/O.
+Reservations may exceed the capacity (they are facts); `earliest` walks the breakpoints for the
+first start with k GPUs free for d seconds. The list scheduler keeps one per node.
 """
 
 from __future__ import annotations

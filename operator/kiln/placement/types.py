@@ -1,11 +1,8 @@
 """Placement value types: configs, jobs, nodes, cluster snapshots, plans, settings.
 
-The planner (`heuristic`, `milp`, `plan`), the baselines, the simulator, the runtime
-estimates (`estimate`), the local runner and the operator all speak these frozen dataclasses
-(CONTRACTS2.md, "Placement"). Times are seconds; `Snapshot.now`, `JobRequest.arrival`,
-`Assignment.start`, `Plan.makespan` and `Plan.lower_bound` share one absolute clock.
-Also here: `candidates` (Saturn's per-k reduction, VLDB'24 section 2 of the research digest)
-and `Unplaceable`. Non-goals: no solving, no I/O; never imports torch or kubernetes.
+Times are seconds; `Snapshot.now`, `JobRequest.arrival`, `Assignment.start`, `Plan.makespan`
+and `Plan.lower_bound` share one absolute clock. No solving, no I/O; never imports torch or
+kubernetes.
 """
 
 from __future__ import annotations
@@ -106,11 +103,11 @@ class Plan:
         assignments: one per queued job (running jobs are not listed; they are pinned).
         makespan: absolute time at which the last queued or running job is planned to end.
         solver: which planner produced it: "heuristic", "milp", "whole-node-fifo",
-            "fixed-k-fifo", "empty"; a plan kept by `plan.replan` keeps its producer's name.
+            "fixed-k-fifo", "empty"; a plan kept by `planner.replan` keeps its producer's name.
         reason: why this plan (solver outcome, fallback reason, kept or replaced); for logs.
         solve_seconds: wall seconds spent planning.
         lower_bound: absolute lower bound on the makespan (area and longest-job bounds).
-        kept_current: True when `plan.replan` kept the current plan (no swap).
+        kept_current: True when `planner.replan` kept the current plan (no swap).
     """
 
     assignments: tuple[Assignment, ...]
@@ -125,25 +122,13 @@ class Plan:
         """The assignment of job `name`, or None when the plan does not place it."""
         return next((a for a in self.assignments if a.job == name), None)
 
-    def queues(self) -> dict[str, list[Assignment]]:
-        """Per node, its assignments ordered by planned start (then job name)."""
-        out: dict[str, list[Assignment]] = {}
-        for a in sorted(self.assignments, key=lambda a: (a.start, a.job)):
-            out.setdefault(a.node, []).append(a)
-        return out
-
-    def starting_now(self, now: float, tolerance: float) -> list[Assignment]:
-        """Assignments planned to start at or before `now + tolerance` (seconds), by start."""
-        return sorted((a for a in self.assignments if a.start <= now + tolerance),
-                      key=lambda a: (a.start, a.job))
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Planner knobs (solver settings: research digest section 7.6).
+    """Planner knobs.
 
     Attributes:
-        time_limit_seconds: wall budget of one `plan.plan` call: the heuristic, the MILP
+        time_limit_seconds: wall budget of one `planner.plan` call: the heuristic, the MILP
             worker's start, model build, solve and decode; the watchdog kills the worker
             at this plus `watchdog_margin_seconds`.
         mip_rel_gap: HiGHS relative gap; profiles carry +-5-10% error, so 0.01-0.02.
@@ -159,7 +144,7 @@ class Settings:
         knee_efficiency: "knee" takes the next larger k while the step keeps at least this
             fraction of ideal speed-up.
         milp_max_jobs: more queued jobs than this skip the MILP (the heuristic is within a
-            few % of the area bound there, digest 7.6 finding 3).
+            few % of the area bound there).
         slot_seconds: fixed slot length (None: derived from the heuristic horizon).
         watchdog_margin_seconds: grace beyond the time limit (worker start, model build,
             HiGHS overshoot) before the worker is killed.
@@ -181,7 +166,7 @@ class Settings:
 
 
 class Unplaceable(ValueError):
-    """Some queued job has no config that fits any node (DESIGN section 6; B3 NoFeasibleConfig).
+    """Some queued job has no config that fits any node (the operator reports NoFeasibleConfig).
 
     Attributes:
         jobs: names of the jobs that cannot be placed.
@@ -195,9 +180,8 @@ class Unplaceable(ValueError):
 def candidates(job: JobRequest) -> tuple[Config, ...]:
     """The job's useful configs: fastest parallelism per GPU count, dominated counts dropped.
 
-    Saturn keeps only the fastest technique per k (digest section 2); a larger k that is no
-    faster than a smaller one is dominated (DESIGN section 6, digest 7.1). Infeasible configs
-    (infinite seconds) are dropped.
+    Saturn (VLDB'24) keeps only the fastest technique per k; a larger k that is no faster than
+    a smaller one is dominated. Infeasible configs (infinite seconds) are dropped.
 
     Returns:
         Configs with strictly increasing `gpus` and strictly decreasing `seconds`.

@@ -1,15 +1,7 @@
-"""The MILP in a worker process, under a wall-clock watchdog (research digest section 7.6).
+"""The MILP in a worker process, under a wall-clock watchdog.
 
-HiGHS honours its time limit only between branch-and-bound steps and Pyomo's model build is
-not interruptible, so `plan` never solves in its own process. `solve` starts
-`python -m kiln.placement.worker` (a fresh interpreter: safe under threads and inside daemon
-or pool processes, and it never re-imports the caller's main module, unlike
-multiprocessing's spawn), sends it the problem, the heuristic plan and the settings as
-JSON on stdin (`encode`: each dataclass tagged with its name; `decode` rebuilds only the
-placement types it knows, so nothing but data crosses the pipe), and waits `time_limit_seconds + watchdog_margin_seconds`; past that it kills
-the worker. Every way the MILP can fail (timeout, crash, no solution, infeasible, solver
-error) comes back as a reason string and the caller falls back to the heuristic plan
-(DESIGN section 6). Callers: `plan`. Non-goals: no modelling (see `milp`), no choice of plan.
+Every way the MILP can fail (timeout, crash, no solution, infeasible, solver error) comes back
+as a reason string, and the planner falls back to the heuristic plan. No modelling (`milp`).
 """
 
 from __future__ import annotations
@@ -35,6 +27,14 @@ KILN_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds
 def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings, *,
           budget_seconds: float | None = None) -> tuple[types.Plan | None, str, Any]:
     """Run `milp.run` in a worker process with a watchdog.
+
+    HiGHS honours its time limit only between branch-and-bound steps and Pyomo's model build
+    is not interruptible, so the planner never solves in its own process. The worker is
+    `python -m kiln.placement.worker`: a fresh interpreter is safe under threads and inside
+    daemon or pool processes, and never re-imports the caller's main module (multiprocessing's
+    spawn does). The problem, the heuristic plan and the settings go over stdin as JSON
+    (`encode`: each dataclass tagged with its name; `decode` rebuilds only the placement types
+    it knows, so nothing but data crosses the pipe); past the deadline the worker is killed.
 
     Args:
         problem: the normalised snapshot.

@@ -1,9 +1,6 @@
-"""Warm start (ModelKeeper, NSDI '23): architecture graphs, DAG alignment, weight transfer.
+"""Warm start (ModelKeeper, NSDI '23): seed a new job with the weights of a similar zoo model.
 
-Modules: `graph` (model -> architecture graph, JSON), `dag` (its array form), `match`
-(parent/child alignment and similarity), `select` (parent choice and cold-start reasons),
-`transform` (parent weights -> child shapes, Net2Net-style; it plans with `transferplan`, unit
-maps, heads and identity layers from shapes, and writes with `net2net`, the tensor operators),
-`plan` (the pipeline end to end: `plan` decides, `apply` seeds). Import the modules, not names:
-`from kiln.warmstart import match`.
+`decision` decides the parent once and applies it; beneath it `graph` (architecture graphs),
+`match` (alignment), `index` with `scoring` and `clusters` (parent search), `select` (the
+policy) and `transform` (weights into the child's shapes). Import modules, not names.
 """

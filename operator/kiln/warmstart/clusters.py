@@ -1,47 +1,8 @@
 """Offline k-medoids clustering of zoo models, for clustered parent search above ~1,000 models.
 
-Role: ModelKeeper (Lai et al., NSDI '23; code digest shared/research/modelkeeper.md §1.3,
-"offline clustering") groups its zoo with k-medoids, k = floor(sqrt(N)), over the asymmetric
-distance d(a, b) = 1 - similarity(a -> b) with the MEDOID IN THE PARENT POSITION; a query then
-scores the child against every medoid and searches the best clusters first. It fills the full
-N x N distance matrix (1e8 ordered pairs for 10,000 models: days of matching) and keeps the
-partition with the smallest maximum cluster diameter over 10,000 random restarts.
-
-Kiln keeps the distance, the assignment rule, the re-election rule and the max-diameter choice,
-but builds CLARA-style (Kaufman & Rousseeuw, "Clustering Large Applications", 1990) so that the
-cost grows like N * k instead of N^2:
-
-1. k = max(1, round(sqrt(N))); draw a seeded random sample of s = min(N, 40 + 2k) models.
-2. Score the s x s sample matrix and run k-medoids on it `restarts` times (random initial
-   medoids from a seeded generator; assign every point to the medoid m minimising d(m, x);
-   re-elect per cluster the member c minimising sum_x d(c, x); at most `max_iterations`
-   rounds). Keep the partition whose largest cluster diameter (max ordered-pair distance
-   inside a cluster) is smallest; ties go to the lower total distance.
-3. Assign every other model x to argmin_m d(m, x) over the k medoids: (N - s) * k scores.
-
-Build cost in pair scores: s^2 + (N - s) * k. For N = 10,000: k = 100, s = 240, about
-1.03e6 pairs instead of 1e8 (see bench/zoo_query.py for seconds). Models with identical graphs
-are scored once (the index deduplicates by graph fingerprint), so real zoos, where one
-architecture is trained many times, cost less.
-
-Incremental upkeep (the index calls these when the zoo changes): a new model is assigned with k
-scores (`assign`); a deleted member just leaves its cluster; a deleted medoid is replaced by the
-remaining member most similar to it (`remove`, no scoring). After the zoo has grown a lot the
-clusters drift from sqrt(N); rebuild (`build`) offline.
-
-Terms: N models in a group, k clusters, s sampled models. Similarities are in [0, 1]; NaN means
-"could not score" and counts as distance 1.
-
-Query (`search`): score the child against every medoid; visit clusters in order of their
-medoid's score; each visit scores the members of THAT cluster. The published
-`query_best_mapping` takes them from `model_clusters[top_i]`, an index into the SORTED medoid
-list, i.e. from the wrong cluster (digest §1.3); the regression test is in
-tests/unit/zoo/test_zoo_index.py. Stop once the best similarity reaches the early-exit level
-(0.95), once a pair budget is spent (ours: bounds a query when no parent is that close), or at
-the deadline.
-
-Callers: `kiln.warmstart.index` only (`ZooIndex.build_clusters`, `refresh`, `query`). Non-goals: no
-scoring (callbacks do it), no cache, no I/O, no torch.
+CLARA-style (Kaufman & Rousseeuw, 1990) so that the cost grows like N * k, not N^2, with
+ModelKeeper's distance, assignment and re-election rules. No scoring (callbacks do it), no
+cache, no I/O, no torch.
 """
 
 from __future__ import annotations
@@ -53,6 +14,45 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+# ModelKeeper (Lai et al., NSDI '23, offline clustering) groups its zoo with k-medoids, k =
+# floor(sqrt(N)), over the asymmetric distance d(a, b) = 1 - similarity(a -> b) with the MEDOID IN
+# THE PARENT POSITION; a query then scores the child against every medoid and searches the best
+# clusters first. It fills the full N x N distance matrix (1e8 ordered pairs for 10,000 models: days
+# of matching) and keeps the partition with the smallest maximum cluster diameter over 10,000 random
+# restarts.
+#
+# Kiln keeps the distance, the assignment rule, the re-election rule and the max-diameter choice,
+# but builds CLARA-style (Kaufman & Rousseeuw, "Clustering Large Applications", 1990) so that the
+# cost grows like N * k instead of N^2:
+#
+# 1. k = max(1, round(sqrt(N))); draw a seeded random sample of s = min(N, 40 + 2k) models.
+# 2. Score the s x s sample matrix and run k-medoids on it `restarts` times (random initial
+#    medoids from a seeded generator; assign every point to the medoid m minimising d(m, x);
+#    re-elect per cluster the member c minimising sum_x d(c, x); at most `max_iterations`
+#    rounds). Keep the partition whose largest cluster diameter (max ordered-pair distance
+#    inside a cluster) is smallest; ties go to the lower total distance.
+# 3. Assign every other model x to argmin_m d(m, x) over the k medoids: (N - s) * k scores.
+#
+# Build cost in pair scores: s^2 + (N - s) * k. For N = 10,000: k = 100, s = 240, about
+# 1.03e6 pairs instead of 1e8 (see bench/zoo_query.py for seconds). Models with identical graphs
+# are scored once (the index deduplicates by graph fingerprint), so real zoos, where one
+# architecture is trained many times, cost less.
+#
+# Incremental upkeep (the index calls these when the zoo changes): a new model is assigned with k
+# scores (`assign`); a deleted member just leaves its cluster; a deleted medoid is replaced by the
+# remaining member most similar to it (`remove`, no scoring). After the zoo has grown a lot the
+# clusters drift from sqrt(N); rebuild (`build`) offline.
+#
+# Terms: N models in a group, k clusters, s sampled models. Similarities are in [0, 1]; NaN means
+# "could not score" and counts as distance 1.
+#
+# Query (`search`): score the child against every medoid; visit clusters in order of their
+# medoid's score; each visit scores the members of THAT cluster. The published
+# `query_best_mapping` takes them from `model_clusters[top_i]`, an index into the SORTED medoid
+# list, i.e. from the wrong cluster; a regression test in the index's tests guards this. Stop
+# once the best similarity reaches the early-exit level (0.95), once a pair budget is spent
+# (ours: bounds a query when no parent is that close), or at the deadline.
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -205,7 +205,7 @@ def _assign_labels(d: FloatArray, medoids: IntArray) -> IntArray:
 def build(ids: Sequence[str], score: SimilarityBlock, *, restarts: int, seed: int,
           sample: int | None = None,
           clock: Callable[[], float] = time.monotonic) -> tuple[Clusters, BuildStats]:
-    """Cluster one group of models CLARA-style (module docstring, steps 1-3).
+    """Cluster one group of models CLARA-style (steps 1-3 in the comment at the top).
 
     Args:
         ids: the group's model ids (distinct), N >= 1.
@@ -293,7 +293,7 @@ def remove(clusters: Clusters, ids: set[str]) -> None:
 def search(clusters: Mapping[tuple[str, str], Clusters], compatible: set[str],
            scores: Mapping[str, float], score: Callable[[Sequence[str]], bool], *,
            early_exit_similarity: float, pair_budget: int | None) -> int:
-    """Clustered parent search (module docstring, "Query").
+    """Clustered parent search ("Query" in the comment at the top).
 
     Args:
         clusters: clusters per group; only clusters whose medoid is in `compatible` are used.

@@ -1,57 +1,61 @@
-"""Model -> architecture graph: the representation that warm-start matching works on.
+"""Architecture graphs: a model as a DAG of its layers, and the array form alignment works on.
 
-Role: turn an `nn.Module` into a `networkx.DiGraph` of its layers, the analogue of the ONNX graph
-that ModelKeeper (Lai et al., NSDI '23; shared/research/modelkeeper.md §1.1) builds per zoo
-model, but with `torch.fx` instead of the ONNX exporter. The model is copied onto the
-`meta` device first (parameters become storage-less meta tensors, so extraction costs no memory
-or time for weights and never touches the caller's model), traced with
-`torch.fx.symbolic_trace`, and run once on a meta input to record output shapes.
-
-Node attributes (node id = the fx node name, unique per graph):
-    op (str): module class name for `call_module` nodes (`Conv2d`, `BatchNorm2d`); the
-        canonical function or method name otherwise (`add`, `cat`, `matmul`), where functions
-        that have a module twin take the module's name (`F.relu` -> `ReLU`) so that coding style
-        does not split op kinds. Linear-like attention projections get a suffix
-        (`Linear_query`, `Linear_key`, `Linear_value`, `Linear_qkv`) so they never cross-match.
-    weight_shape (list[int]): shape of the node's weight (a parameter named `weight`, else one
-        ending in `weight`, else its first parameter); [] if the node has no parameters.
-    params (list[str]): the state_dict keys of the parameters the node uses, including ones
-        reached through `get_attr` (a ViT class token attaches to the `cat` that consumes it).
-    buffers (list[str]): the state_dict keys of its buffers (BatchNorm running statistics).
-    out_shape (list[int]): shape of its (first) output for a batch of one, e.g. [1, C, H, W].
-    target (str): the fx target (module path for `call_module`, else the op name).
-
-Edges run from tensor producers to consumers. Pure shape and bookkeeping ops (view, reshape,
-flatten, permute, transpose, getitem, size, contiguous, dropout, identity, ...), nodes that do
-not depend on the model input (`arange`, `zeros`), nodes whose output is not a tensor, dead
-code, and the placeholder/output markers are all dropped, their predecessors reconnected to
-their successors (ModelKeeper keeps ONNX's shape ops, about 100 nodes per transformer layer;
-shared/research/modelkeeper.md §1.2 suggests pruning them).
-
-Shapes: B batch (always 1 here), C channels, H height, W width, T sequence length.
-
-Callers: `kiln.warmstart.match` (alignment), the zoo (graphs stored as JSON beside weights), the
-trainer (graph of the job's model). Non-goals: no matching, no weights, no I/O.
+`extract` traces a model with torch.fx on the `meta` device (no weights are read) into a
+networkx graph, stored in the zoo as JSON (`to_json`/`from_json`); `Prepared` is that graph
+linearised for `kiln.warmstart.match`, built once per graph. No matching, no I/O.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import itertools
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import networkx as nx
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.fx
 from torch import nn
 
+# Extraction: an `nn.Module` becomes a `networkx.DiGraph` of its layers, the analogue of the ONNX
+# graph that ModelKeeper (Lai et al., NSDI '23) builds per zoo model, but with `torch.fx` instead of
+# the ONNX exporter. The model is copied onto the `meta` device first (parameters become
+# storage-less meta tensors, so extraction costs no memory or time for weights and never touches the
+# caller's model), traced with `torch.fx.symbolic_trace`, and run once on a meta input to record
+# output shapes.
+#
+# Node attributes (node id = the fx node name, unique per graph):
+#     op (str): module class name for `call_module` nodes (`Conv2d`, `BatchNorm2d`); the
+#         canonical function or method name otherwise (`add`, `cat`, `matmul`), where functions
+#         that have a module twin take the module's name (`F.relu` -> `ReLU`) so that coding style
+#         does not split op kinds. Linear-like attention projections get a suffix
+#         (`Linear_query`, `Linear_key`, `Linear_value`, `Linear_qkv`) so they never cross-match.
+#     weight_shape (list[int]): shape of the node's weight (a parameter named `weight`, else one
+#         ending in `weight`, else its first parameter); [] if the node has no parameters.
+#     params (list[str]): the state_dict keys of the parameters the node uses, including ones
+#         reached through `get_attr` (a ViT class token attaches to the `cat` that consumes it).
+#     buffers (list[str]): the state_dict keys of its buffers (BatchNorm running statistics).
+#     out_shape (list[int]): shape of its (first) output for a batch of one, e.g. [1, C, H, W].
+#     target (str): the fx target (module path for `call_module`, else the op name).
+#
+# Edges run from tensor producers to consumers. Pure shape and bookkeeping ops (view, reshape,
+# flatten, permute, transpose, getitem, size, contiguous, dropout, identity, ...), nodes that do
+# not depend on the model input (`arange`, `zeros`), nodes whose output is not a tensor, dead
+# code, and the placeholder/output markers are all dropped, their predecessors reconnected to
+# their successors (ModelKeeper keeps ONNX's shape ops, about 100 nodes per transformer layer).
+#
+# Shapes: B batch (always 1 here), C channels, H height, W width, T sequence length.
 SCHEMA_VERSION = 1
 """Version of the `to_json` layout; `from_json` rejects other versions."""
 
 NODE_FIELDS = ("op", "weight_shape", "params", "buffers", "out_shape", "target")
-"""Attributes of every node (see the module docstring)."""
+"""Attributes of every node (see the comment on extraction above)."""
 
 # Module classes that only reshape, copy or randomly zero their input: never layers to match.
 _DROP_MODULES = frozenset({
@@ -100,7 +104,7 @@ def extract(
     name: str = "",
     input_dtype: torch.dtype | None = None,
 ) -> nx.DiGraph:
-    """Build the architecture graph of `model` (see the module docstring for node attributes).
+    """Build the architecture graph of `model` (node attributes: the comment on extraction above).
 
     The caller's model is not modified: a meta-device copy is traced (in eval mode, so the graph
     is the inference graph and BatchNorm statistics are not touched).
@@ -254,7 +258,7 @@ def _meta_copy(model: nn.Module, label: str) -> nn.Module:
 
 
 def _build(gm: torch.fx.GraphModule, shapes: dict[str, list[int]], root: nn.Module) -> nx.DiGraph:
-    """Keep layer nodes of the fx graph, bridging dropped nodes (see module docstring)."""
+    """Keep layer nodes of the fx graph, bridging dropped nodes (see the extraction comment)."""
     param_shapes = {k: list(p.shape) for k, p in root.named_parameters(remove_duplicate=False)}
     buffer_names = {k for k, _ in root.named_buffers(remove_duplicate=False)}
     nodes = list(gm.graph.nodes)
@@ -381,3 +385,209 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
+
+
+# The array form: linearise a graph the way ModelKeeper does (Lai et al., NSDI '23, model matching:
+# a DFS-flavoured topological order that keeps chains contiguous, predecessor position lists with
+# the virtual start as position 0) and precompute what `kiln.warmstart.match`'s vectorised dynamic
+# program needs: op codes, weight dims, padded predecessor arrays and, for graphs used as parents,
+# their chain segments with hop distances. Built once per zoo model and reused for every query.
+#
+# Terms: a graph has n nodes; "row" r in 0..n is the DP position of node r-1, row 0 the virtual
+# start (an edge to every source). H is the number of segment heads (see `Segments`).
+MAX_NODES = 5000
+"""Largest graph accepted (ModelKeeper's MAX_MATCH_NODES); DP tables are O(n * m)."""
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Segments:
+    """The DAG cut into chain segments, in hops (edges), for the DP's deletion chains.
+
+    A row r continues the segment of row r-1 when its only predecessor is r-1 (the DFS-flavoured
+    order keeps chains contiguous); other rows, and row 0, head a segment. Segments are
+    contiguous runs of rows, numbered in order.
+
+    Attributes:
+        segment: float64[n+1], segment number of each row (non-decreasing).
+        head_of: int64[n+1], the same number as an index into the heads.
+        hops_from_head: float64[n+1], r minus the row of r's segment head.
+        head_preds: int64[H, d], predecessor rows of each head, padded by repetition; row
+            n+1 (a caller-provided -inf sentinel) stands in for row 0's missing predecessors.
+        head_hops: float64[H, H], shortest path length between heads (inf if unreachable).
+        start_hops: float64[n+1], shortest path length from row 0 to each row.
+        head_nodes: int64[H-1], nodes (0-based) whose rows head a segment (row 0 excluded).
+        head_node_preds: int64[H-1, d], their predecessor rows, padded by repetition.
+    """
+
+    segment: FloatArray
+    head_of: IntArray
+    hops_from_head: FloatArray
+    head_preds: IntArray
+    head_hops: FloatArray
+    start_hops: FloatArray
+    head_nodes: IntArray
+    head_node_preds: IntArray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prepared:
+    """A graph in array form; build with `prepare`, reuse freely (read-only).
+
+    Attributes:
+        nodes: node ids in DFS-flavoured topological order (node k = DP row/column k+1).
+        ops: op kind per node.
+        op_codes: int64[n] stable hashes of `ops` (comparable across processes).
+        dims: float64[n, R] weight dims, right-padded with 1 (R = max weight rank, >= 1).
+        ranks: int64[n] weight ranks (0 = weightless).
+        sizes: float64[n] number of weight elements (1 if weightless).
+        preds: per node, int64 array of predecessor rows (0 = virtual start).
+        pred_rows: int64[n, d] `preds` padded by repeating an entry (max is idempotent).
+        cache: derived values computed on demand (segments; match's self-score).
+    """
+
+    nodes: tuple[str, ...]
+    ops: tuple[str, ...]
+    op_codes: IntArray
+    dims: FloatArray
+    ranks: IntArray
+    sizes: FloatArray
+    preds: tuple[IntArray, ...]
+    pred_rows: IntArray
+    cache: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.nodes)
+
+    def segments(self) -> Segments:
+        """Chain segments and hop distances (computed on first use, O(n * H))."""
+        if "segments" not in self.cache:
+            self.cache["segments"] = _segments(self)
+        value: Segments = self.cache["segments"]
+        return value
+
+
+_prepared_cache: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, int, Prepared]] = (
+    weakref.WeakKeyDictionary())
+
+
+def prepare(g: nx.DiGraph | Prepared) -> Prepared:
+    """Array form of an architecture graph, cached per graph object.
+
+    The cache is keyed by the graph object (checked against its node and edge counts); after
+    mutating a graph in place, prepare a copy instead.
+
+    Args:
+        g: a graph from `graph.extract`/`graph.from_json` (node attrs `op`, `weight_shape`), or
+            an already prepared graph (returned as is).
+
+    Returns:
+        The `Prepared` form.
+
+    Raises:
+        graph.GraphError: the graph is empty, has more than MAX_NODES nodes, has a cycle, or a
+            node lacks `op`/`weight_shape`.
+    """
+    if isinstance(g, Prepared):
+        return g
+    key = (g.number_of_nodes(), g.number_of_edges())
+    hit = _prepared_cache.get(g)
+    if hit is not None and hit[:2] == key:
+        return hit[2]
+    prepared = _prepare(g)
+    _prepared_cache[g] = (*key, prepared)
+    return prepared
+
+
+def _prepare(g: nx.DiGraph) -> Prepared:
+    n = g.number_of_nodes()
+    if n == 0 or n > MAX_NODES:
+        raise GraphError(f"{_label(g)}: cannot match a graph of {n} nodes "
+                                   f"(allowed 1..{MAX_NODES})")
+    order = _dfs_topological_order(g)
+    position = {v: k for k, v in enumerate(order)}
+    try:
+        ops = tuple(str(g.nodes[v]["op"]) for v in order)
+        shapes = [[max(int(d), 1) for d in g.nodes[v]["weight_shape"]] for v in order]
+    except KeyError as exc:
+        raise GraphError(f"{_label(g)}: a node lacks attribute {exc}") from exc
+    dims = np.ones((n, max(1, max(len(s) for s in shapes))))
+    for k, shape in enumerate(shapes):
+        dims[k, :len(shape)] = shape
+    preds = tuple(np.array([position[u] + 1 for u in g.predecessors(v)] or [0], dtype=np.int64)
+                  for v in order)
+    return Prepared(
+        nodes=tuple(str(v) for v in order), ops=ops,
+        op_codes=_frozen(np.array([_op_code(op) for op in ops], dtype=np.int64)),
+        dims=_frozen(dims), ranks=_frozen(np.array([len(s) for s in shapes], dtype=np.int64)),
+        sizes=_frozen(dims.prod(axis=1)), preds=tuple(_frozen(a) for a in preds),
+        pred_rows=_frozen(_padded(list(preds))))
+
+
+def _segments(p: Prepared) -> Segments:
+    n = p.n
+    continues = np.zeros(n + 1, dtype=bool)
+    for r in range(1, n + 1):
+        continues[r] = len(p.preds[r - 1]) == 1 and p.preds[r - 1][0] == r - 1
+    heads = np.flatnonzero(~continues)  # row 0 always heads a segment
+    segment = np.cumsum(~continues) - 1
+    # hops[a, r]: shortest path length from head a to row r, by one pass in topological order.
+    hops = np.full((len(heads), n + 1), np.inf)
+    hops[np.arange(len(heads)), heads] = 0.0
+    for r in range(1, n + 1):
+        via = hops[:, r - 1] if continues[r] else hops[:, p.preds[r - 1]].min(axis=1)
+        np.minimum(hops[:, r], via + 1.0, out=hops[:, r])
+    return Segments(
+        segment=segment.astype(np.float64), head_of=segment.astype(np.int64),
+        hops_from_head=np.arange(n + 1) - heads[segment].astype(np.float64),
+        head_preds=_padded([p.preds[h - 1] if h > 0 else np.array([n + 1]) for h in heads]),
+        head_hops=hops[:, heads], start_hops=hops[0], head_nodes=heads[1:] - 1,
+        head_node_preds=p.pred_rows[heads[1:] - 1])
+
+
+def _dfs_topological_order(g: nx.DiGraph) -> list[Any]:
+    """ModelKeeper's order (matcher.py `topological_sorting`): sources in node order, explicit
+    stack, a successor pushed once its last incoming edge is consumed (chains stay contiguous).
+
+    Raises:
+        graph.GraphError: the graph has a cycle.
+    """
+    indegree = {v: d for v, d in g.in_degree()}
+    order: list[Any] = []
+    for source in [v for v in g.nodes if indegree[v] == 0]:
+        stack = [source]
+        while stack:
+            v = stack.pop()
+            order.append(v)
+            for w in reversed(list(g.successors(v))):
+                indegree[w] -= 1
+                if indegree[w] == 0:
+                    stack.append(w)
+    if len(order) != g.number_of_nodes():
+        raise GraphError(f"{_label(g)}: the graph has a cycle; cannot order it")
+    return order
+
+
+def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Mark an array read-only: prepared graphs are shared by every query."""
+    a.flags.writeable = False
+    return a
+
+
+def _padded(rows: list[IntArray]) -> IntArray:
+    """Stack ragged index lists into [len, d] by repeating entries (harmless under max/min)."""
+    depth = max(len(a) for a in rows)
+    return np.array([np.resize(a, depth) for a in rows], dtype=np.int64)
+
+
+def _op_code(op: str) -> int:
+    """Stable 63-bit code of an op kind (same in every process, unlike a counter)."""
+    return int.from_bytes(hashlib.blake2b(op.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _label(g: nx.DiGraph) -> str:
+    return str(g.graph.get("name") or "graph")

@@ -1,74 +1,330 @@
 """Zoo index for warm-start parent search: every model's graph prepared once, scored on demand.
 
-Role: the in-memory side of ModelKeeper's zoo (Lai et al., NSDI '23; code digest
-shared/research/modelkeeper.md §4 "system design", §1.3 "scale tricks"). `ZooIndex` loads the
-metadata and graph of every record of an `ObjectStore`, keeps each graph only in its prepared
-array form (`dag.Prepared`, never networkx; 10,000 models take tens of MiB), and answers
-"which zoo models are most similar, as parents, to this child architecture?":
-
-* Candidates are filtered to the given modality and task BEFORE any scoring.
-* Up to `exhaustive_limit` candidates (1,000, ModelKeeper's `mode_threshold`): all are scored
-  with `match.similarity`, in-process when few, else in a persistent process pool
-  (`kiln.warmstart.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
-* Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.warmstart.clusters`):
-  medoids first, then the members of each medoid's own cluster, best medoid first, until a
-  parent reaches `early_exit_similarity` (0.95) or `clustered_pair_budget` pairs were scored.
-* Every query has a deadline: past it the pool's workers are terminated and what was scored
-  comes back with `timed_out=True`. A query never hangs.
-* Scores are cached per (parent id, child graph fingerprint), LRU; parents with identical
-  graphs are scored once per query.
-* `refresh()` re-lists the store, loads only new or changed records, drops deleted ones and
-  keeps clusters current (a new model joins its nearest medoid's cluster).
-
-Beside the index: `indextypes` (its settings and results, re-exported here), `prepared` (a
-record's graph as arrays, graph fingerprints), `scorecache` (one query's scoring through the
-LRU cache), `scoring` (the process pool), `cluster` (k-medoids).
-
-Unusable records are skipped with a `records.SkippedRecordWarning` naming them, never raised:
-`records.list_records` skips damaged meta.json, the index missing or malformed graph.json.
-
-Callers: warm-start parent selection (operator, local runner), bench/zoo_query.py.
-Non-goals: no selection policy (accuracy buckets, minimum similarity: kiln.warmstart), no
-weights, no writes to the store. Calls block: the operator runs them in an executor.
+`ZooIndex` loads every record's metadata and graph and answers "which zoo models are most
+similar, as parents, to this child architecture?" within a deadline. No selection policy, no
+weights, no writes to the store; calls block (the operator runs them in an executor).
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
+import enum
 import functools
+import hashlib
+import json
 import logging
+import math
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Self, TypeAlias
 
 import networkx as nx
 import numpy as np
 
 from kiln.warmstart import clusters as cluster
-from kiln.warmstart import dag, graph, indextypes, match, prepared, scorecache, scoring
+from kiln.warmstart import graph, match, scoring
 from kiln.zoo import records, store
 
-# Re-exports: the index's API values (`indextypes`) and `prepared.fingerprint`, so callers
-# (the operator, the CLI, kiln.warmstart.plan, bench/zoo_query.py, tests) keep `index.X`.
-EXHAUSTIVE_LIMIT = indextypes.EXHAUSTIVE_LIMIT
-EARLY_EXIT_SIMILARITY = indextypes.EARLY_EXIT_SIMILARITY
-CLUSTERED_PAIR_BUDGET = indextypes.CLUSTERED_PAIR_BUDGET
-CACHE_ENTRIES = indextypes.CACHE_ENTRIES
-SearchMode = indextypes.SearchMode
-Candidate = indextypes.Candidate
-QueryResult = indextypes.QueryResult
-IndexSettings = indextypes.IndexSettings
-RefreshReport = indextypes.RefreshReport
-fingerprint = prepared.fingerprint
+# The values `ZooIndex` takes and returns: its settings and defaults, query results, refresh
+# reports.
+EXHAUSTIVE_LIMIT = 1000
+"""Score every compatible candidate up to this many (ModelKeeper's mode_threshold)."""
+EARLY_EXIT_SIMILARITY = 0.95
+"""Clustered search stops once a parent is at least this similar (ModelKeeper's threshold)."""
+CLUSTERED_PAIR_BUDGET = 1000
+"""Clustered search visits no further cluster once this many pairs were scored."""
+CACHE_ENTRIES = 100_000
+"""Most (parent id, child fingerprint) scores kept (LRU; about 150 bytes each)."""
 
-_DEFAULT_SETTINGS = IndexSettings()  # frozen: one shared default is safe
+
+class SearchMode(enum.StrEnum):
+    """How a query searched the zoo."""
+
+    EXHAUSTIVE = "exhaustive"
+    CLUSTERED = "clustered"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A scored zoo model: its id, similarity(parent=it, child=query) in [0, 1], record."""
+
+    id: records.ZooModelId
+    similarity: float
+    record: records.ZooRecord
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueryResult:
+    """The answer to `ZooIndex.query` and how it was found.
+
+    Attributes:
+        candidates: best first (ties by id), at most top_k.
+        mode: exhaustive or clustered.
+        compatible: models passing the modality/task filter.
+        scored: candidates with a similarity (cache hits included).
+        cache_hits: of those, how many came from the cache.
+        computed: pairs actually scored (after de-duplicating identical parent graphs).
+        clusters_visited: clusters whose members were scored (0 when exhaustive).
+        failed: ids whose scoring raised (logged); they are not candidates.
+        wall_seconds: time the query took.
+        timed_out: the deadline passed; `candidates` covers only what was scored by then.
+    """
+
+    candidates: tuple[Candidate, ...]
+    mode: SearchMode
+    compatible: int
+    scored: int
+    cache_hits: int
+    computed: int
+    clusters_visited: int
+    failed: tuple[records.ZooModelId, ...]
+    wall_seconds: float
+    timed_out: bool
+
+    @property
+    def best(self) -> Candidate | None:
+        """The most similar candidate, or None when nothing was scored."""
+        return self.candidates[0] if self.candidates else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IndexSettings:
+    """Knobs of a `ZooIndex` (see the comment above `ZooIndex`).
+
+    Attributes:
+        exhaustive_limit: score all compatible candidates up to this many.
+        workers: pool processes; None: min(4, CPUs); 0: never use a pool.
+        in_process_below: fewer pairs than this are scored in-process.
+        early_exit_similarity: clustered search stops at this similarity.
+        clustered_pair_budget: clustered search visits no further cluster after this many
+            scored pairs (the first cluster is always visited); None: no budget.
+        cache_entries: LRU capacity of the score cache.
+        start_method: multiprocessing start method of the pool (None: the platform default;
+            "forkserver" is safer in a threaded process, at ~1 s of worker start-up).
+    """
+
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT
+    workers: int | None = None
+    in_process_below: int = scoring.IN_PROCESS_BELOW
+    early_exit_similarity: float = EARLY_EXIT_SIMILARITY
+    clustered_pair_budget: int | None = CLUSTERED_PAIR_BUDGET
+    cache_entries: int = CACHE_ENTRIES
+    start_method: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshReport:
+    """What `ZooIndex.refresh` changed: ids added (new or replaced), removed, skipped."""
+
+    added: tuple[records.ZooModelId, ...]
+    removed: tuple[records.ZooModelId, ...]
+    skipped: tuple[records.ZooModelId, ...]
+
+
+# Zoo records in matchable form. An `Entry` keeps a record's graph only as arrays
+# (`graph.Prepared`, its parent-side segments built once; never networkx: 10,000 models take
+# tens of MiB) with the `fingerprint` that keys scores and de-duplicates identical graphs.
+GraphInput: TypeAlias = nx.DiGraph | Mapping[str, Any]
+"""A graph from `graph.extract`/`graph.from_json`, or its JSON dict (`graph.to_json`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One indexed record: its metadata, prepared graph and graph fingerprint."""
+
+    record: records.ZooRecord
+    prepared: graph.Prepared
+    fingerprint: str
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """(modality, task): a query compares only records of one group."""
+        return (self.record.modality, self.record.task)
+
+
+def fingerprint(g: GraphInput) -> str:
+    """Stable SHA-256 (hex) of a graph's JSON form, without its `name` (which never affects
+    scoring): equal architectures share cache entries whatever the job called them.
+
+    Args:
+        g: a graph, or its JSON dict as written by `graph.to_json` (hashed as given).
+    """
+    doc = graph.to_json(g) if isinstance(g, nx.DiGraph) else dict(g)
+    doc.pop("name", None)
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_entry(record: records.ZooRecord, graph_input: GraphInput) -> Entry:
+    """Prepare a record's graph; the networkx graph is dropped, only arrays stay.
+
+    Raises:
+        graph.GraphError: the graph JSON is malformed or cannot be prepared.
+    """
+    g = graph_input if isinstance(graph_input, nx.DiGraph) else graph.from_json(dict(graph_input))
+    prepared = graph.prepare(g)
+    prepared.segments()  # the parent-side arrays, built once here instead of in every worker
+    return Entry(record, prepared, fingerprint(g))
+
+
+def distinct_graphs(entries: Sequence[Entry]) -> tuple[list[int], list[scoring.Keyed]]:
+    """Positions into the distinct graphs of `entries`, and those (fingerprint, graph)."""
+    position: dict[str, int] = {}
+    distinct: list[scoring.Keyed] = []
+    positions = []
+    for entry in entries:
+        if entry.fingerprint not in position:
+            position[entry.fingerprint] = len(distinct)
+            distinct.append((entry.fingerprint, entry.prepared))
+        positions.append(position[entry.fingerprint])
+    return positions, distinct
+
+
+def array_bytes(p: graph.Prepared) -> int:
+    """Bytes held in the numpy arrays of a prepared graph (segments included)."""
+    arrays: list[Any] = [p.op_codes, p.dims, p.ranks, p.sizes, p.pred_rows, *p.preds]
+    segments = p.cache.get("segments")
+    if segments is not None:
+        arrays += [getattr(segments, f.name) for f in dataclasses.fields(segments)]
+    return sum(int(a.nbytes) for a in arrays)
+
+
+# Scoring one query's child against zoo parents by record id. `score_ids` looks each
+# parent up in the `ScoreCache` (keyed by (parent id, child graph fingerprint)), groups the misses
+# by parent graph fingerprint so identical graphs are scored once, hands them to the
+# `scoring.PairScorer` with the query's deadline, and records scores, failures (NaN) and cache
+# entries in the query's `Search`.
 _log = logging.getLogger(__name__)
 
 
+class ScoreCache:
+    """similarity(parent record id -> child fingerprint), the least recently used dropped first.
+
+    Args:
+        capacity: most entries kept after `trim` (about 150 bytes each).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._scores: collections.OrderedDict[tuple[str, str], float] = (
+            collections.OrderedDict())
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def get(self, record_id: str, child_fingerprint: str) -> float | None:
+        """The cached score, marked as recently used; None on a miss."""
+        key = (record_id, child_fingerprint)
+        cached = self._scores.get(key)
+        if cached is not None:
+            self._scores.move_to_end(key)
+        return cached
+
+    def put(self, record_id: str, child_fingerprint: str, value: float) -> None:
+        """Cache a score (`trim` enforces the capacity)."""
+        self._scores[(record_id, child_fingerprint)] = value
+
+    def trim(self) -> None:
+        """Drop the least recently used entries beyond `capacity`."""
+        while len(self._scores) > self.capacity:
+            self._scores.popitem(last=False)
+
+    def forget(self, ids: set[str]) -> None:
+        """Drop every score of these parents (deleted or replaced records)."""
+        for key in [k for k in self._scores if k[0] in ids]:
+            del self._scores[key]
+
+
+@dataclasses.dataclass
+class Search:
+    """One query's progress."""
+
+    child: graph.Prepared
+    child_fingerprint: str
+    deadline: float
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    failed: set[str] = dataclasses.field(default_factory=set)
+    cache_hits: int = 0
+    computed: int = 0
+    timed_out: bool = False
+
+
+def score_ids(search: Search, ids: Iterable[str], *, entries: Mapping[str, Entry],
+              cache: ScoreCache, pairs: scoring.PairScorer) -> bool:
+    """Score the child against these parents: cache first, each distinct graph once.
+
+    Args:
+        search: the query; its scores, failures and counters are updated.
+        ids: parent record ids, keys of `entries`.
+        entries: the index's entries by record id.
+        cache: the index's score cache.
+        pairs: the index's pair scorer.
+
+    Returns:
+        False once the query's deadline has passed.
+    """
+    misses: dict[str, list[str]] = {}
+    for record_id in ids:
+        if record_id in search.scores or record_id in search.failed:
+            continue
+        cached = cache.get(record_id, search.child_fingerprint)
+        if cached is not None:
+            search.scores[record_id] = cached
+            search.cache_hits += 1
+        else:
+            misses.setdefault(entries[record_id].fingerprint, []).append(record_id)
+    if not misses or search.timed_out:
+        return not search.timed_out
+    same_graph = list(misses.values())
+    parents = [(key, entries[group[0]].prepared) for key, group in misses.items()]
+    grid = pairs.grid(parents, [(search.child_fingerprint, search.child)],
+                      deadline=search.deadline)
+    search.timed_out |= grid.timed_out
+    search.computed += int(grid.done.sum())
+    for group, value, done in zip(same_graph, grid.values[:, 0], grid.done[:, 0]):
+        if not done:
+            continue
+        if math.isnan(value):
+            search.failed.update(group)
+            continue
+        for record_id in group:
+            search.scores[record_id] = float(value)
+            cache.put(record_id, search.child_fingerprint, float(value))
+    cache.trim()
+    for message in grid.errors[:3]:
+        _log.warning("zoo index: a pair score failed: %s", message)
+    return not search.timed_out
+
+
+# The index: the in-memory side of ModelKeeper's zoo (Lai et al., NSDI '23, system design and
+# scale tricks). `ZooIndex` keeps each record's graph only in its prepared array form:
+#
+# * Candidates are filtered to the given modality and task BEFORE any scoring.
+# * Up to `exhaustive_limit` candidates (1,000, ModelKeeper's `mode_threshold`): all are scored
+#   with `match.similarity`, in-process when few, else in a persistent process pool
+#   (`kiln.warmstart.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
+# * Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.warmstart.clusters`):
+#   medoids first, then the members of each medoid's own cluster, best medoid first, until a
+#   parent reaches `early_exit_similarity` (0.95) or `clustered_pair_budget` pairs were scored.
+# * Every query has a deadline: past it the pool's workers are terminated and what was scored
+#   comes back with `timed_out=True`. A query never hangs.
+# * Scores are cached per (parent id, child graph fingerprint), LRU; parents with identical
+#   graphs are scored once per query.
+# * `refresh()` re-lists the store, loads only new or changed records, drops deleted ones and
+#   keeps clusters current (a new model joins its nearest medoid's cluster).
+#
+# Unusable records are skipped with a `records.SkippedRecordWarning` naming them, never raised:
+# `records.list_records` skips damaged meta.json, the index missing or malformed graph.json.
+
+_DEFAULT_SETTINGS = IndexSettings()  # frozen: one shared default is safe
+
+
 class ZooIndex:
-    """The zoo's models in matchable form, with parent search (module docstring).
+    """The zoo's models in matchable form, with parent search (see the comment above the class).
 
     Thread-safe: queries, refreshes and cluster builds may come from several threads; queries
     run one at a time. Use as a context manager, or call `close`, to stop the worker pool.
@@ -101,10 +357,10 @@ class ZooIndex:
                                          in_process_below=settings.in_process_below,
                                          start_method=settings.start_method,
                                          catalog=self._catalog, clock=clock)
-        self._entries: dict[str, prepared.Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._skipped: dict[str, records.ZooRecord] = {}
         self._clusters: dict[tuple[str, str], cluster.Clusters] = {}
-        self._cache = scorecache.ScoreCache(settings.cache_entries)
+        self._cache = ScoreCache(settings.cache_entries)
         self._lock = threading.RLock()
         self._refresh_lock = threading.Lock()
         self._warned_unclustered = False
@@ -112,7 +368,7 @@ class ZooIndex:
             self.refresh()
 
     @classmethod
-    def from_records(cls, items: Iterable[tuple[records.ZooRecord, prepared.GraphInput]], *,
+    def from_records(cls, items: Iterable[tuple[records.ZooRecord, GraphInput]], *,
                      settings: IndexSettings = _DEFAULT_SETTINGS,
                      scorer: scoring.Scorer = match.similarity,
                      clock: Callable[[], float] = time.monotonic) -> ZooIndex:
@@ -125,7 +381,7 @@ class ZooIndex:
         index = cls(None, settings=settings, scorer=scorer, clock=clock)
         for record, graph_input in items:
             try:
-                entry = prepared.make_entry(record, graph_input)
+                entry = make_entry(record, graph_input)
             except graph.GraphError as exc:
                 _warn_skip(record.id, "given to ZooIndex.from_records", exc)
                 continue
@@ -150,7 +406,7 @@ class ZooIndex:
         """Bytes held in numpy arrays of the prepared graphs (segments included)."""
         with self._lock:
             graphs = [e.prepared for e in self._entries.values()]
-        return sum(prepared.array_bytes(p) for p in graphs)
+        return sum(array_bytes(p) for p in graphs)
 
     def clusters(self) -> dict[tuple[str, str], cluster.Clusters]:
         """A copy of the clusters per (modality, task) group; empty before `build_clusters`."""
@@ -161,7 +417,7 @@ class ZooIndex:
         """Stop the worker pool (a later query starts a new one)."""
         self._pairs.close()
 
-    def _catalog(self) -> dict[str, dag.Prepared]:
+    def _catalog(self) -> dict[str, graph.Prepared]:
         """Every distinct prepared graph by fingerprint: what pool workers start with."""
         with self._lock:
             return {e.fingerprint: e.prepared for e in self._entries.values()}
@@ -198,7 +454,7 @@ class ZooIndex:
                 known = {i: e.record for i, e in self._entries.items()}
                 skipped_before = dict(self._skipped)
             removed = [i for i, r in known.items() if listed.get(records.ZooModelId(i)) != r]
-            loaded: list[prepared.Entry] = []
+            loaded: list[Entry] = []
             skipped: dict[str, records.ZooRecord] = {}
             for record_id, record in listed.items():
                 if known.get(record_id) == record:
@@ -207,7 +463,7 @@ class ZooIndex:
                     skipped[record_id] = record  # warned about this version already
                     continue
                 try:
-                    loaded.append(prepared.make_entry(record, records.load_graph(zoo, record)))
+                    loaded.append(make_entry(record, records.load_graph(zoo, record)))
                 except (records.CorruptRecord, graph.GraphError) as exc:
                     _warn_skip(record_id, f"in {zoo.describe()}", exc)
                     skipped[record_id] = record
@@ -290,11 +546,11 @@ class ZooIndex:
                 [i for i, e in self._entries.items() if snapshot.get(i) is not e])
         return stats
 
-    def _score_ids_block(self, entries: Mapping[str, prepared.Entry], parent_ids: Sequence[str],
+    def _score_ids_block(self, entries: Mapping[str, Entry], parent_ids: Sequence[str],
                          child_ids: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
         """similarity(parent -> child) for id blocks, each distinct graph pair scored once."""
-        parent_positions, parents = prepared.distinct_graphs([entries[i] for i in parent_ids])
-        child_positions, children = prepared.distinct_graphs([entries[i] for i in child_ids])
+        parent_positions, parents = distinct_graphs([entries[i] for i in parent_ids])
+        child_positions, children = distinct_graphs([entries[i] for i in child_ids])
         grid = self._pairs.grid(parents, children, persistent=False)
         if grid.errors:
             _log.warning("clustering: %d pair scores failed (counted as distance 1); first: %s",
@@ -304,10 +560,10 @@ class ZooIndex:
     # ------------------------------------------------------------------------------------------
     # queries
 
-    def query(self, child_graph: prepared.GraphInput, *, modality: str | None = None,
+    def query(self, child_graph: GraphInput, *, modality: str | None = None,
               task: str | None = None, top_k: int | None = 5,
               timeout_seconds: float = 30.0) -> QueryResult:
-        """The zoo models most similar to `child_graph` as parents (module docstring).
+        """The zoo models most similar to `child_graph` as parents (comment above the class).
 
         Args:
             child_graph: the new model's graph (`graph.extract`) or its JSON dict.
@@ -331,9 +587,9 @@ class ZooIndex:
         start = self._clock()
         child_nx = (child_graph if isinstance(child_graph, nx.DiGraph)
                     else graph.from_json(dict(child_graph)))
-        child = dag.prepare(child_nx)
+        child = graph.prepare(child_nx)
         match.self_score(child)  # cached on `child`, so pool workers receive it with the graph
-        search = scorecache.Search(child, fingerprint(child_nx), deadline=start + timeout_seconds)
+        search = Search(child, fingerprint(child_nx), deadline=start + timeout_seconds)
         with self._lock:
             compatible = [i for i, e in self._entries.items()
                           if (modality is None or e.record.modality == modality)
@@ -371,9 +627,9 @@ class ZooIndex:
             failed=tuple(records.ZooModelId(i) for i in failed),
             wall_seconds=self._clock() - start, timed_out=search.timed_out)
 
-    def _score_ids(self, search: scorecache.Search, ids: Iterable[str]) -> bool:
-        """`scorecache.score_ids` on this index; False once the query's deadline has passed."""
-        return scorecache.score_ids(search, ids, entries=self._entries, cache=self._cache,
+    def _score_ids(self, search: Search, ids: Iterable[str]) -> bool:
+        """`score_ids` on this index; False once the query's deadline has passed."""
+        return score_ids(search, ids, entries=self._entries, cache=self._cache,
                                     pairs=self._pairs)
 
 

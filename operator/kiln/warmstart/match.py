@@ -1,47 +1,8 @@
 """Parent/child architecture alignment: ModelKeeper's DAG-to-DAG dynamic program, done right.
 
-Role: score how much of a zoo model (the parent P) can seed a new model (the child C), and say
-which layers align. This is the matcher of ModelKeeper (Lai et al., NSDI '23, model matching;
-as read from its code in shared/research/modelkeeper.md §1.2, "the digest"): a partial-order
-(Smith-Waterman-style) alignment of two DAGs over their DFS-flavoured topological orders, with
-three deliberate fixes of the published code (digest §1.2 "properties checked"):
-
-1. Node scores use float division (the C++ divides `long long`s, so any partial shape match
-   scored -1): a 64->128 channel conv scores 0.5, 64->48 scores 0.625.
-2. The branches of a multi-input child node are merged by their MEAN, not their sum. Summing
-   re-counts a shared prefix at every residual join, so self-scores grow like 2^joins
-   (ResNet-34 self-score 7.95e5). The mean keeps every cell on the scale of one path.
-3. similarity = raw(P, C) / raw(C, C), clipped to [0, 1] (the code divides by the child's node
-   count, which is meaningless once scores blow up).
-
-The recurrence. P has n nodes, C has m, both in topological order; pp(i), cp(j) are predecessor
-positions, -1 the virtual start; S is (n+1) x (m+1) with S[0][0] = 0.
-    s(p, c) = -1 if op kinds or weight ranks differ; else with N = prod(dims) ([] counts 1) and
-              inherited = prod(min(dp_k, dc_k)): inherited / N_p / 1.2 if N_p > N_c (truncating
-              the parent costs extra) else inherited / N_c; -1 if that is below 0.3 (the
-              code keeps only > 0.3; 0.3 itself is moot). Same-op weightless nodes score 1.
-    S[i+1][0] = max_{p in pp(i)} S[p+1][0] + DEL        S[0][j+1] = max_{q in cp(j)} S[0][q+1] + INS
-    branch(q) = max( S[i+1][q+1] + INS,                           child node j is extra
-                     max_{p in pp(i)} S[p+1][q+1] + s(i, j),      align P_i with C_j
-                     max_{p in pp(i)} S[p+1][j+1] + DEL  [only if |cp(j)| = 1])  drop P_i
-    S[i+1][j+1] = mean_{q in cp(j)} branch(q);   raw(P, C) = S[n][m].
-ModelKeeper resolves conflicts between branches that pick the same parent row with a greedy
-heap ("approximate bipartite assignment"); we take each branch's best candidate independently
-(allowed by DESIGN §4 and simpler to vectorise): a branch may reuse a parent row another branch
-used, which the mean keeps bounded. Backtracking still uses every node at most once.
-
-Vectorisation. Cells are computed one CHILD column at a time, for all parent rows at once. The
-parent side of the recurrence only ever takes maxima, so within a column the DEL chain
-S[r][j+1] = max(X_r, max_{p in pp(r)} S[p+1][j+1] + DEL) has the closed form
-max_k (X_k + DEL * hops_P(k, r)): a running max along each chain segment of the parent plus a
-max-plus product among the H segment heads (`dag.Segments`; H = 59 for densenet121's 430
-nodes). The child side (mean over branches, INS chains) is handled by the column order. The
-node-score matrix is one numpy broadcast; per-graph arrays (`dag.Prepared`) are cached. Cost per
-pair: ~20 numpy calls per child node, O(m * (n + H^2)) flops: resnet50 -> resnet101 takes
-~13 ms on one core against the published C++ matcher's 650 ms (bench/zoo_query.py).
-
-Callers: parent selection and the zoo index (`similarity`), the weight transformer (`align`).
-Non-goals: no parent selection policy, no weights, no I/O, no process pools.
+Scores how much of a zoo model (the parent P) can seed a new model (the child C), and says
+which layers align (Lai et al., NSDI '23, model matching). No selection policy, no weights, no
+I/O, no process pools.
 """
 
 from __future__ import annotations
@@ -53,7 +14,44 @@ from typing import TypeAlias
 import networkx as nx
 import numpy as np
 
-from kiln.warmstart import dag
+from kiln.warmstart import graph
+
+# ModelKeeper's matcher is a partial-order (Smith-Waterman-style) alignment of two DAGs over
+# their DFS-flavoured topological orders. Three deliberate fixes of its published code:
+#
+# 1. Node scores use float division (the C++ divides `long long`s, so any partial shape match
+#    scored -1): a 64->128 channel conv scores 0.5, 64->48 scores 0.625.
+# 2. The branches of a multi-input child node are merged by their MEAN, not their sum. Summing
+#    re-counts a shared prefix at every residual join, so self-scores grow like 2^joins
+#    (ResNet-34 self-score 7.95e5). The mean keeps every cell on the scale of one path.
+# 3. similarity = raw(P, C) / raw(C, C), clipped to [0, 1] (the code divides by the child's node
+#    count, which is meaningless once scores blow up).
+#
+# The recurrence. P has n nodes, C has m, both in topological order; pp(i), cp(j) are predecessor
+# positions, -1 the virtual start; S is (n+1) x (m+1) with S[0][0] = 0.
+#     s(p, c) = -1 if op kinds or weight ranks differ; else with N = prod(dims) ([] counts 1) and
+#               inherited = prod(min(dp_k, dc_k)): inherited / N_p / 1.2 if N_p > N_c (truncating
+#               the parent costs extra) else inherited / N_c; -1 if that is below 0.3 (the
+#               code keeps only > 0.3; 0.3 itself is moot). Same-op weightless nodes score 1.
+#     S[i+1][0] = max_{p in pp(i)} S[p+1][0] + DEL    S[0][j+1] = max_{q in cp(j)} S[0][q+1] + INS
+#     branch(q) = max( S[i+1][q+1] + INS,                           child node j is extra
+#                      max_{p in pp(i)} S[p+1][q+1] + s(i, j),      align P_i with C_j
+#                      max_{p in pp(i)} S[p+1][j+1] + DEL  [only if |cp(j)| = 1])  drop P_i
+#     S[i+1][j+1] = mean_{q in cp(j)} branch(q);   raw(P, C) = S[n][m].
+# ModelKeeper resolves conflicts between branches that pick the same parent row with a greedy
+# heap ("approximate bipartite assignment"); we take each branch's best candidate independently
+# (simpler to vectorise): a branch may reuse a parent row another branch
+# used, which the mean keeps bounded. Backtracking still uses every node at most once.
+#
+# Vectorisation. Cells are computed one CHILD column at a time, for all parent rows at once. The
+# parent side of the recurrence only ever takes maxima, so within a column the DEL chain
+# S[r][j+1] = max(X_r, max_{p in pp(r)} S[p+1][j+1] + DEL) has the closed form
+# max_k (X_k + DEL * hops_P(k, r)): a running max along each chain segment of the parent plus a
+# max-plus product among the H segment heads (`graph.Segments`; H = 59 for densenet121's 430
+# nodes). The child side (mean over branches, INS chains) is handled by the column order. The
+# node-score matrix is one numpy broadcast; per-graph arrays (`graph.Prepared`) are cached. Cost per
+# pair: ~20 numpy calls per child node, O(m * (n + H^2)) flops: resnet50 -> resnet101 takes
+# ~13 ms on one core against the published C++ matcher's 650 ms (bench/zoo_query.py).
 
 INS = -0.25
 """Score of a child node with no parent counterpart (it can be identity-initialised)."""
@@ -66,8 +64,8 @@ MIN_NODE_SCORE = 0.3
 TRUNCATION_PENALTY = 1.2
 """Divisor applied when the parent tensor is larger than the child's (it must be cut)."""
 
-FloatArray: TypeAlias = dag.FloatArray
-IntArray: TypeAlias = dag.IntArray
+FloatArray: TypeAlias = graph.FloatArray
+IntArray: TypeAlias = graph.IntArray
 
 
 class BranchMerge(enum.StrEnum):
@@ -93,21 +91,21 @@ class Alignment:
     pairs: tuple[tuple[str, str], ...]
 
 
-GraphLike: TypeAlias = nx.DiGraph | dag.Prepared
-"""A graph from `kiln.warmstart.graph`, or its prepared form (`dag.prepare`, cached)."""
+GraphLike: TypeAlias = nx.DiGraph | graph.Prepared
+"""A graph from `kiln.warmstart.graph`, or its prepared form (`graph.prepare`, cached)."""
 
 
 def node_scores(parent: GraphLike, child: GraphLike) -> FloatArray:
-    """Node-score matrix s(P_i, C_j) (see the module docstring), in one numpy broadcast.
+    """Node-score matrix s(P_i, C_j) (see the comment at the top), in one numpy broadcast.
 
     Args:
-        parent: parent graph (or its `dag.Prepared` form).
-        child: child graph (or its `dag.Prepared` form).
+        parent: parent graph (or its `graph.Prepared` form).
+        child: child graph (or its `graph.Prepared` form).
 
     Returns:
         float64[n, m], rows/columns in the prepared topological orders.
     """
-    p, c = dag.prepare(parent), dag.prepare(child)
+    p, c = graph.prepare(parent), graph.prepare(child)
     width = max(p.dims.shape[1], c.dims.shape[1])
     pd, cd = _pad(p.dims, width), _pad(c.dims, width)
     inherited = np.minimum(pd[:, None, :], cd[None, :, :]).prod(axis=2)
@@ -123,21 +121,21 @@ def raw_score(parent: GraphLike, child: GraphLike, *,
     """Unnormalised alignment score S[n][m].
 
     Args:
-        parent: parent graph (or its `dag.Prepared` form).
-        child: child graph (or its `dag.Prepared` form).
+        parent: parent graph (or its `graph.Prepared` form).
+        child: child graph (or its `graph.Prepared` form).
         branch_merge: MEAN (Kiln) or SUM (the published merge, for ablations and tests).
 
     Returns:
         S[n][m]: positive when much aligns, negative when deletions and mismatches dominate.
     """
-    p, c = dag.prepare(parent), dag.prepare(child)
+    p, c = graph.prepare(parent), graph.prepare(child)
     table = _table(p, c, node_scores(p, c), branch_merge)
     return float(table[c.n, p.n])
 
 
 def self_score(child: GraphLike) -> float:
     """raw_score(child, child), cached on the prepared graph."""
-    c = dag.prepare(child)
+    c = graph.prepare(child)
     if "self_score" not in c.cache:
         c.cache["self_score"] = raw_score(c, c)
     value: float = c.cache["self_score"]
@@ -148,8 +146,8 @@ def similarity(parent: GraphLike, child: GraphLike) -> float:
     """raw_score(parent, child) / self_score(child), clipped to [0, 1]; no backtracking.
 
     Args:
-        parent: zoo model's graph (or `dag.Prepared`).
-        child: the new model's graph (or `dag.Prepared`).
+        parent: zoo model's graph (or `graph.Prepared`).
+        child: the new model's graph (or `graph.Prepared`).
 
     Returns:
         Similarity in [0, 1]; 1.0 for identical architectures.
@@ -166,13 +164,13 @@ def align(parent: GraphLike, child: GraphLike) -> Alignment:
     de-duplicated greedily by node score, so each node is used at most once.
 
     Args:
-        parent: zoo model's graph (or `dag.Prepared`).
-        child: the new model's graph (or `dag.Prepared`).
+        parent: zoo model's graph (or `graph.Prepared`).
+        child: the new model's graph (or `graph.Prepared`).
 
     Returns:
         The `Alignment`.
     """
-    p, c = dag.prepare(parent), dag.prepare(child)
+    p, c = graph.prepare(parent), graph.prepare(child)
     scores = node_scores(p, c)
     table = _table(p, c, scores, BranchMerge.MEAN)
     raw = float(table[c.n, p.n])
@@ -180,7 +178,8 @@ def align(parent: GraphLike, child: GraphLike) -> Alignment:
     return Alignment(similarity=_normalise(raw, self_score(c)), raw_score=raw, pairs=pairs)
 
 
-def _table(p: dag.Prepared, c: dag.Prepared, scores: FloatArray, merge: BranchMerge) -> FloatArray:
+def _table(p: graph.Prepared, c: graph.Prepared, scores: FloatArray,
+           merge: BranchMerge) -> FloatArray:
     """The DP table, transposed: T[j, r] = S[r][j] (child column j, parent row r)."""
     n, m = p.n, c.n
     segments = p.segments()
@@ -225,7 +224,7 @@ class _Workspace:
     over the H segment heads only, so a column costs O(n + H^2), not O(n^2).
     """
 
-    def __init__(self, segments: dag.Segments, n: int, m: int, *, fixed_bound: bool) -> None:
+    def __init__(self, segments: graph.Segments, n: int, m: int, *, fixed_bound: bool) -> None:
         self.seg = segments
         self.x = np.empty(n + 1)  # a column before DEL moves
         self.t1, self.t2, self.acc = np.empty(n), np.empty(n), np.empty(n)
@@ -281,7 +280,7 @@ _MATCH, _INS, _DIAG, _DEL = 3, 2, 1, 0  # tie-break ranks of moves (higher wins)
 _TIE = 1e-9
 
 
-def _backtrack(p: dag.Prepared, c: dag.Prepared, scores: FloatArray,
+def _backtrack(p: graph.Prepared, c: graph.Prepared, scores: FloatArray,
                table: FloatArray) -> tuple[tuple[str, str], ...]:
     """Follow the best move of every branch from (n, m); collect diagonal same-op cells.
 

@@ -1,28 +1,7 @@
 """Score blocks of (parent, child) graph pairs in-process or in a process pool, with a deadline.
 
-Role: the engine under `kiln.warmstart.index`: given prepared graphs (`dag.Prepared`, arrays only;
-never networkx graphs) it fills a similarity grid [parents x children], as ModelKeeper's
-`query_scores` does with its process pool and batch timeout (Lai et al., NSDI '23; code digest
-shared/research/modelkeeper.md §1.3 "process-parallel scoring"):
-
-* Fewer pairs than `in_process_below` are scored in this process, checking the deadline before
-  every pair: starting workers and shipping graphs would cost more than the scoring.
-* Otherwise the grid is cut along its longer side into tasks (about 4 per worker, at most
-  `PAIRS_PER_TASK` pairs each, the shorter side travelling whole with every task) and sent to
-  a `ProcessPoolExecutor`: a persistent one for queries, a temporary one for cluster builds.
-* Graphs travel by key. Each pool starts with the index's whole catalogue (key -> prepared
-  graph, keys are graph fingerprints, so an entry is never stale), handed to its workers once
-  at start-up (inherited for free under fork); a task names catalogue graphs by key and carries
-  only the others (the query's child, models added since). Pickling prepared graphs per query
-  would cost more than scoring them: ~1.3 s for 800 graphs, each a few dozen small arrays.
-  When most of a grid's parents are missing from the pool's catalogue, the pool is restarted.
-* Past the deadline, pending tasks are cancelled and the workers terminated (running tasks
-  cannot be interrupted otherwise); the grid keeps what finished, `timed_out=True`. A worker
-  that dies fails only its tasks. A scorer that raises `ValueError`, `ArithmeticError`,
-  `IndexError` or `MemoryError` fails only its pair (NaN), its message kept in `Grid.errors`.
-
-Callers: `kiln.warmstart.index` only. Non-goals: no caching, no de-duplication, no ids (the index does
-those), no I/O.
+The engine under `kiln.warmstart.index`: given prepared graphs (`graph.Prepared`, arrays only)
+it fills a similarity grid [parents x children]. No caching, no de-duplication, no ids, no I/O.
 """
 
 from __future__ import annotations
@@ -41,22 +20,41 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from kiln.warmstart import dag, match
+from kiln.warmstart import graph, match
+
+# As ModelKeeper's `query_scores` does with its process pool and batch timeout (Lai et al.,
+# NSDI '23), never shipping networkx graphs:
+#
+# * Fewer pairs than `in_process_below` are scored in this process, checking the deadline before
+#   every pair: starting workers and shipping graphs would cost more than the scoring.
+# * Otherwise the grid is cut along its longer side into tasks (about 4 per worker, at most
+#   `PAIRS_PER_TASK` pairs each, the shorter side travelling whole with every task) and sent to
+#   a `ProcessPoolExecutor`: a persistent one for queries, a temporary one for cluster builds.
+# * Graphs travel by key. Each pool starts with the index's whole catalogue (key -> prepared
+#   graph, keys are graph fingerprints, so an entry is never stale), handed to its workers once
+#   at start-up (inherited for free under fork); a task names catalogue graphs by key and carries
+#   only the others (the query's child, models added since). Pickling prepared graphs per query
+#   would cost more than scoring them: ~1.3 s for 800 graphs, each a few dozen small arrays.
+#   When most of a grid's parents are missing from the pool's catalogue, the pool is restarted.
+# * Past the deadline, pending tasks are cancelled and the workers terminated (running tasks
+#   cannot be interrupted otherwise); the grid keeps what finished, `timed_out=True`. A worker
+#   that dies fails only its tasks. A scorer that raises `ValueError`, `ArithmeticError`,
+#   `IndexError` or `MemoryError` fails only its pair (NaN), its message kept in `Grid.errors`.
 
 IN_PROCESS_BELOW = 64
 """Fewer pairs than this are scored in-process: pool hand-off would cost more than it saves."""
 PAIRS_PER_TASK = 2000
 """Largest pool task, in pairs (a few seconds): bounds the work lost to a timeout."""
 
-Scorer: TypeAlias = Callable[[dag.Prepared, dag.Prepared], float]
+Scorer: TypeAlias = Callable[[graph.Prepared, graph.Prepared], float]
 """(parent, child) -> similarity in [0, 1]; must be picklable (module-level) for the pool."""
-Keyed: TypeAlias = tuple[str, dag.Prepared]
+Keyed: TypeAlias = tuple[str, graph.Prepared]
 """A graph with its catalogue key (the index uses graph fingerprints)."""
-Catalog: TypeAlias = Callable[[], Mapping[str, dag.Prepared]]
+Catalog: TypeAlias = Callable[[], Mapping[str, graph.Prepared]]
 """Returns every graph a pool's workers should hold from start-up, by key."""
 
 _SCORING_ERRORS = (ValueError, ArithmeticError, IndexError, MemoryError)
-_WORKER_CATALOG: dict[str, dag.Prepared] = {}  # in pool workers: the graphs preloaded at start
+_WORKER_CATALOG: dict[str, graph.Prepared] = {}  # in pool workers: the graphs preloaded at start
 
 
 @dataclasses.dataclass
@@ -105,7 +103,7 @@ class PairScorer:
 
     def grid(self, parents: Sequence[Keyed], children: Sequence[Keyed], *,
              deadline: float | None = None, persistent: bool = True) -> Grid:
-        """Score every (parent, child) pair until the deadline (module docstring).
+        """Score every (parent, child) pair until the deadline (see the comment at the top).
 
         Args:
             parents: (key, graph) in the parent position, P of them.
@@ -160,8 +158,8 @@ class PairScorer:
             stale.executor.shutdown(wait=True)
         return pool
 
-    def _in_process(self, grid: Grid, parents: Sequence[dag.Prepared],
-                    children: Sequence[dag.Prepared], deadline: float | None) -> None:
+    def _in_process(self, grid: Grid, parents: Sequence[graph.Prepared],
+                    children: Sequence[graph.Prepared], deadline: float | None) -> None:
         for j, child in enumerate(children):
             for i, parent in enumerate(parents):
                 if deadline is not None and self.clock() >= deadline:
@@ -233,14 +231,14 @@ def tasks(n_parents: int, n_children: int, workers: int) -> list[tuple[slice, sl
     return [(cut, whole) if split_parents else (whole, cut) for cut in cuts]
 
 
-def _load_catalog(catalog: Mapping[str, dag.Prepared]) -> None:
+def _load_catalog(catalog: Mapping[str, graph.Prepared]) -> None:
     """Pool worker initializer: keep the preloaded graphs for the worker's lifetime."""
     _WORKER_CATALOG.clear()
     _WORKER_CATALOG.update(catalog)
 
 
-def _score_block(scorer: Scorer, parents: Sequence[tuple[str, dag.Prepared | None]],
-                 children: Sequence[tuple[str, dag.Prepared | None]]
+def _score_block(scorer: Scorer, parents: Sequence[tuple[str, graph.Prepared | None]],
+                 children: Sequence[tuple[str, graph.Prepared | None]]
                  ) -> tuple[npt.NDArray[np.float64], list[str]]:
     """Pool task: similarities [len(parents), len(children)] (NaN where scoring raised).
 
@@ -250,8 +248,8 @@ def _score_block(scorer: Scorer, parents: Sequence[tuple[str, dag.Prepared | Non
     parent_graphs = [g if g is not None else _WORKER_CATALOG[k] for k, g in parents]
     values = np.full((len(parents), len(children)), np.nan)
     errors = []
-    for j, (key, graph) in enumerate(children):
-        child = graph if graph is not None else _WORKER_CATALOG[key]
+    for j, (key, g) in enumerate(children):
+        child = g if g is not None else _WORKER_CATALOG[key]
         for i, parent in enumerate(parent_graphs):
             try:
                 values[i, j] = scorer(parent, child)

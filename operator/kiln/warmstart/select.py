@@ -1,35 +1,8 @@
 """Parent selection: which zoo model, if any, seeds a new job (ModelKeeper's policy, as data).
 
-Role: given the similarity of every zoo candidate to the child architecture (computed by
-`kiln.warmstart.match`) and the candidates' metadata, decide the parent and say why in one
-sentence with numbers. The policy is ModelKeeper's accuracy-aware selection (Lai et al.,
-"ModelKeeper: Accelerating DNN Training via Automated Training Warmup", NSDI '23;
-shared/research/modelkeeper.md §2) with DESIGN §4's changes:
-
-1. Compatibility: keep candidates with the child's modality AND task (ModelKeeper keeps one
-   flat zoo; a text model cannot seed an image model). The count dropped goes in the reason.
-2. Accuracy outliers: within each (task, dataset, metric) group of >= 3 candidates, drop those
-   below mean - 3 sigma (higher-is-better metrics) or above mean + 3 sigma (losses); sigma is the
-   population standard deviation of the group, the candidate included (ModelKeeper's z-score,
-   `outlier_factor = 3`). Note: with n members and the candidate included, no z-score can exceed
-   (n - 1) / sqrt(n), so the filter can only fire in groups of 11 or more. Candidates with a
-   non-finite metric (a diverged run) are dropped first, whatever the group size.
-3. Threshold: if the best similarity is below `min_similarity`, cold start. Otherwise only
-   candidates at or above it take part (ModelKeeper has no threshold: SCORE_THRESHOLD = -inf).
-4. Buckets: split [0, 1] into 10 equal-width similarity buckets ([0.9, 1.0] is the top one),
-   take the highest non-empty bucket and, within it, the best metric (ties: higher similarity,
-   then the smaller id, so the choice is deterministic). If the bucket mixes metric names, only
-   the most common one is compared (a loss and an accuracy are not comparable).
-5. After the weight transform, `finalize` turns the decision into a cold start when fewer than
-   10% of the child's weight tensors transfer (ModelKeeper's THRESHOLD = 0.1, but there the
-   transformed weights were still returned and loaded; here the caller must not load them).
-
-A pinned parent (`spec.warmStart.parent` != "auto") skips the policy: the caller finds the
-record and calls `pinned`, which still reports similarity and threshold in the reason.
-
-Callers: the zoo index / operator (`choose_parent`, `pinned`), the trainer (`finalize`).
-Non-goals: pure functions of data: no store I/O, no graphs, no torch. It must not import
-`kiln.zoo`, which imports `kiln.warmstart` (the caller turns zoo records into `Candidate`s).
+Pure functions of candidates and their similarities: no store I/O, no graphs, no torch (the
+caller turns zoo records into `Candidate`s). `Decision` is the result, and what travels to the
+trainer as JSON.
 """
 
 from __future__ import annotations
@@ -38,9 +11,35 @@ import collections
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kiln import api
+
+# The policy is ModelKeeper's accuracy-aware selection (Lai et al., "ModelKeeper: Accelerating
+# DNN Training via Automated Training Warmup", NSDI '23), with these changes:
+#
+# 1. Compatibility: keep candidates with the child's modality AND task (ModelKeeper keeps one
+#    flat zoo; a text model cannot seed an image model). The count dropped goes in the reason.
+# 2. Accuracy outliers: within each (task, dataset, metric) group of >= 3 candidates, drop those
+#    below mean - 3 sigma (higher-is-better metrics) or above mean + 3 sigma (losses); sigma is
+#    the population standard deviation of the group, the candidate included (ModelKeeper's
+#    z-score, `outlier_factor = 3`). Note: with n members and the candidate included, no z-score
+#    can exceed (n - 1) / sqrt(n), so the filter can only fire in groups of 11 or more.
+#    Candidates with a non-finite metric (a diverged run) are dropped first, whatever the group
+#    size.
+# 3. Threshold: if the best similarity is below `min_similarity`, cold start. Otherwise only
+#    candidates at or above it take part (ModelKeeper has no threshold: SCORE_THRESHOLD = -inf).
+# 4. Buckets: split [0, 1] into 10 equal-width similarity buckets ([0.9, 1.0] is the top one),
+#    take the highest non-empty bucket and, within it, the best metric (ties: higher similarity,
+#    then the smaller id, so the choice is deterministic). If the bucket mixes metric names, only
+#    the most common one is compared (a loss and an accuracy are not comparable).
+# 5. Once the weight transform has counted what transfers, `finalize` turns the decision into a
+#    cold start when fewer than 10% of the child's weight tensors transfer (ModelKeeper's
+#    THRESHOLD = 0.1, but there the transformed weights were still returned and loaded).
+#
+# A pinned parent (`spec.warmStart.parent` != "auto") skips the policy: the caller finds the
+# record and calls `pinned`, which still reports similarity and threshold in the reason.
 
 BUCKETS = 10
 """Number of equal-width similarity buckets over [0, 1] (ModelKeeper `bucketing_selection`)."""
@@ -146,6 +145,45 @@ class Decision:
             return api.Reason.WARM_START_DISABLED
         return api.Reason.COLD_START if self.cold_start else api.Reason.PARENT_SELECTED
 
+    def to_json(self) -> dict[str, Any]:
+        """The decision as a JSON object (field names as here, `outcome` as its value)."""
+        return {**dataclasses.asdict(self), "outcome": self.outcome.value}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Decision:
+        """The decision `to_json` wrote (unknown keys are ignored).
+
+        Raises:
+            ValueError: a required field is missing, a field has the wrong type, or the outcome
+                is unknown.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = [name for name, f in fields.items()
+                   if name not in doc and f.default is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"warm-start decision without {', '.join(missing)}")
+        values = {name: doc[name] for name in fields if name in doc}
+        try:
+            values["outcome"] = Outcome(values["outcome"])
+        except ValueError:
+            raise ValueError(f"warm-start decision: unknown outcome {values['outcome']!r} "
+                             f"(allowed: {', '.join(o.value for o in Outcome)})") from None
+        for name, kinds in _JSON_KINDS.items():
+            value = values.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise ValueError(f"warm-start decision: {name} must be "
+                                 f"{' or '.join(k.__name__ for k in kinds)} (got {value!r})")
+        return cls(**values)
+
+
+# Expected JSON types of `Decision`'s fields other than `outcome` (None allowed where typed so).
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "parent_id": (str,), "similarity": (int, float), "parent_metric": (int, float),
+    "matched_tensors": (int,), "total_tensors": (int,), "reason": (str,),
+    "candidates_considered": (int,), "metric_name": (str,), "dropped_incompatible": (int,),
+    "dropped_outliers": (int,),
+}
+
 
 def choose_parent(
     candidates: Sequence[Candidate],
@@ -154,7 +192,7 @@ def choose_parent(
     task: str,
     min_similarity: float,
 ) -> Decision:
-    """Pick the parent for a child by ModelKeeper's bucketed policy (see the module docstring).
+    """Pick the parent for a child by ModelKeeper's bucketed policy (see the comment at the top).
 
     Args:
         candidates: every zoo model, with its similarity to the child.
@@ -171,11 +209,11 @@ def choose_parent(
     if not 0.0 <= min_similarity <= 1.0:
         raise ValueError(f"min_similarity must be in [0, 1] (got {min_similarity})")
     if not candidates:
-        return _cold(Outcome.COLD_EMPTY, "cold start: the model zoo is empty", considered=0)
+        return cold_start(Outcome.COLD_EMPTY, "cold start: the model zoo is empty", considered=0)
     compatible = [c for c in candidates if c.modality == modality and c.task == task]
     incompatible = len(candidates) - len(compatible)
     if not compatible:
-        return _cold(Outcome.COLD_INCOMPATIBLE,
+        return cold_start(Outcome.COLD_INCOMPATIBLE,
                      f"cold start: none of the {len(candidates)} zoo models is "
                      f"{_a(modality)} {modality} {task} model", considered=0,
                      incompatible=incompatible)
@@ -183,7 +221,7 @@ def choose_parent(
     outliers = len(compatible) - len(kept)
     dropped = _dropped_phrase(incompatible, outliers)
     if not kept:
-        return _cold(Outcome.COLD_INCOMPATIBLE,
+        return cold_start(Outcome.COLD_INCOMPATIBLE,
                      f"cold start: all {len(compatible)} compatible zoo models have unusable "
                      f"metrics{dropped}", considered=0, incompatible=incompatible,
                      outliers=outliers)
@@ -191,7 +229,7 @@ def choose_parent(
     best = max(kept, key=lambda c: c.similarity)
     if best.similarity < min_similarity:
         return dataclasses.replace(
-            _cold(Outcome.COLD_BELOW_MIN_SIMILARITY,
+            cold_start(Outcome.COLD_BELOW_MIN_SIMILARITY,
                   f"cold start: best zoo match {best.model_id} has similarity "
                   f"{best.similarity:.2f} < minSimilarity {min_similarity:.2f}"
                   f" ({len(kept)} candidates{dropped})", considered=len(kept),
@@ -341,8 +379,9 @@ def _dropped_phrase(incompatible: int, outliers: int) -> str:
     return "".join(f", {p}" for p in parts)
 
 
-def _cold(outcome: Outcome, reason: str, *, considered: int, incompatible: int = 0,
-          outliers: int = 0) -> Decision:
+def cold_start(outcome: Outcome, reason: str, *, considered: int = 0, incompatible: int = 0,
+               outliers: int = 0) -> Decision:
+    """A cold-start decision with its outcome and reason (one sentence with numbers)."""
     return Decision(parent_id=None, similarity=None, parent_metric=None, matched_tensors=None,
                     total_tensors=None, reason=reason, candidates_considered=considered,
                     outcome=outcome, dropped_incompatible=incompatible,

@@ -1,63 +1,60 @@
 """Weight transformation: carry a parent's trained weights into a child along an alignment.
 
-Role: given the aligned (parent node, child node) pairs from `kiln.warmstart.match.align`, build
-the child's initial state_dict from the parent's: ModelKeeper's structure-aware transformation
-(Lai et al., NSDI '23, §3; shared/research/modelkeeper.md §3) built on Net2Net's
-function-preserving operators (Chen, Goodfellow, Shlens, "Net2Net: Accelerating Learning via
-Knowledge Transfer", ICLR '16), with the published code's bugs fixed (digest §8):
-
-* Aligned pairs are processed in reverse topological order (ModelKeeper's cascading mapping).
-  Each copies the overlapping block, truncating where the parent is larger; spatial kernel
-  dims are CENTRED (a 3x3 parent sits in the middle of a 5x5 child, a 5x5 parent gives its
-  centre to a 3x3 child; the published code pastes at the corner).
-* Wider layers (Net2WiderNet): a child with more output units (dim 0) than its parent fills
-  unit k from parent unit k mod old, plus Gaussian noise of std `noise_std` x std(source unit)
-  on the weight (biases are replicated exactly, under the right key: the published code looks
-  up `layer + "bias"` without the dot). Every weighted layer downstream, reached through
-  weightless element-wise ops, pooling, residual adds, flatten and BatchNorm, reads the widened
-  channels as INPUT slices (dim 1): column j copies parent column map(j) divided by the number
-  of replicas of map(j), so with the noise off the function is preserved. BatchNorm is
-  replicated per channel (no division) and passes the map on (the published DFS stops at BN).
-  Unit maps are derived from shapes alone, before any tensor is written, so processing order
-  never changes the result. Input columns with no known map (their producer is not aligned,
-  or a `cat`/attention op lies between) are zero-filled: the new features get no fan-out.
-* BatchNorm running_mean / running_var / num_batches_tracked travel with their layer
-  (replicated for widened channels); the published code transfers parameters only.
-* Deeper layers (Net2DeeperNet): a run of at most `MAX_IDENTITY_RUN` = 2 inserted (unaligned)
-  weighted layers between transferred layers is identity-initialised: conv -> Dirac at the
-  kernel centre (in == out channels, same spatial size, odd kernels; grouped and depthwise
-  convs per group), linear -> eye when square, BatchNorm -> gamma 1, beta 0, running mean 0,
-  var 1; dense weights get noise of std `noise_std` / sqrt(fan_in) (the published code adds
-  absolute N(0, 0.05) noise, larger than the identity term on wide convs). With the noise off,
-  an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU) computes
-  the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), about 5e-6).
-* Heads (aligned dense layers with no weighted layer downstream): when the output count
-  differs (10 -> 100 classes), the overlapping rows are copied and the other rows keep the
-  child's init; `TransformResult.notes` says so. Classes are not replicated.
-* Other aligned layers (LayerNorm, Embedding, attention) get a plain overlapping-block copy;
-  everything else (unaligned layers outside short runs, state_dict entries no graph node
-  names) keeps the child's init. Inputs are never mutated. `lr_damping`: see its docstring.
-
-Shapes: O output units, I input units (per group for grouped convs), k kernel dims.
-Callers: the trainer (`warm_start_state`, `lr_damping`), the zoo index (`transform` counts for
-`select.finalize`). Non-goals: no parent choice (`select`), no matching (`match`), no I/O.
-Code: this module plans and assembles; `transferplan` derives unit maps, heads and identity
-layers from shapes, `net2net` writes the tensors.
+ModelKeeper's structure-aware transformation (Lai et al., NSDI '23, §3) on Net2Net's
+function-preserving operators (Chen, Goodfellow, Shlens, ICLR '16): a shape-level plan first
+(unit maps, heads, identity layers), then `Builder` writes the tensors. No choice, no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import networkx as nx
 import torch
 from torch import nn
 
 from kiln.warmstart import graph as graph_mod
-from kiln.warmstart import match, net2net, transferplan
+from kiln.warmstart import match
 
-MAX_IDENTITY_RUN = transferplan.MAX_IDENTITY_RUN  # re-exported: the module docstring's name
+# Given the aligned (parent node, child node) pairs from `match.align`, build the child's initial
+# state_dict from the parent's, with the published ModelKeeper code's bugs fixed:
+#
+# * Aligned pairs are processed in reverse topological order (ModelKeeper's cascading mapping).
+#   Each copies the overlapping block, truncating where the parent is larger; spatial kernel
+#   dims are CENTRED (a 3x3 parent sits in the middle of a 5x5 child, a 5x5 parent gives its
+#   centre to a 3x3 child; the published code pastes at the corner).
+# * Wider layers (Net2WiderNet): a child with more output units (dim 0) than its parent fills
+#   unit k from parent unit k mod old, plus Gaussian noise of std `noise_std` x std(source unit)
+#   on the weight (biases are replicated exactly, under the right key: the published code looks
+#   up `layer + "bias"` without the dot). Every weighted layer downstream, reached through
+#   weightless element-wise ops, pooling, residual adds, flatten and BatchNorm, reads the widened
+#   channels as INPUT slices (dim 1): column j copies parent column map(j) divided by the number
+#   of replicas of map(j), so with the noise off the function is preserved. BatchNorm is
+#   replicated per channel (no division) and passes the map on (the published DFS stops at BN).
+#   Unit maps are derived from shapes alone, before any tensor is written, so processing order
+#   never changes the result. Input columns with no known map (their producer is not aligned,
+#   or a `cat`/attention op lies between) are zero-filled: the new features get no fan-out.
+# * BatchNorm running_mean / running_var / num_batches_tracked travel with their layer
+#   (replicated for widened channels); the published code transfers parameters only.
+# * Deeper layers (Net2DeeperNet): a run of at most `MAX_IDENTITY_RUN` = 2 inserted (unaligned)
+#   weighted layers between transferred layers is identity-initialised: conv -> Dirac at the
+#   kernel centre (in == out channels, same spatial size, odd kernels; grouped and depthwise
+#   convs per group), linear -> eye when square, BatchNorm -> gamma 1, beta 0, running mean 0,
+#   var 1; dense weights get noise of std `noise_std` / sqrt(fan_in) (the published code adds
+#   absolute N(0, 0.05) noise, larger than the identity term on wide convs). With the noise off,
+#   an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU) computes
+#   the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), about 5e-6).
+# * Heads (aligned dense layers with no weighted layer downstream): when the output count
+#   differs (10 -> 100 classes), the overlapping rows are copied and the other rows keep the
+#   child's init; `TransformResult.notes` says so. Classes are not replicated.
+# * Other aligned layers (LayerNorm, Embedding, attention) get a plain overlapping-block copy;
+#   everything else (unaligned layers outside short runs, state_dict entries no graph node
+#   names) keeps the child's init. Inputs are never mutated. `lr_damping`: see its docstring.
+#
+# Shapes: O output units, I input units (per group for grouped convs), k kernel dims.
 
 Tensor = torch.Tensor
 
@@ -104,7 +101,7 @@ def transform(
     noise_std: float = 0.01,
     generator: torch.Generator | None = None,
 ) -> TransformResult:
-    """Build the child's initial state_dict from the parent's (rules in the module docstring).
+    """Build the child's initial state_dict from the parent's (rules in the comment at the top).
 
     Args:
         parent_state: the parent's state_dict (tensors on any device; read only).
@@ -131,14 +128,14 @@ def transform(
     _check_keys(child_graph, child_state, "child")
     pairs = _pairs(alignment, parent_graph, child_graph)
     order = list(nx.topological_sort(child_graph))
-    build = net2net.Builder(parent_state, child_state, noise_std=noise_std, generator=generator)
-    identity, notes = transferplan.identity_plan(child_graph, order, set(pairs), child_state)
+    build = Builder(parent_state, child_state, noise_std=noise_std, generator=generator)
+    identity, notes = identity_plan(child_graph, order, set(pairs), child_state)
     build.notes.extend(notes)
-    heads = transferplan.head_layers(child_graph, order, pairs)
-    maps = transferplan.unit_maps(parent_graph, child_graph, order, pairs, identity, heads)
+    heads = head_layers(child_graph, order, pairs)
+    maps = unit_maps(parent_graph, child_graph, order, pairs, identity, heads)
     for v in reversed(order):  # ModelKeeper's cascading order (maps are fixed already)
         if v in pairs:
-            in_map = transferplan.merge_maps(maps, child_graph.predecessors(v))
+            in_map = merge_maps(maps, child_graph.predecessors(v))
             build.transfer(parent_graph.nodes[pairs[v]], child_graph.nodes[v], v,
                            in_map=in_map, out_map=maps[v], head=v in heads)
     for v in identity:
@@ -196,10 +193,10 @@ def lr_damping(
 ) -> float:
     """Learning-rate multiplier after a warm start: the more transferred, the gentler at first.
 
-    ModelKeeper (NSDI '23; digest §4, `ray_tuner.py`) trains the first 2 epochs at
+    ModelKeeper (NSDI '23, its `ray_tuner.py`) trains the first 2 epochs at
     base_lr x clip(1 - matched / parent_layers, 0.3, 1) and then restores base_lr, so the
     inherited weights are not wrecked by a full learning rate. Kiln uses the same formula with
-    the CHILD's count (DESIGN §4, "damp in proportion to what was not transferred"):
+    the CHILD's count (damp in proportion to what was not transferred):
 
         multiplier = clip(untransferred_fraction, floor, 1)   if epoch < warm_epochs
                    = 1                                         otherwise
@@ -254,3 +251,376 @@ def _check_keys(g: nx.DiGraph, state: Mapping[str, Tensor], side: str) -> None:
         raise TransformError(f"the {side} graph names {len(missing)} keys missing from its "
                              f"state_dict (e.g. {', '.join(missing[:3])}); graph and weights "
                              "do not belong together")
+
+
+# The shape-level plan of a transfer, decided before any tensor is written, from graphs and
+# shapes only: which parent unit each child unit copies (`unit_maps`, Net2WiderNet, Chen et
+# al. ICLR '16), which aligned dense layers are heads (`head_layers`), and which inserted layers
+# can start as the identity (`identity_plan`, Net2DeeperNet; ModelKeeper's `pad_mapping`). Also
+# the node helpers both halves use: `layer_kind` and `dense_keys`. Because unit maps come from
+# shapes alone, the order in which `Builder` later writes tensors never changes them.
+MAX_IDENTITY_RUN = 2
+"""Longest run of inserted weighted layers that is identity-initialised (ModelKeeper: gap < 4)."""
+
+_DENSE_OPS = frozenset({"Conv1d", "Conv2d", "Conv3d", "Linear", "LazyLinear",
+                        "NonDynamicallyQuantizableLinear"})
+_CHANNEL_NORMS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"})
+# Weightless ops that act on each feature separately (or pool over space) and so keep a unit map.
+_PASSTHROUGH = frozenset({
+    "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "ELU",
+    "LeakyReLU", "Mish", "Hardtanh", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
+    "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "add", "sub", "mul", "div",
+    *_CHANNEL_NORMS,
+})
+
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitMap:
+    """Child unit k of a layer's output copies parent unit `index[k]` (of `parent_width`)."""
+
+    index: tuple[int, ...]
+    parent_width: int
+
+
+def identity_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
+                  state: Mapping[str, Tensor]) -> tuple[list[str], list[str]]:
+    """Inserted layers in runs of <= MAX_IDENTITY_RUN between transferred layers that can be
+    identity-initialised, and a note for each of the others saying why not.
+
+    The run through layer v is fwd(v) + bwd(v) - 1, where fwd counts inserted weighted layers
+    from the nearest transferred ancestor down to v (shortest path, weightless nodes free) and
+    bwd the same towards the nearest transferred descendant (ModelKeeper `pad_mapping`).
+
+    Args:
+        g: the child graph.
+        order: its nodes in topological order.
+        aligned: child nodes aligned to a parent node.
+        state: the child's state_dict (for weight shapes).
+
+    Returns:
+        (layers to identity-initialise, in `order`; notes on the others).
+    """
+    weighted = {v for v in order if g.nodes[v].get("params")}
+    transferred = weighted & aligned
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    for gaps, nodes, nbrs in ((fwd, order, g.predecessors), (bwd, order[::-1], g.successors)):
+        for v in nodes:
+            base = min((gaps[u] for u in nbrs(v)), default=math.inf)
+            gaps[v] = 0.0 if v in transferred else base + (v in weighted)
+    plan: list[str] = []
+    notes: list[str] = []
+    for v in order:
+        if v in transferred or v not in weighted or fwd[v] + bwd[v] - 1 > MAX_IDENTITY_RUN:
+            continue
+        problem = _identity_problem(g, v, state)
+        if problem is None:
+            plan.append(v)
+        else:
+            notes.append(f"inserted layer {v} ({g.nodes[v]['op']}) keeps the child's "
+                         f"init: {problem}")
+    return plan, notes
+
+
+def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor]) -> str | None:
+    """Why layer v cannot compute the identity, or None if it can."""
+    node = g.nodes[v]
+    kind = layer_kind(node)
+    if kind == "norm":
+        return None
+    weight_key = dense_keys(node, state)[0] if kind == "dense" else ""
+    if not weight_key:
+        return f"no identity initialisation for {node['op']}"
+    shape = list(state[weight_key].shape)
+    if len(shape) == 2:
+        return None if shape[0] == shape[1] else f"not square ({shape[1]} -> {shape[0]})"
+    in_shape = _input_shape(g, v)
+    if any(k % 2 == 0 for k in shape[2:]):
+        return f"even kernel {shape[2:]} has no centre"
+    if not in_shape or len(in_shape) < 2:
+        return "its input shape is unknown"
+    if in_shape[1] % shape[1] or shape[0] != in_shape[1]:
+        return f"{in_shape[1]} input channels -> {shape[0]} output channels"
+    if list(node.get("out_shape", [])) != in_shape:
+        return f"output shape {node.get('out_shape')} differs from input shape {in_shape}"
+    return None
+
+
+def head_layers(g: nx.DiGraph, order: list[str], pairs: Mapping[str, str]) -> set[str]:
+    """Aligned dense layers with no weighted layer downstream (classifiers, LM heads)."""
+    below: dict[str, bool] = {}
+    for v in reversed(order):
+        below[v] = any(bool(g.nodes[w].get("params")) or below[w] for w in g.successors(v))
+    return {v for v in pairs if not below[v] and layer_kind(g.nodes[v]) == "dense"}
+
+
+def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
+              pairs: Mapping[str, str], identity: list[str],
+              heads: set[str]) -> dict[str, UnitMap | None]:
+    """Per child node, which parent unit each of its output units copies (None: unknown)."""
+    maps: dict[str, UnitMap | None] = {}
+    identities = set(identity)
+    for v in order:
+        node = g.nodes[v]
+        kind = layer_kind(node)
+        in_map = merge_maps(maps, g.predecessors(v))
+        p_shape = parent_graph.nodes[pairs[v]].get("weight_shape") if v in pairs else None
+        if p_shape and node.get("weight_shape") and kind != "other" and v not in heads:
+            p_width, c_width = int(p_shape[0]), int(node["weight_shape"][0])
+            if kind == "norm" and in_map and in_map.parent_width == p_width \
+                    and len(in_map.index) == c_width:
+                maps[v] = in_map  # BatchNorm follows its producer's replicas
+            else:
+                maps[v] = UnitMap(tuple(k % p_width for k in range(c_width)), p_width)
+        elif v in identities or (not node.get("params") and node["op"] in _PASSTHROUGH):
+            maps[v] = in_map
+        else:
+            maps[v] = None
+    return maps
+
+
+def merge_maps(maps: Mapping[str, UnitMap | None], preds: Iterable[str]) -> UnitMap | None:
+    """The common map of all inputs (an add of replicated branches), else None."""
+    found = [maps.get(u) for u in preds]
+    if not found or found[0] is None or any(m != found[0] for m in found[1:]):
+        return None
+    return found[0]
+
+
+def expand_columns(m: UnitMap | None, c_in: int, p_in: int) -> list[int] | None:
+    """Input-column map of a consumer with c_in (child) / p_in (parent) columns.
+
+    A flatten between a conv and a linear makes each channel f = H x W consecutive columns
+    (channel-major), so channel map m becomes column map j -> m[j // f] * f + j % f.
+    """
+    if m is None or not m.index or c_in % len(m.index):
+        return None
+    f = c_in // len(m.index)
+    if p_in != m.parent_width * f:
+        return None
+    return [m.index[j // f] * f + j % f for j in range(c_in)]
+
+
+def layer_kind(node: dict[str, Any]) -> str:
+    """The node's kind for the transfer rules: "dense" (Conv/Linear), "norm" or "other"."""
+    op = str(node["op"])
+    if op.split("_")[0] in _DENSE_OPS:
+        return "dense"
+    return "norm" if op in _CHANNEL_NORMS else "other"
+
+
+def dense_keys(node: dict[str, Any], tensors: Mapping[str, Tensor]) -> tuple[str, str | None]:
+    """(weight key, bias key or None) of a Conv/Linear node; ("", None) if not found.
+
+    The weight is the parameter whose shape is the node's weight_shape (rank >= 2); the bias a
+    1-D parameter with one entry per output unit.
+    """
+    shape = [int(d) for d in node.get("weight_shape", [])]
+    params = [k for k in node.get("params", []) if k in tensors]
+    weight = next((k for k in params if list(tensors[k].shape) == shape and len(shape) >= 2), "")
+    if not weight:
+        return "", None
+    bias = next((k for k in params if k != weight and tensors[k].ndim == 1
+                 and tensors[k].shape[0] == shape[0]), None)
+    return weight, bias
+
+
+def _input_shape(g: nx.DiGraph, v: str) -> list[int] | None:
+    """The common out_shape of v's producers, or None (no producer, or producers disagree)."""
+    shapes = {tuple(g.nodes[u].get("out_shape", [])) for u in g.predecessors(v)}
+    return list(shapes.pop()) if len(shapes) == 1 and () not in shapes else None
+
+
+# The tensor operators: write the tensors, following the plan made from shapes. `Builder.transfer`
+# copies one aligned pair: the overlapping block with CENTRED kernel dims (`_paste`), input columns
+# by unit map divided by their replica count and output rows replicated with noise (Net2WiderNet,
+# Chen et al. ICLR '16), head rows copied where they overlap, biases and BatchNorm statistics with
+# their layer. `Builder.identity` initialises an inserted layer as the identity (Net2DeeperNet:
+# Dirac/eye, BatchNorm gamma 1, beta 0). It records what it wrote and why (`params`, `buffers`,
+# `identity_keys`, `notes`).
+
+
+class Builder:
+    """The child's new state_dict plus the bookkeeping of what was written and why."""
+
+    def __init__(self, parent_state: Mapping[str, Tensor], child_state: Mapping[str, Tensor],
+                 *, noise_std: float, generator: torch.Generator | None) -> None:
+        self.parent = parent_state
+        self.child = child_state  # read only: the child's init
+        self.new: dict[str, Tensor] = {}  # keys written so far
+        self.noise_std = noise_std
+        self.generator = generator
+        self.params: list[str] = []
+        self.buffers: list[str] = []
+        self.identity_keys: list[str] = []
+        self.notes: list[str] = []
+        self.written: set[str] = set()
+
+    def transfer(self, p_node: dict[str, Any], c_node: dict[str, Any], name: str, *,
+                 in_map: UnitMap | None, out_map: UnitMap | None,
+                 head: bool) -> None:
+        """Copy one aligned pair's tensors into the child."""
+        kind = layer_kind(c_node)
+        if kind == "dense" and dense_keys(p_node, self.parent)[0] \
+                and dense_keys(c_node, self.child)[0]:
+            self._dense(p_node, c_node, name, in_map=in_map, head=head)
+            return
+        for pk, ck in _pair_keys(p_node, c_node, self.parent, self.child):
+            if ck in self.written:
+                continue
+            p, c = self._parent(pk, ck), self.child[ck].detach()
+            if kind == "norm" and out_map and c.ndim == 1 and len(c) == len(out_map.index) \
+                    and len(p) == out_map.parent_width:
+                self._write(ck, p[list(out_map.index)], c_node)
+            elif p.ndim == c.ndim:
+                self._write(ck, _paste(c, p, centre_from=c.ndim), c_node)
+            else:
+                self.notes.append(f"{ck}: parent tensor {pk} has rank {p.ndim}, the child's "
+                                  f"{c.ndim}; it keeps the child's init")
+
+    def _dense(self, p_node: dict[str, Any], c_node: dict[str, Any], name: str, *,
+               in_map: UnitMap | None, head: bool) -> None:
+        """Conv/Linear: centred kernels, input columns by map (divided), rows by k mod old."""
+        (pw_key, pb_key), (cw_key, cb_key) = (dense_keys(p_node, self.parent),
+                                              dense_keys(c_node, self.child))
+        if cw_key in self.written:  # a shared (tied) weight, written through another node
+            return
+        c, p = self.child[cw_key].detach(), self._parent(pw_key, cw_key)
+        if p.ndim != c.ndim:
+            self.notes.append(f"{cw_key}: parent weight {list(p.shape)} and child weight "
+                              f"{list(c.shape)} differ in rank; it keeps the child's init")
+            return
+        c_out, c_in, p_out, p_in = c.shape[0], c.shape[1], p.shape[0], p.shape[1]
+        block = p
+        if c.shape[2:] != p.shape[2:]:
+            block = _paste(p.new_zeros((*p.shape[:2], *c.shape[2:])), p, centre_from=2)
+        columns = expand_columns(in_map, c_in, p_in)
+        if columns is not None and columns != list(range(p_in)):
+            # Net2WiderNet: replicas of an input unit share its fan-out equally.
+            counts = torch.bincount(torch.tensor(columns), minlength=p_in).to(c.dtype)
+            shape = (1, c_in) + (1,) * (c.ndim - 2)
+            block = block[:, columns] / counts[columns].reshape(shape).to(block.device)
+        elif c_in != p_in:  # truncate, or zero fan-in from inputs the parent never had
+            block = _paste(block.new_zeros((p_out, c_in, *block.shape[2:])), block,
+                           centre_from=c.ndim)
+        if head:
+            rows = min(c_out, p_out)
+            weight = c.clone()
+            weight[:rows] = block[:rows]
+            if c_out != p_out:
+                self.notes.append(
+                    f"head {name} ({c_node['op']}): {p_out} -> {c_out} outputs; copied the "
+                    f"{rows} overlapping rows, the other {max(0, c_out - p_out)} keep the "
+                    "child's init")
+        elif c_out <= p_out:
+            weight = block[:c_out].clone() if block is p else block[:c_out]
+        else:  # Net2WiderNet: unit k copies unit k mod p_out, plus noise to break symmetry
+            index = [k % p_out for k in range(c_out)]
+            weight = block[index]
+            if self.noise_std > 0:
+                scale = weight[p_out:].flatten(1).std(dim=1, unbiased=False) * self.noise_std
+                noise = self._noise((c_out - p_out, *weight.shape[1:]), weight)
+                weight[p_out:] += noise * scale.reshape(-1, *[1] * (c.ndim - 1))
+        self._write(cw_key, weight, c_node)
+        if cb_key is not None:
+            if pb_key is not None:
+                pb = self._parent(pb_key, cb_key)
+                cb = self.child[cb_key].detach()
+                if head:
+                    rows = min(c_out, p_out)
+                    bias = cb.clone()
+                    bias[:rows] = pb[:rows]
+                else:
+                    bias = pb[[k % p_out for k in range(c_out)]]
+                self._write(cb_key, bias, c_node)
+            else:  # the parent computes no bias: zero it where the parent's units are
+                bias = self.child[cb_key].detach().clone()
+                bias[: c_out if not head else min(c_out, p_out)] = 0
+                self.new[cb_key] = bias
+        elif pb_key is not None:
+            self.notes.append(f"{name}: the parent's bias {pb_key} is dropped (the child's "
+                              "layer has none)")
+
+    def identity(self, node: dict[str, Any]) -> None:
+        """Identity-initialise one inserted layer (`identity_plan` chose it)."""
+        if layer_kind(node) == "norm":
+            values = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+            for key in [*node["params"], *node.get("buffers", [])]:
+                local = key.rsplit(".", 1)[-1]
+                if local in values and key not in self.written:
+                    self._set_identity(key, torch.full_like(self.child[key], values[local]))
+            return
+        w_key, b_key = dense_keys(node, self.child)
+        if w_key in self.written:
+            return
+        w = torch.zeros_like(self.child[w_key])
+        out_units, per_group = w.shape[0], w.shape[1]
+        units = torch.arange(out_units)
+        centre = [torch.full_like(units, k // 2) for k in w.shape[2:]]
+        w[(units, units % per_group, *centre)] = 1.0  # eye for Linear, Dirac for convs
+        if self.noise_std > 0:
+            fan_in = math.prod(w.shape[1:])
+            w += self._noise(tuple(w.shape), w) * (self.noise_std / math.sqrt(fan_in))
+        self._set_identity(w_key, w)
+        if b_key is not None and b_key not in self.written:
+            self._set_identity(b_key, torch.zeros_like(self.child[b_key]))
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The child's full state_dict: written tensors, and copies of the untouched ones."""
+        return {k: self.new[k] if k in self.new else v.detach().clone()
+                for k, v in self.child.items()}
+
+    def _set_identity(self, key: str, value: Tensor) -> None:
+        self.new[key] = value
+        self.written.add(key)
+        self.identity_keys.append(key)
+
+    def _write(self, key: str, value: Tensor, node: dict[str, Any]) -> None:
+        target = self.child[key]
+        self.new[key] = value.to(device=target.device, dtype=target.dtype).contiguous()
+        self.written.add(key)
+        (self.params if key in node.get("params", []) else self.buffers).append(key)
+
+    def _parent(self, key: str, child_key: str) -> Tensor:
+        like = self.child[child_key]
+        return self.parent[key].detach().to(device=like.device, dtype=like.dtype)
+
+    def _noise(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        return torch.randn(shape, generator=self.generator).to(device=like.device,
+                                                                dtype=like.dtype)
+
+
+def _pair_keys(p_node: dict[str, Any], c_node: dict[str, Any], p_tensors: Mapping[str, Tensor],
+                c_tensors: Mapping[str, Tensor]) -> list[tuple[str, str]]:
+    """Pair the parent's and child's parameter/buffer keys of one node pair: by name relative
+    to the node's module (`weight`, `running_var`, `in_proj_weight`), then leftovers in order
+    when their ranks agree."""
+    def local(node: dict[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, str]:
+        prefix = str(node.get("target", "")) + "."
+        keys = [k for k in [*node.get("params", []), *node.get("buffers", [])] if k in tensors]
+        return {k.removeprefix(prefix): k for k in keys}
+
+    p_local, c_local = local(p_node, p_tensors), local(c_node, c_tensors)
+    pairs = [(p_local[n], c_local[n]) for n in c_local if n in p_local]
+    p_rest = [k for n, k in p_local.items() if n not in c_local]
+    c_rest = [k for n, k in c_local.items() if n not in p_local]
+    pairs += [(pk, ck) for pk, ck in zip(p_rest, c_rest)
+              if p_tensors[pk].ndim == c_tensors[ck].ndim]
+    return pairs
+
+
+def _paste(dst: Tensor, src: Tensor, *, centre_from: int) -> Tensor:
+    """A copy of `dst` with the overlapping block of `src` pasted in: from the origin in dims
+    below `centre_from`, CENTRED in the others (kernel dims: a smaller kernel sits in the middle
+    of a larger one, a larger one gives up its centre)."""
+    out = dst.clone()
+    to, take = [], []
+    for k, (d, s) in enumerate(zip(dst.shape, src.shape)):
+        n = min(d, s)
+        at_d, at_s = ((d - n) // 2, (s - n) // 2) if k >= centre_from else (0, 0)
+        to.append(slice(at_d, at_d + n))
+        take.append(slice(at_s, at_s + n))
+    out[tuple(to)] = src[tuple(take)]
+    return out

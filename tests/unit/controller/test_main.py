@@ -16,7 +16,7 @@ import kopf
 import pytest
 import yaml
 
-from kiln.controller import kube, main, services
+from kiln.controller import kube, main
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -158,5 +158,5 @@ def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
     monkeypatch.setenv("KILN_ZOO_SECRET_KEY", "s")
     options = main.options_from_args(main.build_parser().parse_args(["--zoo-uri", "s3://zoo"]))
     assert options.zoo_endpoint is None
-    svc = services.Services.create(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    svc = main.build_services(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
     assert svc.pod_settings.zoo_endpoint == "minio.example:9000"

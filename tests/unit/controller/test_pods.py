@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kiln import api
 from kiln.controller import pods
+from kiln.warmstart import select
+
+WARM = select.Decision(parent_id="small_cnn-1234abcd", similarity=0.8, parent_metric=0.9,
+                       matched_tensors=4, total_tensors=5, reason="warm start from it",
+                       candidates_considered=1, outcome=select.Outcome.WARM)
+COLD = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
 
 SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
                             zoo_endpoint="minio:9000", zoo_secret="zoo-creds")
@@ -21,7 +28,7 @@ def _job(**spec: Any) -> tuple[dict[str, Any], api.TrainingJob]:
 
 def _launch(**changes: Any) -> pods.Launch:
     values = {"node": "gpu-1", "devices": 2, "parallelism": "ddp", "device": "gpu",
-              "parent": "small_cnn-1234abcd", "estimated_seconds": 60.0, "started": 1.0}
+              "warm_start": WARM, "estimated_seconds": 60.0, "started": 1.0}
     return pods.Launch(**{**values, **changes})
 
 
@@ -52,7 +59,7 @@ def test_zoo_credentials_come_from_a_secret_reference_never_a_value() -> None:
     for name in ("KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY"):
         assert "value" not in env[name]
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "zoo-creds"
-    assert env["KILN_WARM_START_PARENT"]["value"] == "small_cnn-1234abcd"
+    assert json.loads(env["KILN_WARM_START"]["value"]) == WARM.to_json()
     assert env["KILN_ZOO_ENDPOINT"]["value"] == "minio:9000"
 
 
@@ -60,12 +67,12 @@ def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
     owner, job = _job()
     pod = pods.build_pod(owner, job, attempt=0, settings=SETTINGS,
                          launch=_launch(devices=1, parallelism="single", device="cpu",
-                                        parent=None))
+                                        warm_start=COLD))
     container = pod["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
     assert container["command"] == ["python", "-m", "kiln_trainer"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["KILN_WARM_START_PARENT"] == "none"
+    assert select.Decision.from_json(json.loads(env["KILN_WARM_START"])) == COLD
 
 
 def test_the_template_overrides_image_and_env_and_adds_scheduling() -> None:

@@ -114,7 +114,7 @@ def test_spec_differences_name_each_changed_field() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# parallel runs (issue 5): which parallelism wrote it, every rank's RNG, older checkpoints
+# parallel runs: which parallelism wrote it, every rank's RNG, older checkpoints
 
 
 def _captured(tmp_path: Path) -> tuple[dict[str, object], torch.nn.Module]:

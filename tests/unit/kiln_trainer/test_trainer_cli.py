@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kiln_trainer
-from kiln import api
+from kiln import api, contract
 from kiln_trainer import cli, data, loop
 
 JOB = {
@@ -30,14 +30,14 @@ def test_an_invalid_job_file_exits_2_with_one_clear_message(
     job.write_text("apiVersion: kiln.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: x}\n"
                    "spec: {model: {architecture: small_cnn, inputShape: [1, 8, 8]}, "
                    "trainig: {}}\n", encoding="utf-8")
-    assert cli.main(["--job", str(job)]) == cli.EXIT_INVALID
+    assert cli.main(["--job", str(job)]) == contract.EXIT_INVALID
     err = capsys.readouterr().err
     assert "spec.trainig: unknown field; did you mean 'training'?" in err
     assert "Traceback" not in err
 
 
 def test_a_missing_job_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--job", str(tmp_path / "absent.yaml")]) == cli.EXIT_INVALID
+    assert cli.main(["--job", str(tmp_path / "absent.yaml")]) == contract.EXIT_INVALID
     assert "absent.yaml: invalid TrainingJob" in capsys.readouterr().err
 
 
@@ -46,7 +46,7 @@ def test_no_job_at_all_says_how_to_give_one(
 ) -> None:
     monkeypatch.delenv("KILN_JOB_FILE", raising=False)
     monkeypatch.delenv("KILN_JOB", raising=False)
-    assert cli.main([]) == cli.EXIT_INVALID
+    assert cli.main([]) == contract.EXIT_INVALID
     assert "pass --job FILE, or set KILN_JOB_FILE or KILN_JOB" in capsys.readouterr().err
 
 
@@ -69,7 +69,7 @@ def test_job_from_kiln_job_env_runs_and_prints_the_result_last(
     monkeypatch.delenv("KILN_JOB_FILE", raising=False)
     monkeypatch.setenv("KILN_JOB", json.dumps(JOB))
     monkeypatch.setenv("KILN_CHECKPOINTS", str(tmp_path / "ckpt"))
-    assert cli.main(["--no-register"]) == cli.EXIT_OK
+    assert cli.main(["--no-register"]) == contract.EXIT_OK
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["event"] == "result"
 
@@ -122,7 +122,7 @@ def test_running_out_of_memory_exits_1_with_one_message_and_the_fix(
     job = tmp_path / "job.json"
     job.write_text(json.dumps(JOB), encoding="utf-8")
     monkeypatch.setattr(loop, "main", exhausted)
-    assert cli.main(["--job", str(job)]) == cli.EXIT_UNEXPECTED
+    assert cli.main(["--job", str(job)]) == contract.EXIT_UNEXPECTED
     err = capsys.readouterr().err
     assert "kiln_trainer: error: out of memory (" in err
     assert "reduce spec.training.batchSize or the model size" in err
@@ -142,7 +142,7 @@ def test_a_dataset_error_from_a_loader_worker_shows_only_its_own_message(
     job = tmp_path / "job.json"
     job.write_text(json.dumps(JOB), encoding="utf-8")
     monkeypatch.setattr(loop, "main", broken)
-    assert cli.main(["--job", str(job)]) == cli.EXIT_INVALID
+    assert cli.main(["--job", str(job)]) == contract.EXIT_INVALID
     err = capsys.readouterr().err
     assert err.strip() == ("kiln_trainer: error: spec.dataset.path: cannot read image bad.png; "
                            "remove or fix the file")
@@ -154,19 +154,9 @@ def test_a_zoo_that_is_a_file_exits_2_before_training(
     job = tmp_path / "job.json"
     job.write_text(json.dumps(JOB), encoding="utf-8")
     (tmp_path / "afile").write_text("x", encoding="utf-8")
-    assert cli.main(["--job", str(job), "--zoo", str(tmp_path / "afile")]) == cli.EXIT_INVALID
+    assert cli.main(["--job", str(job), "--zoo", str(tmp_path / "afile")]) == contract.EXIT_INVALID
     err = capsys.readouterr().err
     assert f"--zoo {tmp_path / 'afile'}: " in err and "is a file, not a directory" in err
-
-
-def test_parallelism_comes_from_the_flag_or_kiln_parallelism(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("KILN_PARALLELISM", raising=False)
-    assert cli.parse_args(["--job", "j.yaml"]).parallelism == "auto"
-    monkeypatch.setenv("KILN_PARALLELISM", "fsdp")
-    assert cli.parse_args(["--job", "j.yaml"]).parallelism == "fsdp"
-    assert cli.parse_args(["--job", "j.yaml", "--parallelism", "ddp"]).parallelism == "ddp"
 
 
 def test_under_torchrun_a_failure_names_its_rank_and_the_first_ranks_failure_stays(
@@ -179,11 +169,11 @@ def test_under_torchrun_a_failure_names_its_rank_and_the_first_ranks_failure_sta
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("KILN_JOB", "{not json")
     monkeypatch.delenv("KILN_JOB_FILE", raising=False)
-    assert cli.main([]) == cli.EXIT_INVALID
+    assert cli.main([]) == contract.EXIT_INVALID
     first = json.loads(log.read_text())
     assert first["event"] == "error"
     assert first["message"].startswith("rank 1 of 2: KILN_JOB: invalid TrainingJob")
     monkeypatch.setenv("RANK", "0")  # rank 0 fails next, e.g. in a collective: it echoes rank 1
-    assert cli.main([]) == cli.EXIT_INVALID
+    assert cli.main([]) == contract.EXIT_INVALID
     assert json.loads(log.read_text()) == first
     assert "not replacing another rank's failure" in caplog.text

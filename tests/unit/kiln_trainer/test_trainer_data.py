@@ -12,6 +12,7 @@ from PIL import Image
 
 from kiln import api
 from kiln_trainer import data
+from kiln_trainer.distributed import batching
 
 
 def _spec(**fields: object) -> api.DatasetSpec:
@@ -95,22 +96,22 @@ def test_flip_crop_augments_the_train_split_only() -> None:
 
 def test_train_batches_repeat_for_the_same_epoch_and_skip_on_resume() -> None:
     splits = data.load(_spec(name="digits"), input_shape=[1, 8, 8], seed=0)
-    first = [y for _, y in data.train_batches(splits.train, batch_size=100, seed=0, epoch=2)]
-    again = [y for _, y in data.train_batches(splits.train, batch_size=100, seed=0, epoch=2)]
-    later = [y for _, y in data.train_batches(splits.train, batch_size=100, seed=0, epoch=2,
+    first = [y for _, y in batching.train_batches(splits.train, batch_size=100, seed=0, epoch=2)]
+    again = [y for _, y in batching.train_batches(splits.train, batch_size=100, seed=0, epoch=2)]
+    later = [y for _, y in batching.train_batches(splits.train, batch_size=100, seed=0, epoch=2,
                                              start_batch=3)]
-    other = [y for _, y in data.train_batches(splits.train, batch_size=100, seed=0, epoch=3)]
+    other = [y for _, y in batching.train_batches(splits.train, batch_size=100, seed=0, epoch=3)]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(first[3:], later, strict=True))
     assert not torch.equal(first[0], other[0])
-    assert len(first) == data.steps_per_epoch(splits.train, batch_size=100)
+    assert len(first) == batching.steps_per_epoch(splits.train, batch_size=100)
 
 
 def test_a_trailing_batch_of_one_sample_is_dropped() -> None:
     dataset = torch.utils.data.TensorDataset(torch.zeros(9, 2), torch.zeros(9))
-    sizes = [len(x) for x, _ in data.train_batches(dataset, batch_size=4, seed=0, epoch=0)]
+    sizes = [len(x) for x, _ in batching.train_batches(dataset, batch_size=4, seed=0, epoch=0)]
     assert sizes == [4, 4]
-    assert data.steps_per_epoch(dataset, batch_size=4) == 2
+    assert batching.steps_per_epoch(dataset, batch_size=4) == 2
 
 
 def test_text_windows_predict_the_next_byte(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""kiln_trainer.events: the stdout JSON-lines protocol and the termination log."""
+"""kiln_trainer.events: the trainer writes contract events to stdout and the termination log."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import io
 import json
 from pathlib import Path
 
+from kiln import contract
 from kiln_trainer import events
 
-RESULT = events.Result(
+RESULT = contract.Result(
     metric_name="validation_accuracy", metric=0.97, validation_accuracy=0.97,
     validation_loss=0.1, wall_seconds=12.5, time_to_target_seconds=8.0, target_reached=True,
     epochs_run=3, steps=60, samples_per_second=900.0, zoo_model="small_cnn-0123abcd",
@@ -21,7 +22,7 @@ def test_every_event_is_one_strict_json_line_and_nan_becomes_null(tmp_path: Path
     out = io.StringIO()
     writer = events.EventWriter(out, termination_log=tmp_path / "absent")
     writer.info("hello")
-    writer.progress(events.Progress(
+    writer.progress(contract.Progress(
         epoch=1, epochs=3, step=20, steps_per_epoch=20, train_loss=float("nan"),
         validation_accuracy=None, validation_loss=None, samples_per_second=10.0,
         eta_seconds=None, elapsed_seconds=1.0))

@@ -3,7 +3,7 @@
 The brute force is independent of the planner's code: for every config and node per job it
 takes, per node, the best serial schedule over all job orders (earliest fit, integer data).
 Serial earliest-fit scheduling over all orders reaches an optimal (active) schedule, so this is the
-exact optimum for small instances (research digest section 7.8 item 2).
+exact optimum for small instances.
 """
 
 from __future__ import annotations

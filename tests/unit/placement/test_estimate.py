@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kiln import api
-from kiln.placement import estimate, profile, types
+from kiln.placement import estimate, profilecache, types
 from kiln.zoo import records, store
 
 
@@ -47,7 +47,7 @@ def _cache(path: Path, job: api.TrainingJob, steps: dict[tuple[str, int], float 
     """A profile cache holding `steps` (None = out of memory) for `job`."""
     entries = {}
     for (parallelism, k), step in steps.items():
-        key = profile.cache_key(job.spec.model, batch_size=job.spec.training.batch_size,
+        key = profilecache.cache_key(job.spec.model, batch_size=job.spec.training.batch_size,
                                 parallelism=parallelism, gpus=k, kind=kind)
         entries[key] = {"parallelism": parallelism, "gpus": k, "step_seconds": step,
                         "status": "ok" if step is not None else "oom", "detail": ""}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from unit.placement import cases
 
-from kiln.placement import heuristic, types
+from kiln.placement import heuristic, timeline, types
 
 SETTINGS = types.Settings(use_milp=False)
 
@@ -17,7 +17,7 @@ def _two_identical_jobs() -> types.Snapshot:
 
 
 def test_two_identical_jobs_share_the_node_at_four_gpus_each() -> None:
-    """Digest 7.8 item 1: d(8)=10, d(4)=16 -> both at k=4 concurrently, makespan 16."""
+    """d(8)=10, d(4)=16 -> both at k=4 concurrently, makespan 16."""
     plan = heuristic.schedule(heuristic.problem_of(_two_identical_jobs()), SETTINGS)
     assert [(a.gpus, a.start) for a in plan.assignments] == [(4, 0.0), (4, 0.0)]
     assert plan.makespan == 16.0
@@ -25,7 +25,7 @@ def test_two_identical_jobs_share_the_node_at_four_gpus_each() -> None:
 
 
 def test_timeline_finds_the_earliest_window_with_enough_free_gpus() -> None:
-    line = heuristic.Timeline(8)
+    line = timeline.Timeline(8)
     line.add(0.0, 10.0, 6)
     line.add(5.0, 20.0, 2)
     # held: 6 over [0, 5), 8 over [5, 10), 2 over [10, 20)

@@ -32,7 +32,7 @@ def test_two_identical_jobs_run_concurrently_at_four_gpus() -> None:
 
 @pytest.mark.parametrize("seed", range(16))
 def test_unit_slots_match_the_brute_force_optimum(seed: int) -> None:
-    """Digest 7.8 item 2: with integer durations and one-second slots Model A is exact."""
+    """With integer durations and one-second slots the time-indexed model is exact."""
     nodes = [(8,), (4, 4), (8,), (4, 8)][seed % 4]
     snapshot = cases.random_snapshot(seed, jobs=3 + seed % 3, nodes=nodes, integer=True,
                                      scale=30.0, running=seed % 2)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kiln import api, cli
-from kiln.placement import profile
+from kiln.placement import profile, profilecache
 
 
 def _job(*, shape: list[int] | None = None, batch: int = 16,
@@ -31,11 +31,11 @@ def test_single_on_cpu_times_a_real_step_and_caches_it(tmp_path: Path,
     cache = tmp_path / "profiles.json"
     job = _job()
     (first,) = profile.profile_job(job, configs=[("single", 1)], cache_path=cache, device="cpu")
-    assert first.status == profile.STATUS_OK and not first.cached
+    assert first.status == profilecache.STATUS_OK and not first.cached
     assert first.step_seconds is not None and first.step_seconds > 0
-    key = profile.cache_key(job.spec.model, batch_size=16, parallelism="single", gpus=1,
+    key = profilecache.cache_key(job.spec.model, batch_size=16, parallelism="single", gpus=1,
                             kind="cpu")
-    assert profile.read_cache(cache)[key]["step_seconds"] == first.step_seconds
+    assert profilecache.read_cache(cache)[key]["step_seconds"] == first.step_seconds
 
     def no_measuring(*_: Any, **__: Any) -> float:
         raise AssertionError("a cached config must not be measured again")
@@ -48,7 +48,7 @@ def test_single_on_cpu_times_a_real_step_and_caches_it(tmp_path: Path,
 def test_the_cache_key_covers_args_shape_batch_parallelism_k_and_device() -> None:
     def key(model: api.ModelSpec | None = None, *, batch_size: int = 16,
             parallelism: str = "single", gpus: int = 1, kind: str = "cpu") -> str:
-        return profile.cache_key(model or _job().spec.model, batch_size=batch_size,
+        return profilecache.cache_key(model or _job().spec.model, batch_size=batch_size,
                                  parallelism=parallelism, gpus=gpus, kind=kind)
 
     keys = {key(), key(_job(shape=[1, 16, 16]).spec.model), key(batch_size=32),
@@ -62,10 +62,10 @@ def test_a_batch_that_cannot_be_allocated_is_infeasible_and_cached(tmp_path: Pat
     job = _job(shape=[3, 16384, 16384], batch=65536)
     cache = tmp_path / "profiles.json"
     (found,) = profile.profile_job(job, configs=[("single", 1)], cache_path=cache, device="cpu")
-    assert found.status == profile.STATUS_OOM and not found.feasible
+    assert found.status == profilecache.STATUS_OOM and not found.feasible
     assert "allocate" in found.detail
     (cached,) = profile.profile_job(job, configs=[("single", 1)], cache_path=cache, device="cpu")
-    assert cached.cached and cached.status == profile.STATUS_OOM
+    assert cached.cached and cached.status == profilecache.STATUS_OOM
 
 
 @pytest.mark.parametrize(
@@ -95,14 +95,14 @@ def test_a_failure_that_is_not_out_of_memory_is_reported_and_not_cached(
     cache = tmp_path / "profiles.json"
     (found,) = profile.profile_job(_job(), configs=[("single", 1)], cache_path=cache,
                                    device="cpu")
-    assert found.status == profile.STATUS_FAILED and found.feasible
+    assert found.status == profilecache.STATUS_FAILED and found.feasible
     assert not cache.exists()
 
 
 def test_configs_that_cannot_run_here_are_unsupported_not_infeasible(tmp_path: Path) -> None:
     found = profile.profile_job(_job(), configs=[("fsdp", 2), ("ddp", 4096), ("single", 2)],
                                 cache_path=tmp_path / "p.json", device="cpu")
-    assert [m.status for m in found] == [profile.STATUS_UNSUPPORTED] * 3
+    assert [m.status for m in found] == [profilecache.STATUS_UNSUPPORTED] * 3
     assert all(m.feasible for m in found)
     assert "fsdp needs GPUs" in found[0].detail and "4096 devices" in found[1].detail
 
@@ -116,11 +116,11 @@ def test_default_configs_grow_k_up_to_the_devices_and_offer_fsdp_on_gpus_only() 
 def test_a_corrupt_cache_is_refused_with_its_path(tmp_path: Path) -> None:
     bad = tmp_path / "profiles.json"
     bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(profile.ProfileCacheError, match="profiles.json"):
-        profile.read_cache(bad)
+    with pytest.raises(profilecache.ProfileCacheError, match="profiles.json"):
+        profilecache.read_cache(bad)
     bad.write_text(json.dumps({"version": 99, "entries": {}}), encoding="utf-8")
-    with pytest.raises(profile.ProfileCacheError, match="not a version-1"):
-        profile.read_cache(bad)
+    with pytest.raises(profilecache.ProfileCacheError, match="not a version-1"):
+        profilecache.read_cache(bad)
 
 
 JOB = """\

@@ -1,5 +1,5 @@
 """Tests for kiln.placement.simulate: faithful execution, metrics, and online replay checks
-(no flapping, frozen slots kept, no job lost; research digest section 7.8 item 4)."""
+(no flapping, frozen slots kept, no job lost)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from unit.placement import cases
 
-from kiln.placement import plan, simulate, types
+from kiln.placement import planner, simulate, types
 
 NODES = (types.Node("a", 8), types.Node("b", 8))
 HEURISTIC = types.Settings(use_milp=False)
@@ -32,7 +32,7 @@ def test_issue_case_whole_node_fifo_takes_20_and_the_planner_16() -> None:
     jobs = [simulate.SimJob(f"j{i}", configs) for i in range(2)]
     node = (types.Node("n0", 8),)
     fifo = simulate.run(jobs, node, simulate.whole_node_fifo(), name="fifo")
-    kiln = simulate.run(jobs, node, simulate.planner(HEURISTIC, replanning=False))
+    kiln = simulate.run(jobs, node, simulate.kiln_policy(HEURISTIC, replanning=False))
     assert fifo.makespan_seconds == 20.0 and kiln.makespan_seconds == 16.0
     assert kiln.gpu_utilisation == 1.0 and kiln.mean_completion_seconds == 16.0
     assert fifo.mean_completion_seconds == 15.0
@@ -40,7 +40,7 @@ def test_issue_case_whole_node_fifo_takes_20_and_the_planner_16() -> None:
 
 def test_without_noise_execution_matches_the_plan() -> None:
     jobs = _workload(1, 14, arrivals=False)
-    result = simulate.run(jobs, NODES, simulate.planner(HEURISTIC, replanning=False))
+    result = simulate.run(jobs, NODES, simulate.kiln_policy(HEURISTIC, replanning=False))
     planned = result.decisions[0].plan
     assert result.makespan_seconds == pytest.approx(planned.makespan)
     for record in result.jobs:
@@ -54,7 +54,7 @@ def test_without_noise_execution_matches_the_plan() -> None:
 def test_every_policy_finishes_every_job_once(policy: str) -> None:
     jobs = simulate.with_noise(_workload(2, 16, arrivals=True), sigma=0.2, seed=2)
     chosen = {"whole-node": simulate.whole_node_fifo(), "fixed-k": simulate.fixed_k_fifo(2),
-              "heuristic": simulate.planner(HEURISTIC, replanning=True)}[policy]
+              "heuristic": simulate.kiln_policy(HEURISTIC, replanning=True)}[policy]
     result = simulate.run(jobs, NODES, chosen, replan_on_completion=True, period_seconds=50.0)
     assert sorted(r.name for r in result.jobs) == sorted(j.name for j in jobs)
     assert all(r.start >= r.arrival for r in result.jobs)
@@ -66,7 +66,7 @@ def _replay(noise: float, settings: types.Settings) -> simulate.Result:
     jobs = _workload(3, 18, arrivals=True)
     if noise:
         jobs = simulate.with_noise(jobs, sigma=noise, seed=3)
-    return simulate.run(jobs, NODES, simulate.planner(settings, replanning=True),
+    return simulate.run(jobs, NODES, simulate.kiln_policy(settings, replanning=True),
                         replan_on_completion=True, period_seconds=40.0)
 
 
@@ -77,7 +77,7 @@ def test_online_replay_swaps_plans_only_when_better_by_the_threshold(noise: floa
     swaps = result.swaps
     assert 0 < swaps < len(result.decisions) - 1  # both branches are exercised
     for d in result.decisions[1:]:
-        kept = plan.extend(d.previous, d.snapshot, settings)
+        kept = planner.extend(d.previous, d.snapshot, settings)
         now = d.snapshot.now
         if d.plan.kept_current:
             assert d.plan.assignments == kept.assignments
@@ -112,7 +112,7 @@ def test_a_plan_that_loses_a_job_is_reported() -> None:
     jobs = _workload(4, 3, arrivals=False)
 
     def lossy(snapshot: types.Snapshot, _current: types.Plan | None) -> types.Plan:
-        full = plan.plan(snapshot, HEURISTIC)
+        full = planner.plan(snapshot, HEURISTIC)
         return dataclasses.replace(full, assignments=full.assignments[1:])
 
     with pytest.raises(simulate.SimulationError, match="plan places"):
@@ -122,7 +122,7 @@ def test_a_plan_that_loses_a_job_is_reported() -> None:
 def test_milp_with_replanning_replays_a_small_online_workload() -> None:
     jobs = simulate.with_noise(_workload(5, 6, arrivals=True), sigma=0.1, seed=5)
     settings = types.Settings(time_limit_seconds=1.0)
-    result = simulate.run(jobs, NODES, simulate.planner(settings, replanning=True))
+    result = simulate.run(jobs, NODES, simulate.kiln_policy(settings, replanning=True))
     assert len(result.jobs) == 6
     _never_over_capacity(result, NODES)
     assert result.solve_seconds > 0.0

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torchvision.models as tvm
 
-from kiln.warmstart import dag, graph, match
+from kiln.warmstart import graph, match
 
 CONV = [8, 8, 3, 3]
 
@@ -300,13 +300,13 @@ def test_similarity_is_unchanged_by_a_json_round_trip(tv_graphs: dict[str, nx.Di
 
 def test_prepare_is_cached_and_accepts_prepared_graphs(tv_graphs: dict[str, nx.DiGraph]) -> None:
     g = tv_graphs["resnet18"]
-    prepared = dag.prepare(g)
-    assert dag.prepare(g) is prepared
-    assert dag.prepare(prepared) is prepared
+    prepared = graph.prepare(g)
+    assert graph.prepare(g) is prepared
+    assert graph.prepare(prepared) is prepared
     assert match.similarity(prepared, prepared) == match.similarity(g, g)
     assert prepared.nodes[0] == "conv1" and prepared.ops[-1] == "Linear"
 
 
 def test_empty_graph_is_rejected_with_graph_error() -> None:
     with pytest.raises(graph.GraphError, match="0 nodes"):
-        dag.prepare(nx.DiGraph())
+        graph.prepare(nx.DiGraph())

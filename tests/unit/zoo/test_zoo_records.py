@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from kiln.zoo import metajson, records, store
+from kiln.zoo import records, store
 
 
 def _record(record_id: str = "small_resnet-0badc0de", **changes: Any) -> records.ZooRecord:
@@ -94,7 +94,7 @@ def test_meta_json_carries_a_schema_version() -> None:
 
 def test_every_record_field_has_a_meta_json_check() -> None:
     fields = [f.name for f in dataclasses.fields(records.ZooRecord)]
-    assert list(metajson._FIELD_KINDS) == fields
+    assert list(records._FIELD_KINDS) == fields
 
 
 def test_meta_json_ignores_fields_it_does_not_know() -> None:

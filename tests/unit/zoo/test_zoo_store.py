@@ -14,6 +14,7 @@ from pathlib import Path
 import minio.error
 import pytest
 
+from kiln import contract
 from kiln.zoo import store
 
 
@@ -188,7 +189,7 @@ def test_s3_store_on_a_closed_port_is_unavailable_after_bounded_retries() -> Non
     message = str(caught.value)
     assert f"http://127.0.0.1:{port}" in message
     assert "3 times" in message
-    assert store.ENDPOINT_ENV in message
+    assert contract.Env.ZOO_ENDPOINT in message
 
 
 def _s3_error(code: str) -> minio.error.S3Error:
@@ -212,7 +213,7 @@ def test_s3_store_does_not_retry_refused_credentials() -> None:
     def refused() -> None:
         raise _s3_error("InvalidAccessKeyId")
 
-    with pytest.raises(store.StoreUnavailable, match=store.ACCESS_KEY_ENV):
+    with pytest.raises(store.StoreUnavailable, match=contract.Env.ZOO_ACCESS_KEY):
         zoo._with_retries("list", None, refused)
     assert waits == []
 

@@ -1,30 +1,8 @@
-"""Mini-batch order for the trainer: seeded global batches, sharded across data-parallel ranks.
+"""Mini-batch order: seeded global batches, each sharded across the data-parallel ranks.
 
-Global-batch semantics (issue 5): ``spec.training.batchSize`` is the *global* batch B. Epoch e
-of a train split of N samples is a permutation seeded by (seed, e); global batch i holds
-positions [i*B, (i+1)*B) of it. With W data-parallel processes, rank r trains on the
-contiguous slice [r*B/W, (r+1)*B/W) of every global batch (B must be a multiple of W), so the
-W ranks together see exactly the samples one process sees, in the same steps. A position
-(epoch, global batch index) means the same for every W, which is why a checkpoint written by 2
-processes resumes in 1 or 4 at the same place.
-
-Trailing batch. When N % B leaves a short last batch of R samples (and N > B), it is split as
-evenly as possible (shards differ by at most one sample) and kept only when every rank gets
-at least min(2, B/W) samples, i.e. R >= W * min(2, B/W); otherwise it is dropped (BatchNorm
-cannot train on one sample). For W = 1 this is the old rule: drop a trailing batch of one
-sample when B > 1. So `steps_per_epoch` may depend on W, but only when 2 <= R < 2W. On an
-uneven trailing batch, DDP's mean of per-rank mean gradients weights the samples of the
-smaller shards slightly more than one process would (relative error below W/R).
-
-Validation under DDP is sharded by contiguous ranges of the split (`eval_batches` with a
-shard): ranks may get batches of different sizes and counts, so only a forward without
-collectives (the unwrapped model) may run on them. FSDP evaluates the whole split on every
-rank (`kiln_trainer.distributed.parallel.Context.eval_shard`).
-
-Shapes: indices LongTensor[b] with b = B/W (the local batch). Callers: `kiln_trainer.data`
-re-exports `train_batches`, `eval_batches` and `steps_per_epoch` (the loop calls them there);
-`kiln_trainer.distributed.parallel` for the shard of this process. Non-goals: no DistributedSampler
-(its padding repeats samples and its positions depend on W), no dataset loading.
+A position (epoch, global batch index) means the same for every world size W, so a checkpoint
+written by 2 processes resumes in 1 or 4 at the same place. Shapes: indices LongTensor[b], b =
+B/W. Never a DistributedSampler: its padding repeats samples and its positions depend on W.
 """
 
 from __future__ import annotations
@@ -40,7 +18,7 @@ Shard = tuple[int, int]  # (rank, world size)
 def steps_per_epoch(
     dataset: torch_data.Dataset[Any], *, batch_size: int, world_size: int = 1
 ) -> int:
-    """Optimizer steps in one epoch of `dataset` (see the module docstring for the last batch).
+    """Optimizer steps in one epoch of `dataset` (a trailing batch may be dropped: `_drops_last`).
 
     Args:
         dataset: the train split.
@@ -57,8 +35,9 @@ def global_batches(
 ) -> list[list[int]]:
     """The global batches of epoch `epoch`: lists of dataset indices, in training order.
 
-    The order depends only on (seed, epoch); with W > 1 a trailing batch too small to give
-    every rank its share is dropped (module docstring).
+    Epoch e is a permutation of the N samples seeded by (seed, e); global batch i holds
+    positions [i*B, (i+1)*B) of it. A trailing batch too small to give every rank its share is
+    dropped (`_drops_last`).
 
     Args:
         n: samples in the train split.
@@ -89,7 +68,7 @@ def check_shard(shard: Shard, *, batch_size: int | None = None) -> None:
 
     Raises:
         ValueError: world size < 1, rank outside [0, W), or batch_size not a multiple of W.
-            (`kiln_trainer.distributed.parallel.Context.local_batch_size` gives the user-facing message.)
+            (`parallel.Context.local_batch_size` gives the user-facing message.)
     """
     rank, world = shard
     if world < 1 or not 0 <= rank < world:
@@ -112,9 +91,10 @@ def train_batches(
 ) -> torch_data.DataLoader[Any]:
     """Shuffled mini-batches of epoch `epoch` for one rank, from global batch `start_batch` on.
 
-    The order depends only on (seed, epoch), so a resumed run sees the same batches; each rank
-    gets its contiguous share of every global batch (module docstring). A trailing batch of one
-    sample is dropped when batch_size > 1 (BatchNorm cannot train on it).
+    The order depends only on (seed, epoch), so a resumed run sees the same batches. Rank r
+    trains on the contiguous slice [r*B/W, (r+1)*B/W) of every global batch (B must be a
+    multiple of W), so the W ranks together see exactly the samples one process sees, in the
+    same steps.
 
     Args:
         dataset: the train split.
@@ -166,7 +146,9 @@ def eval_batches(
         batch_size: samples per batch (local).
         num_workers: DataLoader worker processes.
         shard: (rank, W): this rank takes the contiguous range `shard_bounds(N, shard)` of the
-            split; ranks may get different batch counts (module docstring).
+            split. Ranks may get batches of different sizes and counts, so only a forward
+            without collectives (the unwrapped model) may run on them; FSDP evaluates the whole
+            split on every rank (`parallel.Context.eval_shard`).
 
     Raises:
         ValueError: a bad shard.
@@ -181,6 +163,13 @@ def eval_batches(
 
 
 def _drops_last(n: int, batch_size: int, world_size: int) -> bool:
+    # A short last batch of R samples (when N > B) is split as evenly as possible (shards
+    # differ by at most one sample) and kept only when every rank gets at least min(2, B/W)
+    # samples, i.e. R >= W * min(2, B/W): BatchNorm cannot train on one sample. For W = 1 this
+    # drops a trailing batch of one sample when B > 1. So `steps_per_epoch` depends on W only
+    # when 2 <= R < 2W. On an uneven trailing batch, DDP's mean of per-rank mean gradients
+    # weights the samples of the smaller shards slightly more than one process would
+    # (relative error below W/R).
     trailing = n % batch_size
     return n > batch_size and 0 < trailing < world_size * min(2, batch_size // world_size)
 

@@ -1,54 +1,328 @@
 """Data-parallel execution for the trainer: one process, DDP or FSDP, under torchrun.
 
-`setup(parallelism, device_kind)` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT), joins the process group (gloo on CPU, NCCL on CUDA) and returns a
-`Context`; with one process (or parallelism "single") there is no process group and every
-collective of the context is the identity, so single, DDP and FSDP share one code path (STYLE
-B6).
-
-Semantics (issue 5 item 1). ``spec.training.batchSize`` is the *global* batch B: each of the W
-ranks trains on its contiguous B/W share of every global batch (`kiln_trainer.distributed.batching`), and
-DDP averages the ranks' gradients, so a step equals the single-process step on the same B
-samples up to float rounding. Caveat: BatchNorm normalises with per-rank batch statistics
-(B/W samples) in training mode, as in torchvision's reference recipe without ``--sync-bn``;
-SyncBatchNorm is not used (torch runs it on GPUs only), so nets with BatchNorm match the
-single process only approximately, and exactly when their BN layers are in eval mode.
-
-`Context` itself (wrapping after freezing decisions, full state for checkpoints and the zoo,
-the control collectives) lives in `kiln_trainer.distributed.ranks` and is re-exported here, so callers
-write `parallel.Context`.
-
-`launch_command` gives the one-node torchrun command; pods spanning nodes would add ``--nnodes
-N --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`` (the same
-environment reaches `setup`).
-
-Callers: `kiln_trainer.loop`, `kiln_trainer.checkpoint`, the local runner and the operator
-(`launch_command`). Non-goals: no tensor/pipeline parallelism, no mixed precision, no sharded
-(distributed-checkpoint) files, no multi-node launching here.
+`setup` builds this process's `Context` from torchrun's environment; with one process every
+collective of the context is the identity, so single, DDP and FSDP share one code path.
+Never here: tensor/pipeline parallelism, mixed precision, sharded checkpoint files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
-import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import distributed as dist
+from torch import nn
 
 from kiln_trainer import runtime
-from kiln_trainer.distributed import ranks
 
 _log = logging.getLogger(__name__)
 
 PARALLELISMS = ("single", "ddp", "fsdp")
 DEVICE_KINDS = ("cpu", "cuda")
 
+# Semantics: ``spec.training.batchSize`` is the *global* batch B. Each of the W ranks trains on
+# its contiguous B/W share of every global batch (`distributed.batching`), and DDP averages the
+# ranks' gradients, so a step equals the single-process step on the same B samples up to float
+# rounding. Caveat: BatchNorm normalises with per-rank batch statistics (B/W samples) in
+# training mode, as in torchvision's reference recipe without ``--sync-bn``; SyncBatchNorm is
+# not used (torch runs it on GPUs only), so nets with BatchNorm match the single process only
+# approximately, and exactly when their BN layers are in eval mode.
+#
+# Wrapping: DDP wraps the module *after* freezing decisions: its reducer takes only parameters
+# with ``requires_grad`` at construction, so `Context.rewrap` builds a new wrapper whenever the
+# frozen prefix changes (a stale reducer would wait for gradients that never come). FSDP uses
+# FSDP2 (`distributed.sharding`, imported on first use: it takes seconds to import), which
+# shards in place, so the optimizer must be built after `Context.wrap`; freezing needs no
+# re-wrap there, as FSDP2 reduces only the gradients that exist. Checkpoints and the zoo hold
+# full tensors keyed like a single process's ``state_dict()``, so any (parallelism, W) loads
+# any other's. Control messages (stop flags, reported losses, rank 0's decisions) use a CPU
+# gloo group, so they never force a CUDA synchronisation.
 
-# Re-export: the context `setup` returns (kiln_trainer.distributed.ranks).
-Context = ranks.Context
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """This process's place in the run, and the collectives between the ranks.
+
+    Attributes:
+        parallelism: "single", "ddp" or "fsdp" (effective: "single" whenever W = 1).
+        rank: global rank in [0, W).
+        world_size: W, processes in the run.
+        local_rank: rank on this node (picks the GPU).
+        device: where the model and batches go.
+        backend: "gloo", "nccl", or None without a process group.
+    """
+
+    parallelism: str = "single"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    backend: str | None = None
+    control_group: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes events, checkpoints, metrics and zoo records."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there are other ranks (W > 1)."""
+        return self.world_size > 1
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(rank, W) for `batching.train_batches`."""
+        return self.rank, self.world_size
+
+    @property
+    def eval_shard(self) -> tuple[int, int]:
+        """(rank, W) of the validation split this rank evaluates: its range under DDP; all of
+        it under FSDP, whose forward is collective and must run the same batches everywhere."""
+        return (self.rank, self.world_size) if self.parallelism == "ddp" else (0, 1)
+
+    def local_batch_size(self, batch_size: int) -> int:
+        """Samples per rank in a full global batch of `batch_size` (B/W).
+
+        Raises:
+            runtime.ConfigError: B is not a multiple of W.
+        """
+        if batch_size % self.world_size:
+            lower = batch_size - batch_size % self.world_size
+            options = ", ".join(str(b) for b in (lower, lower + self.world_size) if b > 0)
+            raise runtime.ConfigError(
+                f"spec.training.batchSize: {batch_size} is the global batch, which "
+                f"{self.world_size} {self.parallelism} processes cannot share evenly; use a "
+                f"multiple of {self.world_size} (e.g. {options}) or another process count")
+        return batch_size // self.world_size
+
+    # ------------------------------------------------------------------------------------------
+    # wrapping
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module to train: `model` itself (single), a DDP wrapper, or `model` sharded in
+        place by FSDP2. Call after freezing decisions and after every rank holds the same
+        weights (DDP broadcasts rank 0's; FSDP does not: see `broadcast_weights`).
+
+        Returns:
+            The wrapper; keep `model` (the unwrapped module) beside it for state dicts.
+        """
+        if not self.distributed:
+            return model
+        if self.parallelism == "fsdp":
+            from kiln_trainer.distributed import sharding
+            return sharding.shard(model, self.device, self.world_size)
+        if not any(p.requires_grad for p in model.parameters()):
+            _log.info("nothing to train in %s: no DDP wrapper", type(model).__name__)
+            return model  # DDP refuses a module without trainable parameters
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def rewrap(self, wrapped: nn.Module, module: nn.Module) -> nn.Module:
+        """The wrapper for `module` after ``requires_grad`` changed (freezing, unfreezing).
+
+        DDP gets a new wrapper over `module` (the raw model, or the trainable suffix behind a
+        frozen prefix), so frozen parameters leave its reducer; drop the old wrapper. FSDP2
+        keeps `wrapped`: it reduces only the gradients that exist.
+
+        Raises:
+            ValueError: under FSDP, `module` is not the sharded model (FSDP cannot shard a
+                module split off a sharded model; freeze by ``requires_grad`` only).
+        """
+        if not self.distributed:
+            return module
+        if self.parallelism == "fsdp":
+            if module is not wrapped:
+                raise ValueError("FSDP trains the whole sharded model: freeze its prefix by "
+                                 "requires_grad instead of training a split-off suffix")
+            return wrapped
+        return self.wrap(module)
+
+    def prepare_eval(self, wrapped: nn.Module, raw_model: nn.Module) -> nn.Module:
+        """The module to evaluate (collective under DDP and FSDP: every rank calls it).
+
+        DDP: `raw_model`, whose forward has no collectives (so ranks may run different batch
+        counts), with rank 0's buffers (BatchNorm statistics) copied to every rank first, so
+        all shards evaluate the weights rank 0 checkpoints. FSDP: `wrapped`. Single:
+        `raw_model`.
+        """
+        if self.parallelism == "fsdp" and self.distributed:
+            return wrapped
+        if self.distributed:
+            with torch.no_grad():
+                for buffer in raw_model.buffers():
+                    dist.broadcast(buffer, src=0)
+        return raw_model
+
+    def broadcast_weights(self, module: nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into `module` on every rank (collective).
+
+        Needed before FSDP's `wrap` when ranks may hold different weights (warm start done on
+        rank 0 only); DDP does this itself at construction.
+        """
+        if not self.distributed:
+            return
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    # ------------------------------------------------------------------------------------------
+    # full (unsharded) state for checkpoints and the zoo
+
+    def full_state_dict(self, wrapped: nn.Module, raw_model: nn.Module) -> dict[str, Any]:
+        """The model's full state dict (keys of ``raw_model.state_dict()``), for rank 0.
+
+        Collective under FSDP (every rank calls it): rank 0 gets full CPU tensors, the other
+        ranks an empty dict. Otherwise ``raw_model.state_dict()`` on every rank (no copy).
+        """
+        if self.parallelism != "fsdp" or not self.distributed:
+            return raw_model.state_dict()
+        from kiln_trainer.distributed import sharding
+        return sharding.full_model_state(wrapped)
+
+    def load_full_state_dict(
+        self, wrapped: nn.Module, raw_model: nn.Module, state: Mapping[str, Any]
+    ) -> None:
+        """Load a full state dict (any parallelism's) into the model; every rank passes it.
+
+        Before `wrap`, or outside FSDP, this is ``raw_model.load_state_dict(state)``; an
+        FSDP-sharded model keeps its shard of each tensor (collective).
+
+        Raises:
+            RuntimeError: missing or unexpected keys, or shapes that differ.
+        """
+        if self.parallelism != "fsdp" or not self.distributed:
+            raw_model.load_state_dict(state)
+            return
+        from kiln_trainer.distributed import sharding
+        sharding.load_full_model_state(wrapped, state)
+
+    def full_optimizer_state_dict(
+        self, wrapped: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
+        """The optimizer's full state in ``torch.optim.Optimizer.state_dict()`` form (integer
+        parameter ids in param-group order), for rank 0.
+
+        Collective under FSDP: rank 0 gets full CPU tensors, the other ranks an empty dict.
+        """
+        if self.parallelism != "fsdp" or not self.distributed:
+            return optimizer.state_dict()
+        from kiln_trainer.distributed import sharding
+        return sharding.full_optimizer_state(wrapped, optimizer)
+
+    def load_full_optimizer_state_dict(
+        self,
+        wrapped: nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        state: Mapping[str, Any],
+    ) -> None:
+        """Load a full optimizer state (integer ids, any parallelism's) on every rank.
+
+        Args:
+            wrapped: the sharded model the optimizer steps (FSDP; None elsewhere is fine).
+            optimizer: built over the model's (sharded) parameters.
+            state: ``Optimizer.state_dict()`` form, e.g. from `full_optimizer_state_dict`.
+
+        Raises:
+            ValueError: the state's parameter groups do not fit the optimizer's; FSDP without
+                `wrapped`.
+        """
+        if self.parallelism != "fsdp" or not self.distributed:
+            optimizer.load_state_dict(dict(state))
+            return
+        if wrapped is None:
+            raise ValueError("loading an optimizer state under FSDP needs the sharded model")
+        from kiln_trainer.distributed import sharding
+        sharding.load_full_optimizer_state(wrapped, optimizer, state)
+
+    # ------------------------------------------------------------------------------------------
+    # control collectives (CPU, gloo): identity with one process
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's `value` on every rank (e.g. its freezing boundary)."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0, group=self.control_group)
+        return int(tensor.item())
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's picklable `obj` on every rank (e.g. the warm-start record)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control_group)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, by rank, on every rank (e.g. RNG states)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control_group)
+        return out
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any (stop requests, time budgets), so all
+        ranks leave a training stretch after the same step."""
+        if not self.distributed:
+            return flag
+        tensor = torch.tensor([int(flag)], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.control_group)
+        return bool(tensor.item())
+
+    def agree(self, *, stop: bool, decision: int) -> tuple[bool, int]:
+        """One collective per training step: whether any rank's `stop` is set, and rank 0's
+        `decision` (e.g. its freezing boundary), on every rank.
+
+        Args:
+            stop: this rank wants the stretch to end (stop request, time budget).
+            decision: rank 0's value is returned; other ranks' values are ignored.
+
+        Raises:
+            ValueError: rank 0's `decision` is negative (the reduction needs >= 0).
+        """
+        if self.is_main and decision < 0:
+            raise ValueError(f"decision {decision}: must be >= 0")
+        if not self.distributed:
+            return stop, decision
+        tensor = torch.tensor([int(stop), decision if self.is_main else -1], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.control_group)
+        return bool(tensor[0].item()), int(tensor[1].item())
+
+    def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sums over the ranks (float64), on every rank."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(tensor, group=self.control_group)
+        return [float(v) for v in tensor.tolist()]
+
+    def all_reduce_mean(self, value: float) -> float:
+        """Mean of `value` over the ranks (e.g. the training loss for reports)."""
+        return self.all_reduce_sum([value])[0] / self.world_size
+
+    def sum_eval_shards(self, values: Sequence[float]) -> list[float]:
+        """Totals (loss sum, correct, count) over the validation shards: a sum under DDP, the
+        values themselves where every rank evaluated everything (`eval_shard`)."""
+        if self.eval_shard[1] > 1:
+            return self.all_reduce_sum(values)
+        return [float(v) for v in values]
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.distributed:
+            dist.barrier(group=self.control_group)
+
+    def shutdown(self) -> None:
+        """Leave the process group (idempotent; a no-op without one)."""
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def setup(
@@ -101,30 +375,6 @@ def setup(
     control = dist.new_group(backend="gloo") if backend != "gloo" else None
     _log.info("rank %d of %d (%s, %s on %s)", rank, world, parallelism, backend, device)
     return Context(parallelism, rank, world, local_rank, device, backend, control)
-
-
-def launch_command(k: int, argv: Sequence[str], *, python: str = sys.executable) -> list[str]:
-    """The command that runs the trainer with `k` processes on this machine.
-
-    k = 1: ``python -m kiln_trainer ARGV``; k > 1: ``python -m torch.distributed.run
-    --standalone --nproc-per-node k -m kiln_trainer ARGV`` (torchrun with a private rendezvous
-    on a free port, so concurrent jobs do not collide). Only rank 0 writes the JSON-lines
-    events, and torchrun passes the workers' stdout through, so the runner reads it as usual.
-
-    Args:
-        k: processes (GPUs, or CPU worker slots).
-        argv: the trainer's arguments (e.g. ``["--job", "job.yaml", "--parallelism", "ddp"]``).
-        python: the interpreter (default: this one).
-
-    Raises:
-        ValueError: k < 1.
-    """
-    if k < 1:
-        raise ValueError(f"k: {k} processes; need at least 1")
-    if k == 1:
-        return [python, "-m", "kiln_trainer", *argv]
-    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(k),
-            "-m", "kiln_trainer", *argv]
 
 
 # ----------------------------------------------------------------------------------------------

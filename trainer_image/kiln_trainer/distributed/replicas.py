@@ -1,14 +1,6 @@
-"""Checks on the data-parallel replicas of the default loop: what DDP reduces, whether they agree.
+"""Checks on DDP's replicas: what its reducer holds, and whether the ranks still agree.
 
-DDP keeps W replicas of the model bit-identical by averaging their gradients, but only over the
-parameters its reducer registered when the wrapper was built; `describe` logs that set after
-every (re)wrap, so a frozen prefix is seen to leave it (issue 4). `check` compares a digest of
-every rank's parameters at each checkpoint: a difference means the ranks went different ways
-(a rank-dependent decision, a non-deterministic kernel), and rank 0 warns, since checkpoints
-and zoo records keep rank 0's weights.
-
-Callers: `kiln_trainer.loop`. Non-goals: no repair of diverged replicas, no FSDP shards (their
-parameters differ by design).
+Never repairs diverged replicas; FSDP shards are out of scope (they differ by design).
 """
 
 from __future__ import annotations
@@ -25,7 +17,11 @@ _log = logging.getLogger(__name__)
 
 
 def describe(model: nn.Module, step: int) -> nn.Module:
-    """Log what a DDP wrapper's reducer holds (INFO: tensors and bytes); returns `model`."""
+    """Log what a DDP wrapper's reducer holds (INFO: tensors and bytes); returns `model`.
+
+    DDP averages gradients only over the parameters its reducer registered when the wrapper was
+    built; logging that set after every (re)wrap shows a frozen prefix leaving it.
+    """
     if isinstance(model, nn.parallel.DistributedDataParallel):
         reducer = model._get_ddp_logging_data()  # type: ignore[no-untyped-call]
         _log.info("step %d: DDP over %s; its reducer holds %d parameter tensors (%d bytes)",
@@ -47,7 +43,9 @@ def check(ctx: parallel.Context, raw_model: nn.Module, step: int) -> bool:
     """Whether every rank holds the same parameters as rank 0 (collective under DDP).
 
     Rank 0 logs the outcome after step `step`: INFO with the digest when they agree, a
-    WARNING naming the differing ranks when not. Without DDP replicas: True, no collective.
+    WARNING naming the differing ranks when not (a rank-dependent decision or a
+    non-deterministic kernel; checkpoints and zoo records keep rank 0's weights). Without DDP
+    replicas: True, no collective.
     """
     if ctx.parallelism != "ddp" or not ctx.distributed:
         return True

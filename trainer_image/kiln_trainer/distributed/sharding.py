@@ -1,24 +1,8 @@
 """FSDP2 for the trainer: shard a model by its natural blocks; full state in and out.
 
-`shard` applies ``torch.distributed.fsdp.fully_shard`` (FSDP2, per-parameter DTensor
-sharding over a 1-D device mesh of the W ranks) to each natural block of the model
-(`models.natural_blocks`: stem, residual blocks or transformer layers, head), deepest first,
-then to the root, which takes the parameters no block owns. It works in place: the model's
-parameters become DTensor shards, so an optimizer must be built afterwards. FSDP2 runs on the
-CPU with gloo in torch 2.14; FSDP1 (``FullyShardedDataParallel``) refuses the CPU.
-
-Full state: `full_model_state` and `full_optimizer_state` gather unsharded CPU tensors on rank
-0 (the other ranks get an empty dict), keyed like a single process's ``state_dict()``: model
-keys unchanged, optimizer states under integer parameter ids numbered across the param groups
-in order. `load_full_model_state` and `load_full_optimizer_state` take such a dict on every
-rank and keep each rank's shard. So checkpoints and zoo weights do not depend on W or on the
-parallelism. Caveat: loading an optimizer state into FSDP first initialises the optimizer by a
-zero-learning-rate step (torch's ``set_optimizer_state_dict``), so parameters absent from the
-loaded state (never stepped, e.g. frozen since the start) begin with a step count of 1.
-
-Callers: `kiln_trainer.distributed.parallel` only (imported on first FSDP use). Non-goals: no sharded
-checkpoint files (torch.distributed.checkpoint save/load), no mixed precision, no CPU offload
-of parameters.
+Full state is keyed like a single process's ``state_dict()``, so checkpoints and zoo weights do
+not depend on W or on the parallelism. Never here: sharded checkpoint files, mixed precision,
+CPU offload of parameters.
 """
 
 from __future__ import annotations
@@ -44,7 +28,11 @@ _SCATTER = dcp.StateDictOptions(full_state_dict=True)
 def shard(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
     """Shard `model` in place over `world_size` ranks on `device`'s kind; returns `model`.
 
-    Every rank must hold the same weights first (FSDP2 shards what each rank has).
+    ``fully_shard`` (FSDP2, per-parameter DTensor sharding over a 1-D mesh) goes on each
+    natural block (`models.natural_blocks`), deepest first, then on the root, which takes the
+    parameters no block owns. The parameters become DTensor shards, so build the optimizer
+    afterwards. FSDP2 runs on the CPU with gloo; FSDP1 refuses the CPU. Every rank must hold
+    the same weights first (FSDP2 shards what each rank has).
     """
     mesh = device_mesh.init_device_mesh(device.type, (world_size,))
     blocks = sorted(models.natural_blocks(model), key=lambda name: -name.count("."))
@@ -84,6 +72,10 @@ def load_full_optimizer_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
 ) -> None:
     """Load a full optimizer state (integer ids), passed on every rank; collective.
+
+    torch's ``set_optimizer_state_dict`` first initialises the optimizer by a zero-learning-rate
+    step, so parameters absent from `state` (never stepped, e.g. frozen since the start) begin
+    with a step count of 1.
 
     Raises:
         ValueError: the state's parameter groups do not fit the optimizer's.

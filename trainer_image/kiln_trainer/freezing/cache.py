@@ -1,18 +1,8 @@
-"""Cache of frozen-prefix outputs, and a background reader that serves batches ahead of use.
+"""Cache of frozen-prefix outputs (fp16, RAM or a memory-mapped file), and a prefetching reader.
 
-Role: once Egeria freezes a front prefix of k blocks (Wang et al., EuroSys 2023, section 4
-"caching frozen-layer outputs"; /work/shared/research/egeria.md section 4), the prefix maps a
-sample to the same boundary activation every epoch, provided the input pipeline is
-deterministic (no random augmentation) and the prefix runs in eval mode. `ActivationCache`
-keeps those activations in fp16, keyed by dataset index: in host RAM while the whole table fits
-`memory_limit_bytes`, otherwise in a numpy memmap file on local disk. The first epoch after a
-boundary move fills it as a side effect of the normal forward; later epochs skip the prefix.
-`Prefetcher` reads the next batches in a background thread and looks each one up in the cache,
-so training does not wait for the loader or the memmap.
-
-Callers: the freezing controller and the training loop. Non-goals: no policy on when caching is
-valid (the caller decides, e.g. off with augmentation), no GPU copies (the loop moves tensors),
-no compression. Shapes: B batch, N dataset samples, ... the per-sample activation shape.
+Egeria (Wang et al., EuroSys'23, section 4) caches frozen-layer outputs: with deterministic
+inputs a frozen prefix maps a sample to the same activation every epoch. The caller decides
+when caching is valid (e.g. off with augmentation). Shapes: B batch, N dataset samples.
 """
 
 from __future__ import annotations

@@ -1,46 +1,16 @@
-"""The freezing controller: when to freeze which front modules, and what that changes (Egeria).
+"""The freezing controller: when to freeze which front blocks, and what that changes (Egeria).
 
-Egeria (Wang et al., EuroSys'23, §3–§4; digest ../shared/research/egeria.md §1–§4) freezes a
-contiguous front prefix of a model's natural blocks once their *plasticity* — the SP loss between
-the training model's and a quantized reference snapshot's activations on a fixed probe batch —
-has stopped changing. `Freezer` runs that policy around any training loop:
-
-* every ``check_every_steps`` it takes the training model's block activations on the probe batch
-  (eval mode, no grad) and hands them to the `reference.ReferenceWorker` (another process; a busy
-  worker drops the probe, training never waits);
-* results are EMA-smoothed per block; a reference *cycle* is ``window`` results, after which the
-  reference is refreshed from the current weights; a block has converged in a cycle when its
-  plasticity stopped growing within it (`plasticity.ConvergenceDetector`: normalised slope under
-  ``tolerance``) or fell to ``tolerance`` times its peak (`convergence.Convergence` says why);
-  the front-most active block freezes after ``patience`` converged cycles in a row;
-* freezing block k sets ``requires_grad=False`` on its parameters, drops their ``.grad``, keeps
-  its BatchNorm/dropout in eval mode (`train_mode`), and — where the model splits at the
-  boundary (`partition.Partition.split`) — trains only the suffix, feeding it the prefix's
-  output computed under ``no_grad`` or read from the `cache.ActivationCache`;
-* never the head, never more than ``max_frozen_fraction`` of the blocks, nothing before the
-  bootstrap steps (learning-rate warm-up or 10% of the budget) are over;
-* a learning-rate drop to ``unfreeze_lr_ratio`` of the rate at the last freeze unfreezes every
-  block, clears the re-activated parameters' optimizer state (momentum, Adam moments), resets
-  the histories and refreshes the reference.
-
-Under data parallelism (DDP) every rank calls the same methods at the same steps. Only rank 0
-(``main=True``) runs the reference worker and takes decisions; the other ranks are followers
-(``main=False``): they keep no plasticity and take rank 0's boundary. `after_step` asks `agree`
-(rank 0's value broadcast, `kiln_trainer.distributed.parallel`) for it at every probe step; a loop that
-already has one collective per step (`kiln_trainer.loop`) calls the two halves instead,
-``apply(agreed(propose(step, lr=...)), step)``, and carries rank 0's proposal in it. Both make
-the boundary identical on every rank at the same step; after a change every rank re-wraps
-`trainable_module()`.
-
-Callers: `kiln_trainer.loop`; users' own loops (see the README's trainer section).
-Non-goals: non-contiguous freezing, per-parameter freezing, freezing the head.
+`Freezer` runs Egeria's policy (Wang et al., EuroSys'23, sections 3-4) around any training loop:
+it probes plasticity, freezes a contiguous front prefix of blocks once it has converged, and
+unfreezes everything on a learning-rate drop. Never freezes the head or non-contiguous blocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import torch
@@ -50,16 +20,66 @@ from kiln import api
 from kiln_trainer.freezing import cache as activation_cache
 from kiln_trainer.freezing import convergence, reference
 from kiln_trainer.freezing import partition as partitions
-from kiln_trainer.freezing import settings as freezing_settings
 
 _log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "freezing"  # the Freezer's state_dict inside a trainer checkpoint
 
-# The knobs and the probe batch live in `freezing.settings`; kept reachable from here, where
-# users of the Freezer look for them.
-Settings = freezing_settings.Settings
-probe_batch = freezing_settings.probe_batch
+# Probes closer than this cost more than they tell: measured on digits (23 steps per epoch),
+# a probe every 2 steps slowed training by a third when nothing froze, one every 8 by 8%.
+MIN_PROBE_SPACING_STEPS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The policy's knobs, resolved from a job (`api.FreezingSpec` says what each means);
+    steps are optimizer steps."""
+
+    check_every_steps: int
+    window: int = 5
+    tolerance: float = 0.1
+    peak_fraction: float = 0.1
+    patience: int = 2
+    probe_batch_size: int = 32
+    max_frozen_fraction: float = 0.8
+    reference: str = "auto"
+    reference_threads: int = 1
+    cache: bool = False
+    cache_memory_bytes: int = 1 << 30
+    bootstrap_steps: int = 0
+    unfreeze_lr_ratio: float = 0.5
+
+    @classmethod
+    def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
+        """Settings for a job: default cadence 8 probes per epoch, at least
+        `MIN_PROBE_SPACING_STEPS` apart; bootstrap = warm-up epochs
+        or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
+        the unfreeze ratio catches every decay of a step schedule (its gamma) and halvings of
+        other schedules."""
+        f, training = spec.freezing, spec.training
+        schedule = training.lr_schedule
+        ratio = 0.5
+        if schedule.name == api.ScheduleName.STEP:
+            ratio = max(0.5, schedule.gamma) * (1 + 1e-6)
+        return cls(
+            check_every_steps=f.check_every_steps or max(MIN_PROBE_SPACING_STEPS,
+                                                        steps_per_epoch // 8),
+            window=f.window, tolerance=f.tolerance, peak_fraction=f.peak_fraction,
+            patience=f.patience,
+            probe_batch_size=f.probe_batch_size, max_frozen_fraction=f.max_frozen_fraction,
+            reference=f.reference.value, reference_threads=f.reference_threads,
+            cache=(f.cache == api.CacheMode.AUTO
+                   and spec.dataset.augmentation == api.Augmentation.NONE),
+            cache_memory_bytes=f.cache_memory_mib << 20,
+            bootstrap_steps=max(schedule.warmup_epochs * steps_per_epoch,
+                                math.ceil(0.1 * training.epochs * steps_per_epoch)),
+            unfreeze_lr_ratio=ratio)
+
+
+def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch.Tensor:
+    """The fixed probe batch: the first `size` samples of `samples` (the validation split,
+    which is never augmented), stacked into Tensor[b, ...]."""
+    return torch.stack([samples[i][0] for i in range(min(size, len(samples)))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +97,32 @@ class Event:
 
 
 class Freezer:
-    """Egeria's freezing policy for one model (see the module docstring).
+    """Egeria's freezing policy for one model.
+
+    * Every ``check_every_steps`` it takes the training model's block activations on the probe
+      batch (eval mode, no grad) and hands them to the `reference.ReferenceWorker` (another
+      process; a busy worker drops the probe, training never waits). Plasticity is the SP loss
+      between those activations and a quantized reference snapshot's.
+    * A reference *cycle* is ``window`` results, after which the reference is refreshed from
+      the current weights; `convergence.Convergence` says when a block has converged in a
+      cycle. The front-most active block freezes after ``patience`` converged cycles in a row.
+    * Freezing block k sets ``requires_grad=False`` on its parameters, drops their ``.grad``,
+      keeps its BatchNorm/dropout in eval mode (`train_mode`), and, where the model splits at
+      the boundary (`partition.Partition.split`), trains only the suffix, feeding it the
+      prefix's output computed under ``no_grad`` or read from the `cache.ActivationCache`.
+    * Never the head, never more than ``max_frozen_fraction`` of the blocks, nothing before
+      the bootstrap steps (learning-rate warm-up or 10% of the budget) are over.
+    * A learning-rate drop to ``unfreeze_lr_ratio`` of the rate at the last freeze unfreezes
+      every block, clears the re-activated parameters' optimizer state, resets the histories
+      and refreshes the reference.
+
+    Under DDP every rank calls the same methods at the same steps. Only rank 0 (``main=True``)
+    runs the reference worker and decides; the other ranks keep no plasticity and take rank
+    0's boundary. `after_step` asks `agree` (rank 0's value broadcast) for it at every probe
+    step; a loop that already has one collective per step (`kiln_trainer.loop`) calls the two
+    halves instead, ``apply(agreed(propose(step, lr=...)), step)``. Either way the boundary is
+    identical on every rank at the same step; after a change every rank re-wraps
+    `trainable_module()`.
 
     Args:
         model: the unwrapped training model (on its training device).
@@ -109,7 +154,7 @@ class Freezer:
         self._version, self._results_in_cycle, self._probe_id = 0, 0, 0
         self.convergence = convergence.Convergence(
             blocks[:-1], window=settings.window, tolerance=settings.tolerance,
-            patience=settings.patience)
+            peak_fraction=settings.peak_fraction, patience=settings.patience)
         self._skipped_flops_sum, self._steps = 0.0, 0
         # seconds and count of steps without / with a frozen prefix, for `saved_seconds`
         self._step_seconds = {False: [0.0, 0.0], True: [0.0, 0.0]}

@@ -1,22 +1,7 @@
 """Per-block convergence of plasticity across reference cycles (Egeria's freezing test).
 
-A *cycle* is the stretch between two refreshes of the reference model. Within it, each block's
-plasticity answers are EMA-smoothed (`plasticity.Ema`) and fed to a windowed slope test
-(`plasticity.ConvergenceDetector`, window = the cycle). When the cycle closes, a block counts as
-converged for that cycle when either
-
-* its plasticity stopped growing within the cycle (normalised slope under ``tolerance``: the
-  drift since the refresh is lost in the quantization noise — the research digest's rule), or
-* its cycle plasticity — the smoothed drift over one cycle's steps — fell to ``tolerance``
-  times its highest value since the last reset: the representation now moves at a tenth (by
-  default) of its most plastic pace.
-
-The second test is scale-free like the first and, unlike it, does not wait for the learning
-rate to vanish: measured on digits, the slope test alone fired only in the last tenth of a
-cosine schedule, because any block that still moves drifts linearly away from a fresh
-snapshot. A block freezes after ``patience`` converged cycles in a row (the controller decides).
-
-Callers: `freezing.controller.Freezer`. Non-goals: no decisions about which block freezes.
+A *cycle* is the stretch between two refreshes of the reference model. This module only says
+which blocks converged; which block freezes is `freezing.controller`'s decision.
 """
 
 from __future__ import annotations
@@ -25,22 +10,28 @@ from collections.abc import Mapping, Sequence
 
 from kiln_trainer.freezing import plasticity
 
-EMA_ALPHA = 0.8  # weight of the history in the per-cycle smoothing (digest: 0.8-0.9)
+EMA_ALPHA = 0.8  # weight of the history in the per-cycle smoothing (Egeria uses 0.8-0.9)
 
 
 class Convergence:
     """Convergence state of the freezable blocks (all but the head), in forward order.
 
+    Each block's answers are EMA-smoothed (`plasticity.Ema`) and fed to a windowed slope test
+    (`plasticity.ConvergenceDetector`, window = the cycle); `close_cycle` applies the slope and
+    peak tests.
+
     Args:
         blocks: names of the freezable blocks.
         window: answers per cycle (the slope test's window).
-        tolerance: threshold of both tests (dimensionless).
+        tolerance: the slope test's threshold on the normalised slope (dimensionless).
+        peak_fraction: the peak test's threshold, a fraction of the block's peak plasticity.
         patience: converged cycles in a row before `close_cycle` reports True.
     """
 
     def __init__(self, blocks: Sequence[str], *, window: int, tolerance: float,
-                 patience: int) -> None:
-        self.blocks, self.tolerance, self.patience = tuple(blocks), tolerance, patience
+                 peak_fraction: float, patience: int) -> None:
+        self.blocks, self.patience = tuple(blocks), patience
+        self.tolerance, self.peak_fraction = tolerance, peak_fraction
         self._emas = [plasticity.Ema(EMA_ALPHA) for _ in self.blocks]
         self._detectors = [plasticity.ConvergenceDetector(window, tolerance, 1)
                            for _ in self.blocks]
@@ -65,8 +56,15 @@ class Convergence:
                 continue
             change = self._detectors[i].last_change
             self._peaks[i] = max(self._peaks[i], value)
+            # Converged when either test holds. The slope test: plasticity stopped growing
+            # within the cycle (the drift since the refresh is lost in the quantization noise).
+            # The peak test: the cycle plasticity fell to `peak_fraction` of its peak. It is
+            # scale-free like the first and, unlike it, does not wait for the learning rate to
+            # vanish: measured on digits, the slope test alone fired only in the last tenth of a
+            # cosine schedule, because a block that still moves drifts linearly away from a
+            # fresh snapshot.
             flat = (change is not None and change < self.tolerance) or \
-                value <= self.tolerance * self._peaks[i]
+                value <= self.peak_fraction * self._peaks[i]
             self._streaks[i] = self._streaks[i] + 1 if flat else 0
         return first_active < len(self.blocks) and \
             self._streaks[first_active] >= self.patience

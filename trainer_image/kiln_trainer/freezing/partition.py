@@ -1,43 +1,81 @@
-"""Where a model can be cut for Egeria layer freezing: blocks, parameters, FLOPs, fx splits.
+"""Where a model can be cut for layer freezing: blocks, their parameters and FLOPs, fx splits.
 
-Role: Egeria (Wang et al., EuroSys 2023, section 3; /work/shared/research/egeria.md sections 3
-and 4) freezes a contiguous front prefix of a model's natural blocks (`models.natural_blocks`:
-stem, residual blocks or transformer layers, head last). This module answers, for a prefix of
-k blocks: which parameters and modules to freeze (`Partition.params`, `Partition.modules`),
-what it saves (`Partition.flops`, `Partition.backward_flops_fraction`), and how to run the
-frozen prefix apart from the trainable suffix so its outputs can be cached (`Partition.split`).
-`extractor` returns every block's activation for the plasticity probes, and `flatten` shrinks
-an activation to a small fp32 matrix for the SP loss (`plasticity.sp_loss`).
-
-Callers: the freezing controller, `reference.ReferenceWorker` (`extractor`, `flatten`), the
-activation cache's users. Non-goals: no freezing policy (when to freeze), no optimizer or DDP
-handling, no I/O. Shapes: b batch, C channels, H height, W width, T tokens, D width, d features.
-The torch.fx work (tracing with blocks as leaves, checks, parameter ownership, the cut) is in
-`splitting`, FLOP counting in `flops`.
+Egeria (Wang et al., EuroSys'23, section 3) freezes a contiguous front prefix of a model's
+natural blocks (`models.natural_blocks`, head last). Never a freezing policy (when to freeze).
+Shapes: b batch, C channels, H height, W width, T tokens, D width, d features.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.utils import flop_counter
 from torchvision.models import feature_extraction
 
 from kiln import models
-from kiln_trainer.freezing import flops, splitting
+
+# What torch.fx raises on a forward it cannot trace: control flow on a traced value (TraceError),
+# an op that rejects a Proxy (TypeError), shape logic that needs real sizes, and so on.
+TRACE_ERRORS = (
+    torch.fx.proxy.TraceError,
+    TypeError,
+    RuntimeError,
+    AttributeError,
+    NotImplementedError,
+    ValueError,
+    KeyError,
+    IndexError,
+)
+
+
+class Unpartitionable(ValueError):
+    """The model cannot be split into a freezable front prefix; the job trains without freezing.
+
+    Args:
+        model_name: the model's class name.
+        reason: why, e.g. "it has 1 natural block(s); freezing needs 2".
+
+    Attributes:
+        model_name: as given.
+        reason: as given.
+    """
+
+    def __init__(self, model_name: str, reason: str) -> None:
+        super().__init__(
+            f"cannot freeze layers of {model_name}: {reason}; the job trains without freezing"
+        )
+        self.model_name = model_name
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A model cut at a block boundary: `suffix(prefix(x))` computes `model(x)`, op for op.
+
+    Both are torch.fx GraphModules holding the model's own submodules and parameters (nothing
+    is copied). `prefix.eval()` therefore also puts the model's prefix layers in eval mode,
+    which freezing wants anyway (BatchNorm statistics of frozen blocks must stop moving).
+
+    Attributes:
+        prefix: blocks [0, k) and the parameter-free glue right after block k-1 (activation,
+            pooling, flatten); forward(*model inputs) -> the boundary Tensor[b, ...].
+        suffix: everything else; forward(boundary) -> the model's output.
+        boundary: the fx name of the value that crosses (for logs), e.g. "maxpool".
+    """
+
+    prefix: nn.Module
+    suffix: nn.Module
+    boundary: str
+
 
 #: `flatten` pools image maps to at most this many positions per side (4 x 4 = 16 per channel).
 MAX_SPATIAL = 4
 #: `flatten` pools token sequences to at most this many positions.
 MAX_TOKENS = 8
-
-# Re-exports: callers (the freezing controller, the trainer loop, tests) write `partition.X`.
-TRACE_ERRORS = splitting.TRACE_ERRORS
-Unpartitionable = splitting.Unpartitionable
-Split = splitting.Split
-
 
 def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
     """A module returning the output of every natural block but the last (the head).
@@ -75,16 +113,16 @@ def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
             model.get_submodule(block)
         except AttributeError as error:
             raise Unpartitionable(name, f"block {block!r} is no submodule ({error})") from error
-    modes = splitting.modes(model)
+    saved_modes = modes(model)
     try:
         module: nn.Module = feature_extraction.create_feature_extractor(
             model, return_nodes={block: block for block in blocks[:-1]}
         )
         return module
-    except splitting.TRACE_ERRORS as error:
+    except TRACE_ERRORS as error:
         raise Unpartitionable(name, f"torch.fx cannot trace its forward ({error})") from error
     finally:
-        splitting.restore_modes(modes)  # torchvision resets every layer to the root's mode
+        restore_modes(saved_modes)  # torchvision resets every layer to the root's mode
 
 
 def flatten(t: torch.Tensor) -> torch.Tensor:
@@ -156,7 +194,7 @@ class Partition:
         self._model, self._graph, self._block_nodes = model, graph, block_nodes
         self._params, self._mode_dependent = params, mode_dependent
         self._splits: dict[int, Split | str] = {}
-        counted = flops.count_flops(model, blocks, example)
+        counted = count_flops(model, blocks, example)
         self.flops, self.backward_flops, self.flops_source = counted[0], counted[1], counted[2]
         self._backward_total_flops = counted[3]
 
@@ -189,9 +227,9 @@ class Partition:
             nested = [other for other in blocks if other.startswith(block + ".")]
             if nested:
                 raise Unpartitionable(name, f"blocks {nested} lie inside block {block!r}")
-        graph, mode_dependent = splitting.trace(model, blocks)
-        block_nodes = splitting.block_calls(name, graph, blocks)
-        params = splitting.assign_params(name, model, blocks, block_nodes, graph)
+        graph, mode_dependent = trace(model, blocks)
+        block_nodes = block_calls(name, graph, blocks)
+        params = assign_params(name, model, blocks, block_nodes, graph)
         return cls(
             model=model,
             blocks=blocks,
@@ -217,7 +255,7 @@ class Partition:
         """Share of the model's backward FLOPs that a frozen prefix of k blocks skips, in [0, 1].
 
         With the prefix frozen autograd stops at the boundary: the prefix needs neither weight
-        gradients nor input gradients (Egeria section 3; egeria.md section 3). Measured:
+        gradients nor input gradients (Egeria section 3). Measured:
         sum(backward_flops[:k]) / the whole backward, where the first block usually costs 1x
         its forward (no input gradient: the input needs none) and the others about 2x. If the
         measurement failed (`flops_source` "estimated"), backward = 2 x forward per block and
@@ -244,7 +282,7 @@ class Partition:
         """
         self._check(k, 1, len(self.blocks) - 1)
         if k not in self._splits:
-            self._splits[k] = splitting.cut(self._model, self._graph, self.blocks,
+            self._splits[k] = cut(self._model, self._graph, self.blocks,
                                             self._block_nodes, k,
                                             mode_dependent=self._mode_dependent)
         result = self._splits[k]
@@ -260,3 +298,288 @@ class Partition:
             raise ValueError(
                 f"k must be in [{low}, {high}] for {len(self.blocks)} blocks (got {k})"
             )
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.fx: trace with blocks as leaves, check that they run once each, in order, as units;
+# give every parameter to the block that freezing it must stop; cut the graph after a block
+
+
+def cut(model: nn.Module, graph: fx.Graph, blocks: Sequence[str],
+        block_nodes: Sequence[fx.Node], k: int, *, mode_dependent: bool) -> Split | str:
+    """The traced `graph` cut after block k-1 and its parameter-free glue, or why not.
+
+    Args:
+        model: the model `graph` was traced from (`trace`).
+        graph: its eval-mode graph, blocks as leaves.
+        blocks: natural block names, head last.
+        block_nodes: each block's call node (`block_calls`).
+        k: blocks in the prefix, 1 <= k <= len(blocks) - 1.
+        mode_dependent: the forward traces differently in train and eval mode.
+
+    Returns:
+        The `Split`, or a sentence saying why the prefix output is not one cacheable tensor.
+    """
+    after = f"after block {blocks[k - 1]!r}"
+    if mode_dependent:
+        return f"cannot cut {after}: the top-level forward differs between train and eval mode"
+    boundary = _glue_end(model, block_nodes[k - 1], set(block_nodes))
+    inside = _ancestors(boundary)
+    unfed = [b for b, n in zip(blocks[:k], block_nodes[:k]) if n not in inside]
+    if unfed:
+        return f"cannot cut {after}: block(s) {unfed} do not feed its output"
+    crossing, copied = [], []
+    for node in graph.nodes:
+        # A value of the prefix side (or a model input) that the suffix also reads.
+        before = node in inside or node.op == "placeholder"
+        if node is boundary or not before or all(user in inside for user in node.users):
+            continue
+        if node in inside and node.op == "get_attr" and not _is_parameter(model, node):
+            copied.append(node)  # a buffer or constant: both sides may read it
+        else:
+            crossing.append(node.name)
+    if crossing:
+        return (
+            f"cannot cut {after}: {len(crossing) + 1} values cross the boundary "
+            f"({[boundary.name, *crossing]}; a skip connection, or the input or a parameter "
+            "used on both sides), so the prefix output is not one cacheable tensor"
+        )
+    prefix, env = fx.Graph(), dict[fx.Node, fx.Node]()
+    for node in graph.nodes:
+        if node.op == "placeholder" or node in inside:
+            env[node] = prefix.node_copy(node, env.__getitem__)
+    prefix.output(env[boundary])
+    suffix = fx.Graph()
+    env = {boundary: suffix.placeholder("boundary")}
+    for node in copied:
+        env[node] = suffix.node_copy(node, env.__getitem__)
+    for node in graph.nodes:
+        if node.op != "placeholder" and node not in inside:
+            env[node] = suffix.node_copy(node, env.__getitem__)
+    return Split(
+        prefix=fx.GraphModule(model, prefix, class_name="FrozenPrefix"),
+        suffix=fx.GraphModule(model, suffix, class_name="TrainableSuffix"),
+        boundary=boundary.name,
+    )
+
+
+class _BlockTracer(fx.Tracer):
+    """torch.fx tracer that keeps every natural block as one call (a leaf)."""
+
+    def __init__(self, blocks: Sequence[str]) -> None:
+        super().__init__()
+        self.block_names = frozenset(blocks)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.block_names or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+
+def trace(model: nn.Module, blocks: Sequence[str]) -> tuple[fx.Graph, bool]:
+    """The eval-mode graph with blocks as leaves, and whether train mode traces differently."""
+    saved = modes(model)
+    graphs = []
+    try:
+        for training in (True, False):
+            model.train(training)
+            graphs.append(_BlockTracer(blocks).trace(model))
+    except TRACE_ERRORS as error:
+        raise Unpartitionable(
+            type(model).__name__, f"torch.fx cannot trace its forward ({error})"
+        ) from error
+    finally:
+        restore_modes(saved)
+    return graphs[1], str(graphs[0]) != str(graphs[1])
+
+
+def block_calls(name: str, graph: fx.Graph, blocks: Sequence[str]) -> tuple[fx.Node, ...]:
+    """The one call node of each block, checking the blocks run once each, in order, as units."""
+    calls: dict[str, list[fx.Node]] = {block: [] for block in blocks}
+    for node in graph.nodes:
+        if node.op == "call_module" and node.target in calls:
+            calls[str(node.target)].append(node)
+        elif node.op in ("call_module", "get_attr"):
+            owner = _owner(str(node.target), blocks)
+            if owner is not None:
+                raise Unpartitionable(
+                    name, f"{node.target!r} of block {owner!r} is used outside the block's forward"
+                )
+    for block, nodes in calls.items():
+        if len(nodes) != 1:
+            raise Unpartitionable(
+                name, f"block {block!r} is called {len(nodes)} times as a unit (needs exactly 1)"
+            )
+    order = [str(n.target) for n in graph.nodes if n.op == "call_module" and n.target in calls]
+    if order != list(blocks):
+        raise Unpartitionable(name, f"its forward runs the blocks in the order {order}")
+    return tuple(calls[block][0] for block in blocks)
+
+
+def assign_params(
+    name: str,
+    model: nn.Module,
+    blocks: Sequence[str],
+    block_nodes: Sequence[fx.Node],
+    graph: fx.Graph,
+) -> tuple[tuple[nn.Parameter, ...], ...]:
+    """Each block's parameters; parameters of no block join the first block that uses them."""
+    groups: list[list[nn.Parameter]] = []
+    owner_of: dict[int, str] = {}
+    for block in blocks:
+        groups.append([])
+        for param in model.get_submodule(block).parameters():
+            if id(param) in owner_of:
+                raise Unpartitionable(
+                    name,
+                    f"blocks {owner_of[id(param)]!r} and {block!r} share a parameter (tied "
+                    "weights), so freezing the first would also freeze the second",
+                )
+            owner_of[id(param)] = block
+            groups[-1].append(param)
+    index = {node: i for i, node in enumerate(block_nodes)}
+    for param_name, param in model.named_parameters():
+        if id(param) not in owner_of:
+            users = [
+                node
+                for node in graph.nodes
+                if node.op in ("get_attr", "call_module")
+                and (param_name == node.target or param_name.startswith(f"{node.target}."))
+            ]
+            fed = [_first_block_fed(node, index, len(blocks) - 1) for node in users]
+            groups[min(fed, default=0)].append(param)
+    return tuple(tuple(group) for group in groups)
+
+
+def _first_block_fed(start: fx.Node, index: dict[fx.Node, int], default: int) -> int:
+    """The lowest block index reached from `start` along data flow (`default` if none)."""
+    best, stack, seen = default, [start], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in index and node is not start:
+            best = min(best, index[node])
+        else:
+            stack.extend(node.users)
+    return best
+
+
+def _glue_end(model: nn.Module, node: fx.Node, block_nodes: set[fx.Node]) -> fx.Node:
+    """Follow `node` through glue that is a function of it alone (ReLU, pooling, flatten).
+
+    Stops at a block, at an op with more inputs or users, at dropout (training semantics), and
+    at a module holding parameters or buffers (they must stay trainable or in their mode).
+    """
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        if user in block_nodes or user.op not in ("call_function", "call_method", "call_module"):
+            break
+        if user.all_input_nodes != [node] or "dropout" in str(user.target).lower():
+            break
+        if user.op == "call_module":
+            module = model.get_submodule(str(user.target))
+            stateful = any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+            if stateful or "dropout" in type(module).__name__.lower():
+                break
+        node = user
+    return node
+
+
+def _ancestors(node: fx.Node) -> set[fx.Node]:
+    """`node` and every node it depends on."""
+    found, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current not in found:
+            found.add(current)
+            stack.extend(current.all_input_nodes)
+    return found
+
+
+def _owner(target: str, blocks: Sequence[str]) -> str | None:
+    return next((b for b in blocks if target == b or target.startswith(f"{b}.")), None)
+
+
+def _is_parameter(model: nn.Module, node: fx.Node) -> bool:
+    return any(node.target == name for name, _ in model.named_parameters())
+
+
+def modes(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """Every layer of `model` with its train/eval mode, for `restore_modes`."""
+    return [(module, module.training) for module in model.modules()]
+
+
+def restore_modes(saved: list[tuple[nn.Module, bool]]) -> None:
+    """Put every layer back in the mode `modes` recorded."""
+    for module, training in saved:
+        module.training = training
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs per block, forward and backward, for the savings estimate
+
+
+def count_flops(
+    model: nn.Module, blocks: Sequence[str], example: torch.Tensor
+) -> tuple[tuple[float, ...], tuple[float, ...], str, float]:
+    """(forward per block, backward per block, source, whole backward), FLOPs per sample.
+
+    FlopCounterMode names modules by path from the root's class name ("ResNet.layer1.0") and
+    attributes backward ops to the module whose forward made them (via ModuleTracker's
+    gradient hooks); backward = (forward + backward run) - (forward-only run). Falls back to
+    2 x forward when the attribution fails its sanity check. Runs in eval mode (BatchNorm in
+    train mode rejects b = 1).
+    """
+    batch = max(1, example.shape[0])
+    root = type(model).__name__
+    saved_modes, flags = modes(model), [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        model.eval()
+        for param, _ in flags:
+            param.requires_grad_(True)
+        with torch.inference_mode(False), torch.enable_grad():
+            example = example.clone()
+            with flop_counter.FlopCounterMode(display=False) as forward_counter:
+                model(example)
+            with flop_counter.FlopCounterMode(display=False) as total_counter:
+                outputs = [t.float().sum() for t in _tensors(model(example)) if t.requires_grad]
+                if outputs and flags:
+                    loss = torch.stack(outputs).sum()
+                    torch.autograd.grad(loss, [p for p, _ in flags], allow_unused=True)
+    finally:
+        restore_modes(saved_modes)
+        for param, requires_grad in flags:
+            param.requires_grad_(requires_grad)
+    forward_counts, total_counts = (
+        forward_counter.get_flop_counts(),
+        total_counter.get_flop_counts(),
+    )
+
+    def flops(counts: dict[str, dict[object, int]], key: str) -> float:
+        return sum(counts.get(key, {}).values()) / batch
+
+    forward = tuple(flops(forward_counts, f"{root}.{block}") for block in blocks)
+    total = tuple(flops(total_counts, f"{root}.{block}") for block in blocks)
+    backward = tuple(t - f for t, f in zip(total, forward))
+    whole_forward = flops(forward_counts, "Global")
+    whole_backward = flops(total_counts, "Global") - whole_forward
+    # Sanity: every trainable block costs >= 1x its forward in backward, and the blocks' shares
+    # cannot exceed the whole (they do when a module takes a list of tensors, as DenseNet's
+    # layers do: the tracker then keeps it "entered" through later modules' backward).
+    if 0 < 0.5 * sum(forward) <= sum(backward) <= 1.001 * whole_backward:
+        return forward, backward, "measured", whole_backward
+    return forward, tuple(2.0 * f for f in forward), "estimated", 2.0 * whole_forward
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    """The tensors in a model output (a Tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)

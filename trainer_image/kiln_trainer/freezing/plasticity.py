@@ -1,19 +1,8 @@
-"""Training plasticity for Egeria layer freezing: the SP loss, its EMA, and a convergence test.
+"""Plasticity for layer freezing, as pure math: the SP loss, its EMA, and a windowed flatness test.
 
-Role: Egeria (Wang et al., EuroSys 2023, section 3; digest /work/shared/research/egeria.md
-section 1) measures how much a block's representation still moves by the similarity-preserving
-(SP) loss of Tung & Mori (ICCV 2019, section 3, eq. 2-4) between the training model's and a
-reference snapshot's activations on a fixed probe batch. This module holds the pure math:
-`sp_loss` (one value per block and probe), `Ema` (smoothing across probes) and
-`ConvergenceDetector` (is a block's smoothed plasticity flat over a window, `patience` windows
-in a row?).
-
-Callers: `reference` (the worker computes `sp_loss`), the freezing controller (`Ema`,
-`ConvergenceDetector`). Non-goals: no torch state beyond the tensors passed in, no I/O, no
-freezing policy (which block, when to refresh): that is the controller's.
-
-Shapes: b probe batch size (the rows), d flattened features per sample (any width; the two
-sides of `sp_loss` may differ in d).
+Egeria (Wang et al., EuroSys'23, section 3) measures how much a block's representation still
+moves by the similarity-preserving (SP) loss (Tung & Mori, ICCV'19, section 3, eq. 2-4). No
+freezing policy here. Shapes: b probe batch (rows), d flattened features per sample.
 """
 
 from __future__ import annotations
@@ -81,8 +70,8 @@ def _normalised_gram(t: torch.Tensor) -> torch.Tensor:
 class Ema:
     """Exponential moving average: value <- alpha * value + (1 - alpha) * x (first x as is).
 
-    Egeria smooths each block's plasticity before the convergence test (digest section 1:
-    alpha 0.8-0.9 weighs the history).
+    Egeria smooths each block's plasticity before the convergence test (alpha 0.8-0.9 weighs
+    the history).
 
     Args:
         alpha: weight of the history, in [0, 1); 0 means no smoothing.
@@ -126,7 +115,7 @@ def normalised_change(values: Sequence[float]) -> float:
 
     The slope is the ordinary least-squares fit of the values against their index 0 .. W-1
     (units: value per probe), so |slope| * W is the change the fit predicts over the window,
-    relative to the window's mean (Egeria digest section 1, "normalised change").
+    relative to the window's mean (Egeria's "normalised change").
 
     Args:
         values: W >= 2 values, in the order observed.
@@ -157,8 +146,8 @@ class ConvergenceDetector:
     Values are cut into consecutive, non-overlapping windows of `window` values. At the end of
     each window the `normalised_change` (|slope| * W / |mean|) is compared with `tolerance`;
     the detector reports convergence once that change stayed below the tolerance for
-    `patience` completed windows in a row (Egeria, EuroSys 2023, section 3; digest section 1:
-    W = 8-10, tolerance 0.05-0.10, patience 2). A non-finite value resets the detector: a
+    `patience` completed windows in a row (Egeria, EuroSys'23, section 3: W = 8-10, tolerance
+    0.05-0.10, patience 2). A non-finite value resets the detector: a
     diverging model never freezes. The caller passes values already smoothed (`Ema`).
 
     Args:
@@ -211,7 +200,7 @@ class ConvergenceDetector:
 
     def drop_partial_window(self) -> None:
         """Discard the values of the unfinished window, keeping the run of flat windows (so no
-        window straddles a reference refresh; Egeria digest section 1, "History")."""
+        window straddles a reference refresh)."""
         self._values = []
 
     def reset(self) -> None:

@@ -1,16 +1,7 @@
-"""Egeria's reference copy: an int8-quantized, CPU, eval-mode copy of a block extractor.
+"""The reference copy of a block extractor: CPU, eval mode, int8-quantized when close enough.
 
-Role: `quantize(extractor, calibration)` makes the copy that the reference worker
-(`reference.ReferenceWorker`) runs to measure plasticity (Egeria, Wang et al., EuroSys 2023,
-section 4; digest /work/shared/research/egeria.md section 2): static post-training
-quantization (torch.ao FX `prepare_fx` / calibrate / `convert_fx`) for models with
-convolutions, dynamic quantization (`quantize_dynamic`, Linear/LSTM/GRU) for the others, an
-fp32 copy when neither works, is too coarse, or when asked. `quantize_with_floor` also returns
-the copy's noise floor (SP loss per block against fp32 on the calibration batch).
-
-Callers: `reference` (the worker process: `quantize_with_floor`, `outputs`, `quiet_warnings`),
-tests. Non-goals: no process or messaging (`reference`), no quantization-aware training, no
-GPU. Shapes: b calibration batch.
+Egeria (Wang et al., EuroSys'23, section 4) quantizes its reference model. No processes or
+messaging (`reference`), no quantization-aware training, no GPU. Shapes: b calibration batch.
 """
 
 from __future__ import annotations
@@ -76,8 +67,8 @@ def quantize(
     gets dynamic quantization of its Linear/LSTM/GRU layers (`quantize_dynamic`, qint8). A kind
     is kept only if it runs, keeps the outputs' blocks and shapes, and stays close to the fp32
     copy (SP loss per block <= `MAX_NOISE_FLOOR_FRACTION` * 4/b on the calibration batch);
-    when none is kept, an fp32 copy is returned and the reason logged. Egeria, EuroSys 2023,
-    section 4; digest section 2. `model` itself is not changed.
+    when none is kept, an fp32 copy is returned and the reason logged. `model` itself is not
+    changed.
 
     Args:
         model: a module whose forward maps Tensor[b, ...] to dict[block, Tensor[b, ...]]

@@ -1,28 +1,8 @@
-"""Egeria's reference model: an int8 snapshot of the training model, run in another CPU process.
-
-Role: plasticity (`plasticity.sp_loss`) compares the training model's block activations with a
-reference snapshot's on a fixed probe batch. Egeria (Wang et al., EuroSys 2023, section 4;
-digest /work/shared/research/egeria.md section 2) generates that reference on the fly by
-quantization and runs its forward asynchronously on spare CPUs, so training never waits.
-`ReferenceWorker` owns a spawned process that rebuilds the architecture (`models.build`),
-loads each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`: int8 static
-or dynamic, else fp32) and answers probes with one SP loss per block.
-
-Flow control (why training never blocks): at most one refresh and one probe are ever in flight
-to the worker. `submit` drops a probe (returns False) while an earlier one is unanswered;
-`refresh` holds a newer snapshot back while the worker has not yet taken the previous one and
-replaces a held one (latest wins), so pending snapshots never pile up. Messages travel through
-a multiprocessing queue (its feeder thread, not the caller, serializes and writes them); results
-come back through a pipe read without blocking. Results tagged with any version but the latest
-refresh's are discarded. Any exception in the worker is sent back, logged, and marks it dead
-(`alive` False): the trainer then trains unfrozen.
+"""The reference model: a quantized snapshot of the training model, run in another CPU process.
 
 Both ends of the message protocol (the trainer's `ReferenceWorker` and the worker's loop) stay
-in this one file, so the protocol is read in one place.
-
-Callers: the freezing controller (`controller.Freezer`). Non-goals: no freezing policy, no
-quantization itself (`quantization`), no GPU in the worker. Shapes: b probe batch, d flattened
-features.
+in this one file, so the protocol is read in one place. Training never waits for the worker.
+Shapes: b probe batch, d flattened features.
 """
 
 from __future__ import annotations
@@ -139,7 +119,21 @@ class _Failed:
 
 
 class ReferenceWorker:
-    """The reference model in a spawned CPU process (Egeria, EuroSys 2023, section 4).
+    """The reference model in a spawned CPU process (Egeria, EuroSys'23, section 4).
+
+    Egeria generates the reference on the fly by quantization and runs its forward
+    asynchronously on spare CPUs. The worker rebuilds the architecture (`models.build`), loads
+    each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`) and answers
+    probes with one SP loss per block (`plasticity.sp_loss`).
+
+    Flow control (why training never blocks): at most one refresh and one probe are ever in
+    flight. `submit` drops a probe (returns False) while an earlier one is unanswered;
+    `refresh` holds a newer snapshot back while the worker has not yet taken the previous one
+    and replaces a held one (latest wins), so pending snapshots never pile up. Messages travel
+    through a multiprocessing queue (its feeder thread, not the caller, serializes and writes
+    them); results come back through a pipe read without blocking. Results tagged with any
+    version but the latest refresh's are discarded. Any exception in the worker is sent back,
+    logged, and marks it dead (`alive` False): the trainer then trains unfrozen.
 
     The process starts at once (spawn, so no CUDA or lock state is inherited; its imports take
     a few seconds, during which requests wait in the queue). Every method returns without

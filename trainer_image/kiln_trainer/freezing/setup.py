@@ -1,13 +1,4 @@
-"""Layer freezing in the default loop: the job's `Freezer`, or why there is none.
-
-`start` turns ``spec.freezing`` into a `freezing.controller.Freezer` over the unwrapped model,
-or returns None and says why in an info event: freezing disabled, an FSDP run (its parameters
-are sharded in place, so no frozen prefix can be split off), a run too short for a decision,
-or a model that cannot be partitioned. Under DDP rank 0 runs the reference process and
-decides; the other ranks are followers (`Freezer(main=False)`) that take rank 0's boundary.
-
-Callers: `kiln_trainer.loop`. Non-goals: no policy (`freezing.controller`), no training step.
-"""
+"""Layer freezing in the default loop: the job's `Freezer`, or why there is none."""
 
 from __future__ import annotations
 
@@ -17,8 +8,7 @@ from torch import nn
 from kiln import api
 from kiln_trainer import data, events
 from kiln_trainer.distributed import parallel
-from kiln_trainer.freezing import controller as freezing
-from kiln_trainer.freezing import partition as partitions
+from kiln_trainer.freezing import controller, partition
 
 
 def start(
@@ -29,10 +19,12 @@ def start(
     steps_per_epoch: int,
     emit: events.EventWriter,
     ctx: parallel.Context | None = None,
-) -> freezing.Freezer | None:
-    """The job's `Freezer`, or None when freezing is off, the run is FSDP, or the model cannot
-    be partitioned (then it trains unfrozen, and says so). Under DDP rank 0 decides (and runs
-    the reference process); the other ranks follow its boundary."""
+) -> controller.Freezer | None:
+    """The job's `Freezer`, or None, said in an info event: freezing disabled, an FSDP run (its
+    parameters are sharded in place, so no frozen prefix can be split off), a run too short
+    for a decision, or a model that cannot be partitioned (it then trains unfrozen). Under
+    DDP rank 0 decides (and runs the reference process); the other ranks follow its boundary.
+    """
     spec, ctx = job.spec, ctx or parallel.Context()
     if not spec.freezing.enabled:
         return None
@@ -40,7 +32,7 @@ def start(
         emit.info("freezing off: FSDP shards the parameters in place, so no frozen prefix can "
                   "be split off its sharded model (use ddp, or set spec.freezing.enabled false)")
         return None
-    settings = freezing.Settings.from_job(spec, steps_per_epoch=steps_per_epoch)
+    settings = controller.Settings.from_job(spec, steps_per_epoch=steps_per_epoch)
     first_decision = max(settings.bootstrap_steps,
                          settings.check_every_steps * settings.window * settings.patience)
     if first_decision >= spec.training.epochs * steps_per_epoch:
@@ -49,13 +41,13 @@ def start(
                   "spec.freezing.checkEverySteps, window or patience to freeze sooner)")
         return None
     device = next(raw_model.parameters()).device
-    probe = freezing.probe_batch(splits.validation,  # type: ignore[arg-type]
+    probe = controller.probe_batch(splits.validation,  # type: ignore[arg-type]
                                  settings.probe_batch_size).to(device)
     try:
-        freezer = freezing.Freezer(raw_model, spec.model, probe, settings, optimizer=optimizer,
+        freezer = controller.Freezer(raw_model, spec.model, probe, settings, optimizer=optimizer,
                                    num_samples=len(splits.train),  # type: ignore[arg-type]
                                    agree=ctx.broadcast_int, main=ctx.is_main)
-    except partitions.Unpartitionable as exc:
+    except partition.Unpartitionable as exc:
         emit.info(f"freezing off: {exc}")
         return None
     cache = "on" if freezer.cache is not None else (

@@ -1,7 +1,8 @@
 """kiln_trainer.freezing.controller: the Freezer around a real training loop on digits.
 
 The reference model runs in its real worker process; only the policy's knobs are set so that
-decisions come within a few dozen steps (tolerance high: every window counts as converged).
+decisions come within a few dozen steps (tolerance and peak fraction high: every window counts
+as converged).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.nn import functional as F
 
 from kiln import api, models
 from kiln_trainer import data, optim
+from kiln_trainer.distributed import batching
 from kiln_trainer.freezing import controller
 
 SPEC = api.ModelSpec.model_validate(
@@ -50,6 +52,7 @@ def _setup(
             "check_every_steps": 1,
             "window": 3,
             "tolerance": 100.0,
+            "peak_fraction": 1.0,
             "patience": 1,
             "probe_batch_size": 16,
             "reference": "fp32",
@@ -75,7 +78,7 @@ def _steps(
 ) -> list[controller.Event]:
     """Train `n` steps the way kiln_trainer.loop does; return the boundary events."""
     changes = []
-    batches = data.train_batches(
+    batches = batching.train_batches(
         splits.train, batch_size=32, seed=0, epoch=first, with_indices=True
     )
     step = first
@@ -167,7 +170,7 @@ def test_cached_prefix_outputs_match_the_computed_ones_within_fp16(splits) -> No
         model.eval()
         inputs, _, indices = next(
             iter(
-                data.train_batches(splits.train, batch_size=32, seed=0, epoch=0, with_indices=True)
+                batching.train_batches(splits.train, batch_size=32, seed=0, epoch=0, with_indices=True)
             )
         )
         computed = freezer.prefix(inputs, indices)  # fills the cache

@@ -1,0 +1,441 @@
+"""The operator-trainer interface: how to launch the trainer and how to read what it says.
+
+The operator's pods, `kiln run` and `kiln profile` build the trainer's command line and
+environment here; the trainer parses them here and writes its JSON-lines events, exit code and
+termination message with the types here. Standard library, pydantic and `kiln.api` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import math
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from kiln import api
+
+# ----------------------------------------------------------------------------------------------
+# Launching: ``python -m kiln_trainer [flags]``, or k processes of it under torchrun.
+
+TRAINER_MODULE = "kiln_trainer"
+# torchrun as a module, so the command needs only the interpreter; ``--standalone`` gives each
+# launch a private rendezvous on a free port, so concurrent jobs on one machine never collide.
+# A launch spanning nodes would add ``--nnodes N --node-rank R --rdzv-backend c10d
+# --rdzv-endpoint HOST:PORT --rdzv-id JOB`` (the trainer reads the same environment).
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone")
+
+
+class Flag(enum.StrEnum):
+    """The trainer's command-line flags (each also read from its `Env` variable, if any)."""
+
+    JOB = "--job"  # TrainingJob file (YAML or JSON); env KILN_JOB_FILE, or KILN_JOB as JSON text
+    ZOO = "--zoo"  # zoo store URI: a path, file://..., or s3://bucket[/prefix]
+    METRICS_PORT = "--metrics-port"  # Prometheus port; 0 (default) serves no endpoint
+    CHECKPOINT_DIR = "--checkpoint-dir"  # keep checkpoints here instead of the zoo store
+    NO_REGISTER = "--no-register"  # train, but do not add the model to the zoo
+    NO_RESUME = "--no-resume"  # ignore an existing checkpoint and start afresh
+    PARALLELISM = "--parallelism"  # auto (default), single, ddp or fsdp
+    WARM_START = "--warm-start"  # the whole warm-start decision as JSON (see TrainerArgs)
+
+
+class Env(enum.StrEnum):
+    """Every KILN_* environment variable the operator, `kiln run` or the trainer read or set."""
+
+    JOB = "KILN_JOB"  # the job as JSON text (pods), when no --job file is given
+    JOB_FILE = "KILN_JOB_FILE"  # --job
+    ZOO = "KILN_ZOO"  # --zoo
+    ZOO_ENDPOINT = "KILN_ZOO_ENDPOINT"  # S3 endpoint (host:port or http(s)://host:port)
+    ZOO_ACCESS_KEY = "KILN_ZOO_ACCESS_KEY"  # S3 credentials (pods: from a Secret)
+    ZOO_SECRET_KEY = "KILN_ZOO_SECRET_KEY"
+    ZOO_REGION = "KILN_ZOO_REGION"  # optional S3 region
+    METRICS_PORT = "KILN_METRICS_PORT"  # --metrics-port
+    CHECKPOINTS = "KILN_CHECKPOINTS"  # --checkpoint-dir
+    PARALLELISM = "KILN_PARALLELISM"  # --parallelism
+    WARM_START = "KILN_WARM_START"  # --warm-start
+    DEVICES = "KILN_DEVICES"  # GPUs (or CPU slots) the pod holds; informational
+    TERMINATION_LOG = "KILN_TERMINATION_LOG"  # moves the termination log (test kubelets)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerArgs:
+    """The trainer's settings, from its flags with environment fallbacks.
+
+    Attributes:
+        job_file: the TrainingJob file; None: the job comes from KILN_JOB.
+        zoo: zoo store URI, or None (no zoo).
+        metrics_port: Prometheus port; 0 serves no endpoint.
+        checkpoint_dir: checkpoint directory, or None (the zoo store, else the trainer's default).
+        register: add the trained model to the zoo.
+        resume: continue from an existing checkpoint.
+        parallelism: "auto" (ddp under torchrun with several processes, else single),
+            "single", "ddp" or "fsdp".
+        warm_start: the whole warm-start decision as JSON text, or None; the trainer decodes it
+            with the warm-start decision type's ``from_json``.
+    """
+
+    job_file: str | None = None
+    zoo: str | None = None
+    metrics_port: int = 0
+    checkpoint_dir: str | None = None
+    register: bool = True
+    resume: bool = True
+    parallelism: str = api.Parallelism.AUTO.value
+    warm_start: str | None = None
+
+    def to_argv(self) -> list[str]:
+        """The flags that give these settings (defaults are left out)."""
+        argv: list[str] = []
+        for flag, value in ((Flag.JOB, self.job_file), (Flag.ZOO, self.zoo),
+                            (Flag.CHECKPOINT_DIR, self.checkpoint_dir),
+                            (Flag.WARM_START, self.warm_start)):
+            if value is not None:
+                argv += [flag, value]
+        if self.metrics_port:
+            argv += [Flag.METRICS_PORT, str(self.metrics_port)]
+        if self.parallelism != api.Parallelism.AUTO:
+            argv += [Flag.PARALLELISM, self.parallelism]
+        argv += [Flag.NO_REGISTER] * (not self.register) + [Flag.NO_RESUME] * (not self.resume)
+        return [str(a) for a in argv]
+
+
+def parse_trainer_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> TrainerArgs:
+    """The trainer's settings from `argv` (None: sys.argv), falling back on `environ`.
+
+    Raises:
+        SystemExit: unknown flags or bad values (argparse prints the usage).
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {TRAINER_MODULE}",
+                                     description="Train one Kiln TrainingJob.")
+    parser.add_argument(Flag.JOB, default=environ.get(Env.JOB_FILE) or None,
+                        help=f"TrainingJob file (YAML or JSON); env {Env.JOB_FILE} or {Env.JOB}")
+    parser.add_argument(Flag.ZOO, default=environ.get(Env.ZOO) or None,
+                        help=f"zoo store URI (path, file://, s3://bucket/prefix); env {Env.ZOO}")
+    parser.add_argument(Flag.METRICS_PORT, type=int, default=environ.get(Env.METRICS_PORT, "0"),
+                        help=f"Prometheus port; 0 = no endpoint (default); env {Env.METRICS_PORT}")
+    parser.add_argument(Flag.CHECKPOINT_DIR, default=environ.get(Env.CHECKPOINTS) or None,
+                        help="checkpoint directory (default: the zoo store, else "
+                        f"./.kiln/checkpoints); env {Env.CHECKPOINTS}")
+    parser.add_argument(Flag.NO_REGISTER, action="store_true", help="do not register in the zoo")
+    parser.add_argument(Flag.NO_RESUME, action="store_true", help="ignore an existing checkpoint")
+    parser.add_argument(Flag.PARALLELISM,
+                        default=environ.get(Env.PARALLELISM) or api.Parallelism.AUTO.value,
+                        choices=[p.value for p in api.Parallelism],
+                        help="auto (ddp under torchrun with several processes, else single), "
+                        f"single, ddp or fsdp; env {Env.PARALLELISM}")
+    parser.add_argument(Flag.WARM_START, default=environ.get(Env.WARM_START) or None,
+                        metavar="JSON", help="the warm-start decision made upstream, as JSON "
+                        f"(default: decide from the zoo); env {Env.WARM_START}")
+    ns = parser.parse_args(argv)
+    return TrainerArgs(job_file=ns.job, zoo=ns.zoo, metrics_port=ns.metrics_port,
+                       checkpoint_dir=ns.checkpoint_dir, register=not ns.no_register,
+                       resume=not ns.no_resume, parallelism=ns.parallelism,
+                       warm_start=ns.warm_start)
+
+
+def torchrun_command(processes: int, module: str, argv: Sequence[str], *,
+                     python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node K -m MODULE ARGV``."""
+    return [python, *TORCHRUN, "--nproc-per-node", str(processes), "-m", module, *argv]
+
+
+def trainer_command(processes: int, argv: Sequence[str], *,
+                    python: str = sys.executable) -> list[str]:
+    """The command that runs the trainer with `processes` processes on one machine.
+
+    One process: ``python -m kiln_trainer ARGV``; more: the same under torchrun. Only rank 0
+    writes the events, and torchrun passes the workers' stdout through, so readers read it as
+    from one process.
+
+    Args:
+        processes: worker processes (GPUs, or CPU worker slots).
+        argv: the trainer's flags (`TrainerArgs.to_argv`); a multi-process run should pass
+            ``--parallelism`` ddp or fsdp.
+        python: the interpreter (default: this one; pods use the image's ``python``).
+
+    Raises:
+        ValueError: processes < 1.
+    """
+    if processes < 1:
+        raise ValueError(f"processes: {processes}; need at least 1")
+    if processes == 1:
+        return [python, "-m", TRAINER_MODULE, *argv]
+    return torchrun_command(processes, TRAINER_MODULE, argv, python=python)
+
+
+# ----------------------------------------------------------------------------------------------
+# How a run ends: the exit code.
+#
+# Under torchrun exit codes are lost (it exits 1 whenever a worker fails, and on SIGTERM), so
+# callers of a multi-process run go by the events: a `Result` means success; a last `Info`
+# starting with STOPPED_PREFIX means stopped with a checkpoint; otherwise the run failed and
+# the termination log's `Failure` (and stderr) says why.
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1  # out of memory (one message), or a bug (traceback on stderr)
+EXIT_INVALID = 2  # the job, dataset, checkpoint or settings are wrong (one message on stderr)
+EXIT_STORE_UNAVAILABLE = 3  # zoo or checkpoint store unreachable after retries; rerun continues
+# SIGTERM/SIGINT: the trainer checkpoints at the next step and exits 128 + signal (143, 130);
+# a process that died of the signal itself reports minus the signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTED_EXIT_CODES = frozenset({128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS})
+STOPPED_PREFIX = "stopped on request"  # the Info message of a run stopped by a signal
+
+
+# ----------------------------------------------------------------------------------------------
+# Events: one JSON object per stdout line, ``{"event": KIND, ...fields}``, the result last.
+# Non-finite numbers (a diverged loss) are written as null, so every line is strict JSON.
+
+EVENT_KEY = "event"
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """After every evaluation, and at most every few seconds in between.
+
+    Attributes:
+        epoch: the 1-based epoch in progress (equal to `epochs` at the end).
+        epochs: the epoch budget.
+        step: optimizer steps so far, across restarts.
+        steps_per_epoch: optimizer steps in one epoch.
+        train_loss: recent mean training loss; None until known.
+        validation_accuracy: last validation accuracy in [0, 1]; None until evaluated.
+        validation_loss: last mean validation loss in nats; None until evaluated.
+        samples_per_second: recent training throughput; None until known.
+        eta_seconds: estimated seconds to the end of the budget; None until known.
+        elapsed_seconds: training clock so far.
+        frozen_modules: front modules frozen now (None: freezing off).
+        modules: natural blocks of the model (None: freezing off).
+    """
+
+    KIND: ClassVar[str] = "progress"
+
+    epoch: int
+    epochs: int
+    step: int
+    steps_per_epoch: int
+    train_loss: float | None
+    validation_accuracy: float | None
+    validation_loss: float | None
+    samples_per_second: float | None
+    eta_seconds: float | None
+    elapsed_seconds: float
+    frozen_modules: int | None = None
+    modules: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Progress:
+        """Read back `to_json` (unknown keys ignored); ValueError names missing fields."""
+        return _from_json(cls, doc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Info:
+    """One sentence a person should see (resumed, target reached, registered, stopped)."""
+
+    KIND: ClassVar[str] = "info"
+
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Info:
+        """Read back `to_json` (unknown keys ignored); ValueError names missing fields."""
+        return _from_json(cls, doc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """The outcome of a training run: the last stdout line, once, and the termination message.
+
+    Attributes:
+        metric_name: the target metric, or validation_accuracy without a target.
+        metric: its final value.
+        validation_accuracy: final validation accuracy in [0, 1] (token accuracy for LMs).
+        validation_loss: final mean validation cross-entropy in nats.
+        wall_seconds: training clock of all runs (checkpoint and zoo I/O excluded).
+        time_to_target_seconds: training clock when the target was first met; None if never.
+        target_reached: whether the final or any earlier evaluation met the target.
+        epochs_run: epochs completed, across restarts.
+        steps: optimizer steps, across restarts.
+        samples_per_second: mean training throughput (training steps only).
+        zoo_model: the registered zoo id, or None.
+        resumed_from_epoch: epochs already done when this process resumed; 0 if fresh.
+        parent: the zoo model the run warm-started from, or None (cold start).
+        similarity: architectural similarity to that parent (or the best match) in [0, 1].
+        warm_start: one sentence: which parent and how much transferred, or why cold.
+        freezing: the freezer's summary (frozen modules, boundary ``events``, mean skipped
+            backward-FLOPs share, estimated saved seconds, reference CPU seconds); None when
+            freezing was off.
+    """
+
+    KIND: ClassVar[str] = "result"
+
+    metric_name: str
+    metric: float | None
+    validation_accuracy: float | None
+    validation_loss: float | None
+    wall_seconds: float
+    time_to_target_seconds: float | None
+    target_reached: bool
+    epochs_run: int
+    steps: int
+    samples_per_second: float | None
+    zoo_model: str | None
+    resumed_from_epoch: int
+    parent: str | None = None
+    similarity: float | None = None
+    warm_start: str = ""
+    freezing: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Result:
+        """Read back `to_json` (unknown keys ignored); ValueError names missing fields."""
+        return _from_json(cls, doc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A permanent failure: written to the termination log only (stdout gets no result).
+
+    Under torchrun the message starts ``rank R of W: `` (the first rank to fail wins).
+    """
+
+    KIND: ClassVar[str] = "error"
+
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Failure:
+        """Read back `to_json` (unknown keys ignored); ValueError names missing fields."""
+        return _from_json(cls, doc)
+
+
+Event = Progress | Info | Result | Failure
+_KINDS: dict[str, type[Event]] = {
+    cls.KIND: cls for cls in (Progress, Info, Result, Failure)}
+
+
+def to_line(event: Event) -> str:
+    """The event as one strict JSON line (no newline)."""
+    return json.dumps({EVENT_KEY: event.KIND, **event.to_json()}, allow_nan=False)
+
+
+def from_line(line: str) -> Event | None:
+    """The event on one stdout line; None for anything else (stray output, an unknown kind).
+
+    Raises:
+        ValueError: a known kind with missing fields.
+    """
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        doc = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    kind = _KINDS.get(str(doc.get(EVENT_KEY))) if isinstance(doc, dict) else None
+    return kind.from_json(doc) if kind is not None else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Live progress: Prometheus metrics on the metrics port, each labelled job and namespace.
+
+METRIC_PREFIX = "kiln_trainer_"
+
+
+class Metric(enum.StrEnum):
+    """The trainer's metrics the operator reads, named METRIC_PREFIX + value.
+
+    A counter's sample adds ``_total`` (``kiln_trainer_steps_total``).
+    """
+
+    EPOCH = "epoch"  # epochs completed
+    STEPS = "steps"  # counter: optimizer steps, across restarts
+    TRAIN_LOSS = "train_loss"  # mean training loss since the previous report
+    VALIDATION_ACCURACY = "validation_accuracy_ratio"  # in [0, 1]
+    VALIDATION_LOSS = "validation_loss"  # mean validation cross-entropy in nats
+    SAMPLES_PER_SECOND = "samples_per_second"  # training throughput
+    ETA = "eta_seconds"  # estimated seconds left for the remaining epochs
+    FROZEN_MODULES = "frozen_modules"  # front modules frozen now
+
+
+# ----------------------------------------------------------------------------------------------
+# The termination message: Kubernetes shows the file at the pod's terminationMessagePath in the
+# container's status, and keeps at most 4096 bytes of it. The trainer writes its Result there
+# (or a Failure); the operator reads it back with `read_termination_message`.
+
+TERMINATION_LOG_PATH = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+TERMINATION_MESSAGE_MAX_BYTES = 4000  # under Kubernetes' 4096, clear of the edge
+
+
+def termination_message(event: Result | Failure) -> bytes:
+    """The termination log's content for `event`, at most TERMINATION_MESSAGE_MAX_BYTES.
+
+    A failure's message is cut to half the cap; a result too long drops the freezing history
+    (its only open-ended part) so the JSON stays whole.
+    """
+    if isinstance(event, Failure):
+        event = Failure(event.message[: TERMINATION_MESSAGE_MAX_BYTES // 2])
+    data = to_line(event).encode("utf-8")
+    if (len(data) > TERMINATION_MESSAGE_MAX_BYTES and isinstance(event, Result)
+            and isinstance(event.freezing, dict)):
+        freezing = {k: v for k, v in event.freezing.items() if k != "events"}
+        data = to_line(dataclasses.replace(event, freezing=freezing)).encode("utf-8")
+    return data[:TERMINATION_MESSAGE_MAX_BYTES]
+
+
+def read_termination_message(text: str) -> Result | Failure | None:
+    """The trainer's Result or Failure in a termination message; None for anything else
+    (empty, cut off, or the log tail Kubernetes falls back to)."""
+    try:
+        event = from_line(text)
+    except ValueError:
+        return None
+    return event if isinstance(event, Result | Failure) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _to_json(event: Event) -> dict[str, Any]:
+    return {f.name: _finite(getattr(event, f.name)) for f in dataclasses.fields(event)}
+
+
+_E = TypeVar("_E", Progress, Info, Result, Failure)
+
+
+def _from_json(cls: type[_E], doc: Mapping[str, Any]) -> _E:
+    """`cls` from its JSON fields (the kind key and unknown keys are ignored)."""
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in doc
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{cls.KIND} event without {', '.join(missing)}")
+    return cls(**{f.name: doc[f.name] for f in fields if f.name in doc})
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

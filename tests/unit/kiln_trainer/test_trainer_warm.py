@@ -1,0 +1,90 @@
+"""kiln_trainer.warm: the trainer applies the warm-start decision it is given, never a new one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kiln import api, models
+from kiln.warmstart import decision, graph, select
+from kiln.zoo import records, store
+from kiln_trainer import warm
+
+SMALL = {"blocks": [1, 1, 1], "width": 8}
+DEEPER = {"blocks": [2, 2, 2], "width": 8}
+
+
+def _job(args: dict[str, Any], **warm_start: Any) -> api.TrainingJob:
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "child"},
+        "spec": {"model": {"architecture": "small_resnet", "args": args, "inputShape": [1, 8, 8]},
+                 "dataset": {"name": "digits"}, "warmStart": warm_start},
+    })
+
+
+def _register(zoo: store.ObjectStore, job: api.TrainingJob) -> records.ZooRecord:
+    model = models.build(job.spec.model)
+    record = records.ZooRecord(
+        id=records.new_id("small_resnet"), architecture="small_resnet",
+        args=dict(job.spec.model.args), input_shape=(1, 8, 8), modality="image",
+        task="classification", dataset="digits", metric_name="validation_accuracy",
+        metric_value=0.9, validation_accuracy=0.9, validation_loss=0.1,
+        samples_per_second=100.0, num_params=sum(p.numel() for p in model.parameters()),
+        created_time="2026-11-30T00:00:00Z", job_name="parent", job_spec=api.to_wire(job.spec),
+        parent=None, similarity=None, weights_sha256="")
+    return records.write_record(zoo, record, model.state_dict(),
+                                graph.to_json(decision.model_graph(job.spec.model)))
+
+
+@pytest.fixture
+def zoo(tmp_path: Path) -> store.DirStore:
+    return store.DirStore(tmp_path / "zoo")
+
+
+def test_a_cold_decision_from_upstream_stays_cold_though_the_zoo_has_a_parent(
+    zoo: store.DirStore,
+) -> None:
+    _register(zoo, _job(SMALL))
+    job = _job(DEEPER)
+    cold = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
+    model = models.build(job.spec.model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    done = warm.warm_start(job, model, zoo, decided=cold)
+    assert done.parent is None and done.reason == cold.reason
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_warm_decision_from_upstream_is_applied_with_its_numbers(zoo: store.DirStore) -> None:
+    parent = _register(zoo, _job(SMALL))
+    job = _job(DEEPER)
+    decided = decision.decide(job, zoo)
+    assert decided.parent_id == parent.id
+    passed = warm.parse_decision(json.dumps(decided.to_json()))
+    done = warm.warm_start(job, models.build(job.spec.model), zoo, decided=passed)
+    assert (done.parent, done.similarity, done.reason) == (
+        parent.id, decided.similarity, decided.reason)
+    assert done.matched_tensors == decided.matched_tensors
+    assert 0.0 < done.untransferred_fraction < 1.0
+
+
+def test_without_a_decision_the_trainer_decides_with_the_same_function(
+    zoo: store.DirStore,
+) -> None:
+    parent = _register(zoo, _job(SMALL))
+    job = _job(DEEPER)
+    done = warm.warm_start(job, models.build(job.spec.model), zoo)
+    assert done.parent == parent.id and done.reason == decision.decide(job, zoo).reason
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("{not json", id="not-json"),
+    pytest.param("[1, 2]", id="not-an-object"),
+    pytest.param('{"parent_id": null}', id="missing-fields"),
+])
+def test_a_malformed_decision_is_an_invalid_setting_naming_the_flag(text: str) -> None:
+    with pytest.raises(api.InvalidSpec, match="--warm-start"):
+        warm.parse_decision(text)

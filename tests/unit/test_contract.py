@@ -1,0 +1,137 @@
+"""kiln.contract: the trainer's command line, environment, events and termination message."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln import contract
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RESULT = contract.Result(
+    metric_name="validation_accuracy", metric=0.97, validation_accuracy=0.97,
+    validation_loss=0.1, wall_seconds=12.5, time_to_target_seconds=8.0, target_reached=True,
+    epochs_run=3, steps=60, samples_per_second=900.0, zoo_model="small_cnn-0123abcd",
+    resumed_from_epoch=0,
+)
+PROGRESS = contract.Progress(
+    epoch=1, epochs=3, step=20, steps_per_epoch=20, train_loss=float("nan"),
+    validation_accuracy=None, validation_loss=None, samples_per_second=10.0, eta_seconds=None,
+    elapsed_seconds=1.0)
+
+
+def test_the_trainer_runs_under_torchrun_for_several_processes_and_python_for_one() -> None:
+    argv = ["--job", "job.yaml", "--parallelism", "ddp"]
+    assert contract.trainer_command(4, argv, python="py") == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        "-m", "kiln_trainer", *argv]
+    assert contract.trainer_command(1, argv) == [sys.executable, "-m", "kiln_trainer", *argv]
+    with pytest.raises(ValueError, match="processes: 0"):
+        contract.trainer_command(0, argv)
+
+
+def test_torchrun_runs_any_module_the_same_way() -> None:
+    assert contract.torchrun_command(2, "kiln.placement.profile", ["--worker", "s", "o"],
+                                     python="py") == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "kiln.placement.profile", "--worker", "s", "o"]
+
+
+def test_flags_win_over_the_environment_which_wins_over_defaults() -> None:
+    parse = contract.parse_trainer_args
+    assert parse([], {}) == contract.TrainerArgs()
+    env = {"KILN_JOB_FILE": "env.yaml", "KILN_ZOO": "s3://z", "KILN_METRICS_PORT": "9090",
+           "KILN_CHECKPOINTS": "/c", "KILN_PARALLELISM": "fsdp",
+           "KILN_WARM_START": '{"parent_id": null}'}
+    assert parse([], env) == contract.TrainerArgs(
+        job_file="env.yaml", zoo="s3://z", metrics_port=9090, checkpoint_dir="/c",
+        parallelism="fsdp", warm_start='{"parent_id": null}')
+    assert parse(["--job", "j.yaml", "--parallelism", "ddp"], env).parallelism == "ddp"
+    assert parse(["--no-register", "--no-resume"], {}) == contract.TrainerArgs(
+        register=False, resume=False)
+
+
+def test_flags_round_trip_through_the_parser() -> None:
+    args = contract.TrainerArgs(job_file="j.yaml", zoo="zoo", metrics_port=9000,
+                                checkpoint_dir="c", register=False, resume=False,
+                                parallelism="ddp", warm_start="{}")
+    assert contract.parse_trainer_args(args.to_argv(), {}) == args
+    assert contract.TrainerArgs(job_file="j.yaml").to_argv() == ["--job", "j.yaml"]
+
+
+def test_a_bad_parallelism_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        contract.parse_trainer_args(["--parallelism", "tensor"], {})
+    assert "invalid choice: 'tensor'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("event", [
+    pytest.param(PROGRESS, id="progress"),
+    pytest.param(contract.Info("resumed at epoch 2"), id="info"),
+    pytest.param(RESULT, id="result"),
+    pytest.param(contract.Failure("spec.dataset.path: no such file"), id="failure"),
+])
+def test_every_event_is_one_strict_json_line_that_reads_back(event: contract.Event) -> None:
+    line = contract.to_line(event)
+    assert "\n" not in line and json.loads(line)["event"] == event.KIND
+    back = contract.from_line(line + "\n")
+    assert back == (dataclasses.replace(event, train_loss=None)
+                    if isinstance(event, contract.Progress) else event)
+
+
+def test_non_finite_numbers_are_written_as_null() -> None:
+    assert json.loads(contract.to_line(PROGRESS))["train_loss"] is None
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param("", id="empty"), pytest.param("epoch 1 done", id="text"),
+    pytest.param("{not json", id="broken"), pytest.param("[1, 2]", id="list"),
+    pytest.param('{"event": "future-kind", "x": 1}', id="unknown-kind"),
+    pytest.param('{"no": "kind"}', id="no-kind"),
+])
+def test_lines_that_are_not_events_read_as_none(line: str) -> None:
+    assert contract.from_line(line) is None
+
+
+def test_a_known_event_with_missing_fields_is_an_error_naming_them() -> None:
+    with pytest.raises(ValueError, match="result event without metric_name, metric"):
+        contract.from_line('{"event": "result", "steps": 3}')
+
+
+def test_the_termination_message_stays_under_the_kubernetes_cap() -> None:
+    failure = contract.termination_message(contract.Failure("x" * 10_000))
+    assert len(failure) <= contract.TERMINATION_MESSAGE_MAX_BYTES < 4096
+    assert isinstance(contract.read_termination_message(failure.decode()), contract.Failure)
+    history = [{"kind": "froze", "modules": [f"features.{i}" for i in range(40)], "step": i,
+                "reason": "x" * 200} for i in range(8)]
+    result = dataclasses.replace(RESULT, freezing={"events": history, "saved_seconds": 3.5})
+    data = contract.termination_message(result)
+    assert len(data) <= contract.TERMINATION_MESSAGE_MAX_BYTES
+    back = contract.read_termination_message(data.decode())
+    assert back == dataclasses.replace(RESULT, freezing={"saved_seconds": 3.5})
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("", id="empty"), pytest.param('{"event": "result", "metric"', id="cut-off"),
+    pytest.param("Traceback ...\nRuntimeError: boom", id="log-tail"),
+    pytest.param(contract.to_line(contract.Info("hello")), id="not-an-ending"),
+])
+def test_a_termination_message_without_result_or_failure_reads_as_none(text: str) -> None:
+    assert contract.read_termination_message(text) is None
+
+
+def test_every_kiln_environment_variable_in_the_code_is_in_the_contract() -> None:
+    known = {e.value for e in contract.Env}
+    used, constants = set(), set()  # constants: Python names such as KILN_ROOT, not variables
+    for package in ("operator/kiln", "trainer_image/kiln_trainer"):
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            used |= set(re.findall(r"\bKILN_[A-Z_]*[A-Z]\b", text))
+            constants |= set(re.findall(r"^(KILN_[A-Z_]*[A-Z]) =", text, re.MULTILINE))
+    assert used - constants - known == set()

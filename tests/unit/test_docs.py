@@ -1,0 +1,101 @@
+"""The README stays short and the docs site stays whole: links resolve, named paths exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_BYTES = 12_000
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CODE_PATH = re.compile(r"`((?:operator|trainer_image|helm|crds|examples|bench|docs|tests)/[^`\s]*)`")
+
+
+def _pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def _table_rows(text: str, heading: str) -> list[str]:
+    """The rows of the first table under `heading` (a Markdown heading line)."""
+    section = text.split(heading + "\n", 1)[1]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return rows[2:]  # without the header and the separator
+
+
+def test_readme_is_at_most_12_kb() -> None:
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md has {size} bytes (at most {README_MAX_BYTES}): move detail into docs/")
+
+
+@pytest.mark.parametrize("page", [README, *_pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    missing = []
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        if not (page.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{page.name} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize(("page", "heading"), [
+    pytest.param(README, "## Where each idea lives", id="readme"),
+    pytest.param(DOCS / "layout.md", "## Packages", id="docs-layout"),
+])
+def test_every_path_in_the_layout_tables_exists(page: Path, heading: str) -> None:
+    rows = _table_rows(page.read_text(encoding="utf-8"), heading)
+    assert rows, f"no table under {heading!r} in {page.name}"
+    paths = [path for row in rows for path in _CODE_PATH.findall(row)]
+    assert paths
+    assert [p for p in paths if not (ROOT / p).exists()] == []
+
+
+def test_every_module_in_the_docs_module_table_exists() -> None:
+    rows = _table_rows((DOCS / "layout.md").read_text(encoding="utf-8"), "## Modules")
+    missing = []
+    for row in rows:
+        package, modules = row.split("|")[1:3]
+        folder = ROOT / package.strip().strip("`")
+        missing += [m for m in re.findall(r"`([\w]+\.py)`", modules) if not (folder / m).is_file()]
+    assert rows and missing == []
+
+
+def test_every_package_appears_in_the_docs_module_table() -> None:
+    table = (DOCS / "layout.md").read_text(encoding="utf-8").split("## Modules", 1)[1]
+    packages = sorted({
+        path.parent for path in (ROOT / "operator" / "kiln").rglob("*.py")
+        if path.name == "__init__.py" and path.parent.name != "kiln"})
+    packages += sorted({path.parent for path in (ROOT / "trainer_image").rglob("__init__.py")})
+    absent = [str(p.relative_to(ROOT)) for p in packages
+              if f"`{p.relative_to(ROOT)}/`" not in table]
+    assert absent == [], "add these packages and their modules to docs/layout.md"
+
+
+def test_every_docs_page_is_in_the_site_navigation() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def entries(nav: object) -> list[str]:
+        if isinstance(nav, str):
+            return [nav]
+        if isinstance(nav, list):
+            return [e for item in nav for e in entries(item)]
+        if isinstance(nav, dict):
+            return [e for value in nav.values() for e in entries(value)]
+        return []
+
+    listed = set(entries(config["nav"]))
+    assert {str(p.relative_to(DOCS)) for p in _pages()} == listed

@@ -1,0 +1,170 @@
+"""The warm-start decision end to end: decided once with every check, applied as decided."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kiln import api, models
+from kiln.warmstart import decision, graph, select
+from kiln.zoo import records, store
+
+
+def _job(architecture: str, args: dict[str, Any], shape: list[int], **warm: Any) -> api.TrainingJob:
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "child"},
+        "spec": {"model": {"architecture": architecture, "args": args, "inputShape": shape},
+                 "dataset": {"name": "text" if len(shape) == 1 else "digits",
+                             **({"path": "corpus.txt"} if len(shape) == 1 else {})},
+                 "warmStart": warm},
+    })
+
+
+def _register(zoo: store.ObjectStore, job: api.TrainingJob, accuracy: float,
+              seed: int = 0) -> tuple[records.ZooRecord, torch.nn.Module]:
+    torch.manual_seed(seed)
+    model = models.build(job.spec.model)
+    info = models.get_info(job.spec.model.architecture)
+    record = records.ZooRecord(
+        id=records.new_id(job.spec.model.architecture), architecture=job.spec.model.architecture,
+        args=dict(job.spec.model.args), input_shape=tuple(job.spec.model.input_shape),
+        modality=str(info.modality), task=str(info.task), dataset=str(job.spec.dataset.name),
+        metric_name="validation_accuracy", metric_value=accuracy, validation_accuracy=accuracy,
+        validation_loss=0.1, samples_per_second=100.0,
+        num_params=sum(p.numel() for p in model.parameters()),
+        created_time="2026-11-30T00:00:00Z", job_name="parent",
+        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="")
+    saved = records.write_record(zoo, record, model.state_dict(),
+                                 graph.to_json(decision.model_graph(job.spec.model)))
+    return saved, model
+
+
+SMALL = ("small_resnet", {"blocks": [1, 1, 1], "width": 8}, [1, 8, 8])
+DEEPER = ("small_resnet", {"blocks": [2, 2, 2], "width": 8}, [1, 8, 8])
+
+
+@pytest.fixture
+def zoo(tmp_path: Path) -> store.DirStore:
+    return store.DirStore(tmp_path / "zoo")
+
+
+def test_the_most_similar_compatible_model_becomes_the_parent(zoo: store.DirStore) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    _register(zoo, _job("small_cnn", {"depth": 2, "width": 8}, [1, 8, 8]), accuracy=0.99)
+    _register(zoo, _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16]),
+              accuracy=0.5)
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.parent_id == small.id
+    assert decided.outcome == select.Outcome.WARM
+    assert decided.similarity is not None and decided.similarity > 0.3
+    assert small.id in decided.reason
+
+
+def test_an_empty_zoo_means_a_cold_start_saying_so(zoo: store.DirStore) -> None:
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.cold_start and "empty" in decided.reason
+
+
+def test_a_zoo_of_other_modalities_means_a_cold_start_naming_them(zoo: store.DirStore) -> None:
+    _register(zoo, _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16]),
+              accuracy=0.5)
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.outcome == select.Outcome.COLD_INCOMPATIBLE
+    assert "none of the 1 zoo models is a image classification model" in decided.reason
+
+
+def test_below_min_similarity_the_job_starts_cold_with_the_numbers(zoo: store.DirStore) -> None:
+    _register(zoo, _job(*SMALL), accuracy=0.95)
+    decided = decision.decide(_job(*DEEPER, minSimilarity=0.99), zoo)
+    assert decided.outcome == select.Outcome.COLD_BELOW_MIN_SIMILARITY
+    assert "< minSimilarity 0.99" in decided.reason
+
+
+def test_disabled_warm_start_never_reads_the_zoo(tmp_path: Path) -> None:
+    unreadable = store.DirStore(tmp_path / "missing")
+    decided = decision.decide(_job(*DEEPER, enabled=False), unreadable)
+    assert decided.outcome == select.Outcome.DISABLED
+    assert decided.condition_reason == api.Reason.WARM_START_DISABLED
+
+
+def test_a_missing_pinned_parent_is_an_invalid_spec_naming_the_field(
+    zoo: store.DirStore,
+) -> None:
+    with pytest.raises(api.InvalidSpec, match=r"spec\.warmStart\.parent: no usable zoo model"):
+        decision.decide(_job(*DEEPER, parent="small_resnet-00000000"), zoo)
+
+
+def test_a_pinned_parent_is_used_even_below_min_similarity(zoo: store.DirStore) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    decided = decision.decide(_job(*DEEPER, parent=small.id, minSimilarity=0.99), zoo)
+    assert decided.parent_id == small.id and decided.outcome == select.Outcome.PINNED
+    assert "pinned" in decided.reason
+
+
+def test_apply_seeds_a_deeper_child_that_computes_what_its_parent_computes(
+    zoo: store.DirStore,
+) -> None:
+    _, parent_model = _register(zoo, _job(*SMALL), accuracy=0.95)
+    child_job = _job(*DEEPER)
+    child = models.build(child_job.spec.model)
+    decided = decision.decide(child_job, zoo)
+    assert decided.matched_tensors and decided.total_tensors
+    applied = decision.apply(decided, zoo, child, child_job.spec.model.input_shape)
+    assert applied.state_dict is not None
+    assert applied.untransferred_fraction == pytest.approx(
+        1 - decided.matched_tensors / decided.total_tensors)
+    assert 0.0 < applied.untransferred_fraction < 1.0
+    child.load_state_dict(applied.state_dict)
+    x = torch.randn(4, 1, 8, 8)
+    parent_model.eval(), child.eval()
+    # small_resnet's new blocks end in a zero-initialised BN, so they start as identities.
+    torch.testing.assert_close(child(x), parent_model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_corrupted_parent_is_decided_a_cold_start_not_a_crash(zoo: store.DirStore,
+                                                                  tmp_path: Path) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    weights = tmp_path / "zoo" / "models" / small.id / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    assert small.id in decided.reason
+
+
+def test_the_ten_percent_rule_is_part_of_the_decision(zoo: store.DirStore) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    other = _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16],
+                 parent=small.id)
+    decided = decision.decide(other, zoo)
+    assert decided.outcome == select.Outcome.COLD_FEW_TENSORS and decided.cold_start
+    assert decided.total_tensors and "below the 10% minimum" in decided.reason
+
+
+def test_a_decision_is_applied_as_decided_even_if_the_zoo_changed_since(
+    zoo: store.DirStore,
+) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    child_job = _job(*DEEPER)
+    cold = decision.decide(child_job, store.DirStore(zoo.root.parent / "empty"))
+    assert cold.cold_start
+    child = models.build(child_job.spec.model)
+    applied = decision.apply(cold, zoo, child, child_job.spec.model.input_shape)
+    assert applied.state_dict is None and applied.untransferred_fraction == 1.0
+    warm = decision.decide(child_job, zoo)
+    records.delete_record(zoo, small.id)
+    with pytest.raises(decision.ApplyError, match=small.id):
+        decision.apply(warm, zoo, child, child_job.spec.model.input_shape)
+
+
+def test_a_decision_round_trips_through_json(zoo: store.DirStore) -> None:
+    _register(zoo, _job(*SMALL), accuracy=0.95)
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert select.Decision.from_json(json.loads(json.dumps(decided.to_json()))) == decided
+    with pytest.raises(ValueError, match="unknown outcome"):
+        select.Decision.from_json({**decided.to_json(), "outcome": "lukewarm"})
+    with pytest.raises(ValueError, match="without reason"):
+        select.Decision.from_json({k: v for k, v in decided.to_json().items() if k != "reason"})
