@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from rich.console import Console
 from rich.markup import escape
 
@@ -26,7 +27,7 @@ from kiln.api import jobfile
 from kiln.controller import main as controller_main
 from kiln.local import machine, runner, runplan, tables
 from kiln.placement import profile, profilecache, types
-from kiln.warmstart import decision
+from kiln.warmstart import decision, graph, pretrained
 from kiln.warmstart import index as zoo_index
 from kiln.zoo import records, store
 
@@ -125,6 +126,34 @@ def _parser() -> argparse.ArgumentParser:
     _zoo_options(rm)
     rm.set_defaults(func=_cmd_zoo_rm)
 
+    imp = zoo_sub.add_parser(
+        "import", help="register pretrained weights: a .safetensors file, a Hugging Face "
+        "directory or a torch state dict")
+    imp.add_argument("weights", type=Path, metavar="WEIGHTS")
+    imp.add_argument("--job", type=Path, default=None, metavar="FILE",
+                     help="take the model (spec.model) from this job file; its folder goes on "
+                     "the Python path, as with `kiln run`")
+    imp.add_argument("--entrypoint", default=None, metavar="MODULE:CALLABLE",
+                     help="the model's builder in your code (the current directory and "
+                     "PYTHONPATH are searched)")
+    imp.add_argument("--architecture", default=None, metavar="NAME",
+                     help="a registered architecture (`kiln models`)")
+    imp.add_argument("--args", default="{}", metavar="JSON",
+                     help='the builder\'s keyword arguments as a JSON object, e.g. {"n_layer": 4}')
+    imp.add_argument("--input-shape", default=None, metavar="DIMS",
+                     help="one sample's shape without the batch, e.g. 3,32,32 or 64")
+    imp.add_argument("--task", choices=[str(t) for t in api.ModelTask], default=None,
+                     help="what the output means (default: the registry's, or classification)")
+    imp.add_argument("--metric", required=True, metavar="NAME=VALUE",
+                     help="what the weights were evaluated at, e.g. validation_accuracy=0.91")
+    imp.add_argument("--source", default=None, metavar="TEXT",
+                     help="where the weights came from, e.g. a URL (default: the path)")
+    imp.add_argument("--license", default=None, metavar="TEXT", help="the weights' license")
+    imp.add_argument("--dataset", default="imported", metavar="NAME",
+                     help="what they were trained on (informational)")
+    _zoo_options(imp)
+    imp.set_defaults(func=_cmd_zoo_import)
+
     query = zoo_sub.add_parser("query", help="rank the zoo models a job would warm-start from")
     query.add_argument("file", type=Path, metavar="FILE")
     query.add_argument("--top", type=_positive_int, default=5, metavar="K",
@@ -210,7 +239,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         for job in jobs:
             names.append(job.name)
             console.print(f"[green]valid[/]: {escape(job.name)} "
-                          f"({escape(job.spec.model.architecture)} on {job.spec.dataset.name})")
+                          f"({escape(job.spec.model.label)} on {job.spec.dataset.source})")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         invalid.append(f"metadata.name: each job needs its own name; repeated: {repeated}")
@@ -229,6 +258,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
     work_dir = runner.default_work_dir()
+    python_path = runner.python_path(args.files, os.environ)  # entrypoints beside job files
     try:
         machine.check_slots(args.slots)
         devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
@@ -236,7 +266,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(exc)) from None
     if devices is None or devices.count < 2:  # one job or one device: in file order
         outcomes = runner.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
-                                  env=_zoo_env(args))
+                                  env={**_zoo_env(args), **python_path})
     else:
         try:
             the_plan, configs = runplan.make_plan(jobs, devices=devices, zoo=zoo,
@@ -247,7 +277,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(tables.plan(the_plan, configs, devices))  # before anything starts
         outcomes = runplan.run_planned(jobs, the_plan=the_plan, configs=configs,
                                        devices=devices, zoo_uri=args.zoo, work_dir=work_dir,
-                                       console=console, env=_zoo_env(args))
+                                       console=console, env={**_zoo_env(args), **python_path})
     console.print(tables.results(outcomes))
     return EXIT_OK
 
@@ -260,8 +290,14 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     if args.device == "cuda" and profile.device_type("cuda") == "cpu":
         raise UsageError("--device cuda: CUDA is not available here (no GPU, or a CPU-only "
                          "torch); use --device cpu or --device auto")
-    measured = profile.profile_job(job, configs=args.configs, cache_path=args.cache,
-                                   device=args.device, refresh=args.refresh)
+    if job.spec.model.entrypoint is not None:  # as `kiln run` does: the job file's folder
+        os.environ.update(runner.python_path([args.file], os.environ))  # torchrun workers
+        sys.path.insert(0, str(Path(args.file).resolve().parent))
+    try:
+        measured = profile.profile_job(job, configs=args.configs, cache_path=args.cache,
+                                       device=args.device, refresh=args.refresh)
+    except models.EntrypointError as exc:
+        raise UsageError(f"{args.file}: {exc}") from None
     console.print(tables.profile_table(job, measured, kind=profile.device_type(args.device),
                                        cache=args.cache))
     return EXIT_OK
@@ -357,16 +393,85 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
     if len(jobs) != 1:
         raise UsageError(f"{args.file}: holds {len(jobs)} jobs; query one job at a time")
     job, zoo = jobs[0], _open_zoo(args)
-    info = models.get_info(job.spec.model.architecture)
+    modality, task = models.modality_of(job.spec.model), models.task_of(job.spec.model)
+    if job.spec.model.entrypoint is not None:  # as `kiln run` does: the job file's folder
+        sys.path.insert(0, str(Path(args.file).resolve().parent))
     with zoo_index.ZooIndex(zoo) as index:
-        found = index.query(decision.model_graph(job.spec.model), modality=str(info.modality),
-                            task=str(info.task), top_k=None)
-        chosen = decision.decide(job, zoo, zoo_index=index)
+        try:
+            found = index.query(decision.model_graph(job.spec.model), modality=str(modality),
+                                task=str(task), top_k=None)
+            chosen = decision.decide(job, zoo, zoo_index=index)
+        except models.EntrypointError as exc:
+            raise UsageError(f"{args.file}: {exc}") from None
     console.print(tables.warm_start_candidates(job, found, len(index), chosen.parent_id,
                                                top=args.top))
     console.print(chosen.reason[:1].upper() + chosen.reason[1:], markup=False,
                   highlight=False)
     return EXIT_OK
+
+
+def _cmd_zoo_import(args: argparse.Namespace, console: Console) -> int:
+    try:
+        metric = pretrained.parse_metric(args.metric)
+    except pretrained.WeightsError as exc:
+        raise UsageError(str(exc)) from None
+    spec, folder = _import_model_spec(args)
+    zoo = _open_zoo(args)
+    sys.path[:0] = [folder]  # the entrypoint's package, as `kiln run` gives trainers
+    try:
+        rec = pretrained.import_weights(zoo, args.weights, spec, metric=metric,
+                                        source=args.source, license_text=args.license,
+                                        dataset=args.dataset)
+    except (models.EntrypointError, graph.GraphError, TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None  # WeightsError is a ValueError
+    finally:
+        sys.path.remove(folder)
+    console.print(f"imported {rec.id}: {rec.builder}, {rec.num_params:,} parameters, "
+                  f"{rec.metric_name} {rec.metric_value:g}, from {rec.source}",
+                  markup=False, highlight=False)
+    console.print(f"jobs warm-start from it by similarity, or pin it: spec.warmStart.parent: "
+                  f"{rec.id}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _import_model_spec(args: argparse.Namespace) -> tuple[api.ModelSpec, str]:
+    """`kiln zoo import`'s model, from --job or the model flags, and the folder of its code."""
+    flags = {"--entrypoint": args.entrypoint, "--architecture": args.architecture,
+             "--input-shape": args.input_shape, "--task": args.task}
+    if args.job is not None:
+        given = [name for name, value in flags.items() if value is not None]
+        if given or args.args != "{}":
+            drop = ", ".join(given or ["--args"])
+            raise UsageError(f"--job {args.job} gives the model; drop {drop}")
+        jobs = _load_all([args.job])
+        if len(jobs) != 1:
+            raise UsageError(f"--job {args.job}: holds {len(jobs)} jobs; give a file with one")
+        return jobs[0].spec.model, str(args.job.resolve().parent)
+    if (args.entrypoint is None) == (args.architecture is None):
+        raise UsageError("give the model: --entrypoint MODULE:CALLABLE or --architecture NAME "
+                         "(one of them), or --job FILE")
+    if args.input_shape is None:
+        raise UsageError("--input-shape: required with --entrypoint/--architecture, e.g. 64 or "
+                         "3,32,32")
+    try:
+        model_args = json.loads(args.args)
+        shape = [int(d) for d in args.input_shape.split(",")]
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--args {args.args!r}: not JSON ({exc})") from None
+    except ValueError:
+        raise UsageError(f"--input-shape {args.input_shape!r}: expected sizes separated by "
+                         "commas, e.g. 3,32,32") from None
+    if not isinstance(model_args, dict):
+        raise UsageError(f"--args {args.args!r}: expected a JSON object, e.g. "
+                         '{"num_classes": 10}')
+    wire = {"architecture": args.architecture, "entrypoint": args.entrypoint,
+            "args": model_args, "inputShape": shape, "task": args.task}
+    try:
+        spec = api.ModelSpec.model_validate({k: v for k, v in wire.items() if v is not None})
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise UsageError(f"the model flags: {problems}") from None
+    return spec, os.getcwd()
 
 
 def _positive_int(text: str) -> int:

@@ -59,6 +59,7 @@ class Env(enum.StrEnum):
     WARM_START = "KILN_WARM_START"  # --warm-start
     DEVICES = "KILN_DEVICES"  # GPUs (or CPU slots) the pod holds; informational
     TERMINATION_LOG = "KILN_TERMINATION_LOG"  # moves the termination log (test kubelets)
+    DATA_CACHE = "KILN_DATA_CACHE"  # where s3:// datasets are cached (default: a temp folder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,16 @@ class TrainerArgs:
             argv += [Flag.PARALLELISM, self.parallelism]
         argv += [Flag.NO_REGISTER] * (not self.register) + [Flag.NO_RESUME] * (not self.resume)
         return [str(a) for a in argv]
+
+    def to_env(self) -> dict[str, str]:
+        """The same settings as `Env` variables (defaults left out), for a process that reads
+        its settings from the environment, like a job's own command."""
+        env = {Env.JOB_FILE: self.job_file, Env.ZOO: self.zoo, Env.CHECKPOINTS: self.checkpoint_dir,
+               Env.WARM_START: self.warm_start,
+               Env.METRICS_PORT: str(self.metrics_port) if self.metrics_port else None,
+               Env.PARALLELISM: (self.parallelism if self.parallelism != api.Parallelism.AUTO
+                                 else None)}
+        return {str(k): v for k, v in env.items() if v is not None}
 
 
 def parse_trainer_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> TrainerArgs:
@@ -278,6 +289,10 @@ class Result:
         freezing: the freezer's summary (frozen modules, boundary ``events``, mean skipped
             backward-FLOPs share, estimated saved seconds, reference CPU seconds); None when
             freezing was off.
+        warm_start_decision: the warm-start decision the run applied, with the keys
+            ``parent``, ``similarity``, ``parent_metric``, ``matched_tensors``,
+            ``total_tensors``, ``outcome`` and ``reason``; the operator records it in
+            status.warmStart when the trainer made it (entrypoint models). None if unknown.
     """
 
     KIND: ClassVar[str] = "result"
@@ -298,6 +313,7 @@ class Result:
     similarity: float | None = None
     warm_start: str = ""
     freezing: dict[str, Any] | None = None
+    warm_start_decision: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields, JSON-ready (no kind key; non-finite numbers as None)."""

@@ -27,6 +27,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("placement.py", "placement_quick", "makespan_reduction_vs_whole_node",
                      id="placement"),
         pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
+        pytest.param("hf_lm.py", "hf_lm_quick", "median_steps_ratio", id="hf-lm"),
     ],
 )
 def test_benchmark_quick_run_writes_its_summary(script: str, result: str,

@@ -2,7 +2,7 @@
 
 Does for a trainer pod what a scheduler and a kubelet would, over the emulator's HTTP API (so
 the operator sees every change through its watch), and injects faults (`Fault`). No images,
-volumes, resource limits or probes.
+resource limits or probes; volumes only as a stand-in (`Kubelet`, mounts).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class RunningPod:
     fault: Fault | None = None
     last_check: float = 0.0
     terminating_since: float | None = None
+    mounts: list[Path] = dataclasses.field(default_factory=list)
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -85,6 +86,11 @@ class Kubelet:
     * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
       kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
       when that file is empty and the exit code is not 0;
+    * mounts (a test stand-in for a kubelet's mounts, without a container filesystem): each
+      volumeMount of the container becomes a symlink at its mountPath to the volume's directory
+      on this machine (``hostPath``: its path; ``emptyDir``: a scratch folder), removed when the
+      container ends; a mountPath that already exists here is an error, and Kiln's /dev/shm is
+      the machine's own;
     * ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
       port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
       patched to it (what a CNI with per-pod IPs makes unnecessary);
@@ -123,6 +129,7 @@ class Kubelet:
         for pod in list(self._running.values()):
             _signal_group(pod.process, signal.SIGKILL)
             pod.process.wait(timeout=30)
+            _unmount(pod)
 
     def inject(self, fault: Fault) -> Fault:
         """Add a fault; returns it (its `hits` fill in as pods are killed)."""
@@ -162,6 +169,7 @@ class Kubelet:
             if gone:
                 self._terminate(key, running, now)
             elif running.process.poll() is not None:
+                _unmount(running)
                 self._report_exit(running)
                 self._finished[key] = self._running.pop(key)
             else:
@@ -187,6 +195,7 @@ class Kubelet:
                 "spec": {"nodeName": node},
                 "metadata": {"annotations": {"prometheus.io/port": str(port)}}}):
             return  # deleted before it could start
+        mounts = _mount(spec, container, scratch)
         log_path = scratch / "container.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -207,7 +216,8 @@ class Kubelet:
         self._running[(namespace, name)] = RunningPod(
             namespace=namespace, name=name, job=job, attempt=attempt, process=process,
             log_path=log_path, termination_path=termination, metrics_port=port,
-            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), fault=fault)
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), fault=fault,
+            mounts=mounts)
         self.started.append((namespace, name))
 
     def _container_env(self, namespace: str, pod: str, container: dict[str, Any]
@@ -275,6 +285,7 @@ class Kubelet:
     def _terminate(self, key: tuple[str, str], running: RunningPod, now: float) -> None:
         """The pod is gone: SIGTERM, then SIGKILL after its grace period; no status."""
         if running.process.poll() is not None:
+            _unmount(running)
             self._finished[key] = self._running.pop(key)
             return
         if running.terminating_since is None:
@@ -282,6 +293,38 @@ class Kubelet:
             _signal_group(running.process, signal.SIGTERM)
         elif now - running.terminating_since > running.grace_seconds:
             _signal_group(running.process, signal.SIGKILL)
+
+
+def _mount(spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> list[Path]:
+    """Link each of the container's mountPaths to its volume's directory; returns the links."""
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    links: list[Path] = []
+    for mount in container.get("volumeMounts") or []:
+        path = Path(mount["mountPath"])
+        if str(path) == "/dev/shm":
+            continue
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            source = Path(volume["hostPath"]["path"])
+        elif "emptyDir" in volume:
+            source = scratch / "volumes" / volume["name"]
+            source.mkdir(parents=True, exist_ok=True)
+        else:
+            raise RuntimeError(f"volume {volume['name']}: the test kubelet mounts hostPath and "
+                               "emptyDir volumes only")
+        if path.exists() or path.is_symlink():
+            raise RuntimeError(f"mountPath {path} exists on this machine; the test kubelet "
+                               "mounts by linking there, so use a path that does not exist")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(source, target_is_directory=True)
+        links.append(path)
+    return links
+
+
+def _unmount(running: RunningPod) -> None:
+    for link in running.mounts:
+        link.unlink(missing_ok=True)
+    running.mounts.clear()
 
 
 def _affinity_node(spec: dict[str, Any]) -> str:

@@ -58,6 +58,17 @@ def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> N
                      id="shape-does-not-fit-dataset"),
         pytest.param(("training:", "dataset: {name: mnist}\n  training:"), "spec.dataset.name",
                      id="unknown-dataset"),
+        pytest.param(("training:", ("template: {volumes: [{name: data, emptyDir: {}}], "
+                                    "volumeMounts: [{name: dataset, mountPath: /data}]}\n"
+                                    "  training:")),
+                     "spec.template.volumeMounts[0].name: 'dataset' names no volume in "
+                     "spec.template.volumes (volumes: data)", id="mount-of-no-volume"),
+        pytest.param(("training:", "template: {env: [{name: KILN_ZOO, value: /z}]}\n  training:"),
+                     "spec.template.env[0].name: KILN_ZOO is reserved", id="reserved-env"),
+        pytest.param(("training:", ("dataset: {name: digits, entrypoint: 'my.data:load'}\n"
+                                    "  training:")),
+                     "spec.dataset: set name (a built-in loader) or entrypoint",
+                     id="dataset-name-and-entrypoint"),
     ],
 )
 def test_validate_rejects_bad_input_with_a_message_naming_the_field(

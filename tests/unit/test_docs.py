@@ -99,3 +99,11 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
 
     listed = set(entries(config["nav"]))
     assert {str(p.relative_to(DOCS)) for p in _pages()} == listed
+
+
+def test_the_trainer_page_lists_every_flag_and_variable_of_the_contract() -> None:
+    from kiln import contract
+
+    page = (DOCS / "concepts" / "trainer.md").read_text()
+    missing = [str(name) for name in [*contract.Flag, *contract.Env] if f"`{name}" not in page]
+    assert not missing, f"docs/concepts/trainer.md does not mention {missing} (see kiln.contract)"

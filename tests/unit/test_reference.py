@@ -21,7 +21,9 @@ def test_reference_lists_every_spec_field_with_its_bounds() -> None:
     table = reference.markdown()
     assert "| `spec.training.epochs` | integer | `30` | ≥ 1, ≤ 100000 |" in table
     assert "`spec.runPolicy.cleanPodPolicy`" in table and "`All`, `Running`, `None`" in table
-    assert "`spec.model.architecture` | string, **required**" in table
+    assert "`spec.model.inputShape` | list of integer, **required**" in table
+    assert "| `spec.model.architecture` | string |" in table  # or spec.model.entrypoint
+    assert "| `spec.model.task` | string |  | `classification`, `language_model` |" in table
 
 
 def test_update_rewrites_only_the_text_between_the_markers(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from types import FrameType
 
 import torch
 
-from kiln import api, contract
+from kiln import api, contract, models
 from kiln.api import jobfile
 from kiln.warmstart import decision
 from kiln.zoo import store as zoo_store
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except loop.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
-            runtime.ConfigError, decision.ApplyError) as exc:
+            runtime.ConfigError, decision.ApplyError, models.EntrypointError) as exc:
         return _fail(emit, _unwrap_worker_error(str(exc)), contract.EXIT_INVALID)
     except zoo_store.StoreUnavailable as exc:
         return _fail(emit, f"store unavailable: {exc}", contract.EXIT_STORE_UNAVAILABLE)

@@ -1,25 +1,38 @@
 """Datasets for the trainer: `api.DatasetSpec` + input shape -> seeded train and validation splits.
 
 Shapes: images Tensor[C, H, W] float32 with an int class label; text LongTensor[T] input and
-LongTensor[T] target, where [C, H, W] or [T] is `spec.model.inputShape`. Never downloads unless
-``spec.dataset.download`` asks; batching is `distributed.batching`'s.
+LongTensor[T] target, where [C, H, W] or [T] is `spec.model.inputShape`. Sources: the built-in
+loaders (s3:// paths fetched once into a local cache), or the user's dataset entrypoint, whose
+samples are checked as they are read. Batching is `distributed.batching`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
+import minio
+import minio.error
 import PIL
 import torch
 import torchvision
+import urllib3.exceptions
 from torch.nn import functional as F
 from torch.utils import data as torch_data
 
-from kiln import api
+from kiln import api, contract, models
+from kiln.models import entrypoints
+from kiln.zoo import store as zoo_store
 
 Transform = Callable[[Any], torch.Tensor]
 
@@ -46,6 +59,8 @@ class Splits:
         num_classes: classes of an image dataset; None for text.
         description: short human name for logs, e.g. "digits" or "imagefolder:/data/pets".
         in_memory: samples are tensors in memory (no loader workers needed).
+        max_target: an entrypoint dataset's largest target among its first samples (a class,
+            or a token id), which the model's outputs must exceed; None for built-in loaders.
     """
 
     train: torch_data.Dataset[Sample]
@@ -54,6 +69,7 @@ class Splits:
     num_classes: int | None
     description: str
     in_memory: bool = True
+    max_target: int | None = None
 
 
 def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int], list[int]]:
@@ -89,7 +105,7 @@ def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int
 
 
 def _where(spec: api.DatasetSpec) -> str:
-    return f"{spec.name} at {spec.path}" if spec.path else str(spec.name)
+    return f"{spec.loader} at {spec.path}" if spec.path else str(spec.loader)
 
 
 # Fixed scaling for file-backed images: [0, 1] -> [-1, 1]. Computing statistics would cost a
@@ -112,10 +128,12 @@ TORCHVISION_CLASSES: dict[str, tuple[dict[str, Any], int]] = {
 }
 
 
-def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Splits:
+def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
+         model: api.ModelSpec | None = None, environ: Mapping[str, str] | None = None
+         ) -> Splits:
     """Load the dataset `spec` describes and split it by `seed` (`split_indices`).
 
-    Four sources (`spec.dataset.name`):
+    Five sources (`spec.dataset.name`, or `spec.dataset.entrypoint`):
       * ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 grayscale images, 10
         classes; nothing is downloaded), scaled to [0, 1], resized to [H, W] (bilinear),
         replicated to C channels, standardised with the training split's mean and std.
@@ -126,15 +144,24 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Spl
       * ``text``: a UTF-8 file (or a directory: its UTF-8 files concatenated in path order)
         read as bytes (tokens 0..255), cut into non-overlapping windows of T+1 bytes; a window
         gives input ``w[:T]`` and next-byte target ``w[1:]``.
+      * an entrypoint: the user's callable, called with ``args``, returns (train, validation)
+        map-style datasets of (input, target) pairs, used as they are (`from_entrypoint`).
 
-    Images from files are resized to [H, W] (bilinear), converted to grayscale or RGB to match
-    C, and scaled to [-1, 1]. ``flip-crop`` augmentation (`flip_crop`) touches the train split
-    only, drawing from torch's global RNG, which checkpoints carry.
+    imagefolder and text read ``path`` (and ``validationPath``) from ``s3://bucket/prefix`` too
+    (`fetch`). With ``validationPath``, all of ``path`` trains and ``validationPath``
+    validates, each capped at ``maxSamples``. Images from files are resized to [H, W]
+    (bilinear), converted to grayscale or RGB to match C, and scaled to [-1, 1]. ``flip-crop``
+    augmentation (`flip_crop`) touches the train split only, drawing from torch's global RNG,
+    which checkpoints carry.
 
     Args:
         spec: the job's `spec.dataset`.
         input_shape: `spec.model.inputShape`: [C, H, W] for images, [T] for text.
         seed: split seed (`spec.training.seed`).
+        model: the job's `spec.model`: the task and class count an entrypoint's samples are
+            checked against (None: classification, classes unknown).
+        environ: S3 endpoint and credentials (`kiln.contract.Env`) and the cache directory
+            (default: `os.environ`).
 
     Returns:
         The train and validation splits.
@@ -143,22 +170,148 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int) -> Spl
         DatasetError: the path is missing or empty, a text file is not UTF-8 text or too short
             for two windows, the torchvision class is unsupported or its data is absent, fewer
             than two samples, or a validationFraction leaving a split too small (see
-            `split_indices`). An image file that cannot be decoded raises it later, when read.
+            `split_indices`); an s3:// path that cannot be fetched (`fetch`); an entrypoint
+            that fails or returns the wrong things (`from_entrypoint`). An image file that
+            cannot be decoded, or an entrypoint sample that does not fit, raises it later, when
+            read.
+        zoo_store.StoreUnavailable: the S3 server did not answer.
     """
     shape = tuple(int(d) for d in input_shape)
-    if spec.name == api.DatasetName.DIGITS:
+    if spec.entrypoint is not None:
+        return from_entrypoint(spec, shape, model=model)
+    environ = os.environ if environ is None else environ
+    spec = spec.model_copy(update={
+        "path": fetch(spec.path, field="spec.dataset.path", environ=environ),
+        "validation_path": fetch(spec.validation_path, field="spec.dataset.validationPath",
+                                 environ=environ)})
+    if spec.loader == api.DatasetName.DIGITS:
         return _digits(spec, shape, seed)
-    if spec.name == api.DatasetName.TEXT:
+    if spec.loader == api.DatasetName.TEXT:
         return _text(spec, shape, seed)
     base, num_classes, description = _file_images(spec)
-    train_idx, val_idx = split_indices(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
+    val_base = base
+    if spec.validation_path is not None:
+        val_base, _, _ = _file_images(spec, validation=True)
+        mine, theirs = getattr(base, "classes", []), getattr(val_base, "classes", [])
+        if mine != theirs:
+            raise DatasetError(
+                f"spec.dataset.validationPath: its class folders ({', '.join(theirs)}) differ "
+                f"from spec.dataset.path's ({', '.join(mine)}); give both the same class folders"
+            )
+        train_idx = _capped(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
+        val_idx = _capped(len(val_base), spec=spec, seed=seed)  # type: ignore[arg-type]
+    else:
+        train_idx, val_idx = split_indices(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
     train_tf = _file_image_transform(shape, augment=spec.augmentation == api.Augmentation.FLIP_CROP)
     val_tf = _file_image_transform(shape, augment=False)
     return Splits(
-        _Subset(base, train_idx, train_tf), _Subset(base, val_idx, val_tf), "image", num_classes,
-        description, in_memory=False,
+        _Subset(base, train_idx, train_tf), _Subset(val_base, val_idx, val_tf), "image",
+        num_classes, description, in_memory=False,
     )
 
+
+def _capped(n: int, *, spec: api.DatasetSpec, seed: int) -> list[int]:
+    """All `n` indices, or a seeded random `maxSamples` of them (a separate validation set)."""
+    if spec.max_samples is None or spec.max_samples >= n:
+        return list(range(n))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[: spec.max_samples])
+
+
+# ----------------------------------------------------------------------------------------------
+# s3:// data: fetched once into a local cache, then read like a local path
+
+
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "kiln-data"
+
+
+def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | None:
+    """A local path for `path`: itself, or for ``s3://bucket/prefix`` a cached copy.
+
+    The objects under the prefix (or the one object named by it) are listed, and the listing
+    (keys, ETags, sizes) names the cache entry under ``$KILN_DATA_CACHE`` (default
+    DEFAULT_CACHE): an unchanged dataset is downloaded once per machine. A download goes to a
+    temporary folder renamed into place when complete, so a crash never leaves half a dataset
+    and concurrent trainers never see one. The endpoint and credentials are the zoo's
+    (``KILN_ZOO_ENDPOINT``, ``KILN_ZOO_ACCESS_KEY``/``KILN_ZOO_SECRET_KEY`` or AWS's,
+    ``KILN_ZOO_REGION``).
+
+    Raises:
+        DatasetError: no endpoint set, bad credentials, no such bucket, nothing under the prefix,
+            or an object key that would leave the cache folder.
+        zoo_store.StoreUnavailable: the server did not answer.
+    """
+    if path is None or not path.startswith("s3://"):
+        return path
+    parts = urlsplit(path)
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    endpoint = environ.get(contract.Env.ZOO_ENDPOINT, "").strip()
+    if not endpoint:
+        raise DatasetError(
+            f"{field}: {path} needs the S3 server address; set {contract.Env.ZOO_ENDPOINT} "
+            "(the zoo's endpoint, host:port) and its credentials"
+        )
+    try:
+        host, secure = zoo_store.parse_endpoint(endpoint)
+        access_key, secret_key = zoo_store.credentials_from_env(environ)
+        client = minio.Minio(host, access_key=access_key, secret_key=secret_key, secure=secure,
+                             region=environ.get(contract.Env.ZOO_REGION) or None)
+        objects = sorted(
+            (o for o in client.list_objects(bucket, prefix=prefix or None, recursive=True)
+             if o.object_name and not o.is_dir
+             and (not prefix or o.object_name == prefix or o.object_name.startswith(prefix + "/"))),
+            key=lambda o: str(o.object_name))
+        if not objects:
+            raise DatasetError(f"{field}: nothing under {path}; upload the data there or fix "
+                               "the bucket and prefix")
+        single = len(objects) == 1 and objects[0].object_name == prefix
+        listing = [[o.object_name, o.etag, o.size] for o in objects]
+        key = hashlib.sha256(json.dumps([host, bucket, prefix, listing]).encode()).hexdigest()
+        root = Path(environ.get(contract.Env.DATA_CACHE) or DEFAULT_CACHE)
+        entry = root / key[:32]
+        if not entry.exists():
+            _download(client, bucket, prefix, objects, entry, single=single, where=path,
+                      field=field)
+    except DatasetError:
+        raise
+    except minio.error.S3Error as exc:
+        raise DatasetError(f"{field}: cannot read {path} ({exc.code}: {exc.message}); check the "
+                           "bucket, the prefix and the credentials") from None
+    except (minio.error.ServerError, urllib3.exceptions.HTTPError, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+            raise DatasetError(f"{field}: cannot cache {path} locally ({exc}); set "
+                               f"{contract.Env.DATA_CACHE} to a writable folder") from None
+        raise zoo_store.StoreUnavailable(f"S3 server {endpoint} for {path}: {exc}") from None
+    except ValueError as exc:  # a malformed endpoint, half a credential pair, a bad bucket name
+        raise DatasetError(f"{field}: {path}: {exc}") from None
+    if single:
+        return str(entry / PurePosixPath(prefix).name)
+    return str(entry)
+
+
+def _download(client: minio.Minio, bucket: str, prefix: str, objects: list[Any], entry: Path,
+              *, single: bool, where: str, field: str) -> None:
+    """Download `objects` into a temporary folder beside `entry`, then rename it into place."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    scratch = entry.parent / f".{entry.name}.{uuid.uuid4().hex[:8]}.partial"
+    try:
+        for obj in objects:
+            name = str(obj.object_name)
+            relative = PurePosixPath(name).name if single else name[len(prefix):].lstrip("/")
+            parts = PurePosixPath(relative).parts
+            if not parts or any(part in ("..", ".") for part in parts):
+                raise DatasetError(f"{field}: object {name!r} under {where} has a key that "
+                                   "leaves its folder; rename it")
+            target = scratch.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            client.fget_object(bucket, name, str(target))
+        try:
+            os.rename(scratch, entry)
+        except OSError:
+            if not entry.exists():  # not a concurrent trainer that finished first
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,20 +380,23 @@ def flip_crop(image: torch.Tensor) -> torch.Tensor:
 # imagefolder and torchvision classes
 
 
-def _file_images(spec: api.DatasetSpec) -> tuple[torch_data.Dataset[Any], int | None, str]:
-    """The raw dataset (PIL images or tensors, int labels), its class count and description."""
-    path = Path(spec.path or "")
-    if spec.name == api.DatasetName.IMAGEFOLDER:
+def _file_images(spec: api.DatasetSpec, *, validation: bool = False
+                 ) -> tuple[torch_data.Dataset[Any], int | None, str]:
+    """The raw dataset (PIL images or tensors, int labels), its class count and description;
+    with `validation`, the imagefolder at validationPath."""
+    path = Path((spec.validation_path if validation else spec.path) or "")
+    field = "spec.dataset.validationPath" if validation else "spec.dataset.path"
+    if spec.loader == api.DatasetName.IMAGEFOLDER:
         if not path.is_dir():
             raise DatasetError(
-                f"spec.dataset.path: {path} is not a directory; an imagefolder needs one "
+                f"{field}: {path} is not a directory; an imagefolder needs one "
                 "sub-folder per class holding its images (e.g. cats/1.png, dogs/2.png)"
             )
         try:
             folder = torchvision.datasets.ImageFolder(str(path))
         except FileNotFoundError as exc:
             raise DatasetError(
-                f"spec.dataset.path: {path} holds no class folders with images ({exc}); put "
+                f"{field}: {path} holds no class folders with images ({exc}); put "
                 "one sub-folder per class with .png/.jpg files in it"
             ) from None
         return folder, len(folder.classes), f"imagefolder:{path}"
@@ -342,24 +498,35 @@ class _Subset(torch_data.Dataset[Sample]):
 
 def _text(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
     path = Path(spec.path or "")
-    raw = read_text_bytes(path)
     (length,) = shape
+    separate = spec.validation_path is not None
+    tokens = _text_windows(path, length, field="spec.dataset.path", least=1 if separate else 2)
+    if spec.validation_path is None:
+        train_idx, val_idx = split_indices(len(tokens), spec=spec, seed=seed)
+        train, validation = tokens[train_idx], tokens[val_idx]
+    else:
+        val_tokens = _text_windows(Path(spec.validation_path), length, least=1,
+                                   field="spec.dataset.validationPath")
+        train = tokens[_capped(len(tokens), spec=spec, seed=seed)]
+        validation = val_tokens[_capped(len(val_tokens), spec=spec, seed=seed)]
+    return Splits(_Windows(train), _Windows(validation), "text", None, f"text:{path}")
+
+
+def _text_windows(path: Path, length: int, *, field: str, least: int) -> torch.Tensor:
+    """The text at `path` as byte windows LongTensor[N, T+1], at least `least` of them."""
+    raw = read_text_bytes(path, field=field)
     windows = len(raw) // (length + 1)
-    if windows < 2:
+    if windows < least:
         raise DatasetError(
-            f"spec.dataset.path: {path} has {len(raw)} bytes of text, too short for two windows "
-            f"of inputShape [{length}] + 1 bytes (needs >= {2 * (length + 1)}); use more text "
-            "or a shorter spec.model.inputShape"
+            f"{field}: {path} has {len(raw)} bytes of text, too short for {least} window(s) "
+            f"of inputShape [{length}] + 1 bytes (needs >= {least * (length + 1)}); use more "
+            "text or a shorter spec.model.inputShape"
         )
     tokens = torch.frombuffer(bytearray(raw[: windows * (length + 1)]), dtype=torch.uint8)
-    tokens = tokens.view(windows, length + 1).long()
-    train_idx, val_idx = split_indices(windows, spec=spec, seed=seed)
-    return Splits(
-        _Windows(tokens[train_idx]), _Windows(tokens[val_idx]), "text", None, f"text:{path}"
-    )
+    return tokens.view(windows, length + 1).long()
 
 
-def read_text_bytes(path: Path) -> bytes:
+def read_text_bytes(path: Path, *, field: str = "spec.dataset.path") -> bytes:
     """The bytes of a text file, or of every UTF-8 text file under a directory.
 
     A directory's files are taken recursively in sorted path order, joined by newlines;
@@ -372,13 +539,13 @@ def read_text_bytes(path: Path) -> bytes:
         content = path.read_bytes()
         if not _is_text(content):
             raise DatasetError(
-                f"spec.dataset.path: {path} is not UTF-8 text (a binary file?); point it at a "
+                f"{field}: {path} is not UTF-8 text (a binary file?); point it at a "
                 "text file or a folder of them"
             )
         return content
     if not path.is_dir():
         raise DatasetError(
-            f"spec.dataset.path: {path} does not exist; text needs a UTF-8 text file or a "
+            f"{field}: {path} does not exist; text needs a UTF-8 text file or a "
             "directory of them (e.g. a source tree)"
         )
     parts = []
@@ -391,7 +558,7 @@ def read_text_bytes(path: Path) -> bytes:
             parts.append(content)
     if not parts:
         raise DatasetError(
-            f"spec.dataset.path: directory {path} holds no UTF-8 text files; point it at a "
+            f"{field}: directory {path} holds no UTF-8 text files; point it at a "
             "text file or a folder of them"
         )
     return b"\n".join(parts)
@@ -418,4 +585,189 @@ class _Windows(torch_data.Dataset[Sample]):
     def __getitem__(self, index: int) -> Sample:
         window = self.windows[index]
         return window[:-1], window[1:]
+
+
+# ----------------------------------------------------------------------------------------------
+# the user's dataset entrypoint
+
+ENTRYPOINT_FIELD = "spec.dataset.entrypoint"
+# Samples of each split read and checked before training starts; the rest are checked as read.
+CHECKED_SAMPLES = 8
+
+
+def from_entrypoint(spec: api.DatasetSpec, shape: tuple[int, ...], *,
+                    model: api.ModelSpec | None = None) -> Splits:
+    """The (train, validation) datasets `spec.dataset.entrypoint(**args)` returns, checked.
+
+    Every sample must be an (input, target) pair: the input a tensor (or anything
+    `torch.as_tensor` takes; float64 becomes float32) of shape `shape`; for classification the
+    target an integer class >= 0 (below ``spec.model.args.num_classes`` when set, and below the
+    model's outputs: `check_targets`); for a language model input and target integer token ids
+    of shape `shape`. The first CHECKED_SAMPLES of each split are checked here, the rest as
+    they are read.
+
+    Raises:
+        DatasetError: naming spec.dataset.entrypoint and, when the user's code raised, its file
+            and line: the entrypoint cannot be imported or called, it returned something other
+            than two non-empty map-style datasets, or a first sample does not fit.
+    """
+    entrypoint = str(spec.entrypoint)
+    language = model is not None and models.task_of(model) is models.Task.LANGUAGE_MODELING
+    try:
+        returned = entrypoints.call(entrypoint, spec.args, field=ENTRYPOINT_FIELD)
+    except models.EntrypointError as exc:
+        raise DatasetError(str(exc)) from None
+    if not (isinstance(returned, tuple | list) and len(returned) == 2):
+        raise DatasetError(
+            f"{ENTRYPOINT_FIELD}: {entrypoint} returned {_kind(returned)}; return (train, "
+            "validation), two map-style torch Datasets of (input, target) pairs"
+        )
+    declared = model.args.get("num_classes") if model is not None and not language else None
+    num_classes = declared if isinstance(declared, int) and not isinstance(declared, bool) else None
+    checked = []
+    for split, dataset in zip(("train", "validation"), returned, strict=True):
+        if isinstance(dataset, str | bytes) or not (
+                hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise DatasetError(
+                f"{ENTRYPOINT_FIELD}: the {split} split {entrypoint} returned is "
+                f"{_kind(dataset)}, not a map-style Dataset (with __len__ and __getitem__); "
+                "return e.g. a torch.utils.data.TensorDataset"
+            )
+        wrapped = _Checked(dataset, split=split, entrypoint=entrypoint, shape=shape,
+                           language=language, limit=num_classes)
+        if len(wrapped) < 1:
+            raise DatasetError(f"{ENTRYPOINT_FIELD}: the {split} split of {entrypoint} is "
+                               "empty; give it at least one sample")
+        checked.append(wrapped)
+    train, validation = checked
+    first = [ds[i] for ds in checked for i in range(min(CHECKED_SAMPLES, len(ds)))]
+    max_target = max(_max_target(target) for _, target in first)
+    return Splits(train, validation, "text" if language else "image",
+                  None if language else num_classes, f"entrypoint:{entrypoint}",
+                  in_memory=False, max_target=max_target)
+
+
+def check_targets(splits: Splits, outputs: int) -> None:
+    """Refuse targets the model cannot predict: an entrypoint's targets must be < `outputs`
+    (the model's output size, for a language model its vocabulary); later samples are checked
+    against it as they are read.
+
+    Raises:
+        DatasetError: a first sample's target is `outputs` or more.
+    """
+    if splits.max_target is None:
+        return
+    if splits.max_target >= outputs:
+        raise DatasetError(
+            f"{ENTRYPOINT_FIELD}: a target among the first samples is {splits.max_target}, out "
+            f"of range for the model's {outputs} outputs (counted from the model's output); "
+            f"return targets in 0..{outputs - 1}, or give the model more outputs"
+        )
+    for dataset in (splits.train, splits.validation):
+        if isinstance(dataset, _Checked) and dataset.limit is None:
+            dataset.limit, dataset.limit_source = outputs, "the model's outputs"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _max_target(target: torch.Tensor | int) -> int:
+    return int(target.max()) if isinstance(target, torch.Tensor) else int(target)
+
+
+class _Checked(torch_data.Dataset[Sample]):
+    """A user's dataset whose samples are checked (and made tensors) as they are read."""
+
+    def __init__(self, dataset: Any, *, split: str, entrypoint: str, shape: tuple[int, ...],
+                 language: bool, limit: int | None) -> None:
+        self.dataset, self.split, self.entrypoint = dataset, split, entrypoint
+        self.shape, self.language = shape, language
+        self.limit = limit  # targets must be below it; None: not known yet
+        self.limit_source = "spec.model.args.num_classes"
+
+    def __len__(self) -> int:
+        try:
+            return len(self.dataset)
+        except Exception as exc:  # noqa: BLE001  # any error in the user's code
+            raise DatasetError(self._raised("len()", exc)) from None
+
+    def __getitem__(self, index: int) -> Sample:
+        try:
+            sample = self.dataset[index]
+        except Exception as exc:  # noqa: BLE001  # any error in the user's code
+            raise DatasetError(self._raised(f"[{index}]", exc)) from None
+        where = f"{ENTRYPOINT_FIELD}: {self.split}[{index}] of {self.entrypoint}"
+        if not (isinstance(sample, tuple | list) and len(sample) == 2):
+            raise DatasetError(f"{where} is {_kind(sample)}, not an (input, target) pair; "
+                               "return (input, target) from __getitem__")
+        inputs = self._tensor(sample[0], f"{where}: the input")
+        if tuple(inputs.shape) != self.shape:
+            raise DatasetError(f"{where}: the input has shape {list(inputs.shape)} but "
+                               f"spec.model.inputShape is {list(self.shape)}; make them equal")
+        if self.language:
+            inputs, tokens = self._tokens(inputs, sample[1], where)
+            target: torch.Tensor | int = tokens
+            low, high = int(min(inputs.min(), tokens.min())), int(max(inputs.max(), tokens.max()))
+        else:
+            target = low = high = self._label(sample[1], where)
+        if low < 0:
+            raise DatasetError(f"{where}: a target is {low}; classes and token ids start at 0")
+        if self.limit is not None and high >= self.limit:
+            raise DatasetError(f"{where}: a target is {high}, out of range for {self.limit} "
+                               f"classes ({self.limit_source}); return targets in "
+                               f"0..{self.limit - 1}")
+        if inputs.dtype == torch.float64:
+            inputs = inputs.float()
+        return inputs, target
+
+    def _tensor(self, value: Any, what: str) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise DatasetError(f"{what} is {_kind(value)}, not a tensor (or a number, list or "
+                               "array torch.as_tensor takes); convert it, e.g. with "
+                               "torchvision.transforms.functional.pil_to_tensor") from None
+
+    def _tokens(self, inputs: torch.Tensor, value: Any, where: str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A language model's (input, target) as LongTensor[T] token ids."""
+        target = self._tensor(value, f"{where}: the target")
+        for name, tensor in (("input", inputs), ("target", target)):
+            if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+                raise DatasetError(f"{where}: the {name} is {tensor.dtype}, but a language "
+                                   "model takes integer token ids; return a LongTensor")
+        if tuple(target.shape) != self.shape:
+            raise DatasetError(f"{where}: the target has shape {list(target.shape)}; a "
+                               "language model needs next-token ids of shape "
+                               f"{list(self.shape)}, like the input")
+        return inputs.long(), target.long()
+
+    def _label(self, value: Any, where: str) -> int:
+        tensor = value if isinstance(value, torch.Tensor) else None
+        if tensor is None and not isinstance(value, bool):
+            try:
+                tensor = torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError):
+                tensor = None
+        integral = tensor is not None and tensor.numel() == 1 and not (
+            tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
+        if tensor is None or not integral:
+            raise DatasetError(f"{where}: the target is {value!r:.80}, not an integer class "
+                               "label; return an int (or a 0-d integer tensor) for "
+                               "classification, or set spec.model.task: language_model")
+        return int(tensor.item())
+
+    def _raised(self, what: str, exc: BaseException) -> str:
+        if exc.__traceback__ is not None:  # the tail starts in the user's code, not this frame
+            exc = exc.with_traceback(exc.__traceback__.tb_next)
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+        tail = entrypoints.traceback_tail(exc)
+        return (f"{ENTRYPOINT_FIELD}: {self.split}{what} of {self.entrypoint} raised {detail}"
+                + (f" (at {tail})" if tail else ""))
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from kiln import api, contract, models
+from kiln.models import entrypoints
 from kiln.warmstart import select
 from kiln.zoo import store as zoo_store
 from kiln_trainer import (
@@ -32,6 +33,7 @@ from kiln_trainer import (
     events,
     metrics,
     optim,
+    precision,
     registration,
     runtime,
     tracking,
@@ -121,7 +123,7 @@ def main(
         ctx.local_batch_size(batch_size)  # B must split evenly over the ranks: fail early
 
         splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
-                           seed=spec.dataset.split_seed)
+                           seed=spec.dataset.split_seed, model=spec.model)
         steps_per_epoch = batching.steps_per_epoch(splits.train, batch_size=batch_size,
                                                    world_size=ctx.world_size)
         workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
@@ -155,8 +157,14 @@ def main(
             checkpoint.restore_model(saved, job, raw_model)  # before wrapping: any writer's W
         raw_model = raw_model.to(device)
         ctx.broadcast_weights(raw_model)  # rank 0's (warm-started) weights on every rank
+        if spec.model.entrypoint is not None:  # user code: its own shapes, its own lines
+            entrypoints.check_forward(
+                raw_model, splits.validation[0][0].to(device), entrypoint=spec.model.entrypoint,
+                language_model=models.task_of(spec.model) is models.Task.LANGUAGE_MODELING)
         runtime.check_outputs(raw_model, splits, device)
         model = ctx.wrap(raw_model) if ctx.parallelism == "fsdp" else raw_model  # in place
+        amp = precision.MixedPrecision(spec.training.precision, device,
+                                       sharded=ctx.parallelism == "fsdp")
 
         optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
         scheduler = optim.build_schedule(optimizer, spec.training,
@@ -167,6 +175,7 @@ def main(
             state = checkpoint.restore_training(saved, job, optimizer, scheduler, ctx=ctx,
                                                 wrapped=model)
             state.warm_start = warm_start.to_json()
+            amp.load_state_dict(saved.get(precision.CHECKPOINT_KEY))
             resumed_from = state.epochs_done
             emit.info(f"resumed from {location.describe()} at epoch {state.epochs_done} "
                       f"+ {state.epoch_batch} batches, step {state.step}")
@@ -189,10 +198,11 @@ def main(
         clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved
                                else 0.0)
         checkpointer = functools.partial(save, location, clock, state, job, raw_model, optimizer,
-                                         scheduler, freezer, ctx)
+                                         scheduler, freezer, ctx, amp=amp)
         validate = functools.partial(evaluate, raw_model, splits,
                                      batch_size=batch_size, device=device,
-                                     num_workers=workers, ctx=ctx)  # FSDP: sharded in place
+                                     num_workers=workers, ctx=ctx,
+                                     amp=amp)  # FSDP: sharded in place
 
         gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
         cleanup.callback(gauges.close)
@@ -214,7 +224,7 @@ def main(
                     grad_clip_norm=spec.training.grad_clip_norm,
                     max_steps=min(left, eval_every - state.step % eval_every) if eval_every
                     else left, max_seconds=PROGRESS_INTERVAL_SECONDS, stop=stop,
-                    freezer=freezer, first_step=state.step, ctx=ctx)
+                    freezer=freezer, first_step=state.step, ctx=ctx, amp=amp)
                 loss_sum, samples, stops = ctx.all_reduce_sum(  # global numbers, any rank's stop
                     [stats.loss_sum, stats.samples, float(stop is not None and stop.is_set())])
                 stats = dataclasses.replace(stats, loss_sum=loss_sum / ctx.world_size,
@@ -267,7 +277,9 @@ def main(
             samples_per_second=state.samples_per_second(), zoo_model=zoo_model,
             resumed_from_epoch=resumed_from, parent=warm_start.parent,
             similarity=warm_start.similarity, warm_start=warm_start.reason,
-            freezing=freezer.summary() if freezer is not None else None)
+            freezing=freezer.summary() if freezer is not None else None,
+            warm_start_decision={k: v for k, v in warm_start.to_json().items()
+                                 if k != "untransferred_fraction"})
         emit.result(result)
         return result.to_json()
     finally:
@@ -288,6 +300,7 @@ def train_one_epoch(
     freezer: freezing.Freezer | None = None,
     first_step: int = 0,
     ctx: parallel.Context | None = None,
+    amp: precision.MixedPrecision | None = None,
 ) -> tracking.StepStats:
     """Train on the epoch's next batches: until they run out, `max_steps` (evalEverySteps),
     `max_seconds` (a progress report is due), `stop` is set, or the frozen boundary moved.
@@ -310,12 +323,14 @@ def train_one_epoch(
             and the stretch ends after a step that moved the frozen boundary.
         first_step: optimizer steps taken before this call (the freezer's step count).
         ctx: the parallel context (default: one process).
+        amp: autocast for the forward pass and loss, loss scaling (default: fp32, neither).
 
     Returns:
         This rank's steps, samples, summed per-batch mean loss and seconds, and the boundary
         change that ended the stretch (if any; the caller re-wraps).
     """
     ctx = ctx or parallel.Context()
+    amp = amp or precision.MixedPrecision(api.Precision.FP32, device)
     model.train()
     if freezer is not None:
         freezer.train_mode()
@@ -324,15 +339,17 @@ def train_one_epoch(
     for batch in batches:
         began = time.perf_counter()
         inputs, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
-        if freezer is not None:  # the frozen prefix runs without gradients, or is cached
-            inputs = freezer.prefix(inputs, batch[2] if len(batch) > 2 else None)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+        with amp.autocast():
+            if freezer is not None:  # the frozen prefix runs without gradients, or is cached
+                inputs = freezer.prefix(inputs, batch[2] if len(batch) > 2 else None)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
+        amp.backward(loss)
         if grad_clip_norm is not None:
+            amp.unscale(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
-        optimizer.step()
+        amp.step(optimizer)
         scheduler.step()
         loss_sum += loss.detach()
         steps, samples = steps + 1, samples + len(targets)
@@ -358,6 +375,7 @@ def evaluate(
     num_workers: int = 0,
     ctx: parallel.Context | None = None,
     wrapped: nn.Module | None = None,
+    amp: precision.MixedPrecision | None = None,
 ) -> tracking.Evaluation:
     """Accuracy and mean cross-entropy on the validation split (per token for LMs).
 
@@ -376,6 +394,8 @@ def evaluate(
         num_workers: DataLoader worker processes.
         ctx: the parallel context (default: one process). With W > 1 this call is collective.
         wrapped: the DDP or FSDP wrapper of `model` (default `model`; FSDP evaluates through it).
+        amp: autocast for the forward pass, as in training (default: fp32); the loss and
+            accuracy are computed in fp32.
 
     Returns:
         The same numbers on every rank.
@@ -386,9 +406,11 @@ def evaluate(
     loss_sum, correct, count = 0.0, 0, 0
     loader = batching.eval_batches(splits.validation, batch_size=2 * batch_size,
                                num_workers=num_workers, shard=ctx.eval_shard)
+    amp = amp or precision.MixedPrecision(api.Precision.FP32, device)
     with torch.inference_mode():
         for inputs, targets in loader:
-            logits = module(inputs.to(device)).flatten(0, -2)
+            with amp.autocast():
+                logits = module(inputs.to(device)).flatten(0, -2).float()
             targets = targets.to(device).flatten()
             loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
             correct += int((logits.argmax(-1) == targets).sum())
@@ -414,15 +436,20 @@ def save(
     freezer: freezing.Freezer | None,
     ctx: parallel.Context,
     wrapped: nn.Module,
+    *,
+    amp: precision.MixedPrecision | None = None,
 ) -> None:
-    """Write the checkpoint of the current position (with the frozen prefix, if any); its I/O
-    is kept off the training clock. Collective: every rank calls it, rank 0 writes. Under DDP
-    it also checks that the replicas still hold identical weights (a warning if not)."""
+    """Write the checkpoint of the current position (with the frozen prefix and the fp16
+    gradient scaler, if any); its I/O is kept off the training clock. Collective: every rank
+    calls it, rank 0 writes. Under DDP it also checks that the replicas still hold identical
+    weights (a warning if not)."""
     with clock.paused():
         saved = checkpoint.capture(state, clock, job, raw_model, optimizer, scheduler, ctx=ctx,
                                    wrapped=wrapped)
         if freezer is not None:
             saved[freezing.CHECKPOINT_KEY] = freezer.state_dict()
+        if amp is not None and amp.scaler is not None:
+            saved[precision.CHECKPOINT_KEY] = amp.state_dict()
         replicas.check(ctx, raw_model, state.step)
         if ctx.is_main:
             size = checkpoint.save_checkpoint(location, saved)

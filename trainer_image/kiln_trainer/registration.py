@@ -59,11 +59,12 @@ def register_model(
     if value is None or not np.isfinite(value):
         _log.warning("not registering: final %s is %s (training diverged?)", name, value)
         return None
-    info = models.get_info(spec.model.architecture)
     record = records.ZooRecord(
-        id=records.new_id(spec.model.architecture), architecture=spec.model.architecture,
+        id=records.new_id(spec.model.label), architecture=spec.model.architecture,
+        entrypoint=spec.model.entrypoint,
         args=dict(spec.model.args), input_shape=tuple(spec.model.input_shape),
-        modality=info.modality.value, task=info.task.value, dataset=spec.dataset.name.value,
+        modality=models.modality_of(spec.model).value, task=models.task_of(spec.model).value,
+        dataset=spec.dataset.source,
         metric_name=name, metric_value=float(value),
         validation_accuracy=final["validation_accuracy"],
         validation_loss=final["validation_loss"],

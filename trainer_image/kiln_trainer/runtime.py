@@ -73,18 +73,20 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
 
     Raises:
         api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text.
+        data.DatasetError: an entrypoint dataset's target the model cannot predict.
     """
     sample, _ = splits.validation[0]
     raw_model.eval()
     with torch.inference_mode():
         outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
     raw_model.train()
+    data.check_targets(splits, outputs)
     if splits.num_classes is not None and outputs < splits.num_classes:
         raise api.InvalidSpec([(
             f"spec.model.args.num_classes: the model has {outputs} outputs but "
             f"{splits.description} has {splits.num_classes} classes; set num_classes: "
             f"{splits.num_classes}")])
-    if splits.modality == "text" and outputs < 256:
+    if splits.modality == "text" and splits.max_target is None and outputs < 256:  # bytes
         raise api.InvalidSpec([(
             f"spec.model.args.vocab_size: the model predicts {outputs} tokens but byte-level "
             "text has 256; set vocab_size: 256")])

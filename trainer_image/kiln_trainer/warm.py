@@ -67,7 +67,8 @@ class WarmStart:
 
 
 def parse_decision(text: str | None) -> select.Decision | None:
-    """The warm-start decision passed upstream as JSON text (``--warm-start``), or None.
+    """The warm-start decision passed upstream as JSON text (``--warm-start``), or None (no
+    decision, or one deferred to the trainer: an entrypoint model's).
 
     Raises:
         api.InvalidSpec: the text is not a decision, naming the flag and what is wrong.
@@ -78,10 +79,12 @@ def parse_decision(text: str | None) -> select.Decision | None:
         doc = json.loads(text)
         if not isinstance(doc, dict):
             raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
-        return select.Decision.from_json(doc)
+        decided = select.Decision.from_json(doc)
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
         raise api.InvalidSpec([(f"{contract.Flag.WARM_START} (env {contract.Env.WARM_START}): "
                                 f"not a warm-start decision ({exc})")]) from None
+    # An entrypoint model's decision is left to the trainer, which can import the user's code.
+    return None if decided.outcome is select.Outcome.IN_TRAINER else decided
 
 
 def warm_start(

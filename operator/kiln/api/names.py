@@ -31,6 +31,12 @@ NAME_MAX_LENGTH = 63
 PARENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 PARENT_MAX_LENGTH = 128
 
+# spec.model.entrypoint and spec.dataset.entrypoint: "package.module:callable", dotted Python
+# identifiers on both sides of one colon (the callable may be an attribute path, Class.method).
+ENTRYPOINT_PATTERN = (r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+                      r":[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+ENTRYPOINT_MAX_LENGTH = 256
+
 # Largest H, W or sequence length in spec.model.inputShape: beyond it one sample alone takes
 # gigabytes, and shape arithmetic in the model builders overflows.
 INPUT_DIM_MAX = 16384
@@ -86,6 +92,7 @@ class Reason(enum.StrEnum):
     PARENT_SELECTED = "ParentSelected"
     COLD_START = "ColdStart"
     WARM_START_DISABLED = "WarmStartDisabled"
+    DECIDED_IN_TRAINER = "DecidedInTrainer"  # Unknown until an entrypoint job's trainer reports
     ZOO_UNAVAILABLE = "ZooUnavailable"
     # Placed / Queued
     WAITING_FOR_PLACEMENT = "WaitingForPlacement"
@@ -106,6 +113,13 @@ class Reason(enum.StrEnum):
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
     UNEXPECTED_ERROR = "UnexpectedError"
+
+
+class ModelTask(enum.StrEnum):
+    """What a model's output means, so Kiln's loop knows its loss and metrics."""
+
+    CLASSIFICATION = "classification"  # logits Tensor[B, K]: cross-entropy over classes, accuracy
+    LANGUAGE_MODEL = "language_model"  # logits Tensor[B, T, V]: next-token cross-entropy
 
 
 class TargetMetric(enum.StrEnum):
@@ -142,6 +156,12 @@ class Parallelism(enum.StrEnum):
     SINGLE = "single"
     DDP = "ddp"
     FSDP = "fsdp"
+
+
+class Precision(enum.StrEnum):
+    FP32 = "fp32"  # no autocast
+    BF16 = "bf16"  # autocast to bfloat16 (CUDA and CPU)
+    FP16 = "fp16"  # autocast to float16 with a gradient scaler
 
 
 class CleanPodPolicy(enum.StrEnum):

@@ -17,14 +17,31 @@ InputDim = Annotated[int, Field(ge=1, le=names.INPUT_DIM_MAX)]
 
 
 class ModelSpec(names.ApiModel):
-    architecture: str = Field(
+    architecture: str | None = Field(
+        default=None,
         min_length=1,
         description="architecture: registry name, e.g. resnet18, small_resnet, char_transformer "
-        "(`kiln models` lists them).",
+        "(`kiln models` lists them); set this or entrypoint.",
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        max_length=names.ENTRYPOINT_MAX_LENGTH,
+        pattern=names.ENTRYPOINT_PATTERN,
+        description="entrypoint: your model as package.module:callable, e.g. mynets.mixer:mixer; "
+        "called with args as keyword arguments, it returns a torch.nn.Module. The trainer imports "
+        "it (the module must be importable in the trainer image); the operator never does. Set "
+        "this or architecture.",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
-        description="args: keyword arguments of the architecture builder, e.g. num_classes, depth.",
+        description="args: keyword arguments of the architecture builder or entrypoint, e.g. "
+        "num_classes, depth.",
+    )
+    task: names.ModelTask | None = Field(
+        default=None,
+        description="task: classification (cross-entropy over classes, accuracy) or "
+        "language_model (next-token cross-entropy); default: the registry's for an architecture, "
+        "classification for an entrypoint.",
     )
     input_shape: list[InputDim] = Field(
         min_length=1,
@@ -33,16 +50,42 @@ class ModelSpec(names.ApiModel):
         f"[sequenceLength] for text; each at most {names.INPUT_DIM_MAX}.",
     )
 
+    @property
+    def label(self) -> str:
+        """The model's name for people and keys: the architecture, else the entrypoint."""
+        return self.architecture or self.entrypoint or ""
+
 
 class DatasetSpec(names.ApiModel):
-    name: names.DatasetName = Field(
-        default=names.DatasetName.DIGITS,
-        description="name: the loader: digits, imagefolder, torchvision or text.",
+    name: names.DatasetName | None = Field(
+        default=None,
+        description="name: a built-in loader: digits, imagefolder, torchvision or text; set this "
+        "or entrypoint (neither: digits).",
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        max_length=names.ENTRYPOINT_MAX_LENGTH,
+        pattern=names.ENTRYPOINT_PATTERN,
+        description="entrypoint: your dataset as package.module:callable, e.g. mynets.data:shapes; "
+        "called with args as keyword arguments, it returns (train, validation), each a map-style "
+        "torch Dataset of (input, target) pairs. The trainer imports it and checks the first "
+        "samples against the model; the operator never does. Set this or name.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="args: keyword arguments of the dataset entrypoint, e.g. root, size.",
     )
     path: str | None = Field(
         default=None,
         description="path: dataset location: ImageFolder directory, torchvision root, or a text "
-        "file or folder of text files.",
+        "file or folder of text files; imagefolder and text also read s3://bucket/prefix (the "
+        "zoo's endpoint and credentials), downloaded once into a local cache.",
+    )
+    validation_path: str | None = Field(
+        default=None,
+        description="validationPath: a separate validation set for imagefolder or text, laid out "
+        "like path (a directory, a text file, or s3://bucket/prefix); then all of path trains and "
+        "validationFraction is unused.",
     )
     torchvision_class: str | None = Field(
         default=None,
@@ -75,6 +118,19 @@ class DatasetSpec(names.ApiModel):
         "keep it equal across jobs on one dataset so a zoo parent never trained on a child's "
         "validation samples.",
     )
+
+    @property
+    def loader(self) -> names.DatasetName | None:
+        """The built-in loader: name, digits when neither name nor entrypoint is set, None for
+        an entrypoint."""
+        if self.name is None and self.entrypoint is not None:
+            return None
+        return self.name or names.DatasetName.DIGITS
+
+    @property
+    def source(self) -> str:
+        """The loader's name, or the entrypoint: what logs and tables call this dataset."""
+        return str(self.loader) if self.loader is not None else str(self.entrypoint)
 
 
 class OptimizerSpec(names.ApiModel):
@@ -126,6 +182,11 @@ class TrainingSpec(names.ApiModel):
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="device: auto uses CUDA when present."
+    )
+    precision: names.Precision = Field(
+        default=names.Precision.FP32,
+        description="precision: fp32 (no autocast), bf16 (autocast to bfloat16, CUDA or CPU) "
+        "or fp16 (autocast to float16 with a gradient scaler).",
     )
 
 
@@ -287,7 +348,10 @@ class TrainingJobSpec(names.ApiModel):
     )
     template: dict[str, Any] = Field(
         default_factory=dict,
-        description="template: pod template overrides (image, nodeSelector, tolerations, env).",
+        description="template: pod template overrides: image, command, args, env, envFrom, "
+        "volumes, volumeMounts, initContainers, securityContext, resources, nodeSelector, "
+        "tolerations, affinity and more (`kiln validate` lists them); Kiln keeps the trainer "
+        "container's name, GPU limits, node placement and its KILN_* environment.",
     )
 
 

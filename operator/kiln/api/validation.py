@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kiln.api import names, status
+from kiln.api import spec as spec_types
 
 
 def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
@@ -76,35 +77,41 @@ def validate(job: status.TrainingJob) -> list[str]:
     """
     spec, problems = job.spec, []
     shape, ds = spec.model.input_shape, spec.dataset
-    image = ds.name in (
+    if (spec.model.architecture is None) == (spec.model.entrypoint is None):
+        problems.append(
+            "spec.model: set exactly one of architecture (a registry name, `kiln models` lists "
+            "them) or entrypoint (your model as package.module:callable) (got "
+            f"{'both' if spec.model.architecture else 'neither'})"
+        )
+    image = ds.loader in (
         names.DatasetName.DIGITS, names.DatasetName.IMAGEFOLDER, names.DatasetName.TORCHVISION
     )
     if image and (len(shape) != 3 or shape[0] not in (1, 3)):
         problems.append(
-            f"spec.model.inputShape: dataset {ds.name} gives images, so use [C, H, W] with C 1 "
+            f"spec.model.inputShape: dataset {ds.loader} gives images, so use [C, H, W] with C 1 "
             f"or 3 (got {shape})"
         )
     if image and len(shape) == 3 and min(shape[1:]) < 8:
         problems.append(f"spec.model.inputShape: images need H, W >= 8 (got {shape})")
-    if ds.name == names.DatasetName.TEXT and len(shape) != 1:
+    if ds.loader == names.DatasetName.TEXT and len(shape) != 1:
         problems.append(
             f"spec.model.inputShape: text takes [sequenceLength], e.g. [64] (got {shape})"
         )
-    if ds.name == names.DatasetName.TEXT and ds.augmentation != names.Augmentation.NONE:
+    if ds.loader == names.DatasetName.TEXT and ds.augmentation != names.Augmentation.NONE:
         problems.append("spec.dataset.augmentation: text has no augmentation; use none")
     needs_path = (
         names.DatasetName.IMAGEFOLDER, names.DatasetName.TORCHVISION, names.DatasetName.TEXT
     )
-    if ds.name in needs_path and not ds.path:
-        problems.append(f"spec.dataset.path: required for dataset {ds.name}; set the data location")
-    if ds.name == names.DatasetName.DIGITS and ds.path:
+    if ds.loader in needs_path and not ds.path:
+        problems.append(f"spec.dataset.path: required for dataset {ds.loader}; set the data location")
+    if ds.loader == names.DatasetName.DIGITS and ds.path:
         problems.append("spec.dataset.path: digits is bundled with scikit-learn; remove path")
-    if ds.name == names.DatasetName.TORCHVISION and not ds.torchvision_class:
+    if ds.loader == names.DatasetName.TORCHVISION and not ds.torchvision_class:
         problems.append("spec.dataset.torchvisionClass: required for torchvision, e.g. CIFAR10")
-    if ds.name != names.DatasetName.TORCHVISION and ds.torchvision_class:
+    if ds.loader != names.DatasetName.TORCHVISION and ds.torchvision_class:
         problems.append("spec.dataset.torchvisionClass: only for name torchvision; remove it")
     tv_class = ds.torchvision_class
-    torchvision = ds.name == names.DatasetName.TORCHVISION
+    torchvision = ds.loader == names.DatasetName.TORCHVISION
     if torchvision and tv_class and tv_class not in names.TORCHVISION_CLASSES:
         problems.append(
             f"spec.dataset.torchvisionClass: {tv_class!r} is not a supported torchvision dataset; "
@@ -158,6 +165,208 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"{res.parallelism.value} splits the global batch evenly over 2, 4 or 8 GPUs; use "
             "an even batch size"
         )
+    return problems + _dataset_problems(ds) + _template_problems(spec.template)
+
+
+def _dataset_problems(ds: spec_types.DatasetSpec) -> list[str]:
+    """spec.dataset: a built-in loader or an entrypoint, and where each reads its data."""
+    problems = []
+    if ds.name is not None and ds.entrypoint is not None:
+        problems.append(
+            f"spec.dataset: set name (a built-in loader) or entrypoint (your dataset as "
+            f"package.module:callable), not both (got name {ds.name}, entrypoint {ds.entrypoint})"
+        )
+    if ds.entrypoint is None and ds.args:
+        problems.append(
+            "spec.dataset.args: keyword arguments of a dataset entrypoint, but none is set; "
+            "set spec.dataset.entrypoint or remove args"
+        )
+    if ds.entrypoint is not None:
+        augmented = ds.augmentation if ds.augmentation != names.Augmentation.NONE else None
+        for field, value in (("path", ds.path), ("validationPath", ds.validation_path),
+                             ("torchvisionClass", ds.torchvision_class),
+                             ("maxSamples", ds.max_samples), ("augmentation", augmented)):
+            if value is not None:
+                problems.append(
+                    f"spec.dataset.{field}: only for the built-in loaders; a dataset entrypoint "
+                    "reads its own data and Kiln uses its datasets as returned, so do this in "
+                    f"your callable through spec.dataset.args (got {str(value)!r})"
+                )
+    remote = names.DatasetName.IMAGEFOLDER, names.DatasetName.TEXT
+    for field, value in (("path", ds.path), ("validationPath", ds.validation_path)):
+        if value is None or ds.entrypoint is not None:
+            continue
+        if value.startswith("s3://") and ds.loader not in remote:
+            problems.append(
+                f"spec.dataset.{field}: only imagefolder and text read from s3:// (got {value!r} "
+                f"for {ds.loader}); copy the data to a volume and mount it"
+            )
+        elif value.startswith("s3://") and not value[len("s3://"):].split("/")[0]:
+            problems.append(f"spec.dataset.{field}: name the bucket, as in s3://bucket/prefix "
+                            f"(got {value!r})")
+        elif "://" in value and not value.startswith("s3://"):
+            problems.append(f"spec.dataset.{field}: a local path or s3://bucket/prefix "
+                            f"(got {value!r})")
+    if ds.validation_path is not None and ds.entrypoint is None and ds.loader not in remote:
+        problems.append(
+            f"spec.dataset.validationPath: only imagefolder and text take a separate validation "
+            f"set (got dataset {ds.loader}); remove it and use validationFraction"
+        )
+    return problems
+
+
+# spec.template keys a job may set; the rest of the pod (the trainer container's name, GPU
+# limits, node pinning, KILN_* environment) belongs to the operator.
+TEMPLATE_KEYS = (
+    "image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources", "volumes",
+    "volumeMounts", "initContainers", "securityContext", "nodeSelector", "tolerations",
+    "affinity", "serviceAccountName", "priorityClassName", "schedulerName", "labels",
+    "annotations", "imagePullSecrets",
+)
+# Names the operator's pod already uses: the trainer container, and its /dev/shm volume.
+TRAINER_CONTAINER = "trainer"
+SHM_VOLUME, SHM_MOUNT_PATH = "dshm", "/dev/shm"
+RESERVED_ENV_PREFIX = "KILN_"
+_STRINGS = ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName",
+            "schedulerName")
+_LISTS = ("command", "args", "env", "envFrom", "volumes", "volumeMounts", "initContainers",
+          "tolerations", "imagePullSecrets")
+_MAPPINGS = ("resources", "nodeSelector", "affinity", "labels", "annotations",
+             "securityContext")
+
+
+def _template_problems(template: dict[str, Any]) -> list[str]:
+    """Problems of spec.template, each ``spec.template.<path>: what is wrong; fix``.
+
+    Known keys only (`TEMPLATE_KEYS`), each of its type; command and args lists of strings
+    (args only with command); env names outside KILN_*; envFrom naming a ConfigMap or Secret;
+    volumes named, unique and not Kiln's dshm; every volumeMount (the trainer's or an init
+    container's) naming one of those volumes at an absolute, unique mountPath; init containers
+    with a unique name and an image.
+    """
+    where = "spec.template"
+    problems = []
+    for key, value in template.items():
+        if key not in TEMPLATE_KEYS:
+            problems.append(f"{where}.{key}: not a pod setting Kiln passes through; use one of "
+                            f"{', '.join(TEMPLATE_KEYS)}")
+            continue
+        kind, fits = (("a non-empty string", isinstance(value, str) and bool(value))
+                      if key in _STRINGS else ("a list", isinstance(value, list))
+                      if key in _LISTS else ("a mapping", isinstance(value, dict)))
+        if not fits:
+            problems.append(f"{where}.{key}: must be {kind} (got {value!r})")
+    if problems:
+        return problems
+    for key in ("command", "args"):
+        value = template.get(key)
+        if value is not None and not all(isinstance(v, str) for v in value):
+            problems.append(f"{where}.{key}: must be a list of strings, e.g. [python, train.py] "
+                            f"(got {value!r})")
+    if template.get("command") == []:
+        problems.append(f"{where}.command: empty; give the program and its arguments, e.g. "
+                        "[python, train.py], or remove it to run Kiln's trainer")
+    if "args" in template and "command" not in template:
+        problems.append(f"{where}.args: only with spec.template.command (Kiln's own trainer "
+                        "takes no extra arguments); set command too, or remove args")
+    problems += _env_problems(template)
+    volumes = _volume_problems(template.get("volumes") or [], problems)
+    problems += _mount_problems(f"{where}.volumeMounts", template.get("volumeMounts") or [],
+                                volumes, trainer=True)
+    seen: set[str] = set()
+    for i, init in enumerate(template.get("initContainers") or []):
+        at = f"{where}.initContainers[{i}]"
+        if not isinstance(init, dict):
+            problems.append(f"{at}: must be a container mapping (got {type(init).__name__})")
+            continue
+        name = init.get("name")
+        if not (isinstance(name, str) and name):
+            problems.append(f"{at}.name: required; give the init container a name")
+        elif name == TRAINER_CONTAINER or name in seen:
+            problems.append(f"{at}.name: {name!r} is already taken (by "
+                            f"{'Kiln' if name == TRAINER_CONTAINER else 'another init container'}"
+                            "); choose another name")
+        seen.add(str(name))
+        if not (isinstance(init.get("image"), str) and init["image"]):
+            problems.append(f"{at}.image: required; name the image the init container runs, "
+                            "e.g. busybox:1.36")
+        mounts = init.get("volumeMounts") or []
+        if isinstance(mounts, list):
+            problems += _mount_problems(f"{at}.volumeMounts", mounts, volumes, trainer=False)
+        else:
+            problems.append(f"{at}.volumeMounts: must be a list (got {type(mounts).__name__})")
+    return problems
+
+
+def _env_problems(template: dict[str, Any]) -> list[str]:
+    problems = []
+    for i, item in enumerate(template.get("env") or []):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not (isinstance(name, str) and name):
+            problems.append(f"spec.template.env[{i}]: needs a name (got {item!r})")
+        elif name.startswith(RESERVED_ENV_PREFIX):
+            problems.append(
+                f"spec.template.env[{i}].name: {name} is reserved: Kiln sets the {RESERVED_ENV_PREFIX}"
+                "* variables of the trainer (job, zoo, metrics port); rename it, or set the "
+                "matching spec field"
+            )
+    for i, item in enumerate(template.get("envFrom") or []):
+        refs = [item.get(k) for k in ("configMapRef", "secretRef")] if isinstance(
+            item, dict) else []
+        if not any(isinstance(r, dict) and r.get("name") for r in refs):
+            problems.append(
+                f"spec.template.envFrom[{i}]: needs configMapRef or secretRef with a name, e.g. "
+                f"{{secretRef: {{name: s3-credentials}}}} (got {item!r})"
+            )
+    return problems
+
+
+def _volume_problems(volumes: list[Any], problems: list[str]) -> set[str]:
+    """Append the volumes' problems to `problems`; returns the volume names."""
+    found: set[str] = set()
+    for i, volume in enumerate(volumes):
+        at = f"spec.template.volumes[{i}]"
+        name = volume.get("name") if isinstance(volume, dict) else None
+        if not (isinstance(name, str) and name):
+            problems.append(f"{at}.name: required; name the volume so a volumeMount can use it")
+            continue
+        if name == SHM_VOLUME:
+            problems.append(f"{at}.name: {SHM_VOLUME} is Kiln's shared-memory volume; choose "
+                            "another name")
+        elif name in found:
+            problems.append(f"{at}.name: {name!r} is used by another volume; names must be "
+                            "unique")
+        elif len(volume) < 2:
+            problems.append(f"{at}: {name!r} has no source; add one, e.g. persistentVolumeClaim: "
+                            "{claimName: data}, hostPath: {path: /data} or emptyDir: {}")
+        found.add(name)
+    return found
+
+
+def _mount_problems(at: str, mounts: list[Any], volumes: set[str], *, trainer: bool
+                    ) -> list[str]:
+    problems, paths = [], {SHM_MOUNT_PATH} if trainer else set()
+    for i, mount in enumerate(mounts):
+        here = f"{at}[{i}]"
+        if not isinstance(mount, dict):
+            problems.append(f"{here}: must be a mapping with name and mountPath (got {mount!r})")
+            continue
+        name, path = mount.get("name"), mount.get("mountPath")
+        if name not in volumes:
+            have = f"volumes: {', '.join(sorted(volumes))}" if volumes else "no volumes"
+            problems.append(
+                f"{here}.name: {name!r} names no volume in spec.template.volumes ({have}); add "
+                "a volume of that name or fix the mount's name"
+            )
+        if not (isinstance(path, str) and path.startswith("/")):
+            problems.append(f"{here}.mountPath: must be an absolute path, e.g. /data "
+                            f"(got {path!r})")
+        elif path.rstrip("/") in paths:
+            taken = " (Kiln mounts shared memory there)" if path == SHM_MOUNT_PATH else ""
+            problems.append(f"{here}.mountPath: {path} is mounted already{taken}; use another "
+                            "path")
+        else:
+            paths.add(path.rstrip("/"))
     return problems
 
 
@@ -243,6 +452,9 @@ def _format_error(error: Any) -> str:
     if where == "spec.warmStart.parent" and error["type"] == "string_pattern_mismatch":
         message = ("must be auto or a zoo model id (letters, digits, '_', '.', '-'), e.g. "
                    "small_resnet-7f3c2a1b; `kiln zoo ls` lists them")
+    if where.endswith(".entrypoint") and error["type"] == "string_pattern_mismatch":
+        message = ("must be package.module:callable, dotted Python names on both sides of one "
+                   "colon, e.g. mynets.mixer:mixer")
     if where in ("apiVersion", "kind"):
         message = f"must be {names.API_VERSION if where == 'apiVersion' else names.KIND}"
     shown = error.get("input")

@@ -7,13 +7,12 @@ operator restart puts a job back in the queue or makes sure a placed one still h
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import kopf
 
 from kiln import api, models
-from kiln.controller import jobs, lifecycle, metrics, parents, pods, services, status
+from kiln.controller import jobs, lifecycle, metrics, parents, services, status
 from kiln.warmstart import select
 from kiln.zoo import store
 
@@ -23,38 +22,16 @@ C, R = api.ConditionType, api.Reason
 async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[str]]:
     """The parsed job and every problem with it ([] when admissible).
 
-    The registry checks build the model on the meta device (tenths of a second), so they run
-    in a worker thread and are cached per (model, dataset): a thousand jobs of a few
-    architectures build a few models.
+    Exactly what `kiln validate` runs: `api.parse_job`, then `models.check_job` (which never
+    imports an entrypoint model). The registry checks build a model on the meta device (tenths
+    of a second, cached per model and dataset), so they run in a worker thread.
     """
     try:
         job = lifecycle.parse(body)
     except api.InvalidSpec as exc:
         return None, list(exc.problems)
-    key = json.dumps([api.to_wire(job.spec.model), job.spec.dataset.name.value],
-                     sort_keys=True)
-    found = _CHECKED.get(key)
-    if found is None:
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, _registry_problems, key)
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED[key] = found
-    return job, [*found, *pods.check_template(job.spec.template)]
-
-
-_CHECKED: dict[str, tuple[str, ...]] = {}  # registry problems by (model, dataset) key
-_CHECKED_MAX = 1024
-
-
-def _registry_problems(key: str) -> tuple[str, ...]:
-    """`models.check_job`'s problems for a (model spec, dataset name) key."""
-    model, dataset = json.loads(key)
-    job = api.TrainingJob.model_validate({
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "check"},
-        "spec": {"model": model, "dataset": {"name": dataset}}})
-    spec_only = set(api.validate(job))  # the real job passed these; the stand-in may not
-    return tuple(p for p in models.check_job(job) if p not in spec_only)
+    loop = asyncio.get_running_loop()
+    return job, await loop.run_in_executor(None, models.check_job, job)
 
 
 def admitted(st: dict[str, Any]) -> bool:
@@ -68,7 +45,7 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     """Admit a new job.
 
     1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
-       architecture, modality, builder arguments) and `pods.check_template`. Any problem ->
+       architecture, modality, builder arguments). Any problem ->
        Failed/InvalidSpec naming every problem, and a Warning event; nothing is retried.
     2. Warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
        WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a
@@ -143,6 +120,9 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
         e.status["warmStart"] = parents.to_status(decision)
         if decision.parent_id is not None:
             e.condition(C.WARM_STARTED, True, R.PARENT_SELECTED, _sentence(decision.reason),
+                        now=now, event="Normal")
+        elif decision.outcome is select.Outcome.IN_TRAINER:
+            e.condition(C.WARM_STARTED, None, R.DECIDED_IN_TRAINER, _sentence(decision.reason),
                         now=now, event="Normal")
         else:
             reason = (R.WARM_START_DISABLED if decision.outcome is select.Outcome.DISABLED

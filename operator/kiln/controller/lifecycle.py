@@ -11,6 +11,7 @@ from typing import Any
 from kiln import api, contract
 from kiln.controller import jobs, kube, parents, placement_loop, pods, policy, services, status
 from kiln.placement import types
+from kiln.warmstart import select
 
 C, R = api.ConditionType, api.Reason
 
@@ -176,7 +177,8 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
             verdict = policy.after_exit(
                 exit_code, state.container_reason, _trainer_words(state.message),
                 restarts=int(st.get("restarts") or 0),
-                backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit)
+                backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit,
+                reported=bool(_result(state.message)))
         else:
             return
         await _apply(svc, e, state, verdict, now)
@@ -203,6 +205,7 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         result = _result(state.message)
         if result:
             e.status["result"] = _result_status(result)
+            _record_trainer_decision(e, result, now=now)
         message = _success_message(job, result)
         e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
         e.condition(C.RUNNING, False, R.TRAINING_COMPLETED, message, now=now)
@@ -349,6 +352,19 @@ def _result(message: str) -> dict[str, Any]:
     """The trainer's result from its termination message ({} when there is none)."""
     event = contract.read_termination_message(message)
     return event.to_json() if isinstance(event, contract.Result) else {}
+
+
+def _record_trainer_decision(e: jobs.Edit, result: dict[str, Any], *, now: float) -> None:
+    """Record the warm-start decision an entrypoint job's trainer made itself (admission left
+    it to the trainer, which can import the model) in status.warmStart and WarmStarted."""
+    warm = e.status.get("warmStart") or {}
+    chosen = parents.from_trainer(result.get("warm_start_decision") or {})
+    if warm.get("outcome") != select.Outcome.IN_TRAINER or chosen is None:
+        return
+    e.status["warmStart"] = parents.to_status(chosen)
+    message = "In the trainer pod, before its first step: " + chosen.reason.rstrip(".") + "."
+    e.condition(C.WARM_STARTED, not chosen.cold_start, chosen.condition_reason, message, now=now,
+                event="Normal")
 
 
 def _trainer_words(message: str) -> str:

@@ -81,7 +81,7 @@ class OperatorMetrics:
             "kiln_warm_start", "Warm-start decisions, one per admitted job. Labels: outcome "
             "(warm, pinned, "
             "cold_empty, cold_incompatible, cold_below_min_similarity, cold_few_tensors, "
-            "cold_untraceable, cold_unreadable_parent, disabled, zoo_unavailable).",
+            "cold_untraceable, cold_unreadable_parent, disabled, in_trainer, zoo_unavailable).",
             ["outcome"], registry=r)
         for outcome in (*(o.value for o in select.Outcome), ZOO_UNAVAILABLE_OUTCOME):
             self.warm_starts.labels(outcome=outcome)

@@ -23,6 +23,8 @@ from kiln.warmstart import index as zoo_index
 from kiln.zoo import records, store
 
 CACHE_ENTRIES = 4096
+IN_TRAINER_REASON = ("the warm-start decision for entrypoint models is made in the trainer pod, "
+                     "before its first step (the operator never imports user code)")
 DEFAULT_INDEX_SETTINGS = zoo_index.IndexSettings()
 
 
@@ -67,6 +69,20 @@ def from_status(warm: Mapping[str, Any] | None) -> select.Decision:
         doc["outcome"] = select.Outcome.WARM if doc["parent_id"] else select.Outcome.COLD_EMPTY
     doc["reason"] = str(doc["reason"] or "")
     return select.Decision.from_json({**doc, "candidates_considered": 0})
+
+
+def from_trainer(report: Mapping[str, Any]) -> select.Decision | None:
+    """The decision a trainer made and applied itself (`contract.Result.warm_start_decision`),
+    or None when the report is not one (missing, or an unknown outcome)."""
+    outcome = report.get("outcome")
+    if outcome not in {o.value for o in select.Outcome} or outcome == select.Outcome.IN_TRAINER:
+        return None
+    doc = {"parent_id": report.get("parent"), "similarity": report.get("similarity"),
+           "parent_metric": report.get("parent_metric"),
+           "matched_tensors": report.get("matched_tensors"),
+           "total_tensors": report.get("total_tensors"), "reason": str(report.get("reason") or ""),
+           "outcome": outcome, "candidates_considered": 0}
+    return select.Decision.from_json(doc)
 
 
 class ParentChooser:
@@ -115,6 +131,9 @@ class ParentChooser:
             store.StoreUnavailable: the zoo could not be read.
             api.InvalidSpec: the pinned parent is not in the zoo.
         """
+        if job.spec.model.entrypoint is not None and job.spec.warm_start.enabled:
+            # User code: the operator never imports it, so it cannot trace the graph.
+            return select.cold_start(select.Outcome.IN_TRAINER, IN_TRAINER_REASON)
         cached = self._cached(job)
         if cached is not None:
             return cached

@@ -31,13 +31,6 @@ CONTAINER_NAME = "trainer"
 METRICS_PORT_NAME = "metrics"
 SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
 
-# spec.template keys a job may set (the rest of the pod belongs to the operator).
-TEMPLATE_KEYS = (
-    "image", "imagePullPolicy", "env", "resources", "nodeSelector", "tolerations", "affinity",
-    "serviceAccountName", "priorityClassName", "schedulerName", "labels", "annotations",
-    "imagePullSecrets",
-)
-
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
@@ -151,30 +144,6 @@ def pod_name(job_name: str, attempt: int) -> str:
     return f"{job_name}-trainer-{attempt}"
 
 
-def check_template(template: Mapping[str, Any]) -> list[str]:
-    """Problems of spec.template, each as ``spec.template.<key>: ...`` ([] when usable)."""
-    problems = []
-    for key, value in template.items():
-        if key not in TEMPLATE_KEYS:
-            problems.append(f"spec.template.{key}: not a pod setting Kiln passes through; use "
-                            f"one of {', '.join(TEMPLATE_KEYS)}")
-            continue
-        if key in ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName",
-                   "schedulerName") and not (isinstance(value, str) and value):
-            problems.append(f"spec.template.{key}: must be a non-empty string (got {value!r})")
-        if key in ("env", "tolerations", "imagePullSecrets") and not isinstance(value, list):
-            problems.append(f"spec.template.{key}: must be a list (got {type(value).__name__})")
-        if key in ("resources", "nodeSelector", "affinity", "labels", "annotations") and not (
-                isinstance(value, dict)):
-            problems.append(f"spec.template.{key}: must be a mapping (got "
-                            f"{type(value).__name__})")
-        if key == "env" and isinstance(value, list):
-            for i, item in enumerate(value):
-                if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
-                    problems.append(f"spec.template.env[{i}]: needs a name (got {item!r})")
-    return problems
-
-
 def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, launch: Launch,
               settings: PodSettings) -> dict[str, Any]:
     """The pod for one attempt of `job`.
@@ -185,7 +154,11 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
     the trainer's command and environment from `kiln.contract`; labels ``kiln.dev/job-name``,
     ``kiln.dev/attempt`` and the job's ``kueue.x-k8s.io/*``; Prometheus scrape annotations;
     non-root, no privilege escalation, all capabilities dropped, seccomp RuntimeDefault.
-    ``spec.template`` may override the keys in TEMPLATE_KEYS.
+    ``spec.template`` (checked by `api.validate`) adds to this: an own image, command and args
+    (run instead of Kiln's trainer, with Kiln's environment), env and envFrom (never KILN_*:
+    Kiln's values win, and Kubernetes puts env above envFrom), volumes and volumeMounts beside
+    Kiln's /dev/shm, init containers, the trainer container's securityContext (merged over
+    Kiln's), resources, scheduling keys, labels and annotations.
 
     Args:
         owner: the TrainingJob object as the API returned it (needs metadata.uid).
@@ -234,10 +207,13 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
             },
             "affinity": _affinity(template.get("affinity"), launch.node),
             "containers": [_container(job, launch, settings)],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                        *copy.deepcopy(template.get("volumes") or [])],
         },
     }
     spec = pod["spec"]
+    if template.get("initContainers"):
+        spec["initContainers"] = copy.deepcopy(template["initContainers"])
     for key in ("nodeSelector", "tolerations", "priorityClassName", "schedulerName",
                 "imagePullSecrets"):
         if key in template:
@@ -254,11 +230,13 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
     resources = copy.deepcopy(template.get("resources") or {})
     if launch.device == "gpu":
         resources.setdefault("limits", {})[GPU_RESOURCE] = str(launch.devices)
-    return {
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.get("image") or settings.default_image,
         "imagePullPolicy": template.get("imagePullPolicy") or settings.image_pull_policy,
-        "command": _command(launch),
+        # An own command runs instead of Kiln's trainer, with the same environment, so a loop
+        # using kiln_trainer as a library finds its job, zoo and metrics port.
+        "command": list(template.get("command") or _command(launch)),
         "env": _env(job, launch, settings),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": settings.metrics_port,
                    "protocol": "TCP"}],
@@ -267,9 +245,16 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
         "securityContext": {
             "runAsNonRoot": True, "allowPrivilegeEscalation": False, "privileged": False,
             "capabilities": {"drop": ["ALL"]},
+            **copy.deepcopy(template.get("securityContext") or {}),
         },
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         *copy.deepcopy(template.get("volumeMounts") or [])],
     }
+    if template.get("args"):
+        container["args"] = list(template["args"])
+    if template.get("envFrom"):
+        container["envFrom"] = copy.deepcopy(template["envFrom"])
+    return container
 
 
 def _command(launch: Launch) -> list[str]:
@@ -301,6 +286,8 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
                           (contract.Env.ZOO_SECRET_KEY.value, settings.zoo_secret_secret_key)):
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
                 "name": settings.zoo_secret, "key": key}}})
+    # api.validate refuses KILN_* names in the template, so a user's env only adds variables
+    # (or replaces PYTHONUNBUFFERED).
     overrides = [dict(e) for e in job.spec.template.get("env") or []]
     names = {e.get("name") for e in overrides}
     return [e for e in env if e["name"] not in names] + overrides

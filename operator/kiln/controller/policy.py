@@ -82,12 +82,14 @@ def after_exit(
     *,
     restarts: int,
     backoff_limit: int,
+    reported: bool = True,
 ) -> Verdict:
     """The verdict on a finished trainer pod.
 
     Retryable with restarts left -> restart (resume from the checkpoint); retryable with none
     left -> Failed/BackoffLimitExceeded; permanent -> Failed/PermanentError at once, whatever
-    the backoff limit (a job must never stay Restarting forever).
+    the backoff limit (a job must never stay Restarting forever). Exit 0 without a result (an
+    own loop that never reported) is permanent too: rerunning it would not report either.
 
     Args:
         exit_code: the container's exit code.
@@ -95,10 +97,16 @@ def after_exit(
         trainer_message: the trainer's own words (termination message), may be empty.
         restarts: restarts already used by the job.
         backoff_limit: spec.runPolicy.backoffLimit.
+        reported: whether the trainer left its result (in the termination message).
     """
     kind = classify_exit(exit_code, container_reason)
     how = describe_exit(exit_code, container_reason)
     said = f": {trainer_message}" if trainer_message else ""
+    if kind is ExitKind.SUCCEEDED and not reported:
+        return Verdict(Action.FAIL, api.Reason.PERMANENT_ERROR,
+                       "Trainer exited 0 without reporting a result; an own training loop ends "
+                       "with ctx.finish(model) (ctx = kiln_trainer.job_context()), which writes "
+                       "it; fix the loop and create the job again.")
     if kind is ExitKind.SUCCEEDED:
         return Verdict(Action.SUCCEED, api.Reason.TRAINING_COMPLETED, "Training completed.")
     if kind is ExitKind.PERMANENT:

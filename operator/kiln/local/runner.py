@@ -14,11 +14,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,11 @@ class JobBusy(RuntimeError):
 
 
 def _how_it_ended(exit_code: int) -> str:
-    """"exited with code 2", or "was killed by signal 9 (SIGKILL)" for a negative code."""
+    """"exited with code 2", or "was killed by signal 9 (SIGKILL)" for a negative code; code 0
+    (no result event) says how an own training loop reports one."""
+    if exit_code == 0:
+        return ("exited 0 without reporting a result; an own training loop ends with "
+                "`ctx.finish(model)` (ctx = kiln_trainer.job_context()), which writes it")
     if exit_code >= 0:
         return f"exited with code {exit_code}"
     try:
@@ -134,7 +139,7 @@ def run_jobs(
     with job_locks(jobs, work_dir):
         for job in jobs:
             result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
-            outcomes.append(JobOutcome(job.name, job.spec.model.architecture, result,
+            outcomes.append(JobOutcome(job.name, job.spec.model.label, result,
                                        has_target=job.spec.target is not None))
     return outcomes
 
@@ -193,10 +198,10 @@ def _run_one(
 ) -> dict[str, Any]:
     job_file = write_job_file(job, work_dir)
     log_path = work_dir / f"{job.name}.log"
-    command = contract.trainer_command(
-        1, contract.TrainerArgs(job_file=str(job_file), zoo=zoo_uri).to_argv())
-    console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.architecture)} "
-                  f"on {job.spec.dataset.name} (log: {escape(str(log_path))})")
+    args = contract.TrainerArgs(job_file=str(job_file), zoo=zoo_uri)
+    command, own_env = own_command(job, args) or (contract.trainer_command(1, args.to_argv()), {})
+    console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.label)} "
+                  f"on {job.spec.dataset.source} (log: {escape(str(log_path))})")
     interrupted = False
     with open(log_path, "w", encoding="utf-8") as log, new_progress(console) as progress:
         task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
@@ -205,7 +210,7 @@ def _run_one(
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env=trainer_env(env, threads=default_threads()),
+            env=trainer_env({**(env or {}), **own_env}, threads=default_threads()),
         )
         result = None
         try:
@@ -229,11 +234,38 @@ def _run_one(
     return result.to_json()
 
 
+def own_command(job: api.TrainingJob, args: contract.TrainerArgs
+                ) -> tuple[list[str], dict[str, str]] | None:
+    """A job's own command (``spec.template.command`` + ``args``) and the environment it runs
+    with, or None when the job runs Kiln's trainer.
+
+    As in a pod, the command gets Kiln's settings as `contract.Env` variables (`args.to_env`),
+    so a loop using kiln_trainer finds its job, zoo and checkpoints, plus the template's plain
+    env values (valueFrom and envFrom need a cluster); ``python`` is the interpreter kiln runs
+    under (its folder comes first on PATH).
+    """
+    template = job.spec.template
+    if not template.get("command"):
+        return None
+    env = {str(e["name"]): str(e["value"]) for e in template.get("env") or [] if "value" in e}
+    env |= args.to_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return [*template["command"], *(template.get("args") or [])], env
+
+
 def write_job_file(job: api.TrainingJob, work_dir: Path) -> Path:
     """Write the job as `<work_dir>/<name>.json` (the trainer's --job file); returns its path."""
     job_file = work_dir / f"{job.name}.json"
     job_file.write_text(json.dumps(api.to_wire(job), indent=2), encoding="utf-8")
     return job_file
+
+
+def python_path(job_files: Sequence[Path | str], environ: Mapping[str, str]) -> dict[str, str]:
+    """PYTHONPATH for trainers of these job files: each file's folder (absolute, in order), then
+    `environ`'s PYTHONPATH, so a job's entrypoint imports packages kept beside its file."""
+    folders = [str(Path(f).resolve().parent) for f in job_files]
+    folders += [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(folders))}
 
 
 def trainer_env(env: dict[str, str] | None, *, threads: str) -> dict[str, str]:

@@ -199,12 +199,15 @@ class _Run:
         self.free = [d for d in self.free if d not in held]
         args = contract.TrainerArgs(job_file=str(runner.write_job_file(job, self.work_dir)),
                                     zoo=self.zoo_uri)
-        if a.gpus > 1 and self.devices.launcher is not None:
+        own = runner.own_command(job, dataclasses.replace(args, parallelism=a.parallelism))
+        if own is not None:  # the job's own command, with Kiln's settings in its environment
+            command = own[0]
+        elif a.gpus > 1 and self.devices.launcher is not None:
             parallel = dataclasses.replace(args, parallelism=a.parallelism)
             command = self.devices.launcher(a.gpus, parallel.to_argv())
         else:
             command = contract.trainer_command(1, args.to_argv())
-        extra = dict(self.env)
+        extra = {**self.env, **(own[1] if own is not None else {})}
         if self.devices.gpu:  # our indices count the GPUs visible to us
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(
@@ -216,8 +219,8 @@ class _Run:
         self.live[a.job] = _Live(a, process, log, held, self.now())
         threading.Thread(target=self._pump, args=(a.job, process), daemon=True).start()
         progress.console.print(
-            f"[bold]{escape(a.job)}[/]: training {escape(job.spec.model.architecture)} on "
-            f"{job.spec.dataset.name}, {a.parallelism}×{a.gpus} on {self.devices.noun[:-1]}(s) "
+            f"[bold]{escape(a.job)}[/]: training {escape(job.spec.model.label)} on "
+            f"{job.spec.dataset.source}, {a.parallelism}×{a.gpus} on {self.devices.noun[:-1]}(s) "
             f"{','.join(map(str, held))} (log: {escape(str(log_path))})")
         progress.update(self.tasks[a.job], status="starting")
 
@@ -261,7 +264,7 @@ class _Run:
                                     rec["planned_start_seconds"], rec["planned_seconds"],
                                     live.start, rec["end_seconds"] - live.start)
         spec = self.jobs[name].spec
-        self.outcomes[name] = runner.JobOutcome(name, spec.model.architecture, live.result,
+        self.outcomes[name] = runner.JobOutcome(name, spec.model.label, live.result,
                                                placement, has_target=spec.target is not None)
         progress.update(self.tasks[name], completed=self.jobs[name].spec.training.epochs)
         self.replan()
@@ -352,5 +355,5 @@ def _speed_key(job: api.TrainingJob) -> str:
     """Jobs with equal keys train at the same speed (same model, input shape and batch; the
     learning rate does not change it, as Saturn assumes)."""
     m = job.spec.model
-    return json.dumps([m.architecture, m.args, list(m.input_shape),
+    return json.dumps([m.label, m.args, list(m.input_shape),
                        job.spec.training.batch_size], sort_keys=True)

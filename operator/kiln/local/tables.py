@@ -95,7 +95,7 @@ def profile_table(job: api.TrainingJob, measured: Sequence[profilecache.Measurem
                   kind: str, cache: Path | None) -> Table:
     """A job's profile: per config, step seconds, samples/s, estimated job seconds, status."""
     work, device = estimate.workload(job), estimate.device_model(kind)
-    table = Table(title=f"Profile of {job.name} ({job.spec.model.architecture}, batch "
+    table = Table(title=f"Profile of {job.name} ({job.spec.model.label}, batch "
                         f"{work.batch_size}) on {kind}; cache {cache or 'none'}")
     for column in ("config", "step s", "samples/s", "est. job s", "status"):
         table.add_column(column)
@@ -116,7 +116,7 @@ def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
     for rec in sorted(found, key=lambda r: r.created_time):
-        add_row(table, rec.id, rec.architecture, rec.dataset,
+        add_row(table, rec.id, rec.builder, rec.dataset,
                 fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}", rec.parent or "-",
                 rec.created_time)
     return table
@@ -125,14 +125,14 @@ def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
 def warm_start_candidates(job: api.TrainingJob, found: index.QueryResult, zoo_size: int,
                           chosen: str | None, *, top: int) -> Table:
     """`kiln zoo query`: the `top` ranked parents of a query result (`ZooIndex.query`)."""
-    table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.architecture}) "
+    table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.label}) "
                         f"among {zoo_size} zoo models, {found.mode} search")
     for column in ("rank", "zoo model", "architecture", "similarity", "bucket", "metric",
                    "chosen"):
         table.add_column(column)
     for rank, cand in enumerate(found.candidates[:top], start=1):
         bucket = select.bucket_of(cand.similarity)
-        add_row(table, str(rank), cand.id, cand.record.architecture, f"{cand.similarity:.3f}",
+        add_row(table, str(rank), cand.id, cand.record.builder, f"{cand.similarity:.3f}",
                 f"{bucket / 10:.1f}-{(bucket + 1) / 10:.1f}",
                 f"{SHORT.get(cand.record.metric_name, '')} {cand.record.metric_value:.4f}",
                 "yes" if cand.id == chosen else "")

@@ -1,4 +1,4 @@
-"""Kiln's architecture registry: every model a TrainingJob can name, built from scratch.
+"""Kiln's models: the architecture registry, and models from user code (entrypoints).
 
 Image classifiers map Tensor[B, C, H, W] to logits Tensor[B, K]; the character LM maps
 LongTensor[B, T] to Tensor[B, T, V]. Input shapes exclude the batch. Never downloads weights.
@@ -9,7 +9,15 @@ from kiln.models import small_cnn, small_resnet, torchvision_models, transformer
 
 # The package's public face, torchvision style: `models.get_model(name, ...)`,
 # `models.list_models()`, `models.build(spec)`, `models.check_job(job)`.
-from kiln.models.checks import build, check_job
+from kiln.models.checks import (
+    build,
+    check_job,
+    example_batch,
+    modality_of,
+    task_name,
+    task_of,
+)
+from kiln.models.entrypoints import EntrypointError
 from kiln.models.registry import (
     ArchitectureInfo,
     IncompatibleInputShape,
@@ -27,6 +35,7 @@ from kiln.models.registry import (
 
 __all__ = [
     "ArchitectureInfo",
+    "EntrypointError",
     "IncompatibleInputShape",
     "Modality",
     "Task",
@@ -34,10 +43,14 @@ __all__ = [
     "build",
     "check_job",
     "declare_blocks",
+    "example_batch",
     "example_input",
     "get_info",
     "get_model",
     "list_models",
+    "modality_of",
     "natural_blocks",
     "register_model",
+    "task_name",
+    "task_of",
 ]

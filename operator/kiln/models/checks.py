@@ -1,23 +1,29 @@
-"""Registry checks of a TrainingJob: does its model exist, suit its dataset and build?
+"""A job's model: `check_job` (the one validation of `kiln validate` and admission) and `build`.
 
-`check_job` adds to `api.validate` what only the registry can tell, building the model on the
-`meta` device (no memory, no initialisation, global RNG untouched); `build` builds the real one.
-No I/O, no checks of the data itself.
+`check_job` adds to `api.validate` what only the registry can tell, building registry models on
+the `meta` device; it never imports an entrypoint. `build` builds the real model, either kind.
 """
 
 from __future__ import annotations
+
+import functools
+import json
 
 import torch
 from torch import nn
 
 from kiln import api
-from kiln.models import registry
+from kiln.models import entrypoints, registry
 
 _DATASET_MODALITY = {
     api.DatasetName.DIGITS: registry.Modality.IMAGE,
     api.DatasetName.IMAGEFOLDER: registry.Modality.IMAGE,
     api.DatasetName.TORCHVISION: registry.Modality.IMAGE,
     api.DatasetName.TEXT: registry.Modality.TEXT,
+}
+_TASKS = {
+    api.ModelTask.CLASSIFICATION: registry.Task.CLASSIFICATION,
+    api.ModelTask.LANGUAGE_MODEL: registry.Task.LANGUAGE_MODELING,
 }
 # Classes of datasets whose class count is known without reading them.
 _DATASET_CLASSES = {api.DatasetName.DIGITS: 10}
@@ -31,8 +37,11 @@ MAX_PARAMETERS = 2_000_000_000
 def build(spec: api.ModelSpec) -> nn.Module:
     """Build the model a job's `spec.model` describes, freshly initialised (seed torch first).
 
+    A registry architecture is built by its builder; an entrypoint is imported and called with
+    `spec.args` (only trainer processes may do that: it runs user code).
+
     Args:
-        spec: architecture, builder args and input shape.
+        spec: architecture or entrypoint, args and input shape.
 
     Returns:
         The model on the current default device.
@@ -42,16 +51,55 @@ def build(spec: api.ModelSpec) -> nn.Module:
         TypeError: an argument is unknown or has the wrong type.
         ValueError: an argument is out of range.
         IncompatibleInputShape: the architecture cannot take `spec.input_shape`.
+        entrypoints.EntrypointError: the entrypoint cannot be imported, is not callable, raises
+            or returns something other than an nn.Module (naming spec.model.entrypoint and the
+            user's file and line).
     """
+    if spec.entrypoint is not None:
+        return entrypoints.build_model(spec.entrypoint, spec.args)
+    if spec.architecture is None:
+        raise ValueError("spec.model: set architecture or entrypoint")
     return registry.get_model(spec.architecture, input_shape=tuple(spec.input_shape), **spec.args)
 
 
+def task_of(spec: api.ModelSpec) -> registry.Task:
+    """What the model's output means: spec.model.task, else the registry's, else
+    classification (an entrypoint without a task)."""
+    if spec.task is not None:
+        return _TASKS[spec.task]
+    if spec.architecture is not None:
+        return registry.get_info(spec.architecture).task
+    return registry.Task.CLASSIFICATION
+
+
+def modality_of(spec: api.ModelSpec) -> registry.Modality:
+    """What one input sample is: the registry's for an architecture; for an entrypoint, token
+    ids (text) for a language model or an inputShape of one size [T], else images."""
+    if spec.architecture is not None:
+        return registry.get_info(spec.architecture).modality
+    one_size = len(spec.input_shape) == 1
+    language = task_of(spec) is registry.Task.LANGUAGE_MODELING
+    return registry.Modality.TEXT if language or one_size else registry.Modality.IMAGE
+
+
+def example_batch(spec: api.ModelSpec, *, batch_size: int = 1,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """A zero input batch of the right dtype: Tensor[B, C, H, W] or LongTensor[B, T]."""
+    shape = (batch_size, *(int(size) for size in spec.input_shape))
+    dtype = torch.long if modality_of(spec) is registry.Modality.TEXT else torch.float32
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 def check_job(job: api.TrainingJob) -> list[str]:
-    """Every problem of a job: `api.validate`'s plus the registry's; [] when the job can run.
+    """Every problem of a job; [] when the job can run. `kiln validate` and the operator's
+    admission both run exactly this (after parsing the document with `api.parse_job`).
 
     Checks, in order (a failed check skips the checks that depend on it):
-      * `api.validate(job)`;
-      * spec.model.architecture is registered (else the closest names);
+      * `api.validate(job)` (cross-field rules, the pod template);
+      * an entrypoint model: only its format (in the schema) and its task against a built-in
+        dataset; it is never imported here (the trainer imports it, and reports its errors);
+      * spec.model.architecture is registered (else the closest names), and spec.model.task,
+        when given, is the registry's;
       * the model's modality matches the dataset's (image datasets need image models, text
         needs text models);
       * every spec.model.args key is a builder argument (else a did-you-mean);
@@ -60,6 +108,9 @@ def check_job(job: api.TrainingJob) -> list[str]:
         name spec.model), the model has at most MAX_PARAMETERS parameters, and one forward
         pass of a Tensor[2, *inputShape] works (all on the `meta` device).
 
+    The registry checks are cached per (model, dataset): a thousand jobs of a few
+    architectures build a few models.
+
     Args:
         job: a parsed TrainingJob.
 
@@ -67,34 +118,73 @@ def check_job(job: api.TrainingJob) -> list[str]:
         Problems, one line each, as ``spec.model.<field>: what is wrong (got X); fix``.
     """
     problems = api.validate(job)
-    spec, dataset = job.spec.model, job.spec.dataset.name
+    spec, dataset = job.spec.model, job.spec.dataset.loader
+    if spec.architecture is None or spec.entrypoint is not None:
+        return problems + _entrypoint_problems(spec, dataset)
+    key = json.dumps([api.to_wire(spec), dataset], sort_keys=True)
+    return problems + list(_registry_problems(key))
+
+
+@functools.lru_cache(maxsize=1024)
+def _registry_problems(key: str) -> tuple[str, ...]:
+    """The registry's problems of a registry model on a dataset, by `check_job`'s cache key."""
+    wire, dataset_name = json.loads(key)
+    spec = api.ModelSpec.model_validate(wire)
+    dataset = api.DatasetName(dataset_name) if dataset_name is not None else None
+    assert spec.architecture is not None
     try:
         info = registry.get_info(spec.architecture)
     except registry.UnknownArchitecture as exc:
-        return [*problems, f"spec.model.architecture: {exc}"]
-    wanted = _DATASET_MODALITY[dataset]
-    if info.modality != wanted:
+        return (f"spec.model.architecture: {exc}",)
+    problems: list[str] = []
+    if spec.task is not None and _TASKS[spec.task] is not info.task:
+        wire = next(k for k, v in _TASKS.items() if v is info.task).value
+        problem = (f"spec.model.task: {info.name} is a {wire} model (got {spec.task.value}); "
+                   f"remove task or set it to {wire}")
+        return (problem,)
+    wanted = _DATASET_MODALITY[dataset] if dataset is not None else None  # None: an entrypoint
+    if wanted is not None and info.modality != wanted:
         fitting = [n for n in registry.list_models() if registry.get_info(n).modality == wanted]
         problems.append(
             f"spec.model.architecture: {info.name} is {_a(info.modality)} model but dataset "
             f"{dataset} gives {wanted} data; use {_a(wanted)} model ({', '.join(fitting)})"
         )
-        return problems
+        return tuple(problems)
     arg_problems = [
         f"spec.model.args.{key}: {why}" for key, why in registry.unknown_args(info.name, spec.args)
     ]
     problems += arg_problems + _dataset_fit(info, spec, dataset)
     if arg_problems or any(p.startswith("spec.model.inputShape") for p in problems):
-        return problems  # building would only repeat these problems in murkier words
-    return problems + _build_problems(info, spec)
+        return tuple(problems)  # building would only repeat these problems in murkier words
+    return tuple(problems + _build_problems(info, spec))
+
+
+def _entrypoint_problems(spec: api.ModelSpec, dataset: api.DatasetName | None) -> list[str]:
+    """An entrypoint model's task against a built-in dataset (the format is the schema's)."""
+    if spec.entrypoint is None or dataset is None:
+        return []
+    task = task_of(spec)
+    if dataset == api.DatasetName.TEXT and task is not registry.Task.LANGUAGE_MODELING:
+        return [(f"spec.model.task: dataset text gives next-token targets, so the model must "
+                 f"be a language model (got {task_name(spec)}); set task: language_model")]
+    if dataset != api.DatasetName.TEXT and task is registry.Task.LANGUAGE_MODELING:
+        return [(f"spec.model.task: dataset {dataset} gives labelled images, not token "
+                 "sequences; set task: classification")]
+    return []
+
+
+def task_name(spec: api.ModelSpec) -> str:
+    """spec.model.task's wire value, defaults applied: classification or language_model."""
+    task = task_of(spec)
+    return next(k for k, v in _TASKS.items() if v is task).value
 
 
 def _dataset_fit(
-    info: registry.ArchitectureInfo, spec: api.ModelSpec, dataset: api.DatasetName
+    info: registry.ArchitectureInfo, spec: api.ModelSpec, dataset: api.DatasetName | None
 ) -> list[str]:
     """Output size vs the dataset: enough classes, or a vocabulary covering every byte."""
     args = {**info.default_args, **spec.args}
-    classes = _DATASET_CLASSES.get(dataset)
+    classes = _DATASET_CLASSES.get(dataset) if dataset is not None else None
     num_classes, vocab_size = args.get("num_classes"), args.get("vocab_size")
     if classes is not None and isinstance(num_classes, int) and num_classes < classes:
         message = (

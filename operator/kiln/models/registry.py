@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import importlib.metadata
 import inspect
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -64,10 +65,12 @@ class ArchitectureInfo:
 class UnknownArchitecture(ValueError):
     """An architecture name that is not registered; the message lists the closest names."""
 
-    def __init__(self, name: str, *, closest: list[str], known_count: int) -> None:
+    def __init__(self, name: str, *, closest: list[str], known_count: int,
+                 why: str = "") -> None:
         self.name = name
         self.closest = closest
         hint = f"closest: {', '.join(closest)}" if closest else "no registered name is close"
+        hint = why or hint
         super().__init__(
             f"unknown architecture {name!r}; {hint} (list_models() / `kiln models` lists all "
             f"{known_count})"
@@ -86,6 +89,48 @@ class _Entry:
 
 _REGISTRY: dict[str, _Entry] = {}
 _BLOCKS: dict[type[nn.Module], BlocksFn] = {}
+
+# Third parties add names through this entry-point group: each entry point is a builder
+# (keyword-only, taking input_shape) registered under the entry point's name, unless its module
+# registered that name itself with `register_model` (which also declares modality and task).
+ENTRY_POINT_GROUP = "kiln.models"
+_PLUGINS_LOADED: list[bool] = []
+_PLUGIN_ERRORS: dict[str, str] = {}  # entry point name -> why it could not be registered
+
+
+def load_entry_points(
+    found: Sequence[importlib.metadata.EntryPoint] | None = None,
+) -> list[str]:
+    """Register the builders of the `ENTRY_POINT_GROUP` entry points of installed distributions.
+
+    Runs once by itself (on the first lookup or listing). A builder that cannot be loaded or
+    registered is remembered, and looking its name up says why.
+
+    Args:
+        found: the entry points to register (default: the installed ones of the group).
+
+    Returns:
+        The names registered now.
+    """
+    _PLUGINS_LOADED.append(True)
+    if found is None:
+        found = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    added = []
+    for point in found:
+        if point.name in _REGISTRY:
+            continue
+        try:
+            builder = point.load()
+            if point.name not in _REGISTRY:  # its module did not register it itself
+                register_model(point.name, family=point.name, modality=Modality.IMAGE,
+                               task=Task.CLASSIFICATION)(builder)
+        except Exception as exc:  # noqa: BLE001  # any error in a third-party package
+            _PLUGIN_ERRORS[point.name] = (f"the {ENTRY_POINT_GROUP} entry point {point.name} = "
+                                          f"{point.value} failed to load "
+                                          f"({type(exc).__name__}: {exc})")
+            continue
+        added.append(point.name)
+    return added
 
 
 def register_model(
@@ -140,7 +185,9 @@ def register_model(
 
 
 def list_models() -> list[str]:
-    """Every registered architecture name, sorted."""
+    """Every registered architecture name (built in, and from entry points), sorted."""
+    if not _PLUGINS_LOADED:
+        load_entry_points()
     return sorted(_REGISTRY)
 
 
@@ -254,7 +301,7 @@ def natural_blocks(model: nn.Module) -> list[str]:
     Names are dotted submodule names (`model.get_submodule(name)` works): stem first, then
     residual blocks / stages / transformer layers in forward order, the head last. Models of a
     registered family use the family's declaration (looked up along the class hierarchy);
-    any other model falls back to its direct children that own parameters, in definition order.
+    any other model falls back to `layer_stack_blocks`.
 
     Args:
         model: the unwrapped model (not a DDP/FSDP wrapper).
@@ -266,7 +313,41 @@ def natural_blocks(model: nn.Module) -> list[str]:
         blocks_fn = _BLOCKS.get(cls)
         if blocks_fn is not None:
             return blocks_fn(model)
-    return children_with_parameters(model)
+    return layer_stack_blocks(model)
+
+
+def layer_stack_blocks(model: nn.Module) -> list[str]:
+    """Natural blocks of an undeclared model: its layer stack, split into layers.
+
+    The stack is the shallowest `nn.ModuleList` with at least two children that own parameters
+    (a Hugging Face GPT-2's ``transformer.h``, BERT's ``bert.encoder.layer``). What owns
+    parameters beside the path to it comes first when defined before it (embeddings) and last
+    when defined after it (final norm, head, innermost first). Without a stack: the direct
+    children that own parameters, in definition order.
+    """
+    stacks = [(name.count("."), name) for name, module in model.named_modules()
+              if name and isinstance(module, nn.ModuleList)
+              and len(children_with_parameters(module)) >= 2]
+    if not stacks:
+        return children_with_parameters(model)
+    path = min(stacks)[1]
+    before: list[str] = []
+    after: list[list[str]] = []
+    module, prefix = model, ""
+    for part in path.split("."):
+        owners = children_with_parameters(module, prefix)
+        names = [name for name, _ in module.named_children()]
+        seen_path = False
+        level_after: list[str] = []
+        for name in names:
+            if name == part:
+                seen_path = True
+            elif f"{prefix}{name}" in owners:
+                (level_after if seen_path else before).append(f"{prefix}{name}")
+        after.append(level_after)
+        module, prefix = module.get_submodule(part), f"{prefix}{part}."
+    layers = children_with_parameters(module, prefix)
+    return before + layers + [name for level in reversed(after) for name in level]
 
 
 def children_with_parameters(module: nn.Module, prefix: str = "") -> list[str]:
@@ -339,7 +420,12 @@ def sequence_length(input_shape: tuple[int, ...]) -> int:
 
 
 def _entry(name: str) -> _Entry:
+    if name not in _REGISTRY and not _PLUGINS_LOADED:
+        load_entry_points()
     entry = _REGISTRY.get(name)
+    if entry is None and name in _PLUGIN_ERRORS:
+        raise UnknownArchitecture(name, closest=[], known_count=len(_REGISTRY),
+                                  why=_PLUGIN_ERRORS[name])
     if entry is None:
         names = list(_REGISTRY)
         closest = difflib.get_close_matches(name, names, n=3, cutoff=0.5)

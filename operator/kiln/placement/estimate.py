@@ -32,6 +32,10 @@ TORCHVISION_TRAIN_SAMPLES = {"MNIST": 60000, "FashionMNIST": 60000, "KMNIST": 60
                              "QMNIST": 60000, "USPS": 7291, "CIFAR10": 50000, "CIFAR100": 50000,
                              "SVHN": 73257, "STL10": 5000}
 UNKNOWN_SAMPLES = 50_000
+# An entrypoint model is user code the operator never imports, so it cannot be counted: until
+# the zoo holds a measured run of the same entrypoint, it is costed as a model of this many
+# parameters doing 2 FLOPs per parameter per sample (a dense forward pass).
+UNKNOWN_MODEL_PARAMETERS = 5_000_000
 _IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff",
                              ".ppm", ".pgm"})
 
@@ -289,6 +293,8 @@ def model_cost(spec: api.ModelSpec) -> tuple[float, int]:
     Raises:
         models.UnknownArchitecture, TypeError, ValueError: the model cannot be built.
     """
+    if spec.architecture is None:  # an entrypoint: never imported here (UNKNOWN_MODEL_...)
+        return 2.0 * UNKNOWN_MODEL_PARAMETERS, UNKNOWN_MODEL_PARAMETERS
     key = json.dumps([spec.architecture, spec.args, list(spec.input_shape)], sort_keys=True)
     return _model_cost(key)
 
@@ -330,11 +336,16 @@ def _zoo_step(job: api.TrainingJob, candidates: Sequence[records.ZooRecord],
               device: DeviceModel) -> float | None:
     """k = 1 step seconds at the job's batch from the most similar zoo record, or None."""
     spec = job.spec.model
+    if spec.entrypoint is not None:
+        return _entrypoint_step(job, candidates, device)
+    assert spec.architecture is not None
     info = models.get_info(spec.architecture)
     flops, params = model_cost(spec)
     ranked = []
     for rec in candidates:
         if not rec.samples_per_second or rec.samples_per_second <= 0 or rec.num_params <= 0:
+            continue
+        if rec.architecture is None:  # an entrypoint model: no registry family to compare
             continue
         try:
             family = models.get_info(rec.architecture).family
@@ -349,6 +360,7 @@ def _zoo_step(job: api.TrainingJob, candidates: Sequence[records.ZooRecord],
     if not ranked:
         return None
     rec = min(ranked, key=lambda r: r[:4])[4]
+    assert rec.architecture is not None  # entrypoint records were skipped above
     try:
         rec_flops, _ = model_cost(api.ModelSpec(architecture=rec.architecture, args=rec.args,
                                                 input_shape=list(rec.input_shape)))
@@ -360,6 +372,23 @@ def _zoo_step(job: api.TrainingJob, candidates: Sequence[records.ZooRecord],
     compute = max(rec_step - device.step_overhead_seconds, rec_step / 2)
     return compute * scale * job.spec.training.batch_size / rec_batch + \
         device.step_overhead_seconds
+
+
+def _entrypoint_step(job: api.TrainingJob, candidates: Sequence[records.ZooRecord],
+                     device: DeviceModel) -> float | None:
+    """k = 1 step seconds of an entrypoint model from a measured run of the same entrypoint
+    (same args and input shape first, then the newest), unscaled; None when there is none."""
+    spec = job.spec.model
+    ranked = [(rec.args != spec.args, tuple(rec.input_shape) != tuple(spec.input_shape),
+               _negated(rec.created_time), rec) for rec in candidates
+              if rec.entrypoint == spec.entrypoint and (rec.samples_per_second or 0.0) > 0]
+    if not ranked:
+        return None
+    rec = min(ranked, key=lambda r: r[:3])[3]
+    rec_batch = _record_batch(rec) or job.spec.training.batch_size
+    rec_step = rec_batch / (rec.samples_per_second or 1.0)
+    compute = max(rec_step - device.step_overhead_seconds, rec_step / 2)
+    return compute * job.spec.training.batch_size / rec_batch + device.step_overhead_seconds
 
 
 def _record_batch(rec: records.ZooRecord) -> int | None:
@@ -382,14 +411,14 @@ def _list_records(zoo: store.ObjectStore) -> list[records.ZooRecord]:
 
 
 def _dataset_samples(ds: api.DatasetSpec, input_shape: Sequence[int]) -> int:
-    if ds.name == api.DatasetName.DIGITS:
+    if ds.loader == api.DatasetName.DIGITS:
         return DIGITS_SAMPLES
-    if ds.name == api.DatasetName.TORCHVISION:
+    if ds.loader == api.DatasetName.TORCHVISION:
         return TORCHVISION_TRAIN_SAMPLES.get(ds.torchvision_class or "", UNKNOWN_SAMPLES)
     if not ds.path or ds.path.startswith("s3://") or not Path(ds.path).exists():
         return UNKNOWN_SAMPLES
     path = Path(ds.path)
-    if ds.name == api.DatasetName.TEXT:
+    if ds.loader == api.DatasetName.TEXT:
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         return sum(p.stat().st_size for p in files) // (int(input_shape[0]) + 1)
     count = 0

@@ -118,7 +118,7 @@ def profile_job(
         results.append(found)
         if found.status in (profilecache.STATUS_OK, profilecache.STATUS_OOM):
             entries[key] = {**dataclasses.asdict(found),
-                            "architecture": job.spec.model.architecture, "device_type": kind,
+                            "architecture": job.spec.model.label, "device_type": kind,
                             "batch_size": batch, "measured_time": _now()}
             if cache_path is not None:
                 profilecache.write_cache(cache_path, entries)
@@ -194,7 +194,7 @@ def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
     model.train()
     optimizer = _optimizer(model, training.optimizer)
     batch = batch_size or training.batch_size
-    text = models.get_info(model_spec.architecture).modality == models.Modality.TEXT
+    text = models.modality_of(model_spec) == models.Modality.TEXT
     vocab = int(model_spec.args.get("vocab_size", 256))
     seconds = 0.0
     for _ in range(2):

@@ -57,7 +57,7 @@ class Measurement:
 def cache_key(model: api.ModelSpec, *, batch_size: int, parallelism: str, gpus: int,
               kind: str) -> str:
     """The cache key of one config: JSON of (architecture, args, input shape, batch, ...)."""
-    return json.dumps([model.architecture, model.args, list(model.input_shape), batch_size,
+    return json.dumps([model.label, model.args, list(model.input_shape), batch_size,
                        parallelism, gpus, kind], sort_keys=True, separators=(",", ":"))
 
 

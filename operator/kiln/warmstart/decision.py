@@ -52,7 +52,8 @@ def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
     """
     with torch.device("meta"):
         model = models.build(spec)
-    return graph.extract(model, spec.input_shape, name=spec.architecture)
+    dtype = models.example_batch(spec, device="meta").dtype
+    return graph.extract(model, spec.input_shape, name=spec.label, input_dtype=dtype)
 
 
 def decide(
@@ -86,8 +87,8 @@ def decide(
     if not spec.enabled:
         return select.cold_start(select.Outcome.DISABLED,
                                  "warm start disabled by spec.warmStart.enabled")
-    info = models.get_info(job.spec.model.architecture)
-    modality, task = str(info.modality), str(info.task)
+    modality = str(models.modality_of(job.spec.model))
+    task = str(models.task_of(job.spec.model))
     try:
         child = model_graph(job.spec.model)
     except graph.GraphError as exc:

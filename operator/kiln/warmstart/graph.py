@@ -1,8 +1,9 @@
 """Architecture graphs: a model as a DAG of its layers, and the array form alignment works on.
 
-`extract` traces a model with torch.fx on the `meta` device (no weights are read) into a
-networkx graph, stored in the zoo as JSON (`to_json`/`from_json`); `Prepared` is that graph
-linearised for `kiln.warmstart.match`, built once per graph. No matching, no I/O.
+`extract` traces a model on the `meta` device (no weights are read; torch.fx, else Hugging
+Face's fx tracer, else torch.export) into a networkx graph, stored in the zoo as JSON
+(`to_json`/`from_json`); `Prepared` is that graph linearised for `kiln.warmstart.match`, built
+once per graph. No matching, no I/O.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import importlib
 import itertools
 import re
 import weakref
@@ -28,7 +30,12 @@ from torch import nn
 # the ONNX exporter. The model is copied onto the `meta` device first (parameters become
 # storage-less meta tensors, so extraction costs no memory or time for weights and never touches the
 # caller's model), traced with `torch.fx.symbolic_trace`, and run once on a meta input to record
-# output shapes.
+# output shapes. A forward fx cannot trace (Hugging Face transformers models, control flow on
+# shapes) gets two more tries: Hugging Face's own fx tracer when the model is or wraps a
+# `transformers.PreTrainedModel` and the installed transformers has one, then `torch.export`,
+# whose graph holds ATen functions on `get_attr` parameters instead of module calls. There a
+# function is a layer when it depends on the input or reads a parameter (`linear`, `embedding`,
+# `layer_norm`, `addmm`), so exported and fx graphs of one model share their weighted layers.
 #
 # Node attributes (node id = the fx node name, unique per graph):
 #     op (str): module class name for `call_module` nodes (`Conv2d`, `BatchNorm2d`); the
@@ -72,6 +79,9 @@ _DROP_OPS = frozenset({
     "dropout3d", "alpha_dropout", "feature_alpha_dropout", "identity", "zeros_like",
     "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_empty", "new_full",
     "stochastic_depth",
+    # ATen spellings of the above, as torch.export writes them
+    "unsafe_view", "slice", "alias", "lift_fresh_copy", "to_copy", "split_with_sizes",
+    "assert_tensor_metadata", "sym_size", "sym_numel",
 })
 # Functions with a module twin take the twin's class name; arithmetic spellings collapse.
 _OP_ALIASES = {
@@ -87,7 +97,9 @@ _OP_ALIASES = {
     "truediv": "div", "itruediv": "div", "rtruediv": "div", "bmm": "matmul",
     "rmatmul": "matmul", "concat": "cat", "concatenate": "cat",
 }
-_LINEAR_LIKE = frozenset({"Linear", "LazyLinear", "NonDynamicallyQuantizableLinear", "Conv1d"})
+# `addmm` is a Hugging Face `Conv1D` (GPT-2's projections, weight [in, out]) once traced.
+_LINEAR_LIKE = frozenset({"Linear", "LazyLinear", "NonDynamicallyQuantizableLinear", "Conv1d",
+                          "addmm"})
 
 
 class GraphError(ValueError):
@@ -123,7 +135,8 @@ def extract(
 
     Raises:
         GraphError: `input_shape` is empty or not positive; the model cannot be copied to the
-            meta device, traced by torch.fx, or run on a meta input; or it has no layers.
+            meta device, traced (by torch.fx, Hugging Face's tracer or torch.export: the
+            message gives each one's reason), or run on a meta input; or it has no layers.
     """
     label = name or type(model).__name__
     shape = [int(d) for d in input_shape]
@@ -132,12 +145,8 @@ def extract(
                          f"(got {list(input_shape)})")
     dtype = input_dtype or (torch.int64 if len(shape) == 1 else torch.float32)
     meta_model = _meta_copy(model, label)
-    try:
-        traced = torch.fx.symbolic_trace(meta_model)
-    except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, ...
-        raise GraphError(f"{label}: torch.fx cannot trace its forward ({type(exc).__name__}: "
-                         f"{_first_line(exc)}); it cannot be warm-started") from exc
     example = torch.zeros([1, *shape], dtype=dtype, device="meta")
+    traced, functional = _trace(meta_model, example, label)
     recorder = _ShapeRecorder(traced)
     try:
         with torch.no_grad():
@@ -146,7 +155,7 @@ def extract(
         raise GraphError(f"{label}: running it on a meta input of shape {[1, *shape]} "
                          f"({_dtype_name(dtype)}) failed at node {recorder.current!r} "
                          f"({type(exc).__name__}: {_first_line(exc)})") from exc
-    g = _build(traced, recorder.shapes, meta_model)
+    g = _build(traced, recorder.shapes, meta_model, functional=functional)
     if g.number_of_nodes() == 0:
         raise GraphError(f"{label}: the traced graph has no layers that depend on the input")
     g.graph.update(name=name, input_shape=shape, input_dtype=_dtype_name(dtype))
@@ -242,6 +251,58 @@ class _ShapeRecorder(torch.fx.Interpreter):
         return result
 
 
+def _trace(model: nn.Module, example: torch.Tensor,
+           label: str) -> tuple[torch.fx.GraphModule, bool]:
+    """The traced model, and whether its graph is functional (torch.export: no module calls).
+
+    Raises:
+        GraphError: no tracer could trace it; the message gives each tracer's reason.
+    """
+    tries: list[str] = []
+    try:
+        return torch.fx.symbolic_trace(model), False
+    except Exception as exc:  # noqa: BLE001  # fx raises TraceError, TypeError, ...
+        tries.append(f"torch.fx cannot trace its forward ({type(exc).__name__}: "
+                     f"{_first_line(exc)})")
+    hf_fx = _hf_fx_module() if _wraps_pretrained(model) else None
+    if hf_fx is not None:
+        try:  # a PreTrainedModel knows its dummy inputs; a wrapper is traced as it is
+            if _is_pretrained(model):
+                return hf_fx.symbolic_trace(model), False
+            return torch.fx.GraphModule(model, hf_fx.HFTracer().trace(model)), False
+        except Exception as exc:  # noqa: BLE001  # whatever the traced code raises
+            tries.append(f"Hugging Face's fx tracer failed ({type(exc).__name__}: "
+                         f"{_first_line(exc)})")
+    try:
+        exported = torch.export.export(model, (example,), strict=False)
+        module = exported.module()
+    except Exception as exc:  # export raises Unsupported, UserError, RuntimeError, ...
+        tries.append(f"torch.export failed ({type(exc).__name__}: {_first_line(exc)})")
+        raise GraphError(f"{label}: {'; '.join(tries)}; it cannot be warm-started") from exc
+    if not isinstance(module, torch.fx.GraphModule):
+        raise GraphError(f"{label}: {'; '.join(tries)}; torch.export gave a "
+                         f"{type(module).__name__}, not a graph; it cannot be warm-started")
+    return module, True
+
+
+def _wraps_pretrained(model: nn.Module) -> bool:
+    """Whether `model` is or holds a Hugging Face `PreTrainedModel` (without importing it)."""
+    return any(_is_pretrained(module) for module in model.modules())
+
+
+def _is_pretrained(module: nn.Module) -> bool:
+    return any(base.__name__ == "PreTrainedModel" and base.__module__.startswith("transformers")
+               for base in type(module).__mro__)
+
+
+def _hf_fx_module() -> Any:
+    """`transformers.utils.fx` when the installed transformers still ships it, else None."""
+    try:
+        return importlib.import_module("transformers.utils.fx")
+    except ImportError:  # not installed, or transformers 5 (it dropped its fx tracer)
+        return None
+
+
 def _meta_copy(model: nn.Module, label: str) -> nn.Module:
     """Deep-copy `model` with every parameter and buffer replaced by a meta tensor (no data)."""
     memo: dict[int, Any] = {}
@@ -257,19 +318,27 @@ def _meta_copy(model: nn.Module, label: str) -> nn.Module:
     return clone.eval()
 
 
-def _build(gm: torch.fx.GraphModule, shapes: dict[str, list[int]], root: nn.Module) -> nx.DiGraph:
-    """Keep layer nodes of the fx graph, bridging dropped nodes (see the extraction comment)."""
+def _build(gm: torch.fx.GraphModule, shapes: dict[str, list[int]], root: nn.Module, *,
+           functional: bool = False) -> nx.DiGraph:
+    """Keep layer nodes of the fx graph, bridging dropped nodes (see the extraction comment).
+
+    `functional` graphs (torch.export) also keep functions that read a parameter or depend on
+    the input: there, layers are functions, and their parameters arrive through `get_attr`.
+    """
     param_shapes = {k: list(p.shape) for k, p in root.named_parameters(remove_duplicate=False)}
     buffer_names = {k for k, _ in root.named_buffers(remove_duplicate=False)}
     nodes = list(gm.graph.nodes)
     live = _ancestors_of_output(nodes)
     # flow[x] = (kept producers, params, buffers) that node x passes on to its consumers.
     flow: dict[torch.fx.Node, tuple[list[str], list[str], list[str]]] = {}
+    on_input = {n for n in nodes if n.op == "placeholder"}  # nodes that depend on the input
     g = nx.DiGraph()
     for node in nodes:
         if node not in live or node.op in ("placeholder", "output"):
             flow[node] = ([], [], [])
             continue
+        if any(x in on_input for x in node.all_input_nodes):
+            on_input.add(node)
         if node.op == "get_attr":
             target = str(node.target)
             flow[node] = ([], [target] if target in param_shapes else [],
@@ -281,14 +350,16 @@ def _build(gm: torch.fx.GraphModule, shapes: dict[str, list[int]], root: nn.Modu
         buffers = _unique(b for f in ins for b in f[2])
         op, own_params, own_buffers = _describe(node, gm)
         keep = (op not in _DROP_MODULES and op not in _DROP_OPS and node.name in shapes
-                and (node.op == "call_module" or bool(producers)))
+                and (node.op == "call_module" or bool(producers)
+                     or (functional and (node in on_input or bool(params)))))
         if not keep:
             flow[node] = (producers, params, buffers)
             continue
         params = _unique([*own_params, *params])
         buffers = _unique([*own_buffers, *buffers])
         if op in _LINEAR_LIKE:
-            owner = str(node.target) if node.op == "call_module" else params[0] if params else ""
+            weights = [p for p in params if p.endswith("weight")] or params  # addmm: bias first
+            owner = str(node.target) if node.op == "call_module" else weights[0] if weights else ""
             op += _attention_suffix(owner.removesuffix(".weight"))
         prefix = str(node.target) + "." if node.op == "call_module" else ""
         g.add_node(node.name, op=op, weight_shape=_weight_shape(params, param_shapes, prefix),
@@ -308,7 +379,9 @@ def _describe(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, list[
         return (type(module).__name__,
                 [f"{target}.{k}" for k, _ in module.named_parameters(remove_duplicate=False)],
                 [f"{target}.{k}" for k, _ in module.named_buffers(remove_duplicate=False)])
-    raw = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    # An ATen operator (torch.export) is named by its packet: `aten.linear.default` -> linear.
+    called: Any = getattr(node.target, "overloadpacket", node.target)
+    raw = called if isinstance(called, str) else getattr(called, "__name__", "")
     name = str(raw or node.target)
     if name.startswith("__") and name.endswith("__"):
         name = name[2:-2]

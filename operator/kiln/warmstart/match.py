@@ -303,6 +303,7 @@ def _backtrack(p: graph.Prepared, c: graph.Prepared, scores: FloatArray,
         diag_rank = _MATCH if s_ij > 0 else _DIAG
         single = len(child_cols[j]) == 1
         all_diagonal = True
+        taken: set[int] = set()  # parent rows the node's earlier branches went to
         for q in child_cols[j]:
             best = (t[q][r] + INS, _INS, (r, q))
             for pr in parent_rows[i]:
@@ -310,10 +311,14 @@ def _backtrack(p: graph.Prepared, c: graph.Prepared, scores: FloatArray,
                              (t[col][pr] + DEL, _DEL, (pr, col))):
                     if move[1] == _DEL and not single:
                         continue
-                    if move[0] > best[0] + _TIE or (move[0] >= best[0] - _TIE
-                                                    and move[1] > best[1]):
+                    tied = move[0] >= best[0] - _TIE
+                    if move[0] > best[0] + _TIE or (tied and move[1] > best[1]) or (
+                            # equal branches (two same-shape embeddings) go to distinct rows
+                            tied and move[1] == best[1] and best[2][0] in taken
+                            and move[2][0] not in taken):
                         best = move
             all_diagonal &= best[1] in (_MATCH, _DIAG)
+            taken.add(best[2][0])
             stack.append(best[2])
         if all_diagonal and p.ops[i] == c.ops[j]:
             found.append((s_ij, i, j))

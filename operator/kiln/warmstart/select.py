@@ -63,6 +63,7 @@ class Outcome(enum.StrEnum):
     COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
     COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
     DISABLED = "disabled"  # spec.warmStart.enabled is false
+    IN_TRAINER = "in_trainer"  # an entrypoint model: the trainer decides, before its first step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -180,8 +180,27 @@ def warm_start_state(
     """
     child_graph = graph_mod.extract(child_model, child_input_shape)
     alignment = match.align(parent_graph, child_graph)
-    return transform(parent_state, parent_graph, child_model.state_dict(), child_graph,
-                     alignment, noise_std=noise_std, generator=generator)
+    result = transform(parent_state, parent_graph, child_model.state_dict(), child_graph,
+                       alignment, noise_std=noise_std, generator=generator)
+    _follow_ties(result.state_dict, set(result.transferred_params), child_model)
+    return result
+
+
+def _follow_ties(state: dict[str, Tensor], written: set[str], child_model: nn.Module) -> None:
+    """Give every name of a tied parameter the value transferred into one of them.
+
+    A tied parameter (a language model's head sharing the token embedding) is one tensor under
+    several state_dict keys, and a graph names only one of them; loading the others' stale
+    child init afterwards would overwrite the transferred value.
+    """
+    names: dict[int, list[str]] = {}
+    for name, param in child_model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    for tied in names.values():
+        source = next((n for n in tied if n in written), None)
+        if source is not None and len(tied) > 1:
+            for name in tied:
+                state[name] = state[source]
 
 
 def lr_damping(

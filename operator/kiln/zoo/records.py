@@ -23,8 +23,12 @@ from kiln.zoo import store
 
 ZooModelId = NewType("ZooModelId", str)
 
-SCHEMA_VERSION = 1
-"""Version of the meta.json format; readers reject records from a newer version."""
+SCHEMA_VERSION = 2
+"""Version of the meta.json format; readers reject records from a newer version.
+
+Version 2 added ``entrypoint`` (a record may have no ``architecture``), ``source`` and
+``license``. A record with an architecture is written as version 1, which older readers load.
+"""
 
 META_NAME = "meta.json"
 """The file holding a record's `ZooRecord` (in its folder ``models/<id>/``)."""
@@ -32,6 +36,8 @@ META_NAME = "meta.json"
 # Ids become one key component: keep them to letters, digits, '_', '.', '-' (no '/', no '..').
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+# "package.module:callable": dotted identifiers, a colon, a dotted attribute path.
+_ENTRYPOINT_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 MAX_COUNT = 10**13
 """Largest believable count in meta.json (num_params): ten times today's largest models."""
@@ -59,7 +65,9 @@ class ZooRecord:
 
     Attributes:
         id: the record id, e.g. ``small_resnet-7f3c2a1b`` (see `new_id`).
-        architecture: model registry name (`kiln.models`).
+        architecture: model registry name (`kiln.models`), or None for an entrypoint model.
+        entrypoint: the user's builder, ``package.module:callable``, or None for a registry
+            model. Exactly one of `architecture` and `entrypoint` is set.
         args: the builder's keyword arguments (JSON values).
         input_shape: one sample's shape without the batch: (C, H, W) or (T,).
         modality: ``image`` or ``text`` (`kiln.models.Modality` values).
@@ -76,11 +84,16 @@ class ZooRecord:
         created_time: when it was registered, RFC 3339 (``2024-05-01T12:00:00Z``).
         weights_sha256: hex SHA-256 of weights.safetensors; `write_record` fills it in.
         job_name: name of the TrainingJob that produced it.
-        job_spec: that job as its wire dict (`kiln.api.to_wire`).
+        job_spec: that job as its wire dict (`kiln.api.to_wire`); for imported weights only
+            ``{"spec": {"model": ...}}``.
+        source: where imported weights came from (a file path or URL), or None for a model
+            trained by Kiln.
+        license: the imported weights' license (free text), or None.
     """
 
     id: ZooModelId
-    architecture: str
+    architecture: str | None = None
+    entrypoint: str | None = None
     args: dict[str, Any]
     input_shape: tuple[int, ...]
     modality: str
@@ -98,10 +111,25 @@ class ZooRecord:
     weights_sha256: str = ""
     job_name: str
     job_spec: dict[str, Any]
+    source: str | None = None
+    license: str | None = None
+
+    def __post_init__(self) -> None:
+        problem = _builder_problem(self.architecture, self.entrypoint)
+        if problem:
+            raise ValueError(f"zoo record {self.id}: {problem}")
+
+    @property
+    def builder(self) -> str:
+        """What builds the model: the registry name, or the entrypoint."""
+        return self.architecture or self.entrypoint or ""
 
     def to_json(self) -> str:
-        """meta.json text: the fields plus ``schema_version``, with a trailing newline."""
-        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        """meta.json text: the fields plus ``schema_version``, with a trailing newline.
+
+        The version is the oldest that can read the record: 1 unless it has an entrypoint.
+        """
+        doc: dict[str, Any] = {"schema_version": 1 if self.entrypoint is None else SCHEMA_VERSION}
         doc.update(dataclasses.asdict(self))
         doc["input_shape"] = list(self.input_shape)
         return json.dumps(doc, indent=2) + "\n"
@@ -136,6 +164,9 @@ class ZooRecord:
             )
         values: dict[str, Any] = {}
         for name, (kind, nullable) in _FIELD_KINDS.items():
+            if name not in doc and name in _ADDED_IN_VERSION_2:
+                values[name] = None  # a record written before the field existed
+                continue
             if name not in doc:
                 raise CorruptRecord(
                     record_id, f"{META_NAME} field {name!r} is missing", field=name
@@ -151,15 +182,20 @@ class ZooRecord:
                     record_id, f"{META_NAME} field {name!r}: expected {exc}, got "
                     f"{type(value).__name__} {_short(value)}", field=name,
                 ) from None
+        problem = _builder_problem(values["architecture"], values["entrypoint"])
+        if problem:
+            raise CorruptRecord(record_id, f"{META_NAME}: {problem}", field="entrypoint")
         return cls(**values)
 
 
 def new_id(architecture: str) -> ZooModelId:
     """A fresh record id: the architecture name, a dash, 8 random hex digits.
 
-    Example: ``new_id("small_resnet")`` gives e.g. ``small_resnet-7f3c2a1b``.
+    Example: ``new_id("small_resnet")`` gives e.g. ``small_resnet-7f3c2a1b``; an entrypoint
+    gives its callable's name: ``new_id("mynets.mixer:build_mixer")``, ``build_mixer-0c1d2e3f``.
     """
-    slug = re.sub(r"[^a-z0-9_]+", "_", architecture.lower()).strip("_")[:100] or "model"
+    name = architecture.rpartition(":")[2]
+    slug = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")[:100] or "model"
     return ZooModelId(f"{slug}-{secrets.token_hex(4)}")
 
 
@@ -191,6 +227,16 @@ def parse_json(text: str | bytes, record_id: str, name: str) -> Any:
         raise CorruptRecord(record_id, f"{name} is nested too deeply to read") from None
     except ValueError as exc:  # e.g. an integer over sys.get_int_max_str_digits() digits
         raise CorruptRecord(record_id, f"{name} is not usable JSON ({exc})") from None
+
+
+def _builder_problem(architecture: str | None, entrypoint: str | None) -> str:
+    """Why this pair cannot build a model (exactly one must be set), or ``""``."""
+    if architecture is None and entrypoint is None:
+        return "neither 'architecture' nor 'entrypoint' is set; a record needs exactly one"
+    if architecture is not None and entrypoint is not None:
+        return (f"both 'architecture' ({architecture!r}) and 'entrypoint' ({entrypoint!r}) are "
+                "set; a record needs exactly one")
+    return ""
 
 
 def _short(value: Any) -> str:
@@ -240,6 +286,12 @@ def _as_id(value: Any) -> ZooModelId:
     return ZooModelId(value)
 
 
+def _as_entrypoint(value: Any) -> str:
+    if not isinstance(value, str) or not _ENTRYPOINT_PATTERN.fullmatch(value):
+        raise TypeError("an entrypoint such as mypackage.models:build_net")
+    return value
+
+
 def _as_time(value: Any) -> str:
     try:
         datetime.datetime.fromisoformat(_as_str(value))
@@ -257,13 +309,15 @@ def _as_sha256(value: Any) -> str:
 _CONVERTERS: dict[str, Any] = {
     "str": _as_str, "number": _as_number, "count": _as_count, "object": _as_object,
     "shape": _as_shape, "id": _as_id, "time": _as_time, "sha256": _as_sha256,
+    "entrypoint": _as_entrypoint,
 }
 
 # meta.json fields: name -> (converter kind, may be null). A unit test keeps this in step with
 # ZooRecord's fields.
 _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "id": ("id", False),
-    "architecture": ("str", False),
+    "architecture": ("str", True),
+    "entrypoint": ("entrypoint", True),
     "args": ("object", False),
     "input_shape": ("shape", False),
     "modality": ("str", False),
@@ -281,7 +335,12 @@ _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "weights_sha256": ("sha256", False),
     "job_name": ("str", False),
     "job_spec": ("object", False),
+    "source": ("str", True),
+    "license": ("str", True),
 }
+
+# Fields that version-1 records lack: absent means None.
+_ADDED_IN_VERSION_2 = frozenset({"entrypoint", "source", "license"})
 
 if TYPE_CHECKING:
     import torch

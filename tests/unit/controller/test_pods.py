@@ -78,25 +78,55 @@ def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
 def test_the_template_overrides_image_and_env_and_adds_scheduling() -> None:
     owner, job = _job(template={
         "image": "me/trainer:1", "env": [{"name": "OMP_NUM_THREADS", "value": "4"},
-                                         {"name": "KILN_METRICS_PORT", "value": "9999"}],
+                                         {"name": "PYTHONUNBUFFERED", "value": "0"}],
         "tolerations": [{"key": "gpu", "operator": "Exists"}],
         "nodeSelector": {"pool": "a"}})
     pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
     container = pod["spec"]["containers"][0]
     assert container["image"] == "me/trainer:1"
     names = [e["name"] for e in container["env"]]
-    assert names.count("KILN_METRICS_PORT") == 1
-    assert {e["name"]: e.get("value") for e in container["env"]}["KILN_METRICS_PORT"] == "9999"
+    assert names.count("PYTHONUNBUFFERED") == 1 and "KILN_METRICS_PORT" in names
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PYTHONUNBUFFERED"] == "0" and env["OMP_NUM_THREADS"] == "4"
     assert pod["spec"]["nodeSelector"] == {"pool": "a"}
     assert pod["spec"]["tolerations"][0]["key"] == "gpu"
 
 
-def test_unknown_template_keys_are_problems() -> None:
-    problems = pods.check_template({"image": "", "hostNetwork": True, "env": {}})
-    assert any(p.startswith("spec.template.hostNetwork") for p in problems)
-    assert any(p.startswith("spec.template.image") for p in problems)
-    assert any(p.startswith("spec.template.env") for p in problems)
-    assert pods.check_template({"image": "a/b:1", "env": []}) == []
+def test_an_own_command_runs_with_kilns_env_volumes_and_init_containers() -> None:
+    owner, job = _job(template={
+        "image": "me/loop:2", "command": ["python", "train.py"], "args": ["--fast"],
+        "envFrom": [{"secretRef": {"name": "s3-creds"}}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "pets"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        "initContainers": [{"name": "fetch", "image": "busybox:1.36",
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "securityContext": {"runAsUser": 2000, "privileged": True}})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert container["name"] == "trainer"
+    assert container["command"] == ["python", "train.py"] and container["args"] == ["--fast"]
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    env = {e["name"] for e in container["env"]}
+    assert {"KILN_JOB", "KILN_ZOO", "KILN_METRICS_PORT", "KILN_WARM_START"} <= env
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"  # Kiln's, not the user's
+    assert [v["name"] for v in spec["volumes"]] == ["dshm", "data"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/dev/shm", "/data"]
+    assert spec["initContainers"][0]["name"] == "fetch"
+    assert container["securityContext"]["runAsUser"] == 2000
+    assert container["securityContext"]["privileged"] is True  # the user's word wins
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-1"]
+
+
+def test_without_a_command_the_pod_runs_kilns_trainer() -> None:
+    owner, job = _job(template={"image": "me/trainer:1"})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(devices=1, parallelism="single"),
+                         settings=SETTINGS)
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "kiln_trainer"] and "args" not in container
+    assert "initContainers" not in pod["spec"]
 
 
 def test_pod_state_reads_the_terminated_trainer() -> None:

@@ -42,6 +42,15 @@ def test_a_permanent_exit_fails_at_once_whatever_the_backoff_limit() -> None:
     assert "no such dataset" in verdict.message
 
 
+def test_exit_0_without_a_result_fails_at_once_naming_ctx_finish() -> None:
+    verdict = policy.after_exit(0, "Completed", "", restarts=0, backoff_limit=10,
+                                reported=False)
+    assert (verdict.action, verdict.reason) == (policy.Action.FAIL, api.Reason.PERMANENT_ERROR)
+    assert "without reporting a result" in verdict.message and "ctx.finish" in verdict.message
+    assert policy.after_exit(0, "Completed", "", restarts=0, backoff_limit=10).action \
+        is policy.Action.SUCCEED
+
+
 def test_deadline_and_ttl() -> None:
     assert policy.deadline_passed(100.0, 10, now=110.0)
     assert not policy.deadline_passed(100.0, 10, now=109.0)

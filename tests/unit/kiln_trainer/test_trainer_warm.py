@@ -88,3 +88,10 @@ def test_without_a_decision_the_trainer_decides_with_the_same_function(
 def test_a_malformed_decision_is_an_invalid_setting_naming_the_flag(text: str) -> None:
     with pytest.raises(api.InvalidSpec, match="--warm-start"):
         warm.parse_decision(text)
+
+
+def test_a_decision_left_to_the_trainer_reads_as_none_so_the_trainer_decides() -> None:
+    deferred = select.cold_start(select.Outcome.IN_TRAINER, "decided in the trainer pod")
+    assert warm.parse_decision(json.dumps(deferred.to_json())) is None
+    cold = select.cold_start(select.Outcome.COLD_EMPTY, "the zoo is empty")
+    assert warm.parse_decision(json.dumps(cold.to_json())) == cold

@@ -126,3 +126,14 @@ def test_a_held_job_lock_stops_run_jobs_before_any_trainer_starts(
     monkeypatch.setattr(subprocess, "Popen", no_trainer)
     with runner._job_lock(tmp_path / "fake.lock", "fake"), pytest.raises(runner.JobBusy):
         runner.run_jobs([JOB], zoo_uri="zoo", work_dir=tmp_path, console=Console())
+
+
+def test_trainers_get_each_job_files_folder_first_on_pythonpath_then_the_users(
+        tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    files = [tmp_path / "a" / "one.yaml", tmp_path / "b" / "two.yaml", tmp_path / "a" / "x.yaml"]
+    found = runner.python_path(files, {"PYTHONPATH": f"/opt/site{os.pathsep}/srv/lib"})
+    assert found["PYTHONPATH"].split(os.pathsep) == [
+        str((tmp_path / "a").resolve()), str((tmp_path / "b").resolve()), "/opt/site", "/srv/lib"]
+    assert runner.python_path(files[:1], {}) == {"PYTHONPATH": str((tmp_path / "a").resolve())}

@@ -179,6 +179,26 @@ def test_natural_blocks_of_an_unregistered_model_are_its_children_with_parameter
     assert models.natural_blocks(model) == ["0", "2"]
 
 
+def test_natural_blocks_of_an_unregistered_model_split_its_layer_stack() -> None:
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+            self.norm = nn.LayerNorm(4)
+
+    class Net(nn.Module):  # a wrapper, like a Hugging Face model inside a user's module
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Linear(4, 4)
+            self.encoder = Encoder()
+            self.head = nn.Linear(4, 2)
+
+    assert models.natural_blocks(Net()) == [
+        "stem", "encoder.embed", "encoder.layers.0", "encoder.layers.1", "encoder.layers.2",
+        "encoder.norm", "head"]
+
+
 @pytest.mark.parametrize("name", models.list_models())
 def test_model_built_on_meta_traces_with_torch_fx(name: str) -> None:
     # kiln.warmstart builds candidates on `meta` and traces them with torch.fx; all registered

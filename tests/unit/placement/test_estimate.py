@@ -268,3 +268,37 @@ def test_max_gpus_below_one_and_unknown_device_types_are_refused() -> None:
         estimate.configs(_job(), zoo=None, profile_cache=None, max_gpus=0, device_type="cpu")
     with pytest.raises(ValueError, match="device type 'tpu'"):
         estimate.configs(_job(), zoo=None, profile_cache=None, max_gpus=1, device_type="tpu")
+
+
+def _entrypoint_job(entrypoint: str = "mynets.mixer:mixer", *, batch: int = 64) -> api.TrainingJob:
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "own"},
+        "spec": {"model": {"entrypoint": entrypoint, "args": {"dim": 32},
+                           "inputShape": [1, 8, 8]},
+                 "training": {"epochs": 2, "batchSize": batch}},
+    })
+
+
+def test_an_entrypoint_model_is_costed_without_importing_it_then_from_its_measured_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("placement imported user code")
+
+    monkeypatch.setattr("importlib.import_module", refuse)
+    job = _entrypoint_job("not_importable_here:build")
+    assert estimate.model_cost(job.spec.model) == (2.0 * estimate.UNKNOWN_MODEL_PARAMETERS,
+                                                   estimate.UNKNOWN_MODEL_PARAMETERS)
+    cold = estimate.configs(job, zoo=None, profile_cache=None, max_gpus=1, device_type="cpu")
+    assert {c.source for c in cold} == {"flops"}
+
+    measured = dataclasses.replace(
+        _record("small_cnn", samples_per_second=640.0, num_params=10_000),
+        architecture=None, entrypoint="not_importable_here:build", args={"dim": 32})
+    other = dataclasses.replace(measured, entrypoint="someone.else:build",
+                                samples_per_second=1.0)
+    warm = estimate.configs(job, zoo=None, profile_cache=None, max_gpus=1, device_type="cpu",
+                            zoo_records=[other, measured])
+    assert [c.source for c in warm] == ["zoo"]
+    # 64 samples at 640 per second: 0.1 s a step, whatever the overhead share.
+    step = estimate.step_of(estimate.workload(job), warm[0].seconds, CPU)
+    assert step == pytest.approx(0.1, rel=1e-6)

@@ -310,3 +310,15 @@ def test_prepare_is_cached_and_accepts_prepared_graphs(tv_graphs: dict[str, nx.D
 def test_empty_graph_is_rejected_with_graph_error() -> None:
     with pytest.raises(graph.GraphError, match="0 nodes"):
         graph.prepare(nx.DiGraph())
+
+
+def test_equal_branches_of_a_join_align_to_distinct_parent_nodes() -> None:
+    # Token and position embeddings of one shape, summed: each branch must keep its own parent
+    # node (the tie once sent both to the first, and the second lost its weights).
+    nodes = [("tokens", "Embedding", [64, 8]), ("positions", "Embedding", [64, 8]),
+             ("add", "add", []), ("norm", "LayerNorm", [8])]
+    edges = [("tokens", "add"), ("positions", "add"), ("add", "norm")]
+    g = _graph(nodes, edges)
+    pairs = dict(match.align(g, _graph(nodes, edges)).pairs)
+    assert pairs == {"tokens": "tokens", "positions": "positions", "add": "add",
+                     "norm": "norm"}

@@ -88,8 +88,61 @@ def test_meta_json_round_trips_every_field() -> None:
     assert records.ZooRecord.from_json(record.to_json()) == record
 
 
-def test_meta_json_carries_a_schema_version() -> None:
-    assert json.loads(_record().to_json())["schema_version"] == records.SCHEMA_VERSION
+def test_meta_json_carries_the_oldest_schema_version_that_reads_it() -> None:
+    assert json.loads(_record().to_json())["schema_version"] == 1
+    entrypoint = _record(architecture=None, entrypoint="mynets.mixer:build_mixer")
+    assert json.loads(entrypoint.to_json())["schema_version"] == records.SCHEMA_VERSION == 2
+
+
+def test_an_entrypoint_record_with_provenance_round_trips() -> None:
+    record = _record(architecture=None, entrypoint="hf.models:gpt2_lm", weights_sha256="0f" * 32,
+                     source="/data/gpt2/model.safetensors", license="MIT", job_spec={})
+    assert records.ZooRecord.from_json(record.to_json()) == record
+    assert record.builder == "hf.models:gpt2_lm"
+
+
+def test_a_version_1_record_without_the_new_fields_still_loads() -> None:
+    doc = _meta(_record())
+    for name in ("entrypoint", "source", "license"):
+        del doc[name]
+    doc["schema_version"] = 1
+    loaded = records.ZooRecord.from_json(json.dumps(doc))
+    assert loaded.architecture == "small_resnet" and loaded.builder == "small_resnet"
+    assert (loaded.entrypoint, loaded.source, loaded.license) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"architecture": None}, "neither 'architecture' nor 'entrypoint'",
+                     id="neither"),
+        pytest.param({"entrypoint": "mynets:build"}, "both 'architecture' ('small_resnet') and "
+                     "'entrypoint' ('mynets:build') are set", id="both"),
+    ],
+)
+def test_a_record_needs_exactly_one_of_architecture_and_entrypoint(
+    change: dict[str, Any], message: str
+) -> None:
+    doc = _meta(_record()) | change
+    with pytest.raises(records.CorruptRecord) as caught:
+        records.ZooRecord.from_json(json.dumps(doc), record_id="small_resnet-0badc0de")
+    assert str(caught.value).startswith("zoo record small_resnet-0badc0de: meta.json: ")
+    assert message in str(caught.value) and caught.value.field == "entrypoint"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _record(**change)
+
+
+def test_an_entrypoint_record_can_be_written_and_read_back(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    record = _record("gpt2_lm-0000abcd", architecture=None, entrypoint="hf.models:gpt2_lm",
+                     source="weights.safetensors", license="Apache-2.0")
+    records.write_record(zoo, record, _weights(), {"nodes": []})
+    assert records.verify_record(zoo, "gpt2_lm-0000abcd").entrypoint == "hf.models:gpt2_lm"
+    assert [r.id for r in records.list_records(zoo)] == ["gpt2_lm-0000abcd"]
+
+
+def test_new_ids_for_an_entrypoint_use_the_callable_name() -> None:
+    assert re.fullmatch(r"build_mixer-[0-9a-f]{8}", records.new_id("mynets.mixer:build_mixer"))
 
 
 def test_every_record_field_has_a_meta_json_check() -> None:
@@ -123,6 +176,9 @@ def test_meta_json_ignores_fields_it_does_not_know() -> None:
                      "expected a finite number", id="infinite-loss"),
         pytest.param({"num_params": 10**40}, "num_params", "expected a count up to",
                      id="absurd-count"),
+        pytest.param({"architecture": None, "entrypoint": "not an entrypoint"}, "entrypoint",
+                     "expected an entrypoint such as mypackage.models:build_net", id="entrypoint"),
+        pytest.param({"license": 3}, "license", "expected a string", id="license"),
     ],
 )
 def test_meta_json_field_of_the_wrong_type_names_record_and_field(

@@ -126,7 +126,8 @@ class Freezer:
 
     Args:
         model: the unwrapped training model (on its training device).
-        model_spec: how the reference process rebuilds the same architecture.
+        model_spec: how the reference process rebuilds the same architecture; None: it starts
+            from a copy of `model` itself (any nn.Module, no registry or entrypoint needed).
         probe: fixed probe batch, Tensor[b, ...] on the model's device (b = probe_batch_size).
         settings: the knobs.
         optimizer: whose state of re-activated parameters is cleared on unfreeze.
@@ -138,7 +139,7 @@ class Freezer:
         partition.Unpartitionable: the model has no usable natural blocks (train unfrozen).
     """
 
-    def __init__(self, model: nn.Module, model_spec: api.ModelSpec, probe: torch.Tensor,
+    def __init__(self, model: nn.Module, model_spec: api.ModelSpec | None, probe: torch.Tensor,
                  settings: Settings, *, optimizer: torch.optim.Optimizer | None = None,
                  num_samples: int = 0, agree: Callable[[int], int] = lambda k: k,
                  main: bool = True) -> None:
@@ -165,7 +166,7 @@ class Freezer:
         self.worker: reference.ReferenceWorker | None = None
         if main:
             self.worker = reference.ReferenceWorker(
-                model_spec, blocks, threads=settings.reference_threads, mode=settings.reference)
+                model if model_spec is None else model_spec, blocks, threads=settings.reference_threads, mode=settings.reference)
             self._refresh()
         self._split: partitions.Split | None = None
 

@@ -120,9 +120,30 @@ def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
         )
         return module
     except TRACE_ERRORS as error:
-        raise Unpartitionable(name, f"torch.fx cannot trace its forward ({error})") from error
+        try:  # blocks fx cannot trace into (Hugging Face layers): their outputs, blocks as leaves
+            return _leaf_extractor(model, blocks)
+        except (*TRACE_ERRORS, Unpartitionable):
+            raise Unpartitionable(name, f"torch.fx cannot trace its forward ({error})") from error
     finally:
         restore_modes(saved_modes)  # torchvision resets every layer to the root's mode
+
+
+def _leaf_extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
+    """`extractor` from a trace that keeps every block one call (a leaf): a block's output is
+    its call's. For models whose blocks torch.fx cannot trace into but whose top-level forward
+    it can; the graph is the eval-mode one (the blocks themselves still follow their mode)."""
+    graph, _ = trace(model, blocks)
+    calls = {str(n.target): n for n in graph.nodes if n.op == "call_module"}
+    missing = [block for block in blocks[:-1] if block not in calls]
+    if missing:
+        raise Unpartitionable(type(model).__name__, f"blocks {missing} are never called")
+    for node in [n for n in graph.nodes if n.op == "output"]:
+        graph.erase_node(node)
+    graph.output({block: calls[block] for block in blocks[:-1]})
+    module = fx.GraphModule(model, graph, class_name="BlockOutputs")
+    module.graph.eliminate_dead_code()
+    module.recompile()
+    return module
 
 
 def flatten(t: torch.Tensor) -> torch.Tensor:

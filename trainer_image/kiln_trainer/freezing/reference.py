@@ -8,6 +8,7 @@ Shapes: b probe batch, d flattened features.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import ctypes.util
 import dataclasses
@@ -122,8 +123,9 @@ class ReferenceWorker:
     """The reference model in a spawned CPU process (Egeria, EuroSys'23, section 4).
 
     Egeria generates the reference on the fly by quantization and runs its forward
-    asynchronously on spare CPUs. The worker rebuilds the architecture (`models.build`), loads
-    each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`) and answers
+    asynchronously on spare CPUs. The worker rebuilds the architecture from the job's spec
+    (`models.build`) or, given the model object itself, starts from a CPU deep copy of it;
+    then it loads each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`) and answers
     probes with one SP loss per block (`plasticity.sp_loss`).
 
     Flow control (why training never blocks): at most one refresh and one probe are ever in
@@ -135,15 +137,18 @@ class ReferenceWorker:
     version but the latest refresh's are discarded. Any exception in the worker is sent back,
     logged, and marks it dead (`alive` False): the trainer then trains unfrozen.
 
-    The process starts at once (spawn, so no CUDA or lock state is inherited; its imports take
-    a few seconds, during which requests wait in the queue). Every method returns without
+    The process starts at once: spawned for a spec (no CUDA or lock state is inherited; its
+    imports take a few seconds, during which requests wait in the queue); forked for a model
+    object, which then reaches the worker as memory, never pickled (the worker touches only
+    its CPU copy, never CUDA). Every method returns without
     waiting for the worker, except `wait` and `close`. Call it from one thread. As with any
     spawned process, a script that creates a worker must guard its entry point with
     ``if __name__ == "__main__":`` (the child imports the main module). The worker exits by
     itself when the trainer's process is gone.
 
     Args:
-        model: the architecture to rebuild (`models.build`), as in the job's spec.
+        model: the architecture to rebuild (`models.build`), as in the job's spec; or the
+            training model itself (any nn.Module: an own loop's), copied to the CPU in fp32.
         blocks: natural block names, head last (`partition.extractor`'s argument).
         threads: torch CPU threads of the worker (`torch.set_num_threads`), >= 1.
         mode: "auto" (int8 when possible) or "fp32"; see `quantization.quantize`.
@@ -153,14 +158,18 @@ class ReferenceWorker:
     """
 
     def __init__(
-        self, model: api.ModelSpec, blocks: Sequence[str], *, threads: int = 1, mode: str = "auto"
+        self, model: api.ModelSpec | nn.Module, blocks: Sequence[str], *, threads: int = 1,
+        mode: str = "auto",
     ) -> None:
         if threads < 1:
             raise ValueError(f"reference threads must be >= 1 (got {threads})")
         if mode not in ("auto", "fp32"):
             raise ValueError(f"quantization mode must be 'auto' or 'fp32' (got {mode!r})")
         self.blocks = tuple(blocks)
-        context = torch.multiprocessing.get_context("spawn")
+        if isinstance(model, nn.Module):
+            model = copy.deepcopy(model).to("cpu", torch.float32).eval()
+        context = (torch.multiprocessing.get_context("fork") if isinstance(model, nn.Module)
+                   else torch.multiprocessing.get_context("spawn"))
         self._inbox = context.Queue()
         self._results, child_end = context.Pipe(duplex=False)
         self._process = context.Process(
@@ -335,10 +344,11 @@ class ReferenceWorker:
             _log.error("reference worker failed, training continues without freezing: %s", why)
 
 
-def _serve(spec: api.ModelSpec, blocks: tuple[str, ...], threads: int, mode: str,
+def _serve(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], threads: int, mode: str,
            inbox: Any, results: Connection, trainer_pid: int) -> None:
     """The worker process: rebuild the model, then answer refreshes and probes until stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the trainer, which closes us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the trainer's
     _die_with(trainer_pid)
     torch.set_num_threads(threads)
     try:
@@ -366,9 +376,9 @@ def _die_with(trainer_pid: int) -> None:
         os._exit(0)
 
 
-def _loop(spec: api.ModelSpec, blocks: tuple[str, ...], mode: str, inbox: Any,
+def _loop(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], mode: str, inbox: Any,
           results: Connection) -> None:
-    model = models.build(spec).eval()
+    model = spec if isinstance(spec, nn.Module) else models.build(spec).eval()
     extractor = partition.extractor(model, blocks)
     reference: nn.Module | None = None
     version: int | None = None

@@ -1,4 +1,5 @@
-"""Layer freezing in the default loop: the job's `Freezer`, or why there is none."""
+"""Layer freezing in a training loop (Kiln's or your own): the job's `Freezer`, or why there is
+none."""
 
 from __future__ import annotations
 
@@ -32,6 +33,52 @@ def start(
         emit.info("freezing off: FSDP shards the parameters in place, so no frozen prefix can "
                   "be split off its sharded model (use ddp, or set spec.freezing.enabled false)")
         return None
+    settings = _settings(job, steps_per_epoch, emit)
+    if settings is None:
+        return None
+    device = next(raw_model.parameters()).device
+    probe = controller.probe_batch(splits.validation,  # type: ignore[arg-type]
+                                 settings.probe_batch_size).to(device)
+    return _started(job, raw_model, spec.model, probe, settings, optimizer, emit,
+                    num_samples=len(splits.train), ctx=ctx)  # type: ignore[arg-type]
+
+
+def start_for_model(
+    job: api.TrainingJob,
+    model: nn.Module,
+    probe: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    steps_per_epoch: int,
+    emit: events.EventWriter,
+) -> controller.Freezer | None:
+    """The `Freezer` of an own loop's `model`, or None, said in an info event as for `start`.
+
+    The reference process starts from a copy of `model` itself (no registry, no entrypoint).
+
+    Args:
+        job: the job (its spec.freezing and epoch budget).
+        model: the unwrapped training model, on its device.
+        probe: Tensor[b, ...] fixed validation inputs, b >= 2 (spec.freezing.probeBatchSize
+            of them are used).
+        optimizer: whose state of re-activated parameters is cleared on unfreeze.
+        steps_per_epoch: optimizer steps in one epoch.
+        emit: where the info event goes.
+    """
+    spec = job.spec
+    if not spec.freezing.enabled:
+        return None
+    settings = _settings(job, steps_per_epoch, emit)
+    if settings is None:
+        return None
+    probe = probe[:settings.probe_batch_size].to(next(model.parameters()).device)
+    return _started(job, model, None, probe, settings, optimizer, emit, num_samples=0,
+                    ctx=parallel.Context())
+
+
+def _settings(job: api.TrainingJob, steps_per_epoch: int,
+              emit: events.EventWriter) -> controller.Settings | None:
+    """The freezing knobs, or None (said in an info event) when the run is too short."""
+    spec = job.spec
     settings = controller.Settings.from_job(spec, steps_per_epoch=steps_per_epoch)
     first_decision = max(settings.bootstrap_steps,
                          settings.check_every_steps * settings.window * settings.patience)
@@ -40,19 +87,24 @@ def start(
                   f"steps) for a decision, which needs {first_decision} (lower "
                   "spec.freezing.checkEverySteps, window or patience to freeze sooner)")
         return None
-    device = next(raw_model.parameters()).device
-    probe = controller.probe_batch(splits.validation,  # type: ignore[arg-type]
-                                 settings.probe_batch_size).to(device)
+    return settings
+
+
+def _started(job: api.TrainingJob, model: nn.Module, model_spec: api.ModelSpec | None,
+             probe: torch.Tensor, settings: controller.Settings,
+             optimizer: torch.optim.Optimizer, emit: events.EventWriter, *, num_samples: int,
+             ctx: parallel.Context) -> controller.Freezer | None:
+    """The started `Freezer`, announced; None (announced) for a model without blocks."""
     try:
-        freezer = controller.Freezer(raw_model, spec.model, probe, settings, optimizer=optimizer,
-                                   num_samples=len(splits.train),  # type: ignore[arg-type]
-                                   agree=ctx.broadcast_int, main=ctx.is_main)
+        freezer = controller.Freezer(model, model_spec, probe, settings, optimizer=optimizer,
+                                     num_samples=num_samples, agree=ctx.broadcast_int,
+                                     main=ctx.is_main)
     except partition.Unpartitionable as exc:
         emit.info(f"freezing off: {exc}")
         return None
     cache = "on" if freezer.cache is not None else (
-        "off (inputs are augmented at random)" if spec.freezing.cache == api.CacheMode.AUTO
-        else "off")
+        "off (inputs are augmented at random)" if job.spec.freezing.cache == api.CacheMode.AUTO
+        and num_samples else "off")
     emit.info(f"freezing: {len(freezer.partition.blocks)} modules "
               f"({', '.join(freezer.partition.blocks)}), probe every "
               f"{settings.check_every_steps} steps, at most {freezer.max_frozen} frozen, "

@@ -1,0 +1,99 @@
+"""A model from user code under the real operator: admission never imports it, the trainer pod
+decides its warm start before its first step, and the operator records that decision.
+
+The test kubelet runs the pods as local processes; the job's own env puts the example package on
+PYTHONPATH, as an image that installs it would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kubesim import emulator, operator_process, scenario
+
+from kiln import api
+from kiln.zoo import records
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-model"
+
+
+def _mixer_job(name: str, *, dim: int, depth: int, epochs: int = 2,
+               max_samples: int | None = 400) -> dict[str, object]:
+    doc = scenario.tiny_job(name, epochs=epochs, max_samples=max_samples, model={
+        "entrypoint": "mynets.mixer:mixer", "args": {"dim": dim, "depth": depth},
+        "task": "classification", "inputShape": [1, 8, 8]})
+    doc["spec"]["template"] = {"env": [{"name": "OMP_NUM_THREADS", "value": "1"},  # type: ignore[index]
+                                       {"name": "PYTHONPATH", "value": str(EXAMPLE)}]}
+    return doc
+
+
+def test_an_entrypoint_job_warm_starts_from_an_earlier_one_decided_in_the_trainer_pod(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str,
+) -> None:
+    cluster.client.create_job(namespace, _mixer_job("mixer-first", dim=16, depth=1))
+    admitted = scenario.wait_job(
+        cluster, namespace, "mixer-first",
+        lambda job: scenario.condition(job, "WarmStarted") is not None,
+        what="WarmStarted set at admission", details=operator.log_tail)
+    deferred = scenario.condition(admitted, "WarmStarted")
+    assert deferred is not None and deferred["reason"] in ("DecidedInTrainer",)
+    first = scenario.wait_phase(cluster, namespace, "mixer-first", "Succeeded",
+                                details=operator.log_tail)
+    api.TrainingJobStatus.model_validate(first["status"])
+    model = first["status"]["result"]["zooModel"]
+    record = records.read_record(zoo.store, model)
+    assert (record.entrypoint, record.architecture) == ("mynets.mixer:mixer", None)
+
+    # All 1,797 digits for 4 epochs: long enough for the operator to read progress.
+    cluster.client.create_job(namespace, _mixer_job("mixer-bigger", dim=24, depth=2, epochs=4,
+                                                    max_samples=None))
+    running = scenario.wait_job(
+        cluster, namespace, "mixer-bigger",
+        lambda job: bool(((job.get("status") or {}).get("progress") or {}).get("step")),
+        what="progress read from the trainer's metrics", details=operator.log_tail)
+    assert running["status"]["progress"]["samplesPerSecond"] > 0
+    second = scenario.wait_phase(cluster, namespace, "mixer-bigger", "Succeeded",
+                                 details=operator.log_tail)
+    api.TrainingJobStatus.model_validate(second["status"])
+    warm = second["status"]["warmStart"]
+    assert warm["parent"] == model and warm["outcome"] == "warm"
+    assert 0.3 <= warm["similarity"] <= 1.0
+    assert 0 < warm["matchedTensors"] <= warm["totalTensors"]
+    started = scenario.condition(second, "WarmStarted")
+    assert started is not None
+    assert (started["status"], started["reason"]) == ("True", "ParentSelected")
+    assert started["message"].startswith("In the trainer pod, before its first step")
+    assert records.read_record(zoo.store, second["status"]["result"]["zooModel"]).parent == model
+
+    pod = cluster.client.pods(namespace, "mixer-bigger")[0]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert json.loads(env["KILN_WARM_START"]["value"])["outcome"] == "in_trainer"
+
+
+def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str, tmp_path: Path,
+) -> None:
+    (tmp_path / "brokennet.py").write_text(
+        "def build(**args):\n    raise ValueError(f'depth must be even (got {args})')\n",
+        encoding="utf-8")
+    job = _mixer_job("mixer-broken", dim=8, depth=1)
+    job["spec"]["model"]["entrypoint"] = "brokennet:build"  # type: ignore[index]
+    job["spec"]["template"]["env"][1]["value"] = str(tmp_path)  # type: ignore[index]
+    job["spec"]["runPolicy"] = {"backoffLimit": 3}  # type: ignore[index]
+    before = {r.id for r in records.list_records(zoo.store)}
+    cluster.client.create_job(namespace, job)
+    failed = scenario.wait_phase(cluster, namespace, "mixer-broken", "Failed",
+                                 details=operator.log_tail)
+    reason = scenario.condition(failed, "Failed")
+    assert reason is not None and reason["reason"] == "PermanentError"
+    assert "spec.model.entrypoint: brokennet:build" in reason["message"]
+    assert "brokennet.py, line 2, in build" in reason["message"]
+    assert failed["status"].get("restarts", 0) == 0
+    assert scenario.pod_creations(cluster, namespace, "mixer-broken") == [
+        "mixer-broken-trainer-0"]
+    event = scenario.wait_event(cluster, namespace, "mixer-broken", "PermanentError")
+    assert "brokennet.py, line 2" in event["message"]
+    assert before <= {r.id for r in records.list_records(zoo.store)}  # nothing lost

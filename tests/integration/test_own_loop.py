@@ -1,0 +1,173 @@
+"""An own training loop on kiln_trainer's job context, run as a pod or `kiln run` runs it: the
+example script examples/own-model/train_loop.py as a process with the contract's environment.
+
+It reports progress the contract's reader parses, reaches its target, registers in the zoo,
+warm-starts a deeper variant from the first run, freezes on a longer run, and checkpoints on
+SIGTERM and resumes; `kiln run` runs it from its job file, and says when a loop exits without
+a result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln import contract
+from kiln.zoo import records, store
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-model"
+SCRIPT = EXAMPLE / "train_loop.py"
+DEADLINE_SECONDS = 300.0
+
+
+def _job(tmp_path: Path, name: str, **spec: Any) -> Path:
+    """The example's job file, renamed, with `spec`'s sections updated."""
+    doc = yaml.safe_load((EXAMPLE / "own-loop.yaml").read_text(encoding="utf-8"))
+    doc["metadata"]["name"] = name
+    for section, values in spec.items():
+        if isinstance(values, dict) and isinstance(doc["spec"].get(section), dict):
+            doc["spec"][section].update(values)
+        else:
+            doc["spec"][section] = values
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def _env(tmp_path: Path, job_file: Path) -> dict[str, str]:
+    """What the operator's pod or `kiln run` gives the trainer container (`contract.Env`)."""
+    (tmp_path / "termination-log").touch()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(EXAMPLE),  # the image (or `kiln run`) makes train_loop importable
+           contract.Env.JOB_FILE.value: str(job_file),
+           contract.Env.ZOO.value: str(tmp_path / "zoo"),
+           contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints"),
+           contract.Env.TERMINATION_LOG.value: str(tmp_path / "termination-log")}
+    env.pop(contract.Env.JOB.value, None)
+    return env
+
+
+def _events(stdout: str) -> list[contract.Event]:
+    return [e for e in map(contract.from_line, stdout.splitlines()) if e is not None]
+
+
+def _run(tmp_path: Path, job_file: Path) -> tuple[list[contract.Event], contract.Result]:
+    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=tmp_path,
+                          env=_env(tmp_path, job_file), capture_output=True, text=True,
+                          timeout=DEADLINE_SECONDS, check=False)
+    assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
+    events = _events(done.stdout)
+    assert isinstance(events[-1], contract.Result), done.stdout[-2000:]
+    return events, events[-1]
+
+
+def _infos(events: list[contract.Event]) -> list[str]:
+    return [e.message for e in events if isinstance(e, contract.Info)]
+
+
+def test_an_own_loop_reports_registers_and_a_deeper_variant_warm_starts_from_it(
+        tmp_path: Path) -> None:
+    events, first = _run(tmp_path, _job(tmp_path, "own-a"))
+    progress = [e for e in events if isinstance(e, contract.Progress)]
+    assert progress and progress[-1].steps_per_epoch == 23  # 1437 samples / 64
+    assert progress[-1].validation_accuracy is not None and progress[-1].modules == 4
+    assert first.target_reached and first.time_to_target_seconds is not None
+    assert first.metric is not None and first.metric >= 0.9 and first.zoo_model
+    assert first.parent is None and first.warm_start.startswith("cold start")
+    termination = contract.read_termination_message(
+        (tmp_path / "termination-log").read_text(encoding="utf-8"))
+    assert isinstance(termination, contract.Result) and termination.zoo_model == first.zoo_model
+    (record,) = records.list_records(store.DirStore(tmp_path / "zoo"))
+    assert record.id == first.zoo_model and record.entrypoint == "train_loop:mlp"
+    assert record.job_spec["training"]["precision"] == "bf16"
+
+    _, second = _run(tmp_path, _job(tmp_path, "own-b",
+                                    model={"args": {"hidden": 96, "depth": 3}}))
+    assert second.parent == first.zoo_model
+    assert second.similarity is not None and 0.3 < second.similarity < 1.0
+    assert "weight tensors" in second.warm_start and second.zoo_model not in (None, first.zoo_model)
+
+
+def test_an_own_loop_freezes_its_front_layers_on_a_longer_run(tmp_path: Path) -> None:
+    job = _job(tmp_path, "own-long", training={"epochs": 30},
+               target={"metric": "validation_accuracy", "value": 0.9, "stopAtTarget": False},
+               freezing={"checkEverySteps": 10}, zoo={"register": False})
+    events, result = _run(tmp_path, job)
+    assert any(m.startswith("froze stem") for m in _infos(events)), _infos(events)
+    assert result.freezing is not None and "stem" in result.freezing["frozen"]
+    assert result.epochs_run == 30 and result.zoo_model is None
+
+
+def test_an_own_loop_checkpoints_on_sigterm_and_resumes(tmp_path: Path) -> None:
+    job = _job(tmp_path, "own-stop", training={"epochs": 30},
+               target={"metric": "validation_accuracy", "value": 0.99, "stopAtTarget": False})
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], cwd=tmp_path,
+                               env=_env(tmp_path, job), stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    first_line = process.stdout.readline()  # the warm-start sentence: handlers are installed
+    assert isinstance(contract.from_line(first_line), contract.Info), first_line
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=DEADLINE_SECONDS)
+    assert process.returncode == 128 + signal.SIGTERM
+    stopped = _infos(_events(rest))
+    assert stopped and stopped[-1].startswith(contract.STOPPED_PREFIX), rest[-2000:]
+    assert (tmp_path / "checkpoints" / "default" / "own-stop" / "checkpoint.pt").exists()
+
+    events, result = _run(tmp_path, job)
+    assert any(m.startswith("resumed from") for m in _infos(events)), _infos(events)
+    assert result.epochs_run == 30 and result.steps > 30 * 23  # the stopped steps count too
+    assert not (tmp_path / "checkpoints" / "default" / "own-stop" / "checkpoint.pt").exists()
+
+
+def _kiln_run(tmp_path: Path, *job_files: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop(contract.Env.ZOO.value, None)
+    return subprocess.run([sys.executable, "-m", "kiln.cli", "run", *map(str, job_files),
+                           "--zoo", "zoo", "--slots", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
+
+
+def test_kiln_run_runs_the_own_loop_example_and_warm_starts_its_second_run(
+        tmp_path: Path) -> None:
+    first = _kiln_run(tmp_path, EXAMPLE / "own-loop.yaml")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    second = _kiln_run(tmp_path, EXAMPLE / "own-loop.yaml")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    saved = sorted(records.list_records(store.DirStore(tmp_path / "zoo")),
+                   key=lambda r: r.created_time)
+    assert len(saved) == 2 and {r.job_name for r in saved} == {"digits-own-loop"}
+    assert saved[0].parent is None and saved[1].parent == saved[0].id
+    assert saved[1].similarity == 1.0 and saved[1].entrypoint == "train_loop:mlp"
+    assert "Warm start from" in second.stdout and "Kiln results" in second.stdout
+
+
+def test_kiln_run_says_when_an_own_loop_exits_without_a_result(tmp_path: Path) -> None:
+    progress = contract.to_line(contract.Progress(
+        epoch=1, epochs=1, step=1, steps_per_epoch=1, train_loss=0.5, validation_accuracy=None,
+        validation_loss=None, samples_per_second=None, eta_seconds=None, elapsed_seconds=0.1))
+    job = _job(tmp_path, "own-quiet",  # reports progress, never calls ctx.finish
+               template={"command": ["python", "-c", f"print({progress!r})"]})
+    done = _kiln_run(tmp_path, job)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "own-quiet: trainer exited 0 without reporting a result" in said, said[-2000:]
+    assert "ctx.finish(model)" in said
+
+
+def test_an_own_loop_with_an_invalid_job_fails_permanently_naming_the_field(
+        tmp_path: Path) -> None:
+    job = _job(tmp_path, "own-bad", training={"precision": "fp8"})
+    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=tmp_path, env=_env(tmp_path, job),
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
+    assert done.returncode == contract.EXIT_INVALID, done.stderr[-2000:]
+    assert "spec.training.precision" in done.stderr and "Traceback" not in done.stderr
+    failure = contract.read_termination_message(
+        (tmp_path / "termination-log").read_text(encoding="utf-8"))
+    assert isinstance(failure, contract.Failure) and "spec.training.precision" in failure.message

@@ -1,0 +1,98 @@
+"""kiln_trainer.jobcontext in one process: the job from the contract's environment, checkpoints
+that carry an own loop's position, scaler and extra values, and calls made out of order.
+(The example own loop runs as a process in tests/integration/test_own_loop.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln import contract
+from kiln_trainer import jobcontext
+
+JOB = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "mine"},
+       "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                "training": {"epochs": 3, "precision": "fp16", "device": "cpu"}}}
+
+
+def _context(tmp_path: Path, out: io.StringIO | None = None) -> jobcontext.JobContext:
+    env = {contract.Env.JOB.value: json.dumps(JOB),
+           contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints")}
+    return jobcontext.job_context(environ=env, out=out or io.StringIO(), handle_signals=False)
+
+
+def _step(ctx: jobcontext.JobContext, model: torch.nn.Module,
+          optimizer: torch.optim.Optimizer) -> None:
+    with ctx.amp.autocast():
+        loss = model(torch.randn(8, 4)).float().square().mean()
+    optimizer.zero_grad()
+    ctx.amp.backward(loss)
+    ctx.amp.step(optimizer)
+    ctx.trained(loss, samples=8)
+
+
+def test_a_resumed_context_restores_weights_position_scaler_and_extra_values(
+        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = _context(tmp_path)
+    assert first.job.name == "mine" and first.amp.scaler is not None  # spec.training.precision
+    report = first.warm_start(model)
+    assert report.parent is None and "no model zoo" in report.reason
+    assert first.resume(model, optimizer, steps_per_epoch=2) == 0
+    _step(first, model, optimizer)
+    _step(first, model, optimizer)
+    assert not first.evaluated(accuracy=0.5, loss=1.0)  # 1 of 3 epochs
+    first.checkpoint(extra={"note": "kept", "count": 3})
+    scale = first.amp.scaler.get_scale()
+    first.close()
+
+    out = io.StringIO()
+    second = _context(tmp_path, out)
+    fresh = torch.nn.Linear(4, 2)
+    again = second.warm_start(fresh)  # the first start's record: weights come from the checkpoint
+    assert again.reason == report.reason
+    assert second.resume(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
+                         steps_per_epoch=2) == 1
+    assert torch.equal(fresh.weight, model.weight)
+    assert second.state.step == 2 and second.extra == {"note": "kept", "count": 3}
+    assert second.amp.scaler is not None and second.amp.scaler.get_scale() == scale
+    assert any(line.startswith('{"event": "info", "message": "resumed from')
+               for line in out.getvalue().splitlines())
+    second.close()
+
+
+def test_calls_out_of_order_say_which_call_comes_first(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(RuntimeError, match=r"call JobContext.resume\(model, optimizer"):
+        ctx.trained(1.0, samples=8)
+    with pytest.raises(RuntimeError, match=r"before JobContext.freezer"):
+        ctx.freezer(model, torch.randn(4, 4))
+    ctx.resume(model, torch.optim.SGD(model.parameters(), lr=0.1), steps_per_epoch=1)
+    with pytest.raises(RuntimeError, match=r"call JobContext.evaluated\(accuracy=..., loss=...\)"):
+        ctx.finish(model)
+    ctx.close()
+
+
+def test_no_job_in_the_environment_exits_invalid_with_the_fix(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        jobcontext.job_context(environ={}, out=io.StringIO(), handle_signals=False)
+    assert exited.value.code == contract.EXIT_INVALID
+    assert "no job given" in capsys.readouterr().err
+
+
+def test_standalone_the_job_file_is_passed_and_the_environment_may_be_empty(
+        tmp_path: Path) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(json.dumps(JOB), encoding="utf-8")  # JSON is YAML
+    ctx = jobcontext.job_context(job_file, environ={}, out=io.StringIO(), handle_signals=False)
+    assert ctx.job.name == "mine" and ctx.zoo is None and ctx.args.metrics_port == 0
+    assert ctx.device.type == "cpu" and ctx.amp.precision == "fp16"
+    ctx.close()
