@@ -286,3 +286,24 @@ def test_several_jobs_under_a_plan_run_their_own_commands(tmp_path: Path) -> Non
     for name in ("own-a", "own-b"):
         told = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert (told["job"], told["greeting"], told["zoo"]) == (name, name, "zoo")
+
+
+def test_kiln_run_fails_a_job_whose_own_command_is_not_on_path(tmp_path: Path) -> None:
+    job = _job_file(tmp_path / "missing.yaml", "missing", {
+        "model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+        "template": {"command": ["no-such-command-xyz"]}})
+    done = _kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # not a crash
+    assert ("job missing: spec.template.command: cannot run 'no-such-command-xyz': not found on "
+            "PATH") in " ".join(done.stderr.split())
+
+
+def test_an_own_commands_printed_output_shows_in_its_failure_and_log(tmp_path: Path) -> None:
+    job = _job_file(tmp_path / "prints.yaml", "prints", {
+        "model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+        "template": {"command": ["python", "-c", "print('my loop broke here'); exit(3)"]}})
+    done = _kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode != 0 and "exited with code 3" in done.stderr
+    assert "my loop broke here" in done.stderr and "(no output)" not in done.stderr
+    assert "my loop broke here" in (tmp_path / ".kiln" / "runs" / "prints.log").read_text(
+        encoding="utf-8")

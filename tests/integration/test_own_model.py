@@ -107,3 +107,60 @@ def test_broken_entrypoint_fails_permanently_naming_the_field_and_the_users_line
     assert "spec.model.entrypoint" in out and expected in out, out
     assert f"exited with code {contract.EXIT_INVALID}" in out, out
     assert records.list_records(store.DirStore(tmp_path / "zoo")) == []
+
+
+NAN_FORWARD = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x.flatten(1))
+        return out * float("nan") if self.training else out  # checked in eval mode: finite
+
+
+def build() -> Net:
+    return Net()
+'''
+
+NO_PARAMETERS = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)[:, :10]
+
+
+def build() -> Net:
+    return Net()
+'''
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    pytest.param(NAN_FORWARD, "training diverged: the loss became nan at step 1;",
+                 id="nan-loss"),
+    pytest.param(NAN_FORWARD.replace("if self.training", "if not self.training"),
+                 "training diverged: the validation loss became nan at step 23;",
+                 id="nan-validation-loss"),
+    pytest.param(NO_PARAMETERS, "spec.model.entrypoint: the model usermodel:build has no "
+                 "trainable parameters", id="no-parameters"),
+])
+def test_a_model_that_cannot_train_fails_permanently_with_the_fix_and_saves_nothing(
+        tmp_path: Path, body: str, expected: str) -> None:
+    (tmp_path / "usermodel.py").write_text(body, encoding="utf-8")
+    job = _variant(EXAMPLE / "mixer.yaml", tmp_path / "bad.yaml", "cannot-train",
+                   model={"entrypoint": "usermodel:build", "inputShape": [1, 8, 8]},
+                   training={"epochs": 1, "batchSize": 64})
+    done = _kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path)
+    out = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
+    assert expected in out, out
+    assert f"exited with code {contract.EXIT_INVALID}" in out, out
+    assert "Traceback" not in out, out
+    zoo = tmp_path / "zoo"
+    assert not zoo.exists() or records.list_records(store.DirStore(zoo)) == []
+    assert not list(tmp_path.rglob("checkpoint.pt"))  # no diverged weights to resume from

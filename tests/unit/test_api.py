@@ -203,3 +203,15 @@ def test_unsupported_torchvision_class_suggests_the_closest_supported_one() -> N
     (problem,) = api.validate(api.TrainingJob.model_validate(doc))
     assert problem.startswith("spec.dataset.torchvisionClass: 'cifar10' is not a supported ")
     assert "did you mean 'CIFAR10'?" in problem and "MNIST, FashionMNIST" in problem
+
+
+@pytest.mark.parametrize(("name", "valid"), [
+    ("NCCL_DEBUG", True), ("my.setting-2", True), ("_x", True), ("has space", False),
+    ("FOO=BAR", False), ("2FAST", False), ("é", False)])
+def test_env_names_are_those_kubernetes_accepts(name: str, valid: bool) -> None:
+    job = api.TrainingJob.model_validate(with_spec(template={"env": [{"name": name,
+                                                                      "value": "1"}]}))
+    problems = [p for p in api.validate(job) if p.startswith("spec.template.env[0].name: ")]
+    message = (f"spec.template.env[0].name: {name!r} is not a valid variable name; use letters, "
+               "digits, '_', '-' and '.', not starting with a digit, e.g. NCCL_DEBUG")
+    assert problems == ([] if valid else [message])

@@ -28,7 +28,7 @@ def _write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
 
 
 def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
-    examples = sorted(Path(__file__).resolve().parents[2].glob("examples/*.yaml"))
+    examples = sorted(Path(__file__).resolve().parents[2].glob("examples/**/*.yaml"))
     assert examples, "examples/ must hold job files"
     assert cli.main(["validate", *map(str, examples)]) == cli.EXIT_OK
     assert capsys.readouterr().out.count("valid") == len(examples)

@@ -370,7 +370,7 @@ def test_every_cross_field_rule_of_api_validate_has_one_corpus_case() -> None:
     assert len(messages) == rules == len(corpus("crossfield")), sorted(messages)
 
 
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("**/*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES or [pytest.param(None, marks=pytest.mark.skip(

@@ -8,6 +8,7 @@ warm start, layer freezing, mixed precision, progress, checkpoints and the zoo.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -93,6 +94,15 @@ def _exit_as_trainer(emit: events.EventWriter) -> Iterator[None]:
         _exit(emit, f"store unavailable: {exc}", contract.EXIT_STORE_UNAVAILABLE)
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The module inside a ``torch.compile`` (``_orig_mod``) or DDP/FSDP (``module``) wrapper."""
+    for attribute in ("_orig_mod", "module"):
+        inner = getattr(model, attribute, None)
+        if isinstance(inner, nn.Module):
+            model = inner
+    return model
+
+
 def _exit(emit: events.EventWriter, message: str, code: int) -> NoReturn:
     print(f"kiln_trainer: error: {message}", file=sys.stderr)
     emit.failure(message)
@@ -108,7 +118,8 @@ class JobContext:
     * per optimizer step `trained(loss, samples=...)`; train under ``amp`` (`precision`);
     * per evaluation `evaluated(accuracy=..., loss=...)`, which says when the run is done;
       then `checkpoint()`;
-    * `finish(model)` at the end: it registers the model and writes the result.
+    * `finish(model)` once, at the end, with the model given to `resume`: it registers the
+      model and writes the result; no call but `close` may follow.
 
     A checkpoint taken mid-epoch (on a stop signal) resumes at the start of that epoch.
     Single process only (no data parallelism).
@@ -146,6 +157,7 @@ class JobContext:
         self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._extra: dict[str, Any] = {}
         self._reporter: tracking.Reporter | None = None
+        self._finished = False
         # steps, samples, loss sum and seconds since the last progress report
         self._stretch: list[float] = [0, 0, 0.0, 0.0]
         self._last_step_seconds = time.perf_counter()
@@ -264,18 +276,23 @@ class JobContext:
         """Count one optimizer step on `samples` samples with training loss `loss`.
 
         Drives the freezer, reports progress every few seconds, and on a stop signal saves a
-        checkpoint and exits the process with 128 + the signal.
+        checkpoint and exits the process with 128 + the signal. A NaN or infinite `loss` exits
+        with `contract.EXIT_INVALID` (as `job_context`), saying the training diverged; the last
+        checkpoint is kept.
 
         Raises:
-            RuntimeError: called before `resume`.
+            RuntimeError: called before `resume`, or after `finish`.
         """
         reporter = self._started()
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        with _exit_as_trainer(self.emit):
+            loop.check_finite("the loss", value, step=self.state.step + 1,
+                              location=self.location)
         now = time.perf_counter()
         seconds, self._last_step_seconds = now - self._last_step_seconds, now
         state = self.state
         state.step, state.epoch_batch = state.step + 1, state.epoch_batch + 1
         state.samples, state.train_seconds = state.samples + samples, state.train_seconds + seconds
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         steps, count, loss_sum, stretch_seconds = self._stretch
         self._stretch = [steps + 1, count + samples, loss_sum + value, stretch_seconds + seconds]
         if self._freezer is not None and self._optimizer is not None:
@@ -303,8 +320,22 @@ class JobContext:
         Returns:
             Whether the run is done: the epoch budget is spent, or the target was met and
             ``spec.target.stopAtTarget`` holds.
+
+        Raises:
+            RuntimeError: called before `resume`, before any `trained` step, or after `finish`.
+            ValueError: `accuracy` is not in [0, 1], or `loss` is negative, NaN or infinite.
         """
         reporter = self._started()
+        if self.state.step == 0:
+            raise RuntimeError("call JobContext.trained(loss, samples=...) after each optimizer "
+                               "step: train first, then JobContext.evaluated(...)")
+        if not 0.0 <= float(accuracy) <= 1.0:  # also refuses NaN
+            raise ValueError(f"evaluated(accuracy={accuracy}): accuracy must be a fraction in "
+                             "[0, 1] (correct / total), not a percentage")
+        if not (math.isfinite(float(loss)) and float(loss) >= 0.0):
+            raise ValueError(f"evaluated(loss={loss}): loss must be a finite mean loss >= 0 "
+                             "(nats); a NaN or infinite one means the training diverged: lower "
+                             "the learning rate")
         self._report_training(announce=False)
         if epoch_end:
             self.state.epochs_done, self.state.epoch_batch = self.state.epochs_done + 1, 0
@@ -361,8 +392,17 @@ class JobContext:
         (stdout and the termination message) and close the context.
 
         Raises:
-            RuntimeError: no `evaluated` call yet (the result needs a validation metric).
+            RuntimeError: no `evaluated` call yet (the result needs a validation metric), or
+                `finish` was already called.
+            ValueError: `model` is not the model given to `resume` (either may be a DDP or
+                ``torch.compile`` wrapper of the other).
         """
+        if self._finished:
+            raise RuntimeError("JobContext.finish(...) was already called: the model is "
+                               "registered and the result written once per run")
+        if self._model is not None and _unwrapped(model) is not _unwrapped(self._model):
+            raise ValueError("finish(model): not the model given to JobContext.resume(model, "
+                             "...); pass that model, whose weights were trained and checkpointed")
         self._report_training(announce=False)
         spec, state = self.job.spec, self.state
         if not state.history:
@@ -395,6 +435,7 @@ class JobContext:
             warm_start_decision={k: v for k, v in warm_start.to_json().items()
                                  if k != "untransferred_fraction"})
         self.emit.result(result)
+        self._finished = True
         self.close()
         return result
 
@@ -411,6 +452,8 @@ class JobContext:
     # -- helpers -------------------------------------------------------------------------------
 
     def _started(self) -> tracking.Reporter:
+        if self._finished:
+            raise RuntimeError("JobContext.finish(...) ended this run: no call may follow it")
         if self._reporter is None:
             raise RuntimeError("call JobContext.resume(model, optimizer, steps_per_epoch=...) "
                                "before training")

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -51,6 +52,10 @@ PROGRESS_INTERVAL_SECONDS = 5.0
 
 class Interrupted(Exception):
     """Training stopped on request (a signal) after saving a checkpoint."""
+
+
+class Diverged(runtime.ConfigError):
+    """The training loss or the validation loss became NaN or infinite; nothing was saved."""
 
 
 def main(
@@ -100,6 +105,8 @@ def main(
         runtime.ConfigError: CUDA requested but absent, the metrics port cannot be bound, a bad
             torchrun environment, or a batch size the ranks cannot share.
         Interrupted: `stop` was set (on any rank); a checkpoint was saved first.
+        Diverged: the training or validation loss became NaN or infinite; the last good
+            checkpoint is kept and no diverged weights are saved or registered.
         zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries).
     """
     spec = job.spec
@@ -166,6 +173,13 @@ def main(
         amp = precision.MixedPrecision(spec.training.precision, device,
                                        sharded=ctx.parallelism == "fsdp")
 
+        if not any(p.requires_grad for p in raw_model.parameters()):
+            field = ("spec.model.entrypoint" if spec.model.entrypoint is not None
+                     else "spec.model.architecture")
+            built = spec.model.entrypoint or spec.model.architecture
+            raise api.InvalidSpec([(f"{field}: the model {built} has no trainable parameters; "
+                                    "give it at least one nn.Parameter with requires_grad")],
+                                  source=f"job {job.name}")
         optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
         scheduler = optim.build_schedule(optimizer, spec.training,
                                          steps_per_epoch=steps_per_epoch,
@@ -227,6 +241,10 @@ def main(
                     freezer=freezer, first_step=state.step, ctx=ctx, amp=amp)
                 loss_sum, samples, stops = ctx.all_reduce_sum(  # global numbers, any rank's stop
                     [stats.loss_sum, stats.samples, float(stop is not None and stop.is_set())])
+                if not math.isfinite(loss_sum):  # read once per stretch; before any checkpoint
+                    firsts = [s for s in ctx.gather_objects(stats.first_nonfinite_step) if s]
+                    check_finite("the loss", loss_sum, step=min(firsts, default=state.step + 1),
+                                 location=location)
                 stats = dataclasses.replace(stats, loss_sum=loss_sum / ctx.world_size,
                                             samples=int(samples))
                 state.advance(stats, steps_per_epoch=steps_per_epoch)
@@ -244,15 +262,15 @@ def main(
                               f"{state.step}; checkpoint saved to {location.describe()}")
                     raise Interrupted(location.describe())
                 if eval_due and not epoch_over:
-                    report.evaluation(validate(), spec.target)
+                    report.evaluation(finite(validate(), state.step, location), spec.target)
             if state.epoch_batch >= steps_per_epoch:
                 state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
             if not state.evaluated_now():
-                report.evaluation(validate(), spec.target)
+                report.evaluation(finite(validate(), state.step, location), spec.target)
             checkpointer(model)
 
         if not state.evaluated_now():  # a resumed run that had already finished training
-            report.evaluation(validate(), spec.target)
+            report.evaluation(finite(validate(), state.step, location), spec.target)
         wall_seconds, final = clock.seconds(), state.history[-1]
         zoo_model = None
         if register and spec.zoo.register_model and zoo is not None:
@@ -326,8 +344,9 @@ def train_one_epoch(
         amp: autocast for the forward pass and loss, loss scaling (default: fp32, neither).
 
     Returns:
-        This rank's steps, samples, summed per-batch mean loss and seconds, and the boundary
-        change that ended the stretch (if any; the caller re-wraps).
+        This rank's steps, samples, summed per-batch mean loss and seconds, the boundary
+        change that ended the stretch (if any; the caller re-wraps), and the first step whose
+        loss was not finite (if any; counted on the device, read only then).
     """
     ctx = ctx or parallel.Context()
     amp = amp or precision.MixedPrecision(api.Precision.FP32, device)
@@ -336,6 +355,8 @@ def train_one_epoch(
         freezer.train_mode()
     start, steps, samples, loss_sum = time.perf_counter(), 0, 0, torch.zeros((), device=device)
     event = None
+    clean = torch.ones((), dtype=torch.bool, device=device)  # no NaN/inf loss yet: no sync
+    clean_steps = torch.zeros((), dtype=torch.int64, device=device)
     for batch in batches:
         began = time.perf_counter()
         inputs, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
@@ -352,6 +373,8 @@ def train_one_epoch(
         amp.step(optimizer)
         scheduler.step()
         loss_sum += loss.detach()
+        clean &= torch.isfinite(loss.detach())
+        clean_steps += clean
         steps, samples = steps + 1, samples + len(targets)
         proposal = freezer.propose(first_step + steps, lr=optimizer.param_groups[0]["lr"],
                                    seconds=time.perf_counter() - began) if freezer else 0
@@ -362,8 +385,11 @@ def train_one_epoch(
             event = freezer.apply(boundary, first_step + steps)
         if halt or event is not None or (max_steps is not None and steps >= max_steps):
             break
-    return tracking.StepStats(steps, samples, float(loss_sum), time.perf_counter() - start,
-                              boundary_event=event)
+    total = float(loss_sum)
+    return tracking.StepStats(steps, samples, total, time.perf_counter() - start,
+                              boundary_event=event, first_nonfinite_step=(
+                                  None if math.isfinite(total)
+                                  else first_step + int(clean_steps) + 1))
 
 
 def evaluate(
@@ -423,6 +449,33 @@ def evaluate(
 
 # ----------------------------------------------------------------------------------------------
 # the recipe's helpers, in the order main uses them
+
+
+def check_finite(what: str, value: float, *, step: int, location: checkpoint.Location) -> None:
+    """Stop a diverged run before its weights are saved or registered.
+
+    Raises:
+        Diverged: `value` (first seen at optimizer step `step`) is NaN or infinite.
+    """
+    if math.isfinite(value):
+        return
+    raise Diverged(
+        f"training diverged: {what} became {value} at step {step}; lower "
+        "spec.training.optimizer.lr, check the model's outputs and the data for NaN; no "
+        "checkpoint of the diverged weights was written (a rerun resumes from the last good "
+        "one, if any: delete "
+        f"{location.describe()} or pass --no-resume to the trainer to start afresh)")
+
+
+def finite(evaluation: tracking.Evaluation, step: int,
+           location: checkpoint.Location) -> tracking.Evaluation:
+    """`evaluation` (at optimizer step `step`), once its loss is known to be finite.
+
+    Raises:
+        Diverged: the validation loss is NaN or infinite.
+    """
+    check_finite("the validation loss", evaluation.loss, step=step, location=location)
+    return evaluation
 
 
 def save(

@@ -67,6 +67,7 @@ class StepStats:
     loss_sum: float
     seconds: float
     boundary_event: Any = None  # a freezing.controller.Event that ended the stretch, if any
+    first_nonfinite_step: int | None = None  # the first step whose loss was NaN or infinite
 
 
 @dataclasses.dataclass(frozen=True)

@@ -227,6 +227,8 @@ TEMPLATE_KEYS = (
 TRAINER_CONTAINER = "trainer"
 SHM_VOLUME, SHM_MOUNT_PATH = "dshm", "/dev/shm"
 RESERVED_ENV_PREFIX = "KILN_"
+# The environment variable names Kubernetes accepts.
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _STRINGS = ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName",
             "schedulerName")
 _LISTS = ("command", "args", "env", "envFrom", "volumes", "volumeMounts", "initContainers",
@@ -239,7 +241,8 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
     """Problems of spec.template, each ``spec.template.<path>: what is wrong; fix``.
 
     Known keys only (`TEMPLATE_KEYS`), each of its type; command and args lists of strings
-    (args only with command); env names outside KILN_*; envFrom naming a ConfigMap or Secret;
+    (args only with command); valid env names outside KILN_* with string values; envFrom
+    naming a ConfigMap or Secret, its prefix outside KILN_*; no */gpu resources (Kiln's);
     volumes named, unique and not Kiln's dshm; every volumeMount (the trainer's or an init
     container's) naming one of those volumes at an absolute, unique mountPath; init containers
     with a unique name and an image.
@@ -270,6 +273,12 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
         problems.append(f"{where}.args: only with spec.template.command (Kiln's own trainer "
                         "takes no extra arguments); set command too, or remove args")
     problems += _env_problems(template)
+    for part, amounts in (template.get("resources") or {}).items():
+        gpus = sorted(k for k in amounts or {} if str(k).endswith("/gpu")) if isinstance(
+            amounts, dict) else []
+        if gpus:
+            problems.append(f"{where}.resources.{part}: {', '.join(gpus)} is Kiln's to set; "
+                            "remove it and ask for GPUs with spec.resources.gpus")
     volumes = _volume_problems(template.get("volumes") or [], problems)
     problems += _mount_problems(f"{where}.volumeMounts", template.get("volumeMounts") or [],
                                 volumes, trainer=True)
@@ -304,11 +313,21 @@ def _env_problems(template: dict[str, Any]) -> list[str]:
         name = item.get("name") if isinstance(item, dict) else None
         if not (isinstance(name, str) and name):
             problems.append(f"spec.template.env[{i}]: needs a name (got {item!r})")
+        elif not ENV_NAME.fullmatch(name):
+            problems.append(
+                f"spec.template.env[{i}].name: {name!r} is not a valid variable name; use "
+                "letters, digits, '_', '-' and '.', not starting with a digit, e.g. NCCL_DEBUG"
+            )
         elif name.startswith(RESERVED_ENV_PREFIX):
             problems.append(
                 f"spec.template.env[{i}].name: {name} is reserved: Kiln sets the {RESERVED_ENV_PREFIX}"
                 "* variables of the trainer (job, zoo, metrics port); rename it, or set the "
                 "matching spec field"
+            )
+        if isinstance(item, dict) and "value" in item and not isinstance(item["value"], str):
+            problems.append(
+                f"spec.template.env[{i}].value: must be a string (got {item['value']!r}); quote "
+                "it, e.g. value: \"8\""
             )
     for i, item in enumerate(template.get("envFrom") or []):
         refs = [item.get(k) for k in ("configMapRef", "secretRef")] if isinstance(
@@ -317,6 +336,12 @@ def _env_problems(template: dict[str, Any]) -> list[str]:
             problems.append(
                 f"spec.template.envFrom[{i}]: needs configMapRef or secretRef with a name, e.g. "
                 f"{{secretRef: {{name: s3-credentials}}}} (got {item!r})"
+            )
+        prefix = item.get("prefix") if isinstance(item, dict) else None
+        if isinstance(prefix, str) and prefix.startswith(RESERVED_ENV_PREFIX):
+            problems.append(
+                f"spec.template.envFrom[{i}].prefix: {prefix} would name variables "
+                f"{RESERVED_ENV_PREFIX}*, which Kiln sets for the trainer; choose another prefix"
             )
     return problems
 

@@ -1,8 +1,8 @@
 """`kiln run` jobs one after another, and the trainer subprocess both local runs share.
 
 Each job runs `python -m kiln_trainer` (the trainer a cluster pod runs, which registers the
-model in the zoo itself); its events drive a live progress bar, its stderr goes to a log file.
-Trainer text is printed as plain text, never as rich markup. No placement, no kopf.
+model in the zoo itself); its events drive a live progress bar, its stderr and stray stdout
+go to a log file. Trainer text prints as plain text, never as rich markup. No placement, no kopf.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -36,10 +36,12 @@ STOP_GRACE_SECONDS = 30.0
 class TrainerFailed(RuntimeError):
     """The trainer subprocess exited without a result; the message holds its last log lines."""
 
-    def __init__(self, job_name: str, exit_code: int, log_path: Path, tail: list[str]) -> None:
+    def __init__(self, job_name: str, exit_code: int, log_path: Path, tail: list[str], *,
+                 why: str | None = None) -> None:
         self.job_name, self.exit_code, self.log_path = job_name, exit_code, log_path
         shown = "\n    ".join(tail) if tail else "(no output)"
         super().__init__(
+            f"job {job_name}: {why}" if why is not None else
             f"job {job_name}: trainer {_how_it_ended(exit_code)}; last lines of {log_path}:\n"
             f"    {shown}"
         )
@@ -199,22 +201,19 @@ def _run_one(
     job_file = write_job_file(job, work_dir)
     log_path = work_dir / f"{job.name}.log"
     args = contract.TrainerArgs(job_file=str(job_file), zoo=zoo_uri)
-    command, own_env = own_command(job, args) or (contract.trainer_command(1, args.to_argv()), {})
+    own = own_command(job, args)
+    command, own_env = own or (contract.trainer_command(1, args.to_argv()), {})
     console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.label)} "
                   f"on {job.spec.dataset.source} (log: {escape(str(log_path))})")
     interrupted = False
     with open(log_path, "w", encoding="utf-8") as log, new_progress(console) as progress:
         task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=trainer_env({**(env or {}), **own_env}, threads=default_threads()),
-        )
+        process = start_trainer(job.name, command, log=log, own=own is not None,
+                                env=trainer_env({**(env or {}), **own_env},
+                                                threads=default_threads()))
         result = None
         try:
-            for event in read_events(process):
+            for event in read_events(process, log=log):
                 if isinstance(event, contract.Result):
                     result = event
                 else:
@@ -253,6 +252,25 @@ def own_command(job: api.TrainingJob, args: contract.TrainerArgs
     return [*template["command"], *(template.get("args") or [])], env
 
 
+def start_trainer(job_name: str, command: list[str], *, log: IO[str], own: bool,
+                  env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start a trainer: events come on its stdout (`read_events`), its stderr goes to `log`.
+
+    Raises:
+        TrainerFailed: the program cannot be run (not found on `env`'s PATH, not executable);
+            for a job's own command (`own`) the message names spec.template.command.
+    """
+    try:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    except OSError as exc:
+        missing = isinstance(exc, FileNotFoundError)
+        where = "spec.template.command" if own else "trainer command"
+        why = ("not found on PATH; install it or give its full path" if missing
+               and os.sep not in command[0] else f"{exc.strerror or exc}; fix the path")
+        raise TrainerFailed(job_name, 127 if missing else 126, Path(log.name), [],
+                            why=f"{where}: cannot run {command[0]!r}: {why}") from None
+
+
 def write_job_file(job: api.TrainingJob, work_dir: Path) -> Path:
     """Write the job as `<work_dir>/<name>.json` (the trainer's --job file); returns its path."""
     job_file = work_dir / f"{job.name}.json"
@@ -274,10 +292,11 @@ def trainer_env(env: dict[str, str] | None, *, threads: str) -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads, **os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
 
 
-def read_events(process: subprocess.Popen[str]) -> Iterator[contract.Event]:
+def read_events(process: subprocess.Popen[str], *, log: IO[str]) -> Iterator[contract.Event]:
     """The trainer's events from its stdout, until it closes.
 
-    Stray output is skipped; so is an event the contract cannot read, with a warning naming it.
+    Stray output (a user's print) goes to `log`, beside the trainer's stderr, so a failure's
+    last log lines show it; an event the contract cannot read is skipped with a warning.
     """
     assert process.stdout is not None
     for line in process.stdout:
@@ -289,6 +308,9 @@ def read_events(process: subprocess.Popen[str]) -> Iterator[contract.Event]:
             continue
         if event is not None:
             yield event
+        elif not log.closed:  # a planned run closes the log of a trainer it stopped
+            log.write(line if line.endswith("\n") else f"{line}\n")
+            log.flush()  # the trainer writes its stderr to the same file
 
 
 def new_progress(console: Console) -> Progress:

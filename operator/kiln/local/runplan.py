@@ -214,18 +214,24 @@ class _Run:
                 visible[d] if len(visible) > d and visible[d] else str(d) for d in held)
         log_path = self.work_dir / f"{a.job}.log"
         log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in `ended`)
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   env=runner.trainer_env(extra, threads=str(self.devices.threads)))
+        try:
+            process = runner.start_trainer(
+                a.job, command, log=log, own=own is not None,
+                env=runner.trainer_env(extra, threads=str(self.devices.threads)))
+        except runner.TrainerFailed as exc:  # its program cannot be run: a failed job
+            log.close()
+            self.record[a.job] = {"name": a.job, "state": "failed", "exit_code": exc.exit_code}
+            raise
         self.live[a.job] = _Live(a, process, log, held, self.now())
-        threading.Thread(target=self._pump, args=(a.job, process), daemon=True).start()
+        threading.Thread(target=self._pump, args=(a.job, process, log), daemon=True).start()
         progress.console.print(
             f"[bold]{escape(a.job)}[/]: training {escape(job.spec.model.label)} on "
             f"{job.spec.dataset.source}, {a.parallelism}×{a.gpus} on {self.devices.noun[:-1]}(s) "
             f"{','.join(map(str, held))} (log: {escape(str(log_path))})")
         progress.update(self.tasks[a.job], status="starting")
 
-    def _pump(self, name: str, process: subprocess.Popen[str]) -> None:
-        for event in runner.read_events(process):
+    def _pump(self, name: str, process: subprocess.Popen[str], log: IO[str]) -> None:
+        for event in runner.read_events(process, log=log):
             self.events.put((name, event))
         process.wait()
         self.events.put((name, None))

@@ -37,7 +37,7 @@ def test_every_event_is_one_strict_json_line_and_nan_becomes_null(tmp_path: Path
                              "validation_loss", "wall_seconds", "time_to_target_seconds",
                              "target_reached", "epochs_run", "steps", "samples_per_second",
                              "zoo_model", "resumed_from_epoch", "parent", "similarity",
-                             "warm_start", "freezing"}
+                             "warm_start", "freezing", "warm_start_decision"}
     assert not (tmp_path / "absent").exists()
 
 

@@ -96,3 +96,61 @@ def test_standalone_the_job_file_is_passed_and_the_environment_may_be_empty(
     assert ctx.job.name == "mine" and ctx.zoo is None and ctx.args.metrics_port == 0
     assert ctx.device.type == "cpu" and ctx.amp.precision == "fp16"
     ctx.close()
+
+
+def test_evaluated_needs_a_trained_step_and_refuses_a_percentage_or_a_nan(
+        tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.resume(model, optimizer, steps_per_epoch=1)
+    with pytest.raises(RuntimeError, match=r"train first, then JobContext.evaluated"):
+        ctx.evaluated(accuracy=0.5, loss=1.0)
+    _step(ctx, model, optimizer)
+    with pytest.raises(ValueError, match=r"evaluated\(accuracy=91.0\): accuracy must be a "
+                       r"fraction in \[0, 1\]"):
+        ctx.evaluated(accuracy=91.0, loss=1.0)
+    with pytest.raises(ValueError, match=r"evaluated\(accuracy=nan\)"):
+        ctx.evaluated(accuracy=float("nan"), loss=1.0)
+    with pytest.raises(ValueError, match=r"evaluated\(loss=inf\): loss must be a finite"):
+        ctx.evaluated(accuracy=0.5, loss=float("inf"))
+    assert ctx.state.history == [] and ctx.state.epochs_done == 0  # nothing was recorded
+    ctx.close()
+
+
+def test_finish_takes_the_resumed_model_once_and_ends_the_run(tmp_path: Path) -> None:
+    out = io.StringIO()
+    ctx = _context(tmp_path, out)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.resume(model, optimizer, steps_per_epoch=1)
+    _step(ctx, model, optimizer)
+    ctx.evaluated(accuracy=0.5, loss=1.0)
+    with pytest.raises(ValueError, match=r"finish\(model\): not the model given to "
+                       r"JobContext.resume"):
+        ctx.finish(torch.nn.Linear(4, 2))
+    ctx.finish(model)
+    with pytest.raises(RuntimeError, match=r"finish\(...\) was already called"):
+        ctx.finish(model)
+    with pytest.raises(RuntimeError, match=r"finish\(...\) ended this run"):
+        ctx.trained(1.0, samples=8)
+    with pytest.raises(RuntimeError, match=r"finish\(...\) ended this run"):
+        ctx.evaluated(accuracy=0.5, loss=1.0)
+    results = [line for line in out.getvalue().splitlines() if '"event": "result"' in line]
+    assert len(results) == 1, results
+
+
+def test_a_nan_training_loss_exits_invalid_naming_the_step_without_a_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = _context(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.resume(model, optimizer, steps_per_epoch=2)
+    _step(ctx, model, optimizer)
+    with pytest.raises(SystemExit) as exited:
+        ctx.trained(torch.tensor(float("nan")), samples=8)
+    assert exited.value.code == contract.EXIT_INVALID
+    assert ("training diverged: the loss became nan at step 2; lower "
+            "spec.training.optimizer.lr") in capsys.readouterr().err
+    assert ctx.state.step == 1 and not list(tmp_path.rglob("checkpoint.pt"))
+    ctx.close()

@@ -137,3 +137,27 @@ def test_trainers_get_each_job_files_folder_first_on_pythonpath_then_the_users(
     assert found["PYTHONPATH"].split(os.pathsep) == [
         str((tmp_path / "a").resolve()), str((tmp_path / "b").resolve()), "/opt/site", "/srv/lib"]
     assert runner.python_path(files[:1], {}) == {"PYTHONPATH": str((tmp_path / "a").resolve())}
+
+
+def test_an_own_command_not_on_path_fails_the_job_naming_the_field(tmp_path: Path) -> None:
+    job = api.parse_job({**api.to_wire(JOB), "spec": {
+        **api.to_wire(JOB)["spec"], "template": {"command": ["no-such-command-xyz", "--fast"]}}})
+    with pytest.raises(runner.TrainerFailed) as caught:
+        runner.run_jobs([job], zoo_uri="zoo", work_dir=tmp_path, console=Console(file=io.StringIO()))
+    assert caught.value.exit_code == 127
+    assert str(caught.value) == ("job fake: spec.template.command: cannot run "
+                                 "'no-such-command-xyz': not found on PATH; install it or give "
+                                 "its full path")
+
+
+def test_stray_stdout_goes_to_the_log_so_a_failure_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = ("import sys; print('loading my data'); print('oops', file=sys.stderr, flush=True); "
+              "print('my loop broke here'); sys.exit(3)")
+    outcome, _ = _run_with_fake_trainer(tmp_path, monkeypatch, script)
+    assert isinstance(outcome, runner.TrainerFailed)
+    assert "exited with code 3" in str(outcome) and "(no output)" not in str(outcome)
+    assert "    loading my data\n" in str(outcome) and "    my loop broke here" in str(outcome)
+    assert set((tmp_path / "fake.log").read_text(encoding="utf-8").splitlines()) == {
+        "loading my data", "oops", "my loop broke here"}

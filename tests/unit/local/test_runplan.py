@@ -37,11 +37,12 @@ STOPPED_UNDER_TORCHRUN = ("import sys; print({!r}); sys.exit(1)".format(contract
     contract.Info(f"{contract.STOPPED_PREFIX} at epoch 1, step 3; checkpoint saved to x"))))
 
 
-def _job(name: str) -> api.TrainingJob:
+def _job(name: str, template: dict[str, Any] | None = None) -> api.TrainingJob:
     return api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
-                 "dataset": {"maxSamples": 300}, "training": {"epochs": 1}},
+                 "dataset": {"maxSamples": 300}, "training": {"epochs": 1},
+                 "template": template or {}},
     })
 
 
@@ -53,20 +54,25 @@ def _plan(*rows: tuple[str, int, float, float]) -> types.Plan:
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, the_plan: types.Plan,
-         scripts: dict[str, str], *, slots: int = 2) -> tuple[Any, str, dict[str, Any],
-                                                             list[list[str]]]:
-    """Run the plan with fake trainers; returns (outcomes or exception, console text,
-    run.json, the commands the runner built)."""
+         scripts: dict[str, str], *, slots: int = 2,
+         templates: dict[str, dict[str, Any]] | None = None
+         ) -> tuple[Any, str, dict[str, Any], list[list[str]]]:
+    """Run the plan with fake trainers (jobs named in `templates` run their own command, for
+    real); returns (outcomes or exception, console text, run.json, the commands the runner
+    built)."""
     real_popen = subprocess.Popen
     commands: list[list[str]] = []
 
     def fake_popen(command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         commands.append(command)
+        if "--job" not in command:  # a job's own command
+            return real_popen(command, **kwargs)
         name = Path(command[command.index("--job") + 1]).stem
         return real_popen([sys.executable, "-c", scripts[name]], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
-    jobs = [_job(a.job) for a in sorted(the_plan.assignments, key=lambda a: a.job)]
+    jobs = [_job(a.job, (templates or {}).get(a.job))
+            for a in sorted(the_plan.assignments, key=lambda a: a.job)]
     configs = {a.job: (types.Config(a.parallelism, a.gpus, a.seconds, "flops"),)
                for a in the_plan.assignments}
     devices = machine.Devices("cpu", slots, 1, lambda k, argv: ["torchrun", str(k), *argv])
@@ -126,6 +132,19 @@ def test_a_failed_trainer_stops_the_others_and_queued_jobs_never_start(
                                    {"a": LONG, "b": FAIL, "c": OK})
     assert isinstance(failed, runner.TrainerFailed) and failed.job_name == "b"
     assert "boom" in str(failed)
+    assert [j["state"] for j in record["jobs"]] == ["stopped", "failed", "not started"]
+    assert "a: stopped because another job failed; its last checkpoint is kept" in text
+
+
+def test_an_own_command_not_on_path_fails_its_job_as_any_failed_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    the_plan = _plan(("a", 1, 0.0, 5.0), ("b", 1, 0.0, 5.0), ("c", 1, 5.0, 5.0))
+    failed, text, record, _ = _run(tmp_path, monkeypatch, the_plan, {"a": LONG, "c": OK},
+                                   templates={"b": {"command": ["no-such-command-xyz"]}})
+    assert isinstance(failed, runner.TrainerFailed) and failed.job_name == "b"
+    assert "b: spec.template.command: cannot run 'no-such-command-xyz': not found on PATH" in \
+        str(failed)
     assert [j["state"] for j in record["jobs"]] == ["stopped", "failed", "not started"]
     assert "a: stopped because another job failed; its last checkpoint is kept" in text
 
