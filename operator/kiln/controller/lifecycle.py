@@ -205,6 +205,7 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         result = _result(state.message)
         if result:
             e.status["result"] = _result_status(result)
+            e.status["progress"] = _final_progress(e.status.get("progress") or {}, result)
             _record_trainer_decision(e, result, now=now)
         message = _success_message(job, result)
         e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
@@ -386,6 +387,20 @@ def _result_status(result: dict[str, Any]) -> dict[str, Any]:
         "timeToTargetSeconds": result.get("time_to_target_seconds"),
     }
     return {k: v for k, v in wire.items() if v is not None}
+
+
+def _final_progress(live: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """status.progress at the end: the result's numbers over the last live reading, so a job
+    that finished between two progress reads still shows where it ended."""
+    final = {
+        "epoch": result.get("epochs_run"),
+        "step": result.get("steps"),
+        "validationAccuracy": result.get("validation_accuracy"),
+        "validationLoss": result.get("validation_loss"),
+        "samplesPerSecond": result.get("samples_per_second"),
+        "etaSeconds": 0.0,
+    }
+    return {**live, **{k: v for k, v in final.items() if v is not None}}
 
 
 def _success_message(job: api.TrainingJob, result: dict[str, Any]) -> str:
