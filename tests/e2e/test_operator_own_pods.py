@@ -8,7 +8,6 @@ for a kubelet's mounts, and runs the container's command as a local process.
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 
 from kubesim import emulator, operator_process, scenario
@@ -48,9 +47,9 @@ def _mounted(mount: str, host: Path) -> dict[str, object]:
 
 def test_kilns_trainer_reads_its_data_from_a_mounted_volume(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
-    namespace: str,
+    namespace: str, tmp_path: Path,
 ) -> None:
-    mount = f"/tmp/kiln-e2e-mnt-{uuid.uuid4().hex[:8]}/shapes"
+    mount = str(tmp_path / "mnt" / "shapes")  # the test kubelet links it to the volume
     job = scenario.tiny_job("shapes-volume", epochs=1, dataset={
         "name": "imagefolder", "path": f"{mount}/train", "validationPath": f"{mount}/validation"},
         model={"architecture": "small_cnn", "args": {"depth": 2, "width": 8, "num_classes": 3},
@@ -77,7 +76,7 @@ def test_a_jobs_own_command_runs_in_the_trainer_container_with_kilns_environment
     for cls in ("circle", "square"):
         shutil.copytree(SHAPES / "train" / cls, volume / "train" / cls)
     (volume / "my_loop.py").write_text(OWN_LOOP, encoding="utf-8")
-    mount = f"/tmp/kiln-e2e-mnt-{uuid.uuid4().hex[:8]}/work"
+    mount = str(tmp_path / "mnt" / "work")  # the test kubelet links it to the volume
     job = scenario.tiny_job("own-command")
     template = _mounted(mount, volume)
     template["image"] = "registry.example/my-loop:1"
@@ -126,7 +125,7 @@ def test_a_dataset_entrypoint_that_raises_fails_the_job_with_the_users_file_and_
     tmp_path: Path,
 ) -> None:
     (tmp_path / "bad_data.py").write_text(BAD_DATA, encoding="utf-8")
-    mount = f"/tmp/kiln-e2e-mnt-{uuid.uuid4().hex[:8]}/code"
+    mount = str(tmp_path / "mnt" / "code")  # the test kubelet links it to the volume
     job = scenario.tiny_job("bad-data", dataset={"entrypoint": "bad_data:from_disk",
                                                  "args": {"root": "/nowhere"}})
     job["spec"]["template"] = _mounted(mount, tmp_path)

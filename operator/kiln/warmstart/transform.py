@@ -14,7 +14,7 @@ from typing import Any
 
 import networkx as nx
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from kiln.warmstart import graph as graph_mod
 from kiln.warmstart import match
@@ -56,7 +56,6 @@ from kiln.warmstart import match
 #
 # Shapes: O output units, I input units (per group for grouped convs), k kernel dims.
 
-Tensor = torch.Tensor
 
 
 class TransformError(ValueError):
