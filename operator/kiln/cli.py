@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, console)
         return code
-    except (UsageError, api.InvalidSpec, store.StoreUnavailable, runner.JobBusy,
-            profilecache.ProfileCacheError) as exc:
+    except (UsageError, api.InvalidSpec, store.StoreUnavailable, store.StoreMisconfigured,
+            runner.JobBusy, profilecache.ProfileCacheError) as exc:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except runner.TrainerFailed as exc:
@@ -217,8 +217,8 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
                 if more:
                     raise api.InvalidSpec(more, source=str(path))
                 jobs.append(job)
-        except api.InvalidSpec as exc:
-            problems.append(str(exc))
+        except api.InvalidSpec as exc:  # a document that did not parse: add what can be told
+            problems.append(str(api.InvalidSpec(models.check_job(exc), source=exc.source)))
     names = [j.name for j in jobs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -268,16 +268,22 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         outcomes = runner.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
                                   env={**_zoo_env(args), **python_path})
     else:
+        profiled = runplan.profile_jobs(jobs, devices=devices, zoo_uri=args.zoo,
+                                        work_dir=work_dir, console=console,
+                                        profile_cache=args.profile_cache,
+                                        env={**_zoo_env(args), **python_path})
         try:
             the_plan, configs = runplan.make_plan(jobs, devices=devices, zoo=zoo,
-                                                  profile_cache=args.profile_cache)
+                                                  profile_cache=args.profile_cache,
+                                                  profiled=profiled)
         except types.Unplaceable as exc:
             raise UsageError(f"{exc}; this machine has {devices.count} {devices.noun} "
                              "(--slots)") from None
         console.print(tables.plan(the_plan, configs, devices))  # before anything starts
         outcomes = runplan.run_planned(jobs, the_plan=the_plan, configs=configs,
                                        devices=devices, zoo_uri=args.zoo, work_dir=work_dir,
-                                       console=console, env={**_zoo_env(args), **python_path})
+                                       console=console, env={**_zoo_env(args), **python_path},
+                                       profiled=profiled)
     console.print(tables.results(outcomes))
     return EXIT_OK
 

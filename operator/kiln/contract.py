@@ -14,7 +14,7 @@ import json
 import math
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from kiln import api
@@ -41,6 +41,7 @@ class Flag(enum.StrEnum):
     NO_RESUME = "--no-resume"  # ignore an existing checkpoint and start afresh
     PARALLELISM = "--parallelism"  # auto (default), single, ddp or fsdp
     WARM_START = "--warm-start"  # the whole warm-start decision as JSON (see TrainerArgs)
+    PROFILE = "--profile"  # measure the model and decide warm start, then exit (no training)
 
 
 class Env(enum.StrEnum):
@@ -77,6 +78,9 @@ class TrainerArgs:
             "single", "ddp" or "fsdp".
         warm_start: the whole warm-start decision as JSON text, or None; the trainer decodes it
             with the warm-start decision type's ``from_json``.
+        profile: run the profiling step instead of training: build the model, trace its
+            graph, count its FLOPs and parameters, time a few training steps on one device,
+            decide warm start, and write one `Profile` event (stdout and termination log).
     """
 
     job_file: str | None = None
@@ -87,6 +91,7 @@ class TrainerArgs:
     resume: bool = True
     parallelism: str = api.Parallelism.AUTO.value
     warm_start: str | None = None
+    profile: bool = False
 
     def to_argv(self) -> list[str]:
         """The flags that give these settings (defaults are left out)."""
@@ -101,6 +106,7 @@ class TrainerArgs:
         if self.parallelism != api.Parallelism.AUTO:
             argv += [Flag.PARALLELISM, self.parallelism]
         argv += [Flag.NO_REGISTER] * (not self.register) + [Flag.NO_RESUME] * (not self.resume)
+        argv += [Flag.PROFILE] * self.profile
         return [str(a) for a in argv]
 
     def to_env(self) -> dict[str, str]:
@@ -141,11 +147,14 @@ def parse_trainer_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -
     parser.add_argument(Flag.WARM_START, default=environ.get(Env.WARM_START) or None,
                         metavar="JSON", help="the warm-start decision made upstream, as JSON "
                         f"(default: decide from the zoo); env {Env.WARM_START}")
+    parser.add_argument(Flag.PROFILE, action="store_true",
+                        help="measure the model (graph, FLOPs, parameters, step time) and "
+                        "decide warm start, then exit without training")
     ns = parser.parse_args(argv)
     return TrainerArgs(job_file=ns.job, zoo=ns.zoo, metrics_port=ns.metrics_port,
                        checkpoint_dir=ns.checkpoint_dir, register=not ns.no_register,
                        resume=not ns.no_resume, parallelism=ns.parallelism,
-                       warm_start=ns.warm_start)
+                       warm_start=ns.warm_start, profile=ns.profile)
 
 
 def torchrun_command(processes: int, module: str, argv: Sequence[str], *,
@@ -291,8 +300,11 @@ class Result:
             freezing was off.
         warm_start_decision: the warm-start decision the run applied, with the keys
             ``parent``, ``similarity``, ``parent_metric``, ``matched_tensors``,
-            ``total_tensors``, ``outcome`` and ``reason``; the operator records it in
-            status.warmStart when the trainer made it (entrypoint models). None if unknown.
+            ``total_tensors``, ``outcome``, ``reason``, ``alternatives`` (further parents to
+            try) and the probe guard's ``probe_loss``, ``cold_probe_loss``,
+            ``probe_accuracy`` and ``cold_probe_accuracy`` (None when not probed); the
+            operator records it in status.warmStart when the trainer made or probed it.
+            None if unknown.
     """
 
     KIND: ClassVar[str] = "result"
@@ -346,9 +358,58 @@ class Failure:
         return _from_json(cls, doc)
 
 
-Event = Progress | Info | Result | Failure
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the profiling step (`Flag.PROFILE`) measured of a job's model in its own image.
+
+    Written once to stdout and as the termination message; the operator records it in
+    status.profile and status.warmStart before placement, `kiln run` in its profile cache.
+
+    Attributes:
+        parameters: the model's parameter count.
+        flops_per_sample: forward FLOPs of one sample (`torch.utils.flop_counter`); None when
+            they cannot be counted.
+        graph_nodes: nodes of the architecture graph; None when no tracer could trace it.
+        untraceable: why no tracer could (torch.fx, Hugging Face's tracer, torch.export); None
+            when traced.
+        device: where the step was timed: "cpu" or "cuda:<GPU name>".
+        batch_size: the global batch the step was timed at (the job's).
+        step_seconds: seconds of one timed optimizer step at `batch_size` on one device; None
+            unless `step_status` is "ok".
+        step_status: "ok", "oom" (the batch does not fit one device) or "failed".
+        step_detail: why, for statuses other than "ok".
+        warm_start_decision: the warm-start decision, with the keys of
+            `Result.warm_start_decision`; the trainer launched later applies it unchanged.
+        zoo_key: the zoo object holding the full profile (graph included), or None (no zoo).
+    """
+
+    KIND: ClassVar[str] = "profile"
+
+    parameters: int
+    flops_per_sample: float | None
+    graph_nodes: int | None
+    untraceable: str | None
+    device: str
+    batch_size: int
+    step_seconds: float | None
+    step_status: str
+    step_detail: str = ""
+    warm_start_decision: dict[str, Any] | None = None
+    zoo_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Profile:
+        """Read back `to_json` (unknown keys ignored); ValueError names missing fields."""
+        return _from_json(cls, doc)
+
+
+Event = Progress | Info | Result | Failure | Profile
 _KINDS: dict[str, type[Event]] = {
-    cls.KIND: cls for cls in (Progress, Info, Result, Failure)}
+    cls.KIND: cls for cls in (Progress, Info, Result, Failure, Profile)}
 
 
 def to_line(event: Event) -> str:
@@ -404,30 +465,35 @@ TERMINATION_LOG_PATH = "/dev/termination-log"  # Kubernetes' default termination
 TERMINATION_MESSAGE_MAX_BYTES = 4000  # under Kubernetes' 4096, clear of the edge
 
 
-def termination_message(event: Result | Failure) -> bytes:
-    """The termination log's content for `event`, at most TERMINATION_MESSAGE_MAX_BYTES.
+def termination_message(event: Result | Failure | Profile) -> bytes:
+    """The termination log's content for `event`: one whole JSON line of at most
+    TERMINATION_MESSAGE_MAX_BYTES, so `read_termination_message` always reads it back.
 
-    A failure's message is cut to half the cap; a result too long drops the freezing history
-    (its only open-ended part) so the JSON stays whole.
+    What does not fit goes a whole part at a time, never cut mid-JSON (texts at a character,
+    marked "..."). A failure's message is shortened. A profile's free texts are shortened,
+    then its decision's reason. A result drops its freezing history, then the freezing
+    summary, shortens its warm-start sentence, then the decision's reason, drops the decision,
+    and at last keeps only its required fields, so `zoo_model`, `metric_name`, `metric` and
+    `target_reached` always survive. The full event is the trainer's last stdout line.
     """
-    if isinstance(event, Failure):
-        event = Failure(event.message[: TERMINATION_MESSAGE_MAX_BYTES // 2])
-    data = to_line(event).encode("utf-8")
-    if (len(data) > TERMINATION_MESSAGE_MAX_BYTES and isinstance(event, Result)
-            and isinstance(event.freezing, dict)):
-        freezing = {k: v for k, v in event.freezing.items() if k != "events"}
-        data = to_line(dataclasses.replace(event, freezing=freezing)).encode("utf-8")
-    return data[:TERMINATION_MESSAGE_MAX_BYTES]
+    for candidate in _smaller_versions(event):
+        data = to_line(candidate).encode("utf-8")
+        if len(data) <= TERMINATION_MESSAGE_MAX_BYTES:
+            return data
+    # Only names or ids of kilobytes get here (zoo ids are at most 128 characters).
+    return to_line(Failure(f"the trainer's {event.KIND} does not fit the termination message "
+                           "even without its optional fields; its last stdout line holds it")
+                   ).encode("utf-8")
 
 
-def read_termination_message(text: str) -> Result | Failure | None:
-    """The trainer's Result or Failure in a termination message; None for anything else
-    (empty, cut off, or the log tail Kubernetes falls back to)."""
+def read_termination_message(text: str) -> Result | Failure | Profile | None:
+    """The trainer's Result, Failure or Profile in a termination message; None for anything
+    else (empty, cut off, or the log tail Kubernetes falls back to)."""
     try:
         event = from_line(text)
     except ValueError:
         return None
-    return event if isinstance(event, Result | Failure) else None
+    return event if isinstance(event, Result | Failure | Profile) else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,7 +504,7 @@ def _to_json(event: Event) -> dict[str, Any]:
     return {f.name: _finite(getattr(event, f.name)) for f in dataclasses.fields(event)}
 
 
-_E = TypeVar("_E", Progress, Info, Result, Failure)
+_E = TypeVar("_E", Progress, Info, Result, Failure, Profile)
 
 
 def _from_json(cls: type[_E], doc: Mapping[str, Any]) -> _E:
@@ -449,6 +515,88 @@ def _from_json(cls: type[_E], doc: Mapping[str, Any]) -> _E:
     if missing:
         raise ValueError(f"{cls.KIND} event without {', '.join(missing)}")
     return cls(**{f.name: doc[f.name] for f in fields if f.name in doc})
+
+
+def _smaller_versions(event: Result | Failure | Profile) -> Iterator[Event]:
+    """`event`, then ever smaller versions of it, in the order `termination_message` gives."""
+    if isinstance(event, Failure):
+        yield _shortened(event.message, Failure)
+    elif isinstance(event, Profile):
+        yield from _smaller_profiles(event)
+    else:
+        yield from _smaller_results(event)
+
+
+def _smaller_results(result: Result) -> Iterator[Result]:
+    yield result
+    if isinstance(result.freezing, dict) and "events" in result.freezing:
+        result = dataclasses.replace(
+            result, freezing={k: v for k, v in result.freezing.items() if k != "events"})
+        yield result
+    result = dataclasses.replace(result, freezing=None)
+    yield result
+    result = _shortened(result.warm_start, _setting(result, "warm_start"))
+    yield result
+    result = _with_shorter_reason(result)
+    yield result
+    result = dataclasses.replace(result, warm_start_decision=None)
+    yield result
+    yield Result(**{f.name: getattr(result, f.name) for f in dataclasses.fields(Result)
+                    if f.default is dataclasses.MISSING})
+
+
+def _smaller_profiles(profile: Profile) -> Iterator[Profile]:
+    # Their usual lengths first: enough to say why, short enough for a condition message.
+    profile = dataclasses.replace(
+        profile, untraceable=None if profile.untraceable is None else profile.untraceable[:800],
+        step_detail=profile.step_detail[:500])
+    yield profile
+    if profile.untraceable is not None:
+        profile = _shortened(profile.untraceable, _setting(profile, "untraceable"))
+        yield profile
+    profile = _shortened(profile.step_detail, _setting(profile, "step_detail"))
+    yield profile
+    yield _with_shorter_reason(profile)
+
+
+_R = TypeVar("_R", Result, Profile)
+
+
+def _with_shorter_reason(event: _R) -> _R:
+    """`event` with its warm-start decision's reason shortened to fit (if it has one)."""
+    decision = event.warm_start_decision
+    if not isinstance(decision, dict) or not isinstance(decision.get("reason"), str):
+        return event
+    return _shortened(decision["reason"], lambda text: dataclasses.replace(
+        event, warm_start_decision={**decision, "reason": text}))
+
+
+def _setting(event: _E, field: str) -> Callable[[str], _E]:
+    """Builds `event` with the text field `field` replaced."""
+    def build(text: str) -> _E:
+        changes: dict[str, Any] = {field: text}
+        return dataclasses.replace(event, **changes)
+
+    return build
+
+
+def _shortened(text: str, build: Callable[[str], _E]) -> _E:
+    """`build(text)` if its line fits the termination message, else `build` with the longest
+    prefix of `text` (marked "...") that fits, else ``build("")``."""
+    def fits(event: _E) -> bool:
+        return len(to_line(event).encode("utf-8")) <= TERMINATION_MESSAGE_MAX_BYTES
+
+    whole = build(text)
+    if fits(whole):
+        return whole
+    low, high = 0, len(text)  # longer prefixes never encode shorter: bisect the longest
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(build(text[:middle] + "...")):
+            low = middle
+        else:
+            high = middle - 1
+    return build(text[:low] + "..." if low else "")
 
 
 def _finite(value: Any) -> Any:

@@ -20,7 +20,8 @@ def test_a_job_succeeds_registers_its_model_and_a_second_job_warm_starts_from_it
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
     namespace: str,
 ) -> None:
-    cluster.client.create_job(namespace, scenario.tiny_job("digits-first"))
+    # Long enough to beat a fresh model clearly, or the warm-start guard refuses it as a parent.
+    cluster.client.create_job(namespace, scenario.tiny_job("digits-first", epochs=6))
     first = scenario.wait_phase(cluster, namespace, "digits-first", "Succeeded",
                                 details=operator.log_tail)
     # Every status field the operator writes is declared (a structural schema prunes the rest).

@@ -42,8 +42,11 @@ def test_an_own_loop_job_reports_registers_and_a_second_one_warm_starts_from_it(
     model = result["zooModel"]
     record = records.read_record(zoo.store, model)
     assert (record.entrypoint, record.job_name) == ("train_loop:mlp", "own-loop-a")
-    pod = cluster.client.pods(namespace, "own-loop-a")[0]
-    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "train_loop"]
+    commands = {p["metadata"]["name"]: p["spec"]["containers"][0]["command"]
+                for p in cluster.client.pods(namespace, "own-loop-a")}
+    assert commands == {  # Kiln profiles the model in the job's image, then runs its own loop
+        "own-loop-a-profile": ["python", "-m", "kiln_trainer", "--profile"],
+        "own-loop-a-trainer-0": ["python", "-m", "train_loop"]}
 
     cluster.client.create_job(namespace, _own_loop_job("own-loop-b", hidden=96, depth=3))
     second = scenario.wait_phase(cluster, namespace, "own-loop-b", "Succeeded",

@@ -1,5 +1,6 @@
-"""A model from user code under the real operator: admission never imports it, the trainer pod
-decides its warm start before its first step, and the operator records that decision.
+"""A model from user code under the real operator: admission never imports it; a profiling pod
+in the job's image measures it and decides its warm start before placement, and the operator
+records both (status.profile, status.warmStart) and places the job with the measurement.
 
 The test kubelet runs the pods as local processes; the job's own env puts the example package on
 PYTHONPATH, as an image that installs it would.
@@ -28,20 +29,30 @@ def _mixer_job(name: str, *, dim: int, depth: int, epochs: int = 2,
     return doc
 
 
-def test_an_entrypoint_job_warm_starts_from_an_earlier_one_decided_in_the_trainer_pod(
+def test_an_entrypoint_job_is_profiled_and_warm_started_before_placement(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
     namespace: str,
 ) -> None:
-    cluster.client.create_job(namespace, _mixer_job("mixer-first", dim=16, depth=1))
-    admitted = scenario.wait_job(
-        cluster, namespace, "mixer-first",
-        lambda job: scenario.condition(job, "WarmStarted") is not None,
-        what="WarmStarted set at admission", details=operator.log_tail)
-    deferred = scenario.condition(admitted, "WarmStarted")
-    assert deferred is not None and deferred["reason"] in ("DecidedInTrainer",)
+    # Long enough to beat a fresh model clearly, or the warm-start guard refuses it as a parent.
+    cluster.client.create_job(namespace, _mixer_job("mixer-first", dim=16, depth=1, epochs=5))
     first = scenario.wait_phase(cluster, namespace, "mixer-first", "Succeeded",
                                 details=operator.log_tail)
     api.TrainingJobStatus.model_validate(first["status"])
+    profiled = scenario.condition(first, "Profiled")
+    assert profiled is not None and (profiled["status"], profiled["reason"]) == (
+        "True", "ModelProfiled")
+    assert "mixer-first-profile" in profiled["message"]
+    profile = first["status"]["profile"]
+    assert profile["parameters"] > 0 and profile["flopsPerSample"] > 0
+    assert profile["graphNodes"] > 0 and profile["stepStatus"] == "ok"
+    assert profile["stepSeconds"] > 0 and profile["batchSize"] == 32
+    assert profile["device"] == "cpu"
+    stored = json.loads(zoo.store.get_bytes(profile["zooKey"]))
+    assert stored["graph"]["nodes"]
+    cold = scenario.condition(first, "WarmStarted")
+    assert cold is not None and (cold["status"], cold["reason"]) == ("False", "ColdStart")
+    assert scenario.pod_creations(cluster, namespace, "mixer-first") == [
+        "mixer-first-profile", "mixer-first-trainer-0"]
     model = first["status"]["result"]["zooModel"]
     record = records.read_record(zoo.store, model)
     assert (record.entrypoint, record.architecture) == ("mynets.mixer:mixer", None)
@@ -49,6 +60,11 @@ def test_an_entrypoint_job_warm_starts_from_an_earlier_one_decided_in_the_traine
     # All 1,797 digits for 4 epochs: long enough for the operator to read progress.
     cluster.client.create_job(namespace, _mixer_job("mixer-bigger", dim=24, depth=2, epochs=4,
                                                     max_samples=None))
+    queued = scenario.wait_job(
+        cluster, namespace, "mixer-bigger",
+        lambda job: scenario.condition(job, "WarmStarted") is not None,
+        what="the warm-start decision recorded before placement", details=operator.log_tail)
+    assert queued["status"]["warmStart"]["parent"] == model
     running = scenario.wait_job(
         cluster, namespace, "mixer-bigger",
         lambda job: bool(((job.get("status") or {}).get("progress") or {}).get("step")),
@@ -64,12 +80,13 @@ def test_an_entrypoint_job_warm_starts_from_an_earlier_one_decided_in_the_traine
     started = scenario.condition(second, "WarmStarted")
     assert started is not None
     assert (started["status"], started["reason"]) == ("True", "ParentSelected")
-    assert started["message"].startswith("In the trainer pod, before its first step")
     assert records.read_record(zoo.store, second["status"]["result"]["zooModel"]).parent == model
 
-    pod = cluster.client.pods(namespace, "mixer-bigger")[0]
-    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
-    assert json.loads(env["KILN_WARM_START"]["value"])["outcome"] == "in_trainer"
+    trainer = next(p for p in cluster.client.pods(namespace, "mixer-bigger")
+               if p["metadata"]["name"] == "mixer-bigger-trainer-0")
+    env = {e["name"]: e for e in trainer["spec"]["containers"][0]["env"]}
+    passed = json.loads(env["KILN_WARM_START"]["value"])  # decided once, in the profiling pod
+    assert (passed["outcome"], passed["parent_id"]) == ("warm", model)
 
 
 def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(
@@ -88,12 +105,13 @@ def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(
     failed = scenario.wait_phase(cluster, namespace, "mixer-broken", "Failed",
                                  details=operator.log_tail)
     reason = scenario.condition(failed, "Failed")
-    assert reason is not None and reason["reason"] == "PermanentError"
+    assert reason is not None and reason["reason"] == "InvalidSpec"
+    assert "profiling pod mixer-broken-profile" in reason["message"]
     assert "spec.model.entrypoint: brokennet:build" in reason["message"]
     assert "brokennet.py, line 2, in build" in reason["message"]
     assert failed["status"].get("restarts", 0) == 0
     assert scenario.pod_creations(cluster, namespace, "mixer-broken") == [
-        "mixer-broken-trainer-0"]
-    event = scenario.wait_event(cluster, namespace, "mixer-broken", "PermanentError")
+        "mixer-broken-profile"]
+    event = scenario.wait_event(cluster, namespace, "mixer-broken", "InvalidSpec")
     assert "brokennet.py, line 2" in event["message"]
     assert before <= {r.id for r in records.list_records(zoo.store)}  # nothing lost

@@ -89,3 +89,23 @@ def test_a_zoo_outage_is_reported_retried_and_then_cold_started(
     exposition = operator.metrics()
     assert 'kiln_warm_start_total{outcome="zoo_unavailable"} 1.0' in exposition
     assert "kiln_zoo_unavailable_total 2.0" in exposition
+
+
+def test_a_model_too_large_to_admit_fails_at_once_and_does_not_hold_up_others(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+) -> None:
+    # Every field is in range, but 13,000 layers would take minutes to build and trace.
+    poison = scenario.tiny_job("digits-abyss", model={
+        "architecture": "small_cnn", "args": {"depth": 13_000, "width": 8},
+        "inputShape": [1, 8, 8]})
+    cluster.client.create_job(namespace, poison)
+    cluster.client.create_job(namespace, scenario.tiny_job("digits-ordinary"))
+
+    failed = scenario.wait_phase(cluster, namespace, "digits-abyss", "Failed",
+                                 details=operator.log_tail)
+    reason = scenario.condition(failed, "Failed")
+    assert reason is not None and reason["reason"] == "InvalidSpec"
+    assert "spec.model.args.depth: the model would have 13,000 layers" in reason["message"]
+    scenario.wait_phase(cluster, namespace, "digits-ordinary", "Succeeded",
+                        details=operator.log_tail)
+    assert "UnexpectedError" not in scenario.event_reasons(cluster, namespace, "digits-abyss")

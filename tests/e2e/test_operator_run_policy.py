@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubesim import client, emulator, kubelet, operator_process, scenario
+
+from kiln.zoo import records
 
 
 def test_suspend_stops_the_trainer_with_a_checkpoint_and_resume_continues_from_it(
@@ -74,6 +78,66 @@ def test_a_job_past_its_active_deadline_fails_and_its_trainer_is_stopped(
     client.wait_until(lambda: cluster.client.pods(namespace, name) == [], timeout_seconds=30,
                         what="the trainer pod to be deleted")
     assert scenario.wait_event(cluster, namespace, name, "DeadlineExceeded")["type"] == "Warning"
+
+
+def _stopped_pod(cluster: emulator.Emulator, namespace: str, name: str) -> dict[str, Any]:
+    """Wait until the kubelet reports the pod Failed (its trainer stopped); the pod stays."""
+
+    def stopped() -> dict[str, Any] | None:
+        pod = cluster.client.get(client.Client.pods_path(namespace, name))
+        return pod if pod is not None and pod["status"].get("phase") == "Failed" else None
+
+    return client.wait_until(stopped, timeout_seconds=60, what=f"pod {name} to be stopped")
+
+
+def test_a_deadline_stops_the_trainer_of_a_pod_that_clean_pod_policy_none_keeps(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str,
+) -> None:
+    name = "digits-late-kept"
+    cluster.client.create_job(namespace, scenario.tiny_job(
+        name, epochs=200, max_samples=None,
+        run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"}))
+    failed = scenario.wait_phase(cluster, namespace, name, "Failed", details=operator.log_tail)
+    assert scenario.condition(failed, "Failed")["reason"] == "DeadlineExceeded"
+    # The pod object stays for its log; its trainer was stopped through the kubelet.
+    pod = _stopped_pod(cluster, namespace, f"{name}-trainer-0")
+    assert pod["status"]["reason"] == "DeadlineExceeded"
+    assert pod["spec"]["activeDeadlineSeconds"] == 1
+    (trainer,) = pod["status"]["containerStatuses"]
+    assert trainer["state"]["terminated"]["exitCode"] == 143  # SIGTERM: checkpoint and exit
+    assert "epochs_run" not in scenario.termination_result(cluster, namespace, f"{name}-trainer-0")
+    assert name not in {r.job_name for r in records.list_records(zoo.store)}
+
+
+def test_a_model_registered_after_its_job_failed_is_deleted_from_the_zoo(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str, zoo_secret: tuple[str, dict[str, str]],
+) -> None:
+    # Two jobs of one name: in `namespace` it fails by its deadline (pod kept, trainer
+    # stopped); in `other` it succeeds and registers a model. The second's result then reaches
+    # the first's pod, as when a trainer registers just before the stop arrives.
+    name, other = "digits-late-model", f"{namespace}-b"
+    cluster.client.create_secret(other, *zoo_secret)
+    cluster.client.create_job(namespace, scenario.tiny_job(
+        name, epochs=200, max_samples=None,
+        run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"}))
+    cluster.client.create_job(other, scenario.tiny_job(name))
+    scenario.wait_phase(cluster, namespace, name, "Failed", details=operator.log_tail)
+    pod = _stopped_pod(cluster, namespace, f"{name}-trainer-0")
+    done = scenario.wait_phase(cluster, other, name, "Succeeded", details=operator.log_tail)
+    model = done["status"]["result"]["zooModel"]
+    assert zoo.store.exists(f"{records.record_prefix(model)}{records.META_NAME}")
+    finished = cluster.client.get(client.Client.pods_path(other, f"{name}-trainer-0")) or {}
+    terminated = finished["status"]["containerStatuses"][0]["state"]["terminated"]
+
+    (trainer,) = pod["status"]["containerStatuses"]
+    cluster.client.patch(client.Client.pods_path(namespace, f"{name}-trainer-0") + "/status", {
+        "status": {"containerStatuses": [{**trainer, "state": {"terminated": terminated}}]}})
+    event = scenario.wait_event(cluster, namespace, name, "ModelDiscarded")
+    assert model in event["message"] and event["type"] == "Normal"
+    assert zoo.store.list_keys(records.record_prefix(model)) == []
+    assert scenario.phase(cluster.client.job(namespace, name)) == "Failed"
 
 
 def test_a_finished_job_is_deleted_after_its_ttl(

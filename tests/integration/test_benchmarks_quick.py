@@ -27,6 +27,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("placement.py", "placement_quick", "makespan_reduction_vs_whole_node",
                      id="placement"),
         pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
+        pytest.param("admission.py", "admission_quick", "with_poison_p99_ratio", id="admission"),
         pytest.param("hf_lm.py", "hf_lm_quick", "median_steps_ratio", id="hf-lm"),
     ],
 )

@@ -1,8 +1,9 @@
 """A test kubelet: runs the emulator's pods as local processes and reports their status.
 
 Does for a trainer pod what a scheduler and a kubelet would, over the emulator's HTTP API (so
-the operator sees every change through its watch), and injects faults (`Fault`). No images,
-resource limits or probes; volumes only as a stand-in (`Kubelet`, mounts).
+the operator sees every change through its watch), and injects faults (`Fault`). No images
+(but unpullable ones), resource limits or probes; volumes only as a stand-in (`Kubelet`,
+mounts).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
 JOB_NAME_LABEL = "kiln.dev/job-name"
 ATTEMPT_LABEL = "kiln.dev/attempt"
+# An image whose name contains this is never pulled (see `Kubelet`).
+UNPULLABLE = "unpullable"
+# A real kubelet reports ErrImagePull on each failed pull and ImagePullBackOff while it waits
+# to try again; here each cycle of PULL_CYCLE_SECONDS starts with PULL_ERROR_SECONDS of the
+# former.
+PULL_CYCLE_SECONDS = 3.0
+PULL_ERROR_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -70,9 +78,23 @@ class RunningPod:
     last_check: float = 0.0
     terminating_since: float | None = None
     mounts: list[Path] = dataclasses.field(default_factory=list)
+    started_at: float = dataclasses.field(default_factory=time.monotonic)
+    deadline_exceeded: bool = False
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+@dataclasses.dataclass
+class HeldPod:
+    """A pod whose image cannot be pulled: bound, never started, its container waiting."""
+
+    namespace: str
+    name: str
+    container: str
+    image: str
+    started_at: float
+    reason: str = ""
 
 
 class Kubelet:
@@ -97,7 +119,13 @@ class Kubelet:
     * status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
       container's terminated exitCode (128 + signal when killed), reason and message;
     * deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
-      then SIGKILL after terminationGracePeriodSeconds.
+      then SIGKILL after terminationGracePeriodSeconds;
+    * spec.activeDeadlineSeconds (read on every poll, so a patch takes effect): once the pod has
+      been active that long, its process is sent SIGTERM, then SIGKILL after the grace period;
+      the pod stays, Failed with status.reason DeadlineExceeded;
+    * unpullable images: a pod whose container image contains ``unpullable`` is bound but never
+      started; it stays Pending with the container waiting, ErrImagePull then ImagePullBackOff
+      (alternating as a real kubelet's back-off does), each message naming the image.
 
     Args:
         url: the emulator's base URL.
@@ -115,6 +143,7 @@ class Kubelet:
         self.errors: list[str] = []
         self._running: dict[tuple[str, str], RunningPod] = {}
         self._finished: dict[tuple[str, str], RunningPod] = {}
+        self._held: dict[tuple[str, str], HeldPod] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="kubesim-kubelet", daemon=True)
         self._lock = threading.Lock()
@@ -156,7 +185,7 @@ class Kubelet:
         listed = {(p["metadata"].get("namespace", ""), p["metadata"]["name"]): p
                   for p in self.client.list(client.Client.pods_path())}
         for key, pod in listed.items():
-            known = key in self._running or key in self._finished
+            known = key in self._running or key in self._finished or key in self._held
             if known or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -172,14 +201,64 @@ class Kubelet:
                 _unmount(running)
                 self._report_exit(running)
                 self._finished[key] = self._running.pop(key)
+            elif running.deadline_exceeded or _past_deadline(pod, running.started_at, now):
+                running.deadline_exceeded = True
+                _stop(running, now)
             else:
                 self._apply_fault(running, now)
+        for key, held in list(self._held.items()):
+            pod = listed.get(key)
+            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                del self._held[key]
+            elif _past_deadline(pod, held.started_at, now):
+                del self._held[key]
+                self._patch(client.Client.pods_path(held.namespace, held.name) + "/status", {
+                    "status": {"phase": "Failed", **_DEADLINE_STATUS}})
+            else:
+                self._wait_for_image(held, now)
+
+    def _hold(self, pod: dict[str, Any], container: dict[str, Any]) -> None:
+        """Bind a pod whose image cannot be pulled and report its container waiting."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        if not self._patch(client.Client.pods_path(namespace, name),
+                           {"spec": {"nodeName": _affinity_node(spec)}}):
+            return  # deleted before it could be bound
+        held = HeldPod(namespace=namespace, name=name, container=container["name"],
+                       image=str(container.get("image", "")), started_at=time.monotonic())
+        self._held[(namespace, name)] = held
+        self._wait_for_image(held, held.started_at)
+
+    def _wait_for_image(self, held: HeldPod, now: float) -> None:
+        """Report the held pod's pull error or back-off (a patch only when it changes)."""
+        pulling = (now - held.started_at) % PULL_CYCLE_SECONDS < PULL_ERROR_SECONDS
+        reason = "ErrImagePull" if pulling else "ImagePullBackOff"
+        if reason == held.reason:
+            return
+        message = (f'failed to pull and unpack image "{held.image}": not found' if pulling
+                   else f'Back-off pulling image "{held.image}"')
+        first = not held.reason
+        held.reason = reason
+        status: dict[str, Any] = {
+            "phase": "Pending",
+            "containerStatuses": [{
+                "name": held.container, "ready": False, "started": False, "restartCount": 0,
+                "image": held.image,
+                "state": {"waiting": {"reason": reason, "message": message}}}]}
+        if first:
+            status["startTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+        self._patch(client.Client.pods_path(held.namespace, held.name) + "/status",
+                    {"status": status})
 
     def _start(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         namespace, name = meta.get("namespace", ""), meta["name"]
         labels = meta.get("labels") or {}
         container = spec["containers"][0]
+        if UNPULLABLE in str(container.get("image", "")):
+            self._hold(pod, container)
+            return
         scratch = self.work_dir / namespace / name
         scratch.mkdir(parents=True, exist_ok=True)
         termination = scratch / "termination-log"
@@ -252,9 +331,11 @@ class Kubelet:
             lines = running.log().splitlines()[-LOG_TAIL_LINES:]
             message = "\n".join(lines)[-LOG_TAIL_BYTES:]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        pod_reason = _DEADLINE_STATUS if running.deadline_exceeded else {}
         self._patch(
             client.Client.pods_path(running.namespace, running.name) + "/status", {"status": {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "phase": "Succeeded" if exit_code == 0 and not pod_reason else "Failed",
+                **pod_reason,
                 "containerStatuses": [{
                     "name": "trainer", "ready": False, "started": False, "restartCount": 0,
                     "state": {"terminated": {"exitCode": exit_code, "reason": reason,
@@ -288,11 +369,26 @@ class Kubelet:
             _unmount(running)
             self._finished[key] = self._running.pop(key)
             return
-        if running.terminating_since is None:
-            running.terminating_since = now
-            _signal_group(running.process, signal.SIGTERM)
-        elif now - running.terminating_since > running.grace_seconds:
-            _signal_group(running.process, signal.SIGKILL)
+        _stop(running, now)
+
+
+_DEADLINE_STATUS = {"reason": "DeadlineExceeded",
+                    "message": "Pod was active on the node longer than the specified deadline"}
+
+
+def _past_deadline(pod: dict[str, Any] | None, started_at: float, now: float) -> bool:
+    """Whether the pod has been active longer than its spec.activeDeadlineSeconds."""
+    deadline = ((pod or {}).get("spec") or {}).get("activeDeadlineSeconds")
+    return isinstance(deadline, int) and now - started_at >= deadline
+
+
+def _stop(running: RunningPod, now: float) -> None:
+    """SIGTERM now, SIGKILL once the grace period has passed (call on every poll)."""
+    if running.terminating_since is None:
+        running.terminating_since = now
+        _signal_group(running.process, signal.SIGTERM)
+    elif now - running.terminating_since > running.grace_seconds:
+        _signal_group(running.process, signal.SIGKILL)
 
 
 def _mount(spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> list[Path]:

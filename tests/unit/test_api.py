@@ -215,3 +215,34 @@ def test_env_names_are_those_kubernetes_accepts(name: str, valid: bool) -> None:
     message = (f"spec.template.env[0].name: {name!r} is not a valid variable name; use letters, "
                "digits, '_', '-' and '.', not starting with a digit, e.g. NCCL_DEBUG")
     assert problems == ([] if valid else [message])
+
+
+@pytest.mark.parametrize("namespace", ["../x", "Team_A", "a" * 64, ""])
+def test_a_namespace_must_be_an_rfc_1123_label(namespace: str) -> None:
+    doc = {**MINIMAL, "metadata": {"name": "minimal", "namespace": namespace}}
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc)
+    assert [p.split(":")[0] for p in caught.value.problems] == ["metadata.namespace"]
+    assert api.parse_job({**MINIMAL, "metadata": {"name": "m", "namespace": "team-a"}})
+
+
+def test_cross_field_problems_are_reported_beside_schema_problems() -> None:
+    doc = with_spec(training={"epochs": 2, "optimizer": {"lr": -1}},
+                    resources={"gpus": 3, "parallelism": "single"})
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc)
+    fields = [p.split(":")[0] for p in caught.value.problems]
+    assert fields == ["spec.training.optimizer.lr", "spec.resources.parallelism",
+                      "spec.training.batchSize"]
+    assert caught.value.rejected == ("spec.training.optimizer.lr",)
+    assert isinstance(caught.value.job, api.TrainingJob)
+
+
+def test_cross_field_problems_reading_a_rejected_field_are_left_out() -> None:
+    doc = with_spec(training={"epochs": "two", "batchSize": 32, "lrSchedule": {"warmupEpochs": 5}},
+                    resources={"gpus": 3})
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(doc)
+    # warmupEpochs < epochs reads the rejected epochs; the batch split over gpus does not
+    assert [p.split(":")[0] for p in caught.value.problems] == ["spec.training.epochs",
+                                                                "spec.training.batchSize"]

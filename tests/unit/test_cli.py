@@ -309,3 +309,67 @@ def test_validate_says_which_files_are_valid_when_another_is_not(
     out, err = capsys.readouterr()
     assert "valid: digits-small" in out
     assert "bad.yaml" in err and "metadata.name" in err
+
+
+def test_validate_names_schema_cross_field_and_registry_problems_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (VALID.replace("small_cnn", "resnet181")
+            .replace("batchSize: 32", "batchSize: 32, optimizer: {lr: -1}")
+            .replace("training:", "dataset: {name: digits, path: /data}\n  training:"))
+    path = _write(tmp_path, text)
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "spec.training.optimizer.lr:" in err  # the schema's
+    assert "spec.dataset.path: digits is bundled with scikit-learn" in err  # a cross-field rule
+    assert "spec.model.architecture: unknown architecture 'resnet181'" in err  # the registry's
+
+
+def test_validate_skips_only_the_checks_that_read_a_rejected_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # inputShape is rejected, so the model is not judged against the digits images on a
+    # stand-in shape; `epoch` (meant as epochs) leaves epochs defaulted, so the warmup rule,
+    # which reads epochs, is left out; the resources rule reads neither and is reported.
+    text = (VALID.replace("inputShape: [1, 8, 8]", "inputShape: [1, 0, 8]")
+            .replace("epochs: 2", "epoch: 2, lrSchedule: {warmupEpochs: 50}")
+            .replace("training:", "resources: {gpus: 3, parallelism: single}\n  training:"))
+    path = _write(tmp_path, text)
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "spec.model.inputShape[1]" in err and "spec.training.epoch: unknown field" in err
+    assert "spec.resources.parallelism: single trains one process" in err
+    assert "warmupEpochs" not in err
+    assert err.count("spec.model.inputShape") == 1, err
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_namespace_that_is_not_an_rfc_1123_label_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    path = _write(tmp_path, VALID.replace("{name: digits-small}",
+                                          "{name: digits-small, namespace: ../../etc}"))
+    extra = ["--zoo", str(tmp_path / "zoo")] if command == "run" else []
+    assert cli.main([command, str(path), *extra]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "metadata.namespace: must be an RFC 1123 label" in err and "Traceback" not in err
+    assert not (tmp_path / "zoo").exists() or not any((tmp_path / "zoo").rglob("*etc*"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        pytest.param(("name: digits-small", "name: r\u0435snet"),
+                     "metadata.name: 'r\u0435snet' has a non-ASCII character '\u0435' (U+0435) "
+                     "at position 2", id="name"),
+        pytest.param(("small_cnn", "small_\u0441nn"),
+                     "spec.model.architecture: 'small_\u0441nn' has a non-ASCII character "
+                     "'\u0441' (U+0441) at position 7", id="architecture"),
+    ],
+)
+def test_a_non_ascii_look_alike_is_named_with_its_code_point_and_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], expected: str
+) -> None:
+    path = _write(tmp_path, VALID.replace(*edit))
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    assert expected in " ".join(capsys.readouterr().err.split())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -115,6 +116,105 @@ def test_the_termination_message_stays_under_the_kubernetes_cap() -> None:
     assert len(data) <= contract.TERMINATION_MESSAGE_MAX_BYTES
     back = contract.read_termination_message(data.decode())
     assert back == dataclasses.replace(RESULT, freezing={"saved_seconds": 3.5})
+
+
+DECISION = {"parent": "small_cnn-89abcdef", "similarity": 0.8, "parent_metric": 0.9,
+            "matched_tensors": 6, "total_tensors": 8, "outcome": "warm",
+            "reason": "warm start from small_cnn-89abcdef (similarity 0.80)"}
+# Characters whose JSON escapes are long: accents (6 bytes), emoji (12), quotes, controls.
+AWKWARD = "é✓🙂\"\\\n\t\u2028x "
+
+
+def _read_back(event: contract.Result | contract.Failure | contract.Profile) -> contract.Event:
+    data = contract.termination_message(event)
+    assert len(data) <= contract.TERMINATION_MESSAGE_MAX_BYTES
+    back = contract.read_termination_message(data.decode("utf-8"))
+    assert back is not None, data[-200:]
+    return back
+
+
+def _assert_key_fields_kept(back: contract.Event) -> None:
+    assert isinstance(back, contract.Result)
+    assert (back.zoo_model, back.metric_name, back.metric, back.target_reached) == (
+        RESULT.zoo_model, RESULT.metric_name, RESULT.metric, RESULT.target_reached)
+
+
+@pytest.mark.parametrize("result", [
+    pytest.param(dataclasses.replace(RESULT, freezing={"events": [
+        {"kind": "froze", "modules": [f"features.{i}" for i in range(40)], "step": step,
+         "reason": "é" * 200} for step in range(500)], "saved_seconds": 3.5}),
+        id="huge-freezing-history"),
+    pytest.param(dataclasses.replace(RESULT, freezing={
+        "modules": {f"block{i}": "🙂" * 50 for i in range(200)}}), id="huge-freezing-summary"),
+    pytest.param(dataclasses.replace(RESULT, warm_start=AWKWARD * 2000), id="huge-warm-start"),
+    pytest.param(dataclasses.replace(RESULT, warm_start_decision={
+        **DECISION, "reason": AWKWARD * 2000}), id="huge-decision-reason"),
+    pytest.param(dataclasses.replace(RESULT, warm_start_decision={
+        **DECISION, "notes": ["x" * 100] * 100}), id="huge-decision"),
+    pytest.param(dataclasses.replace(RESULT, parent="p" * 5000), id="huge-parent"),
+])
+def test_a_result_too_long_still_parses_and_keeps_its_zoo_model_and_metric(
+    result: contract.Result,
+) -> None:
+    _assert_key_fields_kept(_read_back(result))
+
+
+def test_a_too_long_result_drops_the_freezing_history_before_the_warm_start_sentence() -> None:
+    result = dataclasses.replace(
+        RESULT, warm_start="warm start from small_cnn-89abcdef", warm_start_decision=DECISION,
+        freezing={"events": [{"step": step, "reason": "x" * 100} for step in range(100)],
+                  "frozen_modules": 2})
+    back = _read_back(result)
+    assert back == dataclasses.replace(result, freezing={"frozen_modules": 2})
+
+
+def test_long_reasons_are_shortened_keeping_the_decision_s_outcome_and_parent() -> None:
+    result = dataclasses.replace(RESULT, warm_start="é" * 3000, warm_start_decision={
+        **DECISION, "reason": "🙂" * 3000})
+    back = _read_back(result)
+    assert isinstance(back, contract.Result) and back.warm_start_decision is not None
+    assert {k: back.warm_start_decision[k] for k in ("parent", "outcome")} == {
+        "parent": DECISION["parent"], "outcome": "warm"}
+    for text in (back.warm_start, back.warm_start_decision["reason"]):
+        assert text == "" or (text.endswith("...") and set(text[:-3]) <= {"é", "🙂"})
+    assert back.warm_start or back.warm_start_decision["reason"]  # the room left is used
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_result_mixing_long_fields_reads_back_with_its_key_fields(seed: int) -> None:
+    rng = random.Random(seed)
+
+    def text() -> str:
+        return "".join(rng.choice(AWKWARD) for _ in range(rng.choice([0, 10, 700, 5000])))
+
+    result = dataclasses.replace(
+        RESULT, warm_start=text(), parent=rng.choice([None, text()]),
+        freezing=rng.choice([None, {"events": [text() for _ in range(rng.randint(0, 5))],
+                                    "summary": text()}]),
+        warm_start_decision=rng.choice([None, {**DECISION, "reason": text()}]))
+    _assert_key_fields_kept(_read_back(result))
+
+
+@pytest.mark.parametrize("message", [
+    pytest.param("x" * 10_000, id="ascii"), pytest.param("é" * 10_000, id="accents"),
+    pytest.param("🙂" * 10_000, id="emoji"), pytest.param(AWKWARD * 3000, id="escapes"),
+])
+def test_a_long_failure_message_is_cut_at_a_character_and_still_parses(message: str) -> None:
+    back = _read_back(contract.Failure(message))
+    assert isinstance(back, contract.Failure)
+    assert back.message.endswith("...") and message.startswith(back.message[:-3])
+    assert len(back.message) > 100  # the cap's room is used, not a fixed character count
+
+
+def test_a_profile_with_long_texts_still_parses_and_keeps_its_numbers_and_decision() -> None:
+    profile = contract.Profile(
+        parameters=1234, flops_per_sample=5e6, graph_nodes=None, untraceable="ü" * 5000,
+        device="cpu", batch_size=64, step_seconds=None, step_status="failed",
+        step_detail="🙂" * 5000, warm_start_decision={**DECISION, "reason": "é" * 5000})
+    back = _read_back(profile)
+    assert isinstance(back, contract.Profile) and back.warm_start_decision is not None
+    assert (back.parameters, back.step_status, back.warm_start_decision["outcome"]) == (
+        1234, "failed", "warm")
 
 
 @pytest.mark.parametrize("text", [

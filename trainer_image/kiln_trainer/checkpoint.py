@@ -156,6 +156,42 @@ def delete_checkpoint(location: Location) -> None:
         location.store.delete(location.key)
 
 
+def open_location(
+    location: Location,
+    *,
+    fallback: Location | None,
+    resume: bool,
+    map_location: str | torch.device = "cpu",
+) -> tuple[Location, dict[str, Any] | None]:
+    """Where this run keeps its checkpoint, and the checkpoint to resume from (None: afresh).
+
+    Without a `fallback` that is `location` and its checkpoint (with `resume`). With one (the
+    zoo would hold checkpoints, but the run needs no zoo to start), a checkpoint found at
+    `fallback` wins without contacting the zoo: it was written while the zoo was unreachable
+    and is newer than any there. Else `location` is read (or, without `resume`, probed), and
+    when its store is unavailable the run checkpoints to `fallback` instead, with a warning.
+
+    Raises:
+        CheckpointError: the checkpoint is not one this trainer can read.
+        zoo_store.StoreUnavailable: `location`'s store failed and there is no `fallback`.
+    """
+    if fallback is not None and fallback.store.exists(fallback.key):
+        _log.warning("checkpointing to %s, where a run left one while the zoo was unreachable",
+                     fallback.describe())
+        return fallback, load_checkpoint(fallback, map_location=map_location) if resume else None
+    try:
+        if not resume:  # nothing to read, but fail over now rather than at the first save
+            location.store.exists(location.key)
+            return location, None
+        return location, load_checkpoint(location, map_location=map_location)
+    except zoo_store.StoreUnavailable as exc:
+        if fallback is None:
+            raise
+        _log.warning("%s; checkpointing to %s instead (a rerun on this machine resumes from it, "
+                     "one elsewhere cannot)", exc, fallback.describe())
+        return fallback, None
+
+
 # ----------------------------------------------------------------------------------------------
 # RNG states as checkpoint-safe values: tensors and plain Python values only, so a checkpoint
 # holding them loads with ``torch.load(weights_only=True)`` (NumPy's key array travels as an

@@ -23,7 +23,7 @@ from kiln import api, contract, models
 from kiln.api import jobfile
 from kiln.warmstart import decision
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, loop, runtime, warm
+from kiln_trainer import checkpoint, data, events, loop, profiling, runtime, warm
 
 _log = logging.getLogger("kiln_trainer")
 _STARTED_SECONDS = time.time()  # wall clock, for `_failed_elsewhere`
@@ -78,20 +78,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         job = load_job(args.job_file, os.environ.get(contract.Env.JOB))
         _check_locations(args)
-        loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
-                  register=args.register, checkpoint_dir=args.checkpoint_dir,
-                  resume=args.resume, stop=stop, out=sys.stdout,
-                  warm_decision=warm.parse_decision(args.warm_start),
-                  parallelism=args.parallelism)
+        if args.profile:  # measure the model and decide warm start, in place of training
+            emit.profile(profiling.profile(job, zoo_uri=args.zoo, world_size=world_size,
+                                           warm_decision_text=args.warm_start))
+        else:
+            loop.main(job, zoo_uri=args.zoo, metrics_port=args.metrics_port,
+                      register=args.register, checkpoint_dir=args.checkpoint_dir,
+                      resume=args.resume, stop=stop, out=sys.stdout,
+                      warm_decision=warm.parse_decision(args.warm_start),
+                      parallelism=args.parallelism)
     except loop.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
-            runtime.ConfigError, decision.ApplyError, models.EntrypointError) as exc:
+            runtime.ConfigError, decision.ApplyError, models.EntrypointError,
+            zoo_store.StoreMisconfigured) as exc:
         return _fail(emit, _unwrap_worker_error(str(exc)), contract.EXIT_INVALID)
     except zoo_store.StoreUnavailable as exc:
         return _fail(emit, f"store unavailable: {exc}", contract.EXIT_STORE_UNAVAILABLE)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if not _is_out_of_memory(exc):
+        if not runtime.is_out_of_memory(exc):
             _log.exception("unexpected error")
             _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
             return contract.EXIT_UNEXPECTED
@@ -127,18 +132,6 @@ def _check_locations(args: contract.TrainerArgs) -> None:
                 open_location(value)  # nothing is contacted or created yet
         except ValueError as exc:
             raise api.InvalidSpec([f"{flag} {value}: {exc}"]) from None
-
-
-_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory",
-                    "cannot allocate memory")
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(exc).lower()
-    return any(m in text for m in _MEMORY_MESSAGES)
 
 
 def _unwrap_worker_error(message: str) -> str:

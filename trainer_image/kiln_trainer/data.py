@@ -149,7 +149,9 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
 
     imagefolder and text read ``path`` (and ``validationPath``) from ``s3://bucket/prefix`` too
     (`fetch`). With ``validationPath``, all of ``path`` trains and ``validationPath``
-    validates, each capped at ``maxSamples``. Images from files are resized to [H, W]
+    validates, each capped at ``maxSamples``; a file under both (the same real file) validates
+    only, so the splits never share one. Folders are walked by `unique_files`: each real file
+    counts once and symlink loops are cut. Images from files are resized to [H, W]
     (bilinear), converted to grayscale or RGB to match C, and scaled to [-1, 1]. ``flip-crop``
     augmentation (`flip_crop`) touches the train split only, drawing from torch's global RNG,
     which checkpoints carry.
@@ -169,7 +171,8 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
     Raises:
         DatasetError: the path is missing or empty, a text file is not UTF-8 text or too short
             for two windows, the torchvision class is unsupported or its data is absent, fewer
-            than two samples, or a validationFraction leaving a split too small (see
+            than two samples, nothing left to train on once files shared with validationPath
+            are dropped, or a validationFraction leaving a split too small (see
             `split_indices`); an s3:// path that cannot be fetched (`fetch`); an entrypoint
             that fails or returns the wrong things (`from_entrypoint`). An image file that
             cannot be decoded, or an entrypoint sample that does not fit, raises it later, when
@@ -188,20 +191,30 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
         return _digits(spec, shape, seed)
     if spec.loader == api.DatasetName.TEXT:
         return _text(spec, shape, seed)
-    base, num_classes, description = _file_images(spec)
-    val_base = base
-    if spec.validation_path is not None:
+    if spec.validation_path is None:
+        base, num_classes, description = _file_images(spec)
+        val_base = base
+        train_idx, val_idx = split_indices(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
+    else:
+        # A file in both folders would be graded on what it trained on: validation keeps it.
         val_base, _, _ = _file_images(spec, validation=True)
+        shared = real_paths([path for path, _ in getattr(val_base, "samples", [])])
+        base, num_classes, description = _file_images(spec, exclude=shared)
         mine, theirs = getattr(base, "classes", []), getattr(val_base, "classes", [])
         if mine != theirs:
             raise DatasetError(
                 f"spec.dataset.validationPath: its class folders ({', '.join(theirs)}) differ "
                 f"from spec.dataset.path's ({', '.join(mine)}); give both the same class folders"
             )
+        if len(base) == 0:  # type: ignore[arg-type]
+            raise DatasetError(
+                f"spec.dataset.path: every image in {spec.path} is also in "
+                f"spec.dataset.validationPath ({spec.validation_path}), and validation keeps "
+                "shared files, so nothing is left to train on; point the two fields at "
+                "separate folders"
+            )
         train_idx = _capped(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
         val_idx = _capped(len(val_base), spec=spec, seed=seed)  # type: ignore[arg-type]
-    else:
-        train_idx, val_idx = split_indices(len(base), spec=spec, seed=seed)  # type: ignore[arg-type]
     train_tf = _file_image_transform(shape, augment=spec.augmentation == api.Augmentation.FLIP_CROP)
     val_tf = _file_image_transform(shape, augment=False)
     return Splits(
@@ -377,13 +390,91 @@ def flip_crop(image: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
+# walking dataset folders
+
+
+def unique_files(root: Path) -> list[Path]:
+    """Every file under `root`, each real file once, in sorted path order.
+
+    Symlinked folders are followed, but a folder whose real path was already walked is skipped
+    (a link back to an ancestor would otherwise repeat the tree until the OS gives up), and a
+    file reached by a second path (a symlink, or a linked folder) counts only the first time.
+    """
+    seen_dirs: set[str] = set()
+    seen_files: set[str] = set()
+    files: list[Path] = []
+
+    def walk(folder: Path) -> None:
+        real = os.path.realpath(folder)
+        if real in seen_dirs:
+            return
+        seen_dirs.add(real)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:  # unreadable or vanished folder: nothing to count
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_dir():  # follows symlinks; the real-path check above stops loops
+                walk(path)
+            elif entry.is_file():
+                real_file = os.path.realpath(path)
+                if real_file not in seen_files:
+                    seen_files.add(real_file)
+                    files.append(path)
+
+    walk(root)
+    return files
+
+
+def real_paths(files: Sequence[str | Path]) -> frozenset[str]:
+    """The real (symlink-free, absolute) paths of `files`."""
+    return frozenset(os.path.realpath(file) for file in files)
+
+
+class _ImageFolder(torchvision.datasets.ImageFolder):  # type: ignore[misc]  # untyped base
+    """torchvision's `ImageFolder` walked by `unique_files`: no symlink loops, no file twice
+    (within a class or across classes), and none whose real path is in `exclude`."""
+
+    def __init__(self, root: str, *, exclude: frozenset[str]) -> None:
+        self._exclude = exclude
+        super().__init__(root)
+
+    def make_dataset(  # an instance method: it needs `exclude`, torchvision calls it on self
+        self, directory: str | Path, class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        seen = set(self._exclude)
+        instances = []
+        for name in sorted(class_to_idx):
+            found = False
+            for path in unique_files(Path(directory) / name):
+                valid = (is_valid_file(str(path)) if is_valid_file is not None else
+                         extensions is not None and path.name.lower().endswith(extensions))
+                if not valid:
+                    continue
+                found = True
+                real = os.path.realpath(path)
+                if real not in seen:
+                    seen.add(real)
+                    instances.append((str(path), class_to_idx[name]))
+            if not found and not allow_empty:
+                raise FileNotFoundError(f"found no image file for the class {name}; supported "
+                                        f"extensions are {', '.join(extensions or ())}")
+        return instances
+
+
+# ----------------------------------------------------------------------------------------------
 # imagefolder and torchvision classes
 
 
-def _file_images(spec: api.DatasetSpec, *, validation: bool = False
+def _file_images(spec: api.DatasetSpec, *, validation: bool = False,
+                 exclude: frozenset[str] = frozenset()
                  ) -> tuple[torch_data.Dataset[Any], int | None, str]:
     """The raw dataset (PIL images or tensors, int labels), its class count and description;
-    with `validation`, the imagefolder at validationPath."""
+    with `validation`, the imagefolder at validationPath; an imagefolder leaves out the files
+    whose real paths are in `exclude`."""
     path = Path((spec.validation_path if validation else spec.path) or "")
     field = "spec.dataset.validationPath" if validation else "spec.dataset.path"
     if spec.loader == api.DatasetName.IMAGEFOLDER:
@@ -393,7 +484,7 @@ def _file_images(spec: api.DatasetSpec, *, validation: bool = False
                 "sub-folder per class holding its images (e.g. cats/1.png, dogs/2.png)"
             )
         try:
-            folder = torchvision.datasets.ImageFolder(str(path))
+            folder = _ImageFolder(str(path), exclude=exclude)
         except FileNotFoundError as exc:
             raise DatasetError(
                 f"{field}: {path} holds no class folders with images ({exc}); put "
@@ -499,22 +590,27 @@ class _Subset(torch_data.Dataset[Sample]):
 def _text(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
     path = Path(spec.path or "")
     (length,) = shape
-    separate = spec.validation_path is not None
-    tokens = _text_windows(path, length, field="spec.dataset.path", least=1 if separate else 2)
     if spec.validation_path is None:
+        tokens = _text_windows(path, length, field="spec.dataset.path", least=2)
         train_idx, val_idx = split_indices(len(tokens), spec=spec, seed=seed)
         train, validation = tokens[train_idx], tokens[val_idx]
     else:
-        val_tokens = _text_windows(Path(spec.validation_path), length, least=1,
+        val_path = Path(spec.validation_path)
+        val_tokens = _text_windows(val_path, length, least=1,
                                    field="spec.dataset.validationPath")
+        # As for images: a file under both paths validates and is left out of training.
+        shared = real_paths([val_path] if val_path.is_file() else unique_files(val_path))
+        tokens = _text_windows(path, length, field="spec.dataset.path", least=1, exclude=shared)
         train = tokens[_capped(len(tokens), spec=spec, seed=seed)]
         validation = val_tokens[_capped(len(val_tokens), spec=spec, seed=seed)]
     return Splits(_Windows(train), _Windows(validation), "text", None, f"text:{path}")
 
 
-def _text_windows(path: Path, length: int, *, field: str, least: int) -> torch.Tensor:
-    """The text at `path` as byte windows LongTensor[N, T+1], at least `least` of them."""
-    raw = read_text_bytes(path, field=field)
+def _text_windows(path: Path, length: int, *, field: str, least: int,
+                  exclude: frozenset[str] = frozenset()) -> torch.Tensor:
+    """The text at `path` (less the files whose real paths are in `exclude`) as byte windows
+    LongTensor[N, T+1], at least `least` of them."""
+    raw = read_text_bytes(path, field=field, exclude=exclude)
     windows = len(raw) // (length + 1)
     if windows < least:
         raise DatasetError(
@@ -526,15 +622,23 @@ def _text_windows(path: Path, length: int, *, field: str, least: int) -> torch.T
     return tokens.view(windows, length + 1).long()
 
 
-def read_text_bytes(path: Path, *, field: str = "spec.dataset.path") -> bytes:
+def read_text_bytes(path: Path, *, field: str = "spec.dataset.path",
+                    exclude: frozenset[str] = frozenset()) -> bytes:
     """The bytes of a text file, or of every UTF-8 text file under a directory.
 
-    A directory's files are taken recursively in sorted path order, joined by newlines;
-    hidden entries, ``__pycache__`` and files that are not UTF-8 (binaries) are skipped.
+    A directory's files are taken recursively in sorted path order (`unique_files`: each real
+    file once, symlink loops cut), joined by newlines; hidden entries, ``__pycache__``, files
+    that are not UTF-8 (binaries) and files whose real paths are in `exclude` are skipped.
 
     Raises:
-        DatasetError: the path does not exist, or a directory holds no UTF-8 text file.
+        DatasetError: the path does not exist, a directory holds no UTF-8 text file, or every
+            text file is excluded (it is also the validation text).
     """
+    if path.is_file() and os.path.realpath(path) in exclude:
+        raise DatasetError(
+            f"{field}: {path} is also spec.dataset.validationPath, and validation keeps shared "
+            "files, so nothing is left to train on; point the two fields at different text"
+        )
     if path.is_file():
         content = path.read_bytes()
         if not _is_text(content):
@@ -549,13 +653,23 @@ def read_text_bytes(path: Path, *, field: str = "spec.dataset.path") -> bytes:
             "directory of them (e.g. a source tree)"
         )
     parts = []
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+    dropped = 0
+    for file in unique_files(path):
         relative = file.relative_to(path).parts
         if any(part.startswith(".") or part == "__pycache__" for part in relative):
+            continue
+        if os.path.realpath(file) in exclude:
+            dropped += 1
             continue
         content = file.read_bytes()
         if _is_text(content):
             parts.append(content)
+    if not parts and dropped:
+        raise DatasetError(
+            f"{field}: every text file in {path} is also under spec.dataset.validationPath, "
+            "and validation keeps shared files, so nothing is left to train on; point the two "
+            "fields at separate folders"
+        )
     if not parts:
         raise DatasetError(
             f"{field}: directory {path} holds no UTF-8 text files; point it at a "

@@ -23,7 +23,8 @@ class EventWriter:
 
     Args:
         out: the stream (the process's stdout).
-        termination_log: file for the result when it exists; None disables it.
+        termination_log: file for the result (or profile, or failure) when it exists; None
+            disables it.
     """
 
     def __init__(self, out: TextIO, *, termination_log: Path | None = TERMINATION_LOG) -> None:
@@ -43,6 +44,12 @@ class EventWriter:
         self._emit(result)
         self._terminate(result)
 
+    def profile(self, profile: contract.Profile) -> None:
+        """Emit the profiling step's outcome (its only line) and copy it to the termination
+        log."""
+        self._emit(profile)
+        self._terminate(profile)
+
     def failure(self, message: str) -> None:
         """Put a permanent error in the termination log (stdout gets nothing: no result)."""
         self._terminate(contract.Failure(message))
@@ -51,7 +58,7 @@ class EventWriter:
         self.out.write(contract.to_line(event) + "\n")
         self.out.flush()
 
-    def _terminate(self, event: contract.Result | contract.Failure) -> None:
+    def _terminate(self, event: contract.Result | contract.Failure | contract.Profile) -> None:
         if self.termination_log is None or not self.termination_log.exists():
             return
         try:

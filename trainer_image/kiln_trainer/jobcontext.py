@@ -171,12 +171,28 @@ class JobContext:
 
     # -- setup ----------------------------------------------------------------------------
 
-    def warm_start(self, model: nn.Module) -> warm.WarmStart:
+    def warm_start(
+        self,
+        model: nn.Module,
+        probe: tuple[torch.Tensor, torch.Tensor] | None = None,
+        loss_fn: warm.LossFn = warm.cross_entropy,
+    ) -> warm.WarmStart:
         """Seed `model` (freshly built, any nn.Module) from its zoo parent, in place.
 
         Uses the decision passed by the operator or `kiln run` (``$KILN_WARM_START``), else
         decides once here (``spec.warmStart``); a run resuming from a checkpoint keeps the
         record of its first start, and its weights come from the checkpoint in `resume`.
+
+        With a `probe`, Kiln's guard applies: the warm weights are kept only if their mean
+        `loss_fn` on the probe is at most `warm.MAX_LOSS_RATIO` times the cold model's; else
+        the decision's alternative parents are tried, then `model` keeps its cold weights.
+
+        Args:
+            model: the freshly built model (evaluated where it is).
+            probe: (inputs, targets) a fixed batch of TRAINING data, e.g. its first 256
+                samples; None: no guard.
+            loss_fn: (outputs, targets) -> mean loss, your loop's (default: cross-entropy over
+                the flattened leading dimensions, as Kiln's loop).
 
         Returns:
             What happened: the parent, similarity, transferred tensors, and a sentence.
@@ -189,8 +205,9 @@ class JobContext:
             self.warm = warm.WarmStart.from_json(self._saved[checkpoint.WARM_START_KEY])
         else:
             with _exit_as_trainer(self.emit):
-                self.warm = warm.warm_start(self.job, model, self.zoo,
-                                            decided=warm.parse_decision(self.args.warm_start))
+                self.warm = warm.warm_start(
+                    self.job, model, self.zoo, decided=warm.parse_decision(self.args.warm_start),
+                    probe=None if probe is None else warm.Probe(probe[0], probe[1], loss=loss_fn))
         self.state.warm_start = self.warm.to_json()
         self.emit.info(self.warm.message())
         return self.warm
@@ -432,8 +449,7 @@ class JobContext:
             parent=warm_start.parent, similarity=warm_start.similarity,
             warm_start=warm_start.reason,
             freezing=self._freezer.summary() if self._freezer is not None else None,
-            warm_start_decision={k: v for k, v in warm_start.to_json().items()
-                                 if k != "untransferred_fraction"})
+            warm_start_decision=warm_start.decision_fields())
         self.emit.result(result)
         self._finished = True
         self.close()

@@ -107,7 +107,9 @@ def main(
         Interrupted: `stop` was set (on any rank); a checkpoint was saved first.
         Diverged: the training or validation loss became NaN or infinite; the last good
             checkpoint is kept and no diverged weights are saved or registered.
-        zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries).
+        zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries); a
+            cold-starting run checkpoints locally instead of in an unreachable zoo, and a failed
+            registration names where the finished checkpoint is kept for a rerun to register.
     """
     spec = job.spec
     runtime.seed_everything(spec.training.seed)
@@ -140,8 +142,14 @@ def main(
 
         raw_model = models.build(spec.model)
         zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
-        location = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
-        saved = checkpoint.load_checkpoint(location, map_location=device) if resume else None
+        primary = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
+        # The zoo is needed only when used: a run that starts cold keeps its checkpoints
+        # locally while a zoo meant to hold them is unreachable.
+        zoo_optional = init_state is not None or not warm.needs_zoo(job, warm_decision)
+        fallback = (checkpoint.locate(job, checkpoint_dir=None, zoo=None)
+                    if zoo is not None and checkpoint_dir is None and zoo_optional else None)
+        location, saved = checkpoint.open_location(primary, fallback=fallback, resume=resume,
+                                                   map_location=device)
         if len(set(ctx.gather_objects(saved is not None))) > 1:
             raise checkpoint.CheckpointError(
                 f"only some of the {ctx.world_size} ranks found the checkpoint "
@@ -153,8 +161,9 @@ def main(
             raw_model.load_state_dict(init_state, strict=False)
             warm_start = warm.WarmStart(None, None, None, None, None, 1.0, "init_state", (
                 f"no warm start: {len(init_state)} initial tensors given by the caller"))
-        else:  # rank 0 applies the decision; the weights reach the others below
-            chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision)
+        else:  # rank 0 applies the decision and guards it; the weights reach the others below
+            chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision,
+                                      probe=_probe(job, warm_decision, splits, device))
                       if ctx.is_main else None)
             warm_start = warm.WarmStart.from_json(ctx.broadcast_object(
                 chosen.to_json() if chosen is not None else None))
@@ -275,15 +284,30 @@ def main(
         zoo_model = None
         if register and spec.zoo.register_model and zoo is not None:
             weights = ctx.full_state_dict(model, raw_model)  # collective under FSDP
+            unavailable = None
             if ctx.is_main:
-                zoo_model = registration.register_model(zoo, job, raw_model, state, final,
-                                                        warm_start, weights=weights)
-            zoo_model = ctx.broadcast_object(zoo_model)
+                try:
+                    zoo_model = registration.register_model(zoo, job, raw_model, state, final,
+                                                            warm_start, weights=weights)
+                except zoo_store.StoreUnavailable as exc:  # the other ranks wait to hear
+                    unavailable = str(exc)
+            zoo_model, unavailable = ctx.broadcast_object((zoo_model, unavailable))
+            if unavailable is not None:  # the finished checkpoint stays: a rerun registers it
+                raise zoo_store.StoreUnavailable(
+                    "registration failed: zoo unavailable; the model is kept at "
+                    f"{location.describe()}; rerun the job once the zoo is reachable to register "
+                    f"it without retraining ({unavailable})")
             if zoo_model:
                 emit.info(f"registered zoo model {zoo_model} in {zoo.describe()}")
         ctx.barrier()  # every rank is done with the checkpoint
         if ctx.is_main:
             checkpoint.delete_checkpoint(location)  # finished: a rerun of this job trains afresh
+            if location is not primary and zoo_model:  # the zoo is back: drop what it still holds
+                try:
+                    checkpoint.delete_checkpoint(primary)
+                except zoo_store.StoreUnavailable as exc:
+                    _log.warning("could not delete the older checkpoint %s: %s",
+                                 primary.describe(), exc)
         result = contract.Result(
             metric_name=registration.metric_name(spec),
             metric=final[registration.metric_name(spec)],
@@ -296,8 +320,7 @@ def main(
             resumed_from_epoch=resumed_from, parent=warm_start.parent,
             similarity=warm_start.similarity, warm_start=warm_start.reason,
             freezing=freezer.summary() if freezer is not None else None,
-            warm_start_decision={k: v for k, v in warm_start.to_json().items()
-                                 if k != "untransferred_fraction"})
+            warm_start_decision=warm_start.decision_fields())
         emit.result(result)
         return result.to_json()
     finally:
@@ -449,6 +472,16 @@ def evaluate(
 
 # ----------------------------------------------------------------------------------------------
 # the recipe's helpers, in the order main uses them
+
+
+def _probe(job: api.TrainingJob, decided: select.Decision | None, splits: data.Splits,
+           device: torch.device) -> warm.Probe | None:
+    """The warm-start guard's probe: the training split's first samples, scored with the
+    loop's loss (and accuracy, for classification); None when no parent will be loaded."""
+    if decided.parent_id is None if decided is not None else not job.spec.warm_start.enabled:
+        return None
+    classification = models.task_of(job.spec.model) is models.Task.CLASSIFICATION
+    return warm.training_probe(splits.train, accuracy=classification, device=device)
 
 
 def check_finite(what: str, value: float, *, step: int, location: checkpoint.Location) -> None:

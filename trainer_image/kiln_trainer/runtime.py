@@ -1,4 +1,5 @@
-"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port."""
+"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port,
+and telling out-of-memory errors apart."""
 
 from __future__ import annotations
 
@@ -93,6 +94,18 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
     if splits.num_classes is not None and outputs > splits.num_classes:
         _log.warning("the model has %d outputs for %d classes; the extra ones stay unused",
                      outputs, splits.num_classes)
+
+
+_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory",
+                    "cannot allocate memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(exc).lower()
+    return any(m in text for m in _MEMORY_MESSAGES)
 
 
 def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:

@@ -1,7 +1,9 @@
 """Warm start inside the trainer: apply the warm-start decision to the freshly built model.
 
 The decision comes from upstream (the operator, as JSON) or, when none was passed, from the
-same `kiln.warmstart.decision.decide` run here; the trainer never chooses again nor overturns it.
+same `kiln.warmstart.decision.decide` run here. The probe guard then keeps the warm weights only
+if they beat a cold start on a fixed training batch; else it tries the decision's alternatives,
+then starts cold.
 """
 
 from __future__ import annotations
@@ -9,15 +11,130 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils import data as torch_data
 
 from kiln import api, contract
 from kiln.warmstart import decision, select, transform
 from kiln.zoo import store
 
 _log = logging.getLogger(__name__)
+
+PROBE_SAMPLES = 256
+"""Training samples in the probe batch: the first ones of the training split (all if fewer)."""
+PROBE_CHUNK = 64
+"""Samples per forward pass of the probe (bounds its memory)."""
+MAX_LOSS_RATIO = 0.95
+"""The guard keeps warm weights only if their probe loss is at most this times the cold one's
+(and, for classification, their probe accuracy at least the cold one's): clearly better, not
+better by noise. Measured on held-out children, warm starts that began at chance trained up to
+3.5x slower than cold; the guard costs two forward passes per parent tried, so no switch skips
+it."""
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Kiln's training loss: mean cross-entropy over the flattened leading dimensions (per
+    token for language models), in fp32."""
+    return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A fixed batch of training data, and how the guard scores a model on it.
+
+    Attributes:
+        inputs: Tensor[n, ...] the probe's inputs.
+        targets: Tensor[n, ...] their targets.
+        loss: (outputs, targets) -> mean loss, the training loop's own.
+        accuracy: also compare accuracies (argmax of the last output dimension; classification).
+        device: where to evaluate (the model is moved there and back); None: where it is.
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    loss: LossFn = cross_entropy
+    accuracy: bool = False
+    device: torch.device | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """A model's mean loss and accuracy (None: not compared) on a probe."""
+
+    loss: float
+    accuracy: float | None = None
+
+
+def training_probe(dataset: torch_data.Dataset[Any], *, accuracy: bool,
+                   device: torch.device | None = None, loss: LossFn = cross_entropy) -> Probe:
+    """The probe of Kiln's loop: the first `PROBE_SAMPLES` samples of the training split.
+
+    Reading them leaves the random state as it was (augmentation may draw from it), so a run
+    the guard turns cold trains exactly as a cold start would.
+    """
+    count = min(PROBE_SAMPLES, len(dataset))  # type: ignore[arg-type]
+    with torch.random.fork_rng(devices=[]):
+        samples = [dataset[i] for i in range(count)]
+    inputs, targets = torch_data.default_collate([(s[0], s[1]) for s in samples])
+    return Probe(inputs, torch.as_tensor(targets), loss=loss, accuracy=accuracy, device=device)
+
+
+def score(model: nn.Module, probe: Probe) -> Score:
+    """`model`'s mean loss (and accuracy) on `probe`, in eval mode without gradients; the
+    model's mode and device are restored."""
+    first = next(iter(model.parameters()), None)
+    home = first.device if first is not None else torch.device("cpu")
+    device = probe.device or home
+    training = model.training
+    if probe.device is not None:  # else left alone: it may span devices
+        model.to(device)
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    try:
+        with torch.no_grad():
+            for start in range(0, probe.samples, PROBE_CHUNK):
+                inputs = probe.inputs[start:start + PROBE_CHUNK].to(device)
+                targets = probe.targets[start:start + PROBE_CHUNK].to(device)
+                outputs = model(inputs)
+                loss_sum += float(probe.loss(outputs, targets)) * len(inputs)
+                if probe.accuracy:
+                    predicted = outputs.flatten(0, -2).argmax(-1)
+                    correct += int((predicted == targets.flatten()).sum())
+                    count += targets.numel()
+    finally:
+        model.train(training)
+        if probe.device is not None:
+            model.to(home)
+    return Score(loss_sum / max(1, probe.samples),
+                 correct / count if probe.accuracy and count else None)
+
+
+def passes(warm: Score, cold: Score) -> bool:
+    """The guard's verdict: the warm start is clearly better than the cold one (see
+    `MAX_LOSS_RATIO`). A non-finite warm loss never passes."""
+    if not (math.isfinite(warm.loss) and warm.loss <= MAX_LOSS_RATIO * cold.loss):
+        return False
+    return warm.accuracy is None or cold.accuracy is None or warm.accuracy >= cold.accuracy
+
+
+def comparison(warm: Score, cold: Score, samples: int) -> str:
+    """"probe loss 0.412 vs 2.303 cold on 256 training samples, accuracy 0.86 vs 0.09"."""
+    text = f"probe loss {warm.loss:.3f} vs {cold.loss:.3f} cold on {samples} training samples"
+    if warm.accuracy is not None and cold.accuracy is not None:
+        text += f", accuracy {warm.accuracy:.2f} vs {cold.accuracy:.2f}"
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +152,12 @@ class WarmStart:
         total_tensors: the child's weight tensors.
         untransferred_fraction: share of tensors not transferred, in [0, 1] (1.0 if cold).
         outcome: `select.Outcome` value.
-        reason: one sentence with numbers.
+        reason: one sentence with numbers (a probed start leads with the probe result).
+        alternatives: the decision's further parents (`select.Decision.alternatives`).
+        probe_loss: the started child's probe loss (None: not probed, or not finite).
+        cold_probe_loss: the cold child's probe loss.
+        probe_accuracy: the started child's probe accuracy (classification).
+        cold_probe_accuracy: the cold child's.
     """
 
     parent: str | None
@@ -46,19 +168,47 @@ class WarmStart:
     untransferred_fraction: float
     outcome: str
     reason: str
+    alternatives: tuple[str, ...] = ()
+    probe_loss: float | None = None
+    cold_probe_loss: float | None = None
+    probe_accuracy: float | None = None
+    cold_probe_accuracy: float | None = None
+
+    @classmethod
+    def of(cls, decided: select.Decision, *, untransferred_fraction: float) -> WarmStart:
+        """The record of `decided` once applied, `untransferred_fraction` left untransferred."""
+        return cls(parent=decided.parent_id, similarity=decided.similarity,
+                   parent_metric=decided.parent_metric, matched_tensors=decided.matched_tensors,
+                   total_tensors=decided.total_tensors,
+                   untransferred_fraction=untransferred_fraction, outcome=str(decided.outcome),
+                   reason=decided.reason, alternatives=decided.alternatives,
+                   probe_loss=decided.probe_loss, cold_probe_loss=decided.cold_probe_loss,
+                   probe_accuracy=decided.probe_accuracy,
+                   cold_probe_accuracy=decided.cold_probe_accuracy)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "alternatives": list(self.alternatives)}
+
+    def decision_fields(self) -> dict[str, Any]:
+        """The decision as `contract.Result.warm_start_decision` and `contract.Profile` hold it
+        (every field but the untransferred fraction)."""
+        return {k: v for k, v in self.to_json().items() if k != "untransferred_fraction"}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WarmStart:
-        values: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(cls)
+                                  if f.name in data or f.default is dataclasses.MISSING}
+        values["alternatives"] = tuple(values.get("alternatives") or ())
         return cls(**values)
 
     def lr_damping(self, epoch: int) -> float:
-        """Learning-rate multiplier for 0-based `epoch` (`transform.lr_damping`; 1.0 if cold)."""
+        """Learning-rate multiplier for 0-based `epoch` (`transform.lr_damping` of what the
+        probe measured was not inherited, else of the untransferred tensors; 1.0 if cold)."""
         if self.parent is None:
             return 1.0
+        if self.probe_loss is not None and self.cold_probe_loss is not None:
+            quality = transform.transfer_quality(self.probe_loss, self.cold_probe_loss)
+            return transform.lr_damping(1.0 - quality, epoch)
         return transform.lr_damping(self.untransferred_fraction, epoch)
 
     def message(self) -> str:
@@ -93,35 +243,121 @@ def warm_start(
     zoo: store.ObjectStore | None,
     *,
     decided: select.Decision | None = None,
+    probe: Probe | None = None,
 ) -> WarmStart:
     """Apply the warm-start decision: load the parent's transformed weights into `raw_model`.
+
+    With a `probe`, the guard scores the cold `raw_model` and each warm start on it, and keeps
+    the first parent (the decided one, then its alternatives, in order) that `passes`; when
+    none does, `raw_model` keeps its cold weights (outcome COLD_GUARD, both losses in the
+    reason). A pinned parent is guarded too.
 
     Args:
         job: the job; `spec.warmStart` controls it.
         raw_model: the freshly initialised, unwrapped model; updated in place when warm.
         zoo: the model zoo, or None (then: cold start, unless a decision names a parent).
-        decided: the decision made upstream, final; None: decide here (`decision.decide`).
+        decided: the decision made upstream; None: decide here (`decision.decide`).
+        probe: the guard's batch; None: no guard (the decision is applied as it is).
 
     Returns:
         What happened, for the result, the checkpoint and the console.
 
     Raises:
         api.InvalidSpec: a pinned parent is not in the zoo.
-        decision.ApplyError: the decided parent cannot be loaded or transformed any more.
+        decision.ApplyError: the decided parent cannot be loaded or transformed any more (an
+            alternative that cannot is skipped).
         store.StoreUnavailable: the zoo could not be read.
     """
     if decided is None:
-        decided = (decision.decide(job, zoo) if zoo is not None else select.cold_start(
-            select.Outcome.COLD_EMPTY, "cold start: no model zoo configured (--zoo)"))
+        decided = decide(job, zoo)
+    if probe is None or decided.parent_id is None:
+        applied = _apply(job, decided, zoo, raw_model)
+        return WarmStart.of(decided, untransferred_fraction=applied.untransferred_fraction)
+    cold_state = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
+    try:
+        cold = score(raw_model, probe)
+    except (RuntimeError, ValueError, IndexError) as exc:  # the model's own checks say why
+        _log.warning("warm-start guard skipped: the cold model cannot score the probe (%s)", exc)
+        applied = _apply(job, decided, zoo, raw_model)
+        return WarmStart.of(decided, untransferred_fraction=applied.untransferred_fraction)
+    _log.info("warm start: %s", decided.reason)
+    rejected: list[str] = []
+    first: tuple[select.Decision, Score] | None = None
+    for parent in (decided.parent_id, *decided.alternatives):
+        trial = decided if parent == decided.parent_id else dataclasses.replace(
+            decided, parent_id=parent, outcome=select.Outcome.WARM, alternatives=(),
+            matched_tensors=None, total_tensors=None)  # counted by apply, not the decision
+        try:
+            applied = _apply(job, trial, zoo, raw_model)
+        except decision.ApplyError as exc:
+            if parent == decided.parent_id:
+                raise
+            rejected.append(f"alternative {parent} unusable ({exc})")
+            continue
+        warm = score(raw_model, probe)
+        trial = _measured(dataclasses.replace(
+            trial, similarity=applied.similarity, parent_metric=applied.parent_metric,
+            metric_name=applied.metric_name, matched_tensors=applied.matched_tensors,
+            total_tensors=applied.total_tensors), warm, cold)
+        first = first or (trial, warm)
+        if passes(warm, cold):
+            lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): "
+                    f"{comparison(warm, cold, probe.samples)}; {applied.matched_tensors} of "
+                    f"{applied.total_tensors} tensors transferred")
+            return WarmStart.of(dataclasses.replace(trial, reason="; ".join([lead, *rejected])),
+                                untransferred_fraction=applied.untransferred_fraction)
+        rejected.append(f"warm start from {parent} (similarity {_fmt(trial.similarity)}) "
+                        f"rejected: {comparison(warm, cold, probe.samples)}")
+        raw_model.load_state_dict(cold_state)
+    assert first is not None  # the decided parent was applied or raised
+    reason = "; ".join(rejected) + "; cold start"
+    cold_start = dataclasses.replace(first[0], parent_id=None, parent_metric=None,
+                                     outcome=select.Outcome.COLD_GUARD, reason=reason)
+    return WarmStart.of(cold_start, untransferred_fraction=1.0)
+
+
+def _apply(job: api.TrainingJob, decided: select.Decision, zoo: store.ObjectStore | None,
+           raw_model: nn.Module) -> decision.Applied:
+    """`decision.apply`, its weights loaded into `raw_model`."""
     applied = decision.apply(decided, zoo, raw_model, job.spec.model.input_shape,
                              seed=job.spec.training.seed)
     for note in applied.notes:
         _log.info("warm start: %s", note)
     if applied.state_dict is not None:
         raw_model.load_state_dict(applied.state_dict)
-    return WarmStart(
-        parent=decided.parent_id, similarity=decided.similarity,
-        parent_metric=decided.parent_metric, matched_tensors=decided.matched_tensors,
-        total_tensors=decided.total_tensors,
-        untransferred_fraction=applied.untransferred_fraction,
-        outcome=str(decided.outcome), reason=decided.reason)
+    return applied
+
+
+def _measured(trial: select.Decision, warm: Score, cold: Score) -> select.Decision:
+    """`trial` with the probe's scores (a non-finite loss is left out: JSON has no NaN)."""
+    def finite(value: float) -> float | None:
+        return value if math.isfinite(value) else None
+    return dataclasses.replace(trial, probe_loss=finite(warm.loss),
+                               cold_probe_loss=finite(cold.loss), probe_accuracy=warm.accuracy,
+                               cold_probe_accuracy=cold.accuracy)
+
+
+def _fmt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
+
+
+def needs_zoo(job: api.TrainingJob, decided: select.Decision | None) -> bool:
+    """Whether `warm_start` reads the zoo: for a decision naming a parent, or to decide here
+    (no decision from upstream) for a job with spec.warmStart.enabled."""
+    if decided is not None:
+        return decided.parent_id is not None
+    return job.spec.warm_start.enabled
+
+
+def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> select.Decision:
+    """The decision the trainer makes when none came from upstream: `decision.decide` on the
+    zoo, or a cold start without one.
+
+    Raises:
+        api.InvalidSpec: a pinned parent is not in the zoo.
+        store.StoreUnavailable: the zoo could not be read.
+    """
+    if zoo is None:
+        return select.cold_start(select.Outcome.COLD_EMPTY,
+                                 "cold start: no model zoo configured (--zoo)")
+    return decision.decide(job, zoo)

@@ -63,7 +63,7 @@ app.kubernetes.io/part-of: kiln
 {{- fail (printf "metrics.port and operator.livenessPort are both %d; the two endpoints need different ports" (int .Values.metrics.port)) -}}
 {{- end -}}
 {{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--max-gpus-per-job" "--cpu-slots-per-node" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" -}}
-{{- $open := list "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--progress-address" "--progress-timeout-seconds" -}}
+{{- $open := list "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-timeout-seconds" -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
 {{- if has $flag $managed -}}
@@ -127,7 +127,7 @@ app.kubernetes.io/part-of: kiln
   verbs: ["patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -41,6 +41,7 @@ from kiln.api.names import (
     Reason,
     ScheduleName,
     TargetMetric,
+    non_ascii,
 )
 from kiln.api.spec import (
     DatasetSpec,
@@ -62,6 +63,7 @@ from kiln.api.spec import (
 from kiln.api.status import (
     Condition,
     PlacementStatus,
+    ProfileStatus,
     ProgressStatus,
     ResultStatus,
     TrainingJob,
@@ -72,6 +74,7 @@ from kiln.api.validation import (
     check_schema,
     parse_job,
     to_wire,
+    unaffected,
     validate,
 )
 
@@ -114,6 +117,7 @@ __all__ = [
     "PlacementStatus",
     "PositiveInt",
     "Precision",
+    "ProfileStatus",
     "ProgressStatus",
     "Reason",
     "ResourcesSpec",
@@ -130,7 +134,9 @@ __all__ = [
     "WarmStartStatus",
     "ZooSpec",
     "check_schema",
+    "non_ascii",
     "parse_job",
     "to_wire",
+    "unaffected",
     "validate",
 ]

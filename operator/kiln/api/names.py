@@ -22,9 +22,19 @@ SINGULAR = "trainingjob"
 SHORT_NAMES = ("tj", "kjob")
 CATEGORIES = ("all", "kiln")
 
-# Kubernetes object names for pods derive from the job name, so keep DNS-1123 labels.
+# Kubernetes object names for pods derive from the job name, so keep DNS-1123 labels. The
+# namespace is one too (RFC 1123 label); both also name local files and store keys.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
+
+
+def non_ascii(value: str) -> str | None:
+    """"has a non-ASCII character 'е' (U+0435) at position 2" for the first one in `value`
+    (positions count from 1), or None: look-alike letters are invisible in a message."""
+    for position, char in enumerate(value, start=1):
+        if not char.isascii():
+            return f"has a non-ASCII character {char!r} (U+{ord(char):04X}) at position {position}"
+    return None
 
 # spec.warmStart.parent: "auto" or a zoo model id. The id rule is kiln.zoo.records' (one safe
 # key component); repeated here because api sits below zoo in the layers.
@@ -49,11 +59,23 @@ TORCHVISION_CLASSES = (
 
 
 class InvalidSpec(ValueError):
-    """A job document failed validation; `problems` lists every one, one line each."""
+    """A job document failed validation; `problems` lists every one, one line each.
 
-    def __init__(self, problems: list[str], *, source: str = "") -> None:
+    Attributes:
+        problems: every problem found, one ``field.path: what is wrong`` line each.
+        source: where the document came from (a file, a namespace/name), or "".
+        job: the document as far as it parses, each field the schema rejected reset to its
+            default, so the checks that do not read those fields can still run; None when even
+            that does not parse (or nothing was parsed).
+        rejected: the field paths the schema rejected (an unknown key's parent object).
+    """
+
+    def __init__(self, problems: list[str], *, source: str = "", job: Any = None,
+                 rejected: tuple[str, ...] = ()) -> None:
         self.problems = problems
         self.source = source
+        self.job = job
+        self.rejected = rejected
         where = f"{source}: " if source else ""
         super().__init__(where + "invalid TrainingJob:\n  " + "\n  ".join(problems))
 
@@ -73,6 +95,7 @@ class ConditionType(enum.StrEnum):
     """The closed set of condition types (Kubeflow vocabulary plus Kiln's own)."""
 
     CREATED = "Created"  # the job was accepted and validated
+    PROFILED = "Profiled"  # an entrypoint model was measured in its own image before placement
     WARM_STARTED = "WarmStarted"  # True: a zoo parent was chosen; False: cold start (reason says why)
     QUEUED = "Queued"  # waiting for the placement plan to reach it
     PLACED = "Placed"  # the planner gave it a node, GPU count and parallelism
@@ -88,6 +111,10 @@ class Reason(enum.StrEnum):
 
     # Created
     JOB_CREATED = "JobCreated"
+    # Profiled
+    PROFILING = "Profiling"  # Unknown: the profiling pod is running
+    MODEL_PROFILED = "ModelProfiled"
+    PROFILING_FAILED = "ProfilingFailed"  # False: placement uses estimates, the trainer decides
     # WarmStarted
     PARENT_SELECTED = "ParentSelected"
     COLD_START = "ColdStart"
@@ -102,6 +129,8 @@ class Reason(enum.StrEnum):
     # Running / Restarting
     TRAINER_STARTED = "TrainerStarted"
     TRAINER_EXITED = "TrainerExited"
+    POD_PENDING = "PodPending"  # False: a container of the pod is stuck waiting (image, config)
+    UNSCHEDULABLE = "Unschedulable"  # False: the scheduler cannot bind the pod
     # Succeeded
     TRAINING_COMPLETED = "TrainingCompleted"
     # Failed
@@ -109,6 +138,8 @@ class Reason(enum.StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     PERMANENT_ERROR = "PermanentError"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    POD_START_TIMEOUT = "PodStartTimeout"  # the pod was not running within the start timeout
+    MODEL_DISCARDED = "ModelDiscarded"  # event: a failed job's late zoo model was deleted
     # Suspended
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"

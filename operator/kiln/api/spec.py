@@ -369,7 +369,13 @@ class ObjectMeta(names.ApiModel):
         description="name: DNS-1123 label (lowercase letters, digits, '-'; at most 63 characters).",
     )
     generate_name: str | None = Field(default=None, description="generateName: name prefix.")
-    namespace: str | None = Field(default=None, description="namespace: the job's namespace.")
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=names.NAME_MAX_LENGTH,
+        pattern=names.NAME_PATTERN,
+        description="namespace: the job's namespace, an RFC 1123 label (as metadata.name).",
+    )
     self_link: str | None = Field(default=None, description="selfLink: set by the server.")
     uid: str | None = Field(default=None, description="uid: set by the server.")
     resource_version: str | None = Field(default=None, description="resourceVersion: server.")

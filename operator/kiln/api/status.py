@@ -35,6 +35,32 @@ class WarmStartStatus(names.ApiModel):
     total_tensors: int | None = Field(default=None, description="totalTensors: child's tensors.")
     reason: str | None = Field(default=None, description="reason: why this parent or cold start.")
     outcome: str | None = Field(default=None, description="outcome: warm, pinned or cold_*.")
+    alternatives: list[str] | None = Field(
+        default=None, description="alternatives: parents the trainer's probe guard tries next.")
+    probe_loss: float | None = Field(
+        default=None, description="probeLoss: the started model's loss on the probe batch.")
+    cold_probe_loss: float | None = Field(
+        default=None, description="coldProbeLoss: a cold-initialised model's probe loss.")
+    probe_accuracy: float | None = Field(
+        default=None, description="probeAccuracy: the started model's probe accuracy.")
+    cold_probe_accuracy: float | None = Field(
+        default=None, description="coldProbeAccuracy: a cold model's probe accuracy.")
+
+
+class ProfileStatus(names.ApiModel):
+    parameters: int | None = Field(default=None, description="parameters: the model's count.")
+    flops_per_sample: float | None = Field(
+        default=None, description="flopsPerSample: forward FLOPs of one sample.")
+    graph_nodes: int | None = Field(
+        default=None, description="graphNodes: architecture graph size; null if untraceable.")
+    untraceable: str | None = Field(
+        default=None, description="untraceable: why no tracer could trace the model.")
+    device: str | None = Field(default=None, description="device: where the step was timed.")
+    batch_size: int | None = Field(default=None, description="batchSize: of the timed step.")
+    step_seconds: float | None = Field(
+        default=None, description="stepSeconds: one optimizer step on one device.")
+    step_status: str | None = Field(default=None, description="stepStatus: ok, oom or failed.")
+    zoo_key: str | None = Field(default=None, description="zooKey: the full profile's object.")
 
 
 class PlacementStatus(names.ApiModel):
@@ -71,6 +97,8 @@ class TrainingJobStatus(names.ApiModel):
     phase: names.Phase | None = Field(default=None, description="phase: derived from conditions.")
     conditions: list[Condition] = Field(default_factory=list, description="conditions.")
     warm_start: WarmStartStatus | None = Field(default=None, description="warmStart: decision.")
+    profile: ProfileStatus | None = Field(
+        default=None, description="profile: an entrypoint model as measured before placement.")
     placement: PlacementStatus | None = Field(default=None, description="placement: plan.")
     progress: ProgressStatus | None = Field(default=None, description="progress: live.")
     result: ResultStatus | None = Field(default=None, description="result: final numbers.")

@@ -1,11 +1,13 @@
 """Parsing and validating job documents: `parse_job`, `check_schema`, `validate`, `to_wire`.
 
 Single-field checks live in the types (and so in the CRD schema); `check_schema` runs exactly
-these. Cross-field checks live in `validate`, which reports every problem.
+these. Cross-field checks live in `validate`. `parse_job` reports both layers at once, skipping
+only the checks that read a field the schema rejected (`unaffected`).
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -24,15 +26,118 @@ def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
 
     Raises:
         InvalidSpec: with every problem found: unknown fields (with a did-you-mean), wrong types,
-            bounds, enums, wrong apiVersion/kind, invalid metadata.name, and `validate`'s checks.
+            bounds, enums, wrong apiVersion/kind, invalid metadata.name or namespace, and
+            `validate`'s checks, the latter run on the document with each rejected field reset
+            to its default and reported where they read no rejected field (`unaffected`). The
+            exception carries that job and the rejected fields, for further checks
+            (`kiln.models.check_job`).
     """
-    job, problems = _check_schema(doc)
-    if job is None:
-        raise names.InvalidSpec(problems, source=source)
-    problems += validate(job)
+    job, problems, errors = _check_schema_errors(doc)
+    rejected: tuple[str, ...] = ()
+    if job is None and errors is not None:
+        job, rejected = _without_rejected(doc, errors, _misspelt(problems))
+    if job is not None:
+        problems += unaffected(validate(job), rejected)
     if problems:
-        raise names.InvalidSpec(problems, source=source)
-    return job
+        raise names.InvalidSpec(problems, source=source, job=job, rejected=rejected)
+    return job  # type: ignore[return-value]  # None only with problems
+
+
+# Fields the cross-field and registry checks read together: once one of a group is rejected
+# (and so reset to its default), the problems of the others may be artefacts of that default.
+_READ_TOGETHER = (
+    ("spec.model", "spec.dataset"),
+    ("spec.training.epochs", "spec.training.lrSchedule"),
+    ("spec.training.batchSize", "spec.resources"),
+)
+
+
+def unaffected(problems: list[str], rejected: typing.Sequence[str]) -> list[str]:
+    """The `problems` that read no field in `rejected`.
+
+    A problem (``field.path: ...``) reads its own field, the fields above and below it, and the
+    fields `_READ_TOGETHER` with it. A field rejected by the schema was checked at its default,
+    so problems reading it would describe that default, not the document.
+    """
+    def reads(field: str, other: str) -> bool:
+        return _nested(field, other) or any(
+            any(_nested(field, g) for g in group) and any(_nested(other, g) for g in group)
+            for group in _READ_TOGETHER
+        )
+
+    return [p for p in problems
+            if not any(reads(p.split(":", 1)[0], field) for field in rejected)]
+
+
+def _nested(a: str, b: str) -> bool:
+    """One field path is the other or lies under it (``spec.model`` and ``spec.model.args``)."""
+    return any(x == y or x.startswith((y + ".", y + "[")) for x, y in
+               ((a, b), (b, a)))
+
+
+def _misspelt(problems: list[str]) -> dict[str, str]:
+    """Unknown field path -> the field it probably meant (its did-you-mean), from `problems`."""
+    found = (re.fullmatch(r"(.*\.)?([^.:]+): unknown field; did you mean '([^']+)'\?", p)
+             for p in problems)
+    return {f"{m[1] or ''}{m[2]}": f"{m[1] or ''}{m[3]}" for m in found if m}
+
+
+def _without_rejected(doc: Any, errors: list[Any], misspelt: dict[str, str]
+                      ) -> tuple[status.TrainingJob | None, tuple[str, ...]]:
+    """`doc` with every field the schema rejected defaulted (removed) or stood in for
+    (`_STAND_INS`), parsed, and those fields' paths; None when it still does not parse. An
+    unknown key is removed, and the field it was probably meant as (`misspelt`) counts as
+    rejected: it was left at its default."""
+    wire = copy.deepcopy(_as_kubectl_sends(doc, "", []))
+    rejected: list[str] = []
+    for _ in range(3):  # a removed field can expose another error (a required one missing)
+        for error in errors:
+            path = _reject(wire, error["loc"], error["type"])
+            if error["type"] != "extra_forbidden":
+                rejected.append(path)
+            elif path in misspelt:
+                rejected.append(misspelt[path])
+        try:
+            return (status.TrainingJob.model_validate_json(json.dumps(wire), strict=True),
+                    tuple(dict.fromkeys(rejected)))
+        except ValidationError as exc:
+            errors = exc.errors()
+    return None, tuple(dict.fromkeys(rejected))
+
+
+# Required fields have no default to fall back on: a stand-in keeps the rest of the document
+# checkable. It is never judged, since `unaffected` drops every problem reading a rejected field.
+_STAND_INS: dict[tuple[str, ...], Any] = {
+    ("metadata", "name"): "rejected-name",
+    ("spec", "model", "inputShape"): [1, 8, 8],
+}
+
+
+def _reject(wire: dict[str, Any], loc: typing.Sequence[Any], kind: str) -> str:
+    """Take the field at pydantic's `loc` out of `wire` (a list field as a whole; a missing
+    field without a stand-in takes its object along, e.g. spec.target without value); returns
+    its path."""
+    parent: Any = None
+    node: Any = wire
+    keys: list[str] = []
+    for item in loc:
+        if isinstance(node, dict) and isinstance(item, str) and item in node:
+            parent, node = node, node[item]
+            keys.append(item)
+        elif isinstance(node, list):
+            break
+    field = tuple(keys)
+    if kind == "missing" and loc and isinstance(loc[-1], str) and isinstance(node, dict):
+        field = (*keys, loc[-1])
+        if field in _STAND_INS:
+            node[loc[-1]] = copy.deepcopy(_STAND_INS[field])
+            return ".".join(field)
+    elif field in _STAND_INS:
+        parent[keys[-1]] = copy.deepcopy(_STAND_INS[field])
+        return ".".join(field)
+    if parent is not None and keys:
+        del parent[keys[-1]]
+    return ".".join(field)
 
 
 def check_schema(doc: Any) -> list[str]:
@@ -47,18 +152,20 @@ def check_schema(doc: Any) -> list[str]:
     Returns:
         One ``field.path: what is wrong (got X)`` line per problem; [] when the schema accepts it.
     """
-    return _check_schema(doc)[1]
+    return _check_schema_errors(doc)[1]
 
 
-def _check_schema(doc: Any) -> tuple[status.TrainingJob | None, list[str]]:
-    """`check_schema`'s problems and the parsed job (None when the types reject the document)."""
+def _check_schema_errors(doc: Any
+                         ) -> tuple[status.TrainingJob | None, list[str], list[Any] | None]:
+    """`check_schema`'s problems, the parsed job (None when the types reject the document) and
+    the types' errors (None when the document could not even be offered to them)."""
     if not isinstance(doc, dict):
-        return None, [f"<document>: expected a mapping, got {type(doc).__name__}"]
+        return None, [f"<document>: expected a mapping, got {type(doc).__name__}"], None
     problems = _unknown_fields(status.TrainingJob, doc, "")
     number_problems: list[str] = []
     wire = _as_kubectl_sends(doc, "", number_problems)
     if number_problems:
-        return None, problems + number_problems
+        return None, problems + number_problems, None
     try:
         # Strict JSON-mode validation: YAML types are taken as the API server takes them
         # ("5" is not an integer, "yes" is not a boolean), so the CRD and this agree.
@@ -66,8 +173,8 @@ def _check_schema(doc: Any) -> tuple[status.TrainingJob | None, list[str]]:
     except ValidationError as exc:
         errors = exc.errors()
         shown = [e for e in errors if e["type"] != "extra_forbidden"] if problems else errors
-        return None, problems + [_format_error(e) for e in shown]
-    return job, problems
+        return None, problems + [_format_error(e) for e in shown], errors
+    return job, problems, None
 
 
 def validate(job: status.TrainingJob) -> list[str]:
@@ -474,6 +581,9 @@ def _format_error(error: Any) -> str:
         return f"{where}: required field is missing"
     if where == "metadata.name" and error["type"] == "string_pattern_mismatch":
         message = "must be a DNS-1123 label: lowercase letters, digits and '-', e.g. digits-resnet"
+    if where == "metadata.namespace" and error["type"] == "string_pattern_mismatch":
+        message = ("must be an RFC 1123 label (it also names local files and store keys): "
+                   "lowercase letters, digits and '-', e.g. team-vision")
     if where == "spec.warmStart.parent" and error["type"] == "string_pattern_mismatch":
         message = ("must be auto or a zoo model id (letters, digits, '_', '.', '-'), e.g. "
                    "small_resnet-7f3c2a1b; `kiln zoo ls` lists them")
@@ -483,6 +593,9 @@ def _format_error(error: Any) -> str:
     if where in ("apiVersion", "kind"):
         message = f"must be {names.API_VERSION if where == 'apiVersion' else names.KIND}"
     shown = error.get("input")
+    look_alike = names.non_ascii(shown) if isinstance(shown, str) else None
+    if look_alike is not None and error["type"] == "string_pattern_mismatch":
+        return f"{where}: {shown!r} {look_alike}; {message}"
     got = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict | list) else ""
     if isinstance(shown, bool) and error["type"] == "enum":
         # YAML 1.1 (PyYAML, kubectl) reads an unquoted off/on/yes/no as a boolean.

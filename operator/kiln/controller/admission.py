@@ -1,18 +1,32 @@
-"""Admission of a new TrainingJob: validate, choose its warm-start parent, queue it.
+"""Admission of a new TrainingJob: validate, profile user-code models, decide warm start, queue.
 
-`admit` is the create handler's domain call; `requeue` the resume handler's, which after an
-operator restart puts a job back in the queue or makes sure a placed one still has its pod.
+`admit` is the create handler's domain call; `profiled` takes a profiling pod's report;
+`requeue` is the resume handler's, which after an operator restart puts a job back in the queue,
+its profiling pod back, or makes sure a placed one still has its trainer pod.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 
-from kiln import api, models
-from kiln.controller import jobs, lifecycle, metrics, parents, services, status
+from kiln import api, contract, models
+from kiln.controller import (
+    cluster,
+    jobs,
+    kube,
+    lifecycle,
+    metrics,
+    parents,
+    pods,
+    profiling,
+    services,
+    settings,
+    status,
+)
 from kiln.warmstart import select
 from kiln.zoo import store
 
@@ -26,11 +40,11 @@ async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[s
     imports an entrypoint model). The registry checks build a model on the meta device (tenths
     of a second, cached per model and dataset), so they run in a worker thread.
     """
+    loop = asyncio.get_running_loop()
     try:
         job = lifecycle.parse(body)
-    except api.InvalidSpec as exc:
-        return None, list(exc.problems)
-    loop = asyncio.get_running_loop()
+    except api.InvalidSpec as exc:  # schema problems, with the registry's about the rest
+        return None, await loop.run_in_executor(None, models.check_job, exc)
     return job, await loop.run_in_executor(None, models.check_job, job)
 
 
@@ -47,10 +61,15 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
        architecture, modality, builder arguments). Any problem ->
        Failed/InvalidSpec naming every problem, and a Warning event; nothing is retried.
-    2. Warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
+    2. A model from user code (spec.model.entrypoint; `profiling.needed`): its profiling pod
+       is started (Profiled=Unknown) and admission ends here; `profiled` continues it with
+       the pod's report, which carries the warm-start decision made in the job's image.
+       Otherwise, warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
        WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a
        delay that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts,
-       said plainly. A pinned parent missing from the zoo is an invalid spec.
+       said plainly. Zoo credentials the store refuses (`store.StoreMisconfigured`) cold-start
+       the job at once with the store's message (a Warning event). A pinned parent missing
+       from the zoo is an invalid spec.
     3. Queue: Created=True, WarmStarted with the decision, warmStart in status; then Queued
        (the placement loop takes it) or, with spec.runPolicy.suspend, Suspended.
 
@@ -72,6 +91,9 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     if job is None or problems:
         await reject(svc, ref, problems)
         return
+    if svc.options.profile_entrypoint_models and profiling.needed(job):
+        await start_profiling(svc, ref, job)
+        return
     outcome_label = ""
     try:
         decision = await svc.parents.decide(job)
@@ -82,6 +104,9 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
         decision = select.cold_start(
             select.Outcome.COLD_EMPTY,
             f"cold start: the model zoo stayed unreachable after {attempt} attempts ({exc})")
+        outcome_label = metrics.ZOO_UNAVAILABLE_OUTCOME
+    except store.StoreMisconfigured as exc:  # the operator's zoo settings: retrying won't help
+        decision = select.cold_start(select.Outcome.COLD_EMPTY, f"cold start: {exc}")
         outcome_label = metrics.ZOO_UNAVAILABLE_OUTCOME
     except api.InvalidSpec as exc:  # a pinned parent that is not in the zoo
         await reject(svc, ref, list(exc.problems))
@@ -106,13 +131,138 @@ async def _zoo_unavailable(svc: services.Services, ref: jobs.JobRef, exc: Except
     raise kopf.TemporaryError(message, delay=delay)
 
 
+async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob) -> None:
+    """Create the job's profiling pod (Profiled=Unknown) unless it exists.
+
+    It borrows one free device of the pool the job would run in (`profiling.choose_device`),
+    taken under `Services.profiling_lock` so two profiling pods never take the same one. A pod
+    the API server refuses as invalid fails the job as InvalidSpec with the server's words.
+    """
+    async with svc.profiling_lock:
+        options = svc.options
+        listed_pods = await svc.client.list(kube.Paths.pods())
+        if any(profiling.is_profiling_pod(p) and pods.pod_state(p).job == ref.name
+               and (p.get("metadata") or {}).get("namespace") == ref.namespace
+               for p in listed_pods):
+            return  # a repeated create, or a restart: its pod reports through the watch
+        pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), listed_pods,
+                              cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
+                              gpu_type=settings.gpu_type(options))
+        device = profiling.choose_device(pools, job)
+        name = profiling.pod_name(ref.name)
+        held = ("1 GPU" if device.device == "gpu" else "1 CPU slot") if device.devices else \
+            "no device held (none free): the step is timed on a CPU"
+        where = f"on node {device.node}, {held}" if device.node else held
+        now = svc.clock()
+        async with svc.jobs.edit(ref) as e:
+            if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
+                return
+            e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+            e.condition(C.PROFILED, None, R.PROFILING,
+                        f"Measuring the model of {job.spec.model.entrypoint} in pod {name} "
+                        f"({where}) before placement: its graph, FLOPs, parameters and step "
+                        "time; its warm start is decided there.", now=now, event="Normal")
+            await e.commit()
+            if e.body is None:
+                return
+            manifest = profiling.build_pod(e.body, job, device, settings=svc.pod_settings,
+                                           timeout_seconds=options.profile_timeout_seconds,
+                                           now=now)
+            try:
+                await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
+            except kube.ApiError as exc:
+                if exc.status == 409:  # made by an earlier attempt of this handler
+                    return
+                if exc.status not in (400, 422):
+                    raise
+                message = (f"The API server refused profiling pod {name}: {exc}; fix "
+                           "spec.template and create the job again.")
+                e.condition(C.FAILED, True, R.INVALID_SPEC, message, now=now, event="Warning")
+                e.status["completionTime"] = status.rfc3339(now)
+
+
+async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
+    """Continue admission when a job's profiling pod ended (or vanished).
+
+    A `contract.Profile` -> status.profile, Profiled=True with the numbers, and the job queued
+    with the warm-start decision made in the pod. The model's code failed (exit 2) -> Failed/
+    InvalidSpec with the pod's message (the user's file and line): permanent. Anything else
+    (a crash, out of memory, past --profile-timeout-seconds, the pod deleted) ->
+    Profiled=False/ProfilingFailed, a Warning event, and the job queued on a nominal estimate
+    with its warm start decided by its trainer.
+    """
+    state = pods.pod_state(pod)
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    gone = event_type == "DELETED" or state.deleting
+    if not state.job or not namespace or not (state.finished or gone):
+        return
+    ref = jobs.JobRef(namespace, state.job)
+    body = await svc.jobs.fetch(ref)
+    if body is None or lifecycle.deleting(body):
+        return
+    st = body.get("status") or {}
+    profiling_now = status.condition(st, C.PROFILED)
+    if profiling_now is None or profiling_now.get("status") != "Unknown" or admitted(st):
+        return
+    try:
+        job = lifecycle.parse(body)
+    except api.InvalidSpec:
+        return  # its spec changed under it; admission already judged the original
+    report = profiling.read(state) if state.finished else None
+    if isinstance(report, contract.Profile) and state.phase == "Succeeded":
+        decision = select.from_report(report.warm_start_decision or {}) or \
+            select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
+        message = profiling.summary(report, state.name)
+
+        def record(e: jobs.Edit, now: float) -> None:
+            e.status["profile"] = profiling.to_status(report)
+            e.condition(C.PROFILED, True, R.MODEL_PROFILED, message, now=now, event="Normal")
+
+        await _queue(svc, ref, job, decision, outcome=decision.outcome.value, before=record)
+        return
+    if state.exit_code == contract.EXIT_INVALID and isinstance(report, contract.Failure):
+        problem = (f"the profiling pod {state.name} could not build or run the model: "
+                   f"{report.message}")
+        await reject(svc, ref, [problem])
+        return
+    why = _profiling_failure(state, pod, report, gone=gone,
+                             timeout_seconds=svc.options.profile_timeout_seconds)
+    warning = (f"Profiling pod {state.name} {why}; the job is placed on a nominal estimate "
+               "and its trainer decides its warm start itself.")
+
+    def record_failure(e: jobs.Edit, now: float) -> None:
+        e.condition(C.PROFILED, False, R.PROFILING_FAILED, warning, now=now, event="Warning")
+
+    await _queue(svc, ref, job,
+                 select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON),
+                 outcome=select.Outcome.IN_TRAINER.value, before=record_failure)
+
+
+def _profiling_failure(state: pods.PodState, pod: dict[str, Any],
+                       report: contract.Profile | contract.Failure | None, *, gone: bool,
+                       timeout_seconds: float) -> str:
+    """How a profiling pod ended without a profile, as a phrase."""
+    if (pod.get("status") or {}).get("reason") == "DeadlineExceeded":
+        return f"ran past --profile-timeout-seconds ({timeout_seconds:.0f} s) and was stopped"
+    if gone and not state.finished:
+        return "was deleted before it reported"
+    detail = report.message if isinstance(report, contract.Failure) else (
+        state.container_reason or "no report")
+    return f"exited with code {state.exit_code} ({detail})"
+
+
 async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
-                 decision: select.Decision, *, outcome: str) -> None:
+                 decision: select.Decision, *, outcome: str,
+                 before: Callable[[jobs.Edit, float], None] | None = None) -> None:
+    """Record the warm-start decision and queue the job (or suspend it), in one status write;
+    `before` adds to that write (the profiling outcome)."""
     now = svc.clock()
     suspended = job.spec.run_policy.suspend
     async with svc.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or admitted(e.status):
             return
+        if before is not None:
+            before(e, now)
         svc.metrics.warm_starts.labels(outcome=outcome).inc()
         if decision.parent_id is not None and decision.similarity is not None:
             svc.metrics.warm_start_similarity.observe(decision.similarity)
@@ -154,12 +304,35 @@ async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) 
     svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
 
 
+async def give_up(svc: services.Services, body: dict[str, Any], exc: Exception,
+                  attempts: int) -> None:
+    """Fail a job whose admission raised an unexpected error `attempts` times in a row
+    (Failed/PermanentError naming the error): a job that cannot be admitted must not be
+    retried forever."""
+    ref = jobs.JobRef.of(body)
+    now = svc.clock()
+    message = (f"Admission failed {attempts} times with an unexpected error "
+               f"({type(exc).__name__}: {str(exc)[:500]}); the job is not retried. Please "
+               "report it; meanwhile, create the job again or change its model.")
+    async with svc.jobs.edit(ref) as e:
+        if lifecycle.deleting(e.body) or status.is_terminal(e.status):
+            return
+        e.condition(C.FAILED, True, R.PERMANENT_ERROR, message, now=now, event="Warning")
+        e.status["completionTime"] = status.rfc3339(now)
+    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+
+
 async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
     """After an operator restart: queue a waiting job again, or make sure a placed one runs."""
     body = await svc.jobs.fetch(ref)
     if lifecycle.deleting(body) or body is None:
         return
     st = body.get("status") or {}
+    profiling_now = status.condition(st, C.PROFILED)
+    if (not admitted(st) and profiling_now is not None
+            and profiling_now.get("status") == "Unknown"):
+        await _resume_profiling(svc, ref, body)
+        return
     if (status.is_terminal(st) or status.is_true(st, C.SUSPENDED) or not admitted(st)):
         return
     if int(st.get("attempts") or 0) > 0 and status.is_true(st, C.PLACED):
@@ -169,6 +342,18 @@ async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
         if job is not None and not problems:
             svc.placement.add(lifecycle.queued_entry(body, job, now=svc.clock()))
     svc.metrics.set_phase(ref.namespace, ref.name, status.phase_of(st))
+
+
+async def _resume_profiling(svc: services.Services, ref: jobs.JobRef,
+                            body: dict[str, Any]) -> None:
+    """After a restart: read a profiling pod that ended meanwhile, or start a missing one."""
+    pod = await svc.client.get(kube.Paths.pod(ref.namespace, profiling.pod_name(ref.name)))
+    if pod is not None:
+        await profiled(svc, pod, None)
+        return
+    job, problems = await validate(body)
+    if job is not None and not problems:
+        await start_profiling(svc, ref, job)
 
 
 def _sentence(reason: str) -> str:

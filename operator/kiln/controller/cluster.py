@@ -126,7 +126,7 @@ def pools(
             continue
         state = pods.pod_state(pod)
         pool = CPU_POOL if state.device == "cpu" else GPU_POOL
-        if state.node is None:
+        if state.node is None or state.devices <= 0:  # a profiling pod that holds no device
             continue
         used[(pool, state.node)] = used.get((pool, state.node), 0) + state.devices
         key = job_key(str(meta.get("namespace", "")), state.job)

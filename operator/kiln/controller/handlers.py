@@ -21,6 +21,7 @@ from kiln.controller import (
     kube,
     lifecycle,
     pods,
+    profiling,
     services,
     status,
 )
@@ -30,6 +31,10 @@ JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 FINALIZER = "kiln.dev/finalizer"
 ANNOTATION_PREFIX = "kiln.dev"
 API_RETRY_DELAY_SECONDS = 5.0
+# A handler with a `give_up` step tries this often after unexpected errors, waiting
+# UNEXPECTED_RETRY_DELAY_SECONDS (doubling) in between, then gives up on the object.
+UNEXPECTED_ATTEMPTS = 3
+UNEXPECTED_RETRY_DELAY_SECONDS = 2.0
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -45,7 +50,8 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     | resume | operator (re)started, job exists | `admission.requeue` |
     | suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
     | cleanup-job | TrainingJob deleted (finalizer) | `lifecycle.forget` (delete its pods) |
-    | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod` |
+    | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod`; a
+    profiling pod's: `admission.profiled` |
     | housekeeping | timer per placed or TTL-bound job | `housekeeping.tick` |
 
     Each job handler is wrapped by `_surfaced`; the timer's interval comes from `options`.
@@ -58,7 +64,8 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     kopf.on.login(registry=registry, id="login")(login)
     kopf.on.startup(registry=registry, id="startup")(startup)
     kopf.on.cleanup(registry=registry, id="cleanup")(cleanup)
-    kopf.on.create(*JOBS, registry=registry, id="admit")(_surfaced("admit", admit))
+    kopf.on.create(*JOBS, registry=registry, id="admit")(
+        _surfaced("admit", admit, give_up=admission.give_up))
     kopf.on.resume(*JOBS, registry=registry, id="resume")(_surfaced("resume", resume))
     kopf.on.update(*JOBS, registry=registry, id="suspend", field="spec.runPolicy.suspend")(
         _surfaced("suspend", suspend))
@@ -121,8 +128,11 @@ async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A trainer pod appeared, changed or vanished."""
-    await lifecycle.observe_pod(memo.services, dict(body), type)
+    """A trainer or profiling pod appeared, changed or vanished."""
+    if profiling.is_profiling_pod(body):
+        await admission.profiled(memo.services, dict(body), type)
+    else:
+        await lifecycle.observe_pod(memo.services, dict(body), type)
 
 
 async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -130,11 +140,16 @@ async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await housekeeping.tick(memo.services, body)
 
 
-def _surfaced(name: str, handler: Handler) -> Handler:
+GiveUp = Callable[[services.Services, dict[str, Any], Exception, int], Awaitable[None]]
+
+
+def _surfaced(name: str, handler: Handler, *, give_up: GiveUp | None = None) -> Handler:
     """`handler` with its wall time in kiln_reconcile_seconds and its errors surfaced.
 
     API errors worth retrying become `kopf.TemporaryError`; anything unexpected is counted,
     posted as an UnexpectedError Warning event on the job, and re-raised for kopf to retry.
+    With `give_up`, unexpected errors are retried UNEXPECTED_ATTEMPTS times in all, with
+    short backoffs, and then `give_up(services, body, error, attempts)` ends the job.
     """
 
     @functools.wraps(handler)
@@ -154,12 +169,21 @@ def _surfaced(name: str, handler: Handler) -> Handler:
         except Exception as exc:
             svc.metrics.reconcile_errors.labels(handler=name).inc()
             body = kwargs.get("body")
-            if body is not None and body.get("kind") == api.KIND:
-                await svc.jobs.post_event(dict(body), status.Event.warning(
-                    api.Reason.UNEXPECTED_ERROR,
-                    f"Unexpected error in the operator's {name} handler: "
-                    f"{type(exc).__name__}: {exc}; it is retried. Please report it."))
-            raise
+            if body is None or body.get("kind") != api.KIND:
+                raise
+            attempt = int(kwargs.get("retry") or 0) + 1
+            if give_up is not None and attempt >= UNEXPECTED_ATTEMPTS:
+                await give_up(svc, dict(body), exc, attempt)
+                return None
+            limit = f" (attempt {attempt} of {UNEXPECTED_ATTEMPTS})" if give_up else ""
+            await svc.jobs.post_event(dict(body), status.Event.warning(
+                api.Reason.UNEXPECTED_ERROR,
+                f"Unexpected error in the operator's {name} handler: "
+                f"{type(exc).__name__}: {exc}; it is retried{limit}. Please report it."))
+            if give_up is None:
+                raise
+            delay = UNEXPECTED_RETRY_DELAY_SECONDS * 2.0 ** (attempt - 1)
+            raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}", delay=delay) from exc
         finally:
             svc.metrics.reconcile_seconds.labels(handler=name).observe(
                 time.perf_counter() - started)

@@ -1,4 +1,5 @@
-"""Per-job periodic checks: TTL after the end, the active deadline, and live progress.
+"""Per-job periodic checks: TTL after the end, the active deadline, the pod start timeout,
+and live progress.
 
 The runPolicy fields are read from the raw spec, so an invalid job (which has no parsed spec)
 still honours its TTL.
@@ -37,6 +38,10 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
     * active with ``activeDeadlineSeconds``: once startTime + deadline has passed, the job
       fails with DeadlineExceeded (startTime is set when the job is placed and again when it
       resumes from suspension: queueing time does not count);
+    * placed but not running: once the pod has waited ``--pod-start-timeout-seconds`` since its
+      launch (an image that cannot be pulled, a missing Secret, no node for it), the pod is
+      deleted, releasing its devices, and the job fails with PodStartTimeout: such a cause
+      does not go away by itself;
     * running: the trainer's metrics are read into status.progress; its ETA feeds the planner.
     """
     if lifecycle.deleting(dict(body)):
@@ -62,6 +67,25 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
         return
     if status.is_true(st, C.RUNNING):
         await _read_progress(svc, ref, body)
+    elif status.is_true(st, C.PLACED):
+        await _check_start(svc, ref, st, now)
+
+
+async def _check_start(svc: services.Services, ref: jobs.JobRef, st: Mapping[str, Any],
+                       now: float) -> None:
+    """Fail the job if its current pod has not started within the start timeout."""
+    timeout_seconds = svc.options.pod_start_timeout_seconds
+    attempt = int(st.get("attempts") or 0) - 1
+    if timeout_seconds <= 0 or attempt < 0:
+        return
+    pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
+    if pod is None:
+        return
+    state = pods.pod_state(pod)
+    if policy.start_timed_out(state, timeout_seconds, now):
+        await lifecycle.fail(svc, ref, api.Reason.POD_START_TIMEOUT,
+                             policy.start_timeout_message(state, timeout_seconds),
+                             delete_pods=(state.name,))
 
 
 async def _delete_finished(svc: services.Services, ref: jobs.JobRef, ttl: int | None) -> None:

@@ -6,14 +6,28 @@ crash in between is repaired on resume by `ensure_pod`. No admission, no plannin
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from kiln import api, contract
-from kiln.controller import jobs, kube, parents, placement_loop, pods, policy, services, status
+from kiln.controller import (
+    jobs,
+    kube,
+    parents,
+    placement_loop,
+    pods,
+    policy,
+    profiling,
+    services,
+    status,
+)
 from kiln.placement import types
 from kiln.warmstart import select
+from kiln.zoo import records, store
 
 C, R = api.ConditionType, api.Reason
+_log = logging.getLogger(__name__)
 
 
 def parse(body: dict[str, Any]) -> api.TrainingJob:
@@ -43,7 +57,8 @@ def queued_entry(body: dict[str, Any], job: api.TrainingJob, *,
     since = status.parse_rfc3339((status.condition(st, C.QUEUED) or {}).get(
         "lastTransitionTime"))
     return placement_loop.Queued(jobs.JobRef.of(body), job,
-                                 parents.from_status(st.get("warmStart")), since or now)
+                                 parents.from_status(st.get("warmStart")), since or now,
+                                 measured=profiling.measurement(st.get("profile")))
 
 
 async def publish_plan(svc: services.Services, entry: placement_loop.Queued,
@@ -137,11 +152,13 @@ async def ensure_pod(svc: services.Services, ref: jobs.JobRef) -> None:
 async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
     """React to a change of a trainer pod.
 
-    Only the current attempt's pod counts. Running -> Running=True; exit 0 -> Succeeded with
-    the trainer's result (its termination message); a retryable exit with restarts left ->
-    Restarting and a new pod on the same placement (the trainer resumes from its checkpoint);
-    otherwise Failed (`policy.after_exit`). A pod deleted under a running job counts as a
-    retryable exit.
+    Only the current attempt's pod counts. Pending and stuck (a container waiting on its
+    image or config, or no node for it) -> Running=False with why, once per problem; Running
+    -> Running=True; exit 0 -> Succeeded with the trainer's result (its termination message);
+    a retryable exit with restarts left -> Restarting and a new pod on the same placement (the
+    trainer resumes from its checkpoint); otherwise Failed (`policy.after_exit`). A pod deleted
+    under a running job counts as a retryable exit. A zoo model that a trainer registered
+    after its job failed is deleted: a failed job never registers a model.
     """
     state = pods.pod_state(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
@@ -154,6 +171,8 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
         if deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1:
             return  # the job is going, or an older attempt's pod
         if status.is_terminal(st):
+            if status.is_true(st, C.FAILED) and state.finished and not gone:
+                await _discard_late_model(svc, e.body or {}, state)
             return
         if status.is_true(st, C.SUSPENDED):
             if state.active and not gone:  # created just before the suspension
@@ -170,6 +189,12 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
             e.condition(C.RUNNING, True, R.TRAINER_STARTED, message, now=now, event="Normal")
             if status.condition(st, C.RESTARTING) is not None:
                 e.condition(C.RESTARTING, False, R.TRAINER_STARTED, message, now=now)
+            return
+        elif state.phase == "Pending":
+            stuck = policy.not_started(state)
+            if stuck is not None and not _told(st, stuck):
+                e.condition(C.RUNNING, False, stuck.reason, stuck.message, now=now,
+                            event="Warning")
             return
         elif state.finished:
             exit_code = state.exit_code if state.exit_code is not None else (
@@ -219,8 +244,11 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
     await _finish(svc, e, job, now=now)
 
 
-async def fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason, message: str) -> None:
-    """Fail an active job for `reason` (e.g. DeadlineExceeded) and clean its pods."""
+async def fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason, message: str, *,
+               delete_pods: tuple[str, ...] = ()) -> None:
+    """Fail an active job for `reason` (e.g. DeadlineExceeded), stop its trainer and apply
+    cleanPodPolicy; `delete_pods` are deleted whatever the policy (a pod that never started
+    has no log worth keeping and holds its devices)."""
     now = svc.clock()
     async with svc.jobs.edit(ref) as e:
         if deleting(e.body) or status.is_terminal(e.status):
@@ -229,13 +257,16 @@ async def fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason, mes
         for type_ in (C.RUNNING, C.QUEUED, C.RESTARTING):
             if status.is_true(e.status, type_):
                 e.condition(type_, False, reason, message, now=now)
-        await _finish(svc, e, parse(e.body or {}), now=now)
+        await _finish(svc, e, parse(e.body or {}), now=now, delete_pods=delete_pods)
 
 
-async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *, now: float) -> None:
-    """Write a terminal status, then apply cleanPodPolicy (lock held).
+async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *, now: float,
+                  delete_pods: tuple[str, ...] = ()) -> None:
+    """Write a terminal status, then apply cleanPodPolicy and stop the trainers of the pods it
+    keeps (lock held).
 
-    Every terminal path ends here, so cleanPodPolicy always applies.
+    Every terminal path ends here, so cleanPodPolicy always applies and no trainer trains on
+    (or registers a model) for a finished job.
     """
     ref = jobs.JobRef.of(e.body or {})
     e.status["completionTime"] = status.rfc3339(now)
@@ -245,8 +276,12 @@ async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *,
     result = "succeeded" if status.is_true(e.status, C.SUCCEEDED) else "failed"
     svc.metrics.finished.labels(namespace=ref.namespace, result=result).inc()
     job_pods = await job_pod_states(svc, ref)
-    await _delete_pods(svc, ref.namespace,
-                       policy.pods_to_clean(job_pods, job.spec.run_policy.clean_pod_policy))
+    clean_pod_policy = job.spec.run_policy.clean_pod_policy
+    deleted = list(dict.fromkeys([*policy.pods_to_clean(job_pods, clean_pod_policy),
+                                  *delete_pods]))
+    await _delete_pods(svc, ref.namespace, deleted)
+    await _stop_pods(svc, ref.namespace, [
+        name for name in policy.pods_to_stop(job_pods, clean_pod_policy) if name not in deleted])
 
 
 async def suspend(svc: services.Services, ref: jobs.JobRef) -> None:
@@ -311,6 +346,53 @@ async def _delete_pods(svc: services.Services, namespace: str, names: list[str])
                                 grace_period_seconds=svc.options.termination_grace_seconds)
 
 
+async def _stop_pods(svc: services.Services, namespace: str, names: list[str]) -> None:
+    """Have the kubelet stop these pods' containers (with the grace period) but keep the pods."""
+    for name in names:
+        await svc.client.merge_patch(kube.Paths.pod(namespace, name), pods.stop_patch())
+
+
+def _told(st: dict[str, Any], stuck: policy.NotStarted) -> bool:
+    """Whether Running=False already tells this problem (the kubelet's words may differ)."""
+    old = status.condition(st, C.RUNNING) or {}
+    return (old.get("status") == "False" and old.get("reason") == stuck.reason.value
+            and str(old.get("message") or "").startswith(stuck.problem))
+
+
+async def _discard_late_model(svc: services.Services, body: dict[str, Any],
+                              state: pods.PodState) -> None:
+    """Delete the zoo model in a failed job's trainer result, and say so in an event.
+
+    The trainer is stopped when its job fails; this catches one that registered its model
+    before the stop reached it. Seen again (the pod's status repeats), it finds nothing left.
+    Only a record the job produced (by its name) is deleted.
+    """
+    model = str(_result(state.message).get("zoo_model") or "")
+    if not model:
+        return
+    zoo = svc.parents.zoo
+    try:
+        record = await asyncio.to_thread(records.read_record, zoo, model)
+        if record.job_name != state.job:
+            _log.warning("%s: trainer result names zoo model %s of job %s; kept", state.name,
+                         model, record.job_name)
+            return
+        await asyncio.to_thread(records.delete_record, zoo, model)
+    except store.ObjectNotFound:
+        return  # deleted already
+    except ValueError as exc:  # not a record id, or not a readable record: not ours to delete
+        _log.warning("%s: trainer result names zoo model %r: %s", state.name, model, exc)
+        return
+    except store.StoreUnavailable as exc:
+        await svc.jobs.post_event(body, status.Event.warning(R.MODEL_DISCARDED, (
+            f"Trainer pod {state.name} registered zoo model {model} after the job failed, "
+            f"and deleting it failed ({exc}); delete it with: kiln zoo rm {model}")))
+        return
+    await svc.jobs.post_event(body, status.Event.normal(R.MODEL_DISCARDED, (
+        f"Trainer pod {state.name} registered zoo model {model} after the job had failed; "
+        "a failed job keeps no model, so it was deleted from the zoo.")))
+
+
 async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, attempt: int,
                       launch_: pods.Launch) -> None:
     """Create the attempt's pod (an existing one is kept: the name is deterministic).
@@ -356,11 +438,16 @@ def _result(message: str) -> dict[str, Any]:
 
 
 def _record_trainer_decision(e: jobs.Edit, result: dict[str, Any], *, now: float) -> None:
-    """Record the warm-start decision an entrypoint job's trainer made itself (admission left
-    it to the trainer, which can import the model) in status.warmStart and WarmStarted."""
+    """Record in status.warmStart and WarmStarted the warm start the trainer did: the decision
+    an entrypoint job's trainer made itself (admission left it to the trainer, which can import
+    the model), and the probe guard's verdict on any decision (its losses, maybe a cold start
+    or an alternative parent)."""
     warm = e.status.get("warmStart") or {}
-    chosen = parents.from_trainer(result.get("warm_start_decision") or {})
-    if warm.get("outcome") != select.Outcome.IN_TRAINER or chosen is None:
+    chosen = select.from_report(result.get("warm_start_decision") or {})
+    if chosen is None:
+        return
+    probed = chosen.probe_loss is not None or chosen.cold_probe_loss is not None
+    if warm.get("outcome") != select.Outcome.IN_TRAINER and not probed:
         return
     e.status["warmStart"] = parents.to_status(chosen)
     message = "In the trainer pod, before its first step: " + chosen.reason.rstrip(".") + "."

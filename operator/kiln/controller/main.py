@@ -58,11 +58,14 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("zoo_request_attempts", "S3 requests tried per zoo attempt"),
     ("zoo_refresh_seconds", "re-list the zoo's models at most this often"),
     ("zoo_query_timeout_seconds", "deadline of one warm-start parent search"),
+    ("warm_start_graph_timeout_seconds", "deadline of tracing one job's model for its search"),
     ("default_image", "trainer image for jobs without spec.template.image"),
     ("image_pull_policy", "imagePullPolicy of trainer pods"),
     ("trainer_metrics_port", "the trainer's Prometheus port inside its pod"),
     ("trainer_service_account", "service account of trainer pods"),
     ("termination_grace_seconds", "time a stopped trainer has to checkpoint"),
+    ("pod_start_timeout_seconds", ("fail a job whose trainer pod is not running this long after "
+                                   "its launch, deleting the pod (0: wait forever)")),
     ("liveness_port", "port of the liveness endpoint /healthz (0: none)"),
     ("liveness_host", "interface of the liveness endpoint"),
     ("metrics_port", "port of the operator's Prometheus /metrics (0: none)"),
@@ -79,6 +82,9 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("housekeeping_interval_seconds", "how often deadlines, TTLs and progress are checked"),
     ("progress_address", "trainer metrics address, from {pod_ip} {port} {pod} {namespace}"),
     ("progress_timeout_seconds", "timeout of one trainer metrics read"),
+    ("profile_entrypoint_models", ("measure user-code models in a short pod of their image "
+                                   "before placement")),
+    ("profile_timeout_seconds", "the longest a profiling pod may run"),
     ("verbose", "debug logging"),
 )
 
@@ -86,9 +92,10 @@ _HELP: tuple[tuple[str, str], ...] = (
 # Numeric options that must be > 0 (the rest must be >= 0; ports at most 65535), and upper
 # bounds where a larger value breaks arithmetic (2 ** attempts backoffs) or means nothing.
 _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_timeout_seconds",
+             "warm_start_graph_timeout_seconds",
              "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
              "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds",
-             "termination_grace_seconds"}
+             "termination_grace_seconds", "profile_timeout_seconds"}
 _MAXIMUM = {"zoo_request_attempts": 100, "zoo_retry_limit": 1000, "max_gpus_per_job": 64,
             "cpu_slots_per_node": 256, "termination_grace_seconds": 86400}
 # Kubernetes label values and (optionally prefixed) keys, for --gpu-type and its label.
@@ -210,7 +217,9 @@ def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *
     chooser = parents.ParentChooser(
         zoo, metrics=registry, refresh_seconds=options.zoo_refresh_seconds,
         query_timeout_seconds=options.zoo_query_timeout_seconds,
-        index_settings=zoo_index.IndexSettings(start_method="forkserver"))
+        graph_timeout_seconds=options.warm_start_graph_timeout_seconds,
+        index_settings=zoo_index.IndexSettings(start_method="forkserver",
+                                             maintain_clusters=True))
     svc = services.Services(
         options=options, connection=connection, metrics=registry, client=client,
         jobs=jobs.Jobs(client, metrics=registry, clock=clock), parents=chooser,

@@ -10,22 +10,38 @@ import asyncio
 import collections
 import concurrent.futures
 import json
+import multiprocessing
+import multiprocessing.connection
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import networkx as nx
+
 from kiln import api, contract
 from kiln.controller import metrics
-from kiln.warmstart import decision, select
+from kiln.warmstart import decision, graph, select
 from kiln.warmstart import index as zoo_index
 from kiln.zoo import records, store
 
 CACHE_ENTRIES = 4096
 IN_TRAINER_REASON = ("the warm-start decision for entrypoint models is made in the trainer pod, "
                      "before its first step (the operator never imports user code)")
-DEFAULT_INDEX_SETTINGS = zoo_index.IndexSettings()
+# The operator's index lives long: it keeps the zoo's clusters, so a large zoo is searched fast.
+DEFAULT_INDEX_SETTINGS = zoo_index.IndexSettings(maintain_clusters=True)
+DISABLED_REASON = "warm start disabled by spec.warmStart.enabled"
+# Decisions run in this many threads, so cached and zoo-free ones never wait behind a slow one;
+# graph extraction, the part whose cost a job's spec decides, runs in at most GRAPH_WORKERS
+# processes (each holds torch, a few hundred MB) that a timeout kills.
+DECISION_THREADS = 4
+GRAPH_WORKERS = 2
+GRAPH_CACHE_ENTRIES = 256
+GRAPH_TIMEOUT_SECONDS = 60.0
+# A new graph worker imports torch before it serves; that is not the job's time.
+WORKER_START_SECONDS = 300.0
 
 
 def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> store.ObjectStore:
@@ -48,13 +64,17 @@ def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> s
 # Wire names of `select.Decision` fields in ``status.warmStart`` (api.WarmStartStatus).
 _STATUS_FIELDS = {"parent_id": "parent", "similarity": "similarity",
                   "parent_metric": "parentMetric", "matched_tensors": "matchedTensors",
-                  "total_tensors": "totalTensors", "reason": "reason", "outcome": "outcome"}
+                  "total_tensors": "totalTensors", "reason": "reason", "outcome": "outcome",
+                  "alternatives": "alternatives", "probe_loss": "probeLoss",
+                  "cold_probe_loss": "coldProbeLoss", "probe_accuracy": "probeAccuracy",
+                  "cold_probe_accuracy": "coldProbeAccuracy"}
 
 
 def to_status(chosen: select.Decision) -> dict[str, Any]:
-    """``status.warmStart`` for a decision (None fields left out)."""
+    """``status.warmStart`` for a decision (None fields and no alternatives left out)."""
     doc = chosen.to_json()
-    return {wire: doc[name] for name, wire in _STATUS_FIELDS.items() if doc[name] is not None}
+    return {wire: doc[name] for name, wire in _STATUS_FIELDS.items()
+            if doc[name] is not None and doc[name] != []}
 
 
 def from_status(warm: Mapping[str, Any] | None) -> select.Decision:
@@ -71,72 +91,71 @@ def from_status(warm: Mapping[str, Any] | None) -> select.Decision:
     return select.Decision.from_json({**doc, "candidates_considered": 0})
 
 
-def from_trainer(report: Mapping[str, Any]) -> select.Decision | None:
-    """The decision a trainer made and applied itself (`contract.Result.warm_start_decision`),
-    or None when the report is not one (missing, or an unknown outcome)."""
-    outcome = report.get("outcome")
-    if outcome not in {o.value for o in select.Outcome} or outcome == select.Outcome.IN_TRAINER:
-        return None
-    doc = {"parent_id": report.get("parent"), "similarity": report.get("similarity"),
-           "parent_metric": report.get("parent_metric"),
-           "matched_tensors": report.get("matched_tensors"),
-           "total_tensors": report.get("total_tensors"), "reason": str(report.get("reason") or ""),
-           "outcome": outcome, "candidates_considered": 0}
-    return select.Decision.from_json(doc)
-
-
 class ParentChooser:
-    """Warm-start decisions for the operator: `decision.decide` in a worker thread, so the kopf
+    """Warm-start decisions for the operator: `decision.decide` in worker threads, so the kopf
     event loop never blocks, against a `ZooIndex` kept loaded and refreshed at most every
     `refresh_seconds`. Decisions are cached by (model spec, warmStart spec, zoo contents): jobs
-    of one architecture submitted together trace their graph and search the zoo once. An empty
-    zoo needs no search at all. An unreachable zoo raises `store.StoreUnavailable`.
+    of one architecture submitted together trace their graph and search the zoo once. A job
+    with warm start disabled never touches the zoo; an empty zoo needs no search at all. An
+    unreachable zoo raises `store.StoreUnavailable`.
+
+    The child's graph is extracted in a worker process (`_GraphWorker`) that is killed after
+    `graph_timeout_seconds`: one job's model cannot hold the decisions of the others; its job
+    cold-starts saying so.
 
     Args:
         zoo: the zoo store.
         metrics: operator metrics (zoo query seconds).
         refresh_seconds: re-list the zoo at most this often (0: before every decision).
         query_timeout_seconds: deadline of one similarity search.
+        graph_timeout_seconds: deadline of one graph extraction.
         index_settings: settings of the zoo index.
         clock: monotonic seconds.
     """
 
     def __init__(self, zoo: store.ObjectStore, *, metrics: metrics.OperatorMetrics,
                  refresh_seconds: float, query_timeout_seconds: float,
+                 graph_timeout_seconds: float = GRAPH_TIMEOUT_SECONDS,
                  index_settings: zoo_index.IndexSettings = DEFAULT_INDEX_SETTINGS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.zoo = zoo
         self._metrics = metrics
         self._refresh_seconds = refresh_seconds
         self._timeout_seconds = query_timeout_seconds
+        self._graph_timeout_seconds = graph_timeout_seconds
         self._index_settings = index_settings
         self._clock = clock
         self._index: zoo_index.ZooIndex | None = None
         self._refreshed = -float("inf")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the index, its refresh and search, and the caches
         self._cache: collections.OrderedDict[str, select.Decision] = collections.OrderedDict()
+        self._graphs: collections.OrderedDict[str, nx.DiGraph] = collections.OrderedDict()
+        self._workers = [_GraphWorker() for _ in range(GRAPH_WORKERS)]
+        # Last in, first out: a burst's first worker stays warm, the next starts only if needed.
+        self._idle: queue.LifoQueue[_GraphWorker] = queue.LifoQueue()
+        for worker in self._workers:
+            self._idle.put(worker)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="kiln-warmstart")
+            max_workers=DECISION_THREADS, thread_name_prefix="kiln-warmstart")
 
     def close(self) -> None:
-        """Stop the worker thread and the index's pool."""
+        """Stop the worker threads and processes, and the index's pool."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers:
+            worker.kill()
         if self._index is not None:
             self._index.close()
 
     async def decide(self, job: api.TrainingJob) -> select.Decision:
-        """The warm-start decision for `job`, computed in the worker thread.
+        """The warm-start decision for `job`, computed in a worker thread.
 
         Raises:
             store.StoreUnavailable: the zoo could not be read.
             api.InvalidSpec: the pinned parent is not in the zoo.
         """
-        if job.spec.model.entrypoint is not None and job.spec.warm_start.enabled:
-            # User code: the operator never imports it, so it cannot trace the graph.
-            return select.cold_start(select.Outcome.IN_TRAINER, IN_TRAINER_REASON)
-        cached = self._cached(job)
-        if cached is not None:
-            return cached
+        decided = _without_zoo(job) or self._cached(job)
+        if decided is not None:
+            return decided
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.decide_now, job)
 
@@ -154,19 +173,31 @@ class ParentChooser:
 
     def decide_now(self, job: api.TrainingJob) -> select.Decision:
         """`decide`, in the calling thread (blocking)."""
+        decided = _without_zoo(job)
+        if decided is not None:
+            return decided
         started = self._clock()
         try:
             with self._lock:
                 index = self._fresh_index()
-                key = self._key(job, index)
-                cached = self._cache.get(key)
+                cached = self._cache.get(self._key(job, index))
                 if cached is not None:
-                    self._cache.move_to_end(key)
+                    self._cache.move_to_end(self._key(job, index))
                     return cached
-                chosen = self._search(job, index)
-                self._cache[key] = chosen
-                while len(self._cache) > CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+                spec = job.spec.warm_start
+                if spec.parent == "auto" and len(index) == 0:
+                    return select.cold_start(
+                        select.Outcome.COLD_EMPTY,
+                        f"cold start: the model zoo ({self.zoo.describe()}) is empty")
+            # Outside the lock: other jobs' decisions go on while this model is traced.
+            child = self._child_graph(job.spec.model)
+            if isinstance(child, select.Decision):
+                return child
+            with self._lock:
+                index = self._fresh_index()
+                chosen = decision.decide(job, self.zoo, zoo_index=index,
+                                         timeout_seconds=self._timeout_seconds, child=child)
+                _remember(self._cache, self._key(job, index), chosen, CACHE_ENTRIES)
                 return chosen
         finally:
             self._metrics.zoo_query_seconds.observe(self._clock() - started)
@@ -186,11 +217,113 @@ class ParentChooser:
             self._refreshed = now
         return self._index
 
-    def _search(self, job: api.TrainingJob, index: zoo_index.ZooIndex) -> select.Decision:
-        spec = job.spec.warm_start
-        if spec.enabled and spec.parent == "auto" and len(index) == 0:
-            return select.cold_start(
-                select.Outcome.COLD_EMPTY,
-                f"cold start: the model zoo ({self.zoo.describe()}) is empty")
-        return decision.decide(job, self.zoo, zoo_index=index,
-                               timeout_seconds=self._timeout_seconds)
+    def _child_graph(self, spec: api.ModelSpec) -> nx.DiGraph | select.Decision:
+        """The job's model graph from a graph worker (cached per model spec), or the cold-start
+        decision when it cannot be had: untraceable, over the deadline, or the worker died."""
+        key = json.dumps(api.to_wire(spec), sort_keys=True)
+        with self._lock:
+            if key in self._graphs:
+                self._graphs.move_to_end(key)
+                return self._graphs[key]
+        worker = self._idle.get()
+        try:
+            child = worker.extract(spec, timeout_seconds=self._graph_timeout_seconds)
+        except graph.GraphError as exc:
+            return select.cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
+        finally:
+            self._idle.put(worker)
+        with self._lock:
+            _remember(self._graphs, key, child, GRAPH_CACHE_ENTRIES)
+        return child
+
+
+def _without_zoo(job: api.TrainingJob) -> select.Decision | None:
+    """The decision of a job that needs no zoo (warm start disabled, or decided by the trainer
+    for user code the operator never imports), else None."""
+    if not job.spec.warm_start.enabled:
+        return select.cold_start(select.Outcome.DISABLED, DISABLED_REASON)
+    if job.spec.model.entrypoint is not None:
+        return select.cold_start(select.Outcome.IN_TRAINER, IN_TRAINER_REASON)
+    return None
+
+
+def _remember(cache: collections.OrderedDict[str, Any], key: str, value: Any,
+              entries: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > entries:
+        cache.popitem(last=False)
+
+
+class _GraphWorker:
+    """`decision.model_graph` in a spawned process, killed when it runs past its deadline and
+    started again (lazily) for the next model. Used by one thread at a time."""
+
+    def __init__(self) -> None:
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+
+    def extract(self, spec: api.ModelSpec, *, timeout_seconds: float) -> nx.DiGraph:
+        """The graph of `spec`'s model (a registry architecture).
+
+        Raises:
+            graph.GraphError: the model cannot be traced, tracing it took longer than
+                `timeout_seconds` (the process is killed), or the process died.
+        """
+        conn = self._connection()
+        conn.send(api.to_wire(spec))
+        if not conn.poll(timeout_seconds):
+            self.kill()
+            raise graph.GraphError(
+                f"{spec.label}: tracing its graph took longer than {timeout_seconds:g} s "
+                "(the operator's --warm-start-graph-timeout-seconds)")
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            code = self._process.exitcode if self._process is not None else None
+            self.kill()
+            raise graph.GraphError(f"{spec.label}: the process tracing its graph died "
+                                   f"(exit code {code})") from None
+        if kind == "error":
+            raise graph.GraphError(payload)
+        return graph.from_json(payload)
+
+    def kill(self) -> None:
+        """Stop the process now (a later `extract` starts a new one)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def _connection(self) -> multiprocessing.connection.Connection:
+        if self._conn is not None and self._process is not None and self._process.is_alive():
+            return self._conn
+        self.kill()
+        ours, theirs = multiprocessing.get_context("spawn").Pipe()
+        process = multiprocessing.get_context("spawn").Process(
+            target=_serve_graphs, args=(theirs,), name="kiln-graph-worker", daemon=True)
+        process.start()
+        theirs.close()
+        self._process, self._conn = process, ours
+        if not ours.poll(WORKER_START_SECONDS):
+            self.kill()
+            raise graph.GraphError(f"the graph worker did not start in {WORKER_START_SECONDS:g} s")
+        ours.recv()  # "ready": torch is imported
+        return ours
+
+
+def _serve_graphs(conn: multiprocessing.connection.Connection) -> None:
+    """A graph worker's main: model specs in, ("graph", JSON) or ("error", message) out."""
+    conn.send(("ready", None))
+    while True:
+        try:
+            wire = conn.recv()
+        except EOFError:  # the operator closed its end
+            return
+        spec = api.ModelSpec.model_validate(wire)
+        try:
+            conn.send(("graph", graph.to_json(decision.model_graph(spec))))
+        except graph.GraphError as exc:
+            conn.send(("error", str(exc)))

@@ -31,12 +31,14 @@ class Queued:
         job: the parsed job.
         warm_start: the warm-start decision made at admission.
         since: epoch seconds it was queued (its arrival for the planner).
+        measured: its model as the profiling pod measured it (entrypoint models), or None.
     """
 
     ref: jobs.JobRef
     job: api.TrainingJob
     warm_start: select.Decision
     since: float
+    measured: estimate.ModelMeasurement | None = None
 
 
 Launch = Callable[[Queued, types.Assignment, str], Awaitable[bool]]
@@ -169,13 +171,14 @@ class PlacementLoop:
         if missing:  # one worker-thread hop for all new jobs
             loop = asyncio.get_running_loop()
             found = await loop.run_in_executor(
-                None, lambda: [self._estimate(e.job, device) for e in missing])
+                None, lambda: [self._estimate(e, device) for e in missing])
             self._configs.update({(e.ref, device): c for e, c in zip(missing, found,
                                                                    strict=True)})
         requests = [types.JobRequest(e.ref.key, self._configs[(e.ref, device)],
-                                     arrival=e.since) for e in entries]
+                                     arrival=e.since, asked_gpus=e.job.spec.resources.gpus)
+                    for e in entries]
         snapshot = types.Snapshot(now=now, nodes=pools.nodes[pool], queued=tuple(requests),
-                                  running=pools.running.get(pool, ()))
+                                  running=pools.running.get(pool, ()), device=device)
         problems = types.unplaceable_reasons(snapshot)
         for key, why in problems.items():
             await self._unplaceable(by_key[key], why)
@@ -207,9 +210,10 @@ class PlacementLoop:
 
         await asyncio.gather(*(publish(a) for a in waiting))
 
-    def _estimate(self, job: api.TrainingJob, device: str) -> tuple[types.Config, ...]:
-        """Runtime estimates of `job` on `device` ("gpu" or "cpu")."""
+    def _estimate(self, entry: Queued, device: str) -> tuple[types.Config, ...]:
+        """Runtime estimates of a queued job on `device` ("gpu" or "cpu")."""
         kind = "cuda" if device == "gpu" else "cpu"
         max_gpus = self._settings.max_gpus if device == "gpu" else 1
-        return estimate.configs(job, zoo=None, profile_cache=None, max_gpus=max_gpus,
-                                device_type=kind, zoo_records=self._zoo_records())
+        return estimate.configs(entry.job, zoo=None, profile_cache=None, max_gpus=max_gpus,
+                                device_type=kind, zoo_records=self._zoo_records(),
+                                measured=entry.measured)

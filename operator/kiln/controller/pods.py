@@ -32,6 +32,12 @@ METRICS_PORT_NAME = "metrics"
 SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+# Waiting reasons of a container that is still being set up (not stuck, unless for too long).
+STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+# spec.activeDeadlineSeconds the operator sets to stop a pod it keeps: the kubelet then stops
+# the containers (SIGTERM, SIGKILL after the grace period) and leaves the pod object, Failed
+# with reason DeadlineExceeded, for its logs. Counted from the pod's start, so 1 is "now".
+STOP_DEADLINE_SECONDS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,25 @@ class Launch:
 
 
 @dataclasses.dataclass(frozen=True)
+class Waiting:
+    """A container that has not started, as the kubelet reports it.
+
+    Attributes:
+        container: the container's name.
+        reason: the kubelet's waiting reason (ImagePullBackOff, CreateContainerConfigError...).
+        message: the kubelet's words ("" when none).
+        image: the container's image (from the pod's spec, else its status).
+        init: whether it is an init container.
+    """
+
+    container: str
+    reason: str
+    message: str
+    image: str
+    init: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class PodState:
     """What a pod says about its trainer.
 
@@ -110,6 +135,12 @@ class PodState:
         message: its termination message ("" when none).
         metrics_port: port of the trainer's /metrics (prometheus.io/port), or None.
         deleting: the pod has a deletionTimestamp.
+        waiting: the first container (init containers first) waiting for another reason than
+            `STARTING_REASONS`, or None.
+        starting: the first container still being set up (`STARTING_REASONS`), or None.
+        unschedulable: the scheduler's message while PodScheduled is False/Unschedulable,
+            else None.
+        pod_reason: status.reason of the pod (DeadlineExceeded, Evicted...), or None.
     """
 
     name: str
@@ -128,6 +159,10 @@ class PodState:
     message: str
     metrics_port: int | None
     deleting: bool
+    waiting: Waiting | None = None
+    starting: Waiting | None = None
+    unschedulable: str | None = None
+    pod_reason: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -316,12 +351,13 @@ def planned_node(pod: Mapping[str, Any]) -> str | None:
 
 
 def pod_state(pod: Mapping[str, Any]) -> PodState:
-    """Read a trainer pod: phase, node, IP, and the trainer container's exit code, reason and
-    termination message."""
+    """Read a trainer pod: phase, node, IP, the trainer container's exit code, reason and
+    termination message, and why it has not started yet (waiting containers, scheduling)."""
     meta = pod.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     status = pod.get("status") or {}
     terminated = _terminated(status)
+    waiting = _waiting(pod)
     return PodState(
         name=str(meta.get("name", "")),
         job=str(labels.get(JOB_NAME_LABEL, "")),
@@ -339,7 +375,44 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
         message=str(terminated.get("message") or "") if terminated else "",
         metrics_port=_int(annotations.get(SCRAPE_PORT_ANNOTATION), None),
         deleting=bool(meta.get("deletionTimestamp")),
+        waiting=next((w for w in waiting if w.reason not in STARTING_REASONS), None),
+        starting=next((w for w in waiting if w.reason in STARTING_REASONS), None),
+        unschedulable=_unschedulable(status),
+        pod_reason=status.get("reason") or None,
     )
+
+
+def stop_patch() -> dict[str, Any]:
+    """The merge patch that has the kubelet stop a pod's containers but keep the pod."""
+    return {"spec": {"activeDeadlineSeconds": STOP_DEADLINE_SECONDS}}
+
+
+def _waiting(pod: Mapping[str, Any]) -> list[Waiting]:
+    """Every waiting container, init containers first, with its image."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    found = []
+    for init, statuses, containers in (
+            (True, status.get("initContainerStatuses"), spec.get("initContainers")),
+            (False, status.get("containerStatuses"), spec.get("containers"))):
+        images = {c.get("name"): c.get("image") for c in containers or []}
+        for container in statuses or []:
+            waiting = (container.get("state") or {}).get("waiting")
+            if not isinstance(waiting, dict) or not waiting.get("reason"):
+                continue
+            name = str(container.get("name") or "")
+            found.append(Waiting(
+                container=name, reason=str(waiting["reason"]),
+                message=str(waiting.get("message") or ""),
+                image=str(images.get(name) or container.get("image") or ""), init=init))
+    return found
+
+
+def _unschedulable(status: Mapping[str, Any]) -> str | None:
+    for condition in status.get("conditions") or []:
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            return str(condition.get("message") or "no node fits the pod")
+    return None
 
 
 def _terminated(status: Mapping[str, Any]) -> dict[str, Any]:

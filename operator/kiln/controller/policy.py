@@ -1,4 +1,5 @@
-"""runPolicy as decisions: exit codes, restarts, deadline, TTL and which pods to clean.
+"""runPolicy as decisions: exit codes, restarts, deadline, TTL, pods to clean or stop, and
+pods that do not start.
 
 Pure functions: no I/O, no clock of their own.
 """
@@ -16,6 +17,25 @@ from kiln.controller import pods
 RETRYABLE_EXIT_CODES = frozenset({contract.EXIT_STORE_UNAVAILABLE})
 RETRYABLE_CONTAINER_REASONS = frozenset({"OOMKilled", "Evicted", "DeadlineExceeded"})
 SIGNAL_EXIT_CODE_MIN = 128
+# Waiting reasons of a container whose image cannot be pulled (the kubelet alternates the
+# first two while it backs off, so they are one problem: reported once).
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull",
+                                "RegistryUnavailable", "SignatureValidationFailed"})
+# What a stuck container's waiting reason asks of the user: (what is wrong, how to fix it).
+_WAITING_ADVICE = {
+    "InvalidImageName": ("has an invalid image name {image}",
+                         "fix spec.template.image (or the operator's --default-image)"),
+    "CreateContainerConfigError": (
+        "cannot be configured",
+        ("a Secret or ConfigMap it references (env, envFrom, volumes, the zoo credentials "
+         "Secret) is missing or lacks the key; create it")),
+    "CreateContainerError": ("cannot be created",
+                             "check spec.template (command, volumes, securityContext)"),
+    "RunContainerError": ("cannot be run",
+                          "check the image's entrypoint and spec.template.command"),
+    "CrashLoopBackOff": ("keeps crashing",
+                         "read its log with kubectl logs --previous and fix the cause"),
+}
 
 
 class ExitKind(enum.StrEnum):
@@ -138,6 +158,85 @@ def ttl_expired(completion_seconds: float | None, ttl_seconds: int | None, now: 
     """Whether a finished job has outlived ttlSecondsAfterFinished."""
     return (completion_seconds is not None and ttl_seconds is not None
             and now >= completion_seconds + ttl_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class NotStarted:
+    """Why a job's pod has not started, as the job's Running=False condition tells it.
+
+    Attributes:
+        reason: PodPending (a container is stuck waiting) or Unschedulable.
+        problem: the message's first clause, the same for as long as the problem is (the
+            kubelet's changing words come after it), so the user hears of it once.
+        message: the problem, the kubelet's or scheduler's words, and how to fix it.
+    """
+
+    reason: api.Reason
+    problem: str
+    message: str
+
+
+def not_started(state: pods.PodState) -> NotStarted | None:
+    """What keeps a Pending pod from starting: a stuck container or the scheduler; None while
+    it is merely being set up (pulling, creating containers) or once it is no longer Pending.
+    """
+    if state.phase != "Pending" or state.deleting:
+        return None
+    waiting = state.waiting
+    if waiting is not None:
+        which = f"{'init container' if waiting.init else 'container'} {waiting.container}"
+        said = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
+        if waiting.reason in IMAGE_PULL_REASONS:
+            what = f"cannot pull image {waiting.image}"
+            fix = ("fix spec.template.image (or the operator's --default-image), or give the "
+                   "registry's credentials in spec.template.imagePullSecrets")
+        else:
+            what, fix = _WAITING_ADVICE.get(waiting.reason, (
+                f"is waiting with {waiting.reason}", "see kubectl describe pod"))
+            what = what.format(image=waiting.image)
+        problem = f"Trainer pod {state.name} has not started: {which} {what}"
+        return NotStarted(api.Reason.POD_PENDING, problem,
+                          f"{problem} ({said}); {fix}, then create the job again.")
+    if state.unschedulable is not None:
+        problem = f"Trainer pod {state.name} cannot be scheduled"
+        return NotStarted(api.Reason.UNSCHEDULABLE, problem, (
+            f"{problem}: {state.unschedulable}; check spec.template's nodeSelector, "
+            "tolerations and affinity against the nodes' labels, taints and free resources."))
+    return None
+
+
+def start_timed_out(state: pods.PodState, timeout_seconds: float, now: float) -> bool:
+    """Whether a pod is still not running `timeout_seconds` after its launch (0: never)."""
+    return (timeout_seconds > 0 and state.phase == "Pending" and not state.deleting
+            and state.started is not None and now >= state.started + timeout_seconds)
+
+
+def start_timeout_message(state: pods.PodState, timeout_seconds: float) -> str:
+    """Why a job failed because its pod did not start in time, and how to fix it."""
+    stuck = not_started(state)
+    if stuck is not None:
+        why = stuck.message
+    elif state.starting is not None:
+        why = (f"Its container {state.starting.container} (image {state.starting.image}) was "
+               f"still {state.starting.reason}; check its volumes and image size, or raise "
+               "the operator's --pod-start-timeout-seconds.")
+    else:
+        why = ("It was still Pending; kubectl describe pod shows why, or raise the operator's "
+               "--pod-start-timeout-seconds.")
+    return (f"Trainer pod {state.name} was not running {timeout_seconds:g} s after its launch "
+            f"(--pod-start-timeout-seconds), so it was deleted and its devices released. "
+            f"{why}")
+
+
+def pods_to_stop(job_pods: Iterable[pods.PodState], policy: api.CleanPodPolicy) -> list[str]:
+    """Names of the pods whose trainers are stopped, not deleted, when the job ends.
+
+    cleanPodPolicy decides which pod objects remain for their logs, never whether a trainer
+    keeps running: every active pod it keeps is stopped.
+    """
+    listed = list(job_pods)
+    cleaned = set(pods_to_clean(listed, policy))
+    return [p.name for p in listed if p.active and p.name not in cleaned]
 
 
 def pods_to_clean(job_pods: Iterable[pods.PodState], policy: api.CleanPodPolicy) -> list[str]:

@@ -27,8 +27,9 @@ RULES: tuple[Rule, ...] = (
     # the TTL deletes.
     Rule(api.GROUP, api.PLURAL, ("get", "list", "watch", "patch", "delete")),
     Rule(api.GROUP, f"{api.PLURAL}/status", ("patch",)),  # every status change
-    # Trainer pods; the placement loop lists all namespaces' pods for free GPUs.
-    Rule("", "pods", ("get", "list", "watch", "create", "delete")),
+    # Trainer pods; the placement loop lists all namespaces' pods for free GPUs; a pod kept by
+    # cleanPodPolicy is stopped by patching its spec.activeDeadlineSeconds.
+    Rule("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
     Rule("", "nodes", ("list",)),  # allocatable GPUs and CPU slots
     Rule("", "events", ("create",)),  # one per condition change worth telling
 )

@@ -43,6 +43,8 @@ class Services:
     published: dict[job_store.JobRef, dict[str, Any]] = dataclasses.field(
         default_factory=dict, init=False)
     unplaceable: dict[job_store.JobRef, str] = dataclasses.field(default_factory=dict, init=False)
+    # Held while a profiling pod chooses and takes its device, so two never take the same one.
+    profiling_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, init=False)
     _task: asyncio.Task[None] | None = dataclasses.field(default=None, init=False)
 
     async def start(self) -> None:

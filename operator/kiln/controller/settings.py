@@ -38,11 +38,16 @@ class Options:
         zoo_request_attempts: S3 requests tried per attempt (short: the handler backs off).
         zoo_refresh_seconds: re-list the zoo's models at most this often.
         zoo_query_timeout_seconds: deadline of one parent search.
+        warm_start_graph_timeout_seconds: deadline of tracing one job's model graph for its
+            warm-start search (in a worker process, killed past it; the job cold-starts).
         default_image: trainer image when a job sets no spec.template.image.
         image_pull_policy: imagePullPolicy of trainer pods unless the job's template sets it.
         trainer_metrics_port: port of the trainer's /metrics inside its pod.
         trainer_service_account: service account of trainer pods (None: namespace default).
         termination_grace_seconds: time a stopped trainer has to write its checkpoint.
+        pod_start_timeout_seconds: a trainer pod not running this long after its launch (an
+            image that cannot be pulled, a missing Secret, no node fits) is deleted and its
+            job fails, releasing its devices; 0: wait forever.
         liveness_port: port of the liveness endpoint /healthz (0: none).
         liveness_host: interface it listens on.
         metrics_port: port of the operator's Prometheus /metrics (0: none).
@@ -59,6 +64,11 @@ class Options:
         gpu_type_label: node label naming a node's GPU type.
         housekeeping_interval_seconds: how often each job's deadline, TTL and progress are
             checked.
+        profile_entrypoint_models: before placement, measure a model from user code
+            (spec.model.entrypoint) in a short pod of its own image and decide its warm start
+            there; False: place it on a nominal estimate and let its trainer decide.
+        profile_timeout_seconds: the longest a profiling pod may run (its
+            activeDeadlineSeconds); past it the job is placed on a nominal estimate.
         progress_address: where a trainer's metrics are read, formatted with {pod_ip}, {port}
             (the pod's prometheus.io/port annotation), {pod}, {namespace}.
         progress_timeout_seconds: timeout of one metrics read.
@@ -78,11 +88,13 @@ class Options:
     zoo_request_attempts: int = 2
     zoo_refresh_seconds: float = 30.0
     zoo_query_timeout_seconds: float = 60.0
+    warm_start_graph_timeout_seconds: float = 60.0
     default_image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     trainer_metrics_port: int = 9090
     trainer_service_account: str | None = None
     termination_grace_seconds: int = 60
+    pod_start_timeout_seconds: float = 600.0
     liveness_port: int = 8080
     liveness_host: str = "0.0.0.0"
     metrics_port: int = 9100
@@ -98,6 +110,8 @@ class Options:
     housekeeping_interval_seconds: float = 10.0
     progress_address: str = "{pod_ip}:{port}"
     progress_timeout_seconds: float = 5.0
+    profile_entrypoint_models: bool = True
+    profile_timeout_seconds: float = 600.0
     verbose: bool = False
 
     def zoo_retry_delay(self, attempt: int) -> float:

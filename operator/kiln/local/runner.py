@@ -42,7 +42,7 @@ class TrainerFailed(RuntimeError):
         shown = "\n    ".join(tail) if tail else "(no output)"
         super().__init__(
             f"job {job_name}: {why}" if why is not None else
-            f"job {job_name}: trainer {_how_it_ended(exit_code)}; last lines of {log_path}:\n"
+            f"job {job_name}: trainer {how_it_ended(exit_code)}; last lines of {log_path}:\n"
             f"    {shown}"
         )
 
@@ -51,7 +51,7 @@ class JobBusy(RuntimeError):
     """Another `kiln run` in this working directory is running the job (it holds the lock)."""
 
 
-def _how_it_ended(exit_code: int) -> str:
+def how_it_ended(exit_code: int) -> str:
     """"exited with code 2", or "was killed by signal 9 (SIGKILL)" for a negative code; code 0
     (no result event) says how an own training loop reports one."""
     if exit_code == 0:

@@ -1,4 +1,4 @@
-"""`kiln run --slots N` with several jobs: plan them on this machine's devices, then run them.
+"""`kiln run --slots N` with several jobs: profile entrypoint models, plan, run on this machine.
 
 Jobs start as the placement queue says (`queues.NodeQueues`: a job starts when it heads the
 queue and its devices are free); when one ends, the rest are re-planned with what was measured.
@@ -8,6 +8,7 @@ queue and its devices are free); when one ends, the rest are re-planned with wha
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import queue
@@ -24,13 +25,202 @@ from rich.progress import Progress, TaskID
 
 from kiln import api, contract
 from kiln.local import machine, runner
-from kiln.placement import estimate, planner, queues, types
+from kiln.placement import estimate, planner, profilecache, queues, types
+from kiln.warmstart import select
 from kiln.zoo import records, store
 
 NODE = "local"  # this machine, the planner's only node
 PLAN_SETTINGS = types.Settings(time_limit_seconds=5.0)
 REPLAN_SETTINGS = types.Settings(use_milp=False)  # between jobs: fast, no solver process
 _POLL_SECONDS = 0.5  # how often the loop wakes to notice Ctrl-C while trainers are quiet
+
+
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    """What profiling an entrypoint model in its trainer's environment gives the plan and run.
+
+    Attributes:
+        measurement: parameters, FLOPs and the one-device step (`estimate.configs(measured=)`).
+        warm_start: the profile's warm-start decision as `contract.TrainerArgs.warm_start` JSON,
+            or None (the trainer decides itself).
+    """
+
+    measurement: estimate.ModelMeasurement
+    warm_start: str | None
+
+
+def needs_profile(job: api.TrainingJob) -> bool:
+    """True for a model from user code that Kiln's trainer runs: only its trainer can build it,
+    so only a profiling run can count it (a job's own command is never profiled)."""
+    return job.spec.model.entrypoint is not None and not job.spec.template.get("command")
+
+
+def profile_jobs(
+    jobs: Sequence[api.TrainingJob],
+    *,
+    devices: machine.Devices,
+    zoo_uri: str,
+    work_dir: Path,
+    console: Console,
+    profile_cache: Path | None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Profiled]:
+    """Profile every job that `needs_profile`, one at a time, before planning.
+
+    Each runs ``python -m kiln_trainer --profile`` with the environment, PYTHONPATH and job file
+    its training will get, on one device (GPU 0, or one CPU slot's threads), and prints one line.
+    An ok or out-of-memory step goes into the `kiln profile` cache as the single k = 1 config.
+    A profiling run that fails otherwise (exit 1, a crash, no profile) is warned about and
+    the job is planned from the nominal estimate.
+
+    Args:
+        jobs: the run's jobs; those not needing a profile are skipped.
+        devices: this machine's devices (kind, CPU threads per slot).
+        zoo_uri: the zoo the warm-start decision searches.
+        work_dir: folder for job files and the ``<job>.profile.log`` logs.
+        console: where the profile lines and warnings go.
+        profile_cache: the `kiln profile` cache file to update (None: none).
+        env: extra environment for the trainer (zoo settings, PYTHONPATH).
+
+    Returns:
+        Per profiled job name, its measurement and warm-start decision.
+
+    Raises:
+        runner.JobBusy: another `kiln run` here holds a job's lock (nothing profiled).
+        runner.TrainerFailed: a profiling run found the job or its code wrong (exit 2), as its
+            training would; later jobs are not profiled.
+        KeyboardInterrupt: Ctrl-C, or the profiling run stopped by a signal.
+        profilecache.ProfileCacheError: the profile cache is unusable.
+    """
+    wanted = [job for job in jobs if needs_profile(job)]
+    if not wanted:
+        return {}
+    entries = profilecache.read_cache(profile_cache) if profile_cache is not None else {}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    with runner.job_locks(wanted, work_dir):
+        for job in wanted:
+            found = _profile_one(job, devices=devices, zoo_uri=zoo_uri, work_dir=work_dir,
+                                 console=console, env=env or {})
+            if found is None:
+                continue
+            out[job.name] = Profiled(measurement_of(found),
+                                     _warm_start_text(job.name, found, console))
+            console.print(profile_line(job.name, found), markup=False, highlight=False)
+            # `kiln profile` keeps no failed steps either: a later one measures them again
+            if profile_cache is not None and found.step_status in (profilecache.STATUS_OK,
+                                                                   profilecache.STATUS_OOM):
+                entries[_cache_key(job, found)] = _cache_entry(job, found)
+                profilecache.write_cache(profile_cache, entries)
+    return out
+
+
+def _profile_one(job: api.TrainingJob, *, devices: machine.Devices, zoo_uri: str,
+                 work_dir: Path, console: Console, env: dict[str, str]
+                 ) -> contract.Profile | None:
+    """Run one job's profiling trainer; its Profile event, or None after a warning."""
+    args = contract.TrainerArgs(job_file=str(runner.write_job_file(job, work_dir)),
+                                zoo=zoo_uri, profile=True)
+    extra = {**env, **({"CUDA_VISIBLE_DEVICES": _visible_devices((0,))} if devices.gpu else {})}
+    log_path = work_dir / f"{job.name}.profile.log"
+    console.print(f"[bold]{escape(job.name)}[/]: profiling {escape(job.spec.model.label)} "
+                  f"(log: {escape(str(log_path))})")
+    found = None
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = runner.start_trainer(
+            job.name, contract.trainer_command(1, args.to_argv()), log=log, own=False,
+            env=runner.trainer_env(extra, threads=str(devices.threads)))
+        try:
+            for event in runner.read_events(process, log=log):
+                if isinstance(event, contract.Profile):
+                    found = event
+                elif isinstance(event, contract.Info):  # kept beside its stderr
+                    log.write(f"{event.message}\n")
+                    log.flush()
+            process.wait()
+        except KeyboardInterrupt:
+            runner.stop_all([process])
+            raise
+    code = process.returncode
+    if code in contract.INTERRUPTED_EXIT_CODES:
+        console.print(f"[yellow]{escape(job.name)}: profiling stopped; nothing was trained[/]")
+        raise KeyboardInterrupt
+    if code == contract.EXIT_INVALID:  # the job or its code is wrong: training would fail too
+        raise runner.TrainerFailed(job.name, code, log_path, runner.tail(log_path))
+    if found is None or code != contract.EXIT_OK:
+        how = "exited 0 without a profile" if code == 0 else runner.how_it_ended(code)
+        console.print(f"[yellow]warning:[/] {escape(job.name)}: profiling {how} (log: "
+                      f"{escape(str(log_path))}); planning it from the nominal estimate, and "
+                      "its trainer decides warm start itself", highlight=False)
+        return None
+    return found
+
+
+def measurement_of(found: contract.Profile) -> estimate.ModelMeasurement:
+    """A profile as the estimator reads it (a step only when it was timed ok)."""
+    ok = found.step_status == profilecache.STATUS_OK
+    return estimate.ModelMeasurement(
+        parameters=found.parameters, flops_per_sample=found.flops_per_sample,
+        device_type=found.device, batch_size=found.batch_size,
+        step_seconds=found.step_seconds if ok else None,
+        out_of_memory=found.step_status == profilecache.STATUS_OOM)
+
+
+def _warm_start_text(name: str, found: contract.Profile, console: Console) -> str | None:
+    try:
+        decided = select.from_report(found.warm_start_decision)
+    except ValueError as exc:
+        console.print(f"[yellow]warning:[/] {escape(name)}: the profile's warm-start decision "
+                      f"is unreadable ({escape(str(exc))}); its trainer decides itself",
+                      highlight=False)
+        return None
+    return None if decided is None else json.dumps(decided.to_json())
+
+
+def profile_line(name: str, found: contract.Profile) -> str:
+    """One console line: "mixer: profiled 12,345 parameters, 0.4 MFLOPs/sample, 8.1 ms/step on
+    cpu; warm start: <reason>"."""
+    flops = "FLOPs not countable" if found.flops_per_sample is None else \
+        f"{_si(found.flops_per_sample)}FLOPs/sample"
+    if found.step_status == profilecache.STATUS_OK and found.step_seconds is not None:
+        step = f"{found.step_seconds * 1000:.1f} ms/step" if found.step_seconds < 1 else \
+            f"{found.step_seconds:.2f} s/step"
+    elif found.step_status == profilecache.STATUS_OOM:
+        step = f"batch {found.batch_size} out of memory"
+    else:
+        step = f"step not timed ({found.step_detail or found.step_status})"
+    reason = str((found.warm_start_decision or {}).get("reason") or "decided by the trainer")
+    return (f"{name}: profiled {found.parameters:,} parameters, {flops}, {step} on "
+            f"{found.device}; warm start: {reason}")
+
+
+def _si(value: float) -> str:
+    """0.4 M, 12 G: a FLOP count with an SI prefix (the unit follows)."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.3g} "
+
+
+def _cache_key(job: api.TrainingJob, found: contract.Profile) -> str:
+    """The single k = 1 config's key, on the device kind the step was timed on."""
+    return profilecache.cache_key(job.spec.model, batch_size=job.spec.training.batch_size,
+                                  parallelism="single", gpus=1, kind=found.device)
+
+
+def _cache_entry(job: api.TrainingJob, found: contract.Profile) -> dict[str, Any]:
+    """A cache entry as `kiln profile` writes it."""
+    step = profilecache.Measurement("single", 1, measurement_of(found).step_seconds,
+                                    found.step_status, found.step_detail)
+    return {**dataclasses.asdict(step), "architecture": job.spec.model.label,
+            "device_type": found.device, "batch_size": job.spec.training.batch_size,
+            "measured_time": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _visible_devices(held: Sequence[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for our device indices, which count the GPUs visible to us."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    return ",".join(visible[d] if len(visible) > d and visible[d] else str(d) for d in held)
 
 
 def make_plan(
@@ -40,11 +230,13 @@ def make_plan(
     zoo: store.ObjectStore | None,
     profile_cache: Path | None,
     settings: types.Settings = PLAN_SETTINGS,
+    profiled: Mapping[str, Profiled] | None = None,
 ) -> tuple[types.Plan, dict[str, tuple[types.Config, ...]]]:
     """Estimate every job's configs and plan them on one node of `devices.count` devices.
 
-    Estimates come from the zoo, else the `kiln profile` cache, else FLOPs (`estimate.configs`);
-    the plan is the heuristic's, or the MILP's when it does better (`planner.plan`).
+    Estimates come from a job's profile (`profile_jobs`), else the zoo, else the `kiln profile`
+    cache, else FLOPs (`estimate.configs`); the plan is the heuristic's, or the MILP's when it
+    does better (`planner.plan`).
 
     Returns:
         The plan (times in seconds from 0) and each job's configs.
@@ -56,11 +248,18 @@ def make_plan(
     zoo_records = records.list_records(zoo) if zoo is not None else []
     configs = {job.name: estimate.configs(
         job, zoo=None, zoo_records=zoo_records, profile_cache=profile_cache,
-        max_gpus=devices.count, device_type=devices.kind, parallelisms=devices.parallelisms())
+        max_gpus=devices.count, device_type=devices.kind, parallelisms=devices.parallelisms(),
+        measured=_measured(profiled, job.name))
         for job in jobs}
     snapshot = types.Snapshot(0.0, (types.Node(NODE, devices.count),),
                               tuple(types.JobRequest(n, c) for n, c in configs.items()))
     return planner.plan(snapshot, settings), configs
+
+
+def _measured(profiled: Mapping[str, Profiled] | None,
+              name: str) -> estimate.ModelMeasurement | None:
+    found = (profiled or {}).get(name)
+    return found.measurement if found is not None else None
 
 
 def planned_devices(the_plan: types.Plan, count: int) -> dict[str, tuple[int, ...]]:
@@ -113,11 +312,14 @@ def run_planned(
     work_dir: Path,
     console: Console,
     env: dict[str, str] | None = None,
+    profiled: Mapping[str, Profiled] | None = None,
 ) -> list[runner.JobOutcome]:
     """Run `jobs` concurrently per `the_plan`, at most `devices.count` devices busy at once.
 
     A job warm-starts from the zoo as it is when the job *starts*: jobs running at the same
-    time never warm-start from each other. A config with k > 1 runs k processes under
+    time never warm-start from each other. A profiled job's trainer gets its profile's
+    warm-start decision unless a job of this run has registered a model since (then the
+    trainer decides again, against the grown zoo). A config with k > 1 runs k processes under
     torchrun (`devices.launcher`); each job's lock (`runner.job_locks`) is held for the whole
     run, so a rerun resumes stopped jobs from their checkpoints.
 
@@ -131,7 +333,8 @@ def run_planned(
         KeyboardInterrupt: Ctrl-C or a trainer stopped by a signal; all were stopped.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    run = _Run(list(jobs), the_plan, dict(configs), devices, zoo_uri, work_dir, console, env or {})
+    run = _Run(list(jobs), the_plan, dict(configs), devices, zoo_uri, work_dir, console, env or {},
+               decisions={n: p.warm_start for n, p in (profiled or {}).items() if p.warm_start})
     with runner.job_locks(list(jobs), work_dir):
         try:
             with runner.new_progress(console) as progress:
@@ -146,8 +349,11 @@ class _Run:
 
     def __init__(self, jobs: list[api.TrainingJob], the_plan: types.Plan,
                  configs: dict[str, tuple[types.Config, ...]], devices: machine.Devices,
-                 zoo_uri: str, work_dir: Path, console: Console, env: dict[str, str]) -> None:
+                 zoo_uri: str, work_dir: Path, console: Console, env: dict[str, str], *,
+                 decisions: dict[str, str]) -> None:
         self.jobs = {job.name: job for job in jobs}
+        self.decisions = decisions  # job -> the profile's warm-start decision (JSON)
+        self.zoo_grew = False  # a job of this run registered a model: decisions may be stale
         self.first_plan, self.configs, self.devices = the_plan, configs, devices
         self.zoo_uri, self.work_dir, self.console, self.env = zoo_uri, work_dir, console, env
         self.queue = queues.NodeQueues(the_plan)
@@ -198,7 +404,8 @@ class _Run:
             else tuple(sorted(self.free)[: a.gpus])
         self.free = [d for d in self.free if d not in held]
         args = contract.TrainerArgs(job_file=str(runner.write_job_file(job, self.work_dir)),
-                                    zoo=self.zoo_uri)
+                                    zoo=self.zoo_uri,
+                                    warm_start=None if self.zoo_grew else self.decisions.get(a.job))
         own = runner.own_command(job, dataclasses.replace(args, parallelism=a.parallelism))
         if own is not None:  # the job's own command, with Kiln's settings in its environment
             command = own[0]
@@ -208,10 +415,8 @@ class _Run:
         else:
             command = contract.trainer_command(1, args.to_argv())
         extra = {**self.env, **(own[1] if own is not None else {})}
-        if self.devices.gpu:  # our indices count the GPUs visible to us
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-            extra["CUDA_VISIBLE_DEVICES"] = ",".join(
-                visible[d] if len(visible) > d and visible[d] else str(d) for d in held)
+        if self.devices.gpu:
+            extra["CUDA_VISIBLE_DEVICES"] = _visible_devices(held)
         log_path = self.work_dir / f"{a.job}.log"
         log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in `ended`)
         try:
@@ -265,6 +470,7 @@ class _Run:
             raise runner.TrainerFailed(name, code, log_path, runner.tail(log_path))
         if live.result.get("samples_per_second"):
             self.measured[name] = float(live.result["samples_per_second"])
+        self.zoo_grew = self.zoo_grew or bool(live.result.get("zoo_model"))
         a, rec = live.assignment, self.record[name]
         placement = runner.Placement(a.parallelism, a.gpus, live.devices, rec["source"],
                                     rec["planned_start_seconds"], rec["planned_seconds"],

@@ -11,9 +11,10 @@ import json
 
 import torch
 from torch import nn
+from torch.utils import flop_counter
 
 from kiln import api
-from kiln.models import entrypoints, registry
+from kiln.models import entrypoints, registry, tracing
 
 _DATASET_MODALITY = {
     api.DatasetName.DIGITS: registry.Modality.IMAGE,
@@ -32,6 +33,15 @@ _TEXT_VOCABULARY = 256
 # Above this many parameters a model does not fit one accelerator's memory for training (8 GB
 # of fp32 weights alone, 4x that with gradients and Adam state); reject before allocating.
 MAX_PARAMETERS = 2_000_000_000
+# Size limits that bound admission's own work, so one job cannot stall it: building a model on
+# `meta` and tracing its graph take time per module (about 1 s per 3,000 modules), whatever the
+# widths. A layer count arg is checked before building (a list counts its sum), modules before
+# the forward pass and before any tracing, FLOPs on the forward pass (a FlopCounterMode on meta
+# tensors costs little). Every example and registry default is far below each of them.
+LAYER_ARGS = ("depth", "blocks", "layers", "num_layers")
+MAX_LAYERS = 200
+MAX_MODULES = 10_000
+MAX_FLOPS_PER_SAMPLE = 1e14
 
 
 def build(spec: api.ModelSpec) -> nn.Module:
@@ -90,9 +100,13 @@ def example_batch(spec: api.ModelSpec, *, batch_size: int = 1,
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def check_job(job: api.TrainingJob) -> list[str]:
+def check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
     """Every problem of a job; [] when the job can run. `kiln validate` and the operator's
-    admission both run exactly this (after parsing the document with `api.parse_job`).
+    admission both run exactly this, on what `api.parse_job` gave: the job, or the
+    `api.InvalidSpec` it raised. Given the error, its problems (schema and cross-field) come
+    first, then the registry's problems of the job as far as it parsed (`InvalidSpec.job`),
+    except those reading a field the schema rejected (`api.unaffected`): every problem that
+    can be told is named at once.
 
     Checks, in order (a failed check skips the checks that depend on it):
       * `api.validate(job)` (cross-field rules, the pod template);
@@ -104,20 +118,33 @@ def check_job(job: api.TrainingJob) -> list[str]:
         needs text models);
       * every spec.model.args key is a builder argument (else a did-you-mean);
       * num_classes covers the dataset's classes (digits: 10), vocab_size covers bytes (256);
+      * no layer count arg (LAYER_ARGS) is above MAX_LAYERS, checked before building;
       * the builder accepts the args and the input shape (errors of any kind while building
-        name spec.model), the model has at most MAX_PARAMETERS parameters, and one forward
-        pass of a Tensor[2, *inputShape] works (all on the `meta` device).
+        name spec.model), the model has at most MAX_MODULES modules and MAX_PARAMETERS
+        parameters, and one forward pass of a Tensor[2, *inputShape] works and costs at most
+        MAX_FLOPS_PER_SAMPLE per sample (all on the `meta` device).
 
     The registry checks are cached per (model, dataset): a thousand jobs of a few
     architectures build a few models.
 
     Args:
-        job: a parsed TrainingJob.
+        job: a parsed TrainingJob, or the `api.InvalidSpec` of a document that did not parse.
 
     Returns:
         Problems, one line each, as ``spec.model.<field>: what is wrong (got X); fix``.
     """
-    problems = api.validate(job)
+    if isinstance(job, api.InvalidSpec):
+        parsed = job.job
+        if not isinstance(parsed, api.TrainingJob):
+            return list(job.problems)
+        more = api.unaffected(_model_problems(parsed), job.rejected)
+        return list(job.problems) + [p for p in more if p not in job.problems]
+    return api.validate(job) + _model_problems(job)
+
+
+def _model_problems(job: api.TrainingJob) -> list[str]:
+    """`check_job`'s checks beyond `api.validate`: the model against the registry."""
+    problems: list[str] = []
     spec, dataset = job.spec.model, job.spec.dataset.loader
     if spec.architecture is None or spec.entrypoint is not None:
         return problems + _entrypoint_problems(spec, dataset)
@@ -135,6 +162,9 @@ def _registry_problems(key: str) -> tuple[str, ...]:
     try:
         info = registry.get_info(spec.architecture)
     except registry.UnknownArchitecture as exc:
+        look_alike = api.non_ascii(spec.architecture)
+        if look_alike is not None:
+            return (f"spec.model.architecture: {spec.architecture!r} {look_alike}; {exc}",)
         return (f"spec.model.architecture: {exc}",)
     problems: list[str] = []
     if spec.task is not None and _TASKS[spec.task] is not info.task:
@@ -153,9 +183,10 @@ def _registry_problems(key: str) -> tuple[str, ...]:
     arg_problems = [
         f"spec.model.args.{key}: {why}" for key, why in registry.unknown_args(info.name, spec.args)
     ]
-    problems += arg_problems + _dataset_fit(info, spec, dataset)
-    if arg_problems or any(p.startswith("spec.model.inputShape") for p in problems):
-        return tuple(problems)  # building would only repeat these problems in murkier words
+    problems += arg_problems + _dataset_fit(info, spec, dataset) + _layer_problems(spec)
+    if arg_problems or any(p.startswith(("spec.model.inputShape", "spec.model.args."))
+                           for p in problems):
+        return tuple(problems)  # building would repeat these problems or take too long
     return tuple(problems + _build_problems(info, spec))
 
 
@@ -202,6 +233,19 @@ def _dataset_fit(
     return []
 
 
+def _layer_problems(spec: api.ModelSpec) -> list[str]:
+    """Layer counts over MAX_LAYERS, before building: building time grows with them."""
+    problems = []
+    for name in LAYER_ARGS:
+        value = spec.args.get(name)
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            value = sum(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS:
+            problems.append(f"spec.model.args.{name}: the model would have {value:,} layers; "
+                            f"Kiln builds at most {MAX_LAYERS:,}; use fewer blocks ({name})")
+    return problems
+
+
 def _build_problems(info: registry.ArchitectureInfo, spec: api.ModelSpec) -> list[str]:
     """Build on `meta` and run one forward pass; the builder's own complaints become problems."""
     shape = list(spec.input_shape)
@@ -216,6 +260,11 @@ def _build_problems(info: registry.ArchitectureInfo, spec: api.ModelSpec) -> lis
             message = (f"spec.model: {info.name} cannot be built with inputShape {shape} and "
                        f"these args ({_first_line(exc)}); use smaller sizes")
             return [message]
+        num_modules = sum(1 for _ in model.modules())
+        if num_modules > MAX_MODULES:
+            message = (f"spec.model.args: the model has {num_modules:,} modules; Kiln traces at "
+                       f"most {MAX_MODULES:,}; use fewer blocks (depth)")
+            return [message]
         num_params = sum(p.numel() for p in model.parameters())
         if num_params > MAX_PARAMETERS:
             message = (f"spec.model.args: {info.name} with these args has {num_params:,} "
@@ -224,7 +273,9 @@ def _build_problems(info: registry.ArchitectureInfo, spec: api.ModelSpec) -> lis
             return [message]
         sample = registry.example_input(info.name, shape, batch_size=2, device="meta")
         try:
-            with torch.no_grad():
+            # FlopCounterMode's module hooks are global, and a trace elsewhere patches calls.
+            with tracing.LOCK, torch.no_grad(), flop_counter.FlopCounterMode(
+                    display=False) as flops:
                 model.eval()(sample)
         except (RuntimeError, ValueError, IndexError, OverflowError) as exc:
             reason = _first_line(exc)
@@ -233,6 +284,11 @@ def _build_problems(info: registry.ArchitectureInfo, spec: api.ModelSpec) -> lis
                 "use a larger input or another architecture"
             )
             return [message]
+    flops_per_sample = flops.get_total_flops() / 2
+    if flops_per_sample > MAX_FLOPS_PER_SAMPLE:
+        return [(f"spec.model: one forward pass of {info.name} with inputShape {shape} costs "
+                 f"{flops_per_sample:.3g} FLOPs per sample; Kiln accepts at most "
+                 f"{MAX_FLOPS_PER_SAMPLE:.3g}; use a smaller input, width or depth")]
     return []
 
 

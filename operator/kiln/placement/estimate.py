@@ -1,6 +1,7 @@
 """Runtime estimates: how long a job's whole training takes in each config (parallelism, k).
 
-Sources, first that has it: the zoo's recorded throughput, the `kiln profile` cache, FLOPs.
+Sources, first that has it: the profiling step's measurement, the zoo's recorded throughput,
+the `kiln profile` cache, FLOPs.
 `refine` rescales them by a running job's measured throughput. Never needs a GPU.
 """
 
@@ -19,6 +20,7 @@ import torch
 from torch.utils import flop_counter
 
 from kiln import api, models
+from kiln.models import tracing
 from kiln.placement import profilecache, types
 from kiln.zoo import records, store
 
@@ -32,9 +34,10 @@ TORCHVISION_TRAIN_SAMPLES = {"MNIST": 60000, "FashionMNIST": 60000, "KMNIST": 60
                              "QMNIST": 60000, "USPS": 7291, "CIFAR10": 50000, "CIFAR100": 50000,
                              "SVHN": 73257, "STL10": 5000}
 UNKNOWN_SAMPLES = 50_000
-# An entrypoint model is user code the operator never imports, so it cannot be counted: until
-# the zoo holds a measured run of the same entrypoint, it is costed as a model of this many
-# parameters doing 2 FLOPs per parameter per sample (a dense forward pass).
+# An entrypoint model is user code the operator never imports, so it cannot be counted here: the
+# profiling step measures it in its own image (`ModelMeasurement`). Without that measurement nor
+# a measured zoo run of the same entrypoint, it is costed as a model of this many parameters
+# doing 2 FLOPs per parameter per sample (a dense forward pass).
 UNKNOWN_MODEL_PARAMETERS = 5_000_000
 _IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff",
                              ".ppm", ".pgm"})
@@ -81,6 +84,37 @@ def device_model(device_type: str) -> DeviceModel:
     if kind not in DEVICE_MODELS:
         raise ValueError(f"device type {device_type!r}: expected cpu or cuda[:<name>]")
     return DEVICE_MODELS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMeasurement:
+    """A model as the profiling step measured it in its own image (`kiln.contract.Profile`).
+
+    Attributes:
+        parameters: parameter count.
+        flops_per_sample: forward FLOPs of one sample, or None (not countable).
+        device_type: "cpu" or "cuda:<name>": where `step_seconds` was timed.
+        batch_size: the global batch the step was timed at.
+        step_seconds: one optimizer step at `batch_size` on one device, or None (not timed).
+        out_of_memory: the whole batch did not fit one device (the single config is infeasible;
+            data-parallel configs take B / k per device and may fit).
+    """
+
+    parameters: int
+    flops_per_sample: float | None
+    device_type: str
+    batch_size: int
+    step_seconds: float | None
+    out_of_memory: bool = False
+
+    def step_on(self, device_type: str, batch_size: int) -> float | None:
+        """The measured k = 1 step at `batch_size` when it was timed on this device kind
+        ("cpu", or any "cuda"), scaled linearly from the measured batch; else None."""
+        kind = "cuda" if device_type.startswith("cuda") else "cpu"
+        measured_kind = "cuda" if self.device_type.startswith("cuda") else "cpu"
+        if self.step_seconds is None or kind != measured_kind or self.batch_size <= 0:
+            return None
+        return self.step_seconds * batch_size / self.batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +170,7 @@ def configs(
     zoo_records: Sequence[records.ZooRecord] | None = None,
     parallelisms: Sequence[str] = types.PARALLELISMS,
     device: DeviceModel | None = None,
+    measured: ModelMeasurement | None = None,
 ) -> tuple[types.Config, ...]:
     """Candidate configs of `job` with whole-job seconds and their source.
 
@@ -147,6 +182,8 @@ def configs(
     devices, and a validation batch costs a forward pass, about a third of a training step.
     `step` comes from the first source that has it, recorded in `types.Config.source`:
 
+    0. "profile": the profiling step's measurement of an entrypoint model (`measured`), timed
+       on this device kind at k = 1 in the job's own image.
     1. "zoo": throughput recorded by earlier runs of similar architectures
        (`ZooRecord.samples_per_second`, training steps only). Similar = the same
        architecture, else the same family (`models.get_info(...).family`); among those, the
@@ -184,6 +221,9 @@ def configs(
         zoo_records: the zoo's records, already listed (saves a listing per job).
         parallelisms: parallelisms that can run here (e.g. ("single",) without torchrun).
         device: speed constants (default `device_model(device_type)`).
+        measured: the profiling step's measurement (entrypoint models): its FLOPs and
+            parameter count replace the nominal ones, and its step time, when timed on this
+            device kind, is the k = 1 step.
 
     Returns:
         `types.candidates` of the configs: fastest parallelism per k, dominated k dropped,
@@ -199,9 +239,15 @@ def configs(
     work = workload(job)
     spec = job.spec.model
     flops, params = model_cost(spec)
+    if measured is not None:
+        params = measured.parameters
+        flops = measured.flops_per_sample or 2.0 * measured.parameters
     if zoo_records is None and zoo is not None:
         zoo_records = _list_records(zoo)
-    step1, source = _zoo_step(job, zoo_records or (), device), "zoo"
+    step1 = measured.step_on(device_type, work.batch_size) if measured is not None else None
+    source = "profile"
+    if step1 is None:
+        step1, source = _zoo_step(job, zoo_records or (), device), "zoo"
     if step1 is None:
         compute = FORWARD_BACKWARD_FACTOR * flops * work.batch_size / device.flops_per_second
         step1, source = compute + device.step_overhead_seconds, "flops"
@@ -211,12 +257,13 @@ def configs(
     for parallelism, k in _shapes(job, max_gpus, kind, parallelisms):
         key = profilecache.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
                                 gpus=k, kind=device_type)
-        measured = profilecache.lookup(entries, key)
-        if measured is not None and not measured.feasible:
+        cached = profilecache.lookup(entries, key)
+        if cached is not None and not cached.feasible or (
+                measured is not None and measured.out_of_memory and parallelism == "single"):
             out.append(types.Config(parallelism, k, math.inf, "profile"))
-        elif source == "flops" and measured is not None and measured.step_seconds is not None:
+        elif source == "flops" and cached is not None and cached.step_seconds is not None:
             out.append(types.Config(parallelism, k,
-                                    job_seconds(work, measured.step_seconds, device), "profile"))
+                                    job_seconds(work, cached.step_seconds, device), "profile"))
         elif source == "flops" and not _fits(parallelism, k, params, job, device):
             out.append(types.Config(parallelism, k, math.inf, "flops"))
         else:
@@ -305,7 +352,7 @@ def _model_cost(key: str) -> tuple[float, int]:
     with torch.device("meta"):
         model = models.get_model(architecture, input_shape=tuple(shape), **args)
         example = models.example_input(architecture, tuple(shape), batch_size=1, device="meta")
-    with flop_counter.FlopCounterMode(display=False) as counter:
+    with tracing.LOCK, flop_counter.FlopCounterMode(display=False) as counter:
         model(example)
     return float(counter.get_total_flops()), sum(p.numel() for p in model.parameters())
 
@@ -418,10 +465,17 @@ def _dataset_samples(ds: api.DatasetSpec, input_shape: Sequence[int]) -> int:
     if not ds.path or ds.path.startswith("s3://") or not Path(ds.path).exists():
         return UNKNOWN_SAMPLES
     path = Path(ds.path)
+    # As the trainer reads folders: linked folders followed once each (a link back to an
+    # ancestor would loop), each real file counted once.
+    seen_dirs: set[str] = set()
+    files: set[str] = set()
+    for root, dirs, names in os.walk(path, followlinks=True):
+        seen_dirs.add(os.path.realpath(root))
+        dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(root, d)) not in seen_dirs]
+        files.update(os.path.realpath(os.path.join(root, n)) for n in names)
     if ds.loader == api.DatasetName.TEXT:
-        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        return sum(p.stat().st_size for p in files) // (int(input_shape[0]) + 1)
-    count = 0
-    for _root, _dirs, names in os.walk(path):
-        count += sum(1 for n in names if Path(n).suffix.lower() in _IMAGE_SUFFIXES)
+        sizes = [path.stat().st_size] if path.is_file() else [os.path.getsize(f) for f in files
+                                                              if os.path.isfile(f)]
+        return sum(sizes) // (int(input_shape[0]) + 1)
+    count = sum(1 for f in files if Path(f).suffix.lower() in _IMAGE_SUFFIXES)
     return count or UNKNOWN_SAMPLES

@@ -42,11 +42,20 @@ class Config:
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """A queued job: its candidate configs and when it arrived (or becomes ready)."""
+    """A queued job: its candidate configs and when it arrived (or becomes ready).
+
+    Attributes:
+        name: the job's key.
+        configs: its candidate configs (`candidates` keeps the usable ones).
+        arrival: when it arrived or becomes ready, seconds on the snapshot's clock.
+        asked_gpus: its spec.resources.gpus (None: any count), so that a job no node can take
+            is told why in its own terms.
+    """
 
     name: str
     configs: tuple[Config, ...]
     arrival: float = 0.0
+    asked_gpus: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +79,14 @@ class Running:
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """What the planner sees: the clock, the nodes, queued and running jobs."""
+    """What the planner sees: the clock, the nodes, queued and running jobs, and whether the
+    nodes' devices are GPUs ("gpu") or CPU worker slots ("cpu")."""
 
     now: float
     nodes: tuple[Node, ...]
     queued: tuple[JobRequest, ...]
     running: tuple[Running, ...] = ()
+    device: str = "gpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +140,8 @@ class Settings:
 
     Attributes:
         time_limit_seconds: wall budget of one `planner.plan` call: the heuristic, the MILP
-            worker's start, model build, solve and decode; the watchdog kills the worker
-            at this plus `watchdog_margin_seconds`.
+            worker's start, model build, solve and decode; the watchdog kills the worker when
+            it runs out, so a call never takes longer (plus the kill itself).
         mip_rel_gap: HiGHS relative gap; profiles carry +-5-10% error, so 0.01-0.02.
         seed: HiGHS random seed.
         threads: HiGHS threads (its branch and bound is largely serial).
@@ -146,8 +157,9 @@ class Settings:
         milp_max_jobs: more queued jobs than this skip the MILP (the heuristic is within a
             few % of the area bound there).
         slot_seconds: fixed slot length (None: derived from the heuristic horizon).
-        watchdog_margin_seconds: grace beyond the time limit (worker start, model build,
-            HiGHS overshoot) before the worker is killed.
+        watchdog_margin_seconds: the end of the budget kept back for the worker to hand its
+            plan back: the solver's own deadline is this much before the watchdog (at most half
+            the budget; HiGHS overshoots its limit by up to a branch-and-bound step).
     """
 
     time_limit_seconds: float = 10.0
@@ -162,7 +174,7 @@ class Settings:
     knee_efficiency: float = 0.75
     milp_max_jobs: int = 120
     slot_seconds: float | None = None
-    watchdog_margin_seconds: float = 10.0
+    watchdog_margin_seconds: float = 1.0
 
 
 class Unplaceable(ValueError):
@@ -206,8 +218,20 @@ def unplaceable_reasons(snapshot: Snapshot) -> dict[str, str]:
     problems: dict[str, str] = {}
     for job in snapshot.queued:
         usable = candidates(job)
-        if not usable:
-            problems[job.name] = "has no feasible config (every estimate is infinite or none)"
+        asked = job.asked_gpus
+        if asked and snapshot.device == "cpu":
+            problems[job.name] = (
+                f"asks for {asked} GPUs; no node has GPUs (only CPU nodes are Ready); add GPU "
+                "nodes, or set spec.resources.gpus: 0 to train on CPU")
+        elif asked and asked > largest:
+            problems[job.name] = (
+                f"asks for {asked} GPUs; the largest node has {largest}; lower "
+                "spec.resources.gpus, or add a node with that many")
+        elif not usable:
+            problems[job.name] = (
+                f"has no feasible config: no parallelism and device count that "
+                f"spec.resources and batchSize allow fits a node (at most {largest} devices) "
+                "and its device memory; use a smaller model or batch, or allow other counts")
         elif usable[0].gpus > largest:
             problems[job.name] = (f"its smallest config needs {usable[0].gpus} devices but the "
                                   f"largest node has {largest}")

@@ -41,8 +41,9 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
         warm: the heuristic plan (horizon and warm start).
         settings: time limit, watchdog margin and solver settings.
         budget_seconds: wall seconds from now for everything, the worker's start included
-            (default `settings.time_limit_seconds`); the watchdog fires at this plus
-            `settings.watchdog_margin_seconds`.
+            (default `settings.time_limit_seconds`); the watchdog fires at this, and the
+            solver's own deadline is `settings.watchdog_margin_seconds` earlier (at most half
+            the budget), so the worker can hand its plan back before it.
 
     Returns:
         (decoded MILP plan or None, reason, `milp.SolveOutcome` or None). The reason says
@@ -50,8 +51,9 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
         after N s, worker exit code and its last error line, solver error).
     """
     budget = settings.time_limit_seconds if budget_seconds is None else budget_seconds
-    deadline = budget + settings.watchdog_margin_seconds
-    wall_deadline = time.time() + budget  # the worker's clock: same machine
+    deadline = budget  # the call never outlives its budget, whatever the solver does
+    reserve = min(max(settings.watchdog_margin_seconds, 0.0), budget / 2)
+    wall_deadline = time.time() + budget - reserve  # the worker's clock: same machine
     # Only the directory holding `kiln` is added (after any PYTHONPATH of the caller's), and
     # -P keeps the working directory off sys.path: a caller's script folder must not shadow
     # the standard library in the worker (a bench/operator.py once hid `operator`).
@@ -70,7 +72,7 @@ def solve(problem: heuristic.Problem, warm: types.Plan, settings: types.Settings
         process.communicate()
         elapsed = time.perf_counter() - began
         return None, (f"milp: watchdog killed the solver after {elapsed:.1f} s (budget "
-                      f"{budget:.1f} s + margin {settings.watchdog_margin_seconds:g} s)"), None
+                      f"{budget:.1f} s)"), None
     except BaseException:  # interrupted while waiting: never leave the worker running
         process.kill()
         process.wait()

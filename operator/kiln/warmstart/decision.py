@@ -20,6 +20,12 @@ from kiln.warmstart import graph, index, match, select, transform
 from kiln.zoo import records, store
 
 QUERY_TIMEOUT_SECONDS = 30.0
+# A damaged parent (bad checksum, missing weights) must not cold-start every job that would
+# choose it: the policy chooses again without it, this many parents in all.
+MAX_PARENT_TRIES = 3
+# Parents the policy would choose next, each passing every check, kept in the decision for the
+# trainer's probe guard to try when the chosen parent does no better than a cold start.
+MAX_ALTERNATIVES = 2
 
 _log = logging.getLogger(__name__)
 
@@ -37,11 +43,21 @@ class Applied:
         untransferred_fraction: share of the child's weight tensors NOT transferred, in [0, 1]
             (1.0 on a cold start); drives the learning-rate damping of the first epochs.
         notes: one sentence per special case of the transform (resized heads, skipped inits).
+        matched_tensors: child weight tensors transferred (0 on a cold start).
+        total_tensors: the child's weight tensors (0 on a cold start).
+        similarity: the alignment's similarity (None on a cold start).
+        parent_metric: the parent record's metric value (None on a cold start).
+        metric_name: its name.
     """
 
     state_dict: dict[str, Tensor] | None
     untransferred_fraction: float
     notes: tuple[str, ...] = ()
+    matched_tensors: int = 0
+    total_tensors: int = 0
+    similarity: float | None = None
+    parent_metric: float | None = None
+    metric_name: str | None = None
 
 
 def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
@@ -62,19 +78,24 @@ def decide(
     *,
     zoo_index: index.ZooIndex | None = None,
     timeout_seconds: float = QUERY_TIMEOUT_SECONDS,
+    child: nx.DiGraph | None = None,
 ) -> select.Decision:
     """Decide the parent of `job` among the models of `zoo`; the decision is final.
 
     Every way warm start can fail (disabled, untraceable child, empty or incompatible zoo,
     similarity below `minSimilarity`, an unreadable parent record, fewer than 10% of the
     child's weight tensors transferable) ends in a cold-start decision whose reason says why
-    with numbers.
+    with numbers. A chosen parent that cannot be read (corrupt, failed checksum, missing) is
+    skipped and the policy chooses again among the rest, up to `MAX_PARENT_TRIES` parents;
+    the reason names each skipped parent and why.
 
     Args:
         job: the validated job; `spec.warmStart` says whether and how.
         zoo: the model zoo.
         zoo_index: a loaded index to reuse (the operator keeps one); None: index `zoo` now.
         timeout_seconds: deadline of the similarity search (partial results count).
+        child: the job's `model_graph`, when the caller extracted it already (the operator
+            does, in a process it can kill); None: extract it here.
 
     Returns:
         The decision: a parent with its transfer counts, or a cold start with its reason.
@@ -90,7 +111,7 @@ def decide(
     modality = str(models.modality_of(job.spec.model))
     task = str(models.task_of(job.spec.model))
     try:
-        child = model_graph(job.spec.model)
+        child = child if child is not None else model_graph(job.spec.model)
     except graph.GraphError as exc:
         return select.cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
     if spec.parent != "auto":
@@ -112,9 +133,57 @@ def decide(
         return select.cold_start(select.Outcome.COLD_INCOMPATIBLE,
                                  f"cold start: none of the {len(zoo_index)} zoo models is a "
                                  f"{modality} {task} model")
-    chosen = select.choose_parent(candidates, modality=modality, task=task,
-                                  min_similarity=spec.min_similarity)
-    return _count_transfer(chosen, zoo, job.spec.model)
+    skipped: dict[str, str] = {}
+    chosen = _choose(candidates, zoo, job, modality, task, skipped)
+    if chosen.parent_id is not None:  # the parents the policy would choose next, in order
+        rest = [c for c in candidates
+                if c.model_id != chosen.parent_id and c.model_id not in skipped]
+        alternatives: list[str] = []
+        while rest and len(alternatives) < MAX_ALTERNATIVES:
+            after = _choose(rest, zoo, job, modality, task, {})
+            if after.parent_id is None:
+                break
+            alternatives.append(after.parent_id)
+            rest = [c for c in rest if c.model_id != after.parent_id]
+        chosen = dataclasses.replace(chosen, alternatives=tuple(alternatives))
+    if not skipped:
+        return chosen
+    unusable = "skipped unusable parent " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
+    if chosen.parent_id is not None:
+        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {unusable}")
+    if chosen.outcome is select.Outcome.COLD_UNREADABLE_PARENT:
+        return chosen
+    then = chosen.reason if len(skipped) < len(candidates) else \
+        "cold start: no other candidate is left"
+    return dataclasses.replace(chosen, outcome=select.Outcome.COLD_UNREADABLE_PARENT,
+                               reason=f"{then}; {unusable}")
+
+
+def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api.TrainingJob,
+            modality: str, task: str, skipped: dict[str, str]) -> select.Decision:
+    """The policy's choice among `candidates`, counted by a dry run; a parent that cannot be
+    read goes into `skipped` (id: why) and the policy chooses again without it, up to
+    `MAX_PARENT_TRIES` parents."""
+    spec = job.spec.warm_start
+    for _ in range(MAX_PARENT_TRIES):
+        chosen = select.choose_parent(candidates, modality=modality, task=task,
+                                      min_similarity=spec.min_similarity)
+        parent = chosen.parent_id
+        if parent is None:
+            break
+        counted = _dry_run(chosen, zoo, job.spec.model)
+        if isinstance(counted, select.Decision):
+            chosen = counted
+            break
+        skipped[parent] = counted
+        candidates = [c for c in candidates if c.model_id != parent]
+    else:
+        return select.cold_start(
+            select.Outcome.COLD_UNREADABLE_PARENT,
+            f"cold start: the first {MAX_PARENT_TRIES} parents chosen are unusable: "
+            + "; ".join(f"{k} ({v})" for k, v in skipped.items()),
+            considered=chosen.candidates_considered)
+    return chosen
 
 
 def apply(
@@ -150,7 +219,8 @@ def apply(
         raise ApplyError(f"the warm-start decision names parent {decision.parent_id}, but no "
                          "model zoo is configured (--zoo)")
     try:
-        parent_state, parent_graph = _load_parent(zoo, decision.parent_id)
+        record = records.read_record(zoo, decision.parent_id)
+        parent_state, parent_graph = _load_parent(zoo, decision.parent_id, record)
         result = transform.warm_start_state(
             parent_state, parent_graph, child_model, input_shape,
             generator=torch.Generator().manual_seed(seed))
@@ -158,12 +228,16 @@ def apply(
             transform.TransformError) as exc:
         raise ApplyError(f"warm-start parent {decision.parent_id} is unusable now ({exc}); "
                          "resubmit the job to decide again") from exc
-    if (result.matched_tensors, result.total_tensors) != (decision.matched_tensors,
-                                                          decision.total_tensors):
+    if decision.matched_tensors is not None and (
+            result.matched_tensors, result.total_tensors) != (decision.matched_tensors,
+                                                              decision.total_tensors):
         _log.warning("warm start from %s transferred %d of %d tensors, the decision counted "
                      "%s of %s", decision.parent_id, result.matched_tensors,
                      result.total_tensors, decision.matched_tensors, decision.total_tensors)
-    return Applied(result.state_dict, result.untransferred_fraction, tuple(result.notes))
+    return Applied(result.state_dict, result.untransferred_fraction, tuple(result.notes),
+                   matched_tensors=result.matched_tensors, total_tensors=result.total_tensors,
+                   similarity=result.similarity, parent_metric=record.metric_value,
+                   metric_name=record.metric_name)
 
 
 def pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
@@ -184,10 +258,21 @@ def pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
 
 def _count_transfer(chosen: select.Decision, zoo: store.ObjectStore,
                     spec: api.ModelSpec) -> select.Decision:
-    """`select.finalize` on a dry run of the transform: the parent's weights into a child on
-    the `meta` device, so nothing is computed; a parent that cannot be read gives a cold start."""
+    """`_dry_run`, where a parent that cannot be read gives a cold start."""
     if chosen.parent_id is None:
         return chosen
+    counted = _dry_run(chosen, zoo, spec)
+    if isinstance(counted, str):
+        return select.cold_start(select.Outcome.COLD_UNREADABLE_PARENT,
+                                 f"cold start: parent {chosen.parent_id} is unusable ({counted})")
+    return counted
+
+
+def _dry_run(chosen: select.Decision, zoo: store.ObjectStore,
+             spec: api.ModelSpec) -> select.Decision | str:
+    """`select.finalize` on a dry run of the transform: the parent's weights into a child on
+    the `meta` device, so nothing is computed; or why the parent cannot be read."""
+    assert chosen.parent_id is not None
     try:
         parent_state, parent_graph = _load_parent(zoo, chosen.parent_id)
         with torch.device("meta"):
@@ -196,15 +281,15 @@ def _count_transfer(chosen: select.Decision, zoo: store.ObjectStore,
                                             spec.input_shape, noise_std=0.0)
     except (store.ObjectNotFound, records.CorruptRecord, graph.GraphError,
             transform.TransformError) as exc:
-        return select.cold_start(select.Outcome.COLD_UNREADABLE_PARENT,
-                                 f"cold start: parent {chosen.parent_id} is unusable ({exc})")
+        return str(exc)
     return select.finalize(chosen, result.matched_tensors, result.total_tensors)
 
 
-def _load_parent(zoo: store.ObjectStore,
-                 parent_id: str) -> tuple[Mapping[str, Tensor], nx.DiGraph]:
-    """The parent's weights (checksum verified) and graph."""
-    record = records.read_record(zoo, parent_id)
+def _load_parent(zoo: store.ObjectStore, parent_id: str,
+                 record: records.ZooRecord | None = None) -> tuple[Mapping[str, Tensor],
+                                                                   nx.DiGraph]:
+    """The parent's weights (checksum verified) and graph (`record`: its record, if read)."""
+    record = record or records.read_record(zoo, parent_id)
     return records.load_weights(zoo, record), graph.from_json(records.load_graph(zoo, record))
 
 

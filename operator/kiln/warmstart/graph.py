@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import importlib
 import itertools
+import math
 import re
 import weakref
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,8 @@ import numpy.typing as npt
 import torch
 import torch.fx
 from torch import nn
+
+from kiln.models import tracing
 
 # Extraction: an `nn.Module` becomes a `networkx.DiGraph` of its layers, the analogue of the ONNX
 # graph that ModelKeeper (Lai et al., NSDI '23) builds per zoo model, but with `torch.fx` instead of
@@ -146,15 +149,16 @@ def extract(
     dtype = input_dtype or (torch.int64 if len(shape) == 1 else torch.float32)
     meta_model = _meta_copy(model, label)
     example = torch.zeros([1, *shape], dtype=dtype, device="meta")
-    traced, functional = _trace(meta_model, example, label)
-    recorder = _ShapeRecorder(traced)
-    try:
-        with torch.no_grad():
-            recorder.run(example)
-    except Exception as exc:  # any op without a meta kernel or a shape error in the forward
-        raise GraphError(f"{label}: running it on a meta input of shape {[1, *shape]} "
-                         f"({_dtype_name(dtype)}) failed at node {recorder.current!r} "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from exc
+    with tracing.LOCK:  # tracers patch module calls process-wide; so may a trace elsewhere
+        traced, functional = _trace(meta_model, example, label)
+        recorder = _ShapeRecorder(traced)
+        try:
+            with torch.no_grad():
+                recorder.run(example)
+        except Exception as exc:  # any op without a meta kernel or a shape error in the forward
+            raise GraphError(f"{label}: running it on a meta input of shape {[1, *shape]} "
+                             f"({_dtype_name(dtype)}) failed at node {recorder.current!r} "
+                             f"({type(exc).__name__}: {_first_line(exc)})") from exc
     g = _build(traced, recorder.shapes, meta_model, functional=functional)
     if g.number_of_nodes() == 0:
         raise GraphError(f"{label}: the traced graph has no layers that depend on the input")
@@ -254,6 +258,8 @@ class _ShapeRecorder(torch.fx.Interpreter):
 def _trace(model: nn.Module, example: torch.Tensor,
            label: str) -> tuple[torch.fx.GraphModule, bool]:
     """The traced model, and whether its graph is functional (torch.export: no module calls).
+
+    The caller holds `tracing.LOCK`: every tracer here patches process-wide state.
 
     Raises:
         GraphError: no tracer could trace it; the message gives each tracer's reason.
@@ -473,6 +479,8 @@ MAX_NODES = 5000
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+# Layers whose weight is [out, in, ...] (not ConvTranspose: [in, out]; not addmm: [in, out]).
+_FAN_IN_OPS = re.compile(r"(Lazy)?Conv[123]d$|(Lazy|NonDynamicallyQuantizable)?Linear(_\w+)?$")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -518,6 +526,8 @@ class Prepared:
         sizes: float64[n] number of weight elements (1 if weightless).
         preds: per node, int64 array of predecessor rows (0 = virtual start).
         pred_rows: int64[n, d] `preds` padded by repeating an entry (max is idempotent).
+        stages: int64[n] resolution stage per node (see `_stages`), -1 where unknown.
+        fan_in: bool[n], weight dim 1 counts input units (Conv and Linear layers).
         cache: derived values computed on demand (segments; match's self-score).
     """
 
@@ -529,6 +539,8 @@ class Prepared:
     sizes: FloatArray
     preds: tuple[IntArray, ...]
     pred_rows: IntArray
+    stages: IntArray
+    fan_in: npt.NDArray[np.bool_]
     cache: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
@@ -598,7 +610,44 @@ def _prepare(g: nx.DiGraph) -> Prepared:
         op_codes=_frozen(np.array([_op_code(op) for op in ops], dtype=np.int64)),
         dims=_frozen(dims), ranks=_frozen(np.array([len(s) for s in shapes], dtype=np.int64)),
         sizes=_frozen(dims.prod(axis=1)), preds=tuple(_frozen(a) for a in preds),
-        pred_rows=_frozen(_padded(list(preds))))
+        pred_rows=_frozen(_padded(list(preds))), stages=_frozen(_stages(g, order, preds)),
+        fan_in=_frozen(np.array([bool(_FAN_IN_OPS.match(op)) for op in ops], dtype=bool)))
+
+
+def _stages(g: nx.DiGraph, order: Sequence[Any], preds: Sequence[IntArray]) -> IntArray:
+    """Resolution stage of each node: how many weighted layers shrank the map before it.
+
+    Counted along the graph (a weighted node shrinking its inputs' smallest map adds one to
+    their largest stage), so a stride-2 conv and its block's projection shortcut open the same
+    stage whatever the input size. The first weighted layer (the stem) and weightless pooling
+    do not count: an ImageNet stem (stride-2 conv, max pool) and a CIFAR stem (one conv) both
+    lead into stage 0. Known only for image-like inputs ([C, H, W], [C, L]) and nodes whose
+    output keeps those dims over more than one position; -1 elsewhere (token models, heads
+    after global pooling, hand-built graphs without shapes).
+    """
+    n = len(order)
+    stages = np.full(n, -1, dtype=np.int64)
+    input_shape = [int(d) for d in g.graph.get("input_shape") or []]
+    if len(input_shape) < 2:
+        return stages
+    rank = len(input_shape) + 1  # with the batch dim
+    level = [0] * (n + 1)  # per row; row 0 is the input
+    area = [math.prod(input_shape[1:])] * (n + 1)
+    after_stem = [False] * (n + 1)  # a weighted layer lies between the input and the row
+    for k, v in enumerate(order):
+        rows = preds[k].tolist()
+        before = min(area[r] for r in rows)
+        shape = list(g.nodes[v].get("out_shape") or [])
+        spatial = len(shape) == rank
+        weighted = bool(g.nodes[v]["weight_shape"])
+        area[k + 1] = math.prod(shape[2:]) if spatial else before
+        stem_done = any(after_stem[r] for r in rows)
+        shrinks = weighted and stem_done and area[k + 1] < before
+        level[k + 1] = max(level[r] for r in rows) + int(shrinks)
+        after_stem[k + 1] = stem_done or weighted
+        if spatial and area[k + 1] > 1:
+            stages[k] = level[k + 1]
+    return stages
 
 
 def _segments(p: Prepared) -> Segments:

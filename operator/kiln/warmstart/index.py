@@ -39,6 +39,17 @@ CLUSTERED_PAIR_BUDGET = 1000
 """Clustered search visits no further cluster once this many pairs were scored."""
 CACHE_ENTRIES = 100_000
 """Most (parent id, child fingerprint) scores kept (LRU; about 150 bytes each)."""
+CLUSTER_RESTARTS = 20
+"""k-medoids restarts of a cluster build (ModelKeeper: 10,000 "spawns")."""
+CLUSTER_REBUILD_GROWTH = 2.0
+"""A maintained group is clustered again from scratch once it has this many times the models
+it had at its last build."""
+CLUSTER_BUILD_SECONDS = 7200.0
+"""Time budget of one background cluster build of a group (the benchmark built 10,000 models'
+clusters in 17 minutes on 2 cores; a background build has half the workers)."""
+BUILD_CHUNK_PAIRS = 20_000
+"""Background builds score at most this many pairs per pool call, checking for `close` between
+calls (seconds of work)."""
 
 
 class SearchMode(enum.StrEnum):
@@ -105,6 +116,12 @@ class IndexSettings:
         cache_entries: LRU capacity of the score cache.
         start_method: multiprocessing start method of the pool (None: the platform default;
             "forkserver" is safer in a threaded process, at ~1 s of worker start-up).
+        maintain_clusters: build the clusters of every group above `exhaustive_limit` in the
+            background and keep them current on `refresh` (long-lived indexes: the operator's).
+            Off by default: a build costs about sqrt(N) exhaustive queries, so an index made
+            for one query (`kiln run`, `kiln zoo query`) searches exhaustively.
+        cluster_build_seconds: time budget of one background build of one group; past it the
+            build is abandoned until the group has grown by `CLUSTER_REBUILD_GROWTH`.
     """
 
     exhaustive_limit: int = EXHAUSTIVE_LIMIT
@@ -114,6 +131,8 @@ class IndexSettings:
     clustered_pair_budget: int | None = CLUSTERED_PAIR_BUDGET
     cache_entries: int = CACHE_ENTRIES
     start_method: str | None = None
+    maintain_clusters: bool = False
+    cluster_build_seconds: float = CLUSTER_BUILD_SECONDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +142,10 @@ class RefreshReport:
     added: tuple[records.ZooModelId, ...]
     removed: tuple[records.ZooModelId, ...]
     skipped: tuple[records.ZooModelId, ...]
+
+
+Spawn: TypeAlias = Callable[[Callable[[], None]], None]
+"""Runs a `ZooIndex`'s background cluster builder (by default in a daemon thread)."""
 
 
 # Zoo records in matchable form. An `Entry` keeps a record's graph only as arrays
@@ -186,7 +209,8 @@ def distinct_graphs(entries: Sequence[Entry]) -> tuple[list[int], list[scoring.K
 
 def array_bytes(p: graph.Prepared) -> int:
     """Bytes held in the numpy arrays of a prepared graph (segments included)."""
-    arrays: list[Any] = [p.op_codes, p.dims, p.ranks, p.sizes, p.pred_rows, *p.preds]
+    arrays: list[Any] = [p.op_codes, p.dims, p.ranks, p.sizes, p.pred_rows, p.stages,
+                         p.fan_in, *p.preds]
     segments = p.cache.get("segments")
     if segments is not None:
         arrays += [getattr(segments, f.name) for f in dataclasses.fields(segments)]
@@ -307,9 +331,16 @@ def score_ids(search: Search, ids: Iterable[str], *, entries: Mapping[str, Entry
 # * Up to `exhaustive_limit` candidates (1,000, ModelKeeper's `mode_threshold`): all are scored
 #   with `match.similarity`, in-process when few, else in a persistent process pool
 #   (`kiln.warmstart.scoring`, min(4, CPUs) workers, prepared graphs sent in chunks).
-# * Above it, once `build_clusters` has run (CLARA-style k-medoids, `kiln.warmstart.clusters`):
+# * Above it, once the group has clusters (CLARA-style k-medoids, `kiln.warmstart.clusters`):
 #   medoids first, then the members of each medoid's own cluster, best medoid first, until a
 #   parent reaches `early_exit_similarity` (0.95) or `clustered_pair_budget` pairs were scored.
+# * Clusters come from `build_clusters` (blocking, for benchmarks) or, with `maintain_clusters`,
+#   from one background builder: each (modality, task) group above `exhaustive_limit` is
+#   clustered, and clustered again from scratch once it has doubled (`CLUSTER_REBUILD_GROWTH`)
+#   or lost a medoid. A build scores on half the pool's workers, in a pool of its own, within
+#   `cluster_build_seconds`, holding the index only to install its result: queries never wait
+#   for one and search exhaustively until their group's clusters are ready. Clusters live in
+#   memory only; a new index builds its own.
 # * Every query has a deadline: past it the pool's workers are terminated and what was scored
 #   comes back with `timed_out=True`. A query never hangs.
 # * Scores are cached per (parent id, child graph fingerprint), LRU; parents with identical
@@ -327,7 +358,8 @@ class ZooIndex:
     """The zoo's models in matchable form, with parent search (see the comment above the class).
 
     Thread-safe: queries, refreshes and cluster builds may come from several threads; queries
-    run one at a time. Use as a context manager, or call `close`, to stop the worker pool.
+    run one at a time. Use as a context manager, or call `close`, to stop the worker pool and
+    background cluster builds.
 
     Example:
         >>> index = ZooIndex(store.open_store("./.kiln/zoo"))      # doctest: +SKIP
@@ -338,7 +370,8 @@ class ZooIndex:
     def __init__(self, zoo: store.ObjectStore | None = None, *,
                  settings: IndexSettings = _DEFAULT_SETTINGS,
                  scorer: scoring.Scorer = match.similarity,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 spawn: Spawn | None = None) -> None:
         """Load every usable record of `zoo` (see `refresh`); None: an empty index.
 
         Args:
@@ -346,6 +379,8 @@ class ZooIndex:
             settings: search knobs.
             scorer: similarity(parent, child); inject to count or slow down scoring in tests.
             clock: monotonic seconds, for deadlines and wall times.
+            spawn: runs the background cluster builder (`maintain_clusters`); None: in a
+                daemon thread. Tests pass one that runs it at once, or later.
 
         Raises:
             StoreUnavailable: the store failed.
@@ -357,9 +392,20 @@ class ZooIndex:
                                          in_process_below=settings.in_process_below,
                                          start_method=settings.start_method,
                                          catalog=self._catalog, clock=clock)
+        # Builds leave half the workers to queries, and a pool of their own, so a query's
+        # timeout never terminates a build's workers.
+        self._build_pairs = scoring.PairScorer(
+            scorer=scorer, workers=max(1, self._pairs.workers // 2) if self._pairs.workers else 0,
+            in_process_below=settings.in_process_below, start_method=settings.start_method,
+            catalog=self._catalog, clock=clock)
+        self._spawn = spawn or _in_daemon_thread
         self._entries: dict[str, Entry] = {}
         self._skipped: dict[str, records.ZooRecord] = {}
         self._clusters: dict[tuple[str, str], cluster.Clusters] = {}
+        self._built_size: dict[tuple[str, str], int] = {}  # models at a group's last build
+        self._stale: set[tuple[str, str]] = set()  # groups that lost a medoid since their build
+        self._building = False  # the background builder is scheduled or running
+        self._closed = threading.Event()
         self._cache = ScoreCache(settings.cache_entries)
         self._lock = threading.RLock()
         self._refresh_lock = threading.Lock()
@@ -371,14 +417,15 @@ class ZooIndex:
     def from_records(cls, items: Iterable[tuple[records.ZooRecord, GraphInput]], *,
                      settings: IndexSettings = _DEFAULT_SETTINGS,
                      scorer: scoring.Scorer = match.similarity,
-                     clock: Callable[[], float] = time.monotonic) -> ZooIndex:
+                     clock: Callable[[], float] = time.monotonic,
+                     spawn: Spawn | None = None) -> ZooIndex:
         """An index of the given (record, graph) pairs, without a store (benchmarks, tests).
 
         Items are consumed one at a time, so a generator keeps only prepared graphs alive.
         Malformed graphs are skipped with a `records.SkippedRecordWarning`; a repeated id keeps
         the last pair. `refresh` does nothing on such an index.
         """
-        index = cls(None, settings=settings, scorer=scorer, clock=clock)
+        index = cls(None, settings=settings, scorer=scorer, clock=clock, spawn=spawn)
         for record, graph_input in items:
             try:
                 entry = make_entry(record, graph_input)
@@ -386,6 +433,7 @@ class ZooIndex:
                 _warn_skip(record.id, "given to ZooIndex.from_records", exc)
                 continue
             index._entries[record.id] = entry
+        index._start_builder_if_due()
         return index
 
     # ------------------------------------------------------------------------------------------
@@ -409,12 +457,14 @@ class ZooIndex:
         return sum(array_bytes(p) for p in graphs)
 
     def clusters(self) -> dict[tuple[str, str], cluster.Clusters]:
-        """A copy of the clusters per (modality, task) group; empty before `build_clusters`."""
+        """A copy of the clusters per (modality, task) group; empty until a build finished."""
         with self._lock:
             return copy.deepcopy(self._clusters)
 
     def close(self) -> None:
-        """Stop the worker pool (a later query starts a new one)."""
+        """Stop the worker pool (a later query starts a new one) and cluster builds for good (a
+        running one stops after its current chunk of `BUILD_CHUNK_PAIRS`)."""
+        self._closed.set()
         self._pairs.close()
 
     def _catalog(self) -> dict[str, graph.Prepared]:
@@ -435,7 +485,8 @@ class ZooIndex:
         """Re-list the store: load new or replaced records, drop deleted ones.
 
         Only records whose meta.json changed are read again; clusters (if built) lose deleted
-        models and gain new ones (k scores each). Records `records.list_records` cannot use,
+        models and gain new ones (k scores each); with `maintain_clusters`, groups that are due
+        a build get one in the background. Records `records.list_records` cannot use,
         and records whose graph.json is missing, not JSON or not a valid graph, are skipped
         with a `records.SkippedRecordWarning` naming them (once per version of the record).
 
@@ -475,6 +526,7 @@ class ZooIndex:
                     self._entries[entry.record.id] = entry
                 self._skipped = skipped
                 self._assign_to_clusters_locked([e.record.id for e in loaded])
+        self._start_builder_if_due()
         new_skips = tuple(sorted(records.ZooModelId(i) for i, r in skipped.items()
                                  if skipped_before.get(i) != r))
         return RefreshReport(added=tuple(sorted(e.record.id for e in loaded)),
@@ -487,12 +539,14 @@ class ZooIndex:
         for record_id in ids:
             self._entries.pop(record_id, None)
         self._cache.forget(ids)
-        for clusters in self._clusters.values():
-            cluster.remove(clusters, ids)
+        self._stale |= _remove_from_clusters(self._clusters, ids)
 
-    def _assign_to_clusters_locked(self, ids: Sequence[str]) -> None:
+    def _assign_to_clusters_locked(self, ids: Sequence[str],
+                                   groups: Iterable[tuple[str, str]] | None = None) -> None:
+        """Put new entries into the clusters of their group (of `groups` only, if given)."""
         score = functools.partial(self._score_ids_block, self._entries)
-        for group, clusters in self._clusters.items():
+        for group in list(self._clusters if groups is None else groups):
+            clusters = self._clusters[group]
             joining = [i for i in ids if self._entries[i].group == group]
             if joining and clusters.medoids:
                 cluster.assign(clusters, joining, score)
@@ -505,13 +559,14 @@ class ZooIndex:
     # ------------------------------------------------------------------------------------------
     # clusters
 
-    def build_clusters(self, *, restarts: int = 20, seed: int = 0,
+    def build_clusters(self, *, restarts: int = CLUSTER_RESTARTS, seed: int = 0,
                        sample_size: int | None = None) -> list[cluster.BuildStats]:
-        """Cluster every (modality, task) group CLARA-style (`kiln.warmstart.clusters`), offline.
+        """Cluster every (modality, task) group CLARA-style (`kiln.warmstart.clusters`), now.
 
-        Scoring runs in a pool of its own, without holding the index: queries keep being
-        answered meanwhile. Cost: s^2 + (N - s) * k pair scores per group (N = 10,000: about
-        1e6 pairs, against 1e8 for ModelKeeper's full matrix); see `BuildStats`.
+        Scoring runs in temporary pools of the index's full size, without holding the index:
+        queries keep being answered meanwhile. Cost: s^2 + (N - s) * k pair scores per group
+        (N = 10,000: about 1e6 pairs, against 1e8 for ModelKeeper's full matrix); see
+        `BuildStats`. With `maintain_clusters` the index does this itself, in the background.
 
         Args:
             restarts: k-medoids restarts on the sample (ModelKeeper: 10,000 "spawns").
@@ -533,18 +588,119 @@ class ZooIndex:
             built[group], group_stats = cluster.build(
                 ids, score, restarts=restarts, seed=seed, sample=sample_size, clock=self._clock)
             stats.append(group_stats)
-            _log.info("clustered %d %s/%s models into %d clusters: %d pair scores, %.1f s, "
-                      "max diameter %.3f", group_stats.models, *group, group_stats.clusters,
-                      group_stats.pairs_requested, group_stats.wall_seconds,
-                      group_stats.max_diameter)
-        with self._lock:  # catch up with refreshes that happened meanwhile
-            changed = {i for i, e in snapshot.items() if self._entries.get(i) is not e}
-            for clusters in built.values():
-                cluster.remove(clusters, changed)
-            self._clusters = built
-            self._assign_to_clusters_locked(
-                [i for i, e in self._entries.items() if snapshot.get(i) is not e])
+            _log_build(group, group_stats)
+        with self._lock:
+            self._built_size.update({group: len(ids) for group, ids in by_group.items()})
+            self._install_locked(snapshot, built)
         return stats
+
+    def _install_locked(self, snapshot: Mapping[str, Entry],
+                        built: Mapping[tuple[str, str], cluster.Clusters]) -> None:
+        """Make clusters built from `snapshot` current, catching up with refreshes since."""
+        changed = {i for i, e in snapshot.items() if self._entries.get(i) is not e}
+        self._stale -= set(built)  # the medoids lost were those of the clusters replaced here
+        self._stale |= _remove_from_clusters(built, changed)
+        self._clusters.update(built)
+        self._assign_to_clusters_locked(
+            [i for i, e in self._entries.items() if e.group in built and snapshot.get(i) is not e],
+            groups=built)
+
+    def _due_groups_locked(self) -> dict[tuple[str, str], int]:
+        """Groups the background builder should cluster now, with their sizes: above the
+        exhaustive limit and never built, grown by `CLUSTER_REBUILD_GROWTH`, or short of a
+        medoid."""
+        sizes = collections.Counter(e.group for e in self._entries.values())
+        due = {}
+        for group, size in sizes.items():
+            last = self._built_size.get(group)
+            if size > self._settings.exhaustive_limit and (
+                    last is None or size >= CLUSTER_REBUILD_GROWTH * last
+                    or group in self._stale):
+                due[group] = size
+        return due
+
+    def _start_builder_if_due(self) -> None:
+        """Start the background builder when a group is due and none runs (`maintain_clusters`)."""
+        with self._lock:
+            if (not self._settings.maintain_clusters or self._building or self._closed.is_set()
+                    or not self._due_groups_locked()):
+                return
+            self._building = True
+        try:
+            self._spawn(self._build_due_clusters)
+        except BaseException:
+            with self._lock:
+                self._building = False
+            raise
+
+    def _build_due_clusters(self) -> None:
+        """The background builder: cluster the due groups one at a time until none is due."""
+        try:
+            while True:
+                self._build_pairs.close()  # idle between builds: no workers held
+                with self._lock:
+                    due = self._due_groups_locked()
+                    if not due or self._closed.is_set():
+                        self._building = False
+                        return
+                    group = min(due)
+                    # Recorded before building: a build past its budget is not retried until
+                    # the group has grown again.
+                    self._built_size[group] = due[group]
+                    self._stale.discard(group)
+                    snapshot = {i: e for i, e in self._entries.items() if e.group == group}
+                self._build_group(group, snapshot)
+        except BaseException:
+            self._build_pairs.close()
+            with self._lock:
+                self._building = False
+            raise
+
+    def _build_group(self, group: tuple[str, str], snapshot: Mapping[str, Entry]) -> None:
+        """Cluster one group of the background builder and install the result, or log why not."""
+        deadline = self._clock() + self._settings.cluster_build_seconds
+        score = functools.partial(self._score_for_build, snapshot, deadline)
+        try:
+            built, stats = cluster.build(sorted(snapshot), score, restarts=CLUSTER_RESTARTS,
+                                         seed=0, clock=self._clock)
+        except _BuildAbandoned as exc:
+            _log.warning("zoo index: clustering %d %s/%s models was abandoned: %s; its queries "
+                         "score every model until it has grown %gx", len(snapshot), *group, exc,
+                         CLUSTER_REBUILD_GROWTH)
+            return
+        _log_build(group, stats)
+        with self._lock:
+            self._install_locked(snapshot, {group: built})
+
+    def _score_for_build(self, entries: Mapping[str, Entry], deadline: float,
+                         parent_ids: Sequence[str], child_ids: Sequence[str]
+                         ) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """`_score_ids_block` for a background build: the build's own pool, in chunks of
+        `BUILD_CHUNK_PAIRS`, within the build's deadline.
+
+        Raises:
+            _BuildAbandoned: the deadline passed or the index was closed.
+        """
+        parent_positions, parents = distinct_graphs([entries[i] for i in parent_ids])
+        child_positions, children = distinct_graphs([entries[i] for i in child_ids])
+        values = np.full((len(parents), len(children)), np.nan)
+        errors: list[str] = []
+        step = max(1, BUILD_CHUNK_PAIRS // max(1, len(parents)))
+        for start in range(0, len(children), step):
+            if self._closed.is_set():
+                raise _BuildAbandoned("the index was closed")
+            grid = self._build_pairs.grid(parents, children[start:start + step],
+                                          deadline=deadline)
+            if grid.timed_out:
+                raise _BuildAbandoned(
+                    f"it ran past its budget of {self._settings.cluster_build_seconds:g} s "
+                    "(IndexSettings.cluster_build_seconds)")
+            values[:, start:start + step] = grid.values
+            errors += grid.errors
+        if errors:
+            _log.warning("clustering: %d pair scores failed (counted as distance 1); first: %s",
+                         len(errors), errors[0])
+        return values[np.ix_(parent_positions, child_positions)]
 
     def _score_ids_block(self, entries: Mapping[str, Entry], parent_ids: Sequence[str],
                          child_ids: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -597,10 +753,10 @@ class ZooIndex:
             clustered = len(compatible) > self._settings.exhaustive_limit
             if clustered and not any(self._entries[i].group in self._clusters
                                      for i in compatible):
-                if not self._warned_unclustered:
-                    _log.warning("zoo index: %d candidates exceed the exhaustive limit %d but "
-                                 "build_clusters() has not run; scoring all of them",
-                                 len(compatible), self._settings.exhaustive_limit)
+                if not self._warned_unclustered:  # expected for a one-shot index
+                    _log.info("zoo index: %d candidates exceed the exhaustive limit %d and are "
+                              "not clustered (yet); scoring all of them", len(compatible),
+                              self._settings.exhaustive_limit)
                     self._warned_unclustered = True
                 clustered = False
             visited = 0
@@ -631,6 +787,36 @@ class ZooIndex:
         """`score_ids` on this index; False once the query's deadline has passed."""
         return score_ids(search, ids, entries=self._entries, cache=self._cache,
                                     pairs=self._pairs)
+
+
+class _BuildAbandoned(Exception):
+    """A background cluster build stopped before it finished (the message says why)."""
+
+
+def _remove_from_clusters(clusters: Mapping[tuple[str, str], cluster.Clusters],
+                          ids: set[str]) -> set[tuple[str, str]]:
+    """Drop models from the clusters of every group (`cluster.remove`).
+
+    Returns:
+        The groups that lost a medoid.
+    """
+    lost = set()
+    for group, group_clusters in clusters.items():
+        if ids.intersection(group_clusters.medoids):
+            lost.add(group)
+        cluster.remove(group_clusters, ids)
+    return lost
+
+
+def _log_build(group: tuple[str, str], stats: cluster.BuildStats) -> None:
+    _log.info("clustered %d %s/%s models into %d clusters: %d pair scores, %.1f s, "
+              "max diameter %.3f", stats.models, *group, stats.clusters, stats.pairs_requested,
+              stats.wall_seconds, stats.max_diameter)
+
+
+def _in_daemon_thread(work: Callable[[], None]) -> None:
+    """The default `Spawn`: run `work` in a daemon thread (it never delays interpreter exit)."""
+    threading.Thread(target=work, name="kiln-zoo-clusters", daemon=True).start()
 
 
 def _warn_skip(record_id: str, where: str, exc: Exception) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 from kiln.warmstart import graph
 
 # ModelKeeper's matcher is a partial-order (Smith-Waterman-style) alignment of two DAGs over
-# their DFS-flavoured topological orders. Three deliberate fixes of its published code:
+# their DFS-flavoured topological orders. Three deliberate fixes of its published code, then two
+# rules of Kiln's own:
 #
 # 1. Node scores use float division (the C++ divides `long long`s, so any partial shape match
 #    scored -1): a 64->128 channel conv scores 0.5, 64->48 scores 0.625.
@@ -26,13 +27,25 @@ from kiln.warmstart import graph
 #    (ResNet-34 self-score 7.95e5). The mean keeps every cell on the scale of one path.
 # 3. similarity = raw(P, C) / raw(C, C), clipped to [0, 1] (the code divides by the child's node
 #    count, which is meaningless once scores blow up).
+# 4. Stages keep their order. Nodes of image models carry a resolution stage (`graph.Prepared`:
+#    how many weighted layers after the stem shrank the map before them); nodes of two different
+#    known stages never match.
+#    Without this a 2x wider child matched its stage-s layers to the parent's equal-shape
+#    stage-(s+1) layers (each stage doubles the width): its first stage then read features it
+#    was never trained on and the warm model started worse than a random one.
+# 5. A conv or linear layer widened k-fold in both its output and input units (a Net2Net
+#    widening) scores 1/k, not 1/k^2: its extra inputs are its producer's extra outputs, already
+#    counted there, and the transform fills them without loss. A uniformly 2x wider child thus
+#    aligns layer for layer at 0.5 per weighted node instead of mismatching every conv.
 #
 # The recurrence. P has n nodes, C has m, both in topological order; pp(i), cp(j) are predecessor
 # positions, -1 the virtual start; S is (n+1) x (m+1) with S[0][0] = 0.
-#     s(p, c) = -1 if op kinds or weight ranks differ; else with N = prod(dims) ([] counts 1) and
-#               inherited = prod(min(dp_k, dc_k)): inherited / N_p / 1.2 if N_p > N_c (truncating
-#               the parent costs extra) else inherited / N_c; -1 if that is below 0.3 (the
-#               code keeps only > 0.3; 0.3 itself is moot). Same-op weightless nodes score 1.
+#     s(p, c) = -1 if op kinds, weight ranks or known stages differ; else with N = prod(dims)
+#               ([] counts 1), N_c taking dc_1 = dp_1 for a k-fold widened conv/linear (rule 5),
+#               and inherited = prod(min(dp_k, dc_k)): inherited / N_p / 1.2 if N_p > N_c
+#               (truncating the parent costs extra) else inherited / N_c; -1 if that is below
+#               0.3 (the code keeps only > 0.3; 0.3 itself is moot). Same-op weightless nodes
+#               score 1.
 #     S[i+1][0] = max_{p in pp(i)} S[p+1][0] + DEL    S[0][j+1] = max_{q in cp(j)} S[0][q+1] + INS
 #     branch(q) = max( S[i+1][q+1] + INS,                           child node j is extra
 #                      max_{p in pp(i)} S[p+1][q+1] + s(i, j),      align P_i with C_j
@@ -106,13 +119,22 @@ def node_scores(parent: GraphLike, child: GraphLike) -> FloatArray:
         float64[n, m], rows/columns in the prepared topological orders.
     """
     p, c = graph.prepare(parent), graph.prepare(child)
-    width = max(p.dims.shape[1], c.dims.shape[1])
+    width = max(p.dims.shape[1], c.dims.shape[1], 2)
     pd, cd = _pad(p.dims, width), _pad(c.dims, width)
     inherited = np.minimum(pd[:, None, :], cd[None, :, :]).prod(axis=2)
-    size_p, size_c = p.sizes[:, None], c.sizes[None, :]
+    # A conv or linear layer widened k-fold in and out (Net2Net) counts its widening once, at
+    # its outputs (1/k, not 1/k^2): its wider inputs mirror its producer's wider outputs.
+    aspect_p = pd[:, 0] / pd[:, 1]
+    aspect_c = np.where(c.fan_in, cd[:, 0] / cd[:, 1], np.nan)  # NaN never equals
+    in_p, in_c = pd[:, None, 1], cd[None, :, 1]
+    widened = (aspect_p[:, None] == aspect_c[None, :]) & (in_p < in_c)
+    size_p, size_c = p.sizes[:, None], c.sizes[None, :] * np.where(widened, in_p / in_c, 1.0)
     score = np.where(size_p > size_c, inherited / size_p / TRUNCATION_PENALTY, inherited / size_c)
     ok = ((p.op_codes[:, None] == c.op_codes[None, :]) & (p.ranks[:, None] == c.ranks[None, :])
           & (score >= MIN_NODE_SCORE))
+    if (p.stages >= 0).any() and (c.stages >= 0).any():  # nodes of two stages never match
+        ok &= ((p.stages[:, None] == c.stages[None, :]) | (p.stages < 0)[:, None]
+               | (c.stages < 0)[None, :])
     return np.where(ok, score, MISMATCH)
 
 

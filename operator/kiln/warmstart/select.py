@@ -62,6 +62,7 @@ class Outcome(enum.StrEnum):
     COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
     COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
     COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
+    COLD_GUARD = "cold_guard"  # the warm child was no better than a cold one on the probe
     DISABLED = "disabled"  # spec.warmStart.enabled is false
     IN_TRAINER = "in_trainer"  # an entrypoint model: the trainer decides, before its first step
 
@@ -120,6 +121,13 @@ class Decision:
         outcome: the kind of decision.
         dropped_incompatible: candidates dropped for another modality or task.
         dropped_outliers: candidates dropped as metric outliers or for a non-finite metric.
+        alternatives: up to `decision.MAX_ALTERNATIVES` further parents that passed every check,
+            in selection order; the trainer's probe guard tries them when the parent fails it.
+        probe_loss: the started child's mean loss on the probe batch (the trainer's guard);
+            None until probed or when not finite.
+        cold_probe_loss: the cold-initialised child's mean loss on the same batch.
+        probe_accuracy: the started child's probe accuracy (classification only).
+        cold_probe_accuracy: the cold child's probe accuracy.
     """
 
     parent_id: str | None
@@ -133,6 +141,11 @@ class Decision:
     metric_name: str | None = None
     dropped_incompatible: int = 0
     dropped_outliers: int = 0
+    alternatives: tuple[str, ...] = ()
+    probe_loss: float | None = None
+    cold_probe_loss: float | None = None
+    probe_accuracy: float | None = None
+    cold_probe_accuracy: float | None = None
 
     @property
     def cold_start(self) -> bool:
@@ -148,7 +161,8 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         """The decision as a JSON object (field names as here, `outcome` as its value)."""
-        return {**dataclasses.asdict(self), "outcome": self.outcome.value}
+        return {**dataclasses.asdict(self), "outcome": self.outcome.value,
+                "alternatives": list(self.alternatives)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Decision:
@@ -174,6 +188,11 @@ class Decision:
             if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
                 raise ValueError(f"warm-start decision: {name} must be "
                                  f"{' or '.join(k.__name__ for k in kinds)} (got {value!r})")
+        alternatives = values.get("alternatives")
+        if alternatives is not None and not all(isinstance(a, str) for a in alternatives):
+            raise ValueError(f"warm-start decision: alternatives must be zoo ids (strings) "
+                             f"(got {alternatives!r})")
+        values["alternatives"] = tuple(alternatives or ())
         return cls(**values)
 
 
@@ -182,8 +201,35 @@ _JSON_KINDS: dict[str, tuple[type, ...]] = {
     "parent_id": (str,), "similarity": (int, float), "parent_metric": (int, float),
     "matched_tensors": (int,), "total_tensors": (int,), "reason": (str,),
     "candidates_considered": (int,), "metric_name": (str,), "dropped_incompatible": (int,),
-    "dropped_outliers": (int,),
+    "dropped_outliers": (int,), "alternatives": (list, tuple), "probe_loss": (int, float),
+    "cold_probe_loss": (int, float), "probe_accuracy": (int, float),
+    "cold_probe_accuracy": (int, float),
 }
+
+# `Decision` fields a trainer's report (`kiln.contract.Result.warm_start_decision`) carries under
+# the same name; `from_report` maps the others (parent, outcome, reason) itself.
+REPORTED_FIELDS = ("similarity", "parent_metric", "matched_tensors", "total_tensors",
+                   "alternatives", "probe_loss", "cold_probe_loss", "probe_accuracy",
+                   "cold_probe_accuracy")
+
+
+def from_report(report: Mapping[str, Any] | None) -> Decision | None:
+    """A decision a trainer reported (the keys of `kiln.contract.Result.warm_start_decision`:
+    parent, outcome, reason and `REPORTED_FIELDS`), or None when it holds none: missing, or an
+    outcome that is unknown or still `IN_TRAINER`.
+
+    Raises:
+        ValueError: a field has the wrong type.
+    """
+    report = report or {}
+    outcome = report.get("outcome")
+    if not isinstance(outcome, str) or outcome not in {o.value for o in Outcome} or \
+            outcome == Outcome.IN_TRAINER:
+        return None
+    return Decision.from_json({
+        **{name: report.get(name) for name in REPORTED_FIELDS},
+        "parent_id": report.get("parent"), "reason": str(report.get("reason") or ""),
+        "outcome": outcome, "candidates_considered": 0})
 
 
 def choose_parent(

@@ -203,26 +203,29 @@ def _follow_ties(state: dict[str, Tensor], written: set[str], child_model: nn.Mo
 
 
 def lr_damping(
-    untransferred_fraction: float,
+    untransferred: float,
     epoch: int,
     *,
     warm_epochs: int = 2,
     floor: float = 0.3,
 ) -> float:
-    """Learning-rate multiplier after a warm start: the more transferred, the gentler at first.
+    """Learning-rate multiplier after a warm start: the more was inherited, the gentler at first.
 
     ModelKeeper (NSDI '23, its `ray_tuner.py`) trains the first 2 epochs at
     base_lr x clip(1 - matched / parent_layers, 0.3, 1) and then restores base_lr, so the
-    inherited weights are not wrecked by a full learning rate. Kiln uses the same formula with
-    the CHILD's count (damp in proportion to what was not transferred):
+    inherited weights are not wrecked by a full learning rate. Kiln damps by what the probe
+    measured was NOT inherited, 1 - `transfer_quality` (the untransferred tensor fraction only
+    for a start the trainer did not probe): counted tensors damp hardest exactly when a
+    transfer broke the function, the measured loss does not.
 
-        multiplier = clip(untransferred_fraction, floor, 1)   if epoch < warm_epochs
-                   = 1                                         otherwise
+        multiplier = clip(untransferred, floor, 1)   if epoch < warm_epochs
+                   = 1                                otherwise
 
-    A cold start (fraction 1) is undamped; a full transfer (fraction 0) starts at `floor`.
+    A cold start (1) is undamped; a perfect transfer (0) starts at `floor`.
 
     Args:
-        untransferred_fraction: `TransformResult.untransferred_fraction` in [0, 1].
+        untransferred: 1 - `transfer_quality(...)`, or the untransferred tensor fraction
+            (`TransformResult.untransferred_fraction`), in [0, 1].
         epoch: the 0-based epoch about to run.
         warm_epochs: how many first epochs are damped (ModelKeeper: 2).
         floor: smallest multiplier (ModelKeeper: 0.3).
@@ -231,19 +234,26 @@ def lr_damping(
         The multiplier in [floor, 1].
 
     Raises:
-        ValueError: untransferred_fraction outside [0, 1], negative epoch or warm_epochs, or
-            floor outside (0, 1].
+        ValueError: untransferred outside [0, 1], negative epoch or warm_epochs, or floor
+            outside (0, 1].
     """
-    if not 0.0 <= untransferred_fraction <= 1.0:
-        raise ValueError(f"untransferred_fraction must be in [0, 1] "
-                         f"(got {untransferred_fraction})")
+    if not 0.0 <= untransferred <= 1.0:
+        raise ValueError(f"untransferred must be in [0, 1] (got {untransferred})")
     if epoch < 0 or warm_epochs < 0:
         raise ValueError(f"epoch and warm_epochs must be >= 0 (got {epoch}, {warm_epochs})")
     if not 0.0 < floor <= 1.0:
         raise ValueError(f"floor must be in (0, 1] (got {floor})")
     if epoch >= warm_epochs:
         return 1.0
-    return min(1.0, max(floor, untransferred_fraction))
+    return min(1.0, max(floor, untransferred))
+
+
+def transfer_quality(warm_loss: float, cold_loss: float) -> float:
+    """How much of the cold start's probe loss the warm start removed: clip(1 - warm / cold, 0,
+    1); 0 when either loss is not a finite positive number (nothing measured was inherited)."""
+    if not (math.isfinite(warm_loss) and math.isfinite(cold_loss) and cold_loss > 0):
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - warm_loss / cold_loss))
 
 
 def _pairs(alignment: match.Alignment, parent_graph: nx.DiGraph,

@@ -350,6 +350,7 @@ if TYPE_CHECKING:
 #     models/<id>/graph.json            the model's architecture graph, as JSON
 #     models/<id>/meta.json             the `ZooRecord` as JSON, written LAST
 #     checkpoints/<namespace>/<job>/checkpoint.pt   trainer checkpoints share the store
+#     profiles/<namespace>/<job>.json   what the trainer's profiling step measured, graph included
 # The weights' SHA-256 is in meta.json, checked by `load_weights` (lazily: it means reading the
 # whole file) and by `verify_record`.
 MODELS_PREFIX = "models/"
@@ -357,6 +358,7 @@ WEIGHTS_NAME = "weights.safetensors"
 GRAPH_NAME = "graph.json"
 CHECKPOINTS_PREFIX = "checkpoints/"
 CHECKPOINT_NAME = "checkpoint.pt"
+PROFILES_PREFIX = "profiles/"
 
 _log = logging.getLogger(__name__)
 
@@ -379,6 +381,18 @@ def checkpoint_key(namespace: str, job_name: str) -> str:
     key = f"{CHECKPOINTS_PREFIX}{namespace}/{job_name}/{CHECKPOINT_NAME}"
     if "/" in namespace or "/" in job_name:
         raise ValueError(f"checkpoint key {key!r}: namespace and job name may not contain '/'")
+    return store.check_key(key)
+
+
+def profile_key(namespace: str, job_name: str) -> str:
+    """``profiles/<namespace>/<job-name>.json``: where the profiling step leaves a job's profile.
+
+    Raises:
+        ValueError: a name that is not a single safe key component.
+    """
+    key = f"{PROFILES_PREFIX}{namespace}/{job_name}.json"
+    if "/" in namespace or "/" in job_name:
+        raise ValueError(f"profile key {key!r}: namespace and job name may not contain '/'")
     return store.check_key(key)
 
 

@@ -31,7 +31,8 @@ from kiln import contract
 # Keys are ``/``-separated relative names (``models/<id>/meta.json``); `check_key` rejects empty
 # components, ``.``/``..``, absolute keys and the reserved temporary-file prefix, so a key can
 # never leave its store. `ObjectNotFound` (a `KeyError`) means a missing key; `StoreUnavailable`
-# means the store cannot be reached or refuses us (network, credentials, permissions, full disk).
+# means the store cannot be reached or fails (network, permissions, full disk), which may pass;
+# `StoreMisconfigured` means S3 refused the credentials, which waiting never fixes.
 TMP_PREFIX = ".kiln-tmp-"
 """Reserved for temporary files: `DirStore` writes into files named so, then renames
 them into place; keys may not use it, and listings hide it."""
@@ -39,6 +40,12 @@ them into place; keys may not use it, and listings hide it."""
 
 class StoreUnavailable(RuntimeError):
     """The store cannot be reached or refuses the request; the message says what to check."""
+
+
+class StoreMisconfigured(ValueError):
+    """S3 refused the credentials (unknown key, wrong secret, no access to the bucket): a
+    permanent configuration error, not an outage, so retrying is pointless. The message names
+    the credential settings and the fix."""
 
 
 class ObjectNotFound(KeyError):
@@ -240,7 +247,8 @@ class DirStore:
 
 # S3: the bucket is created on first use. Every request is retried on network errors, 5xx
 # responses and S3's busy codes with bounded exponential backoff (`RetryPolicy`), then
-# `StoreUnavailable` names the endpoint and what to check; credential errors are not retried.
+# `StoreUnavailable` names the endpoint and what to check; refused credentials are not retried
+# but raise `StoreMisconfigured`.
 # The operator turns that error into WarmStarted=False/ZooUnavailable and tries again later.
 AWS_ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
@@ -382,7 +390,8 @@ class S3Store:
         """Upload `data` (one PUT; S3 makes it visible all at once).
 
         Raises:
-            StoreUnavailable: unreachable after retries, or credentials refused.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
         """
         name = self._name(key)
         kind = "application/json" if key.endswith(".json") else "application/octet-stream"
@@ -398,7 +407,8 @@ class S3Store:
 
         Raises:
             ObjectNotFound: no object under the key.
-            StoreUnavailable: unreachable after retries, or credentials refused.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
         """
         name = self._name(key)
 
@@ -416,7 +426,8 @@ class S3Store:
         """Every key starting with `prefix` (below the store's prefix), sorted.
 
         Raises:
-            StoreUnavailable: unreachable after retries, or credentials refused.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
         """
         full = self._prefix + check_prefix(prefix)
 
@@ -431,7 +442,8 @@ class S3Store:
         """Remove the object under `key`, if any.
 
         Raises:
-            StoreUnavailable: unreachable after retries, or credentials refused.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
         """
         name = self._name(key)
         self._call(f"delete {key!r}", None, lambda: self._client.remove_object(self._bucket, name))
@@ -440,7 +452,8 @@ class S3Store:
         """Whether an object is stored under `key` (a HEAD request).
 
         Raises:
-            StoreUnavailable: unreachable after retries, or credentials refused.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
         """
         name = self._name(key)
         try:
@@ -476,8 +489,8 @@ class S3Store:
 
         Raises:
             ObjectNotFound: S3 said NoSuchKey and `key` is given.
-            StoreUnavailable: credentials refused, an unexpected S3 error, or transient failures
-                on every attempt.
+            StoreMisconfigured: the credentials were refused.
+            StoreUnavailable: an unexpected S3 error, or transient failures on every attempt.
         """
         waits = self._retry.backoffs_seconds()
         last: Exception | None = None
@@ -488,10 +501,13 @@ class S3Store:
                 if exc.code == "NoSuchKey" and key is not None:
                     raise ObjectNotFound(key, self.describe()) from None
                 if exc.code in _CREDENTIAL_CODES:
-                    raise StoreUnavailable(
-                        f"S3 store {self.describe()} refused to {action}: {exc.code}; check "
-                        f"{contract.Env.ZOO_ACCESS_KEY}/{contract.Env.ZOO_SECRET_KEY} (or {AWS_ACCESS_KEY_ENV}/"
-                        f"{AWS_SECRET_KEY_ENV}) and that these credentials may use the bucket"
+                    raise StoreMisconfigured(
+                        f"S3 store {self.describe()} refused to {action}: {exc.code} (the "
+                        "credentials are wrong or may not use the bucket; retrying will not "
+                        f"help); set {contract.Env.ZOO_ACCESS_KEY} and "
+                        f"{contract.Env.ZOO_SECRET_KEY} (or {AWS_ACCESS_KEY_ENV}/"
+                        f"{AWS_SECRET_KEY_ENV}; in the cluster, the secret the operator's "
+                        "--zoo-secret names) to a key pair allowed to use the bucket"
                     ) from exc
                 if exc.code not in _TRANSIENT_CODES:
                     raise StoreUnavailable(

@@ -33,6 +33,7 @@ MODEL_ONLY = [
           "inputShape": [1, 8, 8]}),
     _job({"entrypoint": "not_importable_anywhere:build", "inputShape": [16]},
          {"name": "text", "path": "corpus.txt"}),
+    _job({"architecture": "small_cnn", "args": {"depth": 13_000}, "inputShape": [1, 8, 8]}),
 ]
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kiln import api
+from kiln import api, models
 from kiln.controller import metrics, parents
-from kiln.warmstart import select
-from kiln.zoo import store
+from kiln.warmstart import decision, graph, select
+from kiln.zoo import records, store
 
 WARM = select.Decision(parent_id="small_cnn-1234abcd", similarity=0.75, parent_metric=0.9,
                        matched_tensors=4, total_tensors=5, reason="warm start from it; 4 of 5",
@@ -55,11 +56,90 @@ def test_the_trainers_own_decision_reads_back_for_status() -> None:
     report = {"parent": "mixer-1a2b3c4d", "similarity": 0.49, "parent_metric": 0.9,
               "matched_tensors": 30, "total_tensors": 54, "outcome": "warm",
               "reason": "warm start from mixer-1a2b3c4d"}
-    decided = parents.from_trainer(report)
+    decided = select.from_report(report)
     assert decided is not None
     assert parents.to_status(decided) == {
         "parent": "mixer-1a2b3c4d", "similarity": 0.49, "parentMetric": 0.9,
         "matchedTensors": 30, "totalTensors": 54, "reason": "warm start from mixer-1a2b3c4d",
         "outcome": "warm"}
-    assert parents.from_trainer({"outcome": "in_trainer"}) is None
-    assert parents.from_trainer({}) is None
+    assert select.from_report({"outcome": "in_trainer"}) is None
+    assert select.from_report({}) is None
+
+
+class _DownStore:
+    """A zoo whose every call fails as an unreachable store does."""
+
+    calls = 0
+
+    def _down(self, *_: Any) -> Any:
+        _DownStore.calls += 1
+        raise store.StoreUnavailable("the zoo is down")
+
+    put_bytes = get_bytes = list_keys = delete = exists = describe = _down
+
+
+def _job(architecture: str, args: dict[str, Any], *, enabled: bool = True) -> api.TrainingJob:
+    return api.parse_job({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                          "metadata": {"name": "child"},
+                          "spec": {"model": {"architecture": architecture, "args": args,
+                                             "inputShape": [1, 8, 8]},
+                                   "warmStart": {"enabled": enabled}}})
+
+
+def _zoo_with_one_parent(tmp_path: Path) -> store.DirStore:
+    zoo = store.DirStore(tmp_path / "zoo")
+    spec = _job("small_cnn", {"depth": 3, "width": 8}).spec
+    model = models.build(spec.model)
+    record = records.ZooRecord(
+        id=records.new_id("small_cnn"), architecture="small_cnn", args=dict(spec.model.args),
+        input_shape=(1, 8, 8), modality="image", task="classification", dataset="digits",
+        metric_name="validation_accuracy", metric_value=0.9, validation_accuracy=0.9,
+        validation_loss=0.1, samples_per_second=100.0,
+        num_params=sum(p.numel() for p in model.parameters()),
+        created_time="2026-11-30T00:00:00Z", job_name="parent", job_spec=api.to_wire(spec),
+        parent=None, similarity=None, weights_sha256="")
+    records.write_record(zoo, record, model.state_dict(),
+                         graph.to_json(decision.model_graph(spec.model)))
+    return zoo
+
+
+def test_a_job_with_warm_start_disabled_never_touches_the_zoo() -> None:
+    chooser = parents.ParentChooser(_DownStore(), metrics=metrics.OperatorMetrics(),  # type: ignore[arg-type]
+                                    refresh_seconds=0.0, query_timeout_seconds=5.0)
+    try:
+        job = _job("small_cnn", {}, enabled=False)
+        decided = asyncio.run(chooser.decide(job))
+        assert decided.outcome == select.Outcome.DISABLED
+        assert chooser.decide_now(job).outcome == select.Outcome.DISABLED
+        assert _DownStore.calls == 0
+    finally:
+        chooser.close()
+
+
+def test_a_model_too_slow_to_trace_cold_starts_without_holding_other_decisions(
+        tmp_path: Path) -> None:
+    chooser = parents.ParentChooser(_zoo_with_one_parent(tmp_path),
+                                    metrics=metrics.OperatorMetrics(), refresh_seconds=600.0,
+                                    query_timeout_seconds=30.0, graph_timeout_seconds=1.0)
+    ordinary = _job("small_cnn", {"depth": 3, "width": 8})
+    slow = _job("vit", {"depth": 200, "width": 8, "heads": 1})  # seconds to trace
+
+    async def scenario() -> tuple[select.Decision, select.Decision, bool, select.Decision]:
+        first = await chooser.decide(ordinary)  # cached from now on
+        slow_task = asyncio.create_task(chooser.decide(slow))
+        await asyncio.sleep(0)
+        again = await chooser.decide(ordinary)
+        overtaken = not slow_task.done()
+        return first, again, overtaken, await slow_task
+
+    try:
+        first, again, overtaken, slow_decided = asyncio.run(scenario())
+        assert first.parent_id is not None and again == first
+        assert overtaken  # the cached decision did not wait for the slow one
+        assert slow_decided.outcome == select.Outcome.COLD_UNTRACEABLE
+        assert "tracing its graph took longer than 1 s" in slow_decided.reason
+        # The killed worker is replaced: a new model is traced and matched as usual.
+        deeper = chooser.decide_now(_job("small_cnn", {"depth": 4, "width": 8}))
+        assert deeper.parent_id == first.parent_id
+    finally:
+        chooser.close()

@@ -140,3 +140,29 @@ def test_pod_state_reads_the_terminated_trainer() -> None:
         "digits", 2, 137, "OOMKilled")
     assert state.finished and not state.active and state.node == "gpu-1"
     assert state.metrics_port == SETTINGS.metrics_port
+
+
+def test_pod_state_reads_waiting_containers_init_first_and_the_scheduler() -> None:
+    owner, job = _job(template={"image": "reg.example/own:1", "initContainers": [
+        {"name": "fetch", "image": "reg.example/fetch:2"}]})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    pod["status"] = {"phase": "Pending", "initContainerStatuses": [
+        {"name": "fetch", "state": {"waiting": {"reason": "ErrImagePull", "message": "nope"}}}],
+        "containerStatuses": [
+            {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}]}
+    state = pods.pod_state(pod)
+    assert state.waiting == pods.Waiting("fetch", "ErrImagePull", "nope", "reg.example/fetch:2",
+                                         init=True)
+    assert state.starting is not None and state.starting.reason == "PodInitializing"
+    assert state.starting.image == "reg.example/own:1" and state.unschedulable is None
+
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+    state = pods.pod_state(pod)
+    assert state.waiting is None and state.starting is None
+    assert state.unschedulable == "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+def test_the_stop_patch_sets_a_short_active_deadline() -> None:
+    assert pods.stop_patch() == {"spec": {"activeDeadlineSeconds": pods.STOP_DEADLINE_SECONDS}}

@@ -75,3 +75,75 @@ def test_clean_pod_policy(clean: api.CleanPodPolicy, deleted: list[str]) -> None
     states = [_state("a", "Failed"), _state("b", "Running")]
     assert policy.pods_to_clean(states, clean) == deleted
     assert dataclasses.replace(states[1], deleting=True).active is False
+
+
+@pytest.mark.parametrize(("clean", "stopped"), [
+    pytest.param(api.CleanPodPolicy.ALL, [], id="all"),
+    pytest.param(api.CleanPodPolicy.RUNNING, [], id="running"),
+    pytest.param(api.CleanPodPolicy.NONE, ["b", "c"], id="none"),
+])
+def test_every_active_pod_the_policy_keeps_is_stopped(clean: api.CleanPodPolicy,
+                                                      stopped: list[str]) -> None:
+    states = [_state("a", "Failed"), _state("b", "Running"), _state("c", "Pending"),
+              dataclasses.replace(_state("d", "Running"), deleting=True)]
+    assert policy.pods_to_stop(iter(states), clean) == stopped
+
+
+def _waiting(reason: str, message: str = "", *, phase: str = "Pending",
+             started: float | None = 100.0) -> pods.PodState:
+    return dataclasses.replace(
+        _state("j-trainer-0", phase), started=started,
+        waiting=pods.Waiting("trainer", reason, message, "reg.example/kiln:9"))
+
+
+def test_a_pull_error_and_its_back_off_are_one_problem_naming_the_image() -> None:
+    pulled = policy.not_started(_waiting("ErrImagePull", "not found"))
+    backing_off = policy.not_started(_waiting("ImagePullBackOff", 'Back-off pulling image'))
+    assert pulled is not None and backing_off is not None
+    assert pulled.reason == backing_off.reason == api.Reason.POD_PENDING
+    assert pulled.problem == backing_off.problem
+    assert "reg.example/kiln:9" in pulled.problem and "j-trainer-0" in pulled.problem
+    assert "ErrImagePull: not found" in pulled.message
+    assert "ImagePullBackOff" in backing_off.message
+    assert "spec.template.image" in pulled.message
+
+
+@pytest.mark.parametrize(("reason", "words"), [
+    pytest.param("CreateContainerConfigError", "Secret or ConfigMap", id="config"),
+    pytest.param("InvalidImageName", "invalid image name reg.example/kiln:9", id="bad-name"),
+    pytest.param("SomethingNew", "is waiting with SomethingNew", id="unknown"),
+])
+def test_other_waiting_reasons_say_what_is_wrong(reason: str, words: str) -> None:
+    stuck = policy.not_started(_waiting(reason))
+    assert stuck is not None and stuck.reason == api.Reason.POD_PENDING
+    assert words in stuck.message and reason in stuck.message
+
+
+def test_an_unschedulable_pod_carries_the_schedulers_words() -> None:
+    state = dataclasses.replace(_state("j-trainer-0", "Pending"),
+                                unschedulable="0/1 nodes are available: 1 node(s) had taint")
+    stuck = policy.not_started(state)
+    assert stuck is not None and stuck.reason == api.Reason.UNSCHEDULABLE
+    assert "1 node(s) had taint" in stuck.message and "tolerations" in stuck.message
+
+
+def test_a_pod_being_set_up_or_running_is_not_stuck() -> None:
+    assert policy.not_started(_state("j-trainer-0", "Pending")) is None
+    assert policy.not_started(_waiting("ErrImagePull", phase="Running")) is None
+    setting_up = dataclasses.replace(
+        _state("j-trainer-0", "Pending"),
+        starting=pods.Waiting("trainer", "ContainerCreating", "", "reg.example/kiln:9"))
+    assert policy.not_started(setting_up) is None
+    assert "still ContainerCreating" in policy.start_timeout_message(setting_up, 600)
+
+
+def test_the_start_timeout_counts_from_the_launch_of_a_pending_pod() -> None:
+    stuck = _waiting("ImagePullBackOff")
+    assert not policy.start_timed_out(stuck, 600, now=699.0)
+    assert policy.start_timed_out(stuck, 600, now=700.0)
+    assert not policy.start_timed_out(stuck, 0, now=1e9)  # 0: wait forever
+    assert not policy.start_timed_out(_waiting("ErrImagePull", phase="Running"), 600, now=1e9)
+    assert not policy.start_timed_out(_waiting("ErrImagePull", started=None), 600, now=1e9)
+    message = policy.start_timeout_message(stuck, 600)
+    assert "600 s" in message and "ImagePullBackOff" in message
+    assert "reg.example/kiln:9" in message and "deleted" in message

@@ -4,6 +4,7 @@ and what parallel runs add (writer parallelism, per-rank RNG, older checkpoints)
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,42 @@ def test_location_prefers_the_directory_then_the_zoo_then_the_local_default(
     assert in_zoo.store is zoo and in_zoo.key == "checkpoints/team-a/digits-a/checkpoint.pt"
     assert local.key == "default/digits-a/checkpoint.pt"
     assert str(checkpoint.DEFAULT_DIR) in local.store.describe()
+
+
+def _unreachable_zoo(waits: list[float]) -> checkpoint.Location:
+    """A zoo checkpoint location on a closed local port; `waits` records every retry."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    zoo = store.S3Store(f"127.0.0.1:{port}", "zoo", access_key=None, secret_key=None,
+                        retry=store.RetryPolicy(attempts=2), sleep=waits.append)
+    return checkpoint.Location(zoo, "checkpoints/default/digits-a/checkpoint.pt")
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_an_unreachable_zoo_moves_the_checkpoint_to_the_fallback(
+    tmp_path: Path, resume: bool
+) -> None:
+    waits: list[float] = []
+    fallback = checkpoint.Location(store.DirStore(tmp_path), "default/digits-a/checkpoint.pt")
+    where, saved = checkpoint.open_location(_unreachable_zoo(waits), fallback=fallback,
+                                            resume=resume)
+    assert (where, saved) == (fallback, None) and waits  # the zoo was tried first
+
+
+def test_a_checkpoint_at_the_fallback_wins_without_contacting_the_zoo(tmp_path: Path) -> None:
+    waits: list[float] = []
+    fallback = checkpoint.Location(store.DirStore(tmp_path), "default/digits-a/checkpoint.pt")
+    checkpoint.save_checkpoint(fallback, {checkpoint.EPOCH_KEY: 2})
+    where, saved = checkpoint.open_location(_unreachable_zoo(waits), fallback=fallback,
+                                            resume=True)
+    assert where == fallback and saved is not None and saved[checkpoint.EPOCH_KEY] == 2
+    assert waits == []
+
+
+def test_without_a_fallback_an_unreachable_zoo_is_an_error() -> None:
+    with pytest.raises(store.StoreUnavailable, match="is unavailable"):
+        checkpoint.open_location(_unreachable_zoo([]), fallback=None, resume=True)
 
 
 def test_spec_differences_name_each_changed_field() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -269,3 +270,70 @@ def test_a_validation_fraction_leaving_a_split_under_ten_samples_is_a_dataset_er
                        "least 10"):
         data.load(_spec(name="digits", validationFraction=fraction), input_shape=[1, 8, 8],
                   seed=0)
+
+
+def _image_files(split: torch.utils.data.Dataset[object]) -> list[str]:
+    """The real paths of the files a `data.load` image split reads."""
+    return [os.path.realpath(split.base.samples[i][0])  # type: ignore[attr-defined]
+            for i in split.indices]  # type: ignore[attr-defined]
+
+
+def test_a_symlink_loop_in_an_imagefolder_counts_each_image_once(tmp_path: Path) -> None:
+    root = _write_imagefolder(tmp_path / "pets", classes=2, per_class=10)
+    (root / "class0" / "again").symlink_to(root / "class0")  # a loop: class0/again/again/...
+    (root / "class1" / "copy.png").symlink_to(root / "class1" / "0.png")
+    splits = data.load(_spec(name="imagefolder", path=str(root), validationFraction=0.5),
+                       input_shape=[1, 8, 8], seed=0)
+    train, validation = _image_files(splits.train), _image_files(splits.validation)
+    assert len(train) + len(validation) == 20
+    assert len(set(train + validation)) == 20
+    assert not set(train) & set(validation)
+
+
+def test_a_validation_path_inside_the_training_folder_validates_its_files_only(
+    tmp_path: Path,
+) -> None:
+    root = _write_imagefolder(tmp_path / "pets", classes=2, per_class=12)
+    held_out = tmp_path / "held-out"
+    for c in range(2):
+        (held_out / f"class{c}").mkdir(parents=True)
+        for i in range(3):  # links into the training folder: the same real files
+            (held_out / f"class{c}" / f"{i}.png").symlink_to(root / f"class{c}" / f"{i}.png")
+    splits = data.load(_spec(name="imagefolder", path=str(root), validationPath=str(held_out)),
+                       input_shape=[1, 8, 8], seed=0)
+    train, validation = _image_files(splits.train), _image_files(splits.validation)
+    assert len(validation) == 6 and len(train) == 18
+    assert not set(train) & set(validation)
+
+
+def test_a_validation_path_equal_to_the_training_folder_is_a_dataset_error(
+    tmp_path: Path,
+) -> None:
+    root = _write_imagefolder(tmp_path / "pets", classes=2, per_class=2)
+    with pytest.raises(data.DatasetError, match=r"spec.dataset.path: every image .* is also in "
+                       r"spec.dataset.validationPath.*separate folders"):
+        data.load(_spec(name="imagefolder", path=str(root), validationPath=str(root)),
+                  input_shape=[1, 8, 8], seed=0)
+
+
+def test_a_text_folder_reads_each_file_once_through_links_and_loops(tmp_path: Path) -> None:
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "a.txt").write_text("aaaa", encoding="utf-8")
+    (tmp_path / "src" / "pkg" / "b.txt").write_text("bbbb", encoding="utf-8")
+    (tmp_path / "src" / "pkg" / "up").symlink_to(tmp_path / "src")  # a loop
+    (tmp_path / "src" / "z.txt").symlink_to(tmp_path / "src" / "a.txt")
+    assert data.read_text_bytes(tmp_path / "src") == b"aaaa\nbbbb"
+
+
+def test_text_shared_with_the_validation_path_is_left_out_of_training(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_bytes(b"t" * 160)
+    (corpus / "val.txt").write_bytes(b"v" * 160)
+    splits = data.load(_spec(name="text", path=str(corpus),
+                             validationPath=str(corpus / "val.txt")), input_shape=[15], seed=0)
+    assert len(splits.train) == 10 and len(splits.validation) == 10
+    assert all(set(splits.train[i][0].tolist()) == {ord("t")} for i in range(10))
+    with pytest.raises(data.DatasetError, match="is also spec.dataset.validationPath"):
+        data.load(_spec(name="text", path=str(corpus / "val.txt"),
+                        validationPath=str(corpus / "val.txt")), input_shape=[15], seed=0)

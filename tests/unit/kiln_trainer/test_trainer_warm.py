@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,35 @@ def test_a_decision_left_to_the_trainer_reads_as_none_so_the_trainer_decides() -
     assert warm.parse_decision(json.dumps(deferred.to_json())) is None
     cold = select.cold_start(select.Outcome.COLD_EMPTY, "the zoo is empty")
     assert warm.parse_decision(json.dumps(cold.to_json())) == cold
+
+
+def _unreachable_zoo(waits: list[float]) -> store.S3Store:
+    """An S3 zoo on a closed local port; `waits` records every retry (any contact)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return store.S3Store(f"127.0.0.1:{port}", "zoo", access_key=None, secret_key=None,
+                         retry=store.RetryPolicy(attempts=2), sleep=waits.append)
+
+
+@pytest.mark.parametrize(("job", "decided"), [
+    pytest.param(_job(SMALL, enabled=False), None, id="disabled"),
+    pytest.param(_job(SMALL), select.cold_start(select.Outcome.COLD_EMPTY, "the zoo is empty"),
+                 id="cold-decision-from-upstream"),
+])
+def test_a_cold_start_never_contacts_the_zoo(
+    job: api.TrainingJob, decided: select.Decision | None
+) -> None:
+    waits: list[float] = []
+    assert not warm.needs_zoo(job, decided)
+    applied = warm.warm_start(job, models.build(job.spec.model), _unreachable_zoo(waits),
+                              decided=decided)
+    assert applied.parent is None and waits == []
+
+
+def test_a_job_that_decides_in_the_trainer_or_names_a_parent_needs_the_zoo(
+    zoo: store.DirStore,
+) -> None:
+    parent = _register(zoo, _job(SMALL))
+    assert warm.needs_zoo(_job(SMALL), None)
+    assert warm.needs_zoo(_job(DEEPER), decision.decide(_job(DEEPER, parent=parent.id), zoo))

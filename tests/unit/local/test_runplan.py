@@ -5,6 +5,7 @@ kiln_trainer`; the real one runs in tests/integration/test_local_run.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -17,7 +18,9 @@ from rich.console import Console
 
 from kiln import api, contract
 from kiln.local import machine, runner, runplan
-from kiln.placement import types
+from kiln.placement import profilecache, types
+from kiln.warmstart import select
+from kiln_trainer import warm
 
 PROGRESS = contract.Progress(
     epoch=1, epochs=1, step=4, steps_per_epoch=4, train_loss=None, validation_accuracy=None,
@@ -230,3 +233,149 @@ def test_more_cpu_slots_than_cores_is_refused(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match=r"--slots 3: this machine has 2 CPU cores .* at most"):
         machine.local_devices(3)
     assert machine.local_devices(2).count == 2
+
+
+# ---- profiling entrypoint models before planning ---------------------------------------------
+
+DECISION = {"parent": "mixer-1a2b", "similarity": 0.8, "parent_metric": 0.9,
+            "matched_tensors": 6, "total_tensors": 8, "outcome": "warm",
+            "reason": "warm start from mixer-1a2b: similarity 0.80"}
+PROFILE = contract.Profile(parameters=12345, flops_per_sample=4.0e5, graph_nodes=20,
+                           untraceable=None, device="cpu", batch_size=64, step_seconds=0.0081,
+                           step_status="ok", warm_start_decision=DECISION)
+PROFILED = f"print({contract.to_line(PROFILE)!r})"
+
+
+def _entrypoint_job(name: str, template: dict[str, Any] | None = None) -> api.TrainingJob:
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {"model": {"entrypoint": "mynets.mixer:mixer", "args": {"dim": 8},
+                           "inputShape": [1, 8, 8]},
+                 "dataset": {"maxSamples": 300}, "training": {"epochs": 1, "batchSize": 64},
+                 "template": template or {}},
+    })
+
+
+def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[api.TrainingJob],
+             scripts: dict[str, str]) -> tuple[Any, str, list[tuple[list[str], dict[str, str]]]]:
+    """`profile_jobs` with fake profiling trainers chosen by job name; returns (the profiles or
+    exception, console text, each command with its environment)."""
+    real_popen = subprocess.Popen
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_popen(command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        started.append((command, kwargs["env"]))
+        name = Path(command[command.index("--job") + 1]).stem
+        return real_popen([sys.executable, "-c", scripts[name]], **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    out = io.StringIO()
+    try:
+        profiled: Any = runplan.profile_jobs(
+            jobs, devices=machine.Devices("cpu", 2, 3, None), zoo_uri="zoo",
+            work_dir=tmp_path / "runs", console=Console(file=out, width=300),
+            profile_cache=tmp_path / "profiles.json", env={"PYTHONPATH": "/jobs"})
+    except (KeyboardInterrupt, runner.TrainerFailed) as exc:
+        profiled = exc
+    return profiled, out.getvalue(), started
+
+
+def test_entrypoint_jobs_are_profiled_into_the_cache_plan_and_warm_start_decision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = [_entrypoint_job("m"), _job("registry"),
+            _entrypoint_job("own", {"command": ["python", "-m", "train_loop"]})]
+    profiled, text, started = _profile(tmp_path, monkeypatch, jobs, {"m": PROFILED})
+    assert list(profiled) == ["m"]  # a registry model and an own command are not profiled
+    command, env = started[0]
+    assert command[1:3] == ["-m", "kiln_trainer"] and "--profile" in command
+    assert env["PYTHONPATH"] == "/jobs" and env["OMP_NUM_THREADS"] == "3"  # as its training
+    assert "m: profiled 12,345 parameters, 400 kFLOPs/sample, 8.1 ms/step on cpu; warm start: " \
+        "warm start from mixer-1a2b: similarity 0.80" in text
+
+    entries = json.loads((tmp_path / "profiles.json").read_text(encoding="utf-8"))["entries"]
+    key = profilecache.cache_key(jobs[0].spec.model, batch_size=64, parallelism="single",
+                                 gpus=1, kind="cpu")
+    assert entries[key]["step_seconds"] == 0.0081 and entries[key]["status"] == "ok"
+
+    # The trainer reads the decision as one made upstream: it applies it, deciding nothing.
+    decided = warm.parse_decision(profiled["m"].warm_start)
+    assert decided is not None and decided.parent_id == "mixer-1a2b"
+    assert decided.outcome is select.Outcome.WARM and decided.matched_tensors == 6
+
+    devices = machine.Devices("cpu", 2, 1, None)
+    _, configs = runplan.make_plan([jobs[0]], devices=devices, zoo=None, profile_cache=None,
+                                   settings=types.Settings(use_milp=False), profiled=profiled)
+    assert [c.source for c in configs["m"]] == ["profile"]
+
+
+def test_a_user_code_error_while_profiling_fails_the_job_as_its_training_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed, _, started = _profile(tmp_path, monkeypatch,
+                                  [_entrypoint_job("a"), _entrypoint_job("b")],
+                                  {"a": FAIL, "b": PROFILED})
+    assert isinstance(failed, runner.TrainerFailed) and failed.job_name == "a"
+    assert "job a: trainer exited with code 2; last lines of" in str(failed)
+    assert "boom" in str(failed) and len(started) == 1  # b is never profiled
+
+
+@pytest.mark.parametrize("broken", [
+    pytest.param("import sys; sys.exit(1)", id="exit-1"),
+    pytest.param("import os; os.abort()", id="crash"),
+    pytest.param("print('no profile')", id="no-profile-event"),
+])
+def test_another_profiling_failure_warns_and_plans_the_job_from_the_nominal_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    profiled, text, _ = _profile(tmp_path, monkeypatch,
+                                 [_entrypoint_job("a"), _entrypoint_job("b")],
+                                 {"a": broken, "b": PROFILED})
+    assert list(profiled) == ["b"]
+    text = " ".join(text.split())
+    assert "warning: a: profiling" in text
+    assert "planning it from the nominal estimate, and its trainer decides warm start" in text
+
+
+def test_an_out_of_memory_step_is_cached_and_rules_out_the_single_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    oom = dataclasses.replace(PROFILE, step_seconds=None, step_status="oom",
+                              step_detail="CUDA out of memory", warm_start_decision=None)
+    profiled, text, _ = _profile(tmp_path, monkeypatch, [_entrypoint_job("m")],
+                                 {"m": f"print({contract.to_line(oom)!r})"})
+    assert profiled["m"].measurement.out_of_memory and profiled["m"].warm_start is None
+    assert "batch 64 out of memory on cpu; warm start: decided by the trainer" in text
+    entries = json.loads((tmp_path / "profiles.json").read_text(encoding="utf-8"))["entries"]
+    assert [e["status"] for e in entries.values()] == ["oom"]
+
+
+def test_a_profiled_decision_reaches_its_trainer_until_a_job_of_the_run_registers_a_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered = dataclasses.replace(RESULT, zoo_model="a-1234")
+    ok_registered = f"print({contract.to_line(registered)!r})"
+    the_plan = _plan(("a", 1, 0.0, 5.0), ("b", 1, 0.0, 5.0), ("c", 1, 5.0, 5.0))
+    real_popen = subprocess.Popen
+    commands: list[list[str]] = []
+
+    def fake_popen(command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        commands.append(command)
+        return real_popen([sys.executable, "-c", ok_registered], **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    text = json.dumps({"parent_id": None, "similarity": None, "parent_metric": None,
+                       "matched_tensors": None, "total_tensors": None, "reason": "empty zoo",
+                       "candidates_considered": 0, "outcome": "cold_empty"})
+    measurement = runplan.measurement_of(PROFILE)
+    profiled = {n: runplan.Profiled(measurement, text) for n in "abc"}
+    runplan.run_planned(
+        [_job(n) for n in "abc"], the_plan=the_plan,
+        configs={a.job: (types.Config("single", 1, a.seconds, "profile"),)
+                 for a in the_plan.assignments},
+        devices=machine.Devices("cpu", 2, 1, None), zoo_uri="zoo", work_dir=tmp_path,
+        console=Console(file=io.StringIO()), profiled=profiled)
+    by_job = {Path(c[c.index("--job") + 1]).stem: c for c in commands}
+    for name in "ab":
+        assert by_job[name][by_job[name].index("--warm-start") + 1] == text
+    assert "--warm-start" not in by_job["c"]  # a or b registered: c decides against the zoo

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kiln import api, models
+from kiln.models import checks
 
 
 def _job(
@@ -184,3 +185,31 @@ def test_a_model_with_more_than_two_billion_parameters_is_refused_with_its_count
     (problem,) = models.check_job(_job("vit", args={"width": 1_000_000}, input_shape=[3, 32, 32]))
     assert problem.startswith("spec.model.args: vit with these args has ")
     assert "over the 2,000,000,000" in problem and "reduce its width or depth" in problem
+
+
+def test_a_model_thousands_of_layers_deep_is_refused_before_it_is_built() -> None:
+    # Building this on meta alone would take about a minute; the check answers at once.
+    (problem,) = models.check_job(_job("small_cnn", args={"depth": 13_000}))
+    assert problem == ("spec.model.args.depth: the model would have 13,000 layers; Kiln builds "
+                       f"at most {checks.MAX_LAYERS}; use fewer blocks (depth)")
+
+
+def test_block_lists_count_their_sum_of_layers() -> None:
+    (problem,) = models.check_job(_job("small_resnet", args={"blocks": [100, 100, 100]}))
+    assert problem.startswith("spec.model.args.blocks: the model would have 300 layers")
+
+
+def test_a_model_over_the_module_limit_is_refused_naming_its_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "MAX_MODULES", 100)
+    (problem,) = models.check_job(_job("small_cnn", args={"depth": 40, "width": 4}))
+    assert problem == ("spec.model.args: the model has 166 modules; Kiln traces at most 100; "
+                       "use fewer blocks (depth)")
+
+
+def test_a_forward_pass_over_the_flop_limit_is_refused_with_its_cost() -> None:
+    (problem,) = models.check_job(_job("small_cnn", args={"width": 512},
+                                       input_shape=[3, 16384, 16384]))
+    assert problem.startswith("spec.model: one forward pass of small_cnn with inputShape "
+                              "[3, 16384, 16384] costs 1.91e+15 FLOPs per sample")
+    assert "use a smaller input, width or depth" in problem

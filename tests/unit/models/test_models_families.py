@@ -264,6 +264,25 @@ def test_vgg_on_8x8_images_keeps_three_pools_and_a_small_classifier() -> None:
     assert sum(p.numel() for p in model.get_submodule("classifier").parameters()) < 600_000
 
 
+def test_mobilenet_v3_on_8x8_images_tells_inputs_apart_in_eval_mode_after_100_steps() -> None:
+    # On 8x8 images the depthwise convs see 1x1 maps, and their outputs start with variance
+    # near 1e-5. BatchNorm's running variance, starting at 1, must come down within a short
+    # run's steps, or evaluation normalises by it and gives every input the same logits.
+    torch.manual_seed(0)
+    model = models.get_model("mobilenet_v3_small", input_shape=(1, 8, 8), num_classes=10)
+    model.train()
+    images = torch.randn(16, 1, 8, 8)
+    with torch.no_grad():
+        for _ in range(100):
+            training_logits = model(images)  # a training-mode forward updates the statistics
+        eval_logits = model.eval()(images)
+
+    def spread(logits: torch.Tensor) -> float:
+        return float((logits - logits.mean(0)).norm())
+
+    assert spread(eval_logits) > 0.25 * spread(training_logits)
+
+
 def test_small_resnet_takes_an_int_as_blocks_per_stage() -> None:
     model = models.get_model("small_resnet", input_shape=(1, 8, 8), blocks=2, width=8)
     assert models.natural_blocks(model) == [

@@ -263,6 +263,23 @@ def test_the_workload_sizes_digits_text_and_image_folders(tmp_path: Path) -> Non
         .validation_samples == estimate.UNKNOWN_SAMPLES
 
 
+def test_the_workload_counts_each_real_file_once_through_links_and_loops(tmp_path: Path) -> None:
+    for i in range(10):
+        (tmp_path / "images" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "images" / f"c{i % 2}" / f"{i}.png").write_bytes(b"")
+    (tmp_path / "images" / "c0" / "loop").symlink_to(tmp_path / "images")
+    (tmp_path / "images" / "c1" / "again.png").symlink_to(tmp_path / "images" / "c1" / "1.png")
+    folder = _job(dataset={"name": "imagefolder", "path": str(tmp_path / "images")})
+    assert estimate.workload(folder).train_samples == 8
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_bytes(b"x" * 65 * 100)
+    (tmp_path / "text" / "b.txt").symlink_to(tmp_path / "text" / "a.txt")
+    (tmp_path / "text" / "up").symlink_to(tmp_path / "text")
+    lm = _job(architecture="char_transformer", shape=[64],
+              dataset={"name": "text", "path": str(tmp_path / "text")})
+    assert estimate.workload(lm).train_samples + estimate.workload(lm).validation_samples == 100
+
+
 def test_max_gpus_below_one_and_unknown_device_types_are_refused() -> None:
     with pytest.raises(ValueError, match="max_gpus"):
         estimate.configs(_job(), zoo=None, profile_cache=None, max_gpus=0, device_type="cpu")

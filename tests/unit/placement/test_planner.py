@@ -58,10 +58,12 @@ def test_a_tiny_time_limit_on_a_big_instance_returns_the_heuristic_with_a_reason
 
 
 def test_a_failed_milp_falls_back_to_the_heuristic_and_logs_why(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     snapshot = cases.random_snapshot(2, jobs=20, nodes=(8, 8))
-    settings = types.Settings(time_limit_seconds=5.0, watchdog_margin_seconds=-4.9)
-    result = planner.plan(snapshot, settings)  # a negative margin brings the watchdog to ~0.1 s
+    # A budget the worker cannot even start in (it imports Pyomo): the watchdog ends it.
+    monkeypatch.setattr(planner, "MIN_MILP_SECONDS", 0.0)
+    settings = types.Settings(time_limit_seconds=0.3, watchdog_margin_seconds=0.1)
+    result = planner.plan(snapshot, settings)
     assert result.solver == "heuristic"
     assert "fallback: milp: watchdog killed the solver" in result.reason
     assert "falls back to the heuristic plan" in caplog.text

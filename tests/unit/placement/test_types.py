@@ -59,3 +59,27 @@ def test_unplaceable_names_each_job_and_why() -> None:
     err = types.Unplaceable(reasons)
     assert err.jobs == ("big", "none")
     assert "job big" in str(err) and isinstance(err, ValueError)
+
+
+def test_a_gpu_job_on_cpu_only_nodes_is_told_no_node_has_gpus() -> None:
+    snapshot = types.Snapshot(0.0, (types.Node("cpu-1", 8),), (
+        types.JobRequest("four", (), asked_gpus=4),
+        types.JobRequest("cpu", (types.Config("single", 1, 5.0),), asked_gpus=0)), device="cpu")
+    reasons = types.unplaceable_reasons(snapshot)
+    assert set(reasons) == {"four"}
+    assert reasons["four"].startswith("asks for 4 GPUs; no node has GPUs")
+    assert "spec.resources.gpus: 0" in reasons["four"]
+
+
+def test_a_job_asking_more_gpus_than_any_node_has_is_told_both_counts() -> None:
+    snapshot = types.Snapshot(0.0, (types.Node("n", 2),),
+                              (types.JobRequest("big", (), asked_gpus=8),))
+    assert types.unplaceable_reasons(snapshot)["big"].startswith(
+        "asks for 8 GPUs; the largest node has 2")
+
+
+def test_a_job_with_no_feasible_config_is_told_what_to_change() -> None:
+    snapshot = types.Snapshot(0.0, (types.Node("n", 4),), (
+        types.JobRequest("none", (types.Config("ddp", 2, math.inf),)),))
+    why = types.unplaceable_reasons(snapshot)["none"]
+    assert "infinite" not in why and "at most 4 devices" in why and "smaller model" in why

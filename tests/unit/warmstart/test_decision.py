@@ -135,6 +135,44 @@ def test_a_corrupted_parent_is_decided_a_cold_start_not_a_crash(zoo: store.DirSt
     assert small.id in decided.reason
 
 
+def _damage(weights: Path) -> None:
+    """Flip the file's last bytes: it no longer matches its recorded sha256."""
+    weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
+
+
+def test_a_damaged_best_parent_is_skipped_for_the_next_one_saying_why(
+    zoo: store.DirStore, tmp_path: Path
+) -> None:
+    damaged, _ = _register(zoo, _job(*SMALL), accuracy=0.99, seed=0)
+    sound, _ = _register(zoo, _job(*SMALL), accuracy=0.90, seed=1)
+    assert decision.decide(_job(*DEEPER), zoo).parent_id == damaged.id  # the policy's first
+    _damage(tmp_path / "zoo" / "models" / damaged.id / "weights.safetensors")
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.parent_id == sound.id and decided.outcome == select.Outcome.WARM
+    assert f"skipped unusable parent {damaged.id}" in decided.reason
+    assert "sha256" in decided.reason  # why it was skipped
+
+
+def test_parents_tried_are_bounded_and_all_named(zoo: store.DirStore, tmp_path: Path) -> None:
+    ids = [_register(zoo, _job(*SMALL), accuracy=0.9 + i / 100, seed=i)[0].id for i in range(4)]
+    for model_id in ids:
+        _damage(tmp_path / "zoo" / "models" / model_id / "weights.safetensors")
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    named = [model_id for model_id in ids if model_id in decided.reason]
+    assert len(named) == decision.MAX_PARENT_TRIES
+
+
+def test_a_damaged_only_candidate_is_a_cold_start_naming_it(
+    zoo: store.DirStore, tmp_path: Path
+) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    _damage(tmp_path / "zoo" / "models" / small.id / "weights.safetensors")
+    decided = decision.decide(_job(*DEEPER), zoo)
+    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    assert "no other candidate" in decided.reason and small.id in decided.reason
+
+
 def test_the_ten_percent_rule_is_part_of_the_decision(zoo: store.DirStore) -> None:
     small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
     other = _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16],

@@ -387,6 +387,183 @@ def test_refresh_adds_a_new_model_to_its_nearest_medoids_cluster(
 
 
 # ----------------------------------------------------------------------------------------------
+# clusters the index builds and keeps itself (maintain_clusters), on zoos above a small limit
+
+MAINTAINED = index.IndexSettings(exhaustive_limit=10, workers=0, maintain_clusters=True)
+
+
+def run_now(work: Callable[[], None]) -> None:
+    work()
+
+
+class Deferred:
+    """A spawn that keeps the background builder until the test runs it."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, work: Callable[[], None]) -> None:
+        self.pending.append(work)
+
+    def run(self) -> None:
+        while self.pending:
+            self.pending.pop(0)()
+
+
+def write_variants(zoo: store.ObjectStore, base_graphs: dict[str, dict[str, Any]],
+                   numbers: range) -> dict[str, dict[str, Any]]:
+    """Distinct image-classifier variants `img-<n>` (bases in turn); their graphs by id."""
+    docs = {}
+    for n in numbers:
+        base = ["resnet_111", "resnet_222", "cnn_3", "cnn_5"][n % 4]
+        doc = widened(base_graphs[base], seed=10_000 + n)
+        while any(index.fingerprint(doc) == index.fingerprint(d) for d in docs.values()):
+            doc = widened(base_graphs[base], seed=random.randrange(10**6))
+        record_id = f"img-{n:03d}"
+        write(zoo, record_id, base, doc)
+        docs[record_id] = doc
+    return docs
+
+
+def test_index_clusters_a_large_group_in_the_background_and_searches_exhaustively_until_then(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    docs = write_variants(zoo, base_graphs, range(16))
+    write(zoo, "lm", "lm_2", base_graphs["lm_2"])  # a group of one: never clustered
+    spawn = Deferred()
+    idx = index.ZooIndex(zoo, settings=MAINTAINED, spawn=spawn)
+    twin = docs["img-005"]
+
+    before = idx.query(twin, modality="image")
+    assert before.mode is index.SearchMode.EXHAUSTIVE and idx.clusters() == {}
+    spawn.run()
+
+    clusters = idx.clusters()
+    assert set(clusters) == {IMAGE}
+    assert len(clusters[IMAGE].medoids) == 4 and clusters[IMAGE].size == 16  # round(sqrt(16))
+    after = idx.query(twin, modality="image")
+    assert after.mode is index.SearchMode.CLUSTERED
+    assert after.best is not None and before.best is not None
+    assert after.best.id == before.best.id == "img-005" and after.best.similarity == 1.0
+    assert idx.query(base_graphs["lm_2"], modality="text").mode is index.SearchMode.EXHAUSTIVE
+
+
+def test_maintained_clusters_find_the_exhaustive_best_parent_of_every_member(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    """A member's own graph is its best parent (similarity 1); the clustered search must visit
+    that member's cluster first, as its medoid is the one it was assigned to."""
+    zoo = store.DirStore(tmp_path / "zoo")
+    docs = write_variants(zoo, base_graphs, range(16))
+    idx = index.ZooIndex(zoo, settings=MAINTAINED, spawn=run_now)
+    exhaustive = index.ZooIndex(zoo, settings=IN_PROCESS)
+    for record_id in sorted(docs)[::3]:
+        clustered = idx.query(docs[record_id], modality="image")
+        reference = exhaustive.query(docs[record_id], modality="image")
+
+        assert clustered.mode is index.SearchMode.CLUSTERED
+        assert reference.mode is index.SearchMode.EXHAUSTIVE
+        assert clustered.best is not None and reference.best is not None
+        assert clustered.best.id == reference.best.id == record_id
+
+
+def test_refresh_assigns_new_models_to_maintained_clusters_and_rebuilds_after_doubling(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    write_variants(zoo, base_graphs, range(12))
+    idx = index.ZooIndex(zoo, settings=MAINTAINED, spawn=run_now)
+    built = idx.clusters()[IMAGE]
+    assert (len(built.medoids), built.built_size) == (3, 12)  # round(sqrt(12))
+
+    write_variants(zoo, base_graphs, range(12, 20))
+    idx.refresh()
+    grown = idx.clusters()[IMAGE]
+    assert grown.medoids == built.medoids and grown.built_size == 12  # assigned, not rebuilt
+    assert grown.size == 20 and {"img-012", "img-019"} <= set(grown.similarity_to_medoid)
+
+    write_variants(zoo, base_graphs, range(20, 24))
+    idx.refresh()
+    rebuilt = idx.clusters()[IMAGE]
+    assert (len(rebuilt.medoids), rebuilt.built_size, rebuilt.size) == (5, 24, 24)
+
+
+def test_a_group_that_loses_a_medoid_is_clustered_again(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    write_variants(zoo, base_graphs, range(13))
+    idx = index.ZooIndex(zoo, settings=MAINTAINED, spawn=run_now)
+    medoid = idx.clusters()[IMAGE].medoids[0]
+    member = non_medoid_members(idx.clusters()[IMAGE])[-1][1]
+
+    records.delete_record(zoo, member)
+    idx.refresh()
+    assert idx.clusters()[IMAGE].built_size == 13  # a member left: nothing to rebuild
+    records.delete_record(zoo, medoid)
+    idx.refresh()
+
+    clusters = idx.clusters()[IMAGE]
+    assert clusters.built_size == 11 and clusters.size == 11
+    assert medoid not in clusters.similarity_to_medoid
+
+
+def test_a_build_past_its_time_budget_is_abandoned_until_the_group_grows(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    write_variants(zoo, base_graphs, range(12))
+    clock = FakeClock()
+    calls = 0
+
+    def slow(parent: graph.Prepared, child: graph.Prepared) -> float:
+        nonlocal calls
+        calls += 1
+        clock.now += 1.0  # every pair takes a second
+        return match.similarity(parent, child)
+
+    budget = dataclasses.replace(MAINTAINED, cluster_build_seconds=50.0)
+    with caplog.at_level("WARNING", logger="kiln.warmstart.index"):
+        idx = index.ZooIndex(zoo, settings=budget, scorer=slow, clock=clock, spawn=run_now)
+    assert idx.clusters() == {}
+    assert "abandoned" in caplog.text and "cluster_build_seconds" in caplog.text
+    assert calls == 50  # 144 pairs needed
+
+    write_variants(zoo, base_graphs, range(12, 14))
+    idx.refresh()  # grown, but not twofold: no second attempt
+    assert calls == 50 and idx.clusters() == {}
+    result = idx.query(base_graphs["cnn_3"], modality="image", timeout_seconds=1e6)
+    assert result.mode is index.SearchMode.EXHAUSTIVE and result.scored == 14
+
+
+def test_close_stops_background_cluster_builds(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    write_variants(zoo, base_graphs, range(12))
+    counting = CountingScorer()
+    spawn = Deferred()
+    idx = index.ZooIndex(zoo, settings=MAINTAINED, scorer=counting, spawn=spawn)
+
+    idx.close()
+    spawn.run()
+    write_variants(zoo, base_graphs, range(12, 30))
+    idx.refresh()
+
+    assert counting.calls == 0 and idx.clusters() == {} and spawn.pending == []
+
+
+def test_an_index_made_for_one_query_never_clusters(
+        tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    write_variants(zoo, base_graphs, range(12))
+    spawn = Deferred()
+    idx = index.ZooIndex(zoo, settings=dataclasses.replace(MAINTAINED, maintain_clusters=False),
+                         spawn=spawn)
+
+    result = idx.query(base_graphs["cnn_3"], modality="image")
+
+    assert spawn.pending == [] and idx.clusters() == {}
+    assert result.mode is index.SearchMode.EXHAUSTIVE and result.scored == 12
+
+
+# ----------------------------------------------------------------------------------------------
 # kiln.warmstart.clusters and kiln.warmstart.scoring on their own
 
 

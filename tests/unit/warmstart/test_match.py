@@ -170,17 +170,27 @@ def _reference_raw_score(parent: nx.DiGraph, child: nx.DiGraph, *, merge: str = 
         pos = {v: k for k, v in enumerate(nodes)}
         return nodes, [[pos[u] for u in g.predecessors(v)] or [-1] for v in nodes]
 
-    def score(a: dict[str, list[int] | str], b: dict[str, list[int] | str]) -> float:
+    def stages(g: nx.DiGraph) -> dict[str, int]:  # checked on their own by the stage tests
+        prepared = graph.prepare(g)
+        return dict(zip(prepared.nodes, prepared.stages.tolist(), strict=True))
+
+    def score(pv: str, cv: str) -> float:
+        a, b = parent.nodes[pv], child.nodes[cv]
         da, db = list(a["weight_shape"]), list(b["weight_shape"])
         if a["op"] != b["op"] or len(da) != len(db):
             return -1.0
+        if min(p_stage[pv], c_stage[cv]) >= 0 and p_stage[pv] != c_stage[cv]:
+            return -1.0
         n_p, n_c = math.prod(da), math.prod(db)
+        if b["op"] in ("Conv2d", "Linear") and db[1] > da[1] and db[0] * da[1] == db[1] * da[0]:
+            n_c = n_c // db[1] * da[1]  # widened in and out alike: the input growth is free
         inherited = math.prod(min(x, y) for x, y in zip(da, db, strict=True))
         s = inherited / n_p / 1.2 if n_p > n_c else inherited / n_c
         return s if s >= 0.3 else -1.0
 
     pn, pp = order(parent)
     cn, cp = order(child)
+    p_stage, c_stage = stages(parent), stages(child)
     S = {(0, 0): 0.0}
     for i in range(len(pn)):
         S[i + 1, 0] = max(S[p + 1, 0] for p in pp[i]) - 1.0
@@ -188,7 +198,7 @@ def _reference_raw_score(parent: nx.DiGraph, child: nx.DiGraph, *, merge: str = 
         S[0, j + 1] = max(S[0, q + 1] for q in cp[j]) - 0.25
     for i in range(len(pn)):
         for j in range(len(cn)):
-            s = score(parent.nodes[pn[i]], child.nodes[cn[j]])
+            s = score(pn[i], cn[j])
             branches = []
             for q in cp[j]:
                 cands = [S[i + 1, q + 1] - 0.25] + [S[p + 1, q + 1] + s for p in pp[i]]

@@ -213,8 +213,9 @@ def test_s3_store_does_not_retry_refused_credentials() -> None:
     def refused() -> None:
         raise _s3_error("InvalidAccessKeyId")
 
-    with pytest.raises(store.StoreUnavailable, match=contract.Env.ZOO_ACCESS_KEY):
+    with pytest.raises(store.StoreMisconfigured, match=contract.Env.ZOO_ACCESS_KEY) as caught:
         zoo._with_retries("list", None, refused)
+    assert not isinstance(caught.value, store.StoreUnavailable)
     assert waits == []
 
 

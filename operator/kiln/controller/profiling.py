@@ -1,0 +1,147 @@
+"""The profiling pod: a model from user code measured in its own image before placement.
+
+The operator never imports user code, so ``python -m kiln_trainer --profile`` runs in the job's
+image to trace the model's graph, count its FLOPs and parameters, time a step on one device and
+decide its warm start. Here: the pod, the device it borrows, and reading what it reports.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from kiln import api, contract
+from kiln.controller import cluster, pods
+from kiln.placement import estimate
+from kiln.warmstart import select
+
+ROLE_LABEL = "kiln.dev/role"
+ROLE = "profile"
+
+
+def needed(job: api.TrainingJob) -> bool:
+    """Whether the job's model is user code (spec.model.entrypoint): the operator cannot build
+    it, so only a profiling pod can measure it."""
+    return job.spec.model.entrypoint is not None
+
+
+def pod_name(job_name: str) -> str:
+    """The deterministic name of a job's profiling pod."""
+    return f"{job_name}-profile"
+
+
+def is_profiling_pod(pod: Mapping[str, Any]) -> bool:
+    """Whether `pod` is a profiling pod (by its kiln.dev/role label)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(ROLE_LABEL) == ROLE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What the profiling pod borrows: one free GPU or CPU slot on `node`, or nothing pinned
+    (`node` None: the scheduler picks a node and the step is timed on its CPU)."""
+
+    node: str | None
+    device: str  # "gpu" or "cpu"
+    devices: int  # 1, or 0 when nothing is held
+
+
+def choose_device(pools: cluster.Pools, job: api.TrainingJob) -> Device:
+    """The device the profiling pod times its step on.
+
+    The pool the job itself would run in (GPUs when it may use them); there, the node with the
+    most free devices, holding one of them so the planner counts it busy. With none free the
+    pod holds nothing and times the step on a CPU: the graph, FLOPs and parameter count still
+    replace the nominal estimate, and the running trainer's throughput refines it later.
+    """
+    pool = pools.pool_for(job.spec.resources.gpus != 0)
+    if pool is not None:
+        free = sorted(((pools.free_devices(pool, n.name), n.name) for n in pools.nodes[pool]),
+                      key=lambda pair: (-pair[0], pair[1]))
+        if free and free[0][0] >= 1:
+            return Device(free[0][1], "gpu" if pool == cluster.GPU_POOL else "cpu", 1)
+    return Device(None, "cpu", 0)
+
+
+def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
+              settings: pods.PodSettings, timeout_seconds: float, now: float) -> dict[str, Any]:
+    """The profiling pod of `job`: the trainer pod's image, environment, volumes and security
+    settings (`pods.build_pod`), running ``python -m kiln_trainer --profile`` instead of the
+    trainer or an own command, under ``activeDeadlineSeconds`` = `timeout_seconds`, with no
+    warm-start decision (it makes one) and the kiln.dev/role=profile label."""
+    launch = pods.Launch(node=device.node or "", devices=device.devices, parallelism="single",
+                         device=device.device,
+                         warm_start=select.cold_start(select.Outcome.IN_TRAINER, ""),
+                         estimated_seconds=timeout_seconds, started=now)
+    pod = pods.build_pod(owner, job, attempt=0, launch=launch, settings=settings)
+    meta, spec = pod["metadata"], pod["spec"]
+    meta["name"] = pod_name(job.name)
+    meta["labels"].pop(pods.ATTEMPT_LABEL, None)
+    meta["labels"][ROLE_LABEL] = ROLE
+    meta["annotations"]["prometheus.io/scrape"] = "false"  # it serves no metrics
+    if device.node is None:  # nothing held: let the scheduler place it
+        del meta["annotations"][pods.NODE_ANNOTATION]
+        affinity = job.spec.template.get("affinity")
+        if affinity:
+            spec["affinity"] = copy.deepcopy(affinity)
+        else:
+            spec.pop("affinity", None)
+    spec["activeDeadlineSeconds"] = max(1, int(timeout_seconds))
+    container = spec["containers"][0]
+    container["command"] = contract.trainer_command(1, [contract.Flag.PROFILE], python="python")
+    container.pop("args", None)
+    container["env"] = [e for e in container["env"] if e["name"] != contract.Env.WARM_START]
+    return pod
+
+
+def read(state: pods.PodState) -> contract.Profile | contract.Failure | None:
+    """The profiling pod's report: its Profile, its Failure, or None (none readable)."""
+    event = contract.read_termination_message(state.message)
+    return event if isinstance(event, contract.Profile | contract.Failure) else None
+
+
+def to_status(profile: contract.Profile) -> dict[str, Any]:
+    """``status.profile`` for a profile (api.ProfileStatus; None fields left out)."""
+    wire = {"parameters": profile.parameters, "flopsPerSample": profile.flops_per_sample,
+            "graphNodes": profile.graph_nodes, "untraceable": profile.untraceable,
+            "device": profile.device, "batchSize": profile.batch_size,
+            "stepSeconds": profile.step_seconds, "stepStatus": profile.step_status,
+            "zooKey": profile.zoo_key}
+    return {k: v for k, v in wire.items() if v is not None}
+
+
+def measurement(profile_status: Mapping[str, Any] | None) -> estimate.ModelMeasurement | None:
+    """The placement estimate's input from ``status.profile`` (None without one)."""
+    if not profile_status or not isinstance(profile_status.get("parameters"), int):
+        return None
+    step = profile_status.get("stepSeconds")
+    return estimate.ModelMeasurement(
+        parameters=int(profile_status["parameters"]),
+        flops_per_sample=_positive(profile_status.get("flopsPerSample")),
+        device_type=str(profile_status.get("device") or "cpu"),
+        batch_size=int(profile_status.get("batchSize") or 0),
+        step_seconds=_positive(step) if profile_status.get("stepStatus") == "ok" else None,
+        out_of_memory=profile_status.get("stepStatus") == "oom")
+
+
+def summary(profile: contract.Profile, pod: str) -> str:
+    """One sentence with the numbers, for the Profiled condition and its event."""
+    parts = [f"{profile.parameters:,} parameters"]
+    if profile.flops_per_sample is not None:
+        parts.append(f"{profile.flops_per_sample / 1e6:,.1f} MFLOPs per sample")
+    parts.append(f"a graph of {profile.graph_nodes} nodes" if profile.graph_nodes is not None
+                 else f"no graph ({profile.untraceable or 'untraceable'}: the job starts cold)")
+    if profile.step_status == "ok" and profile.step_seconds is not None:
+        parts.append(f"{profile.step_seconds * 1000:,.1f} ms per step at batch "
+                     f"{profile.batch_size} on {profile.device}")
+    elif profile.step_status == "oom":
+        parts.append(f"batch {profile.batch_size} does not fit one device ({profile.device})")
+    else:
+        parts.append(f"no step timing ({profile.step_detail or profile.step_status})")
+    return f"Profiled in pod {pod}: " + ", ".join(parts) + "."
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -1,0 +1,292 @@
+"""The warm-start probe guard: warm weights are kept only when they beat a cold start on a fixed
+training batch; else the decision's alternatives are tried in order, then the run starts cold."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kiln import api, contract, models
+from kiln.controller import jobs, lifecycle, parents
+from kiln.warmstart import decision, graph, select, transform
+from kiln.zoo import records, store
+from kiln_trainer import data, jobcontext, loop, warm
+
+CNN = {"depth": 3, "width": 16}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _job(name: str, architecture: str = "small_cnn", args: dict[str, Any] | None = None,
+         **sections: Any) -> api.TrainingJob:
+    doc: dict[str, Any] = {
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {
+            "model": {"architecture": architecture, "args": args or CNN, "inputShape": [1, 8, 8]},
+            "dataset": {"name": "digits", "maxSamples": 600},
+            "training": {"epochs": 2, "batchSize": 64,
+                         "optimizer": {"name": "adam", "lr": 0.01, "weightDecay": 0.0}},
+        },
+    }
+    for section, values in sections.items():
+        doc["spec"][section] = {**doc["spec"].get(section, {}), **values}
+    return api.parse_job(doc)
+
+
+def _run(job: api.TrainingJob, tmp_path: Path, zoo: Path, **kwargs: Any) -> dict[str, Any]:
+    return loop.main(job, out=io.StringIO(), termination_log=None, zoo_uri=str(zoo),
+                     checkpoint_dir=tmp_path / f"ckpt-{job.name}", **kwargs)
+
+
+def _register_scaled(zoo: store.ObjectStore, job: api.TrainingJob, metric: float) -> str:
+    """A bad parent: random weights scaled by 10, with a metric that makes the policy pick it."""
+    torch.manual_seed(123)
+    model = models.build(job.spec.model)
+    state = {k: v * 10 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    architecture = str(job.spec.model.architecture)
+    record = records.ZooRecord(
+        id=records.new_id(architecture), architecture=architecture,
+        args=dict(job.spec.model.args), input_shape=(1, 8, 8), modality="image",
+        task="classification", dataset="digits", metric_name="validation_accuracy",
+        metric_value=metric, validation_accuracy=metric, validation_loss=0.1,
+        samples_per_second=100.0, num_params=sum(p.numel() for p in model.parameters()),
+        created_time="2026-11-30T00:00:00Z", job_name="bad-parent",
+        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="")
+    return records.write_record(zoo, record, state,
+                                graph.to_json(decision.model_graph(job.spec.model))).id
+
+
+@pytest.fixture(scope="module")
+def trained_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zoo holding one small_cnn and one small_resnet trained on digits (good parents)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    zoo = tmp / "zoo"
+    for job in (_job("good-cnn", warmStart={"enabled": False}),
+                _job("good-resnet", "small_resnet", {"blocks": [1, 1, 1], "width": 8},
+                     warmStart={"enabled": False})):
+        _run(job, tmp, zoo)
+    return zoo
+
+
+def _copy_zoo(source: Path, target: Path, *, keep: str | None = None) -> Path:
+    """A copy of the trained zoo, with only records of architecture `keep` (all if None)."""
+    src, dst = store.DirStore(source), store.DirStore(target)
+    for record in records.list_records(src):
+        if keep is None or record.architecture == keep:
+            records.write_record(dst, record, records.load_weights(src, record),
+                                 records.load_graph(src, record))
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
+# the verdict and the damping
+
+
+@pytest.mark.parametrize(("warm_score", "cold_score", "kept"), [
+    pytest.param(warm.Score(0.4, 0.8), warm.Score(2.3, 0.1), True, id="clearly-better"),
+    pytest.param(warm.Score(0.95 * 2.0), warm.Score(2.0), True, id="at-the-ratio"),
+    pytest.param(warm.Score(0.96 * 2.0), warm.Score(2.0), False, id="within-noise"),
+    pytest.param(warm.Score(2.41, 0.12), warm.Score(2.30, 0.10), False, id="worse"),
+    pytest.param(warm.Score(1.0, 0.05), warm.Score(2.3, 0.10), False, id="lower-loss-worse-acc"),
+    pytest.param(warm.Score(float("nan")), warm.Score(2.3), False, id="nan"),
+    pytest.param(warm.Score(float("inf")), warm.Score(float("inf")), False, id="both-infinite"),
+])
+def test_the_guard_keeps_only_a_clearly_better_warm_start(
+        warm_score: warm.Score, cold_score: warm.Score, kept: bool) -> None:
+    assert warm.passes(warm_score, cold_score) is kept
+
+
+def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count() -> None:
+    assert transform.transfer_quality(0.5, 2.0) == pytest.approx(0.75)
+    assert transform.transfer_quality(3.0, 2.0) == 0.0
+    assert transform.transfer_quality(float("nan"), 2.0) == 0.0
+    # all tensors transferred, but the probe says little of the function was kept: gentle damping
+    record = warm.WarmStart("p", 0.9, 0.9, 54, 54, 0.0, "warm", "r", probe_loss=1.8,
+                            cold_probe_loss=2.0)
+    assert record.lr_damping(0) == pytest.approx(0.9)  # 1 - clip(1 - 1.8 / 2.0, 0, 1)
+    assert record.lr_damping(2) == 1.0
+    kept = warm.WarmStart("p", 0.9, 0.9, 30, 54, 0.44, "warm", "r", probe_loss=0.2,
+                          cold_probe_loss=2.0)
+    assert kept.lr_damping(0) == pytest.approx(0.3)  # quality 0.9 -> the floor
+    unprobed = warm.WarmStart("p", 0.9, 0.9, 30, 54, 0.44, "warm", "r")
+    assert unprobed.lr_damping(0) == pytest.approx(0.44)
+
+
+# ----------------------------------------------------------------------------------------------
+# the record travels: decision JSON, the trainer's report, status.warmStart, checkpoints
+
+
+def test_alternatives_and_probe_results_travel_through_json_report_and_status() -> None:
+    decided = select.Decision(
+        parent_id="a", similarity=0.6, parent_metric=0.9, matched_tensors=3, total_tensors=5,
+        reason="r", candidates_considered=3, outcome=select.Outcome.WARM, alternatives=("b", "c"),
+        probe_loss=0.4, cold_probe_loss=2.3, probe_accuracy=0.8, cold_probe_accuracy=0.1)
+    doc = json.loads(json.dumps(decided.to_json()))
+    assert select.Decision.from_json(doc) == decided
+    status = parents.to_status(decided)
+    assert status["alternatives"] == ["b", "c"]
+    assert (status["probeLoss"], status["coldProbeLoss"]) == (0.4, 2.3)
+    api.WarmStartStatus.model_validate(status)
+    assert parents.from_status(status).alternatives == ("b", "c")
+    record = warm.WarmStart.of(decided, untransferred_fraction=0.4)
+    report = select.from_report(json.loads(json.dumps(record.decision_fields())))
+    assert report is not None
+    assert (report.probe_loss, report.cold_probe_accuracy, report.alternatives) == (
+        0.4, 0.1, ("b", "c"))
+    assert warm.WarmStart.from_json(json.loads(json.dumps(record.to_json()))) == record
+    with pytest.raises(ValueError, match="alternatives must be zoo ids"):
+        select.Decision.from_json({**doc, "alternatives": [1]})
+
+
+def test_the_operator_records_the_guard_verdict_of_a_decision_it_made() -> None:
+    admitted = select.Decision(
+        parent_id="bad", similarity=0.45, parent_metric=0.9, matched_tensors=54,
+        total_tensors=54, reason="warm start from bad: similarity 0.45", candidates_considered=1,
+        outcome=select.Outcome.WARM)
+    probed = warm.WarmStart.of(dataclasses.replace(
+        admitted, parent_id=None, parent_metric=None, outcome=select.Outcome.COLD_GUARD,
+        reason="warm start from bad (similarity 0.45) rejected: probe loss 2.410 vs 2.300 cold "
+               "on 256 training samples; cold start", probe_loss=2.41, cold_probe_loss=2.3),
+        untransferred_fraction=1.0)
+    edit = jobs.Edit(body={}, status={"warmStart": parents.to_status(admitted)},
+                     jobs=None)  # type: ignore[arg-type]  # condition() does not write
+    lifecycle._record_trainer_decision(
+        edit, {"warm_start_decision": probed.decision_fields()}, now=0.0)
+    recorded = edit.status["warmStart"]
+    assert (recorded["outcome"], recorded["probeLoss"], recorded["coldProbeLoss"]) == (
+        "cold_guard", 2.41, 2.3)
+    assert "parent" not in recorded
+    (condition,) = [c for c in edit.status["conditions"] if c["type"] == "WarmStarted"]
+    assert condition["status"] == "False" and "probe loss 2.410 vs 2.300" in condition["message"]
+    assert [e.reason for e in edit.events] == [api.Reason.COLD_START]
+
+
+def test_an_old_record_without_probe_fields_still_reads() -> None:
+    old = {"parent": None, "similarity": None, "parent_metric": None, "matched_tensors": None,
+           "total_tensors": None, "untransferred_fraction": 1.0, "outcome": "cold_empty",
+           "reason": "cold start"}
+    record = warm.WarmStart.from_json(old)
+    assert record.alternatives == () and record.probe_loss is None
+
+
+# ----------------------------------------------------------------------------------------------
+# the guard on real parents
+
+
+def test_decide_records_the_next_parents_in_selection_order(trained_zoo: Path,
+                                                            tmp_path: Path) -> None:
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
+    zoo = store.DirStore(zoo_dir)
+    (good,) = [r.id for r in records.list_records(zoo)]
+    best = _register_scaled(zoo, _job("x"), metric=0.99)
+    second = _register_scaled(zoo, _job("x"), metric=0.98)
+    decided = decision.decide(_job("child"), zoo)
+    assert decided.parent_id == best and decided.alternatives == (second, good)
+
+
+def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
+        tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    bad = _register_scaled(zoo, _job("x"), metric=0.99)
+    job = _job("child")
+    result = _run(job, tmp_path, tmp_path / "zoo", register=False)
+    decided = result["warm_start_decision"]
+    assert result["parent"] is None and decided["outcome"] == select.Outcome.COLD_GUARD
+    assert decided["reason"].startswith(f"warm start from {bad} (similarity 1.00) rejected: "
+                                        "probe loss ")
+    assert " cold on 256 training samples" in decided["reason"]
+    assert decided["reason"].endswith("; cold start")
+    assert decided["cold_probe_loss"] is not None and (
+        decided["probe_loss"] is None or decided["probe_loss"] > decided["cold_probe_loss"])
+    # the guard leaves the cold initialisation exactly as a cold start would
+    cold = _run(job, tmp_path, tmp_path / "empty-zoo", register=False)
+    assert result["validation_loss"] == pytest.approx(cold["validation_loss"])
+
+
+def test_a_good_parent_passes_and_the_report_leads_with_the_probe(
+        trained_zoo: Path, tmp_path: Path) -> None:
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
+    (good,) = [r.id for r in records.list_records(store.DirStore(zoo_dir))]
+    out = io.StringIO()
+    result = loop.main(_job("child"), out=out, termination_log=None, zoo_uri=str(zoo_dir),
+                       checkpoint_dir=tmp_path / "ckpt", register=False)
+    decided = result["warm_start_decision"]
+    assert result["parent"] == good and decided["outcome"] == select.Outcome.WARM
+    assert decided["probe_loss"] < warm.MAX_LOSS_RATIO * decided["cold_probe_loss"]
+    assert decided["probe_accuracy"] >= decided["cold_probe_accuracy"]
+    lead = (f"Warm start from {good} (similarity 1.00): probe loss "
+            f"{decided['probe_loss']:.3f} vs {decided['cold_probe_loss']:.3f} cold on 256 "
+            "training samples")
+    infos = [json.loads(line)["message"] for line in out.getvalue().splitlines()
+             if json.loads(line)["event"] == "info"]
+    assert infos[0].startswith(lead) and "tensors transferred" in infos[0]
+
+
+def test_alternatives_are_tried_in_order_when_the_first_parent_fails(
+        trained_zoo: Path, tmp_path: Path) -> None:
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
+    zoo = store.DirStore(zoo_dir)
+    (good,) = [r.id for r in records.list_records(zoo)]
+    bad = _register_scaled(zoo, _job("x"), metric=0.99)
+    job = _job("child")
+    decided = decision.decide(job, zoo)
+    assert (decided.parent_id, decided.alternatives) == (bad, (good,))
+    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
+                       model=job.spec.model)
+    model = models.build(job.spec.model)
+    done = warm.warm_start(job, model, zoo, decided=decided,
+                           probe=warm.training_probe(splits.train, accuracy=True))
+    assert done.parent == good and done.outcome == select.Outcome.WARM
+    assert done.reason.startswith(f"warm start from {good} (similarity 1.00): probe loss")
+    assert f"; warm start from {bad} (similarity 1.00) rejected: probe loss" in done.reason
+    parent_state = records.load_weights(zoo, records.read_record(zoo, good))
+    assert all(torch.equal(v, parent_state[k]) for k, v in model.state_dict().items())
+
+
+def test_a_cross_family_parent_transfers_with_lower_loss_or_is_refused_with_the_reason(
+        trained_zoo: Path, tmp_path: Path) -> None:
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_resnet")
+    (resnet,) = [r.id for r in records.list_records(store.DirStore(zoo_dir))]
+    job = _job("cnn-child", warmStart={"parent": resnet})
+    result = _run(job, tmp_path, zoo_dir, register=False)
+    decided = result["warm_start_decision"]
+    if decided["outcome"] == select.Outcome.COLD_GUARD:
+        assert f"warm start from {resnet}" in decided["reason"]
+        assert "rejected: probe loss" in decided["reason"]
+    else:
+        assert decided["probe_loss"] < warm.MAX_LOSS_RATIO * decided["cold_probe_loss"]
+
+
+def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
+    job = _job("own")
+    zoo_dir = tmp_path / "zoo"
+    bad = _register_scaled(store.DirStore(zoo_dir), job, metric=0.99)
+    env = {contract.Env.JOB.value: json.dumps({
+               "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+               "metadata": {"name": "own"}, "spec": api.to_wire(job.spec)}),
+           contract.Env.ZOO.value: str(zoo_dir),
+           contract.Env.CHECKPOINTS.value: str(tmp_path / "ckpt")}
+    ctx = jobcontext.job_context(environ=env, out=io.StringIO(), handle_signals=False)
+    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
+                       model=job.spec.model)
+    inputs = torch.stack([splits.train[i][0] for i in range(128)])
+    targets = torch.tensor([int(splits.train[i][1]) for i in range(128)])
+    model = models.build(job.spec.model)
+    done = ctx.warm_start(model, (inputs, targets), torch.nn.functional.cross_entropy)
+    ctx.close()
+    assert done.outcome == select.Outcome.COLD_GUARD and done.parent is None
+    assert done.reason.startswith(f"warm start from {bad} (similarity 1.00) rejected: probe "
+                                  "loss") and "on 128 training samples" in done.reason
