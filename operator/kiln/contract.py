@@ -376,7 +376,8 @@ class Profile:
         batch_size: the global batch the step was timed at (the job's).
         step_seconds: seconds of one timed optimizer step at `batch_size` on one device; None
             unless `step_status` is "ok".
-        step_status: "ok", "oom" (the batch does not fit one device) or "failed".
+        step_status: "ok" or "oom" (the batch does not fit one device); a step that raises
+            anything else fails the profiling step as invalid input (the model's problem).
         step_detail: why, for statuses other than "ok".
         warm_start_decision: the warm-start decision, with the keys of
             `Result.warm_start_decision`; the trainer launched later applies it unchanged.

@@ -1,5 +1,5 @@
-"""A trainer pod that never starts: its waiting reason reaches the job, then the start timeout
-fails the job and deletes the pod.
+"""A trainer or profiling pod that never starts: its waiting reason reaches the job, then the
+start timeout fails the job and deletes the pod.
 
 Runs its own emulator, test kubelet and operator (with a short ``--pod-start-timeout-seconds``);
 the test kubelet never pulls an image whose name contains ``unpullable``.
@@ -23,6 +23,11 @@ def test_an_unpullable_image_is_reported_once_and_fails_the_job_after_the_start_
     image = f"registry.example/kiln-{kubelet.UNPULLABLE}:0.1"
     job = scenario.tiny_job(name)
     job["spec"]["template"]["image"] = image
+    # A model from user code: its profiling pod, in the same image, is the first to be stuck.
+    profiled = scenario.tiny_job("mixer-no-image", model={
+        "entrypoint": "mynets.mixer:mixer", "args": {"dim": 8, "depth": 1},
+        "task": "classification", "inputShape": [1, 8, 8]})
+    profiled["spec"]["template"]["image"] = image
     with emulator.Emulator() as cluster:
         cluster.client.create_node("cpu-node-1")
         cluster.client.create_secret(namespace, *zoo_secret)
@@ -34,6 +39,7 @@ def test_an_unpullable_image_is_reported_once_and_fails_the_job_after_the_start_
         try:
             operator.start()
             cluster.client.create_job(namespace, job)
+            cluster.client.create_job(namespace, profiled)
             pending = scenario.wait_job(
                 cluster, namespace, name,
                 lambda j: (scenario.condition(j, "Running") or {}).get("reason") == "PodPending",
@@ -56,6 +62,19 @@ def test_an_unpullable_image_is_reported_once_and_fails_the_job_after_the_start_
             assert scenario.event_reasons(cluster, namespace, name).count("PodPending") == 1
             assert scenario.wait_event(cluster, namespace, name, "PodStartTimeout")["type"] \
                 == "Warning"
+
+            stuck = scenario.wait_phase(cluster, namespace, "mixer-no-image", "Failed",
+                                        details=operator.log_tail)
+            profiling = scenario.condition(stuck, "Profiled") or {}
+            assert (profiling["status"], profiling["reason"]) == ("False", "PodStartTimeout")
+            reason = scenario.condition(stuck, "Failed") or {}
+            assert reason["reason"] == "PodStartTimeout"
+            assert "Profiling pod mixer-no-image-profile" in reason["message"]
+            assert image in reason["message"]
+            warned = scenario.wait_event(cluster, namespace, "mixer-no-image", "PodPending")
+            assert warned["type"] == "Warning" and image in warned["message"]
+            assert scenario.pod_creations(cluster, namespace, "mixer-no-image") == [
+                "mixer-no-image-profile"]  # no trainer pod was ever made
         finally:
             operator.stop()
             node.stop()

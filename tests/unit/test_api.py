@@ -246,3 +246,12 @@ def test_cross_field_problems_reading_a_rejected_field_are_left_out() -> None:
     # warmupEpochs < epochs reads the rejected epochs; the batch split over gpus does not
     assert [p.split(":")[0] for p in caught.value.problems] == ["spec.training.epochs",
                                                                 "spec.training.batchSize"]
+
+
+def test_a_job_file_reads_exponent_floats_as_kubernetes_does(tmp_path: Path) -> None:
+    path = tmp_path / "lr.yaml"
+    path.write_text("apiVersion: kiln.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: lr}\n"
+                    "spec:\n  model: {architecture: small_cnn, inputShape: [1, 8, 8]}\n"
+                    "  training: {optimizer: {name: adam, lr: 1e-5}}\n", encoding="utf-8")
+    (job,) = jobfile.load_jobs(path)
+    assert job.spec.training.optimizer.lr == 1e-5

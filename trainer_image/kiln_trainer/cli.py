@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except zoo_store.StoreUnavailable as exc:
         return _fail(emit, f"store unavailable: {exc}", contract.EXIT_STORE_UNAVAILABLE)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if not runtime.is_out_of_memory(exc):
+        if not models.out_of_memory(exc):
             _log.exception("unexpected error")
             _record_failure(emit, f"unexpected error: {type(exc).__name__}: {exc}")
             return contract.EXIT_UNEXPECTED

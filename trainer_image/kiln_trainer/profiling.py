@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from kiln import api, contract, models
+from kiln.models import checks, entrypoints
 from kiln.warmstart import graph, select
 from kiln.zoo import records
 from kiln.zoo import store as zoo_store
@@ -36,7 +37,6 @@ class StepStatus(enum.StrEnum):
 
     OK = "ok"
     OOM = "oom"  # the job's batch does not fit one device
-    FAILED = "failed"  # anything else went wrong in the step; step_detail says what
 
 
 def profile(
@@ -83,6 +83,11 @@ def profile(
     device = runtime.pick_device(spec)
     runtime.seed_everything(spec.training.seed)
     model = models.build(spec.model)
+    parameters = sum(p.numel() for p in model.parameters())
+    if parameters > checks.MAX_PARAMETERS:  # the operator's limit, checked where the code lives
+        raise api.InvalidSpec([(f"spec.model: {spec.model.label} has {parameters:,} parameters; "
+                                f"Kiln trains at most {checks.MAX_PARAMETERS:,}; use a smaller "
+                                "model (spec.model.args)")])
     flops = count_flops(model, spec.model)
     architecture, untraceable = trace(model, spec.model)
     zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
@@ -90,7 +95,7 @@ def profile(
         decided = warm.decide(job, zoo)
     step_seconds, status, detail = time_step(job, model, device)
     measured = contract.Profile(
-        parameters=sum(p.numel() for p in model.parameters()), flops_per_sample=flops,
+        parameters=parameters, flops_per_sample=flops,
         graph_nodes=architecture.number_of_nodes() if architecture is not None else None,
         untraceable=untraceable, device=describe_device(device),
         batch_size=spec.training.batch_size, step_seconds=step_seconds, step_status=status,
@@ -149,7 +154,11 @@ def time_step(job: api.TrainingJob, model: nn.Module,
     of TIMED_STEPS, each between device synchronisations. The model's weights change.
 
     Returns:
-        (seconds, "ok", ""), or (None, "oom" or "failed", the error's first line).
+        (seconds, "ok", ""), or (None, "oom", the error's first line).
+
+    Raises:
+        models.EntrypointError: the step raised anything but out-of-memory: the model cannot
+            train on its declared input (names the user's file and line).
     """
     training = job.spec.training
     try:
@@ -170,10 +179,18 @@ def time_step(job: api.TrainingJob, model: nn.Module,
             _synchronize(device)
             seconds.append(time.perf_counter() - began)
     except Exception as exc:  # noqa: BLE001  # the user's forward may raise anything
-        status = StepStatus.OOM if runtime.is_out_of_memory(exc) else StepStatus.FAILED
+        if not models.out_of_memory(exc):  # the model's own problem: training would fail too
+            spec = job.spec.model
+            tail = entrypoints.traceback_tail(exc)
+            raise models.EntrypointError(
+                f"{entrypoints.MODEL_FIELD}: one training step of {spec.label} on a batch of "
+                f"{training.batch_size} samples of shape {list(spec.input_shape)} raised "
+                f"{type(exc).__name__}: {_first_line(exc)[:300]}"
+                + (f" (at {tail})" if tail else "")
+                + "; fix the model or spec.model.inputShape") from None
         _log.warning("timing a training step of batch %d on %s: %s", training.batch_size,
                      device, _first_line(exc))
-        return None, status, _first_line(exc)
+        return None, StepStatus.OOM, _first_line(exc)
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -96,17 +96,6 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
                      outputs, splits.num_classes)
 
 
-_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory",
-                    "cannot allocate memory")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(exc).lower()
-    return any(m in text for m in _MEMORY_MESSAGES)
-
 
 def serve_metrics(gauges: metrics.MetricsReporter, port: int) -> None:
     """Serve /metrics on `port` (0: no endpoint).

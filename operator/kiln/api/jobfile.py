@@ -6,6 +6,7 @@ document with `kiln.api.parse_job`; no validation of its own.
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class _UnsupportedYaml(yaml.MarkedYAMLError):  # type: ignore[misc]
 class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
     """`yaml.safe_load` for job files, minus what only hurts there.
 
+    Floats follow YAML 1.2, as Kubernetes reads manifests: ``1e-5`` is a number, not the string
+    YAML 1.1 makes of it (a learning rate written so would pass `kubectl apply` and fail here).
     Anchors and aliases are refused: a few lines of nested aliases expand to billions of nodes
     (the "billion laughs"), and a self-referencing one (``a: &a [*a]``) builds a cycle. Repeated
     mapping keys are refused too, as ``kubectl apply`` (strict field validation) refuses them,
@@ -87,3 +90,10 @@ class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
                         problem_mark=key_node.start_mark)
                 first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's float syntax: an exponent needs no dot ("1e-5"), and JSON's numbers are floats.
+_JobLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))

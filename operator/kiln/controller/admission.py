@@ -22,6 +22,7 @@ from kiln.controller import (
     metrics,
     parents,
     pods,
+    policy,
     profiling,
     services,
     settings,
@@ -194,9 +195,14 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
     state = pods.pod_state(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     gone = event_type == "DELETED" or state.deleting
-    if not state.job or not namespace or not (state.finished or gone):
+    if not state.job or not namespace:
         return
     ref = jobs.JobRef(namespace, state.job)
+    if state.phase == "Pending" and not gone:
+        await _profiling_pending(svc, ref, state)
+        return
+    if not (state.finished or gone):
+        return
     body = await svc.jobs.fetch(ref)
     if body is None or lifecycle.deleting(body):
         return
@@ -236,6 +242,38 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
     await _queue(svc, ref, job,
                  select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON),
                  outcome=select.Outcome.IN_TRAINER.value, before=record_failure)
+
+
+async def _profiling_pending(svc: services.Services, ref: jobs.JobRef,
+                             state: pods.PodState) -> None:
+    """A profiling pod that has not started: say why once (a Warning event), and past
+    --pod-start-timeout-seconds delete it and fail the job, as for a trainer pod (the trainer
+    would need the same image, volumes and scheduling)."""
+    now = svc.clock()
+    timeout = svc.options.pod_start_timeout_seconds
+    stuck = policy.not_started(state, role="Profiling")
+    timed_out = policy.start_timed_out(state, timeout, now)
+    if stuck is None and not timed_out:
+        return
+    async with svc.jobs.edit(ref) as e:
+        current = status.condition(e.status, C.PROFILED)
+        if (lifecycle.deleting(e.body) or admitted(e.status) or current is None
+                or current.get("status") != "Unknown"):
+            return
+        if timed_out:
+            message = policy.start_timeout_message(state, timeout, role="Profiling")
+            e.condition(C.PROFILED, False, R.POD_START_TIMEOUT, message, now=now)
+            e.condition(C.FAILED, True, R.POD_START_TIMEOUT, message, now=now, event="Warning")
+            e.status["completionTime"] = status.rfc3339(now)
+        elif stuck is not None and not str(current.get("message", "")).startswith(stuck.problem):
+            e.condition(C.PROFILED, None, stuck.reason, stuck.message, now=now,
+                        event="Warning")
+            return
+        else:
+            return
+    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+    await svc.client.delete(kube.Paths.pod(ref.namespace, state.name),
+                            grace_period_seconds=svc.options.termination_grace_seconds)
 
 
 def _profiling_failure(state: pods.PodState, pod: dict[str, Any],
@@ -279,7 +317,7 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
                       else R.COLD_START)
             e.condition(C.WARM_STARTED, False, reason, _sentence(decision.reason), now=now,
                         event="Warning" if outcome == metrics.ZOO_UNAVAILABLE_OUTCOME else "Normal")
-        if suspended:
+        if suspended and not status.is_true(e.status, C.SUSPENDED):
             e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
                         "Created suspended (spec.runPolicy.suspend); set it to false to start.",
                         now=now, event="Normal")
@@ -293,15 +331,9 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
 
 async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) -> None:
     """Fail the job as InvalidSpec, naming every problem (no retries: the spec must change)."""
-    now = svc.clock()
-    message = ("Invalid spec: " + "; ".join(problems) +
-               ". Fix the job and create it again (kiln validate FILE checks it locally).")
-    async with svc.jobs.edit(ref) as e:
-        if lifecycle.deleting(e.body) or status.is_terminal(e.status):
-            return
-        e.condition(C.FAILED, True, R.INVALID_SPEC, message, now=now, event="Warning")
-        e.status["completionTime"] = status.rfc3339(now)
-    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+    await _fail(svc, ref, R.INVALID_SPEC, (
+        "Invalid spec: " + "; ".join(problems) +
+        ". Fix the job and create it again (kiln validate FILE checks it locally)."))
 
 
 async def give_up(svc: services.Services, body: dict[str, Any], exc: Exception,
@@ -309,15 +341,20 @@ async def give_up(svc: services.Services, body: dict[str, Any], exc: Exception,
     """Fail a job whose admission raised an unexpected error `attempts` times in a row
     (Failed/PermanentError naming the error): a job that cannot be admitted must not be
     retried forever."""
-    ref = jobs.JobRef.of(body)
+    await _fail(svc, jobs.JobRef.of(body), R.PERMANENT_ERROR, (
+        f"Admission failed {attempts} times with an unexpected error "
+        f"({type(exc).__name__}: {str(exc)[:500]}); the job is not retried. Please report it; "
+        "meanwhile, create the job again or change its model."))
+
+
+async def _fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason,
+                message: str) -> None:
+    """End a job that never got past admission: Failed with `reason`, a Warning event."""
     now = svc.clock()
-    message = (f"Admission failed {attempts} times with an unexpected error "
-               f"({type(exc).__name__}: {str(exc)[:500]}); the job is not retried. Please "
-               "report it; meanwhile, create the job again or change its model.")
     async with svc.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or status.is_terminal(e.status):
             return
-        e.condition(C.FAILED, True, R.PERMANENT_ERROR, message, now=now, event="Warning")
+        e.condition(C.FAILED, True, reason, message, now=now, event="Warning")
         e.status["completionTime"] = status.rfc3339(now)
     svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
 

@@ -302,7 +302,9 @@ async def suspend(svc: services.Services, ref: jobs.JobRef) -> None:
         e.status.pop("startTime", None)  # the deadline clock stops while suspended
         await e.commit()
         svc.placement.remove(ref)
-        active = [p.name for p in await job_pod_states(svc, ref) if p.active]
+        # A profiling pod finishes its short measurement; the job stays suspended after it.
+        active = [p.name for p in await job_pod_states(svc, ref)
+                  if p.active and p.name != profiling.pod_name(ref.name)]
         await _delete_pods(svc, ref.namespace, active)
 
 

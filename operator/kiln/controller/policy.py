@@ -176,7 +176,7 @@ class NotStarted:
     message: str
 
 
-def not_started(state: pods.PodState) -> NotStarted | None:
+def not_started(state: pods.PodState, *, role: str = "Trainer") -> NotStarted | None:
     """What keeps a Pending pod from starting: a stuck container or the scheduler; None while
     it is merely being set up (pulling, creating containers) or once it is no longer Pending.
     """
@@ -194,11 +194,11 @@ def not_started(state: pods.PodState) -> NotStarted | None:
             what, fix = _WAITING_ADVICE.get(waiting.reason, (
                 f"is waiting with {waiting.reason}", "see kubectl describe pod"))
             what = what.format(image=waiting.image)
-        problem = f"Trainer pod {state.name} has not started: {which} {what}"
+        problem = f"{role} pod {state.name} has not started: {which} {what}"
         return NotStarted(api.Reason.POD_PENDING, problem,
                           f"{problem} ({said}); {fix}, then create the job again.")
     if state.unschedulable is not None:
-        problem = f"Trainer pod {state.name} cannot be scheduled"
+        problem = f"{role} pod {state.name} cannot be scheduled"
         return NotStarted(api.Reason.UNSCHEDULABLE, problem, (
             f"{problem}: {state.unschedulable}; check spec.template's nodeSelector, "
             "tolerations and affinity against the nodes' labels, taints and free resources."))
@@ -211,9 +211,10 @@ def start_timed_out(state: pods.PodState, timeout_seconds: float, now: float) ->
             and state.started is not None and now >= state.started + timeout_seconds)
 
 
-def start_timeout_message(state: pods.PodState, timeout_seconds: float) -> str:
-    """Why a job failed because its pod did not start in time, and how to fix it."""
-    stuck = not_started(state)
+def start_timeout_message(state: pods.PodState, timeout_seconds: float, *,
+                          role: str = "Trainer") -> str:
+    """Why a job failed because its `role` pod did not start in time, and how to fix it."""
+    stuck = not_started(state, role=role)
     if stuck is not None:
         why = stuck.message
     elif state.starting is not None:
@@ -223,7 +224,7 @@ def start_timeout_message(state: pods.PodState, timeout_seconds: float) -> str:
     else:
         why = ("It was still Pending; kubectl describe pod shows why, or raise the operator's "
                "--pod-start-timeout-seconds.")
-    return (f"Trainer pod {state.name} was not running {timeout_seconds:g} s after its launch "
+    return (f"{role} pod {state.name} was not running {timeout_seconds:g} s after its launch "
             f"(--pod-start-timeout-seconds), so it was deleted and its devices released. "
             f"{why}")
 

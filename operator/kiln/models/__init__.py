@@ -17,7 +17,7 @@ from kiln.models.checks import (
     task_name,
     task_of,
 )
-from kiln.models.entrypoints import EntrypointError
+from kiln.models.entrypoints import EntrypointError, out_of_memory
 from kiln.models.registry import (
     ArchitectureInfo,
     IncompatibleInputShape,
@@ -50,6 +50,7 @@ __all__ = [
     "list_models",
     "modality_of",
     "natural_blocks",
+    "out_of_memory",
     "register_model",
     "task_name",
     "task_of",

@@ -81,7 +81,9 @@ def call(entrypoint: str, args: Mapping[str, Any], *, field: str = MODEL_FIELD) 
     builder = load(entrypoint, field=field)
     try:
         return builder(**dict(args))
-    except Exception as exc:  # noqa: BLE001  # any error in the user's code
+    except Exception as exc:  # any error in the user's code
+        if out_of_memory(exc):  # the machine's limit, not a mistake in the code: not permanent
+            raise
         raise EntrypointError(_raised(f"{field}: {entrypoint}({_arg_list(args)})", exc)) from None
 
 
@@ -135,13 +137,31 @@ def check_forward(model: nn.Module, sample: torch.Tensor, *, entrypoint: str,
             "language_model")
 
 
+_MEMORY_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory",
+                 "not enough memory")
+# Frames from these packages are never the user's line: the tail skips them.
+_NOT_USER_CODE = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
+                       for m in (torch, importlib))
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is running out of memory: CUDA's OutOfMemoryError, Python's MemoryError,
+    or an allocator's RuntimeError (the CPU's says "can't allocate memory")."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(words in text for words in _MEMORY_WORDS)
+
+
 def traceback_tail(exc: BaseException) -> str:
-    """The last frames of `exc`'s traceback outside importlib and this module, one line:
-    ``file.py, line 12, in build: raise ValueError(...)`` (most recent last, `` <- `` joined)."""
+    """The last frames of `exc`'s traceback in the user's code (not importlib, torch or this
+    module), one line: ``file.py, line 12, in build: raise ValueError(...)`` (most recent
+    first, `` <- `` joined)."""
     frames = traceback.extract_tb(exc.__traceback__)
     here = os.path.abspath(__file__)
     kept = [f for f in frames if not f.filename.startswith("<frozen")
-            and os.path.abspath(f.filename) != here]
+            and os.path.abspath(f.filename) != here
+            and not os.path.abspath(f.filename).startswith(_NOT_USER_CODE)]
     parts = [f"{_short_path(f.filename)}, line {f.lineno}, in {f.name}"
              + (f": {f.line.strip()}" if f.line else "") for f in kept[-TAIL_FRAMES:]]
     return " <- ".join(reversed(parts))

@@ -28,8 +28,6 @@ from kiln.placement import profilecache
 GPU_COUNTS = (1, 2, 4, 8)
 # A multi-process profile builds the model once per rank and meets in two all-reduces.
 WORKER_TIMEOUT_SECONDS = 300.0
-_OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory",
-                "not enough memory")
 
 
 def device_type(device: str = "auto") -> str:
@@ -153,21 +151,13 @@ def _unsupported(parallelism: str, k: int, kind: str) -> str:
 
 
 def _failure(parallelism: str, k: int, exc: BaseException) -> profilecache.Measurement:
-    if is_out_of_memory(exc):
+    if models.out_of_memory(exc):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_OOM,
                                         _first_line(exc))
     return profilecache.Measurement(parallelism, k, None, profilecache.STATUS_FAILED,
                                     _first_line(exc))
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for torch.OutOfMemoryError and allocator "out of memory" RuntimeErrors (CPU too)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(p in text for p in _OOM_PHRASES)
 
 
 def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
@@ -186,7 +176,7 @@ def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
         Seconds of forward, backward and optimizer step of mini-batch 2.
 
     Raises:
-        RuntimeError: out of memory (see `is_out_of_memory`) or another failure.
+        RuntimeError: out of memory (see `models.out_of_memory`) or another failure.
     """
     torch.manual_seed(0)
     raw = models.build(model_spec).to(device)
@@ -294,7 +284,7 @@ def _worker(spec_path: Path, out_dir: Path) -> int:
                                wrap=_wrapper(spec["parallelism"], device))
         result = {"status": profilecache.STATUS_OK, "step_seconds": seconds, "detail": ""}
     except RuntimeError as exc:
-        status = profilecache.STATUS_OOM if is_out_of_memory(exc) else profilecache.STATUS_FAILED
+        status = profilecache.STATUS_OOM if models.out_of_memory(exc) else profilecache.STATUS_FAILED
         result = {"status": status, "step_seconds": None, "detail": _first_line(exc)}
     (out_dir / f"rank-{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()

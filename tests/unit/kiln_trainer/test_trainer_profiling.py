@@ -152,14 +152,15 @@ def test_an_untraceable_model_is_reported_so_and_still_counted_and_timed(
     assert measured.warm_start_decision["outcome"] == select.Outcome.COLD_EMPTY
 
 
-def test_a_step_that_cannot_be_taken_is_failed_with_the_reason_and_the_rest_measured(
+def test_a_step_that_raises_is_the_models_problem_named_with_the_users_line(
         user_module: str, tmp_path: Path) -> None:
     job = _job({"entrypoint": f"{user_module}:scalar", "inputShape": [1, 8, 8]})
-    measured = profiling.profile(job, zoo_uri=str(tmp_path / "zoo"))
-    assert measured.step_status == "failed" and measured.step_seconds is None
-    assert measured.step_detail.startswith("IndexError: ")
-    assert measured.graph_nodes is not None and measured.flops_per_sample
-    assert _stored(tmp_path / "zoo", "profiles/team/prof.json")["step_status"] == "failed"
+    with pytest.raises(models.EntrypointError) as caught:
+        profiling.profile(job, zoo_uri=str(tmp_path / "zoo"))
+    message = str(caught.value)
+    assert message.startswith("spec.model.entrypoint: one training step of ")
+    assert "raised IndexError" in message and "fix the model or spec.model.inputShape" in message
+    assert not (tmp_path / "zoo" / "profiles").exists()  # nothing half-measured is kept
 
 
 def test_warm_start_disabled_gives_the_trainers_disabled_decision(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from kiln import api, cli
+from kiln import api, cli, models
 from kiln.placement import profile, profilecache
 
 
@@ -82,7 +82,7 @@ def test_a_batch_that_cannot_be_allocated_is_infeasible_and_cached(tmp_path: Pat
 )
 def test_out_of_memory_is_recognised_by_type_or_allocator_message(exc: BaseException,
                                                                    expected: bool) -> None:
-    assert profile.is_out_of_memory(exc) is expected
+    assert models.out_of_memory(exc) is expected
 
 
 def test_a_failure_that_is_not_out_of_memory_is_reported_and_not_cached(
