@@ -115,3 +115,29 @@ def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(
     event = scenario.wait_event(cluster, namespace, "mixer-broken", "InvalidSpec")
     assert "brokennet.py, line 2" in event["message"]
     assert before <= {r.id for r in records.list_records(zoo.store)}  # nothing lost
+
+
+def test_suspending_a_job_while_it_profiles_keeps_the_measurement_and_resumes_placed(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+) -> None:
+    cluster.client.create_job(namespace, _mixer_job("mixer-pause", dim=8, depth=1))
+    scenario.wait_job(
+        cluster, namespace, "mixer-pause",
+        lambda job: (scenario.condition(job, "Profiled") or {}).get("status") == "Unknown",
+        what="Profiled=Unknown while its pod runs", details=operator.log_tail)
+    cluster.client.patch(cluster.client.jobs_path(namespace, "mixer-pause"),
+                         {"spec": {"runPolicy": {"suspend": True}}})
+    paused = scenario.wait_job(
+        cluster, namespace, "mixer-pause",
+        lambda job: (scenario.condition(job, "Profiled") or {}).get("status") == "True",
+        what="the profile recorded while suspended", details=operator.log_tail)
+    assert scenario.condition(paused, "Suspended")["status"] == "True"  # type: ignore[index]
+    assert paused["status"]["profile"]["stepStatus"] == "ok"
+    assert scenario.condition(paused, "Queued") is None  # not placed while suspended
+    assert "ProfilingFailed" not in scenario.event_reasons(cluster, namespace, "mixer-pause")
+
+    cluster.client.patch(cluster.client.jobs_path(namespace, "mixer-pause"),
+                         {"spec": {"runPolicy": {"suspend": False}}})
+    scenario.wait_phase(cluster, namespace, "mixer-pause", "Succeeded", details=operator.log_tail)
+    assert scenario.pod_creations(cluster, namespace, "mixer-pause") == [
+        "mixer-pause-profile", "mixer-pause-trainer-0"]

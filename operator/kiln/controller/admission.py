@@ -295,10 +295,11 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
     """Record the warm-start decision and queue the job (or suspend it), in one status write;
     `before` adds to that write (the profiling outcome)."""
     now = svc.clock()
-    suspended = job.spec.run_policy.suspend
     async with svc.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or admitted(e.status):
             return
+        # Read under the lock: a suspension may have come while the job was profiled.
+        suspended = job.spec.run_policy.suspend or status.is_true(e.status, C.SUSPENDED)
         if before is not None:
             before(e, now)
         svc.metrics.warm_starts.labels(outcome=outcome).inc()
@@ -317,10 +318,11 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
                       else R.COLD_START)
             e.condition(C.WARM_STARTED, False, reason, _sentence(decision.reason), now=now,
                         event="Warning" if outcome == metrics.ZOO_UNAVAILABLE_OUTCOME else "Normal")
-        if suspended and not status.is_true(e.status, C.SUSPENDED):
-            e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
-                        "Created suspended (spec.runPolicy.suspend); set it to false to start.",
-                        now=now, event="Normal")
+        if suspended:
+            if not status.is_true(e.status, C.SUSPENDED):  # else suspended while profiled
+                e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
+                            "Created suspended (spec.runPolicy.suspend); set it to false to "
+                            "start.", now=now, event="Normal")
         else:
             e.condition(C.QUEUED, True, R.WAITING_FOR_PLACEMENT,
                         "Waiting for the placement plan to reach this job.", now=now)
