@@ -378,10 +378,8 @@ def checkpoint_key(namespace: str, job_name: str) -> str:
     Raises:
         ValueError: a name that is not a single safe key component.
     """
-    key = f"{CHECKPOINTS_PREFIX}{namespace}/{job_name}/{CHECKPOINT_NAME}"
-    if "/" in namespace or "/" in job_name:
-        raise ValueError(f"checkpoint key {key!r}: namespace and job name may not contain '/'")
-    return store.check_key(key)
+    return _job_key("checkpoint", f"{CHECKPOINTS_PREFIX}{namespace}/{job_name}/{CHECKPOINT_NAME}",
+                    namespace, job_name)
 
 
 def profile_key(namespace: str, job_name: str) -> str:
@@ -390,9 +388,14 @@ def profile_key(namespace: str, job_name: str) -> str:
     Raises:
         ValueError: a name that is not a single safe key component.
     """
-    key = f"{PROFILES_PREFIX}{namespace}/{job_name}.json"
+    return _job_key("profile", f"{PROFILES_PREFIX}{namespace}/{job_name}.json", namespace,
+                    job_name)
+
+
+def _job_key(what: str, key: str, namespace: str, job_name: str) -> str:
+    """`key`, checked: a job's namespace and name are each one key component."""
     if "/" in namespace or "/" in job_name:
-        raise ValueError(f"profile key {key!r}: namespace and job name may not contain '/'")
+        raise ValueError(f"{what} key {key!r}: namespace and job name may not contain '/'")
     return store.check_key(key)
 
 
