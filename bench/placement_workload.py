@@ -16,6 +16,10 @@
    Equivalently d(k) = d(1) [s + (1 - s) / k] + steps * comm(k), serial fraction
    s = o / t(1). Learning rates do not change durations (Saturn copies profiles across
    learning rates), so lr copies are identical jobs.
+4. Trace-shaped arrivals (`trace`): heavy-tailed 1-GPU durations (log-normal or Pareto), kinds
+   of jobs that scale well, barely, or need >= 2 GPUs for memory (Amdahl serial fraction per
+   kind), most users asking for 1 GPU, a few heavy owners, Poisson or bursty arrivals at a
+   target load (module constants below; shapes after the Philly and Helios cluster traces).
 Callers: bench/placement.py. Non-goals: no GPU, no planning.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import time
 from typing import Any
 
@@ -150,3 +155,82 @@ def speedups(profiles: dict[str, Profile], arch: Arch, batch: int) -> dict[int, 
     for c in configs(profiles, arch, batch):
         by_k[c.gpus] = min(by_k.get(c.gpus, math.inf), c.seconds)
     return {k: round(by_k[1] / by_k[k], 2) for k in sorted(by_k)}
+
+
+# Trace-shaped workloads ------------------------------------------------------------------
+
+LOGNORMAL_MEDIAN_SECONDS = 1800.0  # 1-GPU duration: median 30 min ...
+LOGNORMAL_SIGMA = 1.2  # ... mean ~1 h, p99 ~8 h
+PARETO_MIN_SECONDS = 600.0  # Pareto: 10 min minimum, tail index 1.5 ...
+PARETO_ALPHA = 1.5
+MAX_SECONDS = 24 * 3600.0  # ... both cut at one day (trace jobs are killed there)
+# kind: (probability, Amdahl serial fraction, smallest GPU count, P(asks 1), asks otherwise)
+KINDS = {"scales-well": (0.3, 0.03, 1, 0.5, (2, 4, 8)),
+         "scales-barely": (0.55, 0.6, 1, 0.95, (2,)),
+         "memory-bound": (0.15, 0.1, 2, 0.0, (2, 4))}
+OWNER_WEIGHTS = (0.5, 0.25, 0.15, 0.1)  # one heavy user, a long tail
+BURST_MEAN_JOBS = 6  # bursty: a user submits a sweep of ~6 jobs at once
+LOAD = 0.9  # offered GPU-seconds (at asked counts) / cluster GPU-seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceShape:
+    """One trace-shaped workload: durations "lognormal" | "pareto", arrivals "poisson" |
+    "bursty", node sizes, job count."""
+
+    durations: str
+    arrivals: str
+    node_gpus: tuple[int, ...]
+    jobs: int
+
+    @property
+    def label(self) -> str:
+        cluster = "+".join(str(g) for g in self.node_gpus)
+        return f"{self.durations}/{self.arrivals} {cluster} {self.jobs} jobs"
+
+
+def trace(shape: TraceShape, *, seed: int) -> list[simulate.SimJob]:
+    """Jobs of `shape` (true durations; add noise with `simulate.with_noise`).
+
+    A job of kind with serial fraction s and 1-GPU duration d1 takes d1 (s + (1 - s) / k) on
+    k GPUs (k = 1, 2, 4, 8, up to the largest node; memory-bound jobs need k >= 2). Arrivals
+    are spaced so the asked GPU-seconds are LOAD of the cluster's.
+    """
+    rng = random.Random(seed)
+    largest = max(shape.node_gpus)
+    kinds = list(KINDS.items())
+    drafts: list[tuple[str, tuple[types.Config, ...], str, int]] = []
+    for i in range(shape.jobs):
+        kind, (_, serial, smallest, p_one, wider) = rng.choices(
+            kinds, weights=[v[0] for _, v in kinds])[0]
+        if shape.durations == "lognormal":
+            d1 = rng.lognormvariate(math.log(LOGNORMAL_MEDIAN_SECONDS), LOGNORMAL_SIGMA)
+        else:
+            d1 = PARETO_MIN_SECONDS * rng.paretovariate(PARETO_ALPHA)
+        d1 = min(d1, MAX_SECONDS)
+        configs = tuple(
+            types.Config("single" if k == 1 else "ddp", k, d1 * (serial + (1 - serial) / k),
+                         "trace-model")
+            for k in GPU_COUNTS if smallest <= k <= largest)
+        asked = 1 if rng.random() < p_one else rng.choice([k for k in wider if k <= largest])
+        asked = max(asked, smallest)
+        owner = f"user-{rng.choices(range(len(OWNER_WEIGHTS)), weights=OWNER_WEIGHTS)[0]}"
+        drafts.append((f"{kind}-{i:03d}", configs, owner, asked))
+    offered = sum(min(c.seconds for c in configs if c.gpus == asked) * asked
+                  for _, configs, _, asked in drafts)
+    # mean gap between jobs so that offered work / span = LOAD x capacity
+    gap = offered / (LOAD * sum(shape.node_gpus)) / shape.jobs
+    arrivals: list[tuple[float, int]] = []  # (time, index of the burst's first job)
+    t = 0.0
+    while len(arrivals) < shape.jobs:
+        if shape.arrivals == "poisson":
+            arrivals.append((round(t, 1), len(arrivals)))
+            t += rng.expovariate(1.0 / gap)
+        else:  # one user's sweep of geometric size; bursts Poisson at the same job rate
+            size = 1 + int(rng.expovariate(1.0 / (BURST_MEAN_JOBS - 1)))
+            first = len(arrivals)
+            arrivals += [(round(t + 5.0 * j, 1), first) for j in range(size)]
+            t += rng.expovariate(1.0 / (gap * size))
+    return [simulate.SimJob(name, configs, arrival, owner=drafts[first][2], asked_gpus=asked)
+            for (name, configs, _, asked), (arrival, first) in zip(
+                drafts, arrivals[:shape.jobs], strict=True)]

@@ -455,6 +455,13 @@ class Metric(enum.StrEnum):
     SAMPLES_PER_SECOND = "samples_per_second"  # training throughput
     ETA = "eta_seconds"  # estimated seconds left for the remaining epochs
     FROZEN_MODULES = "frozen_modules"  # front modules frozen now
+    COMPUTE = "compute_ratio"  # share of the full model's per-step compute still done, (0, 1]
+    # Info-style (always 1): the warm start the trainer applied, labels outcome, parent, reason.
+    WARM_START = "warm_start_info"
+    PROBE_LOSS = "warm_start_probe_loss"  # the started model's loss on the guard's probe batch
+    COLD_PROBE_LOSS = "warm_start_cold_probe_loss"  # a cold-initialised model's probe loss
+    PROBE_ACCURACY = "warm_start_probe_accuracy_ratio"  # the started model's probe accuracy
+    COLD_PROBE_ACCURACY = "warm_start_cold_probe_accuracy_ratio"  # a cold model's
 
 
 # ----------------------------------------------------------------------------------------------

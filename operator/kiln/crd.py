@@ -30,14 +30,23 @@ from kiln import api
 HEADER = "# Generated from operator/kiln/api/ by `kiln crd`; do not edit.\n"
 PRESERVE_UNKNOWN = "x-kubernetes-preserve-unknown-fields"
 
-# (column name, JSON path, description); the type is read from the schema at that path.
+# (column name, JSON path, description, priority); the type is read from the schema at that
+# path, except for timestamps (`_DATES`), which kubectl shows as an age. Priority 1 columns
+# show with `kubectl get -o wide` only.
 PRINTER_COLUMNS = (
-    ("Phase", ".status.phase", "Coarse job state, derived from conditions."),
-    ("Parent", ".status.warmStart.parent", "Zoo model the job warm-started from."),
-    ("GPUs", ".status.placement.gpus", "GPUs the planner gave the job."),
-    ("Accuracy", ".status.result.validationAccuracy", "Final validation accuracy."),
-    ("Age", ".metadata.creationTimestamp", ""),
+    ("Phase", ".status.phase", "Coarse job state, derived from conditions.", 0),
+    ("Epoch", ".status.progress.epoch", "Epoch in progress (1-based).", 0),
+    ("ETA", ".status.progress.etaSeconds", "Estimated seconds left for the remaining epochs.",
+     0),
+    ("Parent", ".status.warmStart.parent", "Zoo model the job warm-started from.", 0),
+    ("GPUs", ".status.placement.gpus", "GPUs the planner gave the job.", 0),
+    ("Node", ".status.placement.node", "Node the planner placed the job on.", 1),
+    ("Accuracy", ".status.result.validationAccuracy", "Final validation accuracy.", 0),
+    ("Progress-Read", ".status.progress.lastUpdatedTime",
+     "When the operator last read the trainer's progress (old: stale).", 1),
+    ("Age", ".metadata.creationTimestamp", "", 0),
 )
+_DATES = (".metadata.creationTimestamp", ".status.progress.lastUpdatedTime")
 
 # Key order inside one schema node, so the YAML reads top-down and never reorders by itself.
 _KEY_ORDER = (
@@ -227,15 +236,16 @@ def _model_types(annotation: Any) -> list[type[BaseModel]]:
 def _printer_columns(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """`kubectl get` columns; each column's type comes from the schema node at its path."""
     columns = []
-    for name, path, description in PRINTER_COLUMNS:
-        if path == ".metadata.creationTimestamp":
-            column = {"name": name, "type": "date", "jsonPath": path}
-        else:
-            node = schema
+    for name, path, description, priority in PRINTER_COLUMNS:
+        node = schema
+        if path != ".metadata.creationTimestamp":  # metadata's schema is the API server's
             for part in path.strip(".").split("."):
                 node = node["properties"][part]
-            column = {"name": name, "type": node["type"], "jsonPath": path}
+        kind = "date" if path in _DATES else node["type"]
+        column: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
         if description:
             column["description"] = description
+        if priority:
+            column["priority"] = priority
         columns.append(column)
     return columns

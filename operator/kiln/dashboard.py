@@ -42,7 +42,7 @@ QUEUE_WAIT = "kiln_queue_wait_seconds"
 PLACEMENT_SOLVE = "kiln_placement_solve_seconds"
 WARM_STARTS = "kiln_warm_start_total"
 WARM_START_SIMILARITY = "kiln_warm_start_similarity_ratio"
-# Trainer metrics (kiln_trainer.metrics), labelled with namespace and job.
+# Trainer metrics (kiln_trainer.metrics), labelled with job_namespace and training_job.
 TRAIN_LOSS = "kiln_trainer_train_loss"
 VALIDATION_LOSS = "kiln_trainer_validation_loss"
 VALIDATION_ACCURACY = "kiln_trainer_validation_accuracy_ratio"
@@ -61,8 +61,12 @@ FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # watts
 GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # degrees Celsius
 
-IN_NAMESPACE = '{namespace=~"$namespace"}'
-OF_JOB = '{namespace=~"$namespace", job="$job"}'
+# Kiln's series name the TrainingJob's namespace `job_namespace` and the job `training_job`:
+# Prometheus sets `namespace` and `job` on every target itself. dcgm-exporter's `namespace` and
+# `pod` name the GPU's workload (scraped with honor_labels), as do a trainer target's.
+IN_NAMESPACE = '{job_namespace=~"$namespace"}'
+OF_JOB = '{job_namespace=~"$namespace", training_job="$job"}'
+GPU_IN_NAMESPACE = '{namespace=~"$namespace"}'
 WARM_OR_PINNED = '{outcome=~"warm|pinned"}'  # the outcomes that start from a zoo parent
 LAST_VALUE = {"calcs": ["lastNotNull"], "fields": "", "values": False}  # stat's reduceOptions
 
@@ -174,8 +178,8 @@ def _quantile(q: float, histogram: str, by: str = "") -> str:
 
 
 def _of_job(aggregation: str, metric: str) -> str:
-    """`metric` of the selected job, one series per (namespace, job)."""
-    return f"{aggregation} by (namespace, job) ({metric}{OF_JOB})"
+    """`metric` of the selected job, one series per (job_namespace, training_job)."""
+    return f"{aggregation} by (job_namespace, training_job) ({metric}{OF_JOB})"
 
 
 def _in_range(counter: str, selector: str = "") -> str:
@@ -183,10 +187,12 @@ def _in_range(counter: str, selector: str = "") -> str:
 
 
 def _on_job_pods(gpu_metric: str, scale: str = "") -> str:
-    """A dcgm-exporter gauge, kept for the GPUs of the job's trainer pods only: joined on
-    (namespace, pod) to the trainer's own series, which also brings in its `job` label."""
-    return (f"{gpu_metric}{IN_NAMESPACE}{scale} * on(namespace, pod) group_left(job) "
-            f"group by (namespace, pod, job) ({PROGRESS}{OF_JOB})")
+    """A dcgm-exporter gauge, kept for the GPUs of the job's trainer pods only: joined on the
+    target labels (namespace, pod) of the trainer's own series, which also brings in its
+    `training_job` label."""
+    return (f"{gpu_metric}{GPU_IN_NAMESPACE}{scale} * on(namespace, pod) "
+            f"group_left(training_job) "
+            f"group by (namespace, pod, training_job) ({PROGRESS}{OF_JOB})")
 
 
 # -- the dashboard ----------------------------------------------------------------------------
@@ -225,7 +231,7 @@ ROWS = (
         stat("Failures in range", f"Jobs that failed ({JOBS_FINISHED}{{result=\"failed\"}}), "
              f"trainer restarts after retryable exits ({JOB_RESTARTS}) and operator handler "
              f"errors ({RECONCILE_ERRORS}) in the time range.",
-             Target(_in_range(JOBS_FINISHED, '{result="failed", namespace=~"$namespace"}'),
+             Target(_in_range(JOBS_FINISHED, '{result="failed", job_namespace=~"$namespace"}'),
                     "failed jobs"),
              Target(_in_range(JOB_RESTARTS, IN_NAMESPACE), "restarts"),
              Target(_in_range(RECONCILE_ERRORS), "reconcile errors"),
@@ -244,7 +250,7 @@ ROWS = (
                    width=12, unit=RATIO),
         timeseries("Training throughput", f"Samples per second: rate of {SAMPLES}, and the "
                    f"trainer's own measure over its last interval ({SAMPLES_PER_SECOND}).",
-                   Target(f"sum by (namespace, job) (rate({SAMPLES}{OF_JOB}"
+                   Target(f"sum by (job_namespace, training_job) (rate({SAMPLES}{OF_JOB}"
                           f"[$__rate_interval]))", "samples/s (rate)"),
                    Target(_of_job("sum", SAMPLES_PER_SECOND), "samples/s (reported)"),
                    width=12, unit="short"),
@@ -294,8 +300,8 @@ def build() -> dict[str, Any]:
     dashboard = {
         "uid": "kiln-training", "title": "Kiln training",
         "description": "Kiln operator fleet, one TrainingJob's training curves and freezing, "
-        "and its GPUs (DCGM exporter). Metrics: kiln_* (operator), kiln_trainer_* (trainer pods, "
-        "scraped with honor_labels), DCGM_FI_* (dcgm-exporter). Generated from "
+        "and its GPUs (DCGM exporter). Metrics: kiln_* (operator), kiln_trainer_* (trainer pods), "
+        "DCGM_FI_* (dcgm-exporter, scraped with honor_labels). Generated from "
         "operator/kiln/dashboard.py by `kiln dashboard`; do not edit.",
         "tags": ["kiln", "training", "gpu"], "timezone": "browser", "editable": True,
         "graphTooltip": 1,  # shared crosshair
@@ -311,10 +317,11 @@ def build() -> dict[str, Any]:
             {"name": "datasource", "label": "Data source", "type": "datasource",
              "query": "prometheus", "regex": "", "hide": 0, "skipUrlSync": False,
              "includeAll": False, "multi": False, "refresh": 1, "options": []},
-            _query_variable("namespace", "Namespace", f"label_values({JOBS}, namespace)",
-                            multi=True),
+            _query_variable("namespace", "Namespace",
+                            f"label_values({JOBS}, job_namespace)", multi=True),
             _query_variable("job", "TrainingJob",
-                            f"label_values({PROGRESS}{IN_NAMESPACE}, job)", multi=False),
+                            f"label_values({PROGRESS}{IN_NAMESPACE}, training_job)",
+                            multi=False),
         ]},
         "panels": layout(ROWS),
     }

@@ -8,21 +8,27 @@ fill every fleet series; every PromQL expression of the dashboard must parse and
 #
 # On the session's simulated cluster and real operator: a real Prometheus (Debian's binary,
 # `kubesim.prometheus`) scrapes the operator's /metrics, the trainer pod (at the host port the
-# test kubelet mapped, with the ``pod`` and ``namespace`` target labels a PodMonitor adds, and
-# ``honor_labels`` as the chart's PodMonitor sets) and a DCGM exporter. Real jobs fill every
+# test kubelet mapped) and a DCGM exporter, each with the target labels the Prometheus Operator
+# attaches (namespace, pod, container, endpoint, job, instance, service) and ``honor_labels``
+# as the chart's ServiceMonitor and PodMonitor (off) and dcgm-exporter's (on) set it: a Kiln
+# label clashing with a target label is renamed ``exported_*`` here as in a cluster, and no
+# query finds it. Real jobs fill every
 # fleet series: a parent that succeeds and registers in the zoo, a child that warm-starts from it
 # and keeps training, and a job whose trainer is OOM-killed twice (one restart, then
 # BackoffLimitExceeded). Every PromQL expression in the dashboard (panel targets, and the
 # selector inside each variable's ``label_values``), with $namespace, $job, $__rate_interval and
 # $__range filled in, must parse and return data; a few also must show the right thing (hit rate
 # and similarity in (0, 1], the failure and restart counted, the GPU rows joined to the trainer
-# pod only).
+# pod only), and no kiln series carries an ``exported_*`` label.
 #
 # No GPU runs here: `FakeDcgmExporter` serves dcgm-exporter's DCGM_FI_* gauges with the labels
 # it attaches through the kubelet's pod-resources API (gpu, UUID, device, modelName, Hostname,
 # container, namespace, pod) for two GPUs of the real trainer pod, one GPU of another pod, and
 # one idle GPU; the GPU row's ``on(namespace, pod) group_left(job)`` join must keep the
 # trainer's two only.
+#
+# The operator runs outside the simulated cluster; its target labels name the pod a Helm
+# install would run (`OPERATOR_POD`).
 
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ import grafana_model  # tests/ is on sys.path (pytest pythonpath)
 import pytest
 from kubesim import client, emulator, kubelet, operator_process, prometheus, scenario
 
+from kiln.controller import status
 from kiln.zoo import records
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "kiln" / "dashboards" / "kiln.json"
@@ -45,6 +52,8 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "kiln" / "dashboards"
 # reaching back before the test's first job.
 FILLED_IN = {"__rate_interval": "30s", "__range": "10m"}
 QUERIES_SECONDS = 120.0
+OPERATOR_NAMESPACE = "kiln-system"
+OPERATOR_POD = "kiln-7c9d8f6b5-q2x8m"
 PARENT, FLAKY, CHILD = "dash-parent", "dash-flaky", "dash-child"
 # What the fake dcgm-exporter reports for every GPU (percent, ratio, MiB, watts, Celsius).
 DCGM_VALUES = {"DCGM_FI_DEV_GPU_UTIL": 87.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83,
@@ -119,7 +128,8 @@ def _content_checks(namespace: str, pod: str) -> dict[str, Check]:
     """What some queries must show, beyond returning data (keyed by `Query.where`)."""
 
     def joined_to_trainer(result: list[dict[str, Any]]) -> str | None:
-        owners = sorted((s["metric"].get("pod"), s["metric"].get("job")) for s in result)
+        owners = sorted((s["metric"].get("pod"), s["metric"].get("training_job"))
+                        for s in result)
         return None if owners == [(pod, CHILD)] * 2 else f"series of {owners}"
 
     def includes(value: str, label: str) -> Check:
@@ -135,8 +145,8 @@ def _content_checks(namespace: str, pod: str) -> dict[str, Check]:
         'panel "Warm-start decisions in range" target A': includes("warm", "outcome"),
         'panel "Failures in range" target A': _scalar(lambda v: v > 0, "> 0 (one failed)"),
         'panel "Failures in range" target B': _scalar(lambda v: v > 0, "> 0 (one restart)"),
-        "variable namespace": includes(namespace, "namespace"),
-        "variable job": includes(CHILD, "job"),
+        "variable namespace": includes(namespace, "job_namespace"),
+        "variable job": includes(CHILD, "training_job"),
     }
     for title in ("GPU busy", "GPU memory used", "GPU power", "GPU temperature"):
         for ref in ("A", "B"):
@@ -166,7 +176,7 @@ def _problems(server: prometheus.Prometheus, queries: list[grafana_model.Query],
 def prometheus_server(tmp_path: Path) -> Iterator[prometheus.Prometheus]:
     server = prometheus.Prometheus(tmp_path / "prometheus", jobs=[
         prometheus.ScrapeJob("kiln-operator"),
-        prometheus.ScrapeJob("kiln-trainers", honor_labels=True),
+        prometheus.ScrapeJob("kiln-trainers"),
         prometheus.ScrapeJob("dcgm-exporter", honor_labels=True)])
     try:
         server.start()
@@ -189,17 +199,21 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     prometheus_server: prometheus.Prometheus, dcgm: FakeDcgmExporter,
 ) -> None:
     server = prometheus_server
-    server.set_targets("kiln-operator", [prometheus.Target(f"127.0.0.1:{operator.metrics_port}")])
+    server.set_targets("kiln-operator", [prometheus.service_monitor_target(
+        f"127.0.0.1:{operator.metrics_port}", namespace=OPERATOR_NAMESPACE, pod=OPERATOR_POD,
+        service="kiln", endpoint="metrics", container="operator")])
     # A real dcgm-exporter's ServiceMonitor adds the exporter's own pod and namespace:
     # honor_labels keeps the ones naming the GPU's workload.
-    server.set_targets("dcgm-exporter", [prometheus.Target(dcgm.address, {
-        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator"})])
+    server.set_targets("dcgm-exporter", [prometheus.service_monitor_target(
+        dcgm.address, namespace="gpu-operator", pod="nvidia-dcgm-exporter-x7k2p",
+        service="nvidia-dcgm-exporter", endpoint="gpu-metrics",
+        container="nvidia-dcgm-exporter")])
 
     cluster.client.create_job(namespace, scenario.tiny_job(PARENT))
     # The namespace's failure and restart counters exist at 0 from its first job on; once
     # Prometheus has seen them, increase() counts the failure to come.
     client.wait_until(lambda: server.query(
-        f'kiln_job_restarts_total{{namespace="{namespace}"}} == 0')["data"]["result"],
+        f'kiln_job_restarts_total{{job_namespace="{namespace}"}} == 0')["data"]["result"],
         timeout_seconds=60, what="Prometheus to scrape the namespace's restart counter",
         poll_seconds=0.5, details=server.log_tail)
     node_kubelet.inject(kubelet.Fault(job=FLAKY, signal=signal.SIGKILL,
@@ -216,12 +230,20 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         child = scenario.wait_phase(cluster, namespace, CHILD, "Running",
                                     details=operator.log_tail)
         assert child["status"]["warmStart"].get("parent"), child["status"]["warmStart"]
+        # The operator reads the same endpoint into status.progress and stamps the read, which
+        # `kubectl get tj -o wide` shows as its age.
+        read = scenario.wait_job(cluster, namespace, CHILD, lambda job: bool(
+            (job["status"].get("progress") or {}).get("lastUpdatedTime")),
+            what=f"{CHILD}'s progress to be read", details=operator.log_tail)
+        assert status.parse_rfc3339(read["status"]["progress"]["lastUpdatedTime"]) is not None
         pod = client.wait_until(lambda: _running_pod(cluster, namespace, CHILD),
                                 timeout_seconds=60, what=f"{CHILD}'s pod to run")
         port = pod["metadata"]["annotations"]["prometheus.io/port"]
         pod_name = pod["metadata"]["name"]
-        server.set_targets("kiln-trainers", [prometheus.Target(
-            f"127.0.0.1:{port}", {"pod": pod_name, "namespace": namespace})])
+        server.set_targets("kiln-trainers", [prometheus.pod_monitor_target(
+            f"127.0.0.1:{port}", namespace=namespace, pod=pod_name,
+            monitor=f"{OPERATOR_NAMESPACE}/kiln-trainers", endpoint="metrics",
+            container="trainer")])
         dcgm.pods = [(namespace, pod_name), (namespace, "other-job-trainer-0")]
 
         queries = grafana_model.queries(_load())
@@ -236,6 +258,10 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         client.wait_until(all_answered, timeout_seconds=QUERIES_SECONDS, poll_seconds=1.0,
                           what="every dashboard query to return data",
                           details=lambda: "\n".join(last) + "\n" + server.log_tail())
+        renamed = {(s["metric"]["__name__"], label)
+                   for s in server.query('{__name__=~"kiln_.+"}')["data"]["result"]
+                   for label in s["metric"] if label.startswith("exported_")}
+        assert not renamed, f"labels a scrape renamed: {sorted(renamed)}"
     finally:
         cluster.client.delete(cluster.client.jobs_path(namespace, CHILD))
         client.wait_until(lambda: cluster.client.job(namespace, CHILD) is None,

@@ -56,7 +56,7 @@ def test_a_job_succeeds_registers_its_model_and_a_second_job_warm_starts_from_it
     assert env["KILN_ZOO_SECRET_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "kiln-zoo"
 
     exposition = operator.metrics()
-    assert re.search(rf'kiln_jobs{{namespace="{namespace}",phase="Succeeded"}} 2\.0',
+    assert re.search(rf'kiln_jobs{{job_namespace="{namespace}",phase="Succeeded"}} 2\.0',
                      exposition)
     assert re.search(r'kiln_warm_start_total{outcome="warm"} [1-9]', exposition)
     assert re.search(r'kiln_build_info{python="[^"]+",version="[^"]+"} 1\.0', exposition)

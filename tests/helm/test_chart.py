@@ -206,13 +206,14 @@ def test_service_monitor_scrapes_the_operator_metrics_port(full_release: helm.Re
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kiln-system"]}
 
 
-def test_pod_monitor_scrapes_trainer_pods_and_keeps_their_job_label(
+def test_pod_monitor_scrapes_trainer_pods_and_lets_no_trainer_override_target_labels(
         full_release: helm.Release) -> None:
     monitor = full_release.one("PodMonitor")
     assert monitor["spec"]["selector"] == {"matchExpressions": [
         {"key": pods.JOB_NAME_LABEL, "operator": "Exists"}]}
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
-    assert endpoint["port"] == pods.METRICS_PORT_NAME and endpoint["honorLabels"] is True
+    assert endpoint["port"] == pods.METRICS_PORT_NAME
+    assert not endpoint.get("honorLabels")  # trainers run user code: namespace, pod stay true
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 

@@ -5,11 +5,12 @@ interval), targets from a file_sd file the test rewrites (`set_targets`); `query
 instant query. No rules, alerting, remote storage or Kubernetes service discovery.
 """
 
-# Targets carry the labels a Prometheus Operator PodMonitor would add (``pod``, ``namespace``);
-# a job with ``honor_labels`` keeps the labels the target exposes over the target's own, as the
-# chart's PodMonitor (``honorLabels: true``) does: the trainer exports a ``job`` label that would
-# otherwise become ``exported_job``. `query` returns the decoded answer, errors included (a
-# query that does not parse answers ``status: error``).
+# `service_monitor_target` and `pod_monitor_target` give a target the labels the Prometheus
+# Operator attaches (namespace, pod, container, endpoint, job, instance; a ServiceMonitor's also
+# service), naming the scraped pod, not what its series are about. Without ``honor_labels`` an
+# exposed label of the same name is renamed ``exported_<name>``; with it, the exposed one wins.
+# `query` returns the decoded answer, errors included (a query that does not parse answers
+# ``status: error``).
 
 from __future__ import annotations
 
@@ -43,8 +44,7 @@ class ScrapeJob:
     """One scrape job, its targets read from ``<name>.json`` in the work directory.
 
     Attributes:
-        name: the job_name (the ``job`` target label, unless the target exposes its own
-            and `honor_labels` is set).
+        name: the job_name (the ``job`` target label, unless a target sets its own).
         honor_labels: keep the target's exposed labels on conflicts (Prometheus'
             ``honor_labels``; ServiceMonitor/PodMonitor ``honorLabels``).
     """
@@ -59,6 +59,25 @@ class Target:
 
     address: str
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def service_monitor_target(address: str, *, namespace: str, pod: str, service: str,
+                           endpoint: str, container: str) -> Target:
+    """`address` with the target labels a ServiceMonitor endpoint gives it: the pod's
+    namespace, pod, container, the Service, the port name as endpoint, the Service name as job
+    (no jobLabel set) and the address as instance."""
+    return Target(address, {"namespace": namespace, "pod": pod, "container": container,
+                            "service": service, "endpoint": endpoint, "job": service,
+                            "instance": address})
+
+
+def pod_monitor_target(address: str, *, namespace: str, pod: str, monitor: str,
+                       endpoint: str, container: str) -> Target:
+    """`address` with the target labels a PodMonitor endpoint gives it: the pod's namespace,
+    pod, container, the port name as endpoint, ``<monitor's namespace>/<monitor>`` as job and
+    the address as instance."""
+    return Target(address, {"namespace": namespace, "pod": pod, "container": container,
+                            "endpoint": endpoint, "job": monitor, "instance": address})
 
 
 def binary() -> str:

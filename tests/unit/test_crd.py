@@ -206,21 +206,31 @@ def test_printer_columns_point_at_declared_fields_of_the_right_type() -> None:
     version = crd.build()["spec"]["versions"][0]
     schema = version["schema"]["openAPIV3Schema"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Parent", "GPUs", "Accuracy", "Age"]
+    assert list(columns) == ["Phase", "Epoch", "ETA", "Parent", "GPUs", "Node", "Accuracy",
+                             "Progress-Read", "Age"]
     age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert columns["Age"] == age
     expected = {
         "Phase": ("status.phase", "string"),
+        "Epoch": ("status.progress.epoch", "integer"),
+        "ETA": ("status.progress.etaSeconds", "number"),
         "Parent": ("status.warmStart.parent", "string"),
         "GPUs": ("status.placement.gpus", "integer"),
+        "Node": ("status.placement.node", "string"),
         "Accuracy": ("status.result.validationAccuracy", "number"),
+        "Progress-Read": ("status.progress.lastUpdatedTime", "string"),
     }
     for name, (path, kind) in expected.items():
         node = schema
         for part in path.split("."):
             node = node["properties"][part]
+        shown = "date" if name == "Progress-Read" else kind  # kubectl shows a time as its age
         assert (columns[name]["jsonPath"], columns[name]["type"], node["type"]) == (
-            f".{path}", kind, kind)
+            f".{path}", shown, kind)
+    # -o wide only: where the job runs and when its progress was last read.
+    wide = {name for name, column in columns.items() if column.get("priority") == 1}
+    assert wide == {"Node", "Progress-Read"}
+    assert all(column.get("priority", 0) in (0, 1) for column in columns.values())
 
 
 # ----------------------------------------------------------------------------------------------

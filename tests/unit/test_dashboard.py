@@ -214,9 +214,26 @@ def test_every_panel_and_query_is_on_the_datasource_variable_with_units_and_know
 def test_queries_fill_in_variables_and_read_label_values_selectors() -> None:
     queries = {q.where: q for q in grafana_model.queries(_committed())}
     job = queries["variable job"]
-    assert (job.expr, job.label) == ('kiln_trainer_progress_ratio{namespace=~"$namespace"}',
-                                     "job")
+    assert (job.expr, job.label) == (
+        'kiln_trainer_progress_ratio{job_namespace=~"$namespace"}', "training_job")
     assert grafana_model.fill_in(job.expr, {"namespace": "team-a"}) == (
-        'kiln_trainer_progress_ratio{namespace=~"team-a"}')
+        'kiln_trainer_progress_ratio{job_namespace=~"team-a"}')
     assert grafana_model.fill_in("rate(x[${__rate_interval}])", {"__rate_interval": "30s"}) == (
         "rate(x[30s])")
+
+
+def test_kiln_series_are_selected_by_kilns_own_labels_not_the_scrapes_target_labels() -> None:
+    # A scrape sets `job` and (under the Prometheus Operator) `namespace` on every target: on a
+    # kiln_* series they name the scrape job and the operator's or trainer's pod namespace, not
+    # the TrainingJob's, so the dashboard must select and group kiln_* by kiln's own labels.
+    target_labels = {"job", "namespace"}
+    for query in grafana_model.queries(_committed()):
+        for metric, matchers in re.findall(r"\b(kiln_\w+)\{([^}]*)\}", query.expr):
+            names = set(re.findall(r"(\w+)\s*[=!]~?", matchers))
+            assert not names & target_labels, f"{query.where}: {metric}{{{matchers}}}"
+        for grouping in re.findall(r"\bby \(([^)]*)\)", query.expr):
+            labels = {label.strip() for label in grouping.split(",")}
+            assert not labels & target_labels or "DCGM_" in query.expr, (
+                f"{query.where}: by ({grouping})")
+        if query.where.startswith("variable"):
+            assert query.label not in target_labels, query.where

@@ -209,6 +209,7 @@ class JobContext:
                     self.job, model, self.zoo, decided=warm.parse_decision(self.args.warm_start),
                     probe=None if probe is None else warm.Probe(probe[0], probe[1], loss=loss_fn))
         self.state.warm_start = self.warm.to_json()
+        self.gauges.record_warm_start(self.warm.decision_fields())
         self.emit.info(self.warm.message())
         return self.warm
 

@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +41,7 @@ from kiln_trainer import (
     warm,
 )
 from kiln_trainer.distributed import batching, parallel, replicas
+from kiln_trainer.freezing import cache as activation_cache
 from kiln_trainer.freezing import controller as freezing
 from kiln_trainer.freezing import setup as freezing_setup
 
@@ -231,15 +232,20 @@ def main(
         cleanup.callback(gauges.close)
         gauges.record_training(samples=state.samples, steps=state.step, train_loss=None,
                                samples_per_second=0.0)
+        gauges.record_warm_start(warm_start.decision_fields())
         runtime.serve_metrics(gauges, metrics_port if ctx.is_main else 0)
         report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
                                    steps_per_epoch=steps_per_epoch, freezer=freezer)
         eval_every = spec.training.eval_every_steps
         while not state.finished(spec):
-            batches = iter(batching.train_batches(
+            batches: Iterator[Any] = iter(batching.train_batches(
                 splits.train, batch_size=batch_size, seed=spec.training.seed,
                 epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers,
                 shard=ctx.shard, with_indices=freezer is not None))
+            if freezer is not None and freezer.cache is not None:  # cache reads run ahead
+                batches = cleanup.enter_context(activation_cache.Prefetcher(
+                    batches, freezer.cache, device=device,
+                    dtype=next(raw_model.parameters()).dtype))
             while state.epoch_batch < steps_per_epoch and not state.finished(spec):
                 left = steps_per_epoch - state.epoch_batch
                 stats = train_one_epoch(
@@ -272,6 +278,8 @@ def main(
                     raise Interrupted(location.describe())
                 if eval_due and not epoch_over:
                     report.evaluation(finite(validate(), state.step, location), spec.target)
+            if isinstance(batches, activation_cache.Prefetcher):
+                batches.close()  # its thread ends with the epoch
             if state.epoch_batch >= steps_per_epoch:
                 state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
             if not state.evaluated_now():
@@ -352,7 +360,8 @@ def train_one_epoch(
 
     Args:
         model: the (possibly wrapped) trainable module, put in train mode here.
-        batches: iterator of (inputs, targets) from `batching.train_batches`.
+        batches: iterator of (inputs, targets) from `batching.train_batches`, or of what a
+            `cache.Prefetcher` over them serves (the cached prefix outputs, on `device`).
         optimizer: steps once per batch.
         scheduler: steps once per batch, after the optimizer.
         device: where the batches go.
@@ -382,10 +391,16 @@ def train_one_epoch(
     clean_steps = torch.zeros((), dtype=torch.int64, device=device)
     for batch in batches:
         began = time.perf_counter()
-        inputs, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
+        inputs, cached, targets, indices = _parts(batch)
+        targets = targets.to(device)
         with amp.autocast():
-            if freezer is not None:  # the frozen prefix runs without gradients, or is cached
-                inputs = freezer.prefix(inputs, batch[2] if len(batch) > 2 else None)
+            if cached is not None:  # the prefetcher read the frozen prefix's outputs
+                inputs = cached
+            else:
+                assert inputs is not None
+                inputs = inputs.to(device, non_blocking=True)
+                if freezer is not None:  # the frozen prefix runs without gradients, or is cached
+                    inputs = freezer.prefix(inputs, indices)
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
@@ -413,6 +428,16 @@ def train_one_epoch(
                               boundary_event=event, first_nonfinite_step=(
                                   None if math.isfinite(total)
                                   else first_step + int(clean_steps) + 1))
+
+
+def _parts(batch: Sequence[Any]) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                          torch.Tensor, torch.Tensor | None]:
+    """(inputs, cached prefix outputs, targets, dataset indices) of a training batch: one of
+    `batching.train_batches` (inputs, targets[, indices]) or of a `cache.Prefetcher`
+    (inputs or None, cached or None, targets, indices)."""
+    if len(batch) == 4:
+        return batch[0], batch[1], batch[2], batch[3]
+    return batch[0], None, batch[1], batch[2] if len(batch) > 2 else None
 
 
 def evaluate(

@@ -1,22 +1,30 @@
 """Prometheus metrics of one trainer process, ``kiln_trainer_<what>_<base unit>``.
 
-Each carries exactly two labels, ``job`` and ``namespace``: one series per job. They live in
-the reporter's own `CollectorRegistry`, never the global one, so several reporters coexist.
+Each carries the labels ``training_job`` and ``job_namespace`` (the warm-start info gauge adds
+its verdict's): one series per job. They live in the reporter's own `CollectorRegistry`, never the global one,
+so several reporters coexist.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+from collections.abc import Mapping
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 
 from kiln import contract
 
-# Prometheus sets its own ``job`` target label: scrape with ``honor_labels: true``
-# (ServiceMonitor ``honorLabels``) to keep ours, else it shows up as ``exported_job``.
-LABELS = ("job", "namespace")
-_LABEL_HELP = " Labels: job (TrainingJob name), namespace (its namespace or default)."
+# Not ``job`` and ``namespace``: a scrape sets those target labels itself (the scrape job; the
+# pod's namespace under the Prometheus Operator) and renames clashing ones ``exported_*``.
+LABELS = ("training_job", "job_namespace")
+WARM_START_LABELS = (*LABELS, "outcome", "parent", "reason")
+# A label value is no place for a paragraph; the reason's first words say which case it is.
+MAX_REASON_CHARACTERS = 200
+_LABEL_HELP = (" Labels: training_job (TrainingJob name), job_namespace (its namespace or "
+               "default).")
 
 
 class MetricsReporter:
@@ -32,7 +40,7 @@ class MetricsReporter:
 
     def __init__(self, *, job: str, namespace: str | None = None) -> None:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
-        self._labels = {"job": job, "namespace": namespace or "default"}
+        self._labels = dict(zip(LABELS, (job, namespace or "default"), strict=True))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -70,6 +78,32 @@ class MetricsReporter:
         self.backward_flops_skipped = gauge(
             "backward_flops_skipped_ratio", "Share of backward FLOPs a step skips now, in [0, 1]."
         )
+        self.compute = gauge(
+            contract.Metric.COMPUTE,
+            "Share of the whole model's per-step compute (forward and backward) still done now.",
+        )
+        self.compute.set(1.0)  # nothing frozen (yet)
+        self.warm_start = prometheus_client.Gauge(
+            contract.METRIC_PREFIX + contract.Metric.WARM_START,
+            "The warm start the trainer applied, always 1." + _LABEL_HELP
+            + " Also outcome (warm, pinned, cold_guard, ...), parent (zoo id, empty if cold) and"
+            " reason.",
+            WARM_START_LABELS, registry=self.registry,
+        )
+        # NaN (not compared) until the probe guard ran: 0 would read as a perfect loss.
+        self.probe_loss = gauge(contract.Metric.PROBE_LOSS, "The started model's probe-batch loss.")
+        self.cold_probe_loss = gauge(
+            contract.Metric.COLD_PROBE_LOSS, "A cold-initialised model's probe-batch loss."
+        )
+        self.probe_accuracy = gauge(
+            contract.Metric.PROBE_ACCURACY, "The started model's probe-batch accuracy, in [0, 1]."
+        )
+        self.cold_probe_accuracy = gauge(
+            contract.Metric.COLD_PROBE_ACCURACY, "A cold model's probe-batch accuracy, in [0, 1]."
+        )
+        for probe in (self.probe_loss, self.cold_probe_loss, self.probe_accuracy,
+                      self.cold_probe_accuracy):
+            probe.set(math.nan)
 
     def serve(self, port: int, *, address: str = "0.0.0.0") -> int:
         """Start the /metrics HTTP endpoint in a daemon thread (opt-in: the trainer's
@@ -119,12 +153,36 @@ class MetricsReporter:
         self.eta.set(max(0.0, eta_seconds))
 
     def record_freezing(
-        self, *, frozen_modules: int, frozen_parameters: float, backward_flops_skipped: float
+        self, *, frozen_modules: int, frozen_parameters: float, backward_flops_skipped: float,
+        compute: float = 1.0,
     ) -> None:
-        """Set the freezing gauges: module count, parameter and backward-FLOPs ratios."""
+        """Set the freezing gauges: module count, parameter, backward-FLOPs and compute ratios."""
         self.frozen_modules.set(frozen_modules)
         self.frozen_parameters.set(frozen_parameters)
         self.backward_flops_skipped.set(backward_flops_skipped)
+        self.compute.set(min(1.0, max(0.0, compute)))
+
+    def record_warm_start(self, decision: Mapping[str, Any]) -> None:
+        """Publish the warm start applied (the probe guard's verdict) and its probe scores, so
+        the operator shows it while the job runs.
+
+        Args:
+            decision: the keys of `contract.Result.warm_start_decision` (outcome, parent,
+                reason, probe_loss, cold_probe_loss, probe_accuracy, cold_probe_accuracy;
+                None: not measured).
+        """
+        self.warm_start.clear()  # one verdict per job
+        self.warm_start.labels(
+            **self._labels, outcome=str(decision.get("outcome") or ""),
+            parent=str(decision.get("parent") or ""),
+            reason=str(decision.get("reason") or "")[:MAX_REASON_CHARACTERS],
+        ).set(1)
+        for metric, key in ((self.probe_loss, "probe_loss"),
+                            (self.cold_probe_loss, "cold_probe_loss"),
+                            (self.probe_accuracy, "probe_accuracy"),
+                            (self.cold_probe_accuracy, "cold_probe_accuracy")):
+            value = decision.get(key)
+            metric.set(math.nan if value is None else float(value))
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format (what a scrape returns)."""

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kiln import api, contract
@@ -164,11 +164,13 @@ class Reporter:
 
     def _record_freezing(self) -> None:
         if self.freezer is not None:
+            skipped = self.freezer.partition.backward_flops_fraction(self.freezer.boundary)
             self.gauges.record_freezing(
                 frozen_modules=self.freezer.boundary,
                 frozen_parameters=self.freezer.frozen_parameter_ratio,
-                backward_flops_skipped=self.freezer.partition.backward_flops_fraction(
-                    self.freezer.boundary))
+                backward_flops_skipped=skipped,
+                compute=compute_share(self.freezer.partition.flops,
+                                      self.freezer.partition.backward_flops, skipped))
 
     def _progress(self) -> None:
         state = self.state
@@ -193,6 +195,25 @@ class Reporter:
         self.gauges.record_progress(epochs_done=state.epochs_done,
                                     progress=1.0 - left_steps / max(1, total_steps),
                                     eta_seconds=eta or 0.0)
+
+
+def compute_share(forward: Sequence[float], backward: Sequence[float],
+                  backward_skipped: float) -> float:
+    """Share of a training step's FLOPs (forward and backward) still done when a frozen prefix
+    skips `backward_skipped` of the backward, in (0, 1].
+
+    The whole model's backward-to-forward ratio is read from its blocks' (backward usually
+    costs about 2x the forward; 2 when the blocks counted nothing). The prefix's forward is
+    counted as done: the activation cache may skip it, but only for samples it holds, so this
+    errs towards more compute.
+
+    Args:
+        forward: forward FLOPs per sample of each block.
+        backward: backward FLOPs per sample of each block.
+        backward_skipped: share of the whole backward skipped, in [0, 1].
+    """
+    ratio = sum(backward) / sum(forward) if sum(forward) > 0 else 2.0
+    return 1.0 - min(1.0, max(0.0, backward_skipped)) * ratio / (1.0 + ratio)
 
 
 def _share(fraction: float) -> str:

@@ -120,6 +120,7 @@ class Reason(enum.StrEnum):
     COLD_START = "ColdStart"
     WARM_START_DISABLED = "WarmStartDisabled"
     DECIDED_IN_TRAINER = "DecidedInTrainer"  # Unknown until an entrypoint job's trainer reports
+    WARM_START_GUARDED = "WarmStartGuarded"  # event: the probe guard refused the admitted parent
     ZOO_UNAVAILABLE = "ZooUnavailable"
     # Placed / Queued
     WAITING_FOR_PLACEMENT = "WaitingForPlacement"
@@ -131,6 +132,7 @@ class Reason(enum.StrEnum):
     TRAINER_EXITED = "TrainerExited"
     POD_PENDING = "PodPending"  # False: a container of the pod is stuck waiting (image, config)
     UNSCHEDULABLE = "Unschedulable"  # False: the scheduler cannot bind the pod
+    RESIZED = "Resized"  # Restarting: checkpoint-restart at another device count or node
     # Succeeded
     TRAINING_COMPLETED = "TrainingCompleted"
     # Failed

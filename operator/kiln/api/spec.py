@@ -225,8 +225,10 @@ class FreezingSpec(names.ApiModel):
     """Egeria layer freezing (Wang et al., EuroSys'23).
 
     A module counts as converged in a reference cycle (``window`` probes) when either of two
-    tests holds: its plasticity's slope is flat (``tolerance``) or its plasticity fell far below
-    its peak (``peakFraction``). It freezes after ``patience`` converged cycles in a row.
+    tests holds: its plasticity's slope is flat (``tolerance``) or its plasticity per unit of
+    learning rate fell far below its peak (``peakFraction``). Every leading module converged
+    for ``patience`` cycles in a row freezes in one decision; the prefix stays frozen across
+    learning-rate drops.
     """
 
     enabled: bool = Field(
@@ -235,11 +237,11 @@ class FreezingSpec(names.ApiModel):
     check_every_steps: int | None = Field(
         default=None,
         ge=1,
-        description="checkEverySteps: steps between plasticity probes (default: 8 per "
-        "epoch, at least 10 steps apart).",
+        description="checkEverySteps: steps between plasticity probes early in each "
+        "learning-rate phase, twice that later (default: 8 per epoch, at least 5 steps apart).",
     )
     window: int = Field(
-        default=5, ge=3, le=100, description="window: probes per reference refresh and slope fit."
+        default=3, ge=3, le=100, description="window: probes per reference refresh and slope fit."
     )
     tolerance: float = Field(
         default=0.1,
@@ -254,14 +256,14 @@ class FreezingSpec(names.ApiModel):
         gt=0.0,
         le=1.0,
         description="peakFraction: a module is also converged in a reference cycle when its "
-        "plasticity fell to this fraction of its highest value since the last unfreeze "
+        "plasticity per unit of learning rate fell to this fraction of its highest value "
         "(dimensionless; 0.1: it moves at a tenth of its most plastic pace; 1: always).",
     )
     patience: int = Field(
         default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."
     )
     probe_batch_size: int = Field(
-        default=32, ge=2, le=1024, description="probeBatchSize: samples in the fixed probe batch."
+        default=16, ge=2, le=1024, description="probeBatchSize: samples in the fixed probe batch."
     )
     max_frozen_fraction: float = Field(
         default=0.8,
@@ -270,7 +272,8 @@ class FreezingSpec(names.ApiModel):
         description="maxFrozenFraction: cap on the share of modules frozen (the head never is).",
     )
     reference: names.FreezingMode = Field(
-        default=names.FreezingMode.AUTO, description="reference: auto (int8 when possible) or fp32."
+        default=names.FreezingMode.AUTO,
+        description="reference: auto (int8 or fp32, whichever is measured cheaper) or fp32.",
     )
     reference_threads: int = Field(
         default=1, ge=1, le=64, description="referenceThreads: CPU threads of the reference model."
@@ -322,6 +325,12 @@ class RunPolicySpec(names.ApiModel):
         description="cleanPodPolicy: pods deleted when the job ends: All, Running or None.",
     )
     suspend: bool = Field(default=False, description="suspend: stop pods and hold the job.")
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=names.NAME_MAX_LENGTH,
+        description="priorityClassName: the job's priority in placement; its weight comes "
+        "from the operator's --priority-weight name=W (unknown or unset: weight 1).",
+    )
 
 
 class TrainingJobSpec(names.ApiModel):

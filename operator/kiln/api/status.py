@@ -78,8 +78,14 @@ class ProgressStatus(names.ApiModel):
     validation_accuracy: float | None = Field(default=None, description="validationAccuracy.")
     validation_loss: float | None = Field(default=None, description="validationLoss.")
     frozen_modules: int | None = Field(default=None, description="frozenModules: frozen prefix.")
+    compute_fraction: float | None = Field(
+        default=None, description="computeFraction: share of the whole model's per-step "
+        "compute still done (below 1 once freezing skips backward work).")
     samples_per_second: float | None = Field(default=None, description="samplesPerSecond.")
     eta_seconds: float | None = Field(default=None, description="etaSeconds: time left.")
+    last_updated_time: str | None = Field(
+        default=None, description="lastUpdatedTime: RFC 3339 time the operator last read the "
+        "trainer's metrics; an old one means progress is stale (trainer unreachable).")
 
 
 class ResultStatus(names.ApiModel):

@@ -65,6 +65,10 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     2. A model from user code (spec.model.entrypoint; `profiling.needed`): its profiling pod
        is started (Profiled=Unknown) and admission ends here; `profiled` continues it with
        the pod's report, which carries the warm-start decision made in the job's image.
+       A built-in model that may use GPUs (`--profile-unmeasured`): when the cluster has a
+       GPU type no job of the same model and batch was profiled on (`Services.profiles`),
+       its profiling pod takes one free GPU of that type, as above (none free: no pod); else
+       a cached profile is reused as the job's status.profile, Profiled=True, and no pod runs.
        Otherwise, warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
        WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a
        delay that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts,
@@ -95,6 +99,11 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     if svc.options.profile_entrypoint_models and profiling.needed(job):
         await start_profiling(svc, ref, job)
         return
+    reused: tuple[str, dict[str, Any]] | None = None
+    if svc.options.profile_unmeasured and profiling.builtin_on_gpus(job):
+        missing, reused = await _unmeasured_type(svc, job)
+        if missing is not None and await start_profiling(svc, ref, job, device_type=missing):
+            return
     outcome_label = ""
     try:
         decision = await svc.parents.decide(job)
@@ -112,7 +121,39 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     except api.InvalidSpec as exc:  # a pinned parent that is not in the zoo
         await reject(svc, ref, list(exc.problems))
         return
-    await _queue(svc, ref, job, decision, outcome=outcome_label or decision.outcome.value)
+    await _queue(svc, ref, job, decision, outcome=outcome_label or decision.outcome.value,
+                 before=_reuse_profile(job, *reused) if reused is not None else None)
+
+
+async def _unmeasured_type(svc: services.Services, job: api.TrainingJob
+                           ) -> tuple[str | None, tuple[str, dict[str, Any]] | None]:
+    """(a GPU type of the cluster without a cached profile of the job's model and batch, or
+    None; (a type, its cached profile) for one that has one, or None)."""
+    options = svc.options
+    pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), [],
+                          cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
+                          gpu_type=settings.gpu_type(options),
+                          gpu_type_label=options.gpu_type_label)
+    kinds = sorted({n.device_type for n in pools.nodes.get(cluster.GPU_POOL, ())})
+    cached = [(kind, svc.profiles[key]) for kind in kinds
+              if (key := profiling.cache_key(job, kind)) in svc.profiles]
+    missing = next((kind for kind in kinds if profiling.cache_key(job, kind) not in svc.profiles),
+                   None)
+    return missing, cached[0] if cached else None
+
+
+def _reuse_profile(job: api.TrainingJob, device_type: str,
+                   profile: dict[str, Any]) -> Callable[[jobs.Edit, float], None]:
+    """Records a cached profile as the job's own (status.profile, Profiled=True)."""
+    where = device_type.removeprefix("cuda:") or "a GPU node"
+    message = (f"Reused the profile of {job.spec.model.label} at batch "
+               f"{job.spec.training.batch_size} measured on {where} for an earlier job: no "
+               "profiling pod.")
+
+    def record(e: jobs.Edit, now: float) -> None:
+        e.status["profile"] = dict(profile)
+        e.condition(C.PROFILED, True, R.MODEL_PROFILED, message, now=now, event="Normal")
+    return record
 
 
 async def _zoo_unavailable(svc: services.Services, ref: jobs.JobRef, exc: Exception,
@@ -132,12 +173,19 @@ async def _zoo_unavailable(svc: services.Services, ref: jobs.JobRef, exc: Except
     raise kopf.TemporaryError(message, delay=delay)
 
 
-async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob) -> None:
+async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob, *,
+                          device_type: str | None = None) -> bool:
     """Create the job's profiling pod (Profiled=Unknown) unless it exists.
 
     It borrows one free device of the pool the job would run in (`profiling.choose_device`),
     taken under `Services.profiling_lock` so two profiling pods never take the same one. A pod
     the API server refuses as invalid fails the job as InvalidSpec with the server's words.
+    With `device_type` (a built-in model measured for the cluster's profile cache) the device
+    is a free GPU of that type, and with none free no pod is made.
+
+    Returns:
+        False when no pod was made for want of a free GPU of `device_type` (admission goes on
+        without profiling); True otherwise.
     """
     async with svc.profiling_lock:
         options = svc.options
@@ -145,11 +193,14 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
         if any(profiling.is_profiling_pod(p) and pods.pod_state(p).job == ref.name
                and (p.get("metadata") or {}).get("namespace") == ref.namespace
                for p in listed_pods):
-            return  # a repeated create, or a restart: its pod reports through the watch
+            return True  # a repeated create, or a restart: its pod reports through the watch
         pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), listed_pods,
                               cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
-                              gpu_type=settings.gpu_type(options))
-        device = profiling.choose_device(pools, job)
+                              gpu_type=settings.gpu_type(options),
+                              gpu_type_label=options.gpu_type_label)
+        device = profiling.choose_device(pools, job, device_type)
+        if device_type is not None and (device.devices < 1 or device.device != "gpu"):
+            return False
         name = profiling.pod_name(ref.name)
         held = ("1 GPU" if device.device == "gpu" else "1 CPU slot") if device.devices else \
             "no device held (none free): the step is timed on a CPU"
@@ -157,29 +208,30 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
         now = svc.clock()
         async with svc.jobs.edit(ref) as e:
             if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
-                return
+                return True
             e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
             e.condition(C.PROFILED, None, R.PROFILING,
-                        f"Measuring the model of {job.spec.model.entrypoint} in pod {name} "
+                        f"Measuring the model of {job.spec.model.label} in pod {name} "
                         f"({where}) before placement: its graph, FLOPs, parameters and step "
                         "time; its warm start is decided there.", now=now, event="Normal")
             await e.commit()
             if e.body is None:
-                return
+                return True
             manifest = profiling.build_pod(e.body, job, device, settings=svc.pod_settings,
                                            timeout_seconds=options.profile_timeout_seconds,
-                                           now=now)
+                                           now=now, device_type=device_type)
             try:
                 await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
             except kube.ApiError as exc:
                 if exc.status == 409:  # made by an earlier attempt of this handler
-                    return
+                    return True
                 if exc.status not in (400, 422):
                     raise
                 message = (f"The API server refused profiling pod {name}: {exc}; fix "
                            "spec.template and create the job again.")
                 e.condition(C.FAILED, True, R.INVALID_SPEC, message, now=now, event="Warning")
                 e.status["completionTime"] = status.rfc3339(now)
+    return True
 
 
 async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
@@ -219,6 +271,10 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
         decision = select.from_report(report.warm_start_decision or {}) or \
             select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
         message = profiling.summary(report, state.name)
+        measured_type = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+            profiling.DEVICE_TYPE_ANNOTATION)
+        if measured_type is not None and state.devices >= 1:  # timed on a GPU of that type
+            svc.profiles[profiling.cache_key(job, measured_type)] = profiling.to_status(report)
 
         def record(e: jobs.Edit, now: float) -> None:
             e.status["profile"] = profiling.to_status(report)
@@ -271,7 +327,7 @@ async def _profiling_pending(svc: services.Services, ref: jobs.JobRef,
             return
         else:
             return
-    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+    svc.metrics.count_finished(ref.namespace, "failed")
     await svc.client.delete(kube.Paths.pod(ref.namespace, state.name),
                             grace_period_seconds=svc.options.termination_grace_seconds)
 
@@ -358,7 +414,7 @@ async def _fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason,
             return
         e.condition(C.FAILED, True, reason, message, now=now, event="Warning")
         e.status["completionTime"] = status.rfc3339(now)
-    svc.metrics.finished.labels(namespace=ref.namespace, result="failed").inc()
+    svc.metrics.count_finished(ref.namespace, "failed")
 
 
 async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
@@ -376,6 +432,13 @@ async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
         return
     if int(st.get("attempts") or 0) > 0 and status.is_true(st, C.PLACED):
         await lifecycle.ensure_pod(svc, ref)
+        job, problems = await validate(body)
+        if job is not None and not problems:  # the placement loop may move it again
+            running = status.condition(st, C.RUNNING) or {}
+            await svc.placement.adopt(
+                lifecycle.queued_entry(body, job, now=svc.clock()),
+                "gpu" if int((st.get("placement") or {}).get("gpus") or 0) else "cpu",
+                since=status.parse_rfc3339(running.get("lastTransitionTime")))
     elif lifecycle.waiting(st):
         job, problems = await validate(body)
         if job is not None and not problems:
@@ -391,8 +454,24 @@ async def _resume_profiling(svc: services.Services, ref: jobs.JobRef,
         await profiled(svc, pod, None)
         return
     job, problems = await validate(body)
-    if job is not None and not problems:
+    if job is None or problems:
+        return
+    if profiling.needed(job):
         await start_profiling(svc, ref, job)
+        return
+    missing, _ = await _unmeasured_type(svc, job)  # a built-in model's pod went missing
+    if missing is None or not await start_profiling(svc, ref, job, device_type=missing):
+        warning = (f"Profiling pod {profiling.pod_name(ref.name)} went missing and no GPU of "
+                   "an unprofiled type is free; the job is placed on its estimate and its "
+                   "trainer decides its warm start itself.")
+
+        def record_failure(e: jobs.Edit, now: float) -> None:
+            e.condition(C.PROFILED, False, R.PROFILING_FAILED, warning, now=now,
+                        event="Warning")
+
+        await _queue(svc, ref, job,
+                     select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON),
+                     outcome=select.Outcome.IN_TRAINER.value, before=record_failure)
 
 
 def _sentence(reason: str) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kiln.controller import pods
-from kiln.placement import types
+from kiln.placement import estimate, types
 
 GPU_POOL = "gpu"
 CPU_POOL = "cpu"
@@ -77,13 +77,16 @@ def pools(
     now: float,
     eta_seconds: Mapping[str, float] | None = None,
     gpu_type: GpuType | None = None,
+    gpu_type_label: str = "nvidia.com/gpu.product",
 ) -> Pools:
     """The pools of a cluster.
 
     A node that is Ready, schedulable and has allocatable ``nvidia.com/gpu`` joins the "gpu"
     pool with its GPUs minus those requested by pods Kiln does not own (other workloads); with
     `gpu_type` set, only GPU nodes whose GPU-type label equals it do (other GPU nodes join no
-    pool). A node without GPUs joins the "cpu" pool with `cpu_slots` slots: CPU-only clusters
+    pool). A GPU node's `gpu_type_label` value becomes its `types.Node.device_type`
+    (`estimate.gpu_device_type`; "" without the label), so the planner can pick the GPU type
+    a job runs fastest on. A node without GPUs joins the "cpu" pool with `cpu_slots` slots: CPU-only clusters
     are valid, and a CPU job holds one slot and runs single-process. Kiln's own active trainer
     pods become `types.Running` entries (pinned by the planner) with the remaining seconds
     their plan estimated, refined by the trainer's reported ETA.
@@ -95,9 +98,11 @@ def pools(
         now: epoch seconds (the planner's clock).
         eta_seconds: job key -> seconds left as the trainer last reported.
         gpu_type: the only GPU type Kiln places on (None: any).
+        gpu_type_label: the node label naming a node's GPU product.
     """
     eta_seconds = eta_seconds or {}
     gpu_nodes: dict[str, int] = {}
+    gpu_types: dict[str, str] = {}
     cpu_nodes: list[str] = []
     for node in node_objects:
         if not _usable(node):
@@ -108,6 +113,9 @@ def pools(
         if gpus > 0:
             if gpu_type is None or gpu_type.matches(node):
                 gpu_nodes[name] = gpus
+                product = ((node.get("metadata") or {}).get("labels") or {}).get(
+                    gpu_type_label)
+                gpu_types[name] = estimate.gpu_device_type(str(product)) if product else ""
         else:
             cpu_nodes.append(name)
     foreign_gpus: dict[str, int] = {}
@@ -132,9 +140,10 @@ def pools(
         key = job_key(str(meta.get("namespace", "")), state.job)
         running[pool].append(types.Running(
             job=key, node=state.node, gpus=state.devices, parallelism=state.parallelism,
-            remaining_seconds=_remaining(state, now, eta_seconds.get(key))))
+            remaining_seconds=_remaining(state, now, eta_seconds.get(key)),
+            namespace=str(meta.get("namespace", ""))))
     nodes = {
-        GPU_POOL: tuple(types.Node(n, max(0, g - foreign_gpus.get(n, 0)))
+        GPU_POOL: tuple(types.Node(n, max(0, g - foreign_gpus.get(n, 0)), gpu_types[n])
                         for n, g in sorted(gpu_nodes.items())),
         CPU_POOL: tuple(types.Node(n, cpu_slots) for n in sorted(cpu_nodes)),
     }

@@ -12,7 +12,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kiln import api
-from kiln.controller import jobs, kube, lifecycle, pods, policy, progress, services, status
+from kiln.controller import (
+    jobs,
+    kube,
+    lifecycle,
+    parents,
+    pods,
+    policy,
+    progress,
+    services,
+    status,
+)
 
 C = api.ConditionType
 _log = logging.getLogger(__name__)
@@ -42,7 +52,8 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
       launch (an image that cannot be pulled, a missing Secret, no node for it), the pod is
       deleted, releasing its devices, and the job fails with PodStartTimeout: such a cause
       does not go away by itself;
-    * running: the trainer's metrics are read into status.progress; its ETA feeds the planner.
+    * running: the trainer's metrics are read into status.progress; its ETA, throughput and
+      first steps after a move feed the planner's introspection.
     """
     if lifecycle.deleting(dict(body)):
         return
@@ -73,13 +84,17 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
 
 async def _check_start(svc: services.Services, ref: jobs.JobRef, st: Mapping[str, Any],
                        now: float) -> None:
-    """Fail the job if its current pod has not started within the start timeout."""
+    """Fail the job if its current pod has not started within the start timeout; start a
+    moved job's new pod if its old pod's deletion was missed."""
     timeout_seconds = svc.options.pod_start_timeout_seconds
     attempt = int(st.get("attempts") or 0) - 1
-    if timeout_seconds <= 0 or attempt < 0:
+    if attempt < 0:
         return
     pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
     if pod is None:
+        await lifecycle.finish_move(svc, ref)
+        return
+    if timeout_seconds <= 0:
         return
     state = pods.pod_state(pod)
     if policy.start_timed_out(state, timeout_seconds, now):
@@ -115,6 +130,7 @@ async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping
     epochs = int(((body.get("spec") or {}).get("training") or {}).get("epochs") or 1)
     try:
         found = progress.parse(text, epochs=epochs)
+        verdict = progress.warm_start_decision(text)
     except ValueError as exc:
         _log.warning("%s: unreadable trainer metrics at %s (%s)", ref.key, where, exc)
         return
@@ -122,11 +138,33 @@ async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping
         return
     if "etaSeconds" in found:
         svc.eta_seconds[ref.key] = float(found["etaSeconds"])
+    rate, step = found.get("samplesPerSecond"), found.get("step")
+    svc.placement.observe_progress(ref.key, samples_per_second=None if rate is None else float(
+        rate), step=None if step is None else int(step), now=svc.clock(),
+        compute_fraction=found.get("computeFraction"))
     async with svc.jobs.edit(ref) as e:
         if (lifecycle.deleting(e.body) or not status.is_true(e.status, C.RUNNING)
                 or int(e.status.get("attempts") or 0) - 1 != attempt):
             return
-        e.status["progress"] = found
+        e.status["progress"] = {**found, "lastUpdatedTime": status.rfc3339(svc.clock())}
+        if verdict is not None:
+            lifecycle.record_trainer_decision(
+                e, _with_admission(e.status.get("warmStart") or {}, verdict), now=svc.clock())
+
+
+def _with_admission(warm: Mapping[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's live warm-start verdict (outcome, parent, reason, probe scores) completed
+    from the decision in status.warmStart, which its metrics do not repeat: the admitted
+    parent's similarity and tensor counts when it kept that parent or started cold, its metric
+    only when it kept it; the alternatives always."""
+    admitted = parents.from_status(warm).to_json()
+    kept = live.get("parent") is not None and live.get("parent") == admitted["parent_id"]
+    inherited = ["alternatives"]
+    if kept or live.get("parent") is None:
+        inherited += ["similarity", "matched_tensors", "total_tensors"]
+    if kept:
+        inherited.append("parent_metric")
+    return {**{name: admitted[name] for name in inherited}, **live}
 
 
 def _int(value: Any) -> int | None:

@@ -7,7 +7,9 @@ crash in between is repaired on resume by `ensure_pod`. No admission, no plannin
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from kiln import api, contract
@@ -22,12 +24,13 @@ from kiln.controller import (
     services,
     status,
 )
-from kiln.placement import types
+from kiln.placement import introspect, types
 from kiln.warmstart import select
 from kiln.zoo import records, store
 
 C, R = api.ConditionType, api.Reason
 _log = logging.getLogger(__name__)
+RESIZED_ANNOTATION = "kiln.dev/resized"
 
 
 def parse(body: dict[str, Any]) -> api.TrainingJob:
@@ -131,6 +134,77 @@ async def launch(svc: services.Services, entry: placement_loop.Queued,
     return True
 
 
+async def resize(svc: services.Services, ref: jobs.JobRef, move: introspect.Move,
+                 device: str) -> bool:
+    """Move a running job by checkpoint-restart: status.placement and attempts + 1, the
+    Restarting condition and a Resized event, the job's kiln.dev/resized annotation, then the
+    old pod deleted with the grace period (its trainer checkpoints and exits). The new
+    attempt's pod, on the new node and device count, is created once the old pod is gone
+    (`finish_move`), so it resumes from the last checkpoint. No restart of the backoff limit
+    is spent. False when the job no longer runs where the move says.
+    """
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        st = e.status
+        placement = st.get("placement") or {}
+        if (deleting(e.body) or status.is_terminal(st) or status.is_true(st, C.SUSPENDED)
+                or not status.is_true(st, C.RUNNING) or e.body is None
+                or placement.get("node") != move.from_node
+                or int(placement.get("gpus") or 0) != (move.from_gpus if device == "gpu" else 0)):
+            return False
+        attempt = int(st.get("attempts") or 0)
+        gpus = move.gpus if device == "gpu" else 0
+        e.status["placement"] = {
+            "node": move.node, "gpus": gpus, "parallelism": move.parallelism,
+            "estimatedStart": status.rfc3339(now),
+            "estimatedSeconds": round(move.remaining_seconds, 1)}
+        e.status["attempts"] = attempt + 1
+        message = (f"Resized ({move.kind}) from {move.from_gpus} to {move.gpus} device(s), node "
+                   f"{move.from_node} to {move.node} ({move.parallelism}): predicted to save "
+                   f"{move.gain_seconds:.0f} s net of a {move.restart_seconds:.0f} s restart; "
+                   f"trainer pod {pods.pod_name(ref.name, attempt)} checkpoints and "
+                   f"{pods.pod_name(ref.name, attempt + 1)} resumes from it.")
+        e.condition(C.RESTARTING, True, R.RESIZED, message, now=now, event="Normal")
+        e.condition(C.RUNNING, False, R.RESIZED, message, now=now)
+        await e.commit()
+        if e.body is None:
+            return False
+        svc.eta_seconds.pop(ref.key, None)
+        await svc.client.merge_patch(kube.Paths.job(ref.namespace, ref.name), {
+            "metadata": {"annotations": {RESIZED_ANNOTATION: json.dumps({
+                "from": {"node": move.from_node, "gpus": move.from_gpus},
+                "to": {"node": move.node, "gpus": move.gpus, "parallelism": move.parallelism},
+                "gainSeconds": round(move.gain_seconds, 1), "time": status.rfc3339(now)},
+                separators=(",", ":"))}}})
+        await _delete_pods(svc, ref.namespace, [pods.pod_name(ref.name, attempt - 1)])
+    return True
+
+
+async def finish_move(svc: services.Services, ref: jobs.JobRef) -> None:
+    """Create the pod of a moved job's new attempt once its previous pod is gone (its trainer
+    has written its checkpoint); no-op for a job that is not being moved."""
+    async with svc.jobs.edit(ref) as e:
+        await _finish_move(svc, e)
+
+
+async def _finish_move(svc: services.Services, e: jobs.Edit) -> None:
+    """`finish_move` with the job's lock held."""
+    st = e.status
+    attempts = int(st.get("attempts") or 0)
+    moving = (status.condition(st, C.RESTARTING) or {}).get("reason") == R.RESIZED
+    if (deleting(e.body) or e.body is None or status.is_terminal(st) or not moving
+            or not status.is_true(st, C.RESTARTING) or status.is_true(st, C.SUSPENDED)
+            or attempts < 2):
+        return
+    ref = jobs.JobRef.of(e.body)
+    for attempt in (attempts - 2, attempts - 1):  # the old pod must be gone, the new absent
+        name = pods.pod_name(ref.name, attempt)
+        if await svc.client.get(kube.Paths.pod(ref.namespace, name)) is not None:
+            return
+    await _create_pod(svc, e, parse(e.body), attempts - 1,
+                      _launch_from_status(st, now=svc.clock()))
+
+
 async def ensure_pod(svc: services.Services, ref: jobs.JobRef) -> None:
     """Recreate the current attempt's pod of a placed, active job if it is missing.
 
@@ -169,6 +243,9 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
     async with svc.jobs.edit(ref) as e:
         st = e.status
         if deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1:
+            moved = gone and state.attempt == int(st.get("attempts") or 0) - 2
+            if moved and not deleting(e.body):  # a move's old pod: start the new one
+                await _finish_move(svc, e)
             return  # the job is going, or an older attempt's pod
         if status.is_terminal(st):
             if status.is_true(st, C.FAILED) and state.finished and not gone:
@@ -222,7 +299,7 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         e.condition(C.RUNNING, False, verdict.reason, verdict.message, now=now)
         await e.commit()
         if e.body is not None:
-            svc.metrics.restarts.labels(namespace=ref.namespace).inc()
+            svc.metrics.count_restart(ref.namespace)
             await _create_pod(svc, e, job, attempt,
                               _launch_from_status(e.status, now=now))
         return
@@ -231,7 +308,7 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         if result:
             e.status["result"] = _result_status(result)
             e.status["progress"] = _final_progress(e.status.get("progress") or {}, result)
-            _record_trainer_decision(e, result, now=now)
+            record_trainer_decision(e, result.get("warm_start_decision"), now=now)
         message = _success_message(job, result)
         e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
         e.condition(C.RUNNING, False, R.TRAINING_COMPLETED, message, now=now)
@@ -274,7 +351,7 @@ async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *,
     svc.placement.remove(ref)
     svc.eta_seconds.pop(ref.key, None)
     result = "succeeded" if status.is_true(e.status, C.SUCCEEDED) else "failed"
-    svc.metrics.finished.labels(namespace=ref.namespace, result=result).inc()
+    svc.metrics.count_finished(ref.namespace, result)
     job_pods = await job_pod_states(svc, ref)
     clean_pod_policy = job.spec.run_policy.clean_pod_policy
     deleted = list(dict.fromkeys([*policy.pods_to_clean(job_pods, clean_pod_policy),
@@ -439,22 +516,43 @@ def _result(message: str) -> dict[str, Any]:
     return event.to_json() if isinstance(event, contract.Result) else {}
 
 
-def _record_trainer_decision(e: jobs.Edit, result: dict[str, Any], *, now: float) -> None:
+def record_trainer_decision(e: jobs.Edit, report: Mapping[str, Any] | None, *,
+                            now: float) -> None:
     """Record in status.warmStart and WarmStarted the warm start the trainer did: the decision
     an entrypoint job's trainer made itself (admission left it to the trainer, which can import
     the model), and the probe guard's verdict on any decision (its losses, maybe a cold start
-    or an alternative parent)."""
+    or an alternative parent).
+
+    Called with the trainer's live metrics while it runs and with its result at the end: an
+    event is posted once, when the verdict first shows (WarmStartGuarded when the guard
+    refused the admitted parent), not again when the result repeats it.
+
+    Args:
+        e: the job's edit.
+        report: the keys of `contract.Result.warm_start_decision` (None: no report).
+        now: epoch seconds.
+    """
     warm = e.status.get("warmStart") or {}
-    chosen = select.from_report(result.get("warm_start_decision") or {})
+    chosen = select.from_report(report)
     if chosen is None:
         return
     probed = chosen.probe_loss is not None or chosen.cold_probe_loss is not None
     if warm.get("outcome") != select.Outcome.IN_TRAINER and not probed:
         return
-    e.status["warmStart"] = parents.to_status(chosen)
+    recorded = parents.to_status(chosen)
+    seen = all(warm.get(k) == recorded.get(k)
+               for k in ("outcome", "parent", "probeLoss", "coldProbeLoss"))
+    admitted = warm.get("parent") if warm.get("outcome") != select.Outcome.IN_TRAINER else None
+    guarded = not seen and admitted is not None and admitted != chosen.parent_id
+    e.status["warmStart"] = recorded
     message = "In the trainer pod, before its first step: " + chosen.reason.rstrip(".") + "."
     e.condition(C.WARM_STARTED, not chosen.cold_start, chosen.condition_reason, message, now=now,
-                event="Normal")
+                event=None if seen or guarded else "Normal")
+    if guarded:
+        e.events.append(status.Event.normal(R.WARM_START_GUARDED, (
+            f"The trainer's probe guard refused parent {admitted}, chosen at admission; "
+            + (f"it started from {chosen.parent_id}" if chosen.parent_id else "it started cold")
+            + f": {chosen.reason.rstrip('.')}.")))
 
 
 def _trainer_words(message: str) -> str:

@@ -36,6 +36,7 @@ from kiln.controller import (
     services,
     settings,
 )
+from kiln.placement import types
 from kiln.warmstart import index as zoo_index
 from kiln.zoo import store
 
@@ -74,7 +75,16 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("placement_time_limit_seconds", "MILP time limit per plan"),
     ("placement_use_milp", "solve the MILP (else the heuristic alone)"),
     ("placement_freeze_window_seconds", "planned starts this close keep their slot"),
+    ("placement_objective", ("auto (makespan for a sweep, weighted completion time for "
+                             "arrivals), makespan or completion-time")),
+    ("namespace_gpu_quota", ("namespace=GPUs: most GPUs a namespace's jobs hold at once "
+                             "(repeatable)")),
+    ("priority_weights", "priorityClassName=weight in placement (repeatable; others 1)"),
     ("max_gpus_per_job", "most GPUs one job gets"),
+    ("resize", "move running jobs by checkpoint-restart when it pays (--no-resize: never)"),
+    ("resize_min_gain", "a move must save this many times its restart cost (>= 1)"),
+    ("resize_min_interval_seconds", "a job that moved moves again only this much later"),
+    ("resize_restart_seconds", "restart cost assumed until a job's own is measured"),
     ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),
     ("gpu_type", ("place jobs only on GPU nodes whose --gpu-type-label equals this "
                   "(default: any GPU node)")),
@@ -84,6 +94,8 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("progress_timeout_seconds", "timeout of one trainer metrics read"),
     ("profile_entrypoint_models", ("measure user-code models in a short pod of their image "
                                    "before placement")),
+    ("profile_unmeasured", ("profile built-in models on a GPU type with no measurement of "
+                            "the same model and batch yet")),
     ("profile_timeout_seconds", "the longest a profiling pod may run"),
     ("verbose", "debug logging"),
 )
@@ -143,6 +155,9 @@ def _number(kind: type[int | float], name: str) -> Any:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
         if value < 0:
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        if name == "resize_min_gain" and value < 1:
+            raise argparse.ArgumentTypeError(
+                f"must be at least 1 (a move must save at least its restart cost), got {text}")
         if name.endswith("_port") and value > 65535:
             raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
         if name in _MAXIMUM and value > _MAXIMUM[name]:
@@ -174,6 +189,9 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
         if name == "namespaces":
             parser.add_argument("--namespace", "-n", dest=name, action="append", default=[],
                                 help=text)
+        elif name in ("namespace_gpu_quota", "priority_weights"):
+            flag = "--priority-weight" if name == "priority_weights" else flag
+            parser.add_argument(flag, dest=name, action="append", default=[], help=text)
         elif isinstance(default, bool):
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
                                 default=default, help=text)
@@ -182,7 +200,8 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
         else:
             kind: Any = type(default) if default is not None else str
             kind = _number(kind, name) if kind in (int, float) else _text(name)
-            choices = PULL_POLICIES if name == "image_pull_policy" else None
+            choices = (PULL_POLICIES if name == "image_pull_policy" else
+                       types.OBJECTIVES if name == "placement_objective" else None)
             parser.add_argument(flag, dest=name, type=kind, default=default, help=text,
                                 choices=choices)
         assert name in fields, name
@@ -193,7 +212,8 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
     """`settings.Options` from parsed arguments."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(settings.Options)
               if hasattr(args, f.name)}
-    values["namespaces"] = tuple(values.get("namespaces") or ())
+    for name in ("namespaces", "namespace_gpu_quota", "priority_weights"):
+        values[name] = tuple(values.get(name) or ())
     return settings.Options(**values)
 
 
@@ -230,8 +250,10 @@ def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *
             interval_seconds=options.placement_interval_seconds,
             cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
             planner=settings.placement_settings(options),
-            gpu_type=settings.gpu_type(options)),
+            gpu_type=settings.gpu_type(options), gpu_type_label=options.gpu_type_label,
+            resize=settings.resize_policy(options), priority_weights=settings.priority_weights(options)),
         launch=functools.partial(lifecycle.launch, svc),
+        resize=functools.partial(lifecycle.resize, svc),
         publish=functools.partial(lifecycle.publish_plan, svc),
         unplaceable=functools.partial(lifecycle.mark_unplaceable, svc),
         zoo_records=chooser.records, metrics=registry, clock=clock,

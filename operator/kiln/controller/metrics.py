@@ -1,7 +1,8 @@
 """Prometheus metrics of the operator process, in the operator's own registry.
 
 Named ``kiln_<what>_<base unit>`` (seconds, ratios in [0, 1], counters ending ``_total``), with
-bounded labels only (namespace, phase, handler, outcome, solver, result): no per-job labels.
+bounded labels only (job_namespace, phase, handler, outcome, solver, result): no per-job
+labels. The process_* and python_* collectors ride along; ``_created`` series are off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ HANDLERS = ("admit", "resume", "suspend", "cleanup", "pods", "housekeeping", "pl
 # `outcome` values beyond kiln.warmstart.select.Outcome (kiln.controller.admission).
 ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")
+# The TrainingJob's namespace. Not `namespace`: a scrape without honor_labels (a
+# ServiceMonitor's default) sets `namespace` to the operator pod's own and renames ours
+# `exported_namespace`.
+NAMESPACE_LABEL = "job_namespace"
 
 
 # Every metric, in one table (a test keeps it complete):
@@ -31,9 +36,9 @@ RESULTS = ("succeeded", "failed")
 # | metric | type | labels | meaning |
 # |---|---|---|---|
 # | kiln_build_info | gauge (1) | version, python | the running build |
-# | kiln_jobs | gauge | namespace, phase | TrainingJobs by phase (as last written) |
-# | kiln_jobs_finished_total | counter | namespace, result | jobs that reached succeeded/failed |
-# | kiln_job_restarts_total | counter | namespace | trainer restarts after retryable exits |
+# | kiln_jobs | gauge | job_namespace, phase | TrainingJobs by phase (as last written) |
+# | kiln_jobs_finished_total | counter | job_namespace, result | jobs that reached succeeded/failed |
+# | kiln_job_restarts_total | counter | job_namespace | trainer restarts after retryable exits |
 # | kiln_reconcile_errors_total | counter | handler | handler calls that raised |
 # | kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
 # | kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job |
@@ -53,21 +58,29 @@ class OperatorMetrics:
     """
 
     def __init__(self) -> None:
+        # A `<counter>_created` series per counter and histogram doubles the series count for
+        # a timestamp no dashboard reads. The switch is process-wide; the operator owns it.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         r = self.registry
+        # What the default registry would carry: process_* (CPU, memory, file descriptors,
+        # start time) and python_* (version, garbage collections).
+        prometheus_client.ProcessCollector(registry=r)
+        prometheus_client.PlatformCollector(registry=r)
+        prometheus_client.GCCollector(registry=r)
         self.build_info = prometheus_client.Gauge(
             "kiln_build_info", "The running Kiln operator build (always 1). Labels: version, "
             "python.", ["version", "python"], registry=r)
         self.build_info.labels(version=VERSION, python=platform.python_version()).set(1)
         self.jobs = prometheus_client.Gauge(
-            "kiln_jobs", "TrainingJobs by phase. Labels: namespace, phase (Pending, Queued, "
-            "Running, Succeeded, Failed, Suspended).", ["namespace", "phase"], registry=r)
+            "kiln_jobs", "TrainingJobs by phase. Labels: job_namespace, phase (Pending, Queued, "
+            "Running, Succeeded, Failed, Suspended).", [NAMESPACE_LABEL, "phase"], registry=r)
         self.finished = prometheus_client.Counter(
-            "kiln_jobs_finished", "TrainingJobs that ended. Labels: namespace, result "
-            "(succeeded, failed).", ["namespace", "result"], registry=r)
+            "kiln_jobs_finished", "TrainingJobs that ended. Labels: job_namespace, result "
+            "(succeeded, failed).", [NAMESPACE_LABEL, "result"], registry=r)
         self.restarts = prometheus_client.Counter(
-            "kiln_job_restarts", "Trainer restarts after retryable exits. Labels: namespace.",
-            ["namespace"], registry=r)
+            "kiln_job_restarts", "Trainer restarts after retryable exits. Labels: "
+            "job_namespace.", [NAMESPACE_LABEL], registry=r)
         self.reconcile_errors = prometheus_client.Counter(
             "kiln_reconcile_errors", "Handler calls that raised. Labels: handler (admit, "
             "resume, pods, suspend, housekeeping, cleanup, placement).", ["handler"],
@@ -81,7 +94,7 @@ class OperatorMetrics:
             "kiln_warm_start", "Warm-start decisions, one per admitted job. Labels: outcome "
             "(warm, pinned, "
             "cold_empty, cold_incompatible, cold_below_min_similarity, cold_few_tensors, "
-            "cold_untraceable, cold_unreadable_parent, disabled, in_trainer, zoo_unavailable).",
+            "cold_untraceable, cold_unreadable_parent, cold_other_family, cold_guard, disabled, in_trainer, zoo_unavailable).",
             ["outcome"], registry=r)
         for outcome in (*(o.value for o in select.Outcome), ZOO_UNAVAILABLE_OUTCOME):
             self.warm_starts.labels(outcome=outcome)
@@ -108,20 +121,35 @@ class OperatorMetrics:
 
     def set_phase(self, namespace: str, name: str, phase: api.Phase | None) -> None:
         """Record job `namespace/name`'s phase (None: the job is gone)."""
-        if namespace not in self._namespaces:
-            self._namespaces.add(namespace)
-            for known in api.Phase:
-                self.jobs.labels(namespace=namespace, phase=known.value)
-            for result in RESULTS:
-                self.finished.labels(namespace=namespace, result=result)
-            self.restarts.labels(namespace=namespace)
+        self._see(namespace)
         key = (namespace, name)
         before = self._phases.pop(key, None)
         if before is not None:
-            self.jobs.labels(namespace=namespace, phase=before).dec()
+            self.jobs.labels(namespace, before).dec()
         if phase is not None:
             self._phases[key] = phase.value
-            self.jobs.labels(namespace=namespace, phase=phase.value).inc()
+            self.jobs.labels(namespace, phase.value).inc()
+
+    def count_finished(self, namespace: str, result: str) -> None:
+        """Count a job of `namespace` that ended with `result` (one of `RESULTS`)."""
+        self._see(namespace)
+        self.finished.labels(namespace, result).inc()
+
+    def count_restart(self, namespace: str) -> None:
+        """Count a trainer restart of a job in `namespace`."""
+        self._see(namespace)
+        self.restarts.labels(namespace).inc()
+
+    def _see(self, namespace: str) -> None:
+        """Create `namespace`'s phase, result and restart series at 0 the first time."""
+        if namespace in self._namespaces:
+            return
+        self._namespaces.add(namespace)
+        for known in api.Phase:
+            self.jobs.labels(namespace, known.value)
+        for result in RESULTS:
+            self.finished.labels(namespace, result)
+        self.restarts.labels(namespace)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -1,8 +1,9 @@
 """The operator's placement loop: one asyncio task that plans queued jobs and starts them.
 
 On every wake-up (a job queued or left, a trainer ended) and at least every interval it
-re-plans each device pool (`cluster.pools`) and starts jobs by the placement queue's rule
-(`queues.NodeQueues`). The queue is in memory; kopf's resume handlers refill it after a restart.
+re-plans each device pool (`cluster.pools`), starts jobs by the placement queue's rule
+(`queues.NodeQueues`) and moves running jobs that introspection says gain (`introspect`). The
+queue and the running jobs are in memory; kopf's resume handlers refill both after a restart.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from kiln import api
 from kiln.controller import cluster, jobs, kube, metrics
-from kiln.placement import estimate, queues, types
+from kiln.placement import estimate, introspect, queues, types
 from kiln.warmstart import select
 from kiln.zoo import records
 
@@ -44,6 +45,24 @@ class Queued:
 Launch = Callable[[Queued, types.Assignment, str], Awaitable[bool]]
 Publish = Callable[[Queued, types.Assignment, str], Awaitable[None]]
 Unplaceable = Callable[[Queued, str], Awaitable[None]]
+Resize = Callable[[jobs.JobRef, introspect.Move, str], Awaitable[bool]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """A job this loop started, for introspection while it runs.
+
+    Attributes:
+        entry: its queue entry.
+        device: "gpu" or "cpu".
+        configs: its runtime estimates.
+        last_move: epoch seconds of its last move (None: not moved).
+    """
+
+    entry: Queued
+    device: str
+    configs: tuple[types.Config, ...]
+    last_move: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +74,10 @@ class LoopSettings:
     max_gpus: int
     planner: types.Settings
     gpu_type: cluster.GpuType | None = None
+    gpu_type_label: str = "nvidia.com/gpu.product"
+    resize: introspect.Policy | None = None  # None: running jobs never move
+    # priorityClassName -> weight in the completion-time objective (others: 1)
+    priority_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class PlacementLoop:
@@ -73,13 +96,14 @@ class PlacementLoop:
         metrics: operator metrics.
         clock: epoch seconds.
         eta_seconds: job key -> seconds left as its trainer last reported.
+        resize: restarts a running job as a move says; False when it no longer runs.
     """
 
     def __init__(self, *, client: kube.Client, settings: LoopSettings, launch: Launch,
                  publish: Publish, unplaceable: Unplaceable,
                  zoo_records: Callable[[], Sequence[records.ZooRecord]],
                  metrics: metrics.OperatorMetrics, clock: Callable[[], float],
-                 eta_seconds: dict[str, float]) -> None:
+                 eta_seconds: dict[str, float], resize: Resize | None = None) -> None:
         self._client = client
         self._settings = settings
         self._launch, self._publish, self._unplaceable = launch, publish, unplaceable
@@ -87,8 +111,18 @@ class PlacementLoop:
         self._metrics = metrics
         self._clock = clock
         self._eta = eta_seconds
+        self._resize = resize
+        self._placed: dict[str, Placed] = {}  # job key -> running job this loop started
+        self._progress: dict[str, tuple[float, int | None]] = {}  # key -> (samples/s, step)
+        self._restart_seconds: dict[str, float] = {}  # key -> measured restart cost
+        self._stopped: dict[str, float] = {}  # key -> when a move stopped it, until it steps
+        self._work: dict[str, estimate.Workload] = {}
+        self._moving: dict[str, tuple[str, introspect.Move]] = {}  # key -> (pool, move)
+        self._compute: dict[str, float] = {}  # key -> share of its compute freezing left
         self._queue: dict[jobs.JobRef, Queued] = {}
         self._configs: dict[tuple[jobs.JobRef, str], tuple[types.Config, ...]] = {}
+        # (ref, device) -> the GPU types its configs were estimated for
+        self._kinds: dict[tuple[jobs.JobRef, str], tuple[str, ...]] = {}
         self._pools: dict[str, queues.NodeQueues] = {}  # device pool -> its queues
         self._wake = asyncio.Event()
         self.ticks = 0
@@ -111,7 +145,41 @@ class PlacementLoop:
             self._metrics.queued_jobs.set(len(self._queue))
         for key in [k for k in self._configs if k[0] == ref]:
             del self._configs[key]
+            self._kinds.pop(key, None)
         self.wake()
+
+    async def adopt(self, entry: Queued, device: str, *, since: float | None) -> None:
+        """Know again a job placed before an operator restart (the resume handler reads it
+        from its status), so that introspection may move it; a no-op for a known job.
+
+        Args:
+            entry: the job, as if queued.
+            device: "gpu" or "cpu", as status.placement says.
+            since: epoch seconds its current trainer has run since, counted as its last move
+                so that its measurements settle first (None: movable now).
+        """
+        if entry.ref.key in self._placed:
+            return
+        loop = asyncio.get_running_loop()  # estimates may count a dataset folder's files
+        configs = await loop.run_in_executor(None, self._estimate, entry, device)
+        self._placed[entry.ref.key] = Placed(entry, device, configs, last_move=since)
+        self.wake()
+
+    def observe_progress(self, key: str, *, samples_per_second: float | None,
+                         step: int | None, now: float,
+                         compute_fraction: float | None = None) -> None:
+        """A running job's trainer reported progress: its throughput refines its estimates,
+        its first steps after a move measure its restart cost, and the share of its compute
+        that freezing left (`introspect.JobState.compute_scale`) discounts extra devices."""
+        if compute_fraction is not None and 0 < compute_fraction <= 1:
+            self._compute[key] = compute_fraction
+        if samples_per_second is None or not samples_per_second > 0:
+            return
+        self._progress[key] = (samples_per_second, step)
+        stopped = self._stopped.pop(key, None)
+        if stopped is not None:
+            self._restart_seconds[key] = introspect.update_restart_cost(
+                self._restart_seconds.get(key), max(0.0, now - stopped))
 
     def wake(self) -> None:
         """Plan again soon (a job arrived or left, devices were freed)."""
@@ -138,14 +206,16 @@ class PlacementLoop:
     async def tick(self) -> None:
         """One round: list nodes and pods, then plan and start each device pool's jobs."""
         self.ticks += 1
-        if not self._queue:
+        introspecting = self._settings.resize is not None and self._resize is not None
+        if not self._queue and not (introspecting and self._placed):
             return
         node_objects = await self._client.list(kube.Paths.nodes())
         pod_objects = await self._client.list(kube.Paths.pods())
         now = self._clock()
-        pools = cluster.pools(node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,
-                              gpu_type=self._settings.gpu_type,
-                              now=now, eta_seconds=self._eta)
+        pools = self._holding_moves(cluster.pools(
+            node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,
+            gpu_type=self._settings.gpu_type, gpu_type_label=self._settings.gpu_type_label,
+            now=now, eta_seconds=self._eta))
         groups: dict[str, list[Queued]] = {}
         for entry in list(self._queue.values()):
             pool = pools.pool_for(entry.job.spec.resources.gpus != 0)
@@ -153,13 +223,16 @@ class PlacementLoop:
                 await self._unplaceable(entry, "the cluster has no Ready, schedulable node")
                 continue
             groups.setdefault(pool, []).append(entry)
+        started = False
         for pool, entries in groups.items():
-            await self._plan_pool(pool, entries, pools, now)
+            started = await self._plan_pool(pool, entries, pools, now) or started
+        if introspecting and not started:  # else the listing is stale: next round
+            await self._introspect(pools, groups, now)
 
     async def _plan_pool(self, pool: str, entries: list[Queued], pools: cluster.Pools,
-                         now: float) -> None:
+                         now: float) -> bool:
         """Re-plan one pool's queued jobs, start the queue heads whose devices are free, and
-        publish the others' planned node and start.
+        publish the others' planned node and start; True when a job was started.
 
         Configs are estimated once per job and device type, in a worker thread (the zoo's
         records come from the warm-start index: no extra listing). Jobs that fit no node are
@@ -167,15 +240,19 @@ class PlacementLoop:
         """
         device = "gpu" if pool == cluster.GPU_POOL else "cpu"
         by_key = {e.ref.key: e for e in entries}
-        missing = [e for e in entries if (e.ref, device) not in self._configs]
-        if missing:  # one worker-thread hop for all new jobs
+        kinds = tuple(sorted({n.device_type for n in pools.nodes[pool]}))
+        missing = [e for e in entries if (e.ref, device) not in self._configs
+                   or self._kinds.get((e.ref, device)) != kinds]
+        if missing:  # one worker-thread hop for all new jobs (or new GPU types)
             loop = asyncio.get_running_loop()
             found = await loop.run_in_executor(
-                None, lambda: [self._estimate(e, device) for e in missing])
+                None, lambda: [self._estimate(e, device, kinds) for e in missing])
             self._configs.update({(e.ref, device): c for e, c in zip(missing, found,
                                                                    strict=True)})
+            self._kinds.update({(e.ref, device): kinds for e in missing})
         requests = [types.JobRequest(e.ref.key, self._configs[(e.ref, device)],
-                                     arrival=e.since, asked_gpus=e.job.spec.resources.gpus)
+                                     arrival=e.since, asked_gpus=e.job.spec.resources.gpus,
+                                     weight=self._weight(e), namespace=e.ref.namespace)
                     for e in entries]
         snapshot = types.Snapshot(now=now, nodes=pools.nodes[pool], queued=tuple(requests),
                                   running=pools.running.get(pool, ()), device=device)
@@ -185,7 +262,7 @@ class PlacementLoop:
         snapshot = dataclasses.replace(
             snapshot, queued=tuple(r for r in requests if r.name not in problems))
         if not snapshot.queued:
-            return
+            return False
         line = self._pools.setdefault(pool, queues.NodeQueues())
         loop = asyncio.get_running_loop()  # the planner may run the MILP: off the event loop
         plan = await loop.run_in_executor(None, line.replan, snapshot, self._settings.planner)
@@ -194,11 +271,16 @@ class PlacementLoop:
         _log.debug("placement %s: %d queued, %s (%s)", pool, len(snapshot.queued), plan.solver,
                    plan.reason)
         free = {n.name: pools.free_devices(pool, n.name) for n in pools.nodes[pool]}
+        started = False
         for assignment in line.start_heads(free):
             chosen = by_key[assignment.job]
             if chosen.ref not in self._queue:  # left while an earlier launch was awaited
                 continue
-            if not await self._launch(chosen, assignment, device):  # suspended or deleted
+            if await self._launch(chosen, assignment, device):
+                self._placed[chosen.ref.key] = Placed(
+                    chosen, device, self._configs[(chosen.ref, device)])
+                started = True
+            else:  # suspended or deleted
                 _log.debug("placement: %s can no longer start", assignment.job)
             self.remove(chosen.ref)  # and wake: freed or untaken devices are re-planned soon
         waiting = line.waiting()
@@ -209,11 +291,118 @@ class PlacementLoop:
                 await self._publish(by_key[assignment.job], assignment, device)
 
         await asyncio.gather(*(publish(a) for a in waiting))
+        return started
 
-    def _estimate(self, entry: Queued, device: str) -> tuple[types.Config, ...]:
-        """Runtime estimates of a queued job on `device` ("gpu" or "cpu")."""
-        kind = "cuda" if device == "gpu" else "cpu"
-        max_gpus = self._settings.max_gpus if device == "gpu" else 1
-        return estimate.configs(entry.job, zoo=None, profile_cache=None, max_gpus=max_gpus,
-                                device_type=kind, zoo_records=self._zoo_records(),
-                                measured=entry.measured)
+    def _holding_moves(self, pools: cluster.Pools) -> cluster.Pools:
+        """`pools` with each moved job holding its new devices until its new pod is listed
+        (it is created once the old pod is gone), so no queued job is started on them."""
+        running = {pool: list(rs) for pool, rs in pools.running.items()}
+        used = dict(pools.used)
+        for key, (pool, move) in list(self._moving.items()):
+            listed = [r for r in running.get(pool, []) if r.job == key]
+            if any(r.node == move.node and r.gpus == move.gpus for r in listed):
+                del self._moving[key]  # its new pod holds them now
+                continue
+            running.setdefault(pool, []).append(types.Running(
+                job=key, node=move.node, gpus=move.gpus, parallelism=move.parallelism,
+                remaining_seconds=move.remaining_seconds))
+            used[(pool, move.node)] = used.get((pool, move.node), 0) + move.gpus
+        return dataclasses.replace(pools, running={p: tuple(rs) for p, rs in running.items()},
+                                   used=used)
+
+    async def _introspect(self, pools: cluster.Pools, groups: dict[str, list[Queued]],
+                          now: float) -> None:
+        """Move the running jobs whose predicted gain is worth their restart
+        (`introspect.propose`), each pool on its running jobs and its still-queued jobs."""
+        policy = self._settings.resize
+        assert policy is not None and self._resize is not None
+        running_now = {r.job for rs in pools.running.values() for r in rs}
+        for key in [k for k in self._placed if k not in running_now]:  # ended or stopped
+            for memo in (self._placed, self._progress, self._restart_seconds, self._stopped,
+                         self._work, self._moving, self._compute):
+                memo.pop(key, None)
+        for pool, running in pools.running.items():
+            device = "gpu" if pool == cluster.GPU_POOL else "cpu"
+            if pool not in pools.nodes:
+                continue
+            refreshed = tuple(self._refresh(r) for r in running)
+            states = {r.job: self._state(r) for r in refreshed if r.job in self._placed
+                      and self._placed[r.job].device == device}
+            if not states:
+                continue
+            queued = tuple(types.JobRequest(e.ref.key, self._configs[(e.ref, device)],
+                                            arrival=e.since)
+                           for e in groups.get(pool, ())
+                           if e.ref in self._queue and (e.ref, device) in self._configs)
+            snapshot = types.Snapshot(now=now, nodes=pools.nodes[pool], queued=queued,
+                                      running=refreshed, device=device)
+            for move in introspect.propose(snapshot, states, policy):
+                placed = self._placed[move.job]
+                if not await self._resize(placed.entry.ref, move, device):
+                    continue
+                self.wake()  # queued jobs a shrink made room for start on the next round
+                _log.info("placement: %s %s from %d on %s to %d on %s (gain %.0f s)", move.job,
+                          move.kind, move.from_gpus, move.from_node, move.gpus, move.node,
+                          move.gain_seconds)
+                self._placed[move.job] = dataclasses.replace(placed, last_move=now)
+                self._stopped[move.job] = now
+                self._moving[move.job] = (pool, move)
+                self._eta.pop(move.job, None)
+                self._progress.pop(move.job, None)
+
+    def _refresh(self, running: types.Running) -> types.Running:
+        """The running job with its remaining time from its measured progress, when its
+        trainer reported no ETA (`estimate.remaining_seconds`)."""
+        placed = self._placed.get(running.job)
+        progress = self._progress.get(running.job)
+        rate, step = progress if progress is not None else (0.0, None)
+        if running.job in self._eta or placed is None or step is None:
+            return running
+        work = self._workload(placed)
+        left = estimate.remaining_seconds(work, samples_done=step * work.batch_size,
+                                          measured_samples_per_second=rate)
+        return dataclasses.replace(running,
+                                   remaining_seconds=max(cluster.MIN_REMAINING_SECONDS, left))
+
+    def _state(self, running: types.Running) -> introspect.JobState:
+        """What introspection knows of a job this loop started: its estimates rescaled by its
+        measured throughput (`estimate.refine`), its last move and its restart cost."""
+        placed = self._placed[running.job]
+        configs = placed.configs
+        current = next((c for c in configs if c.gpus == running.gpus), None)
+        progress = self._progress.get(running.job)
+        if current is not None and progress is not None:
+            configs = estimate.refine(
+                configs, work=self._workload(placed), running=current,
+                measured_samples_per_second=progress[0],
+                device=estimate.device_model("cuda" if placed.device == "gpu" else "cpu"))
+        return introspect.JobState(configs, last_move=placed.last_move,
+                                   restart_seconds=self._restart_seconds.get(running.job),
+                                   compute_scale=self._compute.get(running.job, 1.0))
+
+    def _workload(self, placed: Placed) -> estimate.Workload:
+        """The job's workload, sized once (`estimate.workload` may count a folder's files)."""
+        key = placed.entry.ref.key
+        if key not in self._work:
+            self._work[key] = estimate.workload(placed.entry.job)
+        return self._work[key]
+
+    def _weight(self, entry: Queued) -> float:
+        """The job's placement weight: its priorityClassName's (unknown or unset: 1)."""
+        name = entry.job.spec.run_policy.priority_class_name
+        return self._settings.priority_weights.get(name, 1.0) if name else 1.0
+
+    def _estimate(self, entry: Queued, device: str,
+                  kinds: Sequence[str] = ("",)) -> tuple[types.Config, ...]:
+        """Runtime estimates of a queued job on `device` ("gpu" or "cpu"): on GPUs, once per
+        GPU type in `kinds` ("" : untyped nodes, the generic "cuda" model), each config
+        tagged with its type."""
+        if device != "gpu":
+            return estimate.configs(entry.job, zoo=None, profile_cache=None, max_gpus=1,
+                                    device_type="cpu", zoo_records=self._zoo_records(),
+                                    measured=entry.measured)
+        return tuple(dataclasses.replace(c, device_type=kind) for kind in kinds
+                     for c in estimate.configs(
+                         entry.job, zoo=None, profile_cache=None,
+                         max_gpus=self._settings.max_gpus, device_type=kind or "cuda",
+                         zoo_records=self._zoo_records(), measured=entry.measured))

@@ -1,8 +1,9 @@
-"""The profiling pod: a model from user code measured in its own image before placement.
+"""The profiling pod: a model measured in the job's own image before placement.
 
 The operator never imports user code, so ``python -m kiln_trainer --profile`` runs in the job's
 image to trace the model's graph, count its FLOPs and parameters, time a step on one device and
-decide its warm start. Here: the pod, the device it borrows, and reading what it reports.
+decide its warm start; a built-in model is profiled too on a GPU type it has no measurement
+of. Here: the pod, the device it borrows, and reading what it reports.
 """
 
 from __future__ import annotations
@@ -14,17 +15,31 @@ from typing import Any
 
 from kiln import api, contract
 from kiln.controller import cluster, pods
-from kiln.placement import estimate
+from kiln.placement import estimate, profilecache
 from kiln.warmstart import select
 
 ROLE_LABEL = "kiln.dev/role"
 ROLE = "profile"
+# The GPU type (`types.Node.device_type`) a built-in model's profiling pod measures.
+DEVICE_TYPE_ANNOTATION = "kiln.dev/profile-device-type"
 
 
 def needed(job: api.TrainingJob) -> bool:
     """Whether the job's model is user code (spec.model.entrypoint): the operator cannot build
     it, so only a profiling pod can measure it."""
     return job.spec.model.entrypoint is not None
+
+
+def builtin_on_gpus(job: api.TrainingJob) -> bool:
+    """Whether the job trains a built-in model and may use GPUs: a profile measured on the GPU
+    type it would run on replaces the operator's own estimate (`estimate.configs`)."""
+    return job.spec.model.entrypoint is None and job.spec.resources.gpus != 0
+
+
+def cache_key(job: api.TrainingJob, device_type: str) -> str:
+    """The cluster-level profile cache key: the model, the job's batch and the GPU type."""
+    return profilecache.cache_key(job.spec.model, batch_size=job.spec.training.batch_size,
+                                  parallelism="single", gpus=1, kind=device_type)
 
 
 def pod_name(job_name: str) -> str:
@@ -48,17 +63,20 @@ class Device:
     devices: int  # 1, or 0 when nothing is held
 
 
-def choose_device(pools: cluster.Pools, job: api.TrainingJob) -> Device:
+def choose_device(pools: cluster.Pools, job: api.TrainingJob,
+                  device_type: str | None = None) -> Device:
     """The device the profiling pod times its step on.
 
     The pool the job itself would run in (GPUs when it may use them); there, the node with the
-    most free devices, holding one of them so the planner counts it busy. With none free the
-    pod holds nothing and times the step on a CPU: the graph, FLOPs and parameter count still
-    replace the nominal estimate, and the running trainer's throughput refines it later.
+    most free devices (of GPU type `device_type` when given), holding one of them so the
+    planner counts it busy. With none free the pod holds nothing and times the step on a CPU:
+    the graph, FLOPs and parameter count still replace the nominal estimate, and the running
+    trainer's throughput refines it later.
     """
     pool = pools.pool_for(job.spec.resources.gpus != 0)
     if pool is not None:
-        free = sorted(((pools.free_devices(pool, n.name), n.name) for n in pools.nodes[pool]),
+        free = sorted(((pools.free_devices(pool, n.name), n.name) for n in pools.nodes[pool]
+                       if device_type is None or n.device_type == device_type),
                       key=lambda pair: (-pair[0], pair[1]))
         if free and free[0][0] >= 1:
             return Device(free[0][1], "gpu" if pool == cluster.GPU_POOL else "cpu", 1)
@@ -66,11 +84,13 @@ def choose_device(pools: cluster.Pools, job: api.TrainingJob) -> Device:
 
 
 def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
-              settings: pods.PodSettings, timeout_seconds: float, now: float) -> dict[str, Any]:
+              settings: pods.PodSettings, timeout_seconds: float, now: float,
+              device_type: str | None = None) -> dict[str, Any]:
     """The profiling pod of `job`: the trainer pod's image, environment, volumes and security
     settings (`pods.build_pod`), running ``python -m kiln_trainer --profile`` instead of the
     trainer or an own command, under ``activeDeadlineSeconds`` = `timeout_seconds`, with no
-    warm-start decision (it makes one) and the kiln.dev/role=profile label."""
+    warm-start decision (it makes one), the kiln.dev/role=profile label and, when it measures
+    a GPU type for the cluster's profile cache, that type (`DEVICE_TYPE_ANNOTATION`)."""
     launch = pods.Launch(node=device.node or "", devices=device.devices, parallelism="single",
                          device=device.device,
                          warm_start=select.cold_start(select.Outcome.IN_TRAINER, ""),
@@ -81,6 +101,8 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
     meta["labels"].pop(pods.ATTEMPT_LABEL, None)
     meta["labels"][ROLE_LABEL] = ROLE
     meta["annotations"]["prometheus.io/scrape"] = "false"  # it serves no metrics
+    if device_type is not None:
+        meta["annotations"][DEVICE_TYPE_ANNOTATION] = device_type
     if device.node is None:  # nothing held: let the scheduler place it
         del meta["annotations"][pods.NODE_ANNOTATION]
         affinity = job.spec.template.get("affinity")

@@ -23,6 +23,14 @@ _FIELDS = {
     contract.Metric.SAMPLES_PER_SECOND: "samplesPerSecond",
     contract.Metric.ETA: "etaSeconds",
     contract.Metric.FROZEN_MODULES: "frozenModules",
+    contract.Metric.COMPUTE: "computeFraction",
+}
+# sample name (without the prefix) -> key of `contract.Result.warm_start_decision`
+_PROBES: dict[str, str] = {
+    contract.Metric.PROBE_LOSS: "probe_loss",
+    contract.Metric.COLD_PROBE_LOSS: "cold_probe_loss",
+    contract.Metric.PROBE_ACCURACY: "probe_accuracy",
+    contract.Metric.COLD_PROBE_ACCURACY: "cold_probe_accuracy",
 }
 _INTEGERS = ("step", "frozenModules")
 
@@ -76,3 +84,27 @@ def parse(text: str, *, epochs: int) -> dict[str, Any]:
             continue
         progress[field] = int(value) if field in _INTEGERS else round(value, 6)
     return progress
+
+
+def warm_start_decision(text: str) -> dict[str, Any] | None:
+    """The warm start a trainer applied, as its exposition text publishes it from its first
+    step on: the keys of `contract.Result.warm_start_decision` (outcome, parent, reason and
+    the probe scores it has), or None when the text has none (an older trainer).
+
+    Raises:
+        ValueError: the text is not Prometheus text format.
+    """
+    info = contract.METRIC_PREFIX + contract.Metric.WARM_START
+    found: dict[str, Any] | None = None
+    probes: dict[str, float] = {}
+    for family in parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == info and sample.value == 1 and sample.labels.get("outcome"):
+                found = {"outcome": sample.labels["outcome"],
+                         "parent": sample.labels.get("parent") or None,
+                         "reason": sample.labels.get("reason") or ""}
+            elif sample.name.startswith(contract.METRIC_PREFIX):
+                key = _PROBES.get(sample.name[len(contract.METRIC_PREFIX):])
+                if key is not None and math.isfinite(sample.value):  # unrounded: the result
+                    probes[key] = float(sample.value)  # repeats them, and must compare equal
+    return None if found is None else {**found, **probes}

@@ -26,6 +26,8 @@ class Services:
         eta_seconds: job key -> seconds left as its trainer last reported (read by the planner).
         published: status.placement last written per waiting job (skips identical patches).
         unplaceable: the NoFeasibleConfig reason last reported per job (reported once each).
+        profiles: status.profile of built-in models profiled on the cluster, by
+            `profiling.cache_key` (model, batch, GPU type): later jobs reuse them.
     """
 
     options: settings.Options
@@ -43,6 +45,7 @@ class Services:
     published: dict[job_store.JobRef, dict[str, Any]] = dataclasses.field(
         default_factory=dict, init=False)
     unplaceable: dict[job_store.JobRef, str] = dataclasses.field(default_factory=dict, init=False)
+    profiles: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, init=False)
     # Held while a profiling pod chooses and takes its device, so two never take the same one.
     profiling_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, init=False)
     _task: asyncio.Task[None] | None = dataclasses.field(default=None, init=False)

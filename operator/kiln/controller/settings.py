@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from kiln.controller import cluster, pods
-from kiln.placement import types
+from kiln.placement import introspect, types
 
 DEFAULT_IMAGE = "ghcr.io/kiln-dev/kiln-trainer:0.1.0"
 DEFAULT_ZOO_URI = "s3://kiln-zoo"
@@ -57,7 +57,19 @@ class Options:
         placement_time_limit_seconds: MILP time limit (keep it at most half the interval).
         placement_use_milp: False plans with the heuristic alone.
         placement_freeze_window_seconds: planned starts this close keep their slot.
+        placement_objective: "auto" (makespan for a sweep, weighted completion time for
+            arrivals), "makespan" or "completion-time".
+        namespace_gpu_quota: "namespace=GPUs" entries: at most that many GPUs run at once for
+            the namespace's jobs.
+        priority_weights: "priorityClassName=weight" entries: a job's weight in the
+            completion-time objective (others: 1).
         max_gpus_per_job: the most GPUs the planner gives one job.
+        resize: move running jobs (grow, shrink, another node) by checkpoint-restart when
+            the predicted gain is worth the restart (`kiln.placement.introspect`).
+        resize_min_gain: a move must save at least this many times its restart cost.
+        resize_min_interval_seconds: a job that moved moves again only this many seconds later.
+        resize_restart_seconds: restart cost assumed for a job until one of its moves is
+            measured (stop to first step after the restart).
         cpu_slots_per_node: jobs a GPU-less node runs at once (CPU-only clusters).
         gpu_type: place jobs only on GPU nodes whose `gpu_type_label` equals this (e.g.
             NVIDIA-A100-SXM4-80GB); None: any GPU node.
@@ -67,6 +79,8 @@ class Options:
         profile_entrypoint_models: before placement, measure a model from user code
             (spec.model.entrypoint) in a short pod of its own image and decide its warm start
             there; False: place it on a nominal estimate and let its trainer decide.
+        profile_unmeasured: profile a built-in model too, on one GPU of a type no job of the
+            same model and batch was profiled on yet (cached per type for later jobs).
         profile_timeout_seconds: the longest a profiling pod may run (its
             activeDeadlineSeconds); past it the job is placed on a nominal estimate.
         progress_address: where a trainer's metrics are read, formatted with {pod_ip}, {port}
@@ -103,7 +117,14 @@ class Options:
     placement_time_limit_seconds: float = 5.0
     placement_use_milp: bool = True
     placement_freeze_window_seconds: float = 60.0
+    placement_objective: str = "auto"
+    namespace_gpu_quota: tuple[str, ...] = ()
+    priority_weights: tuple[str, ...] = ()
     max_gpus_per_job: int = 8
+    resize: bool = True
+    resize_min_gain: float = 2.0
+    resize_min_interval_seconds: float = 300.0
+    resize_restart_seconds: float = 60.0
     cpu_slots_per_node: int = 1
     gpu_type: str | None = None
     gpu_type_label: str = "nvidia.com/gpu.product"
@@ -111,6 +132,7 @@ class Options:
     progress_address: str = "{pod_ip}:{port}"
     progress_timeout_seconds: float = 5.0
     profile_entrypoint_models: bool = True
+    profile_unmeasured: bool = True
     profile_timeout_seconds: float = 600.0
     verbose: bool = False
 
@@ -149,4 +171,44 @@ def placement_settings(options: Options) -> types.Settings:
         time_limit_seconds=options.placement_time_limit_seconds,
         freeze_window_seconds=options.placement_freeze_window_seconds,
         use_milp=options.placement_use_milp,
+        objective=options.placement_objective,
+        namespace_gpu_quota=tuple((ns, int(gpus)) for ns, gpus in
+                                  _pairs(options.namespace_gpu_quota, "namespace-gpu-quota",
+                                         int).items()),
     )
+
+
+def priority_weights(options: Options) -> dict[str, float]:
+    """priorityClassName -> placement weight, from --priority-weight."""
+    return {name: float(w) for name, w in
+            _pairs(options.priority_weights, "priority-weight", float).items()}
+
+
+def _pairs(entries: tuple[str, ...], flag: str, kind: type[int | float]
+           ) -> dict[str, int | float]:
+    """"name=value" entries as a mapping.
+
+    Raises:
+        ValueError: an entry without "=", or a value that is not a positive `kind`.
+    """
+    out: dict[str, int | float] = {}
+    for entry in entries:
+        name, sep, text = entry.partition("=")
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not sep or not name or not value > 0:
+            raise ValueError(f"--{flag} {entry!r}: expected name=value with a positive "
+                             f"{kind.__name__} value, e.g. team-a=8")
+        out[name] = value
+    return out
+
+
+def resize_policy(options: Options) -> introspect.Policy | None:
+    """When running jobs move (None: --no-resize, never)."""
+    if not options.resize:
+        return None
+    return introspect.Policy(min_gain=options.resize_min_gain,
+                             min_interval_seconds=options.resize_min_interval_seconds,
+                             default_restart_seconds=options.resize_restart_seconds)

@@ -1,16 +1,18 @@
-"""Baseline placements for benchmarks: whole-node FIFO and fixed-k FIFO.
+"""Baseline placements for benchmarks: whole-node FIFO, fixed-k FIFO and fair-share SJF.
 
 "Current DL practice" in Saturn's evaluation (VLDB'24): one parallelism, a fixed or whole-node
 GPU allocation, strict FIFO (no job starts before an earlier arrival), each job on the node
-where it starts earliest; running jobs pinned as in the planner. No optimisation, no I/O.
+where it starts earliest; plus shortest-job-first under a per-owner GPU cap, the strongest
+simple queue policy. Running jobs are pinned as in the planner. No optimisation, no I/O.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
-from kiln.placement import heuristic, types
+from kiln.placement import heuristic, timeline, types
 
 
 def _fifo_order(snapshot: types.Snapshot) -> list[types.JobRequest]:
@@ -32,17 +34,19 @@ def whole_node_fifo(snapshot: types.Snapshot) -> types.Plan:
         types.Unplaceable: a job has no config that fits any node.
     """
     def fastest(job: types.JobRequest, node: types.Node) -> types.Config | None:
-        fitting = [c for c in _finite(job) if c.gpus <= node.gpus]
+        fitting = [c for c in _finite(job) if types.fits(c, node)]
         return min(fitting, key=lambda c: (c.seconds, -c.gpus)) if fitting else None
 
     return _fifo(snapshot, fastest, whole_node=True, solver="whole-node-fifo",
                  reason="baseline: whole node per job, arrival order")
 
 
-def fixed_k_config(job: types.JobRequest, k: int, node_gpus: int) -> types.Config | None:
+def fixed_k_config(job: types.JobRequest, k: int, node_gpus: int,
+                   device_type: str = "") -> types.Config | None:
     """The config a fixed-k user picks: fastest with exactly k devices, else the largest
-    count below k, else the smallest count; None if nothing fits the node."""
-    fitting = [c for c in _finite(job) if c.gpus <= node_gpus]
+    count below k, else the smallest count; None if nothing fits the node (`node_gpus`
+    devices of GPU type `device_type`)."""
+    fitting = [c for c in _finite(job) if types.fits(c, types.Node("", node_gpus, device_type))]
     if not fitting:
         return None
     exact = [c for c in fitting if c.gpus == k]
@@ -62,7 +66,8 @@ def fixed_k_fifo(snapshot: types.Snapshot, k: int) -> types.Plan:
     Raises:
         types.Unplaceable: a job has no config that fits any node.
     """
-    return _fifo(snapshot, lambda job, node: fixed_k_config(job, k, node.gpus),
+    return _fifo(snapshot, lambda job, node: fixed_k_config(job, k, node.gpus,
+                                                            node.device_type),
                  whole_node=False, solver="fixed-k-fifo",
                  reason=f"baseline: k={k} per job, arrival order")
 
@@ -97,4 +102,71 @@ def _fifo(snapshot: types.Snapshot,
                                     config.seconds))
         not_before = start
     return types.Plan(tuple(out), heuristic.makespan_of(problem, out), solver, reason,
+                      time.perf_counter() - began, heuristic.lower_bound(problem))
+
+
+def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None) -> types.Plan:
+    """Shortest job first (by estimate), no namespace above its GPU share while others wait.
+
+    Each job uses its asked GPU count (`JobRequest.asked_gpus`, else 1) or `k` when given,
+    through `fixed_k_config`. Jobs are list-scheduled shortest first (ties: arrival, name),
+    each on the node where it starts first, filling gaps (no FIFO barrier). While more than
+    one namespace has jobs waiting, a namespace's planned usage (running jobs included) stays
+    within ceil(total GPUs / waiting namespaces), or one job's GPUs when that is larger.
+    Re-run at every arrival and completion, the share follows the waiting namespaces.
+
+    Args:
+        snapshot: the cluster; running jobs count against their namespace's share.
+        k: GPUs per job for every job (None: each job's asked count).
+
+    Raises:
+        types.Unplaceable: a job has no config that fits any node.
+    """
+    began = time.perf_counter()
+    problem = heuristic.problem_of(snapshot)
+    lines = heuristic.timelines(problem)
+    owner = {j.name: j.namespace for j in snapshot.queued}
+    owner.update({r.job: r.namespace for r in snapshot.running})
+    waiting = {j.namespace for j in snapshot.queued}
+    total = sum(n.gpus for n in snapshot.nodes)
+    share = math.ceil(total / len(waiting)) if len(waiting) > 1 else total
+    usage = {o: timeline.Timeline(share) for o in set(owner.values())}
+    for r in snapshot.running:
+        usage[owner[r.job]].add(snapshot.now, snapshot.now + max(0.0, r.remaining_seconds),
+                                r.gpus)
+    picks: dict[str, list[tuple[types.Node, types.Config]]] = {}
+    for job in snapshot.queued:
+        want = k if k is not None else (job.asked_gpus or 1)
+        picks[job.name] = [(node, config) for node in snapshot.nodes
+                           if (config := fixed_k_config(job, want, node.gpus,
+                                                        node.device_type)) is not None]
+
+    def length(job: types.JobRequest) -> tuple[float, float, str]:
+        return (min(c.seconds for _, c in picks[job.name]), job.arrival, job.name)
+
+    out: list[types.Assignment] = []
+    for job in sorted(snapshot.queued, key=length):
+        cap = usage[owner[job.name]]
+        best: tuple[float, float, int, types.Node, types.Config] | None = None
+        for i, (node, config) in enumerate(picks[job.name]):
+            # A job wider than the share may still run, alone within its namespace's usage.
+            cap.capacity = max(share, config.gpus)
+            start = problem.release[job.name]
+            while True:  # both step functions only move the start later: this converges
+                start = lines[node.name].earliest(config.gpus, config.seconds, start)
+                fair = cap.earliest(config.gpus, config.seconds, start)
+                if fair == start:
+                    break
+                start = fair
+            candidate = (start, start + config.seconds, i, node, config)
+            if best is None or candidate[:3] < best[:3]:
+                best = candidate
+        assert best is not None  # problem_of raised Unplaceable otherwise
+        start, end, _, node, config = best
+        lines[node.name].add(start, end, config.gpus)
+        cap.add(start, end, config.gpus)
+        out.append(types.Assignment(job.name, node.name, config.gpus, config.parallelism,
+                                    start, config.seconds))
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "sjf-fair-share",
+                      f"baseline: shortest first, namespace share {share} GPUs",
                       time.perf_counter() - began, heuristic.lower_bound(problem))

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,9 +74,22 @@ DEVICE_MODELS = {
 }
 """Per device type ("cpu"; "cuda" for every "cuda:<name>"); pass `device=` to override."""
 
+# Training speed of GPU products relative to the "cuda" model (an A100 on TF32), matched by
+# the first name fragment found in "cuda:<product>"; from the vendors' dense TF32 (FP32 where
+# there is none) peaks. A product matching none trains at the "cuda" speed.
+GPU_SPEEDS = (("H200", 3.2), ("H100", 3.2), ("B200", 7.0), ("A100", 1.0), ("L40", 1.2),
+              ("A10", 0.4), ("L4", 0.4), ("V100", 0.3), ("T4", 0.12))
+
+
+def gpu_device_type(product: str) -> str:
+    """The device type of a GPU product, as a node label (`nvidia.com/gpu.product`:
+    "NVIDIA-H100-80GB-HBM3") or as torch names it ("NVIDIA H100 80GB HBM3"): "cuda:<label>"."""
+    return "cuda:" + product.strip().replace(" ", "-")
+
 
 def device_model(device_type: str) -> DeviceModel:
-    """The `DEVICE_MODELS` entry of "cpu" or a "cuda..." device type.
+    """The `DEVICE_MODELS` entry of "cpu" or a "cuda..." device type; a known GPU product
+    ("cuda:<product>") has its FLOP/s scaled by `GPU_SPEEDS` and the memory its name says.
 
     Raises:
         ValueError: another device type.
@@ -83,7 +97,15 @@ def device_model(device_type: str) -> DeviceModel:
     kind = "cuda" if device_type.startswith("cuda") else device_type
     if kind not in DEVICE_MODELS:
         raise ValueError(f"device type {device_type!r}: expected cpu or cuda[:<name>]")
-    return DEVICE_MODELS[kind]
+    base = DEVICE_MODELS[kind]
+    product = device_type.partition(":")[2].upper()
+    if kind != "cuda" or not product:
+        return base
+    speed = next((s for name, s in GPU_SPEEDS if name in product), 1.0)
+    memory = re.search(r"(\d+)\s*GB", product.replace("-", " "))
+    return dataclasses.replace(
+        base, flops_per_second=base.flops_per_second * speed,
+        memory_bytes=int(memory.group(1)) * 2**30 if memory else base.memory_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +131,24 @@ class ModelMeasurement:
 
     def step_on(self, device_type: str, batch_size: int) -> float | None:
         """The measured k = 1 step at `batch_size` when it was timed on this device kind
-        ("cpu", or any "cuda"), scaled linearly from the measured batch; else None."""
+        ("cpu", or any "cuda"), scaled linearly from the measured batch and, when both name
+        a GPU product ("cuda:<product>") and they differ, by the products' relative speeds
+        (`device_model`); else None."""
         kind = "cuda" if device_type.startswith("cuda") else "cpu"
         measured_kind = "cuda" if self.device_type.startswith("cuda") else "cpu"
         if self.step_seconds is None or kind != measured_kind or self.batch_size <= 0:
             return None
-        return self.step_seconds * batch_size / self.batch_size
+        speed = 1.0
+        if ":" in device_type and ":" in self.device_type:  # bare "cuda": a product unknown
+            speed = (device_model(self.device_type).flops_per_second
+                     / device_model(device_type).flops_per_second)
+        return self.step_seconds * batch_size / self.batch_size * speed
+
+    def measured_on(self, device_type: str) -> bool:
+        """Whether the step was timed on exactly this device type (no scaling between GPU
+        products needed)."""
+        return self.step_seconds is not None and gpu_device_type(
+            self.device_type) == gpu_device_type(device_type)
 
 
 @dataclasses.dataclass(frozen=True)

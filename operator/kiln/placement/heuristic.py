@@ -1,8 +1,8 @@
-"""The placement heuristic: GPU count per job, then longest-first list scheduling.
+"""The placement heuristic: GPU count per job, then list scheduling, for either objective.
 
-Its plan always comes first: its makespan is the MILP's horizon, its warm start and the
-fallback. Also the shared normalised `Problem`, per-node `timelines` and the `lower_bound`.
-No solver, no I/O, no torch, no kubernetes.
+Makespan: longest first; completion time: weighted shortest first with a GPU-second price.
+Its plan always comes first (the MILP's horizon, warm start and fallback). Also the shared
+`Problem`, per-node `timelines`, plan `cost` and the `lower_bound`. No solver, no I/O.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Reservation:
     gpus: int
     start: float
     end: float
+    namespace: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Problem:
         release: per job, earliest start (absolute): max(now, arrival).
         reservations: running jobs (from now) and frozen assignments.
         fixed: frozen assignments, copied into every plan unchanged.
+        objective: "makespan" or "completion-time" (never "auto": the planner decides).
+        weights: per queued job (frozen ones too), its priority weight grown by its wait.
+        gpu_price: per queued job, the completion-time cost of one GPU-second it holds.
+        namespace_of: per queued job, its namespace.
+        quota: per namespace with a quota, the GPUs its jobs may hold at once.
     """
 
     now: float
@@ -48,46 +54,87 @@ class Problem:
     release: Mapping[str, float]
     reservations: tuple[Reservation, ...] = ()
     fixed: tuple[types.Assignment, ...] = ()
+    objective: str = "makespan"
+    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    gpu_price: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    namespace_of: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    quota: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
-def problem_of(snapshot: types.Snapshot, *,
-               fixed: Sequence[types.Assignment] = ()) -> Problem:
-    """Normalise a snapshot: candidate configs, releases, reservations.
+def problem_of(snapshot: types.Snapshot, *, fixed: Sequence[types.Assignment] = (),
+               objective: str = "makespan",
+               settings: types.Settings | None = None) -> Problem:
+    """Normalise a snapshot: candidate configs, releases, reservations, weights, quotas.
+
+    A queued job's weight is its priority weight times (1 + wait / aging_seconds), divided
+    by (1 + fair_share x its namespace's running GPUs / its fair share of GPUs); under
+    completion time each GPU-second it holds costs gpu_cost times the other queued jobs'
+    weight (at least unseen_weight times its own) over the cluster's GPUs: what they lose,
+    on average, while it holds one GPU.
 
     Args:
         snapshot: the cluster state.
         fixed: assignments of queued jobs that keep their slot (the freeze window); they are
             not re-planned and hold their GPUs over [start, end).
+        objective: "makespan" or "completion-time".
+        settings: aging, GPU cost and namespace quotas (None: the defaults).
 
     Raises:
-        types.Unplaceable: a queued job has no config that fits any node (names every one).
-        ValueError: duplicate job or node names, or a running job on an unknown node.
+        types.Unplaceable: a queued job has no config that fits any node or its namespace's
+            quota (names every one).
+        ValueError: duplicate job or node names, a running job on an unknown node, or an
+            unknown objective.
     """
+    if objective not in ("makespan", "completion-time"):
+        raise ValueError(f"problem objective: unknown {objective!r} (allowed makespan, "
+                         "completion-time)")
+    settings = settings or types.Settings()
     names = [j.name for j in snapshot.queued] + [r.job for r in snapshot.running]
     if len(set(names)) != len(names):
         raise ValueError(f"snapshot: job names must be unique (got {sorted(names)})")
     capacity = {n.name: n.gpus for n in snapshot.nodes}
     if len(capacity) != len(snapshot.nodes):
         raise ValueError("snapshot.nodes: node names must be unique")
+    quota = dict(settings.namespace_gpu_quota)
     problems = types.unplaceable_reasons(snapshot)
+    for j in snapshot.queued:
+        smallest = min((c.gpus for c in types.candidates(j)), default=0)
+        if j.name not in problems and j.namespace in quota and smallest > quota[j.namespace]:
+            problems[j.name] = (f"its smallest config needs {smallest} GPUs but namespace "
+                                f"{j.namespace} has a quota of {quota[j.namespace]}; raise "
+                                "--namespace-gpu-quota or allow fewer GPUs")
     if problems:
         raise types.Unplaceable(problems)
     largest = max(capacity.values())
+    namespace_of = {j.name: j.namespace for j in snapshot.queued}
     reservations: list[Reservation] = []
     for r in snapshot.running:
         if r.node not in capacity:
             raise ValueError(f"running job {r.job}: unknown node {r.node}")
         end = snapshot.now + max(0.0, r.remaining_seconds)
-        reservations.append(Reservation(r.job, r.node, r.gpus, snapshot.now, end))
-    reservations += [Reservation(a.job, a.node, a.gpus, a.start, a.end) for a in fixed]
+        reservations.append(Reservation(r.job, r.node, r.gpus, snapshot.now, end, r.namespace))
+    reservations += [Reservation(a.job, a.node, a.gpus, a.start, a.end,
+                                 namespace_of.get(a.job, "")) for a in fixed]
     frozen = {a.job for a in fixed}
     jobs = tuple(j for j in snapshot.queued if j.name not in frozen)
+    total_gpus = max(1, sum(capacity.values()))  # nodes may show 0 free of foreign pods
+    share = _fair_share(snapshot, settings, total_gpus)
+    weights = {j.name: j.weight * share.get(j.namespace, 1.0) * (
+        1.0 + max(0.0, snapshot.now - j.arrival) / settings.aging_seconds)
+        for j in snapshot.queued}
+    total_weight = sum(weights.values())
+    price = {name: settings.gpu_cost * max(total_weight - w, settings.unseen_weight * w)
+             / total_gpus
+             for name, w in weights.items()}
     return Problem(
         now=snapshot.now, nodes=snapshot.nodes, jobs=jobs,
-        options={j.name: tuple(c for c in types.candidates(j) if c.gpus <= largest)
+        options={j.name: tuple(c for c in types.candidates(j)
+                               if c.gpus <= quota.get(j.namespace, largest)
+                               and any(types.fits(c, n) for n in snapshot.nodes))
                  for j in jobs},
         release={j.name: max(snapshot.now, j.arrival) for j in jobs},
-        reservations=tuple(reservations), fixed=tuple(fixed))
+        reservations=tuple(reservations), fixed=tuple(fixed), objective=objective,
+        weights=weights, gpu_price=price, namespace_of=namespace_of, quota=quota)
 
 
 def timelines(problem: Problem) -> dict[str, timeline.Timeline]:
@@ -96,6 +143,45 @@ def timelines(problem: Problem) -> dict[str, timeline.Timeline]:
     for r in problem.reservations:
         lines[r.node].add(r.start, r.end, r.gpus)
     return lines
+
+
+def _fair_share(snapshot: types.Snapshot, settings: types.Settings, total_gpus: int
+                ) -> dict[str, float]:
+    """Per namespace, its weight factor 1 / (1 + fair_share x held / share): held is the
+    GPUs its running jobs hold, share the cluster's GPUs over the namespaces with queued or
+    running jobs; a namespace holding its share has its queued jobs' weight halved."""
+    held: dict[str, int] = {}
+    for r in snapshot.running:
+        if r.namespace:
+            held[r.namespace] = held.get(r.namespace, 0) + r.gpus
+    active = held.keys() | {j.namespace for j in snapshot.queued if j.namespace}
+    if not active:
+        return {}
+    share = total_gpus / len(active)
+    return {ns: 1.0 / (1.0 + settings.fair_share * held.get(ns, 0) / share) for ns in active}
+
+
+def quota_timelines(problem: Problem) -> dict[str, timeline.Timeline]:
+    """Per namespace with a quota, a timeline of its GPUs held (capacity: the quota)."""
+    lines = {ns: timeline.Timeline(gpus) for ns, gpus in problem.quota.items()}
+    for r in problem.reservations:
+        if r.namespace in lines:
+            lines[r.namespace].add(r.start, r.end, r.gpus)
+    return lines
+
+
+def _earliest(node: timeline.Timeline, quota: timeline.Timeline | None, config: types.Config,
+              release: float) -> float:
+    """Earliest start with the GPUs free on the node and within the namespace's quota."""
+    t = release
+    while True:
+        t = node.earliest(config.gpus, config.seconds, t)
+        if quota is None:
+            return t
+        later = quota.earliest(config.gpus, config.seconds, t)
+        if later <= t:
+            return t
+        t = later
 
 
 def reserved_until(problem: Problem) -> float:
@@ -118,15 +204,22 @@ def list_schedule(problem: Problem, choice: Mapping[str, types.Config], order: S
     Returns:
         The fixed assignments followed by one assignment per job in `order`.
     """
-    lines = timelines(problem)
+    lines, quotas = timelines(problem), quota_timelines(problem)
     out = list(problem.fixed)
     for name in order:
         config, release = choice[name], problem.release[name]
+        quota = quotas.get(problem.namespace_of.get(name, "")) if quotas else None
         nodes = ([node_of[name]] if node_of is not None and name in node_of else
-                 [n.name for n in problem.nodes if n.gpus >= config.gpus])
-        start, _, node = min((lines[n].earliest(config.gpus, config.seconds, release), i, n)
-                             for i, n in enumerate(nodes))
+                 [n.name for n in problem.nodes if types.fits(config, n)])
+        if quota is None:  # the common case, kept direct: local search calls this a lot
+            start, _, node = min((lines[n].earliest(config.gpus, config.seconds, release), i, n)
+                                 for i, n in enumerate(nodes))
+        else:
+            start, _, node = min((_earliest(lines[n], quota, config, release), i, n)
+                                 for i, n in enumerate(nodes))
         lines[node].add(start, start + config.seconds, config.gpus)
+        if quota is not None:
+            quota.add(start, start + config.seconds, config.gpus)
         out.append(types.Assignment(name, node, config.gpus, config.parallelism, start,
                                     config.seconds))
     return out
@@ -135,6 +228,18 @@ def list_schedule(problem: Problem, choice: Mapping[str, types.Config], order: S
 def makespan_of(problem: Problem, assignments: Sequence[types.Assignment]) -> float:
     """Absolute end of the last assignment or reservation."""
     return max([reserved_until(problem), *(a.end for a in assignments)])
+
+
+def cost(problem: Problem, assignments: Sequence[types.Assignment]) -> float:
+    """A plan's value on the problem's objective, lower is better.
+
+    Makespan: the remaining makespan (seconds from now). Completion time: the sum over
+    queued jobs of weight x (end - now) plus GPU price x GPUs x seconds.
+    """
+    if problem.objective == "makespan":
+        return makespan_of(problem, assignments) - problem.now
+    return sum(problem.weights.get(a.job, 1.0) * (a.end - problem.now)
+               + problem.gpu_price.get(a.job, 0.0) * a.gpus * a.seconds for a in assignments)
 
 
 def lower_bound(problem: Problem) -> float:
@@ -152,7 +257,7 @@ def lower_bound(problem: Problem) -> float:
     now = problem.now
     reserved = sum(r.gpus * max(0.0, r.end - max(r.start, now)) for r in problem.reservations)
     longest = max([reserved_until(problem),
-                   *(problem.release[j.name] + problem.options[j.name][-1].seconds
+                   *(problem.release[j.name] + min(c.seconds for c in problem.options[j.name])
                      for j in problem.jobs)])
     jobs = [(problem.release[j.name], problem.options[j.name]) for j in problem.jobs]
 
@@ -188,9 +293,16 @@ def choose_k(options: Sequence[types.Config], policy: str, *,
             step keeps `knee_efficiency` of ideal speed-up), "fastest", or "k=<n>" (largest
             k <= n, else the smallest).
 
+    With configs of several GPU types, the policy picks per type and the fastest pick wins.
+
     Raises:
         ValueError: unknown policy.
     """
+    kinds = sorted({c.device_type for c in options})
+    if len(kinds) > 1 and policy != "area":
+        return min((choose_k([c for c in options if c.device_type == kind], policy,
+                             knee_efficiency=knee_efficiency) for kind in kinds),
+                   key=lambda c: (c.seconds, c.gpus))
     if policy == "area":
         return min(options, key=lambda c: (c.gpus * c.seconds, c.seconds))
     if policy == "fastest":
@@ -224,6 +336,20 @@ def _policies(problem: Problem, settings: types.Settings) -> list[str]:
 DEADLINE_FACTORS = (1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.13, 1.16, 1.2, 1.25, 1.3)
 
 
+def priced_config(problem: Problem, name: str, factor: float = 1.0) -> types.Config:
+    """Job `name`'s config with the least weight x seconds + factor x price x GPU-seconds
+    (ties: fewer GPUs): more GPUs only when the speed-up pays for what others lose."""
+    w, price = problem.weights[name], factor * problem.gpu_price[name]
+
+    def priced(c: types.Config) -> tuple[float, int]:
+        return w * c.seconds + price * c.gpus * c.seconds, c.gpus
+    return min(problem.options[name], key=priced)
+
+
+# Multiples of the GPU-second price tried under completion time (0: fastest config).
+PRICE_FACTORS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
 def _choices(problem: Problem, settings: types.Settings, bound: float
              ) -> list[tuple[str, dict[str, types.Config]]]:
     """(policy name, config per job) for every policy to try.
@@ -231,7 +357,14 @@ def _choices(problem: Problem, settings: types.Settings, bound: float
     Besides `choose_k`'s policies, "best" tries deadlines: for a makespan target C (a
     multiple of the lower bound), each job takes its minimum-area config that ends by C
     (the configs the deadline-aware area bound charges; the fastest if none does).
+    Under completion time each job takes the config minimising weight x seconds plus
+    price x GPUs x seconds, at several multiples of its price, or the minimum-area one.
     """
+    if problem.objective == "completion-time":
+        priced = [(f"price {f:g}x", {j.name: priced_config(problem, j.name, f)
+                                     for j in problem.jobs}) for f in PRICE_FACTORS]
+        return [*priced, ("area", {j.name: choose_k(problem.options[j.name], "area")
+                                   for j in problem.jobs})]
     out = [(policy, {j.name: choose_k(problem.options[j.name], policy,
                                       knee_efficiency=settings.knee_efficiency)
                      for j in problem.jobs})
@@ -245,54 +378,69 @@ def _choices(problem: Problem, settings: types.Settings, bound: float
             options = problem.options[j.name]
             fits = [c for c in options if problem.release[j.name] + c.seconds <= target]
             choice[j.name] = (min(fits, key=lambda c: (c.gpus * c.seconds, c.seconds))
-                              if fits else options[-1])
+                              if fits else min(options, key=lambda c: c.seconds))
         out.append((f"deadline {factor:g}x lower bound", choice))
     return out
 
 
 ORDERS = ("duration", "area", "width")
+# Completion time: Smith's rule, weight over GPU-area (what the job takes from others) or
+# over duration; both put short, heavy (high-priority, long-waiting) jobs first.
+WEIGHTED_ORDERS = ("weighted-area", "weighted-duration")
 
 
-def _lpt(problem: Problem, choice: Mapping[str, types.Config], key: str) -> list[str]:
-    """Longest-first order by duration, by GPU-area, or widest (most GPUs) first, then
-    longest (ties: name)."""
-    def weight(name: str) -> tuple[float, float]:
+def _orders(problem: Problem) -> tuple[str, ...]:
+    return WEIGHTED_ORDERS if problem.objective == "completion-time" else ORDERS
+
+
+def _order(problem: Problem, choice: Mapping[str, types.Config], key: str) -> list[str]:
+    """Jobs in list-scheduling order: longest first by duration, by GPU-area, or widest
+    first ("width"); or highest weight per GPU-second or per second first (ties: name)."""
+    def rank(name: str) -> tuple[float, float]:
         c = choice[name]
         if key == "width":
             return (-c.gpus, -c.seconds)
+        if key == "weighted-area":
+            return (-problem.weights.get(name, 1.0) / (c.seconds * c.gpus), c.seconds)
+        if key == "weighted-duration":
+            return (-problem.weights.get(name, 1.0) / c.seconds, c.gpus)
         return (-c.seconds if key == "duration" else -c.seconds * c.gpus, 0.0)
-    return sorted((j.name for j in problem.jobs), key=lambda n: (*weight(n), n))
+    return sorted((j.name for j in problem.jobs), key=lambda n: (*rank(n), n))
 
 
 def _score(problem: Problem, assignments: Sequence[types.Assignment]) -> tuple[float, float]:
+    """Makespan then sum of ends; or, under completion time, the cost then the makespan."""
+    if problem.objective == "completion-time":
+        return cost(problem, assignments), makespan_of(problem, assignments)
     return makespan_of(problem, assignments), sum(a.end for a in assignments)
 
 
 def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
     """The heuristic plan: best policy and order, then one-job local search.
 
-    Choose k per job by minimum GPU-area (k * d) or by the knee of its speed-up curve,
-    list-schedule longest first on the node where the job finishes earliest, keep the best of
-    several policies (with `k_policy` "best" also every fixed k, and "deadline" choices: the
-    cheapest config that ends by a multiple of the lower bound), then change one job's config
-    at a time while the makespan drops. Saturn (VLDB'24) uses such heuristics only as
-    baselines; here the plan is always built first.
+    Makespan: choose k per job by minimum GPU-area (k * d) or by the knee of its speed-up
+    curve, list-schedule longest first on the node where the job finishes earliest, keep the
+    best of several policies (with `k_policy` "best" also every fixed k, and "deadline"
+    choices: the cheapest config that ends by a multiple of the lower bound), then change one
+    job's config at a time while the makespan drops. Saturn (VLDB'24) uses such heuristics
+    only as baselines; here the plan is always built first. Completion time: k by the
+    GPU-second price, weighted-shortest-first order (Smith's rule), the same local search on
+    `cost`.
 
     Returns:
         A plan with solver "heuristic"; `reason` names the policy, order and local-search
-        moves; `lower_bound` is `lower_bound(problem)`.
+        moves; `lower_bound` is `lower_bound(problem)`; `objective` and `cost` are set.
 
     Raises:
         ValueError: unknown `settings.k_policy`.
     """
     bound = lower_bound(problem)
     if not problem.jobs:
-        return types.Plan(tuple(problem.fixed), makespan_of(problem, problem.fixed),
-                          "heuristic", "nothing to place", lower_bound=bound)
+        return _plan(problem, list(problem.fixed), "heuristic", "nothing to place", bound)
     best: tuple[tuple[float, float], str, dict[str, types.Config], str] | None = None
     for policy, choice in _choices(problem, settings, bound):
-        for key in ORDERS:
-            score = _score(problem, list_schedule(problem, choice, _lpt(problem, choice, key)))
+        for key in _orders(problem):
+            score = _score(problem, list_schedule(problem, choice, _order(problem, choice, key)))
             if best is None or score < best[0]:
                 best = (score, policy, choice, key)
     assert best is not None
@@ -300,26 +448,33 @@ def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
     moves = 0
     if settings.k_policy == "best":
         score, choice, key, moves = _local_search(problem, choice, key, score)
-    assignments = list_schedule(problem, choice, _lpt(problem, choice, key))
-    reason = (f"heuristic: k by {policy}, list order {key}, {moves} local-search move(s)")
-    return types.Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), score[0],
-                      "heuristic", reason, lower_bound=bound)
+    assignments = list_schedule(problem, choice, _order(problem, choice, key))
+    reason = (f"heuristic ({problem.objective}): k by {policy}, list order {key}, {moves} "
+              "local-search move(s)")
+    return _plan(problem, assignments, "heuristic", reason, bound)
+
+
+def _plan(problem: Problem, assignments: Sequence[types.Assignment], solver: str, reason: str,
+          bound: float) -> types.Plan:
+    """A plan of `assignments` with its makespan, objective and cost on `problem`."""
+    return types.Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))),
+                      makespan_of(problem, assignments), solver, reason, lower_bound=bound,
+                      objective=problem.objective, cost=cost(problem, assignments))
 
 
 def polish(problem: Problem, choice: Mapping[str, types.Config]) -> types.Plan:
-    """List-schedule a given config per job in every order of ORDERS, then local search.
+    """List-schedule a given config per job in every order of `_orders`, then local search.
 
     Used on the MILP's configs (`milp.decode`): the solver picks good GPU counts, slot
     rounding spoils its timing, and this re-times them with true durations.
     """
     start = dict(choice)
-    score, key = min((_score(problem, list_schedule(problem, start, _lpt(problem, start, k))),
-                      k) for k in ORDERS)
+    score, key = min((_score(problem, list_schedule(problem, start, _order(problem, start, k))),
+                      k) for k in _orders(problem))
     score, start, key, moves = _local_search(problem, start, key, score)
-    assignments = list_schedule(problem, start, _lpt(problem, start, key))
-    return types.Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), score[0],
-                      "heuristic", f"polished: list order {key}, {moves} local-search move(s)",
-                      lower_bound=lower_bound(problem))
+    assignments = list_schedule(problem, start, _order(problem, start, key))
+    return _plan(problem, assignments, "heuristic",
+                 f"polished: list order {key}, {moves} local-search move(s)", lower_bound(problem))
 
 
 def _local_search(problem: Problem, choice: dict[str, types.Config], key: str,
@@ -327,23 +482,24 @@ def _local_search(problem: Problem, choice: dict[str, types.Config], key: str,
                   ) -> tuple[tuple[float, float], dict[str, types.Config], str, int]:
     """First-improvement search over one job's config at a time.
 
-    Each trial is list-scheduled in every order of ORDERS; a change is accepted when
-    (makespan, sum of ends) drops. Stops after a pass without one or when
+    Each trial is list-scheduled in every order of `_orders`; a change is accepted when
+    `_score` drops. Stops after a pass without one or when
     LOCAL_SEARCH_PLACEMENTS job placements are spent (deterministic, no clock).
     """
     budget, moves, improved = LOCAL_SEARCH_PLACEMENTS, 0, True
-    per_trial = len(problem.jobs) * len(problem.nodes) * len(ORDERS)
+    orders = _orders(problem)
+    per_trial = len(problem.jobs) * len(problem.nodes) * len(orders)
     while improved and budget > 0:
         improved = False
-        for name in _lpt(problem, choice, key):
+        for name in _order(problem, choice, key):
             for config in problem.options[name]:
                 if config == choice[name] or budget <= 0:
                     continue
                 budget -= per_trial
                 trial = {**choice, name: config}
-                for order in ORDERS:
+                for order in orders:
                     trial_score = _score(problem, list_schedule(problem, trial,
-                                                                _lpt(problem, trial, order)))
+                                                                _order(problem, trial, order)))
                     if trial_score < score:
                         score, choice, key, improved = trial_score, trial, order, True
                 moves += choice is trial

@@ -106,10 +106,12 @@ def _warm_slots(problem: heuristic.Problem, warm: types.Plan, slot_seconds: floa
     out: dict[str, tuple[int, str, int]] = {}
     end = 0
     planned = {a.job: a for a in warm.assignments}
+    type_of = {n.name: n.device_type for n in problem.nodes}
     for job in sorted(problem.jobs, key=lambda j: (planned[j.name].start, j.name)):
         a = planned[job.name]
         idx = next((i for i, c in enumerate(problem.options[job.name])
-                    if c.gpus == a.gpus and c.parallelism == a.parallelism), None)
+                    if c.gpus == a.gpus and c.parallelism == a.parallelism
+                    and c.device_type in ("", type_of.get(a.node, ""))), None)
         if idx is None:
             raise ValueError(f"warm plan: job {job.name} uses a config not among its options")
         p = math.ceil(a.seconds / slot_seconds - 1e-9)
@@ -159,7 +161,7 @@ def build_problem(problem: heuristic.Problem, warm: types.Plan, settings: types.
         for idx, config in enumerate(problem.options[job.name]):
             p = max(1, math.ceil(config.seconds / slot_seconds - 1e-9))
             for node in problem.nodes:
-                if config.gpus > node.gpus:
+                if not types.fits(config, node):
                     continue
                 for t in range(release, slots - p + 1):
                     if any(cap[node.name, s] < config.gpus for s in range(t, t + p)):
@@ -195,11 +197,11 @@ def _identical_jobs(problem: heuristic.Problem) -> list[tuple[str, str]]:
 
 def _identical_nodes(problem: heuristic.Problem, cap: Mapping[tuple[str, int], int],
                      slots: int) -> list[tuple[str, str]]:
-    """Consecutive pairs of nodes with equal GPUs and nothing reserved."""
-    groups: dict[int, list[str]] = {}
+    """Consecutive pairs of nodes with equal GPUs, of one GPU type, and nothing reserved."""
+    groups: dict[tuple[int, str], list[str]] = {}
     for n in problem.nodes:
         if all(cap[n.name, t] == n.gpus for t in range(slots)):
-            groups.setdefault(n.gpus, []).append(n.name)
+            groups.setdefault((n.gpus, n.device_type), []).append(n.name)
     return [(a, b) for names in groups.values() for a, b in itertools.pairwise(names)]
 
 
@@ -390,7 +392,8 @@ def decode(m: pyo.ConcreteModel, sp: SlotProblem) -> types.Plan:
                                           node_of={j: picked[j][2] for j in picked})
     decoded = types.Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))),
                          heuristic.makespan_of(problem, assignments), "milp",
-                         "slot order", lower_bound=heuristic.lower_bound(problem))
+                         "slot order", lower_bound=heuristic.lower_bound(problem),
+                         objective=problem.objective, cost=heuristic.cost(problem, assignments))
     polished = heuristic.polish(problem, choice)
     if (polished.makespan, sum(a.end for a in polished.assignments)) < (
             decoded.makespan, sum(a.end for a in decoded.assignments)):

@@ -1,8 +1,9 @@
 """Discrete-event simulator: replay a workload on a cluster under a placement policy.
 
-Jobs start as in the operator (`queues.NodeQueues`) and run for their *true* durations, which
-the planner sees only through estimates. Reports makespan, mean completion time and GPU
-utilisation, and keeps every decision. No real processes, no clock.
+As strict as the operator: the policy is called on every arrival, completion and start (and
+periodically), jobs start only as queue heads (`queues.NodeQueues`), the planner sees
+estimates (running jobs: estimate minus elapsed) while jobs run their *true* durations, and
+moving a running job costs a restart. Keeps every decision. No real processes, no clock.
 """
 
 from __future__ import annotations
@@ -10,25 +11,43 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 
 from kiln.placement import baselines, planner, queues, types
 
-Policy = Callable[[types.Snapshot, types.Plan | None], types.Plan]
+# The operator's floor on a running job's remaining time (its cluster view, controller/):
+# an overrunning job is seen as about to end, never as already done.
+MIN_REMAINING_SECONDS = 5.0
 
 
 class SimulationError(RuntimeError):
-    """A policy returned a plan that loses, duplicates or cannot run a queued job."""
+    """A policy returned a plan that loses, duplicates or cannot run a queued job, or a move
+    that does not fit."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SimJob:
-    """A job of the workload: true durations, estimates the planner sees, arrival (s)."""
+    """A job of the workload: true durations, estimates the planner sees, arrival (s).
+
+    Attributes:
+        name: the job's key.
+        true_configs: what each config really takes (seconds).
+        arrival: when it is submitted (seconds).
+        estimated_configs: what the planner sees (None: the true ones).
+        owner: its namespace (the planner's quotas, fair-share baselines, fairness metrics).
+        group: the sweep it belongs to ("": none), as `types.JobRequest.group`.
+        asked_gpus: the count its user would ask for under current practice (None: any);
+            baselines use it, Kiln chooses from the configs.
+    """
 
     name: str
     true_configs: tuple[types.Config, ...]
     arrival: float = 0.0
     estimated_configs: tuple[types.Config, ...] | None = None  # None: the true ones
+    owner: str = ""
+    group: str = ""
+    asked_gpus: int | None = None
 
     @property
     def estimates(self) -> tuple[types.Config, ...]:
@@ -38,7 +57,10 @@ class SimJob:
 
 @dataclasses.dataclass(frozen=True)
 class JobRecord:
-    """What happened to one job (absolute seconds)."""
+    """What happened to one job (absolute seconds); node, gpus and parallelism are its last.
+
+    `gpu_seconds` counts every GPU held, restarts included; `restarts` counts moves.
+    """
 
     name: str
     node: str
@@ -47,6 +69,35 @@ class JobRecord:
     arrival: float
     start: float
     end: float
+    owner: str = ""
+    gpu_seconds: float = 0.0
+    restarts: int = 0
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds from arrival to first start."""
+        return self.start - self.arrival
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """Restart a running job as `gpus` x `parallelism` on `node` (it keeps its progress)."""
+
+    job: str
+    node: str
+    gpus: int
+    parallelism: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A policy's answer with moves of running jobs (a plain `types.Plan` means none)."""
+
+    plan: types.Plan
+    moves: tuple[Move, ...] = ()
+
+
+Policy = Callable[[types.Snapshot, types.Plan | None], "types.Plan | Step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +107,8 @@ class Decision:
     snapshot: types.Snapshot
     previous: types.Plan | None
     plan: types.Plan
-    trigger: str  # "arrival" | "completion" | "periodic"
+    trigger: str  # "arrival" | "completion" | "start" | "periodic"
+    moves: tuple[Move, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +124,7 @@ class Result:
     swaps: int  # decisions after the first whose plan was not the kept current one
     solve_seconds: float  # total wall seconds inside the policy
     max_solve_seconds: float
+    restarts: int = 0
 
 
 def with_noise(jobs: Sequence[SimJob], *, sigma: float, seed: int) -> tuple[SimJob, ...]:
@@ -82,47 +135,103 @@ def with_noise(jobs: Sequence[SimJob], *, sigma: float, seed: int) -> tuple[SimJ
         for c in job.true_configs)) for job in jobs)
 
 
-def true_seconds(job: SimJob, a: types.Assignment) -> float:
-    """True duration of the assignment: its (parallelism, gpus) config; for a job holding
-    more devices than its config uses (whole-node baseline), the fastest that fits."""
-    exact = [c.seconds for c in job.true_configs
-             if c.gpus == a.gpus and c.parallelism == a.parallelism]
+def _seconds(configs: Sequence[types.Config], gpus: int, parallelism: str,
+             device_type: str = "") -> float | None:
+    """Duration of (parallelism, gpus) on a node of GPU type `device_type`; for more devices
+    than a config uses (whole-node baseline), the fastest config that fits, same parallelism
+    first."""
+    configs = [c for c in configs if c.device_type in ("", device_type)]
+    exact = [c.seconds for c in configs if c.gpus == gpus and c.parallelism == parallelism]
     if exact:
         return min(exact)
-    fitting = ([c.seconds for c in job.true_configs
-                if c.gpus <= a.gpus and c.parallelism == a.parallelism]
-               or [c.seconds for c in job.true_configs if c.gpus <= a.gpus])
-    if not fitting:
+    fitting = ([c.seconds for c in configs if c.gpus <= gpus and c.parallelism == parallelism]
+               or [c.seconds for c in configs if c.gpus <= gpus])
+    return min(fitting) if fitting else None
+
+
+def true_seconds(job: SimJob, a: types.Assignment | Move, device_type: str = "") -> float:
+    """True duration of the assignment on a node of GPU type `device_type`: its (parallelism,
+    gpus) config; for a job holding more devices than its config uses (whole-node
+    baseline), the fastest that fits."""
+    found = _seconds(job.true_configs, a.gpus, a.parallelism, device_type)
+    if found is None:
         raise SimulationError(f"job {job.name}: no true duration for {a.gpus} x "
                               f"{a.parallelism}")
-    return min(fitting)
+    return found
+
+
+@dataclasses.dataclass
+class _Running:
+    """A running job's current segment: `left` of its work remains at `since`, the first
+    `restart` seconds of the segment make no progress."""
+
+    job: SimJob
+    node: str
+    gpus: int
+    parallelism: str
+    first_start: float
+    since: float
+    left: float
+    restart: float
+    true_total: float  # true seconds of the whole job in this config
+    estimated_total: float
+    gpu_seconds: float = 0.0
+    restarts: int = 0
+
+    @property
+    def end(self) -> float:
+        return self.since + self.restart + self.left * self.true_total
+
+    def seen_remaining(self, now: float, true_remaining: bool) -> float:
+        """What the planner is told: the truth, or as the operator without trainer reports
+        (this segment's estimate minus its elapsed time, floored)."""
+        if true_remaining:
+            return self.end - now
+        planned = self.restart + self.left * self.estimated_total
+        return max(MIN_REMAINING_SECONDS, planned - (now - self.since))
+
+    def record(self) -> JobRecord:
+        end = self.end
+        return JobRecord(self.job.name, self.node, self.gpus, self.parallelism,
+                         self.job.arrival, self.first_start, end, self.job.owner,
+                         self.gpu_seconds + self.gpus * (end - self.since), self.restarts)
 
 
 def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
-        name: str = "policy", replan_on_completion: bool = False,
-        period_seconds: float | None = None) -> Result:
+        name: str = "policy", replan_on_completion: bool = True,
+        period_seconds: float | None = None, restart_seconds: float = 0.0,
+        true_remaining: bool = False, replan_after_start: bool = True) -> Result:
     """Replay `jobs` on `nodes` under `policy`.
 
-    The policy sees running jobs with their true remaining time. Utilisation is GPU-seconds
-    held / (capacity x makespan); a job's completion time is its end - arrival.
+    Like the operator's placement loop, every wake-up re-plans the queued jobs and then
+    starts the queue heads whose devices are free; starting jobs wakes it again, until a
+    round starts nothing. Utilisation is GPU-seconds held / (capacity x makespan); a job's
+    completion time is its end - arrival.
 
     Args:
         jobs: the workload.
         nodes: the cluster.
-        policy: called on arrivals (always), completions and every `period_seconds`.
+        policy: called on arrivals (always), completions, starts and every `period_seconds`
+            while jobs are queued; it may return a `Step` with moves of running jobs.
         name: label for the result.
-        replan_on_completion: also call the policy when a job completes.
+        replan_on_completion: also call the policy when a job completes (the operator does).
         period_seconds: also call it periodically (None: never).
+        restart_seconds: what a move costs the moved job (checkpoint, new pods, reload).
+        true_remaining: tell the policy running jobs' true remaining time (kinder than the
+            operator, which knows only its estimate and the elapsed time).
+        replan_after_start: call the policy again after a round that started jobs.
 
     Raises:
-        SimulationError: a plan misses or duplicates a queued job, or nothing can start.
+        SimulationError: a plan misses or duplicates a queued job, nothing can start, or a
+            move names a job that is not running or does not fit.
     """
     nodes = tuple(nodes)
-    by_name = {j.name: j for j in jobs}
+    capacity = {n.name: n.gpus for n in nodes}
+    type_of = {n.name: n.device_type for n in nodes}
     pending = sorted(jobs, key=lambda j: (j.arrival, j.name))
     queued: dict[str, SimJob] = {}
-    running: dict[str, JobRecord] = {}
-    free = {n.name: n.gpus for n in nodes}
+    running: dict[str, _Running] = {}
+    free = dict(capacity)
     done: list[JobRecord] = []
     decisions: list[Decision] = []
     line = queues.NodeQueues()
@@ -135,10 +244,10 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
         if math.isinf(now):
             raise SimulationError(f"no job can start: queued {sorted(queued)}")
         trigger = ""
-        for record in [r for r in running.values() if r.end <= now]:
-            del running[record.name]
-            free[record.node] += record.gpus
-            done.append(record)
+        for r in [r for r in running.values() if r.end <= now]:
+            del running[r.job.name]
+            free[r.node] += r.gpus
+            done.append(r.record())
             trigger = "completion" if replan_on_completion else trigger
         if now >= next_tick:
             trigger = "periodic"
@@ -148,40 +257,117 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
             arrived = pending.pop(0)
             queued[arrived.name] = arrived
             trigger = "arrival"
-        if trigger and queued:
+        while trigger and queued:
             snapshot = types.Snapshot(now, nodes, tuple(
-                types.JobRequest(j.name, j.estimates, j.arrival) for j in queued.values()),
-                tuple(types.Running(r.name, r.node, r.gpus, r.parallelism, r.end - now)
-                      for r in running.values()))
-            new = policy(snapshot, line.plan)
-            placed = sorted(a.job for a in new.assignments)
+                types.JobRequest(j.name, j.estimates, j.arrival, j.asked_gpus,
+                                 namespace=j.owner, group=j.group)
+                for j in queued.values()), tuple(
+                types.Running(r.job.name, r.node, r.gpus, r.parallelism,
+                              r.seen_remaining(now, true_remaining), r.job.owner)
+                for r in running.values()))
+            answer = policy(snapshot, line.plan)
+            step = answer if isinstance(answer, Step) else Step(answer)
+            placed = sorted(a.job for a in step.plan.assignments)
             if placed != sorted(queued):
                 raise SimulationError(f"{name} at {now:.1f} s: plan places {placed}, "
                                       f"queued are {sorted(queued)}")
-            decisions.append(Decision(snapshot, line.plan, new, trigger))
-            line.follow(new)
-        for a in line.start_heads(free):
-            job = queued.pop(a.job)
-            running[job.name] = JobRecord(job.name, a.node, a.gpus, a.parallelism, job.arrival,
-                                          now, now + true_seconds(by_name[job.name], a))
-            free[a.node] -= a.gpus
+            decisions.append(Decision(snapshot, line.plan, step.plan, trigger, step.moves))
+            line.follow(step.plan)
+            for move in step.moves:
+                _move(running, free, capacity, move, now=now, restart_seconds=restart_seconds,
+                      label=name, type_of=type_of)
+            started = line.start_heads(free)
+            for a in started:
+                job = queued.pop(a.job)
+                seconds = true_seconds(job, a, type_of.get(a.node, ""))
+                estimated = _seconds(job.estimates, a.gpus, a.parallelism,
+                                     type_of.get(a.node, "")) or seconds
+                running[job.name] = _Running(job, a.node, a.gpus, a.parallelism, now, now, 1.0,
+                                             0.0, seconds, estimated)
+                free[a.node] -= a.gpus
+            trigger = "start" if started and replan_after_start else ""
     return _result(name, list(jobs), done, decisions, nodes)
+
+
+def _move(running: dict[str, _Running], free: dict[str, int], capacity: dict[str, int],
+          move: Move, *, now: float, restart_seconds: float, label: str,
+          type_of: dict[str, str]) -> None:
+    """Restart a running job in its new config; its work done so far is kept."""
+    r = running.get(move.job)
+    if r is None:
+        raise SimulationError(f"{label} at {now:.1f} s: moves {move.job}, which is not running")
+    free[r.node] += r.gpus  # its own GPUs are free for its new config
+    available = free.get(move.node, 0)
+    if available < move.gpus:
+        free[r.node] -= r.gpus
+        raise SimulationError(
+            f"{label} at {now:.1f} s: moves {move.job} to {move.gpus} GPUs on {move.node}, "
+            f"which has {available} of {capacity.get(move.node, 0)} free; move it where "
+            "enough GPUs are free")
+    worked = max(0.0, now - r.since - r.restart)
+    r.left = max(0.0, r.left - worked / r.true_total)
+    r.gpu_seconds += r.gpus * (now - r.since)
+    r.true_total = true_seconds(r.job, move, type_of.get(move.node, ""))
+    r.estimated_total = _seconds(r.job.estimates, move.gpus, move.parallelism,
+                                 type_of.get(move.node, "")) or r.true_total
+    r.node, r.gpus, r.parallelism = move.node, move.gpus, move.parallelism
+    r.since, r.restart, r.restarts = now, restart_seconds, r.restarts + 1
+    free[move.node] -= move.gpus
 
 
 def _result(name: str, jobs: list[SimJob], done: list[JobRecord], decisions: list[Decision],
             nodes: tuple[types.Node, ...]) -> Result:
     if not done:
-        return Result(name, 0.0, 0.0, 0.0, (), tuple(decisions), 0, 0.0, 0.0)
+        return Result(name, 0.0, 0.0, 0.0, (), tuple(decisions), 0, 0.0, 0.0, 0)
     first = min(j.arrival for j in jobs)
     makespan = max(r.end for r in done) - first
-    held = sum(r.gpus * (r.end - r.start) for r in done)
+    held = sum(r.gpu_seconds for r in done)
     capacity = sum(n.gpus for n in nodes)
     solve = [d.plan.solve_seconds for d in decisions]
     swaps = sum(1 for d in decisions[1:] if not d.plan.kept_current)
     return Result(name, makespan, sum(r.end - r.arrival for r in done) / len(done),
                   held / (capacity * makespan) if makespan > 0 else 0.0,
                   tuple(sorted(done, key=lambda r: (r.start, r.name))), tuple(decisions),
-                  swaps, sum(solve), max(solve, default=0.0))
+                  swaps, sum(solve), max(solve, default=0.0), sum(r.restarts for r in done))
+
+
+# Metrics -----------------------------------------------------------------------------------
+
+def slowdowns(result: Result, jobs: Sequence[SimJob]) -> dict[str, float]:
+    """Per job, completion time / its true duration alone on what its user asked for
+    (`asked_gpus`, else 1, as `baselines.fixed_k_config` picks on the largest node)."""
+    largest = max((r.gpus for r in result.jobs), default=1)
+    by_name = {j.name: j for j in jobs}
+    out = {}
+    for r in result.jobs:
+        job = by_name[r.name]
+        request = types.JobRequest(job.name, job.true_configs)
+        config = baselines.fixed_k_config(request, job.asked_gpus or 1, max(largest, 8))
+        alone = config.seconds if config is not None else min(
+            c.seconds for c in job.true_configs)
+        out[r.name] = (r.end - r.arrival) / alone
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank q-th percentile (0 < q <= 100) of a non-empty sequence."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n at worst."""
+    squares = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares > 0 else 1.0
+
+
+def owner_fairness(result: Result, jobs: Sequence[SimJob]) -> float:
+    """Jain's index over owners of their jobs' mean slowdown (1: every owner slowed alike)."""
+    slow = slowdowns(result, jobs)
+    per_owner: dict[str, list[float]] = {}
+    for r in result.jobs:
+        per_owner.setdefault(r.owner, []).append(slow[r.name])
+    return jain_index([statistics.fmean(v) for v in per_owner.values()])
 
 
 # Policies ----------------------------------------------------------------------------------
@@ -194,6 +380,11 @@ def whole_node_fifo() -> Policy:
 def fixed_k_fifo(k: int) -> Policy:
     """FIFO with k devices per job."""
     return lambda snapshot, _current: baselines.fixed_k_fifo(snapshot, k)
+
+
+def sjf_fair_share(k: int | None = None) -> Policy:
+    """Shortest job first by estimate, a GPU share per owner (`baselines.sjf_fair_share`)."""
+    return lambda snapshot, _current: baselines.sjf_fair_share(snapshot, k=k)
 
 
 def kiln_policy(settings: types.Settings, *, replanning: bool) -> Policy:

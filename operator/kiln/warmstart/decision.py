@@ -26,6 +26,9 @@ MAX_PARENT_TRIES = 3
 # Parents the policy would choose next, each passing every check, kept in the decision for the
 # trainer's probe guard to try when the chosen parent does no better than a cold start.
 MAX_ALTERNATIVES = 2
+# Parents of another family (`match.family_mismatch`) the policy passes over before it gives up
+# and starts cold; each costs reading one graph.
+MAX_FAMILY_REFUSALS = 8
 
 _log = logging.getLogger(__name__)
 
@@ -134,18 +137,20 @@ def decide(
                                  f"cold start: none of the {len(zoo_index)} zoo models is a "
                                  f"{modality} {task} model")
     skipped: dict[str, str] = {}
-    chosen = _choose(candidates, zoo, job, modality, task, skipped)
+    refused: dict[str, str] = {}
+    chosen = _choose(candidates, zoo, job, modality, task, child, skipped, refused)
     if chosen.parent_id is not None:  # the parents the policy would choose next, in order
-        rest = [c for c in candidates
-                if c.model_id != chosen.parent_id and c.model_id not in skipped]
+        rest = [c for c in candidates if c.model_id != chosen.parent_id
+                and c.model_id not in skipped and c.model_id not in refused]
         alternatives: list[str] = []
         while rest and len(alternatives) < MAX_ALTERNATIVES:
-            after = _choose(rest, zoo, job, modality, task, {})
+            after = _choose(rest, zoo, job, modality, task, child, {}, {})
             if after.parent_id is None:
                 break
             alternatives.append(after.parent_id)
             rest = [c for c in rest if c.model_id != after.parent_id]
         chosen = dataclasses.replace(chosen, alternatives=tuple(alternatives))
+    chosen = _with_refusals(chosen, refused)
     if not skipped:
         return chosen
     unusable = "skipped unusable parent " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
@@ -160,22 +165,33 @@ def decide(
 
 
 def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api.TrainingJob,
-            modality: str, task: str, skipped: dict[str, str]) -> select.Decision:
+            modality: str, task: str, child: nx.DiGraph, skipped: dict[str, str],
+            refused: dict[str, str]) -> select.Decision:
     """The policy's choice among `candidates`, counted by a dry run; a parent that cannot be
     read goes into `skipped` (id: why) and the policy chooses again without it, up to
-    `MAX_PARENT_TRIES` parents."""
+    `MAX_PARENT_TRIES` parents; a parent of another family goes into `refused` (id: why), up
+    to `MAX_FAMILY_REFUSALS` of them."""
     spec = job.spec.warm_start
-    for _ in range(MAX_PARENT_TRIES):
+    while len(skipped) < MAX_PARENT_TRIES:
         chosen = select.choose_parent(candidates, modality=modality, task=task,
                                       min_similarity=spec.min_similarity)
         parent = chosen.parent_id
         if parent is None:
             break
-        counted = _dry_run(chosen, zoo, job.spec.model)
+        counted = _dry_run(chosen, zoo, job.spec.model, child=child)
         if isinstance(counted, select.Decision):
             chosen = counted
             break
-        skipped[parent] = counted
+        if isinstance(counted, _OtherFamily):
+            refused[parent] = counted.why
+            if len(refused) >= MAX_FAMILY_REFUSALS:
+                chosen = select.cold_start(
+                    select.Outcome.COLD_OTHER_FAMILY,
+                    f"cold start: the first {MAX_FAMILY_REFUSALS} parents chosen are of "
+                    f"another family", considered=chosen.candidates_considered)
+                break
+        else:
+            skipped[parent] = counted
         candidates = [c for c in candidates if c.model_id != parent]
     else:
         return select.cold_start(
@@ -184,6 +200,29 @@ def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api
             + "; ".join(f"{k} ({v})" for k, v in skipped.items()),
             considered=chosen.candidates_considered)
     return chosen
+
+
+def _with_refusals(chosen: select.Decision, refused: Mapping[str, str]) -> select.Decision:
+    """`chosen`, saying which parents of another family the policy passed over; when that left
+    it cold, the outcome is COLD_OTHER_FAMILY (an unreadable parent keeps its own outcome)."""
+    if not refused:
+        return chosen
+    passed = "passed over " + "; ".join(f"{k} ({v})" for k, v in refused.items())
+    if chosen.parent_id is not None:
+        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {passed}")
+    if chosen.outcome is select.Outcome.COLD_UNREADABLE_PARENT:
+        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {passed}")
+    then = ("" if chosen.outcome in (select.Outcome.COLD_EMPTY, select.Outcome.COLD_OTHER_FAMILY)
+            else "; then " + chosen.reason.removeprefix("cold start: "))
+    return dataclasses.replace(chosen, outcome=select.Outcome.COLD_OTHER_FAMILY,
+                               reason=f"cold start: {passed}{then}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _OtherFamily:
+    """A `_dry_run` verdict: the parent is of another family (`match.family_mismatch`)."""
+
+    why: str
 
 
 def apply(
@@ -261,20 +300,27 @@ def _count_transfer(chosen: select.Decision, zoo: store.ObjectStore,
     """`_dry_run`, where a parent that cannot be read gives a cold start."""
     if chosen.parent_id is None:
         return chosen
-    counted = _dry_run(chosen, zoo, spec)
+    counted = _dry_run(chosen, zoo, spec)  # a pinned parent is never refused for its family
+    assert not isinstance(counted, _OtherFamily)
     if isinstance(counted, str):
         return select.cold_start(select.Outcome.COLD_UNREADABLE_PARENT,
                                  f"cold start: parent {chosen.parent_id} is unusable ({counted})")
     return counted
 
 
-def _dry_run(chosen: select.Decision, zoo: store.ObjectStore,
-             spec: api.ModelSpec) -> select.Decision | str:
+def _dry_run(chosen: select.Decision, zoo: store.ObjectStore, spec: api.ModelSpec, *,
+             child: nx.DiGraph | None = None) -> select.Decision | str | _OtherFamily:
     """`select.finalize` on a dry run of the transform: the parent's weights into a child on
-    the `meta` device, so nothing is computed; or why the parent cannot be read."""
+    the `meta` device, so nothing is computed; or why the parent cannot be read; or, given the
+    `child` graph, that the parent is of another family (read before its weights)."""
     assert chosen.parent_id is not None
     try:
-        parent_state, parent_graph = _load_parent(zoo, chosen.parent_id)
+        record = records.read_record(zoo, chosen.parent_id)
+        parent_graph = graph.from_json(records.load_graph(zoo, record))
+        why = match.family_mismatch(parent_graph, child) if child is not None else None
+        if why is not None:
+            return _OtherFamily(why)
+        parent_state = records.load_weights(zoo, record)
         with torch.device("meta"):
             child_model = models.build(spec)
         result = transform.warm_start_state(parent_state, parent_graph, child_model,

@@ -177,6 +177,37 @@ def similarity(parent: GraphLike, child: GraphLike) -> float:
     return _normalise(raw_score(parent, child), self_score(child))
 
 
+def merges(g: nx.DiGraph) -> int:
+    """How many nodes merge paths that split earlier (residual adds, with or without a
+    projection shortcut; dense concatenations; attention): a node with two inputs that share an
+    ancestor, or one of which is the other's ancestor. A plain layer stack has none."""
+    count = 0
+    for node in g:
+        inputs = list(g.predecessors(node))
+        if len(inputs) < 2:
+            continue
+        upstream = [nx.ancestors(g, u) | {u} for u in inputs]
+        count += any(upstream[a] & upstream[b] for a in range(len(inputs))
+                     for b in range(a + 1, len(inputs)))
+    return count
+
+
+def family_mismatch(parent: nx.DiGraph, child: nx.DiGraph) -> str | None:
+    """Why weights of `parent` cannot carry its function into `child`, or None when they can.
+
+    A residual network's convolutions learned the branch f of x + f(x); copied into a plain
+    stack they compute f(x) alone, which is nothing the parent ever computed (measured: a plain
+    CNN from a ResNet started at chance and ended below a cold start). The converse holds too.
+    """
+    p, c = merges(parent), merges(child)
+    if (p == 0) == (c == 0):
+        return None
+    branched, plain, count = ("parent", "child", p) if c == 0 else ("child", "parent", c)
+    return (f"another family: the {branched} merges branches ({count} skip or parallel "
+            f"join{'s' if count != 1 else ''}) and the {plain} is a plain stack, so its layers "
+            f"would not compute what they learned")
+
+
 def align(parent: GraphLike, child: GraphLike) -> Alignment:
     """Score the pair and backtrack the aligned (parent node, child node) pairs.
 

@@ -62,6 +62,7 @@ class Outcome(enum.StrEnum):
     COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
     COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
     COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
+    COLD_OTHER_FAMILY = "cold_other_family"  # residual vs plain: no function transfers
     COLD_GUARD = "cold_guard"  # the warm child was no better than a cold one on the probe
     DISABLED = "disabled"  # spec.warmStart.enabled is false
     IN_TRAINER = "in_trainer"  # an entrypoint model: the trainer decides, before its first step

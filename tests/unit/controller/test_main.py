@@ -16,7 +16,8 @@ import kopf
 import pytest
 import yaml
 
-from kiln.controller import kube, main
+from kiln.controller import kube, main, settings
+from kiln.placement import introspect
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -46,6 +47,16 @@ def test_every_option_has_a_flag() -> None:
     assert options.gpu_type is None
 
 
+def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
+    options = main.options_from_args(main.build_parser().parse_args([
+        "--resize-min-gain", "3", "--resize-min-interval-seconds", "120",
+        "--resize-restart-seconds", "20"]))
+    assert settings.resize_policy(options) == introspect.Policy(
+        min_gain=3.0, min_interval_seconds=120.0, default_restart_seconds=20.0)
+    off = main.options_from_args(main.build_parser().parse_args(["--no-resize"]))
+    assert settings.resize_policy(off) is None
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--placement-interval-seconds", "-1"], "must be greater than 0, got -1"),
     (["--placement-time-limit-seconds", "nan"], "expected a finite number"),
@@ -60,6 +71,7 @@ def test_every_option_has_a_flag() -> None:
     (["--gpu-type", "A100 80GB"], "'A100 80GB' is not a node label value"),
     (["--gpu-type-label", "bad label!"], "'bad label!' is not a label key"),
     (["--progress-address", "{nope}:{port}"], "unknown fields ['nope']"),
+    (["--resize-min-gain", "0.5"], "must be at least 1"),
 ])
 def test_numeric_options_out_of_range_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import prometheus_client
+import pytest
 
 from kiln.controller import progress
+from kiln_trainer import metrics, tracking
 
 
 def test_trainer_metrics_become_status_progress() -> None:
     registry = prometheus_client.CollectorRegistry()
-    labels = ["job", "namespace"]
+    labels = list(metrics.LABELS)
     for name, value in (("epoch", 2), ("train_loss", 0.5), ("validation_accuracy_ratio", 0.9),
                         ("eta_seconds", 12.5), ("frozen_modules", 1)):
         prometheus_client.Gauge(f"kiln_trainer_{name}", "h", labels, registry=registry).labels(
@@ -21,3 +23,42 @@ def test_trainer_metrics_become_status_progress() -> None:
         "epoch": 3, "step": 40, "trainLoss": 0.5, "validationAccuracy": 0.9,
         "etaSeconds": 12.5, "frozenModules": 1}
     assert progress.parse(text, epochs=2)["epoch"] == 2
+
+
+def test_the_share_of_compute_freezing_left_reaches_status_progress() -> None:
+    reporter = metrics.MetricsReporter(job="j", namespace="ns")
+    assert progress.parse(reporter.exposition().decode(), epochs=1)["computeFraction"] == 1.0
+    # Backward costs 2x forward in these blocks; skipping half the backward leaves 2/3.
+    left = tracking.compute_share([1.0, 3.0], [2.0, 6.0], 0.5)
+    assert left == pytest.approx(2 / 3)
+    reporter.record_freezing(frozen_modules=1, frozen_parameters=0.3,
+                             backward_flops_skipped=0.5, compute=left)
+    found = progress.parse(reporter.exposition().decode(), epochs=1)
+    assert (found["frozenModules"], found["computeFraction"]) == (1, round(2 / 3, 6))
+
+
+def test_compute_share_without_counted_flops_assumes_backward_twice_forward() -> None:
+    assert tracking.compute_share([0.0], [0.0], 1.0) == pytest.approx(1 / 3)
+    assert tracking.compute_share([1.0], [2.0], 0.0) == 1.0
+
+
+def test_the_trainers_warm_start_verdict_is_read_with_its_probe_scores() -> None:
+    reporter = metrics.MetricsReporter(job="j", namespace="ns")
+    assert progress.warm_start_decision(reporter.exposition().decode()) is None
+    reason = ('warm start from "bad" (similarity 0.45) rejected: probe loss 2.410 vs 2.300 '
+              "cold on 256 training samples; cold start " + "x" * 500)
+    reporter.record_warm_start({"outcome": "cold_guard", "parent": None, "reason": reason,
+                                "probe_loss": 2.4123456789012345, "cold_probe_loss": 2.3,
+                                "probe_accuracy": 0.09, "cold_probe_accuracy": 0.11})
+    text = reporter.exposition().decode()
+    assert progress.warm_start_decision(text) == {
+        "outcome": "cold_guard", "parent": None,
+        "reason": reason[:metrics.MAX_REASON_CHARACTERS], "probe_loss": 2.4123456789012345,
+        "cold_probe_loss": 2.3, "probe_accuracy": 0.09, "cold_probe_accuracy": 0.11}
+    assert "warmStart" not in progress.parse(text, epochs=1)  # not a progress field
+    # A run resumed from a checkpoint publishes the verdict again: still one series.
+    reporter.record_warm_start({"outcome": "warm", "parent": "p-1", "reason": "kept p-1",
+                                "probe_loss": 0.4, "cold_probe_loss": 2.3})
+    again = progress.warm_start_decision(reporter.exposition().decode())
+    assert again == {"outcome": "warm", "parent": "p-1", "reason": "kept p-1",
+                     "probe_loss": 0.4, "cold_probe_loss": 2.3}

@@ -95,15 +95,16 @@ def test_a_follower_takes_rank_0s_boundary_at_the_step_it_was_agreed() -> None:
     freezer.close()
 
 
-def test_a_follower_unfreezes_on_the_learning_rate_drop_as_rank_0_does() -> None:
+def test_a_follower_keeps_the_prefix_across_a_learning_rate_drop_and_follows_rank_0() -> None:
     *_, freezer = _setup(freezing=True)
     assert freezer.apply(1, 5).boundary == 1  # rank 0's decision, at lr 0.05
     assert freezer.propose(6, lr=0.05) == 1
     assert freezer.apply(1, 6) is None
-    assert freezer.propose(7, lr=0.01) == 0  # the same drop rank 0 sees
-    event = freezer.apply(0, 7)
-    assert (event.kind, event.boundary) == ("unfroze", 0)
-    assert event.reason.startswith("learning rate fell to 0.01")
+    assert freezer.propose(7, lr=0.005) == 1  # the drop starts a new phase, as on rank 0
+    assert freezer.apply(1, 7) is None and freezer.phase_start == 7
+    assert freezer.is_probe_step(8)  # the same probe steps as rank 0's
+    event = freezer.apply(0, 8)  # rank 0 measured a rise behind the prefix
+    assert (event.kind, event.boundary, event.reason) == ("unfroze", 0, "rank 0 decided")
     freezer.close()
 
 

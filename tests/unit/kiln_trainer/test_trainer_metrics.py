@@ -23,7 +23,7 @@ def _sample_lines(text: str) -> dict[str, str]:
     return {line.split("{")[0]: line for line in text.splitlines() if line.startswith("kiln_")}
 
 
-def test_every_metric_is_served_over_http_with_job_and_namespace_labels() -> None:
+def test_every_metric_is_served_over_http_with_training_job_and_job_namespace_labels() -> None:
     reporter = metrics.MetricsReporter(job="digits-a", namespace="team-a")
     try:
         port = reporter.serve(0, address="127.0.0.1")
@@ -37,19 +37,22 @@ def test_every_metric_is_served_over_http_with_job_and_namespace_labels() -> Non
     samples = _sample_lines(text)
     for name in EXPECTED_NAMES:
         assert name in samples, name
-        assert 'job="digits-a"' in samples[name] and 'namespace="team-a"' in samples[name]
+        assert 'training_job="digits-a"' in samples[name], samples[name]
+        assert 'job_namespace="team-a"' in samples[name], samples[name]
     assert samples["kiln_trainer_samples_total"].endswith(" 64.0")
     assert samples["kiln_trainer_validation_accuracy_ratio"].endswith(" 0.75")
     assert samples["kiln_trainer_eta_seconds"].endswith(" 12.0")
 
 
-def test_labels_are_only_job_and_namespace_with_default_namespace() -> None:
+def test_labels_are_only_training_job_and_job_namespace_with_default_namespace() -> None:
+    # Not `job` or `namespace`: a scrape sets those itself and renames ours exported_*.
     reporter = metrics.MetricsReporter(job="j")
     for line in reporter.exposition().decode().splitlines():
         if line.startswith("kiln_"):
             labels = line.split("{")[1].split("}")[0]
-            assert sorted(part.split("=")[0] for part in labels.split(",")) == ["job", "namespace"]
-            assert 'namespace="default"' in labels
+            assert sorted(part.split("=")[0] for part in labels.split(",")) == [
+                "job_namespace", "training_job"]
+            assert 'job_namespace="default"' in labels
 
 
 def test_counters_accumulate_and_progress_is_clamped() -> None:
@@ -68,4 +71,4 @@ def test_two_reporters_in_one_process_do_not_collide() -> None:
     first, second = metrics.MetricsReporter(job="a"), metrics.MetricsReporter(job="b")
     first.record_validation(accuracy=0.1, loss=1.0)
     second.record_validation(accuracy=0.9, loss=0.1)
-    assert b'job="b"' not in first.exposition()
+    assert b'training_job="b"' not in first.exposition()

@@ -163,15 +163,14 @@ def test_the_operator_records_the_guard_verdict_of_a_decision_it_made() -> None:
         untransferred_fraction=1.0)
     edit = jobs.Edit(body={}, status={"warmStart": parents.to_status(admitted)},
                      jobs=None)  # type: ignore[arg-type]  # condition() does not write
-    lifecycle._record_trainer_decision(
-        edit, {"warm_start_decision": probed.decision_fields()}, now=0.0)
+    lifecycle.record_trainer_decision(edit, probed.decision_fields(), now=0.0)
     recorded = edit.status["warmStart"]
     assert (recorded["outcome"], recorded["probeLoss"], recorded["coldProbeLoss"]) == (
         "cold_guard", 2.41, 2.3)
     assert "parent" not in recorded
     (condition,) = [c for c in edit.status["conditions"] if c["type"] == "WarmStarted"]
     assert condition["status"] == "False" and "probe loss 2.410 vs 2.300" in condition["message"]
-    assert [e.reason for e in edit.events] == [api.Reason.COLD_START]
+    assert [e.reason for e in edit.events] == [api.Reason.WARM_START_GUARDED]
 
 
 def test_an_old_record_without_probe_fields_still_reads() -> None:

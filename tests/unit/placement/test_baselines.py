@@ -51,3 +51,47 @@ def test_fixed_k_config_prefers_exact_then_below_then_smallest() -> None:
     only_wide = types.JobRequest("w", (types.Config("ddp", 4, 3.0),))
     assert baselines.fixed_k_config(only_wide, 1, 8) == only_wide.configs[0]
     assert baselines.fixed_k_config(only_wide, 1, 2) is None
+
+
+def _job(name: str, seconds: float, *, namespace: str = "", asked: int = 1,
+         arrival: float = 0.0) -> types.JobRequest:
+    configs = (types.Config("single", 1, seconds), types.Config("ddp", 4, seconds / 3))
+    return types.JobRequest(name, configs, arrival, asked, namespace=namespace)
+
+
+def test_sjf_runs_the_shortest_estimate_first_on_the_asked_count() -> None:
+    snapshot = types.Snapshot(0.0, (types.Node("n0", 1),), (
+        _job("long", 30.0), _job("short", 10.0, arrival=5.0), _job("mid", 20.0)))
+    plan = baselines.sjf_fair_share(snapshot)
+    assert [(a.job, a.gpus, a.start) for a in sorted(plan.assignments, key=lambda a: a.start)
+            ] == [("short", 1, 5.0), ("mid", 1, 15.0), ("long", 1, 35.0)]
+    assert plan.solver == "sjf-fair-share"
+
+
+def test_sjf_keeps_each_namespace_within_its_share_while_another_waits() -> None:
+    heavy = [_job(f"a{i}", 30.0, namespace="a", asked=4) for i in range(3)]  # 10 s on 4
+    light = _job("b0", 300.0, namespace="b", asked=4)  # 100 s on 4: shortest-first puts it last
+    snapshot = types.Snapshot(0.0, (types.Node("n0", 8),), (*heavy, light))
+    plan = baselines.sjf_fair_share(snapshot)
+    start = {a.job: a.start for a in plan.assignments}
+    assert start["b0"] == 0.0  # without the share, a0 and a1 would take all 8 GPUs first
+    assert sorted(start[f"a{i}"] for i in range(3)) == [0.0, 10.0, 20.0]
+    alone = baselines.sjf_fair_share(types.Snapshot(0.0, (types.Node("n0", 8),), tuple(heavy)))
+    assert sorted(a.start for a in alone.assignments) == [0.0, 0.0, 10.0]  # no one else waits
+
+
+def test_sjf_counts_running_jobs_against_their_namespace() -> None:
+    running = (types.Running("r", "n0", 4, "ddp", 50.0, namespace="a"),)
+    snapshot = types.Snapshot(0.0, (types.Node("n0", 8),), (
+        _job("a1", 30.0, namespace="a", asked=4), _job("b1", 300.0, namespace="b", asked=4)),
+        running)
+    start = {a.job: a.start for a in baselines.sjf_fair_share(snapshot).assignments}
+    assert start == {"b1": 0.0, "a1": 50.0}  # a already holds its share of 4
+
+
+def test_sjf_lifts_the_share_when_no_other_namespace_waits() -> None:
+    running = (types.Running("r", "n0", 1, "single", 50.0, namespace="b"),)
+    snapshot = types.Snapshot(0.0, (types.Node("n0", 8),), tuple(
+        _job(f"a{i}", 30.0, namespace="a", asked=1) for i in range(7)), running)
+    plan = baselines.sjf_fair_share(snapshot)
+    assert [a.start for a in plan.assignments] == [0.0] * 7  # b runs but does not wait

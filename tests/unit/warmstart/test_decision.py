@@ -206,3 +206,52 @@ def test_a_decision_round_trips_through_json(zoo: store.DirStore) -> None:
         select.Decision.from_json({**decided.to_json(), "outcome": "lukewarm"})
     with pytest.raises(ValueError, match="without reason"):
         select.Decision.from_json({k: v for k, v in decided.to_json().items() if k != "reason"})
+
+
+PLAIN = ("small_cnn", {"depth": 3, "width": 8}, [1, 8, 8])
+TWO_STAGES = ("small_resnet", {"blocks": [1, 1], "width": 8}, [1, 8, 8])  # PLAIN's closest
+
+
+def test_a_plain_child_passes_over_residual_parents_for_a_plain_one(zoo: store.DirStore) -> None:
+    resnet, _ = _register(zoo, _job(*TWO_STAGES), accuracy=0.99)
+    plain, _ = _register(zoo, _job("small_cnn", {"depth": 2, "width": 8}, [1, 8, 8]),
+                         accuracy=0.90)
+    decided = decision.decide(_job(*PLAIN), zoo)
+    assert decided.parent_id == plain.id and decided.outcome == select.Outcome.WARM
+    assert f"passed over {resnet.id} (another family: the parent merges branches" in \
+        decided.reason
+    assert resnet.id not in decided.alternatives
+
+
+def test_only_parents_of_another_family_mean_a_cold_start_saying_why(
+        zoo: store.DirStore) -> None:
+    resnet, _ = _register(zoo, _job(*TWO_STAGES), accuracy=0.99)
+    decided = decision.decide(_job(*PLAIN), zoo)
+    assert decided.cold_start and decided.outcome == select.Outcome.COLD_OTHER_FAMILY
+    assert decided.reason.startswith(f"cold start: passed over {resnet.id} (another family")
+    assert "the child is a plain stack" in decided.reason
+    # The converse: a residual child refuses a plain parent too.
+    zoo_cold = decision.decide(_job(*TWO_STAGES), _only(zoo, "small_cnn", PLAIN))
+    assert zoo_cold.outcome == select.Outcome.COLD_OTHER_FAMILY
+    assert "the child merges branches" in zoo_cold.reason
+
+
+def _only(zoo: store.DirStore, architecture: str, shape: tuple[str, dict[str, Any], list[int]]
+          ) -> store.DirStore:
+    """A fresh zoo beside `zoo` holding one model of `architecture`."""
+    other = store.DirStore(zoo.root.parent / f"zoo-{architecture}")
+    _register(other, _job(*shape), accuracy=0.9)
+    return other
+
+
+def test_a_pinned_parent_of_another_family_is_still_used(zoo: store.DirStore) -> None:
+    resnet, _ = _register(zoo, _job(*SMALL), accuracy=0.99)
+    decided = decision.decide(_job(*PLAIN, parent=resnet.id), zoo)
+    assert decided.parent_id == resnet.id and decided.outcome == select.Outcome.PINNED
+
+
+def test_merges_count_residual_joins_with_and_without_projection() -> None:
+    from kiln.warmstart import match
+    assert match.merges(decision.model_graph(_job(*PLAIN).spec.model)) == 0
+    assert match.merges(decision.model_graph(_job(*SMALL).spec.model)) == 3  # one per block
+    assert match.merges(decision.model_graph(_job(*DEEPER).spec.model)) == 6

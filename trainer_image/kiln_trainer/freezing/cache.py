@@ -7,18 +7,20 @@ when caching is valid (e.g. off with augmentation). Shapes: B batch, N dataset s
 
 from __future__ import annotations
 
+import itertools
 import math
 import pathlib
 import queue
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self
 
 import numpy as np
 import torch
+from torch import nn
 
 #: Bytes per stored element (fp16).
 ELEMENT_BYTES = 2
@@ -89,7 +91,8 @@ class ActivationCache:
 
     @property
     def generation(self) -> int:
-        """Counts `invalidate` calls: activations read under an older generation are stale."""
+        """Counts `invalidate` and `advance` calls: activations read under an older generation
+        are stale."""
         return self._generation
 
     def put(self, indices: torch.Tensor, outputs: torch.Tensor) -> None:
@@ -130,14 +133,17 @@ class ActivationCache:
                 self._memory[index] = values
             self._present[index] = True
 
-    def get(self, indices: torch.Tensor) -> torch.Tensor | None:
+    def get(self, indices: torch.Tensor, *,
+            dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
         """The stored activations for `indices`, or None unless every one is present.
 
         Args:
             indices: LongTensor[B], dataset indices in [0, N).
+            dtype: of the result; torch.float16 returns the stored values without a cast (half
+                the host memory and copy bytes, for a cast on the device instead).
 
         Returns:
-            Tensor[B, ...] float32 on the CPU, or None.
+            Tensor[B, ...] in `dtype` on the CPU, or None.
 
         Raises:
             ValueError: an index is out of range.
@@ -149,15 +155,61 @@ class ActivationCache:
             if self._shape is None or not bool(self._present[index].all()):
                 return None
             if self._disk is not None:
-                return torch.from_numpy(self._disk[index.numpy()]).float()
+                return torch.from_numpy(self._disk[index.numpy()]).to(dtype)
             assert self._memory is not None
-            return self._memory[index].float()
+            return self._memory[index].to(dtype)
 
     def invalidate(self) -> None:
-        """Forget every entry (the boundary moved, or the prefix was unfrozen); keeps the table."""
+        """Forget every entry (the prefix was unfrozen, or `advance` cannot apply); keeps the
+        table."""
         with self._lock:
             self._present.zero_()
             self._generation += 1
+
+    def advance(self, transform: Callable[[torch.Tensor], torch.Tensor], *,
+                batch_size: int = 256) -> int:
+        """Move every entry one boundary deeper: replace it by `transform` of it, in one pass.
+
+        When more blocks freeze, the entries cached at the old boundary need only the newly
+        frozen blocks (`partition.Partition.bridge`) to become the new boundary's outputs,
+        instead of the whole prefix on the next read. The generation moves on at once (batches
+        read ahead meanwhile are served with their inputs); the old table is freed afterwards.
+        Run by the thread that owns the model; other threads' reads wait or miss meanwhile.
+
+        Args:
+            transform: Tensor[b, ...] float32 on the CPU -> Tensor[b, ...'] (any device and
+                float dtype): the new boundary's outputs of the same samples.
+            batch_size: entries per `transform` call.
+
+        Returns:
+            Entries moved.
+
+        Raises:
+            ValueError: batch_size < 1, or `transform` changes the batch size.
+            RuntimeError: the cache is closed.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+        with self._lock:
+            self._check_open()
+            present = self._present.nonzero().flatten()
+            old_memory, old_disk, old_cleanup = self._memory, self._disk, self._cleanup
+            self._memory, self._disk, self._shape, self._cleanup = None, None, None, None
+            self._present = torch.zeros(self.num_samples, dtype=torch.bool)
+            self._generation += 1
+        try:
+            for chunk in torch.split(present, batch_size):
+                if old_disk is not None:
+                    values = torch.from_numpy(old_disk[chunk.numpy()]).float()
+                else:
+                    assert old_memory is not None
+                    values = old_memory[chunk].float()
+                self.put(chunk, transform(values))
+        finally:
+            del old_memory, old_disk
+            if old_cleanup is not None:
+                old_cleanup()
+        return int(present.numel())
 
     def close(self) -> None:
         """Free the table and delete the memmap file. Idempotent."""
@@ -212,6 +264,28 @@ class ActivationCache:
             raise RuntimeError("the activation cache is closed")
 
 
+def follow(cache: ActivationCache, bridge: nn.Module | None) -> int:
+    """Keep `cache` valid after the frozen boundary moved; returns the entries kept.
+
+    With `bridge` (the newly frozen blocks, `partition.Partition.bridge`) every entry is
+    advanced through it in eval mode without gradients, on the bridge's device; without one
+    (unfrozen, or a boundary the model does not split at) the entries are forgotten.
+    """
+    if bridge is None:
+        cache.invalidate()
+        return 0
+    anchor = next(itertools.chain(bridge.parameters(), bridge.buffers()), None)
+    device = anchor.device if anchor is not None else torch.device("cpu")
+    saved = [(module, module.training) for module in bridge.modules()]
+    bridge.eval()  # frozen blocks: BatchNorm statistics fixed, dropout off, as `prefix` runs
+    try:
+        with torch.no_grad():
+            return cache.advance(lambda values: bridge(values.to(device)))
+    finally:
+        for module, training in saved:
+            module.train(training)
+
+
 def _remove(path: pathlib.Path) -> None:
     path.unlink(missing_ok=True)
     try:
@@ -222,6 +296,9 @@ def _remove(path: pathlib.Path) -> None:
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Served = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]
+# a batch read ahead: its cached activations (if any), the cache generation then, and the
+# event that marks their copy to the device done (CUDA only)
+_Item = tuple[Batch, torch.Tensor | None, int, "torch.cuda.Event | None"]
 
 
 class _End:
@@ -239,10 +316,13 @@ class Prefetcher:
     """Iterates `batches` `depth` batches ahead in a background thread, with cache look-ups.
 
     Yields `(inputs, None, targets, indices)` for a batch the cache lacks (run the prefix),
-    and `(None, cached, targets, indices)` with cached Tensor[B, ...] float32 when every
-    sample is cached (skip the prefix; Egeria section 4). A batch read ahead before
-    `cache.invalidate()` is served with its inputs (never stale activations). An exception
-    raised by `batches` is re-raised in the consuming thread, at the batch where it occurred.
+    and `(None, cached, targets, indices)` with cached Tensor[B, ...] on `device` in `dtype`
+    when every sample is cached (skip the prefix; Egeria section 4). Cached values stay fp16
+    on the host until they reach the device, and are cast there. On CUDA the thread copies
+    them (from pinned memory) on a side stream, which the consuming stream waits for; on the
+    CPU the thread only reads ahead. A batch read ahead before `cache.invalidate()` or
+    `cache.advance` is served with its inputs (never stale activations). An exception raised
+    by `batches` is re-raised in the consuming thread, at the batch where it occurred.
 
     Args:
         batches: an iterator of (inputs Tensor[B, ...], targets Tensor[B, ...],
@@ -251,6 +331,8 @@ class Prefetcher:
         depth: batches read ahead (>= 1).
         pin_memory: copy cached activations to pinned memory (fast asynchronous host-to-device
             copies on CUDA); ignored without CUDA.
+        device: where cached activations are served (default: the CPU).
+        dtype: what they are cast to there (the compute dtype; default float32).
 
     Raises:
         ValueError: depth < 1.
@@ -263,12 +345,18 @@ class Prefetcher:
         depth: int = 2,
         *,
         pin_memory: bool = False,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1 (got {depth})")
         self._batches, self._cache = batches, cache
-        self._pin = pin_memory and torch.cuda.is_available()  # pinning needs a CUDA runtime
-        self._queue: queue.Queue[tuple[Batch, torch.Tensor | None, int] | _End | _Failure]
+        self._device, self._dtype = device or torch.device("cpu"), dtype
+        self._stream = (torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+                        if self._device.type == "cuda" else None)
+        # pinning needs a CUDA runtime; the side stream's copies want it
+        self._pin = (pin_memory or self._stream is not None) and torch.cuda.is_available()
+        self._queue: queue.Queue[_Item | _End | _Failure]
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -288,10 +376,14 @@ class Prefetcher:
             if isinstance(item, _Failure):
                 raise item.error
             raise StopIteration
-        (inputs, targets, indices), cached, generation = item
-        if cached is not None and self._cache is not None and generation == self._cache.generation:
-            return None, cached, targets, indices
-        return inputs, None, targets, indices
+        (inputs, targets, indices), cached, generation, ready = item
+        if cached is None or self._cache is None or generation != self._cache.generation:
+            return inputs, None, targets, indices
+        if ready is not None:  # the side stream's copy: the consuming stream waits for it
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(ready)
+            cached.record_stream(current)  # its memory is reused only after this stream's use
+        return None, cached.to(self._device, non_blocking=True).to(self._dtype), targets, indices
 
     def close(self) -> None:
         """Stop the thread and drop batches read ahead. Idempotent."""
@@ -302,6 +394,9 @@ class Prefetcher:
                 self._queue.get_nowait()
             except queue.Empty:
                 self._thread.join(timeout=0.05)
+        while not self._queue.empty():  # what was read ahead, for a caller that keeps `self`
+            self._queue.get_nowait()
+        self._batches = iter(())  # a DataLoader iterator holds its worker processes
 
     def __enter__(self) -> Self:
         return self
@@ -319,13 +414,18 @@ class Prefetcher:
             for inputs, targets, indices in self._batches:
                 if self._stop.is_set():
                     return
-                cached, generation = None, 0
+                cached, generation, ready = None, 0, None
                 if self._cache is not None:
                     generation = self._cache.generation  # read before get: stale-safe
-                    cached = self._cache.get(indices)
+                    cached = self._cache.get(indices, dtype=torch.float16)
                     if cached is not None and self._pin:
                         cached = cached.pin_memory()
-                if not self._offer(((inputs, targets, indices), cached, generation)):
+                    if cached is not None and self._stream is not None:
+                        with torch.cuda.stream(self._stream):
+                            cached = cached.to(self._device, non_blocking=True)
+                            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                            ready.record(self._stream)
+                if not self._offer(((inputs, targets, indices), cached, generation, ready)):
                     return
         # Any error of the loader or the cache is handed to the consumer, which re-raises it.
         except Exception as error:  # noqa: BLE001
@@ -333,7 +433,7 @@ class Prefetcher:
             return
         self._offer(_End())
 
-    def _offer(self, item: tuple[Batch, torch.Tensor | None, int] | _End | _Failure) -> bool:
+    def _offer(self, item: _Item | _End | _Failure) -> bool:
         """Queue `item`, waiting while the queue is full; False once `close` was called."""
         while not self._stop.is_set():
             try:

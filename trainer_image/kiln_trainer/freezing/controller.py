@@ -1,8 +1,9 @@
 """The freezing controller: when to freeze which front blocks, and what that changes (Egeria).
 
 `Freezer` runs Egeria's policy (Wang et al., EuroSys'23, sections 3-4) around any training loop:
-it probes plasticity, freezes a contiguous front prefix of blocks once it has converged, and
-unfreezes everything on a learning-rate drop. Never freezes the head or non-contiguous blocks.
+it probes plasticity, freezes the whole converged front prefix of blocks in one decision, keeps
+it across learning-rate drops, and unfreezes only when the block behind it measurably moves
+faster again. Never freezes the head or non-contiguous blocks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -26,8 +28,17 @@ _log = logging.getLogger(__name__)
 CHECKPOINT_KEY = "freezing"  # the Freezer's state_dict inside a trainer checkpoint
 
 # Probes closer than this cost more than they tell: measured on digits (23 steps per epoch),
-# a probe every 2 steps slowed training by a third when nothing froze, one every 8 by 8%.
-MIN_PROBE_SPACING_STEPS = 10
+# a probe every 2 steps slowed training by a third when nothing froze; one every 5 steps with
+# 16-sample probes and an fp32 reference froze within a few epochs on a ResNet-20-like run.
+MIN_PROBE_SPACING_STEPS = 5
+#: A block whose freezing skips less than this share of the backward FLOPs (a stem's conv and
+#: BatchNorm) is not worth a decision of its own: it freezes with the next converged block.
+NEAR_FREE_FRACTION = 0.02
+#: Reference cycles at the start of each learning-rate phase probed at the base cadence; later
+#: cycles of the phase probe half as often (blocks change fastest right after a change).
+DENSE_CYCLES = 2
+#: Version of `Freezer.state_dict`; unversioned states (version 1) still load.
+STATE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,26 +47,26 @@ class Settings:
     steps are optimizer steps."""
 
     check_every_steps: int
-    window: int = 5
+    window: int = 3
     tolerance: float = 0.1
     peak_fraction: float = 0.1
     patience: int = 2
-    probe_batch_size: int = 32
+    probe_batch_size: int = 16
     max_frozen_fraction: float = 0.8
     reference: str = "auto"
     reference_threads: int = 1
     cache: bool = False
     cache_memory_bytes: int = 1 << 30
     bootstrap_steps: int = 0
-    unfreeze_lr_ratio: float = 0.5
+    phase_lr_ratio: float = 0.5
 
     @classmethod
     def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
-        """Settings for a job: default cadence 8 probes per epoch, at least
+        """Settings for a job: default base cadence 8 probes per epoch, at least
         `MIN_PROBE_SPACING_STEPS` apart; bootstrap = warm-up epochs
         or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
-        the unfreeze ratio catches every decay of a step schedule (its gamma) and halvings of
-        other schedules."""
+        a new learning-rate phase starts at every decay of a step schedule (its gamma) and at
+        halvings of other schedules."""
         f, training = spec.freezing, spec.training
         schedule = training.lr_schedule
         ratio = 0.5
@@ -73,7 +84,7 @@ class Settings:
             cache_memory_bytes=f.cache_memory_mib << 20,
             bootstrap_steps=max(schedule.warmup_epochs * steps_per_epoch,
                                 math.ceil(0.1 * training.epochs * steps_per_epoch)),
-            unfreeze_lr_ratio=ratio)
+            phase_lr_ratio=ratio)
 
 
 def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch.Tensor:
@@ -84,7 +95,7 @@ def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """A boundary change: ``froze`` one more block, or ``unfroze`` all of them."""
+    """A boundary change: ``froze`` one or more blocks, or ``unfroze`` all of them."""
 
     kind: str
     modules: tuple[str, ...]
@@ -99,35 +110,48 @@ class Event:
 class Freezer:
     """Egeria's freezing policy for one model.
 
-    * Every ``check_every_steps`` it takes the training model's block activations on the probe
-      batch (eval mode, no grad) and hands them to the `reference.ReferenceWorker` (another
-      process; a busy worker drops the probe, training never waits). Plasticity is the SP loss
-      between those activations and a quantized reference snapshot's.
+    * At probe steps it takes the training model's activations of the active blocks it may
+      still freeze (eval mode, no grad; later blocks and the head are not run) on the probe
+      batch and hands them to the `reference.ReferenceWorker` (another process; a busy worker
+      drops the probe, training never waits). Plasticity is the SP loss between those
+      activations and a reference snapshot's, less the snapshot's quantization noise floor.
+      Probes come every ``check_every_steps`` steps for the first `DENSE_CYCLES` cycles of a
+      learning-rate phase, every second such step after that.
     * A reference *cycle* is ``window`` results, after which the reference is refreshed from
       the current weights; `convergence.Convergence` says when a block has converged in a
-      cycle. The front-most active block freezes after ``patience`` converged cycles in a row.
+      cycle, comparing plasticity per unit of learning rate x steps. At the end of a cycle
+      every leading active block converged for ``patience`` cycles freezes, in one decision
+      (near-free blocks, under `NEAR_FREE_FRACTION` of the backward FLOPs, join the next
+      one); deeper blocks keep their streaks.
     * Freezing block k sets ``requires_grad=False`` on its parameters, drops their ``.grad``,
       keeps its BatchNorm/dropout in eval mode (`train_mode`), and, where the model splits at
       the boundary (`partition.Partition.split`), trains only the suffix, feeding it the
       prefix's output computed under ``no_grad`` or read from the `cache.ActivationCache`.
     * Never the head, never more than ``max_frozen_fraction`` of the blocks, nothing before
       the bootstrap steps (learning-rate warm-up or 10% of the budget) are over.
-    * A learning-rate drop to ``unfreeze_lr_ratio`` of the rate at the last freeze unfreezes
-      every block, clears the re-activated parameters' optimizer state, resets the histories
-      and refreshes the reference.
+    * A learning-rate drop to ``phase_lr_ratio`` of the phase's rate starts a new phase (denser
+      probes, a fresh reference, a new baseline for the rise test) and keeps the frozen
+      prefix. Every block unfreezes only when the first active block's normalised plasticity
+      stays above `convergence.RISE_FACTOR` times its baseline (its value at the freeze or in
+      the phase's first cycle) for ``patience`` cycles; that clears the re-activated
+      parameters' optimizer state.
 
-    Under DDP every rank calls the same methods at the same steps. Only rank 0 (``main=True``)
-    runs the reference worker and decides; the other ranks keep no plasticity and take rank
-    0's boundary. `after_step` asks `agree` (rank 0's value broadcast) for it at every probe
-    step; a loop that already has one collective per step (`kiln_trainer.loop`) calls the two
-    halves instead, ``apply(agreed(propose(step, lr=...)), step)``. Either way the boundary is
-    identical on every rank at the same step; after a change every rank re-wraps
-    `trainable_module()`.
+    Under DDP and FSDP every rank calls the same methods at the same steps. Only rank 0
+    (``main=True``) runs the reference worker and decides; the other ranks keep no plasticity
+    and take rank 0's boundary. On a model sharded by FSDP2 the probe forward and the
+    reference's full state dict are collective, so every rank runs them: at each probe step
+    rank 0 broadcasts its plan (refresh the reference, probe) through `agree`, and the
+    reference weights are gathered to rank 0 (`sharding.full_model_state`). `after_step` asks `agree` (rank 0's value broadcast) for it at every probe
+    step (`is_probe_step`, the same on every rank); a loop that already has one collective
+    per step (`kiln_trainer.loop`) calls the two halves instead,
+    ``apply(agreed(propose(step, lr=...)), step)``. Either way the boundary is identical on
+    every rank at the same step; after a change every rank re-wraps `trainable_module()`.
 
     Args:
         model: the unwrapped training model (on its training device).
         model_spec: how the reference process rebuilds the same architecture; None: it starts
-            from a copy of `model` itself (any nn.Module, no registry or entrypoint needed).
+            from a copy of `model` itself (any nn.Module, no registry or entrypoint needed;
+            not for a sharded model).
         probe: fixed probe batch, Tensor[b, ...] on the model's device (b = probe_batch_size).
         settings: the knobs.
         optimizer: whose state of re-activated parameters is cleared on unfreeze.
@@ -137,6 +161,7 @@ class Freezer:
 
     Raises:
         partition.Unpartitionable: the model has no usable natural blocks (train unfrozen).
+        ValueError: a model sharded by FSDP2 without `model_spec`.
     """
 
     def __init__(self, model: nn.Module, model_spec: api.ModelSpec | None, probe: torch.Tensor,
@@ -145,29 +170,48 @@ class Freezer:
                  main: bool = True) -> None:
         self.model, self.settings, self.optimizer, self.agree = model, settings, optimizer, agree
         self.probe = probe
+        # FSDP2: the probe forward and the full state dict need every rank
+        self.sharded = _sharded(model)
+        if self.sharded and main and model_spec is None:
+            raise ValueError("a model sharded by FSDP cannot be copied into the reference "
+                             "process: pass its model_spec, from which that process rebuilds it")
         self.partition = partitions.Partition.of(model, probe[:1])
         blocks = self.partition.blocks
         self.max_frozen = min(len(blocks) - 1, int(settings.max_frozen_fraction * len(blocks)))
         self.boundary, self.events = 0, list[Event]()
-        self.lr_at_freeze: float | None = None  # learning rate at the last freeze
-        self._unfreeze_reason: str | None = None  # set by `propose` on a learning-rate drop
-        self._extractor = partitions.extractor(model, blocks)
+        # the learning-rate phase: its first step and highest rate, the same on every rank
+        self.phase_start, self.phase_lr = 0, None if optimizer is None else self._current_lr()
+        self._lr = self.phase_lr or 0.0  # the rate of the latest step
+        self._decision_reason: tuple[int, str] | None = None  # rank 0's last proposal, why
+        self._refresh_owed = False  # a proposed change refreshes the reference once, in apply
+        # Probes need the blocks that may still freeze and the one behind them, not the rest.
+        probed = blocks[: self.max_frozen + 2]
+        self._extractor = partitions.extractor(model, probed)
+        self._compared = probed[:-1]  # the blocks whose outputs the reference compares
         self._version, self._results_in_cycle, self._probe_id = 0, 0, 0
+        self._refreshed_at = 0  # step of the latest refresh
+        self._probe_scales: dict[int, float] = {}  # probe id -> lr x steps since the refresh
         self.convergence = convergence.Convergence(
             blocks[:-1], window=settings.window, tolerance=settings.tolerance,
             peak_fraction=settings.peak_fraction, patience=settings.patience)
+        share = self.partition.backward_flops_fraction
+        measured = share(len(blocks) - 1) > 0  # without FLOP counts every block counts
+        self._near_free = [measured and share(i + 1) - share(i) < NEAR_FREE_FRACTION
+                           for i in range(len(blocks) - 1)]
         self._skipped_flops_sum, self._steps = 0.0, 0
         # seconds and count of steps without / with a frozen prefix, for `saved_seconds`
         self._step_seconds = {False: [0.0, 0.0], True: [0.0, 0.0]}
         self.cache: activation_cache.ActivationCache | None = None
-        if settings.cache and num_samples:
+        if settings.cache and num_samples and not self.sharded:  # a sharded model never splits
             self.cache = activation_cache.ActivationCache(
                 num_samples, memory_limit_bytes=settings.cache_memory_bytes, directory=None)
         self.worker: reference.ReferenceWorker | None = None
         if main:
             self.worker = reference.ReferenceWorker(
-                model if model_spec is None else model_spec, blocks, threads=settings.reference_threads, mode=settings.reference)
-            self._refresh()
+                model if model_spec is None else model_spec, probed,
+                threads=settings.reference_threads, mode=settings.reference)
+        if self._refreshes:
+            self._refresh(0)
         self._split: partitions.Split | None = None
 
     # -- what the training step uses ------------------------------------------------------
@@ -216,6 +260,16 @@ class Freezer:
 
     # -- the policy -----------------------------------------------------------------------
 
+    def is_probe_step(self, step: int) -> bool:
+        """Whether the policy probes (and ranks agree) after step `step`: every
+        ``check_every_steps`` steps in the first `DENSE_CYCLES` cycles of the learning-rate
+        phase, every second such step after that. Depends on the step and the rate only."""
+        every, since = self.settings.check_every_steps, step - self.phase_start
+        if since <= 0:
+            return False
+        dense = since <= DENSE_CYCLES * self.settings.window * every
+        return since % (every if dense else 2 * every) == 0
+
     def after_step(self, step: int, *, lr: float, seconds: float | None = None) -> Event | None:
         """Advance the policy after optimizer step `step` (1-based count of steps taken).
 
@@ -232,7 +286,7 @@ class Freezer:
             `trainable_module()` (DDP) and keeps using `prefix`.
         """
         proposal = self.propose(step, lr=lr, seconds=seconds)
-        if self._unfreeze_reason is None and step % self.settings.check_every_steps == 0:
+        if self.is_probe_step(step):
             proposal = self.agree(proposal)
         return self.apply(proposal, step)
 
@@ -240,10 +294,11 @@ class Freezer:
         """Advance the policy after optimizer step `step`; the boundary this rank proposes.
 
         The first half of `after_step`, for loops that agree across ranks themselves: the
-        main rank returns its decision (0 after a learning-rate drop, one more block when the
-        front-most active block converged at a probe step, else the current boundary); a
-        follower returns its current boundary, or 0 after the same learning-rate drop (the
-        rate is the same on every rank). Nothing changes until `apply`.
+        main rank returns its decision at probe steps (more blocks when the leading active
+        ones converged, 0 when the block behind the prefix moves measurably faster again,
+        else the current boundary); a follower returns its current boundary. A learning-rate
+        drop starts a new phase on every rank (the rate is the same everywhere) and keeps the
+        prefix. Nothing changes until `apply`.
 
         Args:
             step: steps taken so far.
@@ -255,14 +310,21 @@ class Freezer:
         if seconds is not None:
             slot = self._step_seconds[self.boundary > 0]
             slot[0], slot[1] = slot[0] + seconds, slot[1] + 1.0
-        self._unfreeze_reason = None
-        if self.boundary and self.lr_at_freeze and lr <= self.settings.unfreeze_lr_ratio * \
-                self.lr_at_freeze:
-            self._unfreeze_reason = f"learning rate fell to {lr:.3g}"
-            return 0
-        if step % self.settings.check_every_steps:
+        self._lr = lr
+        if self.phase_lr is None or lr > self.phase_lr:
+            if self.phase_lr is not None:
+                self.convergence.rate_rose()
+            self.phase_lr = lr  # warm-up and restarts raise the phase's rate
+        elif lr <= self.settings.phase_lr_ratio * self.phase_lr:
+            _log.info("learning rate fell to %.3g at step %d: a new phase, %d modules stay "
+                      "frozen", lr, step, self.boundary)
+            self.phase_start, self.phase_lr = step, lr
+            self.convergence.new_phase(self.boundary)
+            if self._refreshes:
+                self._refresh(step)  # no cycle straddles the drop
+        if not self.is_probe_step(step) or not (self.worker is not None or self.sharded):
             return self.boundary
-        return self._decide(step) if self.worker is not None else self.boundary
+        return self._decide(step)
 
     def apply(self, boundary: int, step: int) -> Event | None:
         """Move to `boundary` (rank 0's proposal, agreed by every rank) after step `step`.
@@ -273,61 +335,135 @@ class Freezer:
         Raises:
             ValueError: `boundary` outside [0, number of blocks - 1].
         """
+        owed, self._refresh_owed = self._refresh_owed, False
         if boundary == self.boundary:
+            if owed and self._refreshes:
+                self._refresh(step)
             return None
-        reason = (self._unfreeze_reason if boundary == 0 and self._unfreeze_reason
-                  else self._reason(boundary))
-        return self.set_boundary(boundary, step, reason)
+        return self.set_boundary(boundary, step, self._reason(boundary))
+
+    @property
+    def _refreshes(self) -> bool:
+        """Whether this rank takes part in reference refreshes: rank 0, and every rank of a
+        sharded model (its full state dict is collective)."""
+        return self.worker is not None or self.sharded
 
     def _decide(self, step: int) -> int:
-        assert self.worker is not None
-        for result in self.worker.poll():
-            if result.version == self._version:
-                self._results_in_cycle += 1
-                self.convergence.take(result.plasticity, first_active=self.boundary)
-        proposal = self.boundary
-        if self._results_in_cycle >= self.settings.window:
-            converged = self.convergence.close_cycle(first_active=self.boundary)
-            _log.debug("step %d, reference v%d: %s", step, self._version, self.convergence)
-            self._refresh()
-            if converged and step >= self.settings.bootstrap_steps \
-                    and self.boundary < self.max_frozen:
-                proposal = self.boundary + 1
-        if self.worker.alive:
-            self._submit()
+        """Rank 0's proposal at a probe step; on a sharded model every rank comes here and
+        runs rank 0's plan (refresh, probe) with it."""
+        proposal, refresh, owed, probe = self.boundary, False, False, False
+        if self.worker is not None:
+            closed = self._take_results()
+            if closed:
+                self.convergence.close_cycle(first_active=self.boundary)
+                _log.debug("step %d, reference v%d: %s", step, self._version, self.convergence)
+                proposal = self._proposal(step)
+            kept = proposal == self.boundary
+            refresh, owed, probe = closed and kept, closed and not kept, kept and self.worker.ready
+        if self.sharded:  # the followers' share of the gather and forward must match rank 0's
+            plan = self.agree(refresh | owed << 1 | probe << 2)
+            refresh, owed, probe = bool(plan & 1), bool(plan & 2), bool(plan & 4)
+        self._refresh_owed = owed  # a change refreshes in `set_boundary`, once
+        if refresh:
+            self._refresh(step)
+        if probe:
+            self._submit(step)
         return proposal
 
-    def _submit(self) -> None:
+    def _take_results(self) -> bool:
+        """Feed the worker's answers to the convergence test; whether the cycle is complete."""
         assert self.worker is not None
-        was_training = self.model.training
-        with torch.no_grad():
-            self._extractor.eval()
-            activations = self._extractor(self.probe)
-        if was_training:
-            self.model.train()
-            self.train_mode()
-        flat = {name: partitions.flatten(t).cpu() for name, t in activations.items()}
-        self._probe_id += 1
-        self.worker.submit(self._probe_id, self._version, self.probe.cpu(), flat)
+        floor = self.worker.noise_floor
+        for result in self.worker.poll():
+            scale = self._probe_scales.pop(result.probe_id, 0.0)
+            if result.version == self._version and scale > 0:
+                self._results_in_cycle += 1
+                # less the quantization noise: after a drop it rivals the real drift
+                values = {k: max(0.0, v - floor.get(k, 0.0))
+                          for k, v in result.plasticity.items()}
+                self.convergence.take(values, first_active=self.boundary, scale=scale)
+        self._decision_reason = None
+        return self._results_in_cycle >= self.settings.window
 
-    def _refresh(self) -> None:
-        assert self.worker is not None
+    def _proposal(self, step: int) -> int:
+        """The boundary after a cycle: 0 on a measured rise, the converged prefix, or as is."""
+        k, blocks = self.boundary, self.convergence.blocks
+        if k and k < len(blocks) and self.convergence.risen(k):
+            why = (f"plasticity of {blocks[k]} per unit of learning rate rose above "
+                   f"{convergence.RISE_FACTOR:g}x its value at the freeze for "
+                   f"{self.settings.patience} cycles")
+            self._decision_reason = (0, why)
+            return 0
+        if step < self.settings.bootstrap_steps or k >= self.max_frozen:
+            return k
+        proposal = self.convergence.prefix(k, self.max_frozen, self._near_free)
+        if proposal > k:
+            self._decision_reason = (proposal, self.convergence.reason(proposal - 1) or "")
+        return proposal
+
+    def _submit(self, step: int) -> None:
+        active = self._compared[self.boundary:]
+        activations = self._activations(active)
+        if self.worker is None:
+            return  # a follower's share of a sharded model's collective forward
+        flat = {name: partitions.flatten(t).cpu() for name, t in activations.items()
+                if name in active}
+        self._probe_id += 1
+        if self.worker.submit(self._probe_id, self._version, self.probe.cpu(), flat):
+            self._probe_scales[self._probe_id] = self._lr * max(1, step - self._refreshed_at)
+
+    def _activations(self, blocks: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The outputs of (at least) `blocks` on the probe batch, in eval mode without
+        gradients; every layer's train/eval mode is restored afterwards."""
+        saved = partitions.modes(self.model)
+        try:
+            with torch.no_grad():
+                if not self.sharded:
+                    activations: dict[str, torch.Tensor] = self._extractor.eval()(self.probe)
+                    return activations
+                # FSDP2 gathers each block's shards in that block's forward hooks, which the
+                # traced extractor would bypass: run the whole model and keep block outputs.
+                activations = {}
+                hooks = [self.model.get_submodule(name).register_forward_hook(
+                    lambda _m, _i, out, name=name: activations.__setitem__(name, out))
+                    for name in blocks]
+                try:
+                    self.model.eval()(self.probe)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
+                return activations
+        finally:
+            partitions.restore_modes(saved)
+
+    def _refresh(self, step: int) -> None:
         self._version += 1
-        self._results_in_cycle = 0
+        self._results_in_cycle, self._refreshed_at = 0, step
+        self._probe_scales.clear()
         self.convergence.new_cycle()
-        weights = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self.worker.refresh(self._version, weights, self.probe.cpu())
+        if self.sharded:  # collective; full CPU tensors on rank 0, {} on the others
+            from kiln_trainer.distributed import sharding  # loaded already under FSDP
+            weights = sharding.full_model_state(self.model)
+        else:
+            weights = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if self.worker is not None:
+            self.worker.refresh(self._version, weights, self.probe.cpu())
 
     def _reason(self, proposal: int) -> str:
-        return (self.convergence.reason(proposal - 1) if proposal else None) or "rank 0 decided"
+        if self._decision_reason is not None and self._decision_reason[0] == proposal \
+                and self._decision_reason[1]:
+            return self._decision_reason[1]
+        return "rank 0 decided"
 
     def set_boundary(self, k: int, step: int, reason: str) -> Event:
         """Freeze exactly the first `k` blocks (0: none) now, whatever the policy says.
 
         The policy calls it; so do fixed schedules (the FreezeOut-like benchmark baseline) and
         users who freeze by hand. Unfreezing clears the re-activated parameters' optimizer
-        state; any change invalidates the cache, resets the histories and refreshes the
-        reference. The caller re-wraps `trainable_module()` afterwards.
+        state; freezing deeper advances the cached outputs through the newly frozen blocks
+        (`cache.follow`), other changes forget them. Freezing keeps the deeper blocks'
+        convergence streaks, unfreezing restarts the re-activated blocks'; any change
+        refreshes the reference, once. The caller re-wraps `trainable_module()` afterwards.
 
         Raises:
             ValueError: `k` outside [0, number of blocks - 1] (the head never freezes).
@@ -353,12 +489,16 @@ class Freezer:
             _log.info("the model does not split after %s (%s): the frozen prefix still runs "
                       "forward, without gradients", self.partition.blocks[k - 1],
                       self.partition.split_reason(k))
-        if self.cache is not None:
-            self.cache.invalidate()
-        self.lr_at_freeze = self._current_lr() if k > old else self.lr_at_freeze
-        self.convergence.reset(forget_peaks=k < old)  # an LR event: measured afresh
-        if self.worker is not None:
-            self._refresh()
+        if self.cache is not None:  # deeper: cached outputs go through the new blocks only
+            activation_cache.follow(self.cache, self.partition.bridge(old, k) if 0 < old < k
+                                    else None)
+        if k > old:
+            self.convergence.mark_frozen(k)
+        else:
+            self.convergence.mark_unfrozen(k)
+        self._refresh_owed = False
+        if self._refreshes:
+            self._refresh(step)
         if k > old:
             event = Event("froze", self.partition.blocks[old:k], step, k, reason)
         else:
@@ -395,13 +535,27 @@ class Freezer:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state for checkpoints: the boundary, its history and counters."""
-        return {"boundary": self.boundary, "events": [e.to_json() for e in self.events],
-                "lr_at_freeze": self.lr_at_freeze, "skipped_flops_sum": self._skipped_flops_sum,
-                "steps": self._steps}
+        """JSON-able state for checkpoints (`STATE_VERSION`): the boundary, its history and
+        counters, the learning-rate phase and the blocks' peaks and streaks."""
+        return {"version": STATE_VERSION, "boundary": self.boundary,
+                "events": [e.to_json() for e in self.events],
+                "skipped_flops_sum": self._skipped_flops_sum, "steps": self._steps,
+                "phase_start": self.phase_start, "phase_lr": self.phase_lr,
+                "convergence": self.convergence.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], *, step: int = 0) -> None:
-        """Restore a checkpoint's frozen prefix (plasticity histories start afresh)."""
+        """Restore a checkpoint's frozen prefix, phase and convergence state.
+
+        Reads this version's states and unversioned ones (whose rate at the last freeze
+        becomes the phase's rate; their plasticity histories start afresh).
+
+        Raises:
+            ValueError: a state from a newer version.
+        """
+        version = int(state.get("version", 1))
+        if version > STATE_VERSION:
+            raise ValueError(f"the checkpoint's freezing state has version {version}; this "
+                             f"trainer reads up to {STATE_VERSION} (resume with a newer image)")
         self.events = [Event(e["kind"], tuple(e["modules"]), e["step"], e["boundary"],
                              e["reason"]) for e in state.get("events", [])]
         self._skipped_flops_sum = float(state.get("skipped_flops_sum", 0.0))
@@ -410,7 +564,11 @@ class Freezer:
         if boundary:
             self.set_boundary(boundary, step, "resumed from the checkpoint")
             self.events.pop()
-        self.lr_at_freeze = state.get("lr_at_freeze")
+        if "convergence" in state:
+            self.convergence.load_state_dict(state["convergence"])
+        phase_lr = state.get("phase_lr", state.get("lr_at_freeze"))
+        self.phase_start = int(state.get("phase_start", 0))
+        self.phase_lr = None if phase_lr is None else float(phase_lr)
 
     def close(self) -> None:
         """Stop the reference process and drop the cache (idempotent)."""
@@ -424,3 +582,9 @@ class Freezer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 shards `model` (its module is imported by then: no import cost else)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)

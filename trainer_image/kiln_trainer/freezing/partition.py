@@ -8,6 +8,7 @@ Shapes: b batch, C channels, H height, W width, T tokens, D width, d features.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -215,6 +216,7 @@ class Partition:
         self._model, self._graph, self._block_nodes = model, graph, block_nodes
         self._params, self._mode_dependent = params, mode_dependent
         self._splits: dict[int, Split | str] = {}
+        self._bridges: dict[tuple[int, int], nn.Module] = {}
         counted = count_flops(model, blocks, example)
         self.flops, self.backward_flops, self.flops_source = counted[0], counted[1], counted[2]
         self._backward_total_flops = counted[3]
@@ -243,6 +245,11 @@ class Partition:
         """
         name = type(model).__name__
         blocks = tuple(models.natural_blocks(model))
+        if _sharded(model):  # FSDP2 initialises on the root's first forward, before any block's
+            saved_modes = modes(model)
+            with torch.no_grad():
+                model.eval()(example)  # collective: every rank partitions at the same point
+            restore_modes(saved_modes)
         probe = extractor(model, blocks)  # also checks count, names and traceability
         for block in blocks:
             nested = [other for other in blocks if other.startswith(block + ".")]
@@ -292,8 +299,9 @@ class Partition:
 
         None when more than one value crosses the boundary: a skip connection over it, the input
         or a parameter used on both sides, a block of the prefix that does not feed block k-1,
-        or top-level glue that differs between train and eval mode. `split_reason(k)` says
-        which. Results are memoised.
+        or top-level glue that differs between train and eval mode; also for a model sharded
+        by FSDP2, whose blocks' parameters exist whole only within its own forward.
+        `split_reason(k)` says which. Results are memoised.
 
         Args:
             k: frozen blocks, 1 <= k <= len(blocks) - 1 (the head is never frozen).
@@ -302,12 +310,40 @@ class Partition:
             ValueError: k out of range.
         """
         self._check(k, 1, len(self.blocks) - 1)
+        if k not in self._splits and _sharded(self._model):
+            self._splits[k] = (f"cannot cut after block {self.blocks[k - 1]!r}: FSDP shards the "
+                               "model, and only its own forward gathers each block's "
+                               "parameters, so the frozen prefix runs there, without gradients")
         if k not in self._splits:
             self._splits[k] = cut(self._model, self._graph, self.blocks,
                                             self._block_nodes, k,
                                             mode_dependent=self._mode_dependent)
         result = self._splits[k]
         return result if isinstance(result, Split) else None
+
+    def bridge(self, old: int, new: int) -> nn.Module | None:
+        """Blocks [old, new) as one module from `split(old)`'s boundary to `split(new)`'s.
+
+        What moves cached prefix outputs forward when the frozen boundary deepens: for a
+        boundary Tensor[b, ...] of `split(old).prefix`, ``bridge(old, new)(boundary)`` equals
+        `split(new).prefix` of the same inputs, op for op. Holds the model's own submodules
+        (nothing is copied); None when either split is None. Results are memoised.
+
+        Args:
+            old: frozen blocks before, 1 <= old < new.
+            new: frozen blocks after, new <= len(blocks) - 1.
+
+        Raises:
+            ValueError: `old` or `new` out of range.
+        """
+        self._check(old, 1, len(self.blocks) - 2)
+        self._check(new, old + 1, len(self.blocks) - 1)
+        if self.split(old) is None or self.split(new) is None:
+            return None
+        if (old, new) not in self._bridges:
+            self._bridges[old, new] = bridge(self._model, self._graph, self._block_nodes,
+                                             old, new)
+        return self._bridges[old, new]
 
     def split_reason(self, k: int) -> str:
         """Why `split(k)` is None ("" when it is not). Raises ValueError as `split` does."""
@@ -382,6 +418,31 @@ def cut(model: nn.Module, graph: fx.Graph, blocks: Sequence[str],
         suffix=fx.GraphModule(model, suffix, class_name="TrainableSuffix"),
         boundary=boundary.name,
     )
+
+
+def bridge(model: nn.Module, graph: fx.Graph, block_nodes: Sequence[fx.Node], old: int,
+           new: int) -> nn.Module:
+    """The traced `graph` between the cuts after blocks old-1 and new-1, both valid (`cut`).
+
+    The nodes the deeper cut adds to its prefix, fed by the shallower cut's boundary (its
+    only value that crosses, besides buffers and constants, which are copied).
+    """
+    calls = set(block_nodes)
+    start = _glue_end(model, block_nodes[old - 1], calls)
+    end = _glue_end(model, block_nodes[new - 1], calls)
+    before = _ancestors(start)
+    inside = _ancestors(end) - before
+    out = fx.Graph()
+    env = {start: out.placeholder("boundary")}
+    for node in graph.nodes:
+        if node not in inside:
+            continue
+        for arg in node.all_input_nodes:
+            if arg not in env:  # a buffer or constant of the shallower prefix
+                env[arg] = out.node_copy(arg, env.__getitem__)
+        env[node] = out.node_copy(node, env.__getitem__)
+    out.output(env[end])
+    return fx.GraphModule(model, out, class_name="FrozenBridge")
 
 
 class _BlockTracer(fx.Tracer):
@@ -517,6 +578,12 @@ def _ancestors(node: fx.Node) -> set[fx.Node]:
             found.add(current)
             stack.extend(current.all_input_nodes)
     return found
+
+
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 shards `model` (its module is imported by then: no import cost else)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def _owner(target: str, blocks: Sequence[str]) -> str | None:

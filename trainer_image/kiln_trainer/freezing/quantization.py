@@ -10,6 +10,7 @@ import contextlib
 import copy
 import enum
 import logging
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 
@@ -34,6 +35,10 @@ class Kind(enum.StrEnum):
     INT8_STATIC = "int8-static"  # FX post-training static quantization, calibrated
     INT8_DYNAMIC = "int8-dynamic"  # int8 weights, activations quantized on the fly
     FP32 = "fp32"  # a plain float copy
+
+
+#: Modes `quantize_with_floor` takes: "auto", "fp32", or a kind `choose` picked before.
+MODES = frozenset({"auto", *(kind.value for kind in Kind)})
 
 
 @contextlib.contextmanager
@@ -90,12 +95,15 @@ def quantize_with_floor(
     model: nn.Module, calibration: torch.Tensor, *, mode: str
 ) -> tuple[nn.Module, Kind, dict[str, float]]:
     """`quantize`, also returning the noise floor: SP loss per block of the copy against fp32
-    on the calibration batch ({} for an fp32 copy or b < 2)."""
-    if mode not in ("auto", "fp32"):
-        raise ValueError(f"quantization mode must be 'auto' or 'fp32' (got {mode!r})")
+    on the calibration batch ({} for an fp32 copy or b < 2).
+
+    `mode` may also name a kind `choose` picked before ("int8-static", "int8-dynamic"): only
+    that kind is tried, then fp32."""
+    if mode not in MODES:
+        raise ValueError(f"quantization mode must be one of {sorted(MODES)} (got {mode!r})")
     base = _eval_copy(model)
     calibration = calibration.detach().cpu()
-    if mode == "fp32":
+    if mode == Kind.FP32:
         return base, Kind.FP32, {}
     has_conv = any(isinstance(m, _CONV_TYPES) for m in base.modules())
     has_linear = any(isinstance(m, _DYNAMIC_TYPES) for m in base.modules())
@@ -106,6 +114,7 @@ def quantize_with_floor(
     expected = outputs(base, calibration)
     attempts = [(Kind.INT8_STATIC, _static)] if has_conv else []
     attempts += [(Kind.INT8_DYNAMIC, _dynamic)] if has_linear else []
+    attempts = [(kind, method) for kind, method in attempts if mode in ("auto", kind)]
     for kind, method in attempts:
         try:
             with quiet_warnings():
@@ -125,6 +134,35 @@ def quantize_with_floor(
         return candidate, kind, floor
     _log.info("reference stays fp32: no int8 quantization of %s worked", type(model).__name__)
     return base, Kind.FP32, {}
+
+
+def choose(
+    model: nn.Module, calibration: torch.Tensor
+) -> tuple[nn.Module, Kind, dict[str, float], dict[str, float]]:
+    """The cheaper reference kind for `model`, measured: `quantize_with_floor` in "auto" mode
+    (int8 when close enough) against a plain fp32 copy, each timed as one refresh plus one
+    forward on the calibration batch (CPU seconds, `time.process_time`).
+
+    The int8 copy wins only when it is close enough (as in `quantize`) and cheaper: its
+    re-quantization at every refresh often costs more than the fp32 forward it saves.
+
+    Returns:
+        (copy, kind, noise floor, {kind: CPU seconds} for each kind timed).
+    """
+    seconds: dict[str, float] = {}
+    started = time.process_time()
+    plain = _eval_copy(model)
+    outputs(plain, calibration.detach().cpu())
+    seconds[Kind.FP32] = time.process_time() - started
+    started = time.process_time()
+    candidate, kind, floor = quantize_with_floor(model, calibration, mode="auto")
+    if kind != Kind.FP32:
+        with quiet_warnings():
+            outputs(candidate, calibration.detach().cpu())
+        seconds[kind] = time.process_time() - started
+    if kind != Kind.FP32 and seconds[kind] < seconds[Kind.FP32]:
+        return candidate, kind, floor, seconds
+    return plain, Kind.FP32, {}, seconds
 
 
 def _noise_floor(

@@ -125,8 +125,9 @@ class ReferenceWorker:
     Egeria generates the reference on the fly by quantization and runs its forward
     asynchronously on spare CPUs. The worker rebuilds the architecture from the job's spec
     (`models.build`) or, given the model object itself, starts from a CPU deep copy of it;
-    then it loads each refreshed snapshot, quantizes it (`quantization.quantize_with_floor`) and answers
-    probes with one SP loss per block (`plasticity.sp_loss`).
+    then it loads each refreshed snapshot, copies it as int8 or fp32 (`quantization.choose` on
+    the first refresh picks the kind cheaper per refresh and probe, later refreshes reuse it)
+    and answers probes with one SP loss per block (`plasticity.sp_loss`).
 
     Flow control (why training never blocks): at most one refresh and one probe are ever in
     flight. `submit` drops a probe (returns False) while an earlier one is unanswered;
@@ -151,7 +152,8 @@ class ReferenceWorker:
             training model itself (any nn.Module: an own loop's), copied to the CPU in fp32.
         blocks: natural block names, head last (`partition.extractor`'s argument).
         threads: torch CPU threads of the worker (`torch.set_num_threads`), >= 1.
-        mode: "auto" (int8 when possible) or "fp32"; see `quantization.quantize`.
+        mode: "auto" (int8 or fp32, whichever `quantization.choose` measures cheaper on the
+            first refresh; later refreshes reuse that kind) or "fp32".
 
     Raises:
         ValueError: `threads` < 1 or an unknown `mode`.
@@ -205,6 +207,13 @@ class ReferenceWorker:
             self._mark_dead(f"the reference process exited with code {self._process.exitcode}")
             return False
         return True
+
+    @property
+    def ready(self) -> bool:
+        """Whether `submit` would send a probe of the latest version now (alive, no probe
+        unanswered): callers skip computing activations it would drop."""
+        self._drain()
+        return not self._probe_in_flight and self.alive
 
     def refresh(self, version: int, state_dict: Mapping[str, torch.Tensor],
                 calibration: torch.Tensor) -> None:
@@ -407,8 +416,15 @@ def _loop(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], mode: str, i
         if refresh is not None:
             started = time.process_time()
             model.load_state_dict(refresh.state_dict)
-            reference, kind, floor = quantization.quantize_with_floor(
-                extractor, refresh.calibration, mode=mode)
+            if mode == "auto":  # the first refresh measures both kinds; later ones reuse it
+                reference, kind, floor, costs = quantization.choose(
+                    extractor, refresh.calibration)
+                mode = kind
+                _log.info("reference: %s chosen by CPU seconds per refresh and probe (%s)",
+                          kind, ", ".join(f"{k} {v:.3f}" for k, v in costs.items()))
+            else:
+                reference, kind, floor = quantization.quantize_with_floor(
+                    extractor, refresh.calibration, mode=mode)
             version = refresh.version
             results.send(_Refreshed(version, kind, floor, time.process_time() - started))
         if pending is None or version is None or pending.version > version:

@@ -21,17 +21,14 @@ def start(
     emit: events.EventWriter,
     ctx: parallel.Context | None = None,
 ) -> controller.Freezer | None:
-    """The job's `Freezer`, or None, said in an info event: freezing disabled, an FSDP run (its
-    parameters are sharded in place, so no frozen prefix can be split off), a run too short
-    for a decision, or a model that cannot be partitioned (it then trains unfrozen). Under
-    DDP rank 0 decides (and runs the reference process); the other ranks follow its boundary.
+    """The job's `Freezer`, or None, said in an info event: freezing disabled, a run too short
+    for a decision, or a model that cannot be partitioned (it then trains unfrozen). Under DDP
+    and FSDP rank 0 decides (and runs the reference process); the other ranks follow its
+    boundary, and under FSDP take part in its probes and reference refreshes. Call it after
+    FSDP has sharded `raw_model`.
     """
     spec, ctx = job.spec, ctx or parallel.Context()
     if not spec.freezing.enabled:
-        return None
-    if ctx.parallelism == "fsdp":
-        emit.info("freezing off: FSDP shards the parameters in place, so no frozen prefix can "
-                  "be split off its sharded model (use ddp, or set spec.freezing.enabled false)")
         return None
     settings = _settings(job, steps_per_epoch, emit)
     if settings is None:
@@ -103,10 +100,12 @@ def _started(job: api.TrainingJob, model: nn.Module, model_spec: api.ModelSpec |
         emit.info(f"freezing off: {exc}")
         return None
     cache = "on" if freezer.cache is not None else (
-        "off (inputs are augmented at random)" if job.spec.freezing.cache == api.CacheMode.AUTO
-        and num_samples else "off")
+        "off (FSDP: the sharded model is never split)" if freezer.sharded and num_samples
+        else "off (inputs are augmented at random)"
+        if job.spec.freezing.cache == api.CacheMode.AUTO and num_samples else "off")
     emit.info(f"freezing: {len(freezer.partition.blocks)} modules "
               f"({', '.join(freezer.partition.blocks)}), probe every "
-              f"{settings.check_every_steps} steps, at most {freezer.max_frozen} frozen, "
+              f"{settings.check_every_steps} steps ({2 * settings.check_every_steps} later in "
+              f"each learning-rate phase), at most {freezer.max_frozen} frozen, "
               f"activation cache {cache}")
     return freezer

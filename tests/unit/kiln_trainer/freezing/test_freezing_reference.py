@@ -136,7 +136,7 @@ def test_a_stopped_worker_never_blocks_submit_or_refresh_and_recovers(
 
 
 @pytest.mark.timeout(300)
-def test_auto_worker_quantizes_and_close_is_idempotent_and_leaves_no_process(
+def test_auto_worker_picks_a_kind_by_cost_and_close_is_idempotent_and_leaves_no_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -146,8 +146,8 @@ def test_auto_worker_quantizes_and_close_is_idempotent_and_leaves_no_process(
         worker.refresh(1, weights, inputs)
         assert worker.submit(1, 1, inputs, activations)
         [result] = _results(worker)
-        assert worker.kind == "int8-static"
-        assert list(worker.noise_floor) == BLOCKS[:-1]
+        # on a model this small re-quantizing costs more than the fp32 forward it saves
+        assert worker.kind == "fp32" and worker.noise_floor == {}
         assert all(value < 1e-3 for value in result.plasticity.values()), result.plasticity
     worker.close()
     assert not worker.alive and worker.pid is None

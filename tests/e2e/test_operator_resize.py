@@ -1,0 +1,151 @@
+"""Moving running jobs under the real operator: a job grows into a GPU another workload freed,
+by checkpoint-restart, resumes from its checkpoint and succeeds; when two more GPUs free up
+right after, the minimum interval between moves holds it where it is.
+
+A cluster of its own (one node with 4 GPUs; no GPU runs here, the trainers fall back to the
+CPU) and a zoo bucket of its own, holding one record that makes the job's runtime estimate
+scale with GPUs (its recorded throughput is slow) but that warm start never picks (another
+modality).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from kubesim import emulator, kubelet, operator_process, scenario, usage
+
+from kiln import api
+from kiln.warmstart import decision, graph
+from kiln.zoo import records, store
+
+NODE = "gpu-node-1"
+ZOO_SECRET = "kiln-zoo"
+# The session operator's short intervals (conftest), and moves that pay after a 1 s restart.
+OPERATOR_ARGS = [
+    "--placement-interval-seconds", "1", "--housekeeping-interval-seconds", "0.5",
+    "--no-placement-use-milp", "--zoo-refresh-seconds", "0",
+    "--termination-grace-seconds", "30", "--zoo-retry-delay-seconds", "0.5",
+    "--zoo-request-attempts", "1",
+    "--resize-min-gain", "2", "--resize-min-interval-seconds", "3600",
+    "--resize-restart-seconds", "1",
+    "--no-profile-unmeasured",  # the zoo record alone shapes the estimate here
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_zoo(s3_server: Any) -> scenario.Zoo:
+    bucket = f"kiln-resize-{uuid.uuid4().hex[:12]}"
+    zoo = store.S3Store(f"http://{s3_server.endpoint}", bucket,
+                        access_key=s3_server.access_key, secret_key=s3_server.secret_key)
+    return scenario.Zoo(uri=f"s3://{bucket}", endpoint=f"http://{s3_server.endpoint}",
+                        access_key=s3_server.access_key, secret_key=s3_server.secret_key,
+                        store=zoo)
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
+    with emulator.Emulator() as running:
+        running.client.create_node(NODE, gpus=4)
+        yield running
+        api_calls |= usage.api_calls(running.requests)
+
+
+@pytest.fixture(scope="module")
+def gpu_operator(gpu_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
+                 tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[operator_process.OperatorProcess, kubelet.Kubelet]]:
+    node_kubelet = kubelet.Kubelet(gpu_cluster.url, tmp_path_factory.mktemp("resize-kubelet"))
+    node_kubelet.start()
+    running = operator_process.OperatorProcess(
+        gpu_cluster, tmp_path_factory.mktemp("resize-operator"), env=gpu_zoo.operator_env,
+        args=["--zoo-uri", gpu_zoo.uri, "--zoo-endpoint", gpu_zoo.endpoint,
+              "--zoo-secret", ZOO_SECRET, *OPERATOR_ARGS])
+    running.start()
+    yield running, node_kubelet
+    running.stop()
+    node_kubelet.stop()
+    assert not node_kubelet.errors, node_kubelet.errors
+
+
+def _slow_record(zoo: store.ObjectStore, job: dict[str, Any]) -> None:
+    """A zoo record of the job's model at 10 samples/s: a step is compute-bound, so 2 GPUs
+    run it in about half the time (the estimate's shape; the trainer's ETA sets the level)."""
+    model = job["spec"]["model"]
+    record = records.ZooRecord(
+        id=records.new_id("small_cnn"), architecture="small_cnn", args=model["args"],
+        input_shape=tuple(model["inputShape"]), modality="text", task="classification",
+        dataset="digits", metric_name="validation_accuracy", metric_value=0.5,
+        samples_per_second=10.0, num_params=1000, created_time="2024-01-01T00:00:00Z",
+        job_name="slow", job_spec={"spec": {"training": {"batchSize": 32}}})
+    spec = api.ModelSpec(architecture="small_cnn", args=model["args"],
+                         input_shape=model["inputShape"])
+    records.write_record(zoo, record, {"w": torch.zeros(1)},
+                         graph.to_json(decision.model_graph(spec)))
+
+
+def _foreign_pod(cluster: emulator.Emulator, namespace: str, name: str, gpus: int) -> str:
+    """A pod Kiln does not own holding `gpus` GPUs of the node."""
+    cluster.client.create(cluster.client.pods_path(namespace), {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "sleep", "image": "busybox", "command": [
+                "python", "-c", "import time; time.sleep(600)"],
+            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "kubernetes.io/hostname", "operator": "In",
+                    "values": [NODE]}]}]}}}}})
+    return name
+
+
+def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
+    gpu_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
+    gpu_operator: tuple[operator_process.OperatorProcess, kubelet.Kubelet],
+) -> None:
+    operator, _ = gpu_operator
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    gpu_cluster.client.create_secret(namespace, ZOO_SECRET, {
+        "accessKey": gpu_zoo.access_key, "secretKey": gpu_zoo.secret_key})
+    name = "digits-grow"
+    job = scenario.tiny_job(name, epochs=40, max_samples=None)
+    _slow_record(gpu_zoo.store, job)
+    one = _foreign_pod(gpu_cluster, namespace, "one-gpu-user", 1)
+    two = _foreign_pod(gpu_cluster, namespace, "two-gpu-user", 2)
+    gpu_cluster.client.create_job(namespace, job)
+    checkpoint = records.checkpoint_key(namespace, name)
+    running = scenario.wait_job(
+        gpu_cluster, namespace, name,
+        lambda doc: scenario.phase(doc) == "Running" and gpu_zoo.store.exists(checkpoint)
+        and bool(doc["status"].get("progress", {}).get("etaSeconds")),
+        what="running on 1 GPU with a checkpoint and an ETA", details=operator.log_tail)
+    assert running["status"]["placement"]["gpus"] == 1
+
+    gpu_cluster.client.delete(gpu_cluster.client.pods_path(namespace, one))
+    grown = scenario.wait_job(
+        gpu_cluster, namespace, name, lambda doc: scenario.phase(doc) == "Running"
+        and doc["status"]["attempts"] == 2, what="running again after the move",
+        details=operator.log_tail)
+    assert grown["status"]["placement"]["gpus"] == 2, operator.log_tail()
+    # Two more GPUs: growing to 4 would pay too, but the job moved less than an hour ago.
+    gpu_cluster.client.delete(gpu_cluster.client.pods_path(namespace, two))
+    done = scenario.wait_phase(gpu_cluster, namespace, name, "Succeeded",
+                               details=operator.log_tail)
+    placement = done["status"]["placement"]
+    assert (placement["node"], placement["gpus"], placement["parallelism"]) == (
+        NODE, 2, "ddp"), operator.log_tail()
+    assert done["status"]["attempts"] == 2 and done["status"].get("restarts", 0) == 0
+    moved = json.loads(done["metadata"]["annotations"]["kiln.dev/resized"])
+    assert (moved["from"]["gpus"], moved["to"]["gpus"]) == (1, 2) and moved["gainSeconds"] > 0
+    events = [e for e in gpu_cluster.client.list(f"/api/v1/namespaces/{namespace}/events")
+              if e.get("reason") == "Resized"]
+    assert len(events) == 1, events  # moved once
+    assert "from 1 to 2 device(s)" in events[0]["message"]
+    assert scenario.pod_creations(gpu_cluster, namespace, name) == [
+        f"{name}-trainer-0", f"{name}-trainer-1"]
+    result = scenario.termination_result(gpu_cluster, namespace, f"{name}-trainer-1")
+    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == 40

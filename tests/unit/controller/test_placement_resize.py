@@ -1,0 +1,151 @@
+"""The placement loop moves running jobs: a job grows into freed GPUs, and not twice in a row."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kiln import api
+from kiln.controller import cluster, jobs, kube, metrics, placement_loop, pods
+from kiln.placement import introspect, types
+from kiln.warmstart import select
+
+NODE = "gpu-a"
+
+
+def _job(name: str) -> api.TrainingJob:
+    # Compute-heavy enough that 2 GPUs run it in ~0.78 of the time of 1 (flops estimate).
+    return api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"model": {"architecture": "small_cnn", "args": {}, "inputShape": [3, 64, 64]},
+                 "training": {"epochs": 20, "batchSize": 512},
+                 "dataset": {"name": "torchvision", "torchvisionClass": "CIFAR10",
+                             "path": "/nonexistent"}}})
+
+
+def _pod(name: str, *, job: str | None, node: str, gpus: int, parallelism: str = "single",
+         attempt: int = 0) -> dict[str, Any]:
+    labels = {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: str(attempt)} if job else {}
+    container: dict[str, Any] = {"name": "c", "resources": {
+        "limits": {pods.GPU_RESOURCE: str(gpus)}}}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "annotations": {
+        pods.NODE_ANNOTATION: node, pods.GPUS_ANNOTATION: str(gpus),
+        pods.DEVICE_ANNOTATION: "gpu", pods.PARALLELISM_ANNOTATION: parallelism}},
+        "spec": {"nodeName": node, "containers": [container]}, "status": {"phase": "Running"}}
+
+
+class _Cluster:
+    """A node with 2 GPUs, one held by another workload, and the callbacks' pods."""
+
+    def __init__(self, *, gpus: int = 2, other_gpus: int = 1) -> None:
+        self.nodes: list[dict[str, Any]] = [{"metadata": {"name": NODE}, "status": {
+            "allocatable": {pods.GPU_RESOURCE: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}]}}]
+        self.pods = {"other": _pod("other", job=None, node=NODE, gpus=other_gpus)}
+        self.moves: list[introspect.Move] = []
+
+    async def list(self, path: str) -> list[dict[str, Any]]:
+        return self.nodes if path == kube.Paths.nodes() else list(self.pods.values())
+
+    async def launch(self, entry: placement_loop.Queued, assignment: types.Assignment,
+                     device: str) -> bool:
+        self.pods[entry.ref.name] = _pod(entry.ref.name, job=entry.ref.name,
+                                         node=assignment.node, gpus=assignment.gpus)
+        return True
+
+    async def resize(self, ref: jobs.JobRef, move: introspect.Move, device: str) -> bool:
+        self.moves.append(move)
+        self.pods[ref.name] = _pod(ref.name, job=ref.name, node=move.node, gpus=move.gpus,
+                                   parallelism=move.parallelism, attempt=1)
+        return True
+
+
+async def _nothing(*_: Any) -> None:
+    return None
+
+
+def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
+          eta: dict[str, float], max_gpus: int = 2) -> placement_loop.PlacementLoop:
+    settings = placement_loop.LoopSettings(
+        interval_seconds=1.0, cpu_slots=1, max_gpus=max_gpus,
+        planner=types.Settings(use_milp=False),
+        resize=introspect.Policy(min_gain=2.0, min_interval_seconds=min_interval,
+                                 default_restart_seconds=60.0))
+    return placement_loop.PlacementLoop(
+        client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
+        settings=settings, launch=state.launch, publish=_nothing, unplaceable=_nothing,
+        zoo_records=list, metrics=metrics.OperatorMetrics(), clock=lambda: clock[0],
+        eta_seconds=eta, resize=state.resize)
+
+
+def _queue(loop: placement_loop.PlacementLoop, name: str, now: float) -> None:
+    decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
+    loop.add(placement_loop.Queued(jobs.JobRef("ns", name), _job(name), decision, since=now))
+
+
+def test_a_running_job_grows_into_gpus_another_workload_freed() -> None:
+    state, clock, eta = _Cluster(), [1000.0], dict[str, float]()
+    loop = _loop(state, clock, min_interval=300.0, eta=eta)  # its first move: no wait
+
+    async def scenario() -> None:
+        _queue(loop, "a", clock[0])
+        await loop.tick()  # starts on the one free GPU
+        assert state.pods["a"]["metadata"]["annotations"][pods.GPUS_ANNOTATION] == "1"
+        eta[cluster.job_key("ns", "a")] = 2000.0
+        del state.pods["other"]  # the other workload ends: a second GPU is free
+        clock[0] += 10.0
+        await loop.tick()
+        (move,) = state.moves
+        assert (move.job, move.kind, move.from_gpus, move.gpus) == ("ns/a", "grow", 1, 2)
+        assert move.gain_seconds > 2 * 60.0
+
+    asyncio.run(scenario())
+
+
+def test_a_moved_job_is_not_moved_again_within_the_interval() -> None:
+    state, clock, eta = _Cluster(), [1000.0], dict[str, float]()
+    loop = _loop(state, clock, min_interval=300.0, eta=eta, max_gpus=4)
+
+    async def scenario() -> None:
+        _queue(loop, "a", clock[0])
+        await loop.tick()
+        del state.pods["other"]
+        eta["ns/a"] = 2000.0
+        await loop.tick()
+        assert [m.gpus for m in state.moves] == [2]
+        # Two more GPUs appear right after the move: growing again would pay, but the job
+        # moved 100 s ago, so it waits out the interval.
+        state.nodes[0]["status"]["allocatable"][pods.GPU_RESOURCE] = "4"
+        eta["ns/a"] = 5000.0
+        clock[0] += 100.0
+        await loop.tick()
+        assert [m.gpus for m in state.moves] == [2]
+        clock[0] += 200.0
+        await loop.tick()
+        assert [m.gpus for m in state.moves] == [2, 4]
+
+    asyncio.run(scenario())
+
+
+def test_a_measured_fast_restart_lets_a_smaller_gain_move_the_job() -> None:
+    state, clock, eta = _Cluster(gpus=4, other_gpus=3), [1000.0], dict[str, float]()
+    loop = _loop(state, clock, min_interval=0.0, eta=eta, max_gpus=4)
+
+    async def scenario() -> None:
+        _queue(loop, "a", clock[0])
+        await loop.tick()  # 1 GPU
+        state.pods["other"] = _pod("other", job=None, node=NODE, gpus=2)
+        eta["ns/a"] = 2000.0
+        await loop.tick()  # 1 -> 2 GPUs, assuming the 60 s default restart
+        assert [m.gpus for m in state.moves] == [2]
+        del state.pods["other"]
+        eta["ns/a"] = 400.0  # 4 GPUs would save ~56 s: not 2 x 60 s
+        await loop.tick()
+        assert len(state.moves) == 1
+        clock[0] += 12.0  # the resumed trainer steps 12 s after the stop
+        loop.observe_progress("ns/a", samples_per_second=900.0, step=10, now=clock[0])
+        await loop.tick()  # ~56 s is more than 2 x 12 s
+        assert [(m.gpus, m.restart_seconds) for m in state.moves] == [(2, 60.0), (4, 12.0)]
+
+    asyncio.run(scenario())

@@ -1,0 +1,105 @@
+"""Introspection: which running jobs grow, shrink or move, and when hysteresis holds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.placement import introspect, types
+
+POLICY = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
+                           default_restart_seconds=60.0)
+# A job that scales well: 1000 s on 1 device, 520 s on 2, 280 s on 4.
+SCALING = (types.Config("single", 1, 1000.0), types.Config("ddp", 2, 520.0),
+           types.Config("ddp", 4, 280.0))
+
+
+def _snapshot(running: tuple[types.Running, ...], *, nodes: tuple[types.Node, ...] = (
+        types.Node("a", 2),), queued: tuple[types.JobRequest, ...] = (),
+              now: float = 1000.0) -> types.Snapshot:
+    return types.Snapshot(now=now, nodes=nodes, queued=queued, running=running)
+
+
+def _state(**overrides: object) -> introspect.JobState:
+    fields: dict[str, object] = {"configs": SCALING}
+    fields.update(overrides)
+    return introspect.JobState(**fields)  # type: ignore[arg-type]
+
+
+def test_a_job_grows_into_devices_a_finished_job_freed() -> None:
+    running = (types.Running("ns/a", "a", 1, "single", 800.0),)
+    (move,) = introspect.propose(_snapshot(running), {"ns/a": _state()}, POLICY)
+    assert (move.kind, move.node, move.gpus, move.parallelism) == ("grow", "a", 2, "ddp")
+    assert move.remaining_seconds == pytest.approx(800 * 520 / 1000 + 60)
+    assert move.gain_seconds == pytest.approx(800 - 800 * 520 / 1000 - 60)
+
+
+def test_no_move_when_the_saving_does_not_beat_the_restart_cost_by_min_gain() -> None:
+    # 100 s left: growing saves 48 s, less than 2 x 60 s of restart.
+    running = (types.Running("ns/a", "a", 1, "single", 100.0),)
+    assert introspect.propose(_snapshot(running), {"ns/a": _state()}, POLICY) == ()
+    # A measured fast restart makes the same move worth it.
+    fast = _state(restart_seconds=5.0)
+    (move,) = introspect.propose(_snapshot(running), {"ns/a": fast}, POLICY)
+    assert move.restart_seconds == 5.0
+
+
+def test_hysteresis_holds_a_job_that_moved_recently() -> None:
+    running = (types.Running("ns/a", "a", 1, "single", 800.0),)
+    recent = _state(last_move=900.0)  # 100 s ago, the interval is 300 s
+    assert introspect.propose(_snapshot(running), {"ns/a": recent}, POLICY) == ()
+    assert introspect.propose(_snapshot(running, now=1200.0), {"ns/a": recent}, POLICY)
+    # A job that never moved may move at once.
+    assert introspect.propose(_snapshot(running, now=0.0), {"ns/a": _state()}, POLICY)
+
+
+def test_free_devices_a_queued_job_can_start_on_are_not_taken() -> None:
+    running = (types.Running("ns/a", "a", 1, "single", 800.0),)
+    queued = (types.JobRequest("ns/q", (types.Config("single", 1, 500.0),)),)
+    assert introspect.propose(_snapshot(running, queued=queued), {"ns/a": _state()},
+                              POLICY) == ()
+
+
+def test_a_job_moves_to_a_node_where_it_runs_faster() -> None:
+    nodes = (types.Node("a", 1), types.Node("b", 4))
+    running = (types.Running("ns/a", "a", 1, "single", 800.0),)
+    (move,) = introspect.propose(_snapshot(running, nodes=nodes), {"ns/a": _state()}, POLICY)
+    assert (move.kind, move.from_node, move.node, move.gpus) == ("move", "a", "b", 4)
+
+
+def test_a_frozen_job_shrinks_so_a_waiting_job_starts() -> None:
+    # Freezing cut its compute to a tenth: 2 devices barely beat 1 now.
+    running = (types.Running("ns/big", "a", 2, "ddp", 1000.0),)
+    queued = (types.JobRequest("ns/q", (types.Config("single", 1, 600.0),)),)
+    frozen = _state(compute_scale=0.1)
+    (move,) = introspect.propose(_snapshot(running, queued=queued), {"ns/big": frozen}, POLICY)
+    assert (move.kind, move.gpus, move.helped) == ("shrink", 1, ("ns/q",))
+    # Without freezing, halving its devices costs it more than the waiting job gains.
+    assert introspect.propose(_snapshot(running, queued=queued), {"ns/big": _state()},
+                              POLICY) == ()
+
+
+def test_two_jobs_never_count_on_the_same_free_devices() -> None:
+    nodes = (types.Node("a", 4),)
+    running = (types.Running("ns/x", "a", 1, "single", 800.0),
+               types.Running("ns/y", "a", 1, "single", 900.0))
+    moves = introspect.propose(_snapshot(running, nodes=nodes),
+                               {"ns/x": _state(), "ns/y": _state()}, POLICY)
+    assert sum(m.gpus - m.from_gpus for m in moves) <= 2
+    assert moves[0].job == "ns/y"  # the larger saving first
+
+
+def test_a_job_without_state_or_config_at_its_count_stays() -> None:
+    running = (types.Running("ns/a", "a", 1, "single", 800.0),)
+    assert introspect.propose(_snapshot(running), {}, POLICY) == ()
+    only_two = _state(configs=(types.Config("ddp", 2, 520.0),))
+    assert introspect.propose(_snapshot(running), {"ns/a": only_two}, POLICY) == ()
+
+
+def test_restart_cost_is_smoothed_over_measurements() -> None:
+    assert introspect.update_restart_cost(None, 40.0) == 40.0
+    assert introspect.update_restart_cost(40.0, 20.0) == pytest.approx(30.0)
+
+
+def test_policy_rejects_a_gain_ratio_below_one() -> None:
+    with pytest.raises(ValueError, match="min_gain"):
+        introspect.Policy(min_gain=0.5)
