@@ -24,6 +24,7 @@ from kiln.warmstart import decision, graph
 from kiln.zoo import records, store
 
 NODE = "gpu-node-1"
+EPOCHS = 120
 ZOO_SECRET = "kiln-zoo"
 # The session operator's short intervals (conftest), and moves that pay after a 1 s restart.
 OPERATOR_ARGS = [
@@ -112,7 +113,9 @@ def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
     gpu_cluster.client.create_secret(namespace, ZOO_SECRET, {
         "accessKey": gpu_zoo.access_key, "secretKey": gpu_zoo.secret_key})
     name = "digits-grow"
-    job = scenario.tiny_job(name, epochs=40, max_samples=None)
+    # Long enough (about 30 s on one idle core) that the job still runs when the GPU frees,
+    # however slowly a loaded machine lets the operator react.
+    job = scenario.tiny_job(name, epochs=EPOCHS, max_samples=None)
     _slow_record(gpu_zoo.store, job)
     one = _foreign_pod(gpu_cluster, namespace, "one-gpu-user", 1)
     two = _foreign_pod(gpu_cluster, namespace, "two-gpu-user", 2)
@@ -148,4 +151,4 @@ def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
     assert scenario.pod_creations(gpu_cluster, namespace, name) == [
         f"{name}-trainer-0", f"{name}-trainer-1"]
     result = scenario.termination_result(gpu_cluster, namespace, f"{name}-trainer-1")
-    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == 40
+    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == EPOCHS

@@ -26,6 +26,8 @@ CATEGORIES = ("all", "kiln")
 # namespace is one too (RFC 1123 label); both also name local files and store keys.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
+# A PriorityClass name is a DNS-1123 subdomain (dots allowed), written without a group.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]$|^[a-z0-9][-a-z0-9.]*[a-z0-9]$"
 
 
 def non_ascii(value: str) -> str | None:

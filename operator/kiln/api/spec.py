@@ -237,6 +237,7 @@ class FreezingSpec(names.ApiModel):
     check_every_steps: int | None = Field(
         default=None,
         ge=1,
+        le=1_000_000,
         description="checkEverySteps: steps between plasticity probes early in each "
         "learning-rate phase, twice that later (default: 8 per epoch, at least 5 steps apart).",
     )
@@ -284,6 +285,7 @@ class FreezingSpec(names.ApiModel):
     cache_memory_mib: int = Field(
         default=1024,
         ge=0,
+        le=1 << 24,
         alias="cacheMemoryMiB",
         description="cacheMemoryMiB: RAM for the cache; beyond it, a memory-mapped file.",
     )
@@ -327,7 +329,9 @@ class RunPolicySpec(names.ApiModel):
     suspend: bool = Field(default=False, description="suspend: stop pods and hold the job.")
     priority_class_name: str | None = Field(
         default=None,
+        min_length=1,
         max_length=names.NAME_MAX_LENGTH,
+        pattern=names.SUBDOMAIN_PATTERN,
         description="priorityClassName: the job's priority in placement; its weight comes "
         "from the operator's --priority-weight name=W (unknown or unset: weight 1).",
     )

@@ -176,6 +176,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or text
 
 
+def _checked_pair(flag: str, kind: type[int | float]) -> Callable[[str], str]:
+    """An argparse type: a "name=value" entry checked at parse time (so a typo fails before
+    the operator connects), kept as given."""
+    def check(entry: str) -> str:
+        try:
+            settings.pair(entry, flag, kind)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(" ", 1)[-1]) from None
+        return entry
+    return check
+
+
 def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
     """The argument parser of `kiln operator` (every `settings.Options` field)."""
     parser = argparse.ArgumentParser(
@@ -191,7 +203,9 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
                                 help=text)
         elif name in ("namespace_gpu_quota", "priority_weights"):
             flag = "--priority-weight" if name == "priority_weights" else flag
-            parser.add_argument(flag, dest=name, action="append", default=[], help=text)
+            parser.add_argument(flag, dest=name, action="append", default=[], help=text,
+                                type=_checked_pair(flag.removeprefix("--"),
+                                                   float if name == "priority_weights" else int))
         elif isinstance(default, bool):
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
                                 default=default, help=text)

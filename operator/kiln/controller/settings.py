@@ -7,8 +7,11 @@ Every knob of `kiln operator` lives in `Options`, with its unit in its name and 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from pathlib import Path
 
+from kiln.api import names
 from kiln.controller import cluster, pods
 from kiln.placement import introspect, types
 
@@ -189,20 +192,38 @@ def _pairs(entries: tuple[str, ...], flag: str, kind: type[int | float]
     """"name=value" entries as a mapping.
 
     Raises:
-        ValueError: an entry without "=", or a value that is not a positive `kind`.
+        ValueError: an entry without "=", a value that is not a positive `kind`, or a name
+            given twice.
     """
     out: dict[str, int | float] = {}
     for entry in entries:
-        name, sep, text = entry.partition("=")
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not sep or not name or not value > 0:
-            raise ValueError(f"--{flag} {entry!r}: expected name=value with a positive "
-                             f"{kind.__name__} value, e.g. team-a=8")
+        name, value = pair(entry, flag, kind)
+        if name in out:
+            raise ValueError(f"--{flag}: {name!r} is given twice; give each name once")
         out[name] = value
     return out
+
+
+def pair(entry: str, flag: str, kind: type[int | float]) -> tuple[str, int | float]:
+    """One "name=value" entry of `--flag` (the flag without its dashes), its value a positive
+    `kind`.
+
+    Raises:
+        ValueError: the entry names the fix.
+    """
+    name, sep, text = entry.partition("=")
+    try:
+        value = kind(text)
+    except ValueError:
+        value = 0
+    if not sep or not name or not value > 0 or not math.isfinite(value):
+        example = "high-priority=4" if flag == "priority-weight" else "team-a=8"
+        raise ValueError(f"--{flag} {entry!r}: expected name=value with a positive "
+                         f"{kind.__name__} value, e.g. {example}")
+    if flag == "namespace-gpu-quota" and not re.fullmatch(names.NAME_PATTERN, name):
+        raise ValueError(f"--{flag} {entry!r}: {name!r} is not a namespace name (lowercase "
+                         "letters, digits and '-'), e.g. team-a=8")
+    return name, value
 
 
 def resize_policy(options: Options) -> introspect.Policy | None:

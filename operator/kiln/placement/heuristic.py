@@ -105,7 +105,7 @@ def problem_of(snapshot: types.Snapshot, *, fixed: Sequence[types.Assignment] = 
                                 "--namespace-gpu-quota or allow fewer GPUs")
     if problems:
         raise types.Unplaceable(problems)
-    largest = max(capacity.values())
+    largest = max(capacity.values(), default=0)
     namespace_of = {j.name: j.namespace for j in snapshot.queued}
     reservations: list[Reservation] = []
     for r in snapshot.running:

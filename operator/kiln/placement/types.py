@@ -68,9 +68,12 @@ class JobRequest:
     group: str = ""
 
     def __post_init__(self) -> None:
-        if not self.weight > 0:
-            raise ValueError(f"JobRequest.weight: job {self.name} must have a weight > 0 "
-                             f"(got {self.weight})")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"JobRequest.weight: job {self.name} must have a finite weight "
+                             f"> 0 (got {self.weight})")
+        if not math.isfinite(self.arrival):
+            raise ValueError(f"JobRequest.arrival: job {self.name} must arrive at a finite "
+                             f"time (got {self.arrival})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,11 @@ class Node:
     name: str
     gpus: int
     device_type: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0:
+            raise ValueError(f"Node.gpus: node {self.name} must have >= 0 devices "
+                             f"(got {self.gpus})")
 
 
 def fits(config: Config, node: Node) -> bool:
@@ -111,6 +119,10 @@ class Snapshot:
     queued: tuple[JobRequest, ...]
     running: tuple[Running, ...] = ()
     device: str = "gpu"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now):
+            raise ValueError(f"Snapshot.now: must be a finite time (got {self.now})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -204,7 +204,8 @@ def from_json(d: dict[str, Any]) -> nx.DiGraph:
 
     Raises:
         GraphError: the schema version is not `SCHEMA_VERSION`, a field is missing or has the
-            wrong type, an edge names an unknown node, or the edges form a cycle.
+            wrong type, an edge names an unknown node, the edges form a cycle, or the graph is
+            larger than MAX_NODES nodes or MAX_EDGES_PER_NODE edges per node.
     """
     if not isinstance(d, dict):
         raise GraphError(f"graph JSON must be an object (got {type(d).__name__})")
@@ -213,9 +214,14 @@ def from_json(d: dict[str, Any]) -> nx.DiGraph:
         raise GraphError(f"graph JSON schema_version {version!r} is not supported "
                          f"(expected {SCHEMA_VERSION}); re-extract the graph")
     label = d.get("name") or "<unnamed>"
+    nodes, edges = _field(d, "nodes", list, label), _field(d, "edges", list, label)
+    if len(nodes) > MAX_NODES or len(edges) > MAX_EDGES_PER_NODE * max(len(nodes), 1):
+        raise GraphError(f"{label}: {len(nodes)} nodes and {len(edges)} edges; a model graph "
+                         f"has at most {MAX_NODES} nodes and {MAX_EDGES_PER_NODE} edges per "
+                         "node (re-extract it)")
     g = nx.DiGraph(name=str(d.get("name", "")), input_shape=list(d.get("input_shape", [])),
                    input_dtype=str(d.get("input_dtype", "")))
-    for k, node in enumerate(_field(d, "nodes", list, label)):
+    for k, node in enumerate(nodes):
         where = f"{label} nodes[{k}]"
         node_id = _field(node, "id", str, where)
         if node_id in g:
@@ -229,7 +235,7 @@ def from_json(d: dict[str, Any]) -> nx.DiGraph:
                 raise GraphError(f"{where}: field {f!r} must be a list of {kind.__name__}")
             attrs[f] = list(items)
         g.add_node(node_id, **attrs)
-    for k, edge in enumerate(_field(d, "edges", list, label)):
+    for k, edge in enumerate(edges):
         if not (isinstance(edge, list) and len(edge) == 2 and all(v in g for v in edge)):
             raise GraphError(f"{label} edges[{k}] = {edge!r} is not a pair of known node ids")
         g.add_edge(edge[0], edge[1])
@@ -475,6 +481,10 @@ def _first_line(exc: BaseException) -> str:
 # Terms: a graph has n nodes; "row" r in 0..n is the DP position of node r-1, row 0 the virtual
 # start (an edge to every source). H is the number of segment heads (see `Segments`).
 MAX_NODES = 5000
+# Layer graphs are sparse (a DenseNet-121 layer has 1.8 inputs on average, a concatenation at
+# most a few dozen); a record with far more edges is damaged or hostile and would stall the
+# matcher for every query.
+MAX_EDGES_PER_NODE = 16
 """Largest graph accepted (ModelKeeper's MAX_MATCH_NODES); DP tables are O(n * m)."""
 
 FloatArray = npt.NDArray[np.float64]

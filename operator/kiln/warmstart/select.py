@@ -280,7 +280,7 @@ def choose_parent(
             cold_start(Outcome.COLD_BELOW_MIN_SIMILARITY,
                   f"cold start: best zoo match {best.model_id} has similarity "
                   f"{best.similarity:.2f} < minSimilarity {min_similarity:.2f}"
-                  f" ({len(kept)} candidates{dropped})", considered=len(kept),
+                  f" ({_count(len(kept), 'candidate')}{dropped})", considered=len(kept),
                   incompatible=incompatible, outliers=outliers),
             similarity=best.similarity)
     eligible = [c for c in kept if c.similarity >= min_similarity]
@@ -292,7 +292,7 @@ def choose_parent(
     mixed = (f", compared on {metric} only" if len(compared) < len(in_bucket) else "")
     reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
-              f"{len(in_bucket)} in the bucket{mixed}; {len(kept)} candidates{dropped})")
+              f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")
     return Decision(parent_id=parent.model_id, similarity=parent.similarity,
                     parent_metric=parent.metric_value, metric_name=parent.metric_name,
                     matched_tensors=parent.matched_tensors, total_tensors=parent.total_tensors,
@@ -434,6 +434,10 @@ def cold_start(outcome: Outcome, reason: str, *, considered: int = 0, incompatib
                     total_tensors=None, reason=reason, candidates_considered=considered,
                     outcome=outcome, dropped_incompatible=incompatible,
                     dropped_outliers=outliers)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _a(word: str) -> str:

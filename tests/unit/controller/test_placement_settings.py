@@ -26,15 +26,23 @@ def test_objective_quotas_and_priority_weights_reach_the_planner() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (("--namespace-gpu-quota", "team-a"), "--namespace-gpu-quota 'team-a': expected name=value"),
-    (("--namespace-gpu-quota", "team-a=0"), "--namespace-gpu-quota 'team-a=0': expected"),
-    (("--priority-weight", "high=x"), "--priority-weight 'high=x': expected name=value"),
+    (("--namespace-gpu-quota", "team-a"), "--namespace-gpu-quota: 'team-a': expected name=value"),
+    (("--namespace-gpu-quota", "team-a=0"), "--namespace-gpu-quota: 'team-a=0': expected"),
+    (("--namespace-gpu-quota", "team-a=inf"), "positive int value, e.g. team-a=8"),
+    (("--priority-weight", "high=x"), "--priority-weight: 'high=x': expected name=value"),
+    (("--priority-weight", "high=nan"), "positive float value, e.g. high-priority=4"),
 ])
-def test_bad_entries_name_the_flag_and_the_form(argv: tuple[str, ...], message: str) -> None:
-    options = _options(*argv)
-    with pytest.raises(ValueError, match=message):
+def test_bad_entries_are_refused_by_the_parser_naming_the_flag_and_the_form(
+        argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _options(*argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_name_given_twice_is_refused() -> None:
+    options = _options("--namespace-gpu-quota", "a=1", "--namespace-gpu-quota", "a=2")
+    with pytest.raises(ValueError, match="--namespace-gpu-quota: 'a' is given twice"):
         settings.placement_settings(options)
-        settings.priority_weights(options)
 
 
 def test_an_unknown_objective_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]

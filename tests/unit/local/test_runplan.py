@@ -269,6 +269,7 @@ def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[api.Tra
         return real_popen([sys.executable, "-c", scripts[name]], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the trainer's own default is tested
     out = io.StringIO()
     try:
         profiled: Any = runplan.profile_jobs(

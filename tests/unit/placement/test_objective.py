@@ -93,7 +93,7 @@ def test_higher_priority_goes_first_and_outweighs_a_shorter_job() -> None:
                                           _job("b-short-normal", 8.0)))
     plan = planner.plan(snapshot, CT)
     assert _order(plan) == ["z-high", "b-short-normal", "a-normal"]
-    with pytest.raises(ValueError, match="JobRequest.weight: job x must have a weight > 0"):
+    with pytest.raises(ValueError, match="JobRequest.weight: job x must have a finite weight > 0"):
         _job("x", 1.0, weight=0.0)
 
 
@@ -194,3 +194,20 @@ def test_a_small_makespan_sweep_still_runs_the_milp_and_reports_how_it_fared() -
     plan = planner.plan(snapshot, types.Settings(time_limit_seconds=5.0, slots=24))
     assert plan.objective == "makespan"
     assert plan.milp in ("won", "lost") or "meets the lower bound" in plan.reason
+
+
+def test_nonsense_inputs_are_refused_naming_the_field_and_an_empty_cluster_plans_nothing(
+) -> None:
+    import math
+
+    for make, field in [
+        (lambda: types.Node("n1", -4), "Node.gpus"),
+        (lambda: types.Snapshot(now=math.nan, nodes=(), queued=()), "Snapshot.now"),
+        (lambda: types.JobRequest(name="j", configs=(), weight=math.inf), "JobRequest.weight"),
+        (lambda: types.JobRequest(name="j", configs=(), arrival=-math.inf),
+         "JobRequest.arrival"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            make()
+    empty = planner.plan(types.Snapshot(now=0.0, nodes=(), queued=()))
+    assert empty.assignments == () and empty.makespan == 0

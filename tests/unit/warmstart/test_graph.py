@@ -174,6 +174,9 @@ def test_json_round_trip_preserves_nodes_attributes_edges_and_order() -> None:
     pytest.param(lambda d: d["nodes"].append(d["nodes"][0]), "duplicate", id="duplicate"),
     pytest.param(lambda d: d["edges"].append(["conv", "nowhere"]), "known node", id="edge"),
     pytest.param(lambda d: d["edges"].append(["fc", "conv"]), "cycle", id="cycle"),
+    pytest.param(lambda d: d["edges"].extend([["conv", "fc"]] * (graph.MAX_EDGES_PER_NODE
+                                                                  * len(d["nodes"]))),
+                 "edges per node", id="dense"),
 ])
 def test_from_json_rejects_malformed_documents(mutate: object, message: str) -> None:
     doc = graph.to_json(graph.extract(ShapeHeavy(), [3, 8, 8], name="shape_heavy"))

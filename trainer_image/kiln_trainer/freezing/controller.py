@@ -66,7 +66,7 @@ class Settings:
         `MIN_PROBE_SPACING_STEPS` apart; bootstrap = warm-up epochs
         or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
         a new learning-rate phase starts at every decay of a step schedule (its gamma) and at
-        halvings of other schedules."""
+        halvings of other schedules, at most once per reference cycle."""
         f, training = spec.freezing, spec.training
         schedule = training.lr_schedule
         ratio = 0.5
@@ -315,7 +315,10 @@ class Freezer:
             if self.phase_lr is not None:
                 self.convergence.rate_rose()
             self.phase_lr = lr  # warm-up and restarts raise the phase's rate
-        elif lr <= self.settings.phase_lr_ratio * self.phase_lr:
+        elif (lr <= self.settings.phase_lr_ratio * self.phase_lr
+              and step - self.phase_start >= self.settings.window * self.settings.check_every_steps):
+            # At most one phase per reference cycle: the tail of a cosine schedule halves its
+            # rate every few steps, and each phase refreshes the reference.
             _log.info("learning rate fell to %.3g at step %d: a new phase, %d modules stay "
                       "frozen", lr, step, self.boundary)
             self.phase_start, self.phase_lr = step, lr

@@ -141,8 +141,9 @@ def test_the_converged_prefix_freezes_in_one_decision_up_to_the_cap(splits) -> N
         events, step = _wait_for_results(model, optimizer, freezer, splits, 1)
         events += _steps(model, optimizer, freezer, splits, 40, first=step)
     assert freezer.max_frozen == len(freezer.partition.blocks) // 2 == 2
-    # every module converges in every cycle here: the whole allowed prefix goes at once
-    (event,) = events
+    # every module converges in every cycle here: the whole allowed prefix goes at once (what
+    # follows depends on which probes a loaded machine's reference process answered in time)
+    event = events[0]
     assert (event.kind, event.boundary) == ("froze", 2)
     assert event.modules == freezer.partition.blocks[:2] == ("stem", "blocks.0")
     assert "of its peak" in event.reason
