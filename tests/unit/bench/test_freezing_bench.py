@@ -6,6 +6,7 @@ Synthetic arm records stand in for training runs; nothing trains here.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,16 @@ def bench() -> Iterator[ModuleType]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
+    # The script puts bench/ first on sys.path (its bench/operator.py would then shadow the
+    # standard library's operator in every subprocess started later with this path) and sets
+    # OMP_NUM_THREADS: a script's set-up, undone here for the tests that follow.
+    path, threads = list(sys.path), os.environ.get("OMP_NUM_THREADS")
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     yield module
     del sys.modules[spec.name]
 

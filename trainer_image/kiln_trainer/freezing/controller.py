@@ -409,8 +409,17 @@ class Freezer:
         activations = self._activations(active)
         if self.worker is None:
             return  # a follower's share of a sharded model's collective forward
-        flat = {name: partitions.flatten(t).cpu() for name, t in activations.items()
-                if name in active}
+        batch = self.probe.shape[0]
+        flat = {}
+        for name, t in activations.items():
+            if name not in active:
+                continue
+            if t.dim() == 0 or t.shape[0] != batch:
+                # No per-sample output (a position embedding: [T, D]): SP compares samples, so
+                # it has no plasticity; it freezes along with the next converged block.
+                self._near_free[self.convergence.blocks.index(name)] = True
+                continue
+            flat[name] = partitions.flatten(t).cpu()
         self._probe_id += 1
         if self.worker.submit(self._probe_id, self._version, self.probe.cpu(), flat):
             self._probe_scales[self._probe_id] = self._lr * max(1, step - self._refreshed_at)
