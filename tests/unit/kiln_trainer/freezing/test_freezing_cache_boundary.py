@@ -31,14 +31,6 @@ SPEC = api.ModelSpec.model_validate(
 FP16_TOLERANCE = {"atol": 5e-3, "rtol": 5e-3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def splits() -> data.Splits:
     spec = api.DatasetSpec.model_validate({"name": "digits", "maxSamples": 256})

@@ -6,9 +6,6 @@ choice times real fp32 and int8 copies of a real extractor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 
 from kiln import api, models
@@ -18,14 +15,6 @@ BLOCKS = ("stem", "layer1", "layer2", "layer3", "layer4")
 SPEC = api.ModelSpec.model_validate(
     {"architecture": "small_cnn", "inputShape": [1, 8, 8], "args": {"depth": 3, "width": 8}}
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _cycle(state: convergence.Convergence, values: dict[str, float], *, first_active: int = 0,
