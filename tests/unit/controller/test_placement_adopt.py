@@ -6,39 +6,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kiln import api
+from unit.controller import resize_cases
+
 from kiln.controller import jobs, kube, metrics, placement_loop, pods
 from kiln.placement import introspect, types
 from kiln.warmstart import select
-
-NODE = "gpu-a"
-
-
-def _job(name: str) -> api.TrainingJob:
-    # Compute-heavy enough that 2 GPUs run it clearly faster than 1 (flops estimate).
-    return api.parse_job({
-        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ns"},
-        "spec": {"model": {"architecture": "small_cnn", "args": {}, "inputShape": [3, 64, 64]},
-                 "training": {"epochs": 20, "batchSize": 512},
-                 "dataset": {"name": "torchvision", "torchvisionClass": "CIFAR10",
-                             "path": "/nonexistent"}}})
 
 
 def _pod(name: str, *, job: str | None, gpus: int) -> dict[str, Any]:
     labels = {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"} if job else {}
     container = {"name": "c", "resources": {"limits": {pods.GPU_RESOURCE: str(gpus)}}}
     return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "annotations": {
-        pods.NODE_ANNOTATION: NODE, pods.GPUS_ANNOTATION: str(gpus),
+        pods.NODE_ANNOTATION: resize_cases.NODE, pods.GPUS_ANNOTATION: str(gpus),
         pods.DEVICE_ANNOTATION: "gpu", pods.PARALLELISM_ANNOTATION: "single"}},
-        "spec": {"nodeName": NODE, "containers": [container]}, "status": {"phase": "Running"}}
+        "spec": {"nodeName": resize_cases.NODE, "containers": [container]}, "status": {"phase": "Running"}}
 
 
 class _Cluster:
     """A node with 2 GPUs; job "a" runs on one, started before the loop existed."""
 
     def __init__(self) -> None:
-        self.nodes = [{"metadata": {"name": NODE}, "status": {
+        self.nodes = [{"metadata": {"name": resize_cases.NODE}, "status": {
             "allocatable": {pods.GPU_RESOURCE: "2"},
             "conditions": [{"type": "Ready", "status": "True"}]}}]
         self.pods = {"a": _pod("a", job="a", gpus=1)}
@@ -73,7 +61,7 @@ def _loop(state: _Cluster) -> placement_loop.PlacementLoop:
 
 def _entry() -> placement_loop.Queued:
     decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
-    return placement_loop.Queued(jobs.JobRef("ns", "a"), _job("a"), decision, since=0.0)
+    return placement_loop.Queued(jobs.JobRef("ns", "a"), resize_cases.heavy_job("a"), decision, since=0.0)
 
 
 def _moves(*, adopt: bool, since: float | None = None,

@@ -5,23 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kiln import api
+from unit.controller import resize_cases
+
 from kiln.controller import cluster, jobs, kube, metrics, placement_loop, pods
 from kiln.placement import introspect, types
 from kiln.warmstart import select
-
-NODE = "gpu-a"
-
-
-def _job(name: str) -> api.TrainingJob:
-    # Compute-heavy enough that 2 GPUs run it in ~0.78 of the time of 1 (flops estimate).
-    return api.parse_job({
-        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ns"},
-        "spec": {"model": {"architecture": "small_cnn", "args": {}, "inputShape": [3, 64, 64]},
-                 "training": {"epochs": 20, "batchSize": 512},
-                 "dataset": {"name": "torchvision", "torchvisionClass": "CIFAR10",
-                             "path": "/nonexistent"}}})
 
 
 def _pod(name: str, *, job: str | None, node: str, gpus: int, parallelism: str = "single",
@@ -39,10 +27,10 @@ class _Cluster:
     """A node with 2 GPUs, one held by another workload, and the callbacks' pods."""
 
     def __init__(self, *, gpus: int = 2, other_gpus: int = 1) -> None:
-        self.nodes: list[dict[str, Any]] = [{"metadata": {"name": NODE}, "status": {
+        self.nodes: list[dict[str, Any]] = [{"metadata": {"name": resize_cases.NODE}, "status": {
             "allocatable": {pods.GPU_RESOURCE: str(gpus)},
             "conditions": [{"type": "Ready", "status": "True"}]}}]
-        self.pods = {"other": _pod("other", job=None, node=NODE, gpus=other_gpus)}
+        self.pods = {"other": _pod("other", job=None, node=resize_cases.NODE, gpus=other_gpus)}
         self.moves: list[introspect.Move] = []
 
     async def list(self, path: str) -> list[dict[str, Any]]:
@@ -81,7 +69,7 @@ def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
 
 def _queue(loop: placement_loop.PlacementLoop, name: str, now: float) -> None:
     decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
-    loop.add(placement_loop.Queued(jobs.JobRef("ns", name), _job(name), decision, since=now))
+    loop.add(placement_loop.Queued(jobs.JobRef("ns", name), resize_cases.heavy_job(name), decision, since=now))
 
 
 def test_a_running_job_grows_into_gpus_another_workload_freed() -> None:
@@ -135,7 +123,7 @@ def test_a_measured_fast_restart_lets_a_smaller_gain_move_the_job() -> None:
     async def scenario() -> None:
         _queue(loop, "a", clock[0])
         await loop.tick()  # 1 GPU
-        state.pods["other"] = _pod("other", job=None, node=NODE, gpus=2)
+        state.pods["other"] = _pod("other", job=None, node=resize_cases.NODE, gpus=2)
         eta["ns/a"] = 2000.0
         await loop.tick()  # 1 -> 2 GPUs, assuming the 60 s default restart
         assert [m.gpus for m in state.moves] == [2]
