@@ -1,8 +1,8 @@
 """The trainer's probe guard refuses a bad parent, and the operator shows it while the job runs.
 
-A deliberately bad parent (random weights scaled by 10, with a metric that makes admission pick
-it) sits in the zoo; the job's trainer starts cold instead, and status.warmStart says so with
-both probe losses before the job ends.
+A deliberately bad parent (random weights scaled by 10), pinned by the job, sits in the zoo;
+the job's trainer starts cold instead, and status.warmStart says so with both probe losses
+before the job ends.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def test_the_guard_refuses_a_bad_parent_and_status_shows_it_while_the_job_runs(
     doc = scenario.tiny_job("digits-guarded", epochs=2000, max_samples=None, model=MODEL)
     doc["metadata"]["namespace"] = namespace
     bad = _register_bad_parent(zoo, doc)
+    # Pinned: other tests' digits models share this zoo, and the guard would rightly fall
+    # through to one of them; a pinned parent has no alternatives, so its refusal starts cold.
+    doc["spec"]["warmStart"] = {"parent": bad}
     cluster.client.create_job(namespace, doc)
     running = scenario.wait_job(
         cluster, namespace, "digits-guarded",

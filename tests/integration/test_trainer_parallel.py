@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +133,9 @@ def test_trainer_command_runs_ranks_under_torchrun_and_only_rank_0_prints(tmp_pa
                             "2", "-m"]
     command[command.index("kiln_trainer")] = "parallel_probe"  # a stand-in trainer (below)
     (tmp_path / "parallel_probe.py").write_text(_PROBE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    # Only the stand-in's folder: kiln and torch come from the venv, and an inherited sys.path
+    # may hold folders (bench/) whose modules shadow the standard library's.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -3,17 +3,31 @@ simulator: shapes as documented, and every policy finishes them."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import statistics
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import placement_workload as workload
-
 from kiln.placement import simulate, types
+
+
+def _load_workload() -> ModuleType:
+    # Loaded by file, not through sys.path: bench/ holds an operator.py that would shadow the
+    # standard library's `operator` in every later subprocess that inherits sys.path.
+    path = Path(__file__).resolve().parents[3] / "bench" / "placement_workload.py"
+    spec = importlib.util.spec_from_file_location("placement_workload", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+workload = _load_workload()
 
 
 @pytest.mark.parametrize("durations", ["lognormal", "pareto"])
