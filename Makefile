@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kiln-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test docs install prometheus bench clean
+.PHONY: demo test docs install prometheus bench clean check-extras
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,29 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/trainer.py
+
+# Each install extra in a clean virtual environment (CPU torch): the base runs the trainer and
+# `kiln validate` without kopf, Pyomo or matplotlib; [operator] adds `kiln operator`; [plot]
+# adds `kiln plot`. Minutes and downloads, so not part of `make test` (tests/unit/test_extras.py
+# checks the base there by hiding the extras' packages).
+# Torch comes from the same place as `make install`'s; TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# takes the smaller CPU build instead.
+EXTRAS_VENV := .venv-extras
+TORCH_INDEX ?=
+check-extras:
+	rm -rf $(EXTRAS_VENV) && $(PYTHON) -m venv $(EXTRAS_VENV)
+	$(EXTRAS_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 \
+	  $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(EXTRAS_VENV)/bin/pip install --quiet '.[trainer]'
+	$(EXTRAS_VENV)/bin/python -c "import kiln_trainer.loop, kiln_trainer.cli, kiln.cli"
+	! $(EXTRAS_VENV)/bin/python -c "import kopf" 2>/dev/null
+	! $(EXTRAS_VENV)/bin/python -c "import pyomo" 2>/dev/null
+	$(EXTRAS_VENV)/bin/kiln validate examples/digits-resnet.yaml
+	! $(EXTRAS_VENV)/bin/kiln operator --help 2>/dev/null
+	$(EXTRAS_VENV)/bin/pip install --quiet '.[operator,plot]'
+	$(EXTRAS_VENV)/bin/kiln operator --help >/dev/null
+	$(EXTRAS_VENV)/bin/kiln plot --help >/dev/null
+	rm -rf $(EXTRAS_VENV)
 
 clean:
 	rm -rf $(VENV) .kiln site

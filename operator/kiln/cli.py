@@ -1,4 +1,4 @@
-"""The `kiln` command: run jobs locally, validate job files, inspect the zoo, write the CRD.
+"""The `kiln` command: run jobs locally, validate job files, inspect the zoo, run the operator.
 
 Every user error is one message on stderr and a non-zero exit, never a traceback. Text from
 users, zoo records and the trainer is printed as plain text, never as rich markup (a "[/]" in
@@ -8,13 +8,15 @@ a message would otherwise crash rich or restyle the output).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
+import re
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +24,28 @@ import pydantic
 from rich.console import Console
 from rich.markup import escape
 
-from kiln import api, contract, dashboard, models
+# Only light modules here: `kiln --help`, `--version` and the zoo commands start without torch
+# (about 2 s); commands import torch-backed modules (models, warm start, profiling) themselves.
+import kiln
+from kiln import api, contract, dashboard
 from kiln.api import jobfile
-from kiln.controller import main as controller_main
-from kiln.local import machine, runner, runplan, tables
-from kiln.placement import profile, profilecache, types
-from kiln.warmstart import decision, graph, pretrained
-from kiln.warmstart import index as zoo_index
+from kiln.local import output, runner, tables
+from kiln.placement import profilecache, types
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
+JOB_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+"""What a folder given for job files contributes, as `kubectl apply -f DIR` reads."""
+STDIN = Path("-")
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
+# `kiln zoo ls --sort`: record -> sort key. Metrics sort best first (accuracy down, loss up).
+SORT_KEYS: dict[str, Callable[[records.ZooRecord], Any]] = {
+    "created": lambda rec: rec.created_time,
+    "id": lambda rec: rec.id,
+    "metric": lambda rec: (rec.metric_name, rec.metric_value if rec.metric_name.endswith("loss")
+                           else -rec.metric_value),
+    "params": lambda rec: -rec.num_params,
+}
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
@@ -43,13 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kiln` console script; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["operator"]:  # the operator owns its flags (kiln.controller.settings)
+        try:  # kopf and the MILP come with the `operator` extra; `kiln run` needs neither
+            from kiln.controller import main as controller_main
+        except ModuleNotFoundError as exc:
+            print(f"kiln operator: error: {exc}; install the operator extra: pip install "
+                  "'kiln-operator[operator]'", file=sys.stderr)
+            return EXIT_USAGE
         return controller_main.main(argv[1:], prog="kiln operator")
     parser = _parser()
     args = parser.parse_args(argv)
-    console = Console(stderr=False)
-    if not console.is_terminal:
-        console = Console(stderr=False, width=140)  # logs and pipes: keep tables readable
-    errors = Console(stderr=True)
+    console, errors = output.stdout_console(), output.stderr_console()
     warnings.showwarning = functools.partial(_show_warning, errors)
     terminated: list[int] = []
     previous = signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, terminated))
@@ -84,6 +101,7 @@ def _show_warning(errors: Console, message: Warning | str, *_: Any, **__: Any) -
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {kiln.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="train jobs locally and register them in the zoo")
@@ -95,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                      metavar="PATH", help="`kiln profile` results for estimates (default "
                      f"{profilecache.DEFAULT_CACHE})")
     _zoo_options(run)
+    output.add_option(run)
     run.set_defaults(func=_cmd_run)
 
     prof = sub.add_parser("profile", help="time one training step per config (for the planner)")
@@ -106,20 +125,38 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"profile cache (default {profilecache.DEFAULT_CACHE})")
     prof.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     prof.add_argument("--refresh", action="store_true", help="measure again even when cached")
+    output.add_option(prof)
     prof.set_defaults(func=_cmd_profile)
 
     validate = sub.add_parser("validate", help="check job files (exit 2 when invalid)")
-    validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    validate.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                          help=f"a job file, a folder (its {', '.join(JOB_FILE_SUFFIXES)} files) "
+                          "or - for stdin")
+    output.add_option(validate)
     validate.set_defaults(func=_cmd_validate)
 
     zoo = sub.add_parser("zoo", help="inspect the model zoo")
     zoo_sub = zoo.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
     ls = zoo_sub.add_parser("ls", help="list models")
+    ls.add_argument("--namespace", default=None, metavar="NS", type=_namespace,
+                    help="only the models a job in NS sees: NS's own and shared ones "
+                    "(default: every model)")
+    ls.add_argument("--architecture", default=None, metavar="NAME",
+                    help="only models of this architecture (or entrypoint)")
+    ls.add_argument("--dataset", default=None, metavar="NAME",
+                    help="only models trained on this dataset")
+    ls.add_argument("--sort", choices=SORT_KEYS, default="created",
+                    help="order: created (oldest first, the default), id, metric (best first), "
+                    "params (largest first)")
     _zoo_options(ls)
+    output.add_option(ls)
     ls.set_defaults(func=_cmd_zoo_ls)
     show = zoo_sub.add_parser("show", help="show one model's record")
     show.add_argument("model_id", metavar="ID")
+    show.add_argument("--namespace", default=None, metavar="NS", type=_namespace,
+                      help="refuse a model private to another namespace than NS")
     _zoo_options(show)
+    output.add_option(show)
     show.set_defaults(func=_cmd_zoo_show)
     rm = zoo_sub.add_parser("rm", help="delete models (also half-written ones)")
     rm.add_argument("model_ids", nargs="+", metavar="ID")
@@ -144,13 +181,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="one sample's shape without the batch, e.g. 3,32,32 or 64")
     imp.add_argument("--task", choices=[str(t) for t in api.ModelTask], default=None,
                      help="what the output means (default: the registry's, or classification)")
-    imp.add_argument("--metric", required=True, metavar="NAME=VALUE",
-                     help="what the weights were evaluated at, e.g. validation_accuracy=0.91")
+    imp.add_argument("--metric", default=None, metavar="NAME=VALUE",
+                     help="what the weights were evaluated at, e.g. validation_accuracy=0.91 "
+                     "(required, except for a `kiln zoo export` folder, which brings its own)")
     imp.add_argument("--source", default=None, metavar="TEXT",
                      help="where the weights came from, e.g. a URL (default: the path)")
     imp.add_argument("--license", default=None, metavar="TEXT", help="the weights' license")
     imp.add_argument("--dataset", default="imported", metavar="NAME",
                      help="what they were trained on (informational)")
+    imp.add_argument("--namespace", default=records.LEGACY_NAMESPACE, metavar="NS",
+                     type=_namespace,
+                     help="the namespace whose jobs may warm-start from them (default: default)")
+    imp.add_argument("--share", choices=[str(s) for s in api.ZooShare],
+                     default=api.ZooShare.PRIVATE.value,
+                     help="private (only jobs of --namespace see them, the default) or shared "
+                     "(every namespace)")
     _zoo_options(imp)
     imp.set_defaults(func=_cmd_zoo_import)
 
@@ -159,28 +204,110 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--top", type=_positive_int, default=5, metavar="K",
                        help="how many candidates to show (default 5)")
     _zoo_options(query)
+    output.add_option(query)
     query.set_defaults(func=_cmd_zoo_query)
 
+    gc = zoo_sub.add_parser("gc", help="evict the models worth least per byte (decayed parent "
+                            "hits) until the zoo fits --capacity")
+    gc.add_argument("--capacity", required=True, type=_size, metavar="SIZE",
+                    help="the zoo's budget, e.g. 10GiB or 500MB")
+    gc.add_argument("--dry-run", action="store_true",
+                    help="print what would be deleted, delete nothing")
+    gc.add_argument("--half-life-days", type=_positive_float, default=7.0, metavar="DAYS",
+                    help="a parent hit's weight halves every DAYS days (default 7)")
+    _zoo_options(gc)
+    output.add_option(gc)
+    gc.set_defaults(func=_cmd_zoo_gc)
+
+    exp = zoo_sub.add_parser("export", help="write a model as a folder: safetensors weights, "
+                             "graph, meta.json and a README with a loading snippet")
+    exp.add_argument("model_id", metavar="ID")
+    exp.add_argument("--out", required=True, type=Path, metavar="DIR",
+                     help="the folder to write (created; must not hold an export already)")
+    _zoo_options(exp)
+    exp.set_defaults(func=_cmd_zoo_export)
+
+    lin = zoo_sub.add_parser("lineage", help="a model's parents and descendants, with "
+                             "similarities and the training each warm start inherited")
+    lin.add_argument("model_id", metavar="ID")
+    _zoo_options(lin)
+    output.add_option(lin)
+    lin.set_defaults(func=_cmd_zoo_lineage)
+
     models_cmd = sub.add_parser("models", help="list registered architectures")
+    output.add_option(models_cmd)
     models_cmd.set_defaults(func=_cmd_models)
+
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script (bash, zsh, tcsh)",
+        description="Print a shell completion script, e.g. for bash: kiln completion bash > "
+        "~/.local/share/bash-completion/completions/kiln")
+    completion.add_argument("shell", choices=COMPLETION_SHELLS)
+    completion.set_defaults(func=_cmd_completion)
 
     sub.add_parser("operator", add_help=False,
                    help="run the operator against a Kubernetes API server (see --help)")
 
-    crd_cmd = sub.add_parser("crd", help="write the TrainingJob CRD generated from kiln.api")
-    crd_cmd.add_argument("--out", action="append", type=Path, metavar="PATH",
-                         help="output file (repeatable; default crds/trainingjob.yaml and, "
-                              "where it exists, the Helm chart's helm/kiln/crds/ copy)")
+    # Developer commands, left out of the user's help (a subcommand without help= is not
+    # listed): they print by default (`kiln crd | kubectl apply -f -`); --write regenerates
+    # the repository's copies.
+    crd_cmd = sub.add_parser("crd",
+                             description="Print the TrainingJob CRD generated from kiln.api.")
+    crd_where = crd_cmd.add_mutually_exclusive_group()
+    crd_where.add_argument("--out", action="append", type=Path, metavar="PATH",
+                           help="write it here instead (repeatable; - is stdout)")
+    crd_where.add_argument("--write", action="store_true",
+                           help="in the repository root: regenerate crds/trainingjob.yaml, the "
+                           "Helm chart's copy, the zoo record schema and the field reference")
     crd_cmd.add_argument("--reference", type=Path, metavar="PATH",
-                         help="the field reference page to regenerate (default, without --out: "
+                         help="the field reference page to regenerate (default with --write: "
                               "docs/reference/trainingjob.md where it exists)")
     crd_cmd.set_defaults(func=_cmd_crd)
 
-    dash = sub.add_parser("dashboard", help="write the Grafana dashboard from kiln.dashboard")
-    dash.add_argument("--out", action="append", type=Path, metavar="PATH",
-                      help=f"output file (repeatable; default {dashboard.CHART_COPY})")
+    dash = sub.add_parser("dashboard",
+                          description="Print the Grafana dashboard generated from kiln.dashboard.")
+    dash_where = dash.add_mutually_exclusive_group()
+    dash_where.add_argument("--out", action="append", type=Path, metavar="PATH",
+                            help="write it here instead (repeatable; - is stdout)")
+    dash_where.add_argument("--write", action="store_true",
+                            help=f"in the repository root: regenerate {dashboard.CHART_COPY}")
     dash.set_defaults(func=_cmd_dashboard)
+
+    plot = sub.add_parser("plot", help="draw runs' training curves or a placement plan "
+                          "(PNG, SVG or PDF, by the --out suffix)")
+    plot.add_argument("runs", nargs="*", type=Path, metavar="RUN",
+                      help="a run's history (.kiln/runs/JOB.metrics.jsonl, its log, or a bare "
+                      "JOB name, looked up in .kiln/runs/); several draw side by side, e.g. "
+                      "warm vs cold")
+    plot.add_argument("--plan", type=Path, metavar="PLAN.json",
+                      help="draw this plan as a Gantt chart instead (`kiln run --slots` "
+                      "writes .kiln/runs/run.json)")
+    plot.add_argument("--x", choices=("time", "step"), default="time",
+                      help="x axis of the curves: training seconds or optimizer steps")
+    plot.add_argument("--out", type=Path, required=True, metavar="FILE.png",
+                      help="image to write; its suffix picks the format: .png, .svg or .pdf")
+    plot.set_defaults(func=_cmd_plot)
     return parser
+
+
+def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
+    if bool(args.runs) == (args.plan is not None):
+        raise UsageError("kiln plot: give either RUN files (training curves) or --plan "
+                         "PLAN.json (a Gantt chart), not both or neither")
+    try:  # matplotlib is an extra: `kiln run` never needs it
+        from kiln.local import plots
+    except ImportError as exc:
+        raise UsageError(f"kiln plot needs matplotlib ({exc}); pip install "
+                         "'kiln-operator[plot]'") from None
+    try:
+        figure = (plots.plan_figure(plots.load_plan(args.plan)) if args.plan is not None else
+                  plots.runs_figure(plots.load_runs(args.runs),
+                                    x_key="elapsed_seconds" if args.x == "time" else "step"))
+        plots.save(figure, args.out)
+    except plots.PlotError as exc:
+        raise UsageError(str(exc)) from None
+    console.print(f"wrote {escape(str(args.out))}", highlight=False)
+    return EXIT_OK
 
 
 def _zoo_options(parser: argparse.ArgumentParser) -> None:
@@ -208,11 +335,49 @@ def _open_zoo(args: argparse.Namespace) -> store.ObjectStore:
         raise UsageError(f"--zoo {args.zoo}: {exc}") from None
 
 
+def _job_files(paths: Sequence[Path]) -> list[Path]:
+    """`paths` with each folder replaced by its job files (sorted, not recursive, no hidden
+    files); files and - (stdin) stay as given.
+
+    Raises:
+        UsageError: a folder holds no job file.
+    """
+    files = []
+    for path in paths:
+        if path != STDIN and path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix in JOB_FILE_SUFFIXES
+                           and not p.name.startswith(".") and p.is_file())
+            if not found:
+                raise UsageError(f"{path}: the folder holds no job file "
+                                 f"({', '.join(JOB_FILE_SUFFIXES)}); give files or another folder")
+            files += found
+        else:
+            files.append(path)
+    return files
+
+
+def _read_jobs(path: Path) -> list[api.TrainingJob]:
+    """The jobs of one job file, or of stdin for -.
+
+    Raises:
+        api.InvalidSpec: as `jobfile.load_jobs`.
+    """
+    if path != STDIN:
+        return jobfile.load_jobs(path)
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError:
+        raise api.InvalidSpec(["stdin is not UTF-8 text"], source="<stdin>") from None
+    return jobfile.parse_jobs(text, source="<stdin>")
+
+
 def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
+    from kiln import models
+
     jobs, problems = [], []
-    for path in files:
+    for path in _job_files(files):
         try:
-            for job in jobfile.load_jobs(path):
+            for job in _read_jobs(path):
                 more = models.check_job(job)
                 if more:
                     raise api.InvalidSpec(more, source=str(path))
@@ -229,26 +394,45 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    invalid, names = [], []
-    for path in args.files:  # each file on its own: the valid ones are said valid too
+    invalid, names, rows = [], [], []
+    for path in _job_files(args.files):  # each file on its own: the valid ones are said valid
+        source = "<stdin>" if path == STDIN else str(path)
         try:
             jobs = _load_all([path])
         except UsageError as exc:
             invalid.append(str(exc))
+            lines = str(exc).splitlines()  # "FILE: invalid TrainingJob:", then "  problem"s
+            rows.append({"source": source, "name": None, "valid": False,
+                         "problems": [ln.strip() for ln in lines if ln.startswith("  ")] or lines})
             continue
         for job in jobs:
             names.append(job.name)
-            console.print(f"[green]valid[/]: {escape(job.name)} "
-                          f"({escape(job.spec.model.label)} on {job.spec.dataset.source})")
+            rows.append({"source": source, "name": job.name, "valid": True, "problems": [],
+                         "model": job.spec.model.label, "dataset": job.spec.dataset.source})
+            if args.output == "table":
+                console.print(f"[green]valid[/]: {escape(job.name)} "
+                              f"({escape(job.spec.model.label)} on {job.spec.dataset.source})")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         invalid.append(f"metadata.name: each job needs its own name; repeated: {repeated}")
+        for row in rows:
+            if row["name"] in repeated:
+                row["valid"] = False
+                row["problems"] = ["metadata.name: another job has this name"]
+    if args.output != "table":  # every file's verdict on stdout; the problems on stderr too
+        output.show(console, args.output, rows)
     if invalid:
         raise UsageError("\n".join(invalid))
     return EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from kiln.local import machine, runplan
+
+    # With -o json/yaml, stdout carries only the results; progress and the plan go to stderr.
+    results_console = console
+    if args.output != "table":
+        console = output.stderr_console()
     jobs = _load_all(args.files)
     for job in jobs:
         path = job.spec.dataset.path
@@ -258,7 +442,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
     work_dir = runner.default_work_dir()
-    python_path = runner.python_path(args.files, os.environ)  # entrypoints beside job files
+    python_path = runner.python_path(_job_files(args.files), os.environ)  # entrypoints there
     try:
         machine.check_slots(args.slots)
         devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
@@ -279,16 +463,22 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         except types.Unplaceable as exc:
             raise UsageError(f"{exc}; this machine has {devices.count} {devices.noun} "
                              "(--slots)") from None
-        console.print(tables.plan(the_plan, configs, devices))  # before anything starts
+        output.print_table(console, tables.plan(the_plan, configs, devices))  # before the run
         outcomes = runplan.run_planned(jobs, the_plan=the_plan, configs=configs,
                                        devices=devices, zoo_uri=args.zoo, work_dir=work_dir,
                                        console=console, env={**_zoo_env(args), **python_path},
                                        profiled=profiled)
-    console.print(tables.results(outcomes))
+    rows = [{"name": o.name, "architecture": o.architecture, **o.result,
+             "placement": dataclasses.asdict(o.placement) if o.placement else None}
+            for o in outcomes]
+    output.show(results_console, args.output, rows, tables.results(outcomes))
     return EXIT_OK
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from kiln import models
+    from kiln.placement import estimate, profile
+
     jobs = _load_all([args.file])
     if len(jobs) != 1:
         raise UsageError(f"{args.file}: holds {len(jobs)} jobs; profile one job at a time")
@@ -304,8 +494,13 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
                                        device=args.device, refresh=args.refresh)
     except models.EntrypointError as exc:
         raise UsageError(f"{args.file}: {exc}") from None
-    console.print(tables.profile_table(job, measured, kind=profile.device_type(args.device),
-                                       cache=args.cache))
+    kind = profile.device_type(args.device)
+    batch_size = estimate.workload(job).batch_size
+    rows = [{"job": job.name, "device": kind, **dataclasses.asdict(m),
+             "samples_per_second": batch_size / m.step_seconds if m.step_seconds else None}
+            for m in measured]
+    output.show(console, args.output, rows,
+                tables.profile_table(job, measured, kind=kind, cache=args.cache))
     return EXIT_OK
 
 
@@ -331,12 +526,14 @@ def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStor
         UsageError: naming each job whose pinned parent is missing or damaged.
         store.StoreUnavailable: the zoo could not be read.
     """
+    from kiln.warmstart import decision
+
     problems = []
     for job in jobs:
         warm = job.spec.warm_start
         if warm.enabled and warm.parent != "auto":
             try:
-                decision.pinned_record(zoo, warm.parent)
+                decision.pinned_record(zoo, warm.parent, namespace=job.namespace)
             except api.InvalidSpec as exc:
                 problems += [f"{job.name}: {problem}" for problem in exc.problems]
     if problems:
@@ -345,7 +542,15 @@ def _check_pinned_parents(jobs: Sequence[api.TrainingJob], zoo: store.ObjectStor
 
 def _cmd_zoo_ls(args: argparse.Namespace, console: Console) -> int:
     zoo = _open_zoo(args)
-    console.print(tables.zoo_models(zoo.describe(), records.list_records(zoo)))
+    found = sorted(records.list_records(zoo), key=SORT_KEYS[args.sort])
+    if args.namespace is not None:
+        found = [rec for rec in found if rec.visible_to(args.namespace)]
+    if args.architecture is not None:
+        found = [rec for rec in found if args.architecture in (rec.builder, rec.architecture)]
+    if args.dataset is not None:
+        found = [rec for rec in found if rec.dataset == args.dataset]
+    output.show(console, args.output, [json.loads(rec.to_json()) for rec in found],
+                tables.zoo_models(zoo.describe(), found))  # scripts get whole records
     return EXIT_OK
 
 
@@ -371,7 +576,14 @@ def _cmd_zoo_show(args: argparse.Namespace, console: Console) -> int:
                          "`kiln zoo ls` lists them") from None
     except records.CorruptRecord as exc:
         raise UsageError(str(exc)) from None
-    console.print_json(json.dumps(json.loads(rec.to_json())))
+    if args.namespace is not None and not rec.visible_to(args.namespace):
+        raise UsageError(f"zoo model {model_id} is private to namespace {rec.namespace}; "
+                         f"`kiln zoo ls --namespace {args.namespace}` lists what "
+                         f"{args.namespace} sees")
+    if args.output == "table":  # people get the record as highlighted JSON
+        console.print_json(rec.to_json())
+    else:
+        output.show(console, args.output, json.loads(rec.to_json()))
     return EXIT_OK
 
 
@@ -395,6 +607,10 @@ def _cmd_zoo_rm(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
+    from kiln import models
+    from kiln.warmstart import decision
+    from kiln.warmstart import index as zoo_index
+
     jobs = _load_all([args.file])
     if len(jobs) != 1:
         raise UsageError(f"{args.file}: holds {len(jobs)} jobs; query one job at a time")
@@ -409,14 +625,34 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
             chosen = decision.decide(job, zoo, zoo_index=index)
         except models.EntrypointError as exc:
             raise UsageError(f"{args.file}: {exc}") from None
-    console.print(tables.warm_start_candidates(job, found, len(index), chosen.parent_id,
-                                               top=args.top))
-    console.print(chosen.reason[:1].upper() + chosen.reason[1:], markup=False,
-                  highlight=False)
+    found = dataclasses.replace(found, candidates=tuple(  # what the job's namespace sees
+        c for c in found.candidates if c.record.visible_to(job.namespace)))
+    reason = chosen.reason[:1].upper() + chosen.reason[1:]
+    if args.output != "table":
+        output.show(console, args.output, {
+            "job": job.name, "zoo_models": len(index), "search": str(found.mode),
+            "parent": chosen.parent_id, "reason": reason,
+            "candidates": [{"rank": rank, "id": cand.id, "architecture": cand.record.builder,
+                            "similarity": cand.similarity,
+                            "metric_name": cand.record.metric_name,
+                            "metric_value": cand.record.metric_value}
+                           for rank, cand in enumerate(found.candidates[:args.top], start=1)]})
+        return EXIT_OK
+    output.print_table(console, tables.warm_start_candidates(job, found, len(index),
+                                                             chosen.parent_id, top=args.top))
+    console.print(reason, markup=False, highlight=False)
     return EXIT_OK
 
 
 def _cmd_zoo_import(args: argparse.Namespace, console: Console) -> int:
+    from kiln import models
+    from kiln.warmstart import graph, pretrained
+
+    if (args.weights / records.META_NAME).is_file():  # a `kiln zoo export` folder
+        return _import_export(args, console)
+    if args.metric is None:
+        raise UsageError("--metric: required for weights without a zoo record, e.g. "
+                         "--metric validation_accuracy=0.91")
     try:
         metric = pretrained.parse_metric(args.metric)
     except pretrained.WeightsError as exc:
@@ -427,7 +663,8 @@ def _cmd_zoo_import(args: argparse.Namespace, console: Console) -> int:
     try:
         rec = pretrained.import_weights(zoo, args.weights, spec, metric=metric,
                                         source=args.source, license_text=args.license,
-                                        dataset=args.dataset)
+                                        dataset=args.dataset, namespace=args.namespace,
+                                        share=api.ZooShare(args.share))
     except (models.EntrypointError, graph.GraphError, TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None  # WeightsError is a ValueError
     finally:
@@ -480,47 +717,250 @@ def _import_model_spec(args: argparse.Namespace) -> tuple[api.ModelSpec, str]:
     return spec, os.getcwd()
 
 
+def _import_export(args: argparse.Namespace, console: Console) -> int:
+    """`kiln zoo import DIR` for a `kiln zoo export` folder: the record as it was exported."""
+    from kiln.warmstart import pretrained
+    from kiln.zoo import export
+
+    given = [flag for flag, value in (
+        ("--job", args.job), ("--entrypoint", args.entrypoint),
+        ("--architecture", args.architecture), ("--input-shape", args.input_shape),
+        ("--task", args.task), ("--metric", args.metric), ("--source", args.source),
+        ("--license", args.license)) if value is not None]
+    if given:
+        raise UsageError(f"{args.weights} is a `kiln zoo export` folder: its meta.json gives "
+                         f"the model and its metrics; drop {', '.join(given)}")
+    zoo = _open_zoo(args)
+    try:
+        rec, added = export.import_record(zoo, args.weights, check=pretrained.check_export)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not added:
+        console.print(f"{rec.id} is already in the zoo with the same weights (sha256 "
+                      f"{rec.weights_sha256}): nothing to import", markup=False, highlight=False)
+        return EXIT_OK
+    console.print(f"imported {rec.id}: {rec.builder}, {rec.num_params:,} parameters, "
+                  f"{rec.metric_name} {rec.metric_value:g}, weights sha256 "
+                  f"{rec.weights_sha256}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _cmd_zoo_export(args: argparse.Namespace, console: Console) -> int:
+    from kiln.zoo import export
+
+    model_id = _model_id(args.model_id)
+    zoo = _open_zoo(args)
+    try:
+        rec = export.export_record(zoo, model_id, args.out)
+    except store.ObjectNotFound:
+        raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
+                         "`kiln zoo ls` lists them") from None
+    except ValueError as exc:  # CorruptRecord too
+        raise UsageError(str(exc)) from None
+    console.print(f"exported {rec.id} to {args.out} ({', '.join(export.FILES)}, "
+                  f"{export.README_NAME})", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from kiln.zoo import lineage
+
+    model_id = _model_id(args.model_id)
+    zoo = _open_zoo(args)
+    try:
+        found = lineage.lineage(records.list_records(zoo), model_id)
+    except KeyError:
+        raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
+                         "`kiln zoo ls` lists them") from None
+    if args.output != "table":
+        output.show(console, args.output, found.to_json())
+        return EXIT_OK
+
+    def label(node: lineage.Node) -> str:
+        rec = node.record
+        if rec is None:
+            return f"{node.record_id} (no longer in the zoo)"
+        text = f"{node.record_id}  {rec.builder}  {rec.metric_name} {rec.metric_value:.4g}"
+        if node.similarity is not None:
+            text += f"  similarity {node.similarity:.2f}"
+        if node.inherited_epochs is not None:
+            text += f"  saved ~{node.inherited_epochs:.1f} epochs"
+        return text + ("  [provisional]" if rec.provisional else "")
+
+    def grow(branch: Tree, node: lineage.Node) -> None:
+        for child in node.children:
+            grow(branch.add(Text(label(child))), child)
+
+    root = Tree(Text(f"Lineage of {model_id} in {zoo.describe()}"))
+    at = root
+    for ancestor in found.ancestors:
+        at = at.add(Text(label(ancestor)))
+    grow(at.add(Text(label(found.tree), style="bold")), found.tree)
+    console.print(root)
+    for cycle in found.cycles:  # hand-edited meta.json: the tree shows each record once
+        console.print(f"warning: parent cycle {' -> '.join((*cycle, cycle[0]))}: records "
+                      f"{', '.join(cycle)} name each other as parents (their meta.json "
+                      "'parent' fields); fix them, e.g. set one to null",
+                      markup=False, highlight=False)
+    console.print("saved: epochs of training a warm start inherited, estimated as similarity x "
+                  "the parent's accumulated epochs", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _cmd_zoo_gc(args: argparse.Namespace, console: Console) -> int:
+    import datetime
+
+    from kiln.zoo import eviction
+
+    zoo = _open_zoo(args)
+    now = datetime.datetime.now(datetime.UTC)
+    chosen = eviction.plan(eviction.survey(zoo, now=now,
+                                           half_life_seconds=args.half_life_days * 86400.0),
+                           capacity_bytes=args.capacity)
+    if not args.dry_run:
+        eviction.carry_out(zoo, chosen)
+    unread_bytes, unread = eviction.unlisted(zoo, chosen.entries)
+    verb = "would delete" if args.dry_run else "deleted"
+    rows = [{"id": e.record.id, "size_bytes": e.size_bytes, "hits": e.hits,
+             "value": round(e.value, 6), "value_per_gib": round(e.value_per_gib, 6),
+             "created": e.record.created_time, "provisional": e.record.provisional}
+            for e in chosen.evict]
+    if args.output != "table":
+        output.show(console, args.output, {
+            "dry_run": args.dry_run, "capacity_bytes": chosen.capacity_bytes,
+            "size_bytes": chosen.size_bytes, "after_bytes": chosen.after_bytes,
+            "unreadable_records": unread, "unreadable_bytes": unread_bytes,
+            "evicted": rows})
+        return EXIT_OK
+    if rows:  # a provisional record is the exception: marked, never a column of "False"
+        marked = any(row["provisional"] for row in rows)
+        output.show(console, "table", [
+            {**{k: v for k, v in row.items() if k != "provisional"},
+             **({"note": "provisional" if row["provisional"] else ""} if marked else {})}
+            for row in rows])
+    console.print(f"{verb} {len(rows)} of {len(chosen.entries)} models: {chosen.size_bytes:,} "
+                  f"-> {chosen.after_bytes:,} bytes (capacity {chosen.capacity_bytes:,})",
+                  markup=False, highlight=False)
+    if unread:
+        console.print(f"not counted: {unread_bytes:,} bytes of {len(unread)} unreadable "
+                      f"records ({', '.join(unread)}), which gc never deletes; fix or remove "
+                      "them (the warnings above say why each was skipped)",
+                      markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _size(text: str) -> int:
+    from kiln.zoo import eviction
+
+    try:
+        return eviction.parse_capacity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
+    return value
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
     return value
 
 
+def _namespace(text: str) -> str:
+    """A Kubernetes namespace name from the command line (the zoo records' `namespace`)."""
+    if len(text) > api.NAME_MAX_LENGTH or not re.match(api.NAME_PATTERN, text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name: lowercase letters, digits and '-', at most "
+            f"{api.NAME_MAX_LENGTH}, e.g. team-a")
+    return text
+
+
 def _cmd_models(args: argparse.Namespace, console: Console) -> int:
-    console.print(tables.architectures())
+    rows = tables.architecture_rows()
+    output.show(console, args.output, rows, output.rows_table(rows, title="Architectures"))
     return EXIT_OK
 
 
-def _write_generated(text: str, outs: Sequence[Path], console: Console) -> None:
-    """Write a generated file's `text` to every path in `outs` (folders are created)."""
+def _cmd_completion(args: argparse.Namespace, console: Console) -> int:
+    # A static script (shtab): a TAB press runs no Python. Path arguments complete file names.
+    import shtab
+
+    parser = _parser()
+    parsers = [parser]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if action.type is Path:
+                action.complete = shtab.FILE  # type: ignore[attr-defined]
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += action.choices.values()
+    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    return EXIT_OK
+
+
+def _write_generated(text: str, outs: Sequence[Path], notes: Console) -> None:
+    """Write a generated file's `text` to every path in `outs` (folders are created), - to
+    stdout; a "wrote PATH" line per file goes to `notes`."""
     for out in outs:
+        if out == STDIN:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            continue
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        console.print(f"wrote {out}", markup=False)
+        notes.print(f"wrote {out}", markup=False, highlight=False)
+
+
+def _generated_outs(args: argparse.Namespace, repository_copies: list[Path],
+                    console: Console) -> tuple[list[Path], Console]:
+    """Where `kiln crd`/`kiln dashboard` write (--out, --write's `repository_copies`, else
+    stdout), and the console for notes: stderr whenever stdout carries the text."""
+    outs = args.out or (repository_copies if args.write else [STDIN])
+    return outs, output.stderr_console() if STDIN in outs else console
 
 
 def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
     from kiln import crd, reference
 
     chart_copy = Path("helm/kiln/crds/trainingjob.yaml")
-    _write_generated(crd.render(), args.out or [
+    outs, notes = _generated_outs(args, [
         Path("crds/trainingjob.yaml"), *([chart_copy] if chart_copy.parent.is_dir() else [])],
         console)
+    _write_generated(crd.render(), outs, notes)
+    schema_file = Path("docs/reference/zoo-record.schema.json")
+    if args.write and schema_file.parent.is_dir():  # the zoo's meta.json, for tools
+        _write_generated(json.dumps(records.json_schema(), indent=2) + "\n", [schema_file],
+                         notes)
     page = args.reference
-    if page is None and args.out is None and reference.PAGE.is_file():
+    if page is None and args.write and reference.PAGE.is_file():
         page = reference.PAGE
     if page is not None:
         try:
             changed = reference.update(page)
         except (OSError, ValueError) as error:
             raise UsageError(str(error)) from error
-        console.print(f"{'updated' if changed else 'unchanged'}: {page}", markup=False)
+        notes.print(f"{'updated' if changed else 'unchanged'}: {page}", markup=False,
+                    highlight=False)
     return EXIT_OK
 
 
 def _cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
-    _write_generated(dashboard.render(), args.out or [dashboard.CHART_COPY], console)
+    outs, notes = _generated_outs(args, [dashboard.CHART_COPY], console)
+    _write_generated(dashboard.render(), outs, notes)
     return EXIT_OK
 
 

@@ -25,9 +25,11 @@ from kiln import api
 TRAINER_MODULE = "kiln_trainer"
 # torchrun as a module, so the command needs only the interpreter; ``--standalone`` gives each
 # launch a private rendezvous on a free port, so concurrent jobs on one machine never collide.
-# A launch spanning nodes would add ``--nnodes N --node-rank R --rdzv-backend c10d
-# --rdzv-endpoint HOST:PORT --rdzv-id JOB`` (the trainer reads the same environment).
+# A launch spanning nodes uses a c10d rendezvous instead (`Rendezvous`); the trainer reads the
+# same environment either way.
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone")
+TORCHRUN_MODULE = ("-m", "torch.distributed.run")
+RENDEZVOUS_PORT = 29400  # torchrun's default c10d port, served by the first node's agent
 
 
 class Flag(enum.StrEnum):
@@ -54,10 +56,15 @@ class Env(enum.StrEnum):
     ZOO_ACCESS_KEY = "KILN_ZOO_ACCESS_KEY"  # S3 credentials (pods: from a Secret)
     ZOO_SECRET_KEY = "KILN_ZOO_SECRET_KEY"
     ZOO_REGION = "KILN_ZOO_REGION"  # optional S3 region
+    ZOO_SESSION_TOKEN = "KILN_ZOO_SESSION_TOKEN"  # temporary S3 credentials' token
+    ZOO_CREDENTIALS = "KILN_ZOO_CREDENTIALS"  # "iam": AWS IAM / web identity instead of keys
+    ZOO_SHARE = "KILN_ZOO_SHARE"  # new records' share when spec.zoo.share is unset
+    TRAINER_IMAGE = "KILN_TRAINER_IMAGE"  # the pod's image, recorded with the model
     METRICS_PORT = "KILN_METRICS_PORT"  # --metrics-port
     CHECKPOINTS = "KILN_CHECKPOINTS"  # --checkpoint-dir
     PARALLELISM = "KILN_PARALLELISM"  # --parallelism
     WARM_START = "KILN_WARM_START"  # --warm-start
+    TENSORBOARD_DIR = "KILN_TENSORBOARD_DIR"  # trainer: write TensorBoard runs under it
     DEVICES = "KILN_DEVICES"  # GPUs (or CPU slots) the pod holds; informational
     TERMINATION_LOG = "KILN_TERMINATION_LOG"  # moves the termination log (test kubelets)
     DATA_CACHE = "KILN_DATA_CACHE"  # where s3:// datasets are cached (default: a temp folder)
@@ -163,25 +170,64 @@ def torchrun_command(processes: int, module: str, argv: Sequence[str], *,
     return [python, *TORCHRUN, "--nproc-per-node", str(processes), "-m", module, *argv]
 
 
-def trainer_command(processes: int, argv: Sequence[str], *,
-                    python: str = sys.executable) -> list[str]:
-    """The command that runs the trainer with `processes` processes on one machine.
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """How the torchrun agents of a launch spanning several machines find each other (c10d).
+
+    Attributes:
+        nodes: machines in the launch (one torchrun agent each), >= 2.
+        node: this machine's index, 0-based; node 0 hosts the rendezvous store.
+        endpoint: ``HOST:PORT`` of node 0's store (in a cluster, its pod's DNS name).
+        run_id: the same on every node and new for every attempt, so a restarted launch
+            never joins an old one's rendezvous.
+        local_addr: this machine's address as the others reach it. torchrun gives group ranks
+            in the sorted order of these addresses, so node i's must sort i-th (global rank 0,
+            the one that reports, is then on node 0).
+    """
+
+    nodes: int
+    node: int
+    endpoint: str
+    run_id: str
+    local_addr: str
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2 or not 0 <= self.node < self.nodes:
+            raise ValueError(f"Rendezvous: node {self.node} of {self.nodes}; need 2 or more "
+                             "nodes and 0 <= node < nodes")
+
+    def torchrun_flags(self) -> list[str]:
+        """torchrun's flags for this node (besides ``--nproc-per-node``)."""
+        return ["--nnodes", str(self.nodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id,
+                "--rdzv-conf", f"is_host={int(self.node == 0)}",
+                "--local-addr", self.local_addr]
+
+
+def trainer_command(processes: int, argv: Sequence[str], *, python: str = sys.executable,
+                    rendezvous: Rendezvous | None = None) -> list[str]:
+    """The command that runs the trainer with `processes` processes on this machine.
 
     One process: ``python -m kiln_trainer ARGV``; more: the same under torchrun. Only rank 0
     writes the events, and torchrun passes the workers' stdout through, so readers read it as
-    from one process.
+    from one process. With `rendezvous` the launch spans machines: torchrun runs `processes`
+    here and joins the others through a c10d rendezvous (even with one process here).
 
     Args:
-        processes: worker processes (GPUs, or CPU worker slots).
+        processes: worker processes on this machine (GPUs, or CPU worker slots).
         argv: the trainer's flags (`TrainerArgs.to_argv`); a multi-process run should pass
             ``--parallelism`` ddp or fsdp.
         python: the interpreter (default: this one; pods use the image's ``python``).
+        rendezvous: how this machine joins a launch spanning several (None: one machine).
 
     Raises:
         ValueError: processes < 1.
     """
     if processes < 1:
         raise ValueError(f"processes: {processes}; need at least 1")
+    if rendezvous is not None:
+        return [python, *TORCHRUN_MODULE, *rendezvous.torchrun_flags(),
+                "--nproc-per-node", str(processes), "-m", TRAINER_MODULE, *argv]
     if processes == 1:
         return [python, "-m", TRAINER_MODULE, *argv]
     return torchrun_command(processes, TRAINER_MODULE, argv, python=python)
@@ -230,6 +276,8 @@ class Progress:
         elapsed_seconds: training clock so far.
         frozen_modules: front modules frozen now (None: freezing off).
         modules: natural blocks of the model (None: freezing off).
+        evaluated: True on the event an evaluation sends (its validation numbers are new);
+            False on the ones in between.
     """
 
     KIND: ClassVar[str] = "progress"
@@ -246,6 +294,7 @@ class Progress:
     elapsed_seconds: float
     frozen_modules: int | None = None
     modules: int | None = None
+    evaluated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The fields, JSON-ready (no kind key; non-finite numbers as None)."""

@@ -8,12 +8,13 @@ declared so the API server applies them, and only the free-form maps (`spec.mode
 `spec.template`) keep unknown fields. Every status field is declared, because a structural schema
 silently prunes what it does not declare.
 
-Callers: `kiln crd` (writes `crds/trainingjob.yaml` and the Helm chart's copy) and the tests,
-which regenerate and compare byte for byte and check that the schema and `api.check_schema`
-agree on a corpus of documents.
+Callers: `kiln crd` (prints it; `--write` regenerates `crds/trainingjob.yaml` and the Helm
+chart's copy) and the tests, which regenerate and compare byte for byte and check that the
+schema and `api.check_schema` agree on a corpus of documents.
 
-Non-goals: no cluster access; no CEL rules (cross-field checks stay in `api.validate`, which the
-operator runs); never imports kopf or kubernetes.
+The API server also checks the cross-field rules of `api.validate` that CEL can say, and
+refuses changes to the spec parts a running job cannot take (`VALIDATIONS`). No cluster
+access; never imports kopf or kubernetes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 
 from kiln import api
 
+VALIDATIONS_KEY = "x-kubernetes-validations"
 HEADER = "# Generated from operator/kiln/api/ by `kiln crd`; do not edit.\n"
 PRESERVE_UNKNOWN = "x-kubernetes-preserve-unknown-fields"
 
@@ -53,6 +55,7 @@ _KEY_ORDER = (
     "description", "type", "nullable", "enum", "default", "minimum", "exclusiveMinimum",
     "maximum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems",
     "items", "required", "properties", "additionalProperties", PRESERVE_UNKNOWN,
+    VALIDATIONS_KEY,
 )
 # JSON-schema keywords pydantic may emit that carry no meaning for the API server.
 _DROPPED = ("title", "$defs")
@@ -119,7 +122,126 @@ def openapi_schema() -> dict[str, Any]:
     name = props["metadata"]["properties"]["name"]
     props["metadata"] = {"type": "object", "properties": {"name": name}}
     schema["required"] = ["spec"]
+    for path, rule, message, field_path in VALIDATIONS:
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        entry = {"rule": rule, "message": message}
+        if field_path:
+            entry["fieldPath"] = field_path
+        node.setdefault(VALIDATIONS_KEY, []).append(entry)
     return schema
+
+
+def _set(path: str) -> str:
+    """CEL: the field at `path` (under ``self``) is set (the API server's CEL sees a null field
+    as absent, as `kiln.api` does)."""
+    return f"has(self.{path})"
+
+
+def _is(path: str, *values: str) -> str:
+    """CEL: the field at `path` is set to one of `values` (enum strings)."""
+    listed = ", ".join(f"'{v}'" for v in values)
+    return f"({_set(path)} && self.{path} in [{listed}])"
+
+
+# What the loader of spec.dataset reads: images (digits is the default loader), or text.
+_IMAGES = (f"({_is('dataset.name', 'digits', 'imagefolder', 'torchvision')} || "
+           f"(!{_set('dataset.name')} && !{_set('dataset.entrypoint')}))")
+_TEXT = _is("dataset.name", "text")
+_SHAPE = "self.model.inputShape"
+_SEVERAL = ("ddp", "fsdp")
+
+# (schema node, CEL rule, message, fieldPath): the rules of `api.validate` that CEL can say,
+# checked by the API server on create and update (after defaulting), so `kubectl apply` fails
+# at once. `api.validate` keeps every rule (the operator and `kiln validate` run it); what CEL
+# cannot say well (registry names, template keys, URI schemes) stays there alone, as does
+# anything reading the free-form maps (model and dataset args, template): the API server's CEL
+# cannot see their content. Rules with ``oldSelf`` run on updates only: the spec a job was
+# admitted with cannot change, except runPolicy (suspend, deadlines, TTL, priority) and the
+# free-form maps (so a queueing system may set the template's node selectors).
+_IMMUTABLE = ("model", "dataset", "training", "warmStart", "freezing", "resources", "zoo")
+VALIDATIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("spec.model", f"{_set('architecture')} != {_set('entrypoint')}",
+     ("spec.model: set exactly one of architecture (a registry name, `kiln models` lists them) "
+     "or entrypoint (your model as package.module:callable)"), ""),
+    ("spec.dataset", f"!({_set('name')} && {_set('entrypoint')})",
+     ("spec.dataset: set name (a built-in loader) or entrypoint (your dataset as "
+     "package.module:callable), not both"), ""),
+    ("spec.dataset", f"!{_is('name', 'torchvision')} || {_set('torchvisionClass')}",
+     "spec.dataset.torchvisionClass: required for torchvision, e.g. CIFAR10",
+     ".torchvisionClass"),
+    ("spec.dataset", f"!{_set('torchvisionClass')} || {_is('name', 'torchvision')}",
+     "spec.dataset.torchvisionClass: only for name torchvision; remove it", ".torchvisionClass"),
+    ("spec.dataset",
+     (f"!({_set('path')} && ({_is('name', 'digits')} || "
+     f"(!{_set('name')} && !{_set('entrypoint')})))"),
+     "spec.dataset.path: digits is bundled with scikit-learn; remove path", ".path"),
+    ("spec.dataset",
+     (f"!{_is('name', 'imagefolder', 'torchvision', 'text')} || "
+     f"({_set('path')} && self.path != '')"),
+     ("spec.dataset.path: required for datasets imagefolder, torchvision and text; set the "
+     "data location"), ".path"),
+    ("spec.dataset",
+     (f"!{_set('entrypoint')} || !({_set('path')} || {_set('validationPath')} || "
+     f"{_set('torchvisionClass')} || {_set('maxSamples')} || "
+     f"(has(self.augmentation) && self.augmentation != 'none'))"),
+     ("spec.dataset: path, validationPath, torchvisionClass, maxSamples and augmentation are "
+     "only for the built-in loaders; a dataset entrypoint reads its own data (pass settings "
+     "through spec.dataset.args)"), ""),
+    ("spec.dataset",
+     f"!{_set('validationPath')} || {_set('entrypoint')} || {_is('name', 'imagefolder', 'text')}",
+     ("spec.dataset.validationPath: only imagefolder and text take a separate validation set; "
+      "remove it and use validationFraction"), ".validationPath"),
+    ("spec.training",
+     ("!has(self.lrSchedule) || !has(self.lrSchedule.warmupEpochs) || !has(self.epochs) || "
+     "self.lrSchedule.warmupEpochs < self.epochs"),
+     "spec.training.lrSchedule.warmupEpochs: must be < epochs", ".lrSchedule.warmupEpochs"),
+    ("spec.target",
+     ("!has(self.metric) || self.metric != 'validation_accuracy' || "
+     "(self.value > 0.0 && self.value <= 1.0)"),
+     "spec.target.value: accuracy is a fraction in (0, 1], e.g. 0.95", ".value"),
+    ("spec.target", "!has(self.metric) || self.metric != 'validation_loss' || self.value > 0.0",
+     "spec.target.value: a loss target must be > 0", ".value"),
+    ("spec.resources", f"!({_is('parallelism', 'single')} && {_set('gpus')} && self.gpus > 1)",
+     ("spec.resources.parallelism: single trains one process on one device; use ddp, fsdp or "
+     "auto, or gpus 1"), ".parallelism"),
+    ("spec.resources",
+     (f"!{_is('parallelism', *_SEVERAL)} || ({_set('gpus')} ? self.gpus >= 2 : "
+     f"(!{_set('gpusPerNode')} || self.gpusPerNode >= 2))"),
+     ("spec.resources.parallelism: ddp and fsdp need 2 or more GPUs; use single or auto, or "
+     "allow 2+ GPUs (gpus 0 is one CPU process)"), ".parallelism"),
+    ("spec",
+     (f"!{_set('resources.gpus')} || self.resources.gpus <= 1 || !has(self.training) || "
+     "!has(self.training.batchSize) || self.training.batchSize % self.resources.gpus == 0"),
+     ("spec.training.batchSize: the global batch is divided among the GPUs; use a multiple of "
+     "spec.resources.gpus"), ".training.batchSize"),
+    ("spec",
+     (f"!({_is('resources.parallelism', *_SEVERAL)} && !{_set('resources.gpus')} && "
+     "has(self.training) && has(self.training.batchSize) && self.training.batchSize % 2 == 1)"),
+     ("spec.training.batchSize: ddp and fsdp split the global batch evenly over 2, 4 or 8 GPUs; "
+     "use an even batch size"), ".training.batchSize"),
+    ("spec",
+     f"!{_IMAGES} || (size({_SHAPE}) == 3 && {_SHAPE}[0] in [1, 3])",
+     "spec.model.inputShape: the dataset gives images, so use [C, H, W] with C 1 or 3",
+     ".model.inputShape"),
+    ("spec",
+     f"!({_IMAGES} && size({_SHAPE}) == 3) || ({_SHAPE}[1] >= 8 && {_SHAPE}[2] >= 8)",
+     "spec.model.inputShape: images need H, W >= 8", ".model.inputShape"),
+    ("spec", f"!{_TEXT} || size({_SHAPE}) == 1",
+     "spec.model.inputShape: text takes [sequenceLength], e.g. [64]", ".model.inputShape"),
+    ("spec",
+     f"!{_TEXT} || !has(self.dataset.augmentation) || self.dataset.augmentation == 'none'",
+     "spec.dataset.augmentation: text has no augmentation; use none", ".dataset.augmentation"),
+    *((f"spec.{field}", "self == oldSelf",
+       f"spec.{field} cannot change once the job exists; create a new TrainingJob instead", "")
+      for field in _IMMUTABLE),
+    ("spec",
+     ("has(self.target) == has(oldSelf.target) && "
+      "(!has(self.target) || self.target == oldSelf.target)"),
+     "spec.target cannot change once the job exists; create a new TrainingJob instead",
+     ".target"),
+)
 
 
 def render() -> str:

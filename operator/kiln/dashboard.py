@@ -8,8 +8,8 @@ variable. Metric names are the constants below, each exported by `kiln.controlle
 `kiln_trainer.metrics` or NVIDIA's dcgm-exporter (tests check both). The target is Grafana 11.6,
 whose dashboard schemaVersion is 41; `render` writes every field Grafana's own export would.
 
-Callers: `kiln dashboard` (writes the Helm chart's copy, which the chart's ConfigMap ships to
-Grafana's sidecar) and the tests, which regenerate and compare byte for byte
+Callers: `kiln dashboard` (prints it; `--write` regenerates the Helm chart's copy, which the
+chart's ConfigMap ships to Grafana's sidecar) and the tests, which regenerate and compare byte for byte
 (tests/unit/test_dashboard.py) and run every query against a real Prometheus
 (tests/e2e/test_dashboard_prometheus.py).
 

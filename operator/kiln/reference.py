@@ -13,7 +13,7 @@ from typing import Any
 
 from kiln import crd
 
-PAGE = Path("docs/reference/trainingjob.md")  # from the repository root, as `kiln crd` runs
+PAGE = Path("docs/reference/trainingjob.md")  # from the repository root, as `kiln crd --write` runs
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
 

@@ -30,7 +30,8 @@ def _register_bad_parent(zoo: scenario.Zoo, doc: dict[str, object]) -> str:
         metric_value=0.99, validation_accuracy=0.99, validation_loss=0.05,
         samples_per_second=100.0, num_params=sum(p.numel() for p in model.parameters()),
         created_time="2026-11-30T00:00:00Z", job_name="bad-parent",
-        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="")
+        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="",
+        namespace=job.namespace)  # private to the job's namespace, which may pin it
     return records.write_record(zoo.store, record, state,
                                 graph.to_json(decision.model_graph(job.spec.model))).id
 

@@ -69,3 +69,18 @@ def test_rbac_and_service_account_can_be_left_to_the_platform() -> None:
     assert not release.of_kind("ClusterRole") and not release.of_kind("ServiceAccount")
     deployment = release.one("Deployment", "kiln")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "platform-kiln"
+
+
+@pytest.mark.parametrize("watch", [pytest.param([], id="all-namespaces"),
+                                   pytest.param(["team-a"], id="listed-namespaces")])
+def test_kueue_enabled_adds_the_flag_and_exactly_the_kueue_rules(watch: list[str]) -> None:
+    release = helm.install({"kueue": {"enabled": True},
+                            "operator": {"watchNamespaces": watch}})
+    args = release.one("Deployment", "kiln")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kueue" in args
+    assert release.grants() == rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
+    (cluster_role,) = release.of_kind("ClusterRole")
+    assert rbac.triples(rbac.KUEUE_CLUSTER_RULES) <= helm.rule_grants(cluster_role["rules"])
+    for role in release.of_kind("Role"):  # Workloads live in the jobs' namespaces
+        assert helm.rule_grants(role["rules"]) >= rbac.triples(
+            rbac.KUEUE_RULES[:2])

@@ -18,6 +18,7 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"trainer": {"maxGpusPerJob": 0}}, "/trainer/maxGpusPerJob"),
     ({"trainer": {"metricsPort": 70000}}, "/trainer/metricsPort"),
     ({"trainer": {"gpuType": "A100 80GB"}}, "/trainer/gpuType"),
+    ({"trainer": {"gpuResources": ["gpu"]}}, "/trainer/gpuResources/0"),
     ({"trainer": {"imagePullPolicy": "Sometimes"}}, "/trainer/imagePullPolicy"),
     ({"zoo": {"bucket": "Kiln_Zoo"}}, "/zoo/bucket"),
     ({"zoo": {"bucket": "kiln..zoo"}}, "/zoo/bucket"),

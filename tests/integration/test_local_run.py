@@ -56,7 +56,8 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     second = _job(tmp_path / "b.yaml", "digits-b", target={"metric": "validation_accuracy",
                                                            "value": 0.5})
     # --slots 1: one after another in file order on any machine (the sequential runner).
-    done = _kiln("run", str(first), str(second), "--zoo", "zoo", "--slots", "1", cwd=tmp_path)
+    done = _kiln("run", str(first), str(second), "--zoo", "zoo", "--slots", "1", cwd=tmp_path,
+                 env=_env(KILN_TENSORBOARD_DIR=str(tmp_path / "tensorboard")))
     assert done.returncode == 0, done.stderr
     assert "Kiln results" in done.stdout and "Plan:" not in done.stdout
     assert "digits-a" in done.stdout and "digits-b" in done.stdout
@@ -67,6 +68,18 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     assert saved["digits-b"].parent == saved["digits-a"].id
     assert saved["digits-b"].similarity == pytest.approx(1.0)
     assert f"Warm start from {saved['digits-a'].id}" in done.stdout
+    # stdout is a pipe: one plain line per evaluation, no bar frame, each history beside its log
+    assert "━" not in done.stdout, done.stdout
+    for name in ("digits-a", "digits-b"):  # digits-b stops at its target
+        said = [line.split(" step ")[0] for line in done.stdout.splitlines()
+                if line.startswith(f"{name}: epoch ")]
+        history = runner.read_history(tmp_path / ".kiln" / "runs" / f"{name}.metrics.jsonl")
+        assert said == [f"{name}: epoch {line['epoch']}/3" for line in history]
+        assert len(history) == 3 if name == "digits-a" else history
+        assert list((tmp_path / "tensorboard" / name).glob("events.out.tfevents.*"))
+    plotted = _kiln("plot", ".kiln/runs/digits-a.metrics.jsonl", ".kiln/runs/digits-b.log",
+                    "--out", "curves.png", cwd=tmp_path)
+    assert plotted.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plotted.stderr
     listing = _kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
     assert all(r.id in listing.stdout for r in saved.values()), listing.stdout
     query = _kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)
@@ -80,11 +93,15 @@ def test_run_registers_in_an_s3_zoo_over_http(tmp_path: Path, s3_server: object,
     env = _env(KILN_ZOO_ACCESS_KEY="kiln-test-access", KILN_ZOO_SECRET_KEY="kiln-test-secret")
     job = _job(tmp_path / "a.yaml", "digits-s3", training={"epochs": 1, "batchSize": 64})
     done = _kiln("run", str(job), "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
-                 cwd=tmp_path, env=env)
+                 "-o", "json", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
+    [result] = json.loads(done.stdout)  # -o json: stdout holds only the results
+    assert "━" not in done.stderr, done.stderr  # nor a progress bar's frame on stderr
+    assert (result["name"], result["architecture"]) == ("digits-s3", "small_cnn")
     listing = _kiln("zoo", "ls", "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
                     cwd=tmp_path, env=env)
     assert "digits-s3" not in listing.stderr and "small_cnn" in listing.stdout, listing
+    assert result["zoo_model"] in listing.stdout
 
 
 def test_a_failing_trainer_gives_a_clear_message_and_exit_1(tmp_path: Path) -> None:
@@ -172,3 +189,5 @@ def test_three_jobs_on_two_slots_run_under_a_plan_never_above_capacity(tmp_path:
         assert held <= 2, jobs
     saved = records.list_records(store.DirStore(tmp_path / "zoo"))
     assert sorted(r.job_name for r in saved) == ["digits-a", "digits-b", "digits-c"]
+    plotted = _kiln("plot", "--plan", ".kiln/runs/run.json", "--out", "plan.png", cwd=tmp_path)
+    assert plotted.returncode == 0 and (tmp_path / "plan.png").stat().st_size > 0, plotted.stderr

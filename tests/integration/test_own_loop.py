@@ -48,7 +48,8 @@ def _env(tmp_path: Path, job_file: Path) -> dict[str, str]:
            contract.Env.JOB_FILE.value: str(job_file),
            contract.Env.ZOO.value: str(tmp_path / "zoo"),
            contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints"),
-           contract.Env.TERMINATION_LOG.value: str(tmp_path / "termination-log")}
+           contract.Env.TERMINATION_LOG.value: str(tmp_path / "termination-log"),
+           contract.Env.TENSORBOARD_DIR.value: str(tmp_path / "tensorboard")}
     env.pop(contract.Env.JOB.value, None)
     return env
 
@@ -77,6 +78,8 @@ def test_an_own_loop_reports_registers_and_a_deeper_variant_warm_starts_from_it(
     progress = [e for e in events if isinstance(e, contract.Progress)]
     assert progress and progress[-1].steps_per_epoch == 23  # 1437 samples / 64
     assert progress[-1].validation_accuracy is not None and progress[-1].modules == 4
+    assert any(e.evaluated for e in progress)  # `ctx.evaluated` marks its progress event
+    assert list((tmp_path / "tensorboard" / "own-a").glob("events.out.tfevents.*"))
     assert first.target_reached and first.time_to_target_seconds is not None
     assert first.metric is not None and first.metric >= 0.9 and first.zoo_model
     assert first.parent is None and first.warm_start.startswith("cold start")

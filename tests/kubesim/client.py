@@ -127,7 +127,7 @@ class Client:
         return self.get(self.jobs_path(namespace, name))
 
     def pods(self, namespace: str, job_name: str | None = None) -> list[dict[str, Any]]:
-        """Pods of a namespace (the emulator ignores selectors, so filter here)."""
+        """Pods of a namespace, of one job when `job_name` is given (by its label)."""
         pods = self.list(self.pods_path(namespace))
         if job_name is None:
             return pods

@@ -7,8 +7,9 @@ operator under test (a separate process) talks to it over real HTTP. No TLS, no 
 # What the emulator does not do (so these tests cannot check it): admission (webhooks, schema
 # validation, defaulting, pruning of undeclared status fields), garbage collection through
 # ownerReferences, resourceVersion bookkeeping and conflicts (it never changes resourceVersion,
-# so optimistic concurrency is never exercised), label and field selectors (lists return every
-# object), server-side apply, PUT, deletecollection, generateName, and a scheduler or kubelet
+# so optimistic concurrency is never exercised), label and field selectors on watches (LISTs
+# apply them, `kubesim.selection`, so a selector that matches nothing fails a test), server-side
+# apply, PUT, deletecollection, generateName, and a scheduler or kubelet
 # (`kubesim.kubelet` stands in for the last two).
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import kmock
 import yaml
 
 from kiln import api
-from kubesim import client
+from kubesim import client, selection
 
 T = TypeVar("T")
 
@@ -52,6 +53,7 @@ class LoggedRequest:
         path: the URL path.
         user_agent: the User-Agent header.
         body: the decoded JSON body, or None.
+        params: the query parameters (a LIST's labelSelector and fieldSelector).
     """
 
     seconds: float
@@ -65,6 +67,7 @@ class LoggedRequest:
     path: str
     user_agent: str
     body: Any
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _RecordingEmulator(kmock.KubernetesEmulator):
@@ -109,9 +112,24 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
             path=request.url.path,
             user_agent=request.headers.get("User-Agent", ""),
             body=request.data if request.method and request.method.value != "GET" else None,
+            params=dict(request.params or {}),
         ))
         return await super()._handle(request)
 
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        # kmock lists every object; the API server applies ?labelSelector and ?fieldSelector.
+        answer = await super()._serve_list(request)
+        params = request.params or {}
+        if isinstance(answer, dict):
+            try:
+                answer["items"] = selection.select(answer.get("items") or [],
+                                                   labels=params.get("labelSelector"),
+                                                   fields=params.get("fieldSelector"))
+            except ValueError as exc:
+                raise kmock.KubernetesError(status=400, reason="BadRequest",  # as the API server
+                                            message=str(exc)) from exc
+        return answer
 
     async def _serve_version(self, request: kmock.Request) -> Any:
         # kmock names the core group's version "/v1" in /api/v1 discovery; client-go (Helm)

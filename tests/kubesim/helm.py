@@ -33,6 +33,14 @@ MONITORING_RESOURCES = {
         verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
     for plural, kind in (("servicemonitors", "ServiceMonitor"), ("podmonitors", "PodMonitor"))
 }
+# kopf's peering kinds (the chart's crds/kopf-peering.yaml), for replicaCount above 1.
+PEERING_RESOURCES = {
+    f"kopf.dev/v1/{plural}": kmock.ResourceInfo(
+        kind=kind, singular=kind.lower(), namespaced=namespaced,
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+    for plural, kind, namespaced in (("kopfpeerings", "KopfPeering", True),
+                                     ("clusterkopfpeerings", "ClusterKopfPeering", False))
+}
 
 
 # What every install must set (the chart refuses to install without a zoo endpoint).
@@ -119,7 +127,7 @@ def install(values: dict[str, Any] | None = None, *, namespace: str = "kiln-syst
     Raises:
         HelmFailed: Helm refused the values or the rendered objects.
     """
-    with emulator.Emulator(extra_resources=MONITORING_RESOURCES) as cluster:
+    with emulator.Emulator(extra_resources=MONITORING_RESOURCES | PEERING_RESOURCES) as cluster:
         kubeconfig = cluster.write_kubeconfig(
             Path(os.environ.get("TMPDIR", "/tmp")) / f"kiln-helm-{os.getpid()}.kubeconfig")
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,7 +104,7 @@ class Kubelet:
     * bind: set spec.nodeName to the node the pod's required node affinity names;
     * run: start the container's command + args as a local process (its own process group) with
       the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
-      namespace, as the kubelet does), ``fieldRef`` for metadata.name/namespace and status.podIP;
+      namespace, as the kubelet does; an optional key it lacks leaves the variable unset), ``fieldRef`` for metadata.name/namespace and status.podIP;
       ``python`` resolves to this interpreter (its bin directory comes first on PATH);
     * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
       kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
@@ -116,6 +117,12 @@ class Kubelet:
     * ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
       port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
       patched to it (what a CNI with per-pod IPs makes unnecessary);
+    * DNS for a multi-node job's pods (``spec.subdomain``): in the values of torchrun's
+      ``--rdzv-endpoint`` and ``--local-addr`` and of ``PET_RDZV_ENDPOINT``/``PET_LOCAL_ADDR``,
+      a name ``<hostname>.<subdomain>.<namespace>.svc`` becomes 127.0.0.<1 + the hostname's
+      trailing number> (loopback addresses that sort as the hostnames do, as torchrun's ranks
+      need), and the rendezvous port a free host port, one per job and attempt (what cluster
+      DNS and per-pod IPs do);
     * status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
       container's terminated exitCode (128 + signal when killed), reason and message;
     * deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
@@ -144,6 +151,8 @@ class Kubelet:
         self._running: dict[tuple[str, str], RunningPod] = {}
         self._finished: dict[tuple[str, str], RunningPod] = {}
         self._held: dict[tuple[str, str], HeldPod] = {}
+        # (namespace, subdomain, attempt, port) -> the host port a gang's rendezvous uses
+        self._gang_ports: dict[tuple[str, str, str, str], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="kubesim-kubelet", daemon=True)
         self._lock = threading.Lock()
@@ -269,6 +278,9 @@ class Kubelet:
                "HOME": str(scratch), contract.Env.TERMINATION_LOG: str(termination)}
         if contract.Env.METRICS_PORT in env:
             env[contract.Env.METRICS_PORT] = str(port)
+        command = [*container.get("command", []), *container.get("args", [])]
+        if spec.get("subdomain"):
+            command, env = self._resolve_gang(namespace, labels, command, env)
         node = _affinity_node(spec)
         if not self._patch(client.Client.pods_path(namespace, name), {
                 "spec": {"nodeName": node},
@@ -278,8 +290,8 @@ class Kubelet:
         log_path = scratch / "container.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [*container.get("command", []), *container.get("args", [])], cwd=scratch,
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
@@ -299,6 +311,31 @@ class Kubelet:
             mounts=mounts)
         self.started.append((namespace, name))
 
+    def _resolve_gang(self, namespace: str, labels: dict[str, Any], command: list[str],
+                      env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command and environment of a gang pod with its peers' DNS names resolved to
+        loopback addresses and the rendezvous port mapped (see the class docstring)."""
+        attempt = str(labels.get(ATTEMPT_LABEL, ""))
+
+        def resolve(value: str) -> str:
+            host, colon, port = value.rpartition(":") if ":" in value else (value, "", "")
+            match = _POD_DNS.fullmatch(host)
+            if match is None or match["namespace"] != namespace:
+                return value
+            address = f"127.0.0.{1 + int(match['ordinal'])}"
+            if not colon:
+                return address
+            key = (namespace, match["subdomain"], attempt, port)
+            with self._lock:
+                mapped = self._gang_ports.setdefault(key, client.free_port())
+            return f"{address}:{mapped}"
+
+        resolved = list(command)
+        for i, arg in enumerate(resolved[:-1]):
+            if arg in _GANG_FLAGS:
+                resolved[i + 1] = resolve(resolved[i + 1])
+        return resolved, {k: resolve(v) if k in _GANG_ENV else v for k, v in env.items()}
+
     def _container_env(self, namespace: str, pod: str, container: dict[str, Any]
                        ) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -312,7 +349,10 @@ class Kubelet:
                 secret = self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
                 if secret is None:
                     raise RuntimeError(f"pod {namespace}/{pod}: Secret {ref['name']} not found")
-                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+                data = secret.get("data") or {}
+                if ref["key"] not in data and ref.get("optional"):
+                    continue  # an optional key the Secret lacks: the variable is left unset
+                env[item["name"]] = base64.b64decode(data[ref["key"]]).decode()
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 env[item["name"]] = {"metadata.name": pod, "metadata.namespace": namespace,
@@ -372,6 +412,11 @@ class Kubelet:
         _stop(running, now)
 
 
+# A pod's DNS name under a headless Service: <hostname>.<subdomain>.<namespace>.svc[...].
+_POD_DNS = re.compile(r"[a-z0-9-]*?(?P<ordinal>\d+)\.(?P<subdomain>[a-z0-9-]+)\."
+                      r"(?P<namespace>[a-z0-9-]+)\.svc(\.[a-z0-9.-]+)?")
+_GANG_FLAGS = frozenset({"--rdzv-endpoint", "--rdzv_endpoint", "--local-addr", "--local_addr"})
+_GANG_ENV = frozenset({"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR"})
 _DEADLINE_STATUS = {"reason": "DeadlineExceeded",
                     "message": "Pod was active on the node longer than the specified deadline"}
 

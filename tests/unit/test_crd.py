@@ -3,7 +3,8 @@
 The agreement corpus (tests/data/jobs/{valid,invalid,crossfield}/) runs every document through
 (a) the CRD's schema as an API server with fieldValidation=Strict applies it, emulated below with
 jsonschema, and (b) `api.check_schema`: both must accept, or both reject, each document.
-Cross-field documents must pass the CRD (it has no CEL rules) and fail `api.validate`.
+Cross-field documents must pass the CRD's schema and fail `api.validate` (the CRD's CEL rules
+are run in test_crd_cel.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "crds" / "trainingjob.yaml"
 CHART_COPY = REPO / "helm" / "kiln" / "crds" / "trainingjob.yaml"
 PRESERVE = crd.PRESERVE_UNKNOWN
-REGENERATE = "run `kiln crd` in the repository root to regenerate it and the Helm chart's copy"
+REGENERATE = "run `kiln crd --write` in the repository root to regenerate it and the Helm chart's copy"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,11 +172,11 @@ def test_kiln_crd_writes_the_same_bytes_to_every_path(tmp_path: Path) -> None:
     assert [p.read_text(encoding="utf-8") for p in paths] == [crd.render()] * 2
 
 
-def test_kiln_crd_writes_the_helm_charts_copy_where_the_chart_is(
+def test_kiln_crd_write_regenerates_the_helm_charts_copy_where_the_chart_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "helm" / "kiln" / "crds").mkdir(parents=True)
-    assert cli.main(["crd"]) == cli.EXIT_OK
+    assert cli.main(["crd", "--write"]) == cli.EXIT_OK
     for written in ("crds/trainingjob.yaml", "helm/kiln/crds/trainingjob.yaml"):
         assert (tmp_path / written).read_text(encoding="utf-8") == crd.render()
 

@@ -22,7 +22,7 @@ from kiln_trainer import metrics as trainer_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / dashboard.CHART_COPY
-REGENERATE = "run `kiln dashboard` in the repository root to regenerate it"
+REGENERATE = "run `kiln dashboard --write` in the repository root to regenerate it"
 METRIC = re.compile(r"\b(kiln_\w+|DCGM_FI_\w+)\b")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 GRAFANA_BUILTINS = {"__rate_interval", "__range", "__interval"}
@@ -150,10 +150,10 @@ def test_kiln_dashboard_writes_every_out_path(tmp_path: Path,
     assert capsys.readouterr().out.splitlines() == [f"wrote {out}" for out in outs]
 
 
-def test_kiln_dashboard_defaults_to_the_helm_charts_copy(
+def test_kiln_dashboard_write_regenerates_the_helm_charts_copy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["dashboard"]) == cli.EXIT_OK
+    assert cli.main(["dashboard", "--write"]) == cli.EXIT_OK
     written = tmp_path / "helm" / "kiln" / "dashboards" / "kiln.json"
     assert written.read_text(encoding="utf-8") == dashboard.render()
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_docs_reference_matches_the_generated_one() -> None:
     text = (ROOT / reference.PAGE).read_text(encoding="utf-8")
     section = text.split(reference.START, 1)[1].split(reference.END, 1)[0]
-    assert section == "\n" + reference.markdown(), "run `kiln crd` in the repository root"
+    assert section == "\n" + reference.markdown(), "run `kiln crd --write` in the repository root"
 
 
 def test_reference_lists_every_spec_field_with_its_bounds() -> None:

@@ -45,6 +45,7 @@ TTT_KEY = "time_to_target_seconds"  # float, or None while the target has not be
 HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_seconds, metrics)
 SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
 WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.WarmStart)
+ZOO_RECORD_KEY = "zoo_record_id"  # str | None: the job's provisional zoo record
 PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
@@ -300,6 +301,7 @@ def capture(
         HISTORY_KEY: state.history,
         SPEC_KEY: api.to_wire(job.spec),
         WARM_START_KEY: state.warm_start,
+        ZOO_RECORD_KEY: state.zoo_record_id,
     }
 
 
@@ -404,6 +406,7 @@ def restore_training(
         time_to_target_seconds=saved[TTT_KEY],
         history=list(saved[HISTORY_KEY]),
         warm_start=saved.get(WARM_START_KEY),
+        zoo_record_id=saved.get(ZOO_RECORD_KEY),
     )
 
 

@@ -266,9 +266,8 @@ def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | 
         )
     try:
         host, secure = zoo_store.parse_endpoint(endpoint)
-        access_key, secret_key = zoo_store.credentials_from_env(environ)
-        client = minio.Minio(host, access_key=access_key, secret_key=secret_key, secure=secure,
-                             region=environ.get(contract.Env.ZOO_REGION) or None)
+        client = minio.Minio(host, credentials=zoo_store.credentials_provider(environ),
+                             secure=secure, region=environ.get(contract.Env.ZOO_REGION) or None)
         objects = sorted(
             (o for o in client.list_objects(bucket, prefix=prefix or None, recursive=True)
              if o.object_name and not o.is_dir

@@ -26,6 +26,7 @@ from kiln import api, contract, models
 from kiln.warmstart import decision
 from kiln.zoo import store as zoo_store
 from kiln_trainer import (
+    board,
     checkpoint,
     cli,
     events,
@@ -157,6 +158,7 @@ class JobContext:
         self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._extra: dict[str, Any] = {}
         self._reporter: tracking.Reporter | None = None
+        self._board: board.Board | None = None  # TensorBoard, when KILN_TENSORBOARD_DIR is set
         self._finished = False
         # steps, samples, loss sum and seconds since the last progress report
         self._stretch: list[float] = [0, 0, 0.0, 0.0]
@@ -208,6 +210,7 @@ class JobContext:
                 self.warm = warm.warm_start(
                     self.job, model, self.zoo, decided=warm.parse_decision(self.args.warm_start),
                     probe=None if probe is None else warm.Probe(probe[0], probe[1], loss=loss_fn))
+            registration.record_parent_hit(self.zoo, self.warm)
         self.state.warm_start = self.warm.to_json()
         self.gauges.record_warm_start(self.warm.decision_fields())
         self.emit.info(self.warm.message())
@@ -252,9 +255,12 @@ class JobContext:
                            f"{self.state.epochs_done}, step {self.state.step}")
         self.clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY])
                                     if saved is not None else 0.0)
+        if self._board is None:
+            self._board = board.open_board(os.environ, self.job.name, step=self.state.step)
         self._reporter = tracking.Reporter(
             self.emit, self.gauges, self.clock, self.state,
-            epochs=self.job.spec.training.epochs, steps_per_epoch=steps_per_epoch)
+            epochs=self.job.spec.training.epochs, steps_per_epoch=steps_per_epoch,
+            tensorboard=self._board)
         self.gauges.record_training(samples=self.state.samples, steps=self.state.step,
                                     train_loss=None, samples_per_second=0.0)
         self._last_step_seconds = time.perf_counter()
@@ -457,10 +463,13 @@ class JobContext:
         return result
 
     def close(self) -> None:
-        """Stop the freezer's reference process and the metrics endpoint, and give the stop
-        signals back to their previous handlers (idempotent)."""
+        """Stop the freezer's reference process and the metrics endpoint, close the TensorBoard
+        log, and give the stop signals back to their previous handlers (idempotent)."""
         if self._freezer is not None:
             self._freezer.close()
+        if self._board is not None:
+            self._board.close()
+            self._board = None
         self.gauges.close()
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)

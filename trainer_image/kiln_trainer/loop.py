@@ -29,6 +29,7 @@ from kiln.models import entrypoints
 from kiln.warmstart import select
 from kiln.zoo import store as zoo_store
 from kiln_trainer import (
+    board,
     checkpoint,
     data,
     events,
@@ -166,6 +167,8 @@ def main(
             chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision,
                                       probe=_probe(job, warm_decision, splits, device))
                       if ctx.is_main else None)
+            if chosen is not None:
+                registration.record_parent_hit(zoo, chosen)
             warm_start = warm.WarmStart.from_json(ctx.broadcast_object(
                 chosen.to_json() if chosen is not None else None))
         emit.info(warm_start.message() + (" (when the job first started; its weights now come "
@@ -228,14 +231,28 @@ def main(
                                      num_workers=workers, ctx=ctx,
                                      amp=amp)  # FSDP: sharded in place
 
+        def register_provisional() -> None:
+            """The best weights so far as the job's provisional zoo record, when due."""
+            if not (register and zoo is not None and registration.provisional_due(spec, state)):
+                return
+            weights = ctx.full_state_dict(model, raw_model)  # collective under FSDP
+            if ctx.is_main:
+                state.zoo_record_id = registration.register_provisional(
+                    zoo, job, raw_model, state, warm_start, weights=weights)
+
         gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
         cleanup.callback(gauges.close)
         gauges.record_training(samples=state.samples, steps=state.step, train_loss=None,
                                samples_per_second=0.0)
         gauges.record_warm_start(warm_start.decision_fields())
         runtime.serve_metrics(gauges, metrics_port if ctx.is_main else 0)
+        tensorboard = board.open_board(os.environ, job.name, step=state.step) \
+            if ctx.is_main else None
+        if tensorboard is not None:
+            cleanup.callback(tensorboard.close)
         report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
-                                   steps_per_epoch=steps_per_epoch, freezer=freezer)
+                                   steps_per_epoch=steps_per_epoch, freezer=freezer,
+                                   tensorboard=tensorboard)
         eval_every = spec.training.eval_every_steps
         while not state.finished(spec):
             batches: Iterator[Any] = iter(batching.train_batches(
@@ -278,13 +295,15 @@ def main(
                     raise Interrupted(location.describe())
                 if eval_due and not epoch_over:
                     report.evaluation(finite(validate(), state.step, location), spec.target)
+                    register_provisional()
             if isinstance(batches, activation_cache.Prefetcher):
                 batches.close()  # its thread ends with the epoch
             if state.epoch_batch >= steps_per_epoch:
                 state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
             if not state.evaluated_now():
                 report.evaluation(finite(validate(), state.step, location), spec.target)
-            checkpointer(model)
+                register_provisional()
+            checkpointer(model)  # after the provisional record: it keeps that record's id
 
         if not state.evaluated_now():  # a resumed run that had already finished training
             report.evaluation(finite(validate(), state.step, location), spec.target)
@@ -295,8 +314,9 @@ def main(
             unavailable = None
             if ctx.is_main:
                 try:
-                    zoo_model = registration.register_model(zoo, job, raw_model, state, final,
-                                                            warm_start, weights=weights)
+                    zoo_model = registration.register_model(
+                        zoo, job, raw_model, state, final, warm_start, weights=weights,
+                        record_id=state.zoo_record_id)  # replaces the provisional record
                 except zoo_store.StoreUnavailable as exc:  # the other ranks wait to hear
                     unavailable = str(exc)
             zoo_model, unavailable = ctx.broadcast_object((zoo_model, unavailable))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,18 +15,46 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln import api, models
+import kiln
+from kiln import api, contract, models
 from kiln.warmstart import decision, graph
-from kiln.zoo import records
+from kiln.zoo import eviction, records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import tracking, warm
 
 _log = logging.getLogger(__name__)
 
 
+def share_of(spec: api.TrainingJobSpec, environ: Mapping[str, str]) -> api.ZooShare:
+    """Who sees the job's record: ``spec.zoo.share``, else the operator's default (its
+    ``--zoo-share``, passed in KILN_ZOO_SHARE), else private."""
+    if spec.zoo.share is not None:
+        return spec.zoo.share
+    default = environ.get(contract.Env.ZOO_SHARE) or api.ZooShare.PRIVATE.value
+    try:
+        return api.ZooShare(default)
+    except ValueError:
+        _log.warning("%s=%r is neither private nor shared; registering as private",
+                     contract.Env.ZOO_SHARE, default)
+        return api.ZooShare.PRIVATE
+
+
 def metric_name(spec: api.TrainingJobSpec) -> str:
     """The target's metric, or validation_accuracy for a job without a target."""
     return spec.target.metric.value if spec.target else api.TargetMetric.VALIDATION_ACCURACY.value
+
+
+def record_parent_hit(zoo: zoo_store.ObjectStore | None, warm_start: warm.WarmStart) -> None:
+    """Count the parent the job started from as chosen once more (what keeps it in a zoo with
+    a capacity, `kiln.zoo.eviction`); nothing on a cold start. A store failure only warns:
+    a lost hit must not stop training."""
+    if zoo is None or warm_start.parent is None:
+        return
+    try:
+        eviction.record_hit(zoo, warm_start.parent, now=datetime.datetime.now(datetime.UTC))
+    except (zoo_store.StoreUnavailable, zoo_store.StoreMisconfigured, ValueError) as exc:
+        _log.warning("could not count the warm start from %s in the zoo: %s",
+                     warm_start.parent, exc)
 
 
 def register_model(
@@ -37,8 +66,15 @@ def register_model(
     warm_start: warm.WarmStart,
     *,
     weights: Mapping[str, torch.Tensor] | None = None,
+    record_id: str | None = None,
+    provisional: bool = False,
 ) -> records.ZooModelId | None:
     """Write the trained model to the zoo; None (with a warning) when its metric is not finite.
+
+    With `record_id` naming this job's provisional record, the new record replaces it under
+    the same id, so children that warm-started from it keep a valid parent: the old meta.json
+    is deleted first (the record vanishes at once), then weights, graph and meta.json are
+    written (`records.write_record`), so no reader ever sees a mix of the two.
 
     Args:
         zoo: the zoo store.
@@ -49,6 +85,9 @@ def register_model(
         warm_start: the parent it started from, if any.
         weights: the full state dict to store (FSDP gathers it); default
             ``raw_model.state_dict()``.
+        record_id: the job's provisional record to replace, or None for a new id (also when
+            that record is gone or is not this job's provisional one).
+        provisional: write the record as provisional (the job is still training).
 
     Raises:
         zoo_store.StoreUnavailable: the store failed (the checkpoint is kept, so a rerun only
@@ -59,8 +98,10 @@ def register_model(
     if value is None or not np.isfinite(value):
         _log.warning("not registering: final %s is %s (training diverged?)", name, value)
         return None
+    replace = record_id is not None and _own_provisional(zoo, record_id, job.name)
     record = records.ZooRecord(
-        id=records.new_id(spec.model.label), architecture=spec.model.architecture,
+        id=records.ZooModelId(record_id) if record_id is not None and replace
+        else records.new_id(spec.model.label), architecture=spec.model.architecture,
         entrypoint=spec.model.entrypoint,
         args=dict(spec.model.args), input_shape=tuple(spec.model.input_shape),
         modality=models.modality_of(spec.model).value, task=models.task_of(spec.model).value,
@@ -73,11 +114,72 @@ def register_model(
         created_time=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         job_name=job.name, job_spec=api.to_wire(spec),
         parent=records.ZooModelId(warm_start.parent) if warm_start.parent else None,
-        similarity=warm_start.similarity)
+        similarity=warm_start.similarity, provisional=provisional,
+        namespace=job.namespace, share=share_of(spec, os.environ),
+        dataset_fingerprint=records.dataset_fingerprint(spec.dataset),
+        trainer_image=os.environ.get(contract.Env.TRAINER_IMAGE) or None,
+        kiln_version=kiln.__version__, train_seconds=state.train_seconds or None)
     try:
         architecture = graph.to_json(decision.model_graph(spec.model))
     except graph.GraphError as exc:  # kept, but no later job can match against it
         _log.warning("registering without an architecture graph: %s", exc)
         architecture = {"untraceable": str(exc)}
     weights = raw_model.state_dict() if weights is None else weights
+    if replace:
+        records.delete_record(zoo, record.id)
     return records.write_record(zoo, record, weights, architecture).id
+
+
+def register_provisional(
+    zoo: zoo_store.ObjectStore,
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    state: tracking.RunState,
+    warm_start: warm.WarmStart,
+    *,
+    weights: Mapping[str, torch.Tensor],
+) -> str | None:
+    """Register the current weights as the job's provisional record (replacing the previous
+    one); a store failure only warns, as training goes on.
+
+    Returns:
+        The provisional record's id (the previous one when this write failed).
+    """
+    try:
+        written = register_model(zoo, job, raw_model, state, state.history[-1], warm_start,
+                                 weights=weights, record_id=state.zoo_record_id,
+                                 provisional=True)
+    except (zoo_store.StoreUnavailable, zoo_store.StoreMisconfigured) as exc:
+        _log.warning("could not register the provisional zoo record: %s", exc)
+        return state.zoo_record_id
+    if written is not None:
+        _log.info("registered provisional zoo model %s (step %d)", written, state.step)
+    return written or state.zoo_record_id
+
+
+def _own_provisional(zoo: zoo_store.ObjectStore, record_id: str, job_name: str) -> bool:
+    """Whether `record_id` is a provisional record of this job (never replace anything else)."""
+    try:
+        found = records.read_record(zoo, record_id)
+    except (zoo_store.ObjectNotFound, ValueError):  # gone (evicted, deleted) or damaged
+        return False
+    return found.provisional and found.job_name == job_name
+
+
+def provisional_due(spec: api.TrainingJobSpec, state: tracking.RunState) -> bool:
+    """Whether to register the current weights as the job's provisional record now.
+
+    Every ``spec.zoo.provisionalEveryEvaluations``-th evaluation, when it is the best so far
+    (by the target's metric) and training goes on (the final record follows anyway).
+    """
+    every = spec.zoo.provisional_every_evaluations
+    if (not every or not spec.zoo.register_model or not state.evaluated_now()
+            or state.finished(spec) or len(state.history) % every):
+        return False
+    name = metric_name(spec)
+    seen = [h[name] for h in state.history if h[name] is not None and np.isfinite(h[name])]
+    latest = state.history[-1][name]
+    if latest is None or not np.isfinite(latest):
+        return False
+    lower_is_better = name == api.TargetMetric.VALIDATION_LOSS.value
+    return bool(latest == (min(seen) if lower_is_better else max(seen)))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kiln import api, contract
-from kiln_trainer import events, metrics
+from kiln_trainer import board, events, metrics
 
 _log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class RunState:
     time_to_target_seconds: float | None = None
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     warm_start: dict[str, Any] | None = None  # kiln_trainer.warm.WarmStart.to_json()
+    zoo_record_id: str | None = None  # its provisional zoo record; the final one reuses it
 
     def advance(self, stats: StepStats, *, steps_per_epoch: int) -> None:
         """Count a stretch of training steps; an empty one ends the epoch early."""
@@ -113,13 +114,15 @@ class Clock:
 
 
 class Reporter:
-    """Turns training and evaluation outcomes into history, metrics and progress events."""
+    """Turns training and evaluation outcomes into history, metrics and progress events (and
+    TensorBoard scalars when given a `board.Board`)."""
 
     def __init__(self, emit: events.EventWriter, gauges: metrics.MetricsReporter, clock: Clock,
                  state: RunState, *, epochs: int, steps_per_epoch: int,
-                 freezer: Any = None) -> None:
+                 freezer: Any = None, tensorboard: board.Board | None = None) -> None:
         self.emit, self.gauges, self.clock, self.state = emit, gauges, clock, state
         self.freezer = freezer  # a freezing.controller.Freezer, or None
+        self.tensorboard = tensorboard
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
         self.train_loss: float | None = None
         self.samples_per_second: float | None = None
@@ -143,13 +146,18 @@ class Reporter:
             "elapsed_seconds": now, "train_loss": self.train_loss,
             "validation_accuracy": evaluation.accuracy, "validation_loss": evaluation.loss})
         self.gauges.record_validation(accuracy=evaluation.accuracy, loss=evaluation.loss)
+        if self.tensorboard is not None:
+            self.tensorboard.evaluation(
+                {**state.history[-1], "samples_per_second": self.samples_per_second,
+                 "frozen_modules": self.freezer.boundary if self.freezer is not None else None},
+                step=state.step)
         _log.info("epoch %d step %d: validation accuracy %.4f, loss %.4f (%.1f s)",
                   state.epochs_done, state.step, evaluation.accuracy, evaluation.loss, now)
         if target and state.time_to_target_seconds is None and target_met(target, evaluation):
             state.time_to_target_seconds = now
             self.emit.info(f"target {target.metric.value} {target.value} reached at epoch "
                            f"{state.epochs_done}, step {state.step}, after {now:.1f} s")
-        self._progress()
+        self._progress(evaluated=True)
 
     def freezing(self, event: Any) -> None:
         """Announce a frozen-boundary change (a `freezing.controller.Event`) and its effect."""
@@ -172,7 +180,7 @@ class Reporter:
                 compute=compute_share(self.freezer.partition.flops,
                                       self.freezer.partition.backward_flops, skipped))
 
-    def _progress(self) -> None:
+    def _progress(self, *, evaluated: bool = False) -> None:
         state = self.state
         total_steps = self.epochs * self.steps_per_epoch
         left_steps = max(0, (self.epochs - state.epochs_done) * self.steps_per_epoch
@@ -190,7 +198,8 @@ class Reporter:
             samples_per_second=self.samples_per_second, eta_seconds=eta,
             elapsed_seconds=self.clock.seconds(),
             frozen_modules=self.freezer.boundary if self.freezer is not None else None,
-            modules=len(self.freezer.partition.blocks) if self.freezer is not None else None))
+            modules=len(self.freezer.partition.blocks) if self.freezer is not None else None,
+            evaluated=evaluated))
         self._record_freezing()
         self.gauges.record_progress(epochs_done=state.epochs_done,
                                     progress=1.0 - left_steps / max(1, total_steps),

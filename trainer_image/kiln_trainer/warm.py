@@ -137,6 +137,14 @@ def comparison(warm: Score, cold: Score, samples: int) -> str:
     return text
 
 
+def rule(warm: Score, cold: Score) -> str:
+    """What `passes` asks, in words: "needs loss ≤ 0.95 × cold and accuracy ≥ cold"."""
+    text = f"needs loss ≤ {MAX_LOSS_RATIO:g} × cold"
+    if warm.accuracy is not None and cold.accuracy is not None:
+        text += " and accuracy ≥ cold"
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
     """What warm start did for this run (JSON-ready; kept in checkpoints and the result).
@@ -304,10 +312,12 @@ def warm_start(
             lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): "
                     f"{comparison(warm, cold, probe.samples)}; {applied.matched_tensors} of "
                     f"{applied.total_tensors} tensors transferred")
+            if applied.parent_provisional:
+                lead += f"; {parent} is a provisional record (its job is still training)"
             return WarmStart.of(dataclasses.replace(trial, reason="; ".join([lead, *rejected])),
                                 untransferred_fraction=applied.untransferred_fraction)
         rejected.append(f"warm start from {parent} (similarity {_fmt(trial.similarity)}) "
-                        f"rejected: {comparison(warm, cold, probe.samples)}")
+                        f"rejected: {comparison(warm, cold, probe.samples)} ({rule(warm, cold)})")
         raw_model.load_state_dict(cold_state)
     assert first is not None  # the decided parent was applied or raised
     reason = "; ".join(rejected) + "; cold start"

@@ -62,8 +62,8 @@ app.kubernetes.io/part-of: kiln
 {{- if eq (int .Values.metrics.port) (int .Values.operator.livenessPort) -}}
 {{- fail (printf "metrics.port and operator.livenessPort are both %d; the two endpoints need different ports" (int .Values.metrics.port)) -}}
 {{- end -}}
-{{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--max-gpus-per-job" "--cpu-slots-per-node" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" -}}
-{{- $open := list "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" "--profile-timeout-seconds" "--placement-objective" "--namespace-gpu-quota" "--priority-weight" "--resize" "--no-resize" "--resize-min-gain" "--resize-min-interval-seconds" "--resize-restart-seconds" -}}
+{{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--zoo-share" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--gpu-resource" "--max-gpus-per-job" "--cpu-slots-per-node" "--kueue" "--no-kueue" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" "--peering" "--finalizer" "--no-finalizer" "--pod-security-context" "--container-security-context" -}}
+{{- $open := list "--zoo-secret-session-token" "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--zoo-capacity" "--zoo-gc-interval-seconds" "--zoo-hit-half-life-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" "--profile-timeout-seconds" "--placement-objective" "--namespace-gpu-quota" "--priority-weight" "--resize" "--no-resize" "--resize-min-gain" "--resize-min-interval-seconds" "--resize-restart-seconds" -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
 {{- if has $flag $managed -}}
@@ -131,4 +131,15 @@ app.kubernetes.io/part-of: kiln
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

@@ -34,6 +34,19 @@ def load_jobs(path: str | Path) -> list[api.TrainingJob]:
                               source=str(path)) from None
     except UnicodeDecodeError:
         raise api.InvalidSpec(["the file is not UTF-8 text"], source=str(path)) from None
+    return parse_jobs(text, source=str(path))
+
+
+def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
+    """Every TrainingJob document of YAML `text` (a file's, or stdin's), as `load_jobs` reads.
+
+    Args:
+        text: YAML (or JSON) with one or more documents.
+        source: where it came from, named in errors ("job.yaml", "<stdin>").
+
+    Raises:
+        InvalidSpec: as `load_jobs`, except for reading the file.
+    """
     try:
         docs = [d for d in yaml.load_all(text, Loader=_JobLoader) if d is not None]
     except yaml.YAMLError as exc:
@@ -41,13 +54,13 @@ def load_jobs(path: str | Path) -> list[api.TrainingJob]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         if isinstance(exc, _UnsupportedYaml):  # its problem names the place itself
-            raise api.InvalidSpec([problem], source=str(path)) from None
-        raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=str(path)) from None
+            raise api.InvalidSpec([problem], source=source) from None
+        raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=source) from None
     except RecursionError:  # nesting deeper than the interpreter's stack
-        raise api.InvalidSpec(["YAML nested too deeply to read"], source=str(path)) from None
+        raise api.InvalidSpec(["YAML nested too deeply to read"], source=source) from None
     if not docs:
-        raise api.InvalidSpec(["the file holds no YAML document"], source=str(path))
-    return [api.parse_job(d, source=f"{path}" + (f"[{i}]" if len(docs) > 1 else ""))
+        raise api.InvalidSpec(["the file holds no YAML document"], source=source)
+    return [api.parse_job(d, source=source + (f"[{i}]" if len(docs) > 1 else ""))
             for i, d in enumerate(docs)]
 
 

@@ -128,6 +128,9 @@ class Reason(enum.StrEnum):
     WAITING_FOR_PLACEMENT = "WaitingForPlacement"
     PLANNED = "Planned"
     NO_FEASIBLE_CONFIG = "NoFeasibleConfig"
+    WAITING_FOR_KUEUE = "WaitingForKueueAdmission"  # Queued: its Workload has no admission yet
+    ADMITTED_BY_KUEUE = "AdmittedByKueue"  # Queued: Kueue admitted it; Kiln places it there
+    EVICTED_BY_KUEUE = "EvictedByKueue"  # Queued again: Kueue evicted its Workload
     SOLVED_WITHIN_TIME_LIMIT = "SolvedWithinTimeLimit"
     # Running / Restarting
     TRAINER_STARTED = "TrainerStarted"
@@ -213,6 +216,11 @@ class FreezingMode(enum.StrEnum):
 class CacheMode(enum.StrEnum):
     AUTO = "auto"  # cache frozen-prefix outputs when the inputs are deterministic
     OFF = "off"
+
+
+class ZooShare(enum.StrEnum):
+    PRIVATE = "private"  # only jobs of the record's namespace see it
+    SHARED = "shared"  # every namespace sees it
 
 
 class ApiModel(BaseModel):

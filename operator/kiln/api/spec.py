@@ -111,6 +111,14 @@ class DatasetSpec(names.ApiModel):
         ge=1,
         description="maxSamples: use at most this many samples (text: characters / length).",
     )
+    fingerprint: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="fingerprint: your id of the data's content, e.g. a version or hash; "
+        "recorded with the model, and warm start prefers parents with the same one (unset: "
+        "a hash of this dataset spec).",
+    )
     split_seed: int = Field(
         default=0,
         ge=0,
@@ -304,11 +312,30 @@ class ResourcesSpec(names.ApiModel):
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=64, description="gpusPerNode: cap on GPUs taken on one node."
     )
+    nodes: int | None = Field(
+        default=None, ge=1, le=64, description="nodes: nodes the job spans, one trainer pod "
+        "each with gpus / nodes GPUs (ddp or fsdp); omit for one node, or, when gpus is above "
+        "gpusPerNode, as many as the planner picks."
+    )
 
 
 class ZooSpec(names.ApiModel):
     register_model: bool = Field(
         default=True, alias="register", description="register: add the trained model to the zoo."
+    )
+    provisional_every_evaluations: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="provisionalEveryEvaluations: while training, register the best model so "
+        "far as a provisional zoo record at most every N evaluations, so other jobs (a sweep) "
+        "warm-start from it; the final model replaces it under the same id. Unset: only the "
+        "final model is registered.",
+    )
+    share: names.ZooShare | None = Field(
+        default=None,
+        description="share: who may warm-start from the registered model: private (jobs of "
+        "this namespace) or shared (every namespace); unset: the operator's --zoo-share.",
     )
 
 
@@ -362,7 +389,8 @@ class TrainingJobSpec(names.ApiModel):
     template: dict[str, Any] = Field(
         default_factory=dict,
         description="template: pod template overrides: image, command, args, env, envFrom, "
-        "volumes, volumeMounts, initContainers, securityContext, resources, nodeSelector, "
+        "volumes, volumeMounts, initContainers, securityContext (the trainer container's), "
+        "podSecurityContext (the pod's), resources, nodeSelector, "
         "tolerations, affinity and more (`kiln validate` lists them); Kiln keeps the trainer "
         "container's name, GPU limits, node placement and its KILN_* environment.",
     )

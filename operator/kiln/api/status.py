@@ -64,8 +64,11 @@ class ProfileStatus(names.ApiModel):
 
 
 class PlacementStatus(names.ApiModel):
-    node: str | None = Field(default=None, description="node: planned node.")
-    gpus: int | None = Field(default=None, description="gpus: planned GPU count.")
+    node: str | None = Field(default=None, description="node: planned node (of rank 0).")
+    nodes: list[str] | None = Field(
+        default=None, description="nodes: every node of a job spanning several, in rank "
+        "order (one trainer pod each).")
+    gpus: int | None = Field(default=None, description="gpus: planned GPU count (all nodes).")
     parallelism: str | None = Field(default=None, description="parallelism: single/ddp/fsdp.")
     estimated_start: str | None = Field(default=None, description="estimatedStart: RFC 3339.")
     estimated_seconds: float | None = Field(default=None, description="estimatedSeconds: run.")
@@ -136,3 +139,8 @@ class TrainingJob(names.ApiModel):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        """The job's namespace; ``default`` for a job file without one (as kubectl does)."""
+        return self.metadata.namespace or "default"

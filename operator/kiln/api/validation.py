@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kiln.api import names, status
+from kiln.api import names, scheduling, status
 from kiln.api import spec as spec_types
 
 
@@ -240,11 +240,7 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"(got {sched.warmup_epochs})"
         )
     res = spec.resources
-    if res.gpus is not None and res.gpus_per_node is not None and res.gpus > res.gpus_per_node:
-        problems.append(
-            f"spec.resources.gpus: {res.gpus} exceeds gpusPerNode {res.gpus_per_node}; jobs run "
-            "on one node"
-        )
+    problems += _nodes_problems(res)
     # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,
     # gpus 0 is one CPU process, and the global batch splits evenly over the k devices.
     most = res.gpus if res.gpus is not None else res.gpus_per_node
@@ -273,6 +269,33 @@ def validate(job: status.TrainingJob) -> list[str]:
             "an even batch size"
         )
     return problems + _dataset_problems(ds) + _template_problems(spec.template)
+
+
+def _nodes_problems(res: spec_types.ResourcesSpec) -> list[str]:
+    """spec.resources.nodes: a job spanning nodes splits its GPUs evenly, one pod per node
+    (parallelism single is refused by the gpus > 1 rule).
+
+    Without nodes, gpus above gpusPerNode spans as many nodes as the planner picks, each with
+    at most gpusPerNode.
+    """
+    problems: list[str] = []
+    if res.nodes is None or res.nodes == 1:
+        return problems
+    if not res.gpus:
+        got = "gpus is not set" if res.gpus is None else f"got gpus {res.gpus}"
+        problems.append(
+            f"spec.resources.nodes: {res.nodes} nodes need spec.resources.gpus, the total over "
+            f"all nodes ({got}); set gpus to a multiple of {res.nodes}, or remove "
+            "nodes (CPU jobs run on one node)")
+    elif res.gpus % res.nodes:
+        problems.append(f"spec.resources.gpus: {res.gpus} does not split evenly over nodes "
+                        f"{res.nodes} (each node's pod takes gpus / nodes); use a multiple of "
+                        f"{res.nodes}")
+    elif res.gpus_per_node is not None and res.gpus // res.nodes > res.gpus_per_node:
+        problems.append(f"spec.resources.nodes: {res.nodes} nodes put {res.gpus // res.nodes} "
+                        f"GPUs on each, above gpusPerNode {res.gpus_per_node}; use more nodes "
+                        "or fewer GPUs")
+    return problems
 
 
 def _dataset_problems(ds: spec_types.DatasetSpec) -> list[str]:
@@ -328,7 +351,7 @@ TEMPLATE_KEYS = (
     "image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources", "volumes",
     "volumeMounts", "initContainers", "securityContext", "nodeSelector", "tolerations",
     "affinity", "serviceAccountName", "priorityClassName", "schedulerName", "labels",
-    "annotations", "imagePullSecrets",
+    "annotations", "imagePullSecrets", "podSecurityContext",
 )
 # Names the operator's pod already uses: the trainer container, and its /dev/shm volume.
 TRAINER_CONTAINER = "trainer"
@@ -341,7 +364,7 @@ _STRINGS = ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName
 _LISTS = ("command", "args", "env", "envFrom", "volumes", "volumeMounts", "initContainers",
           "tolerations", "imagePullSecrets")
 _MAPPINGS = ("resources", "nodeSelector", "affinity", "labels", "annotations",
-             "securityContext")
+             "securityContext", "podSecurityContext")
 
 
 def _template_problems(template: dict[str, Any]) -> list[str]:
@@ -352,7 +375,8 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
     naming a ConfigMap or Secret, its prefix outside KILN_*; no */gpu resources (Kiln's);
     volumes named, unique and not Kiln's dshm; every volumeMount (the trainer's or an init
     container's) naming one of those volumes at an absolute, unique mountPath; init containers
-    with a unique name and an image.
+    with a unique name and an image; scheduling keys and resource quantities in Kubernetes'
+    shapes (`scheduling.scheduling_problems`).
     """
     where = "spec.template"
     problems = []
@@ -380,6 +404,7 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
         problems.append(f"{where}.args: only with spec.template.command (Kiln's own trainer "
                         "takes no extra arguments); set command too, or remove args")
     problems += _env_problems(template)
+    problems += scheduling.scheduling_problems(template)
     for part, amounts in (template.get("resources") or {}).items():
         gpus = sorted(k for k in amounts or {} if str(k).endswith("/gpu")) if isinstance(
             amounts, dict) else []

@@ -16,9 +16,12 @@ import kopf
 from kiln import api, contract, models
 from kiln.controller import (
     cluster,
+    feasible,
     jobs,
     kube,
+    kueue,
     lifecycle,
+    listing,
     metrics,
     parents,
     pods,
@@ -46,6 +49,8 @@ async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[s
         job = lifecycle.parse(body)
     except api.InvalidSpec as exc:  # schema problems, with the registry's about the rest
         return None, await loop.run_in_executor(None, models.check_job, exc)
+    except (ValueError, ArithmeticError) as exc:  # a parser gap: this job fails, not the handler
+        return None, [f"spec: cannot be read ({exc.__class__.__name__}: {exc})"]
     return job, await loop.run_in_executor(None, models.check_job, job)
 
 
@@ -133,7 +138,8 @@ async def _unmeasured_type(svc: services.Services, job: api.TrainingJob
     pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), [],
                           cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
                           gpu_type=settings.gpu_type(options),
-                          gpu_type_label=options.gpu_type_label)
+                          gpu_type_label=options.gpu_type_label,
+                          gpu_resources=options.gpu_resources)
     kinds = sorted({n.device_type for n in pools.nodes.get(cluster.GPU_POOL, ())})
     cached = [(kind, svc.profiles[key]) for kind in kinds
               if (key := profiling.cache_key(job, kind)) in svc.profiles]
@@ -189,16 +195,20 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
     """
     async with svc.profiling_lock:
         options = svc.options
-        listed_pods = await svc.client.list(kube.Paths.pods())
-        if any(profiling.is_profiling_pod(p) and pods.pod_state(p).job == ref.name
-               and (p.get("metadata") or {}).get("namespace") == ref.namespace
-               for p in listed_pods):
+        if any(profiling.is_profiling_pod(p) for p in await listing.kiln_pods(
+                svc.client, ref.namespace, job=ref.name)):
             return True  # a repeated create, or a restart: its pod reports through the watch
-        pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), listed_pods,
+        node_objects = await svc.client.list(kube.Paths.nodes())
+        pod_objects = await listing.placement_pods(svc.client, node_objects,
+                                                   gpu_resources=options.gpu_resources)
+        pools = cluster.pools(node_objects, pod_objects,
                               cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
                               gpu_type=settings.gpu_type(options),
-                              gpu_type_label=options.gpu_type_label)
-        device = profiling.choose_device(pools, job, device_type)
+                              gpu_type_label=options.gpu_type_label,
+                              gpu_resources=options.gpu_resources)
+        allowed = feasible.fit(api.scheduling_of(job.spec.template), node_objects,
+                               feasible.used(pod_objects)).nodes
+        device = profiling.choose_device(pools, job, device_type, among=allowed)
         if device_type is not None and (device.devices < 1 or device.device != "gpu"):
             return False
         name = profiling.pod_name(ref.name)
@@ -349,8 +359,10 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
                  decision: select.Decision, *, outcome: str,
                  before: Callable[[jobs.Edit, float], None] | None = None) -> None:
     """Record the warm-start decision and queue the job (or suspend it), in one status write;
-    `before` adds to that write (the profiling outcome)."""
+    `before` adds to that write (the profiling outcome). A Kueue-managed job waits for
+    Kueue's admission instead (`kueue.ensure_workload` makes its Workload)."""
     now = svc.clock()
+    queued: dict[str, Any] | None = None
     async with svc.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or admitted(e.status):
             return
@@ -379,12 +391,19 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
                 e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
                             "Created suspended (spec.runPolicy.suspend); set it to false to "
                             "start.", now=now, event="Normal")
+        elif kueue.managed(svc.options, job):
+            uid = str(((e.body or {}).get("metadata") or {}).get("uid") or "")
+            e.condition(C.QUEUED, True, R.WAITING_FOR_KUEUE, kueue.waiting_message(
+                job, kueue.workload_name(job.name, uid)), now=now, event="Normal")
         else:
             e.condition(C.QUEUED, True, R.WAITING_FOR_PLACEMENT,
                         "Waiting for the placement plan to reach this job.", now=now)
         await e.commit()
         if not suspended and e.body is not None:
             svc.placement.add(lifecycle.queued_entry(e.body, job, now=now))
+        queued = e.body
+    if queued is not None and kueue.managed(svc.options, job):  # after the lock: it edits too
+        await kueue.ensure_workload(svc, queued, job)
 
 
 async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) -> None:
@@ -433,7 +452,11 @@ async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
     if int(st.get("attempts") or 0) > 0 and status.is_true(st, C.PLACED):
         await lifecycle.ensure_pod(svc, ref)
         job, problems = await validate(body)
-        if job is not None and not problems:  # the placement loop may move it again
+        spans = len((st.get("placement") or {}).get("nodes") or []) > 1  # never moved
+        # The loop may move it again, unless it spans nodes or Kueue admitted it (a move could
+        # leave what Kueue admitted).
+        if (job is not None and not problems and not spans
+                and not kueue.managed(svc.options, job)):
             running = status.condition(st, C.RUNNING) or {}
             await svc.placement.adopt(
                 lifecycle.queued_entry(body, job, now=svc.clock()),
@@ -443,6 +466,8 @@ async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
         job, problems = await validate(body)
         if job is not None and not problems:
             svc.placement.add(lifecycle.queued_entry(body, job, now=svc.clock()))
+            if kueue.managed(svc.options, job):
+                await kueue.ensure_workload(svc, body, job)
     svc.metrics.set_phase(ref.namespace, ref.name, status.phase_of(st))
 
 

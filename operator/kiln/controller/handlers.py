@@ -19,11 +19,13 @@ from kiln.controller import (
     housekeeping,
     jobs,
     kube,
+    kueue,
     lifecycle,
     pods,
     profiling,
     services,
     status,
+    sweeper,
 )
 from kiln.controller import settings as operator_settings
 
@@ -49,10 +51,14 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     | admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
     | resume | operator (re)started, job exists | `admission.requeue` |
     | suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
-    | cleanup-job | TrainingJob deleted (finalizer) | `lifecycle.forget` (delete its pods) |
+    | cleanup-job | TrainingJob deleted: with --finalizer, before it goes; else its DELETED
+    event (the garbage collector deletes its pods) | `lifecycle.forget` (delete its pods) |
     | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod`; a
     profiling pod's: `admission.profiled` |
-    | housekeeping | timer per placed or TTL-bound job | `housekeeping.tick` |
+    | housekeeping | timer per placed or TTL-bound job (--finalizer); else an index of those
+    jobs, swept by `sweeper.run` | `housekeeping.tick` |
+    | kueue-workloads | any event of a Kueue Workload (--kueue) | `kueue.observe` |
+    | kueue-finish | a queue-labelled job ended (--kueue) | `kueue.finish` |
 
     Each job handler is wrapped by `_surfaced`; the timer's interval comes from `options`.
     """
@@ -69,19 +75,35 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     kopf.on.resume(*JOBS, registry=registry, id="resume")(_surfaced("resume", resume))
     kopf.on.update(*JOBS, registry=registry, id="suspend", field="spec.runPolicy.suspend")(
         _surfaced("suspend", suspend))
-    kopf.on.delete(*JOBS, registry=registry, id="cleanup-job")(_surfaced("cleanup", delete))
+    if options.finalizer:
+        kopf.on.delete(*JOBS, registry=registry, id="cleanup-job")(_surfaced("cleanup", delete))
+    else:  # no delete handler, so kopf adds no finalizer (and removes one left by --finalizer)
+        kopf.on.event(*JOBS, registry=registry, id="cleanup-job")(
+            _surfaced("cleanup", deleted))
     kopf.on.event("v1", "pods", registry=registry, id="pods",
                   labels={pods.JOB_NAME_LABEL: kopf.PRESENT})(_surfaced("pods", pod_event))
-    kopf.timer(*JOBS, registry=registry, id="housekeeping",
-               interval=options.housekeeping_interval_seconds, when=housekeeping.needed)(
-        _surfaced("housekeeping", housekeeping_tick))
+    if options.finalizer:
+        kopf.timer(*JOBS, registry=registry, id="housekeeping",
+                   interval=options.housekeeping_interval_seconds, when=housekeeping.needed)(
+            _surfaced("housekeeping", housekeeping_tick))
+    else:  # kopf's timers always add a finalizer: `sweeper` ticks the indexed jobs instead
+        kopf.index(*JOBS, registry=registry, id=sweeper.INDEX_ID, when=housekeeping.needed)(
+            sweeper.index_job)
+    if options.kueue:
+        kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, registry=registry,
+                      id="kueue-workloads")(_surfaced("kueue", workload_event))
+        kopf.on.event(*JOBS, registry=registry, id="kueue-finish",
+                      labels={kueue.QUEUE_LABEL: kopf.PRESENT}, when=_ended)(
+            _surfaced("kueue", finished_event))
 
 
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Configure kopf and start the services.
 
-    Finalizer ``kiln.dev/finalizer``, progress and diff-base annotations under ``kiln.dev/``;
-    standalone (one replica: no peering objects); kopf's log-to-event posting off (events are
+    Finalizer ``kiln.dev/finalizer`` (used only with --finalizer), progress and diff-base
+    annotations under ``kiln.dev/``; the pod watch selects Kiln's pods by label on the API
+    server; standalone unless --peering names a peering object (then
+    kopf pauses every replica but the leader); kopf's log-to-event posting off (events are
     posted explicitly); namespace scanning off unless a watched namespace is a glob.
     """
     svc: services.Services = memo.services
@@ -90,11 +112,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.peering.standalone = True
+    settings.peering.standalone = svc.options.peering is None
+    # kopf filters handlers by label on its side; this makes the API server send only Kiln's
+    # pods, instead of every pod of the cluster, to the pod watch.
+    settings.watching.label_selectors["v1", "pods"] = pods.JOB_NAME_LABEL
     settings.posting.enabled = False
     settings.scanning.disabled = not any(
         ch in ns for ns in svc.options.namespaces for ch in "*?[!")
     await svc.start()
+    if sweeper.INDEX_ID in kwargs:  # --no-finalizer: the index kopf passes by its id
+        svc.run_in_background(sweeper.run(
+            svc, kwargs[sweeper.INDEX_ID],
+            interval_seconds=svc.options.housekeeping_interval_seconds), name="kiln housekeeping")
+    if svc.options.zoo_capacity is not None:
+        svc.run_in_background(housekeeping.collect_zoo_forever(svc), name="kiln zoo eviction")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -120,11 +151,20 @@ async def suspend(body: kopf.Body, new: Any, memo: kopf.Memo, **_: Any) -> None:
         await lifecycle.suspend(memo.services, ref)
     else:
         await lifecycle.unsuspend(memo.services, ref)
+    if memo.services.options.kueue:
+        await kueue.set_active(memo.services, ref, not new)
 
 
 async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job is being deleted: delete its pods and forget it."""
     await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)))
+
+
+async def deleted(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A job is gone (no finalizer): delete its pods, should the garbage collector lag, and
+    forget it."""
+    if type == "DELETED":
+        await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)))
 
 
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -133,6 +173,25 @@ async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
         await admission.profiled(memo.services, dict(body), type)
     else:
         await lifecycle.observe_pod(memo.services, dict(body), type)
+        if memo.services.options.kueue:
+            await kueue.pod_event(memo.services, dict(body), type)
+
+
+async def workload_event(type: str | None, body: kopf.Body, memo: kopf.Memo,
+                         **_: Any) -> None:
+    """A Kueue Workload appeared, changed or vanished (only with --kueue)."""
+    await kueue.observe(memo.services, dict(body), type)
+
+
+def _ended(body: kopf.Body, **_: Any) -> bool:
+    return status.is_terminal(dict(body.get("status") or {}))
+
+
+async def finished_event(type: str | None, body: kopf.Body, memo: kopf.Memo,
+                         **_: Any) -> None:
+    """A Kueue-managed job ended: its Workload is marked Finished (only with --kueue)."""
+    if type != "DELETED":
+        await kueue.finish(memo.services, dict(body))
 
 
 async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

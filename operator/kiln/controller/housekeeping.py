@@ -1,5 +1,5 @@
 """Per-job periodic checks: TTL after the end, the active deadline, the pod start timeout,
-and live progress.
+and live progress; and the zoo-wide one, eviction down to --zoo-capacity.
 
 The runPolicy fields are read from the raw spec, so an invalid job (which has no parsed spec)
 still honours its TTL.
@@ -7,6 +7,8 @@ still honours its TTL.
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +25,7 @@ from kiln.controller import (
     services,
     status,
 )
+from kiln.zoo import eviction, store
 
 C = api.ConditionType
 _log = logging.getLogger(__name__)
@@ -169,3 +172,84 @@ def _with_admission(warm: Mapping[str, Any], live: dict[str, Any]) -> dict[str, 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def collect_zoo_forever(svc: services.Services) -> None:
+    """Hold the zoo to --zoo-capacity every --zoo-gc-interval-seconds (first right away).
+
+    A round that cannot list the jobs or reach the zoo evicts nothing and only warns: without
+    knowing every live job's parent, nothing may go.
+    """
+    while True:
+        try:
+            await collect_zoo(svc)
+        except (kube.ApiError, store.StoreUnavailable, store.StoreMisconfigured) as exc:
+            _log.warning("zoo eviction skipped this round: %s", exc)
+        await asyncio.sleep(svc.options.zoo_gc_interval_seconds)
+
+
+async def collect_zoo(svc: services.Services) -> eviction.Plan | None:
+    """One eviction round: protect what live jobs use, then delete what the plan evicts.
+
+    Returns:
+        The plan carried out, or None when no --zoo-capacity is set.
+
+    Raises:
+        kube.ApiError: the jobs could not be listed.
+        store.StoreUnavailable: the zoo failed (records already deleted stay deleted).
+    """
+    if svc.options.zoo_capacity is None:
+        return None
+    protect, running = await live_zoo_use(svc)
+    now = datetime.datetime.fromtimestamp(svc.clock(), datetime.UTC)
+    capacity_bytes = eviction.parse_size(svc.options.zoo_capacity)
+    zoo = svc.parents.zoo
+
+    def collect() -> eviction.Plan:  # store I/O: off the event loop
+        chosen = eviction.plan(eviction.survey(
+            zoo, now=now, half_life_seconds=svc.options.zoo_hit_half_life_seconds,
+            protect=protect, live_jobs=running), capacity_bytes=capacity_bytes)
+        eviction.carry_out(zoo, chosen)
+        return chosen
+
+    chosen = await asyncio.to_thread(collect)
+    for entry in chosen.evict:
+        _log.info("zoo eviction: deleted %s (%d bytes, %d hits, value %.3g) to keep %s within "
+                  "--zoo-capacity %s", entry.record.id, entry.size_bytes, entry.hits,
+                  entry.value, zoo.describe(), svc.options.zoo_capacity)
+    if chosen.over_capacity:
+        _log.warning("zoo %s holds %d bytes, over --zoo-capacity %s (%d bytes), but the rest "
+                     "is in use by live jobs", zoo.describe(), chosen.after_bytes,
+                     svc.options.zoo_capacity, chosen.capacity_bytes)
+    return chosen
+
+
+async def live_zoo_use(svc: services.Services) -> tuple[dict[str, str], set[str]]:
+    """What unfinished jobs use: record id -> why it stays (their parents, decided or pinned,
+    and the alternatives their trainer may fall back to), and their names (their provisional
+    records stay).
+
+    Raises:
+        kube.ApiError: the jobs could not be listed.
+    """
+    namespaces = svc.options.namespaces
+    if any(ch in ns for ns in namespaces for ch in "*?[!"):
+        namespaces = ()  # globs: list cluster-wide (kopf scans namespaces then anyway)
+    listed: list[dict[str, Any]] = []
+    for namespace in namespaces or (None,):
+        listed += await svc.client.list(kube.Paths.jobs(namespace))
+    protect: dict[str, str] = {}
+    running: set[str] = set()
+    for body in listed:
+        if status.is_terminal(body.get("status") or {}):
+            continue
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        running.add(name)
+        warm = (body.get("status") or {}).get("warmStart") or {}
+        pinned = (((body.get("spec") or {}).get("warmStart") or {}).get("parent"))
+        used = [warm.get("parent"), *(warm.get("alternatives") or []), pinned]
+        for record_id in used:
+            if isinstance(record_id, str) and record_id != "auto":
+                protect.setdefault(record_id, f"parent of live job {meta.get('namespace')}/{name}")
+    return protect, running

@@ -112,6 +112,11 @@ class Paths:
         return path + "/status" if status else path
 
     @staticmethod
+    def jobs(namespace: str | None = None) -> str:
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return f"/apis/{api.GROUP}/{api.VERSION}{where}/{api.PLURAL}"
+
+    @staticmethod
     def pods(namespace: str | None = None) -> str:
         return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
 
@@ -122,6 +127,10 @@ class Paths:
     @staticmethod
     def nodes() -> str:
         return "/api/v1/nodes"
+
+    @staticmethod
+    def services(namespace: str) -> str:
+        return f"/api/v1/namespaces/{namespace}/services"
 
     @staticmethod
     def events(namespace: str) -> str:
@@ -216,9 +225,18 @@ class Client:
                 return None
             raise
 
-    async def list(self, path: str) -> list[dict[str, Any]]:
-        """The items of a collection (label selectors are applied by callers)."""
-        answer = await self.request("GET", path)
+    async def list(self, path: str, *, label_selector: str | None = None,
+                   field_selector: str | None = None) -> list[dict[str, Any]]:
+        """The items of a collection, filtered by the API server.
+
+        Args:
+            path: the collection, e.g. `Paths.pods(namespace)`.
+            label_selector: e.g. ``kiln.dev/job-name`` or ``kiln.dev/job-name=digits``.
+            field_selector: e.g. ``spec.nodeName=gpu-1,status.phase!=Succeeded``.
+        """
+        params = {key: value for key, value in (("labelSelector", label_selector),
+                                                ("fieldSelector", field_selector)) if value}
+        answer = await self.request("GET", path, params=params or None)
         items: list[dict[str, Any]] = (answer or {}).get("items") or []
         return items
 

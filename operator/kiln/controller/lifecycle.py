@@ -7,6 +7,7 @@ crash in between is repaired on resume by `ensure_pod`. No admission, no plannin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -14,8 +15,10 @@ from typing import Any
 
 from kiln import api, contract
 from kiln.controller import (
+    gang,
     jobs,
     kube,
+    listing,
     parents,
     placement_loop,
     pods,
@@ -67,13 +70,7 @@ def queued_entry(body: dict[str, Any], job: api.TrainingJob, *,
 async def publish_plan(svc: services.Services, entry: placement_loop.Queued,
                        assignment: types.Assignment, device: str) -> None:
     """Record a waiting job's planned node and start in status.placement (if changed)."""
-    placement = {
-        "node": assignment.node,
-        "gpus": assignment.gpus if device == "gpu" else 0,
-        "parallelism": assignment.parallelism,
-        "estimatedStart": status.rfc3339(max(assignment.start, svc.clock())),
-        "estimatedSeconds": round(assignment.seconds, 1),
-    }
+    placement = _placement(assignment, device, start=max(assignment.start, svc.clock()))
     if svc.published.get(entry.ref) == placement:
         return
     async with svc.jobs.lock(entry.ref):
@@ -111,27 +108,45 @@ async def launch(svc: services.Services, entry: placement_loop.Queued,
             return False
         attempt = int(e.status.get("attempts") or 0)
         gpus = assignment.gpus if device == "gpu" else 0
-        e.status["placement"] = {
-            "node": assignment.node, "gpus": gpus, "parallelism": assignment.parallelism,
-            "estimatedStart": status.rfc3339(max(assignment.start, now)),
-            "estimatedSeconds": round(assignment.seconds, 1)}
+        e.status["placement"] = _placement(assignment, device, start=max(assignment.start, now))
         e.status["attempts"] = attempt + 1
         e.status["startTime"] = status.rfc3339(now)
         held = f"{gpus} GPU(s)" if gpus else "1 CPU slot"
-        message = (f"Placed on node {assignment.node} with {held} ({assignment.parallelism}), "
-                   f"estimated {assignment.seconds:.0f} s; starting pod "
-                   f"{pods.pod_name(entry.ref.name, attempt)}.")
+        if assignment.peer_nodes:
+            message = (f"Placed on nodes {', '.join(assignment.all_nodes)} with {held} each "
+                       f"({assignment.parallelism}, one trainer pod per node), estimated "
+                       f"{assignment.seconds:.0f} s; starting pods "
+                       f"{gang.pod_name(entry.ref.name, attempt, 0)} to "
+                       f"{gang.pod_name(entry.ref.name, attempt, len(assignment.peer_nodes))}.")
+        else:
+            message = (f"Placed on node {assignment.node} with {held} "
+                       f"({assignment.parallelism}), estimated {assignment.seconds:.0f} s; "
+                       f"starting pod {pods.pod_name(entry.ref.name, attempt)}.")
         e.condition(C.PLACED, True, R.PLANNED, message, now=now, event="Normal")
         e.condition(C.QUEUED, False, R.PLANNED, message, now=now)
         await e.commit()
         if e.body is None:
             return False
         svc.metrics.queue_wait_seconds.observe(max(0.0, now - entry.since))
+        if assignment.peer_nodes:  # after a suspension, once the old gang is gone
+            await _ensure_gang(svc, e)
+            return True
         await _create_pod(svc, e, entry.job, attempt, pods.Launch(
             node=assignment.node, devices=assignment.gpus, parallelism=assignment.parallelism,
             device=device, warm_start=entry.warm_start, estimated_seconds=assignment.seconds,
             started=now))
     return True
+
+
+def _placement(assignment: types.Assignment, device: str, *, start: float) -> dict[str, Any]:
+    """status.placement of an assignment: gpus over all its nodes, and `nodes` when several."""
+    placement: dict[str, Any] = {
+        "node": assignment.node, "gpus": assignment.devices if device == "gpu" else 0,
+        "parallelism": assignment.parallelism, "estimatedStart": status.rfc3339(start),
+        "estimatedSeconds": round(assignment.seconds, 1)}
+    if assignment.peer_nodes:
+        placement["nodes"] = list(assignment.all_nodes)
+    return placement
 
 
 async def resize(svc: services.Services, ref: jobs.JobRef, move: introspect.Move,
@@ -182,9 +197,11 @@ async def resize(svc: services.Services, ref: jobs.JobRef, move: introspect.Move
 
 async def finish_move(svc: services.Services, ref: jobs.JobRef) -> None:
     """Create the pod of a moved job's new attempt once its previous pod is gone (its trainer
-    has written its checkpoint); no-op for a job that is not being moved."""
+    has written its checkpoint), and the pods of a multi-node job's new attempt once its
+    previous pods are gone; no-op for a job that is neither."""
     async with svc.jobs.edit(ref) as e:
         await _finish_move(svc, e)
+        await _ensure_gang(svc, e)
 
 
 async def _finish_move(svc: services.Services, e: jobs.Edit) -> None:
@@ -217,6 +234,9 @@ async def ensure_pod(svc: services.Services, ref: jobs.JobRef) -> None:
         if (deleting(e.body) or status.is_terminal(st) or status.is_true(st, C.SUSPENDED)
                 or attempts == 0 or not status.is_true(st, C.PLACED) or e.body is None):
             return
+        if _spans_nodes(st):
+            await _ensure_gang(svc, e)
+            return
         name = pods.pod_name(ref.name, attempts - 1)
         if await svc.client.get(kube.Paths.pod(ref.namespace, name)) is None:
             await _create_pod(svc, e, parse(e.body), attempts - 1,
@@ -243,9 +263,10 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
     async with svc.jobs.edit(ref) as e:
         st = e.status
         if deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1:
-            moved = gone and state.attempt == int(st.get("attempts") or 0) - 2
-            if moved and not deleting(e.body):  # a move's old pod: start the new one
-                await _finish_move(svc, e)
+            if gone and not deleting(e.body):
+                if state.attempt == int(st.get("attempts") or 0) - 2:
+                    await _finish_move(svc, e)  # a move's old pod: start the new one
+                await _ensure_gang(svc, e)  # a gang's new pods, once all older ones are gone
             return  # the job is going, or an older attempt's pod
         if status.is_terminal(st):
             if status.is_true(st, C.FAILED) and state.finished and not gone:
@@ -255,12 +276,16 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
             if state.active and not gone:  # created just before the suspension
                 await _delete_pods(svc, namespace, [state.name])
             return
+        if waiting(st):  # stopped to wait again (Kueue evicted it): its pod's end is no exit
+            return
         now = svc.clock()
         if gone or state.deleting:
             verdict = policy.after_exit(
                 143, "Deleted", f"pod {state.name} was deleted before the trainer finished",
                 restarts=int(st.get("restarts") or 0),
                 backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit)
+        elif gang.rank_of(pod) > 0 and state.phase in ("Running", "Succeeded"):
+            return  # rank 0's pod speaks for the gang; another rank's exit 0 ends nothing
         elif state.phase == "Running":
             message = f"Trainer pod {state.name} is running on node {state.node}."
             e.condition(C.RUNNING, True, R.TRAINER_STARTED, message, now=now, event="Normal")
@@ -300,8 +325,13 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         await e.commit()
         if e.body is not None:
             svc.metrics.count_restart(ref.namespace)
-            await _create_pod(svc, e, job, attempt,
-                              _launch_from_status(e.status, now=now))
+            if _spans_nodes(e.status):  # the whole gang restarts: its pods hang without a peer
+                await _delete_pods(svc, ref.namespace, [
+                    p.name for p in await job_pod_states(svc, ref) if p.attempt == attempt - 1])
+                await _ensure_gang(svc, e)
+            else:
+                await _create_pod(svc, e, job, attempt,
+                                  _launch_from_status(e.status, now=now))
         return
     if verdict.action is policy.Action.SUCCEED:
         result = _result(state.message)
@@ -352,6 +382,9 @@ async def _finish(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, *,
     svc.eta_seconds.pop(ref.key, None)
     result = "succeeded" if status.is_true(e.status, C.SUCCEEDED) else "failed"
     svc.metrics.count_finished(ref.namespace, result)
+    if result == "succeeded":
+        svc.metrics.count_seconds_saved(ref.namespace, parents.seconds_saved(
+            svc.parents.records(), e.status.get("warmStart")))
     job_pods = await job_pod_states(svc, ref)
     clean_pod_policy = job.spec.run_policy.clean_pod_policy
     deleted = list(dict.fromkeys([*policy.pods_to_clean(job_pods, clean_pod_policy),
@@ -413,8 +446,8 @@ async def forget(svc: services.Services, ref: jobs.JobRef) -> None:
 
 
 async def job_pod_states(svc: services.Services, ref: jobs.JobRef) -> list[pods.PodState]:
-    """The job's pods (filtered here: selectors are not relied upon)."""
-    listed = await svc.client.list(kube.Paths.pods(ref.namespace))
+    """The job's pods (by label selector; filtered here too, as a check)."""
+    listed = await listing.kiln_pods(svc.client, ref.namespace, job=ref.name)
     states = [pods.pod_state(p) for p in listed]
     return [s for s in states if s.job == ref.name]
 
@@ -474,17 +507,28 @@ async def _discard_late_model(svc: services.Services, body: dict[str, Any],
 
 async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob, attempt: int,
                       launch_: pods.Launch) -> None:
-    """Create the attempt's pod (an existing one is kept: the name is deterministic).
+    """Create the attempt's pod, or a multi-node job's headless Service and pods, one per
+    node, together (an existing one is kept: the names are deterministic).
 
     A pod the API server refuses as invalid (400/422: e.g. a bad spec.template) fails the job
-    as InvalidSpec with the server's words; other errors propagate (retried).
+    as InvalidSpec with the server's words; other errors propagate (retried). On GPUs the pod
+    asks for the resource its node's GPUs are (--gpu-resource: nvidia.com/gpu, a MIG slice,
+    amd.com/gpu).
     """
     body = e.body or {}
     ref = jobs.JobRef.of(body)
-    manifest = pods.build_pod(body, job, attempt=attempt, launch=launch_,
-                              settings=svc.pod_settings)
+    if launch_.device == "gpu":
+        launch_ = dataclasses.replace(
+            launch_, gpu_resource=await svc.placement.gpu_resource(launch_.node))
+    manifests = gang.build_pods(body, job, attempt=attempt, launch=launch_,
+                                settings=svc.pod_settings)
+    manifest = manifests[0]
     try:
-        await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
+        if launch_.peer_nodes:
+            await svc.client.create(kube.Paths.services(ref.namespace),
+                                    gang.build_service(body, job))
+        for manifest in manifests:
+            await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
     except kube.ApiError as exc:
         if exc.status not in (400, 422):
             raise
@@ -500,14 +544,45 @@ async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob
 
 
 def _launch_from_status(st: dict[str, Any], *, now: float) -> pods.Launch:
-    """The current placement again (restarts stay on their node, config and warm start)."""
+    """The current placement again (restarts stay on their nodes, config and warm start)."""
     placement = st.get("placement") or {}
     gpus = int(placement.get("gpus") or 0)
+    nodes = [str(n) for n in placement.get("nodes") or []] or [str(placement.get("node"))]
     return pods.Launch(
-        node=str(placement.get("node")), devices=gpus or 1,
+        node=nodes[0], devices=max(1, gpus // len(nodes)),
         parallelism=str(placement.get("parallelism") or "single"),
         device="gpu" if gpus else "cpu", warm_start=parents.from_status(st.get("warmStart")),
-        estimated_seconds=float(placement.get("estimatedSeconds") or 0.0), started=now)
+        estimated_seconds=float(placement.get("estimatedSeconds") or 0.0), started=now,
+        peer_nodes=tuple(nodes[1:]))
+
+
+def _spans_nodes(st: dict[str, Any]) -> bool:
+    """Whether the job's placement spans several nodes (a gang of pods)."""
+    return len((st.get("placement") or {}).get("nodes") or []) > 1
+
+
+async def _ensure_gang(svc: services.Services, e: jobs.Edit) -> None:
+    """Create the current attempt's pods of an active multi-node job once no pod of an
+    earlier attempt is left running or terminating (lock held).
+
+    A restarted gang starts together and only then: its new pods need the devices the old
+    ones hold, and must not meet them in the rendezvous (they share hostnames). A no-op for
+    other jobs, and when the current pods exist.
+    """
+    st = e.status
+    attempts = int(st.get("attempts") or 0)
+    if (deleting(e.body) or e.body is None or status.is_terminal(st) or attempts == 0
+            or status.is_true(st, C.SUSPENDED) or not _spans_nodes(st)
+            or not status.is_true(st, C.PLACED)):
+        return
+    ref = jobs.JobRef.of(e.body)
+    states = await job_pod_states(svc, ref)
+    if any(p.attempt < attempts - 1 and (p.active or p.deleting) for p in states):
+        return
+    current = {p.name for p in states if p.attempt == attempts - 1}
+    launch_ = _launch_from_status(st, now=svc.clock())
+    if len(current) < 1 + len(launch_.peer_nodes):
+        await _create_pod(svc, e, parse(e.body), attempts - 1, launch_)
 
 
 def _result(message: str) -> dict[str, Any]:

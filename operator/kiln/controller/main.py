@@ -1,7 +1,8 @@
 """`kiln operator`: run the Kiln operator against any Kubernetes API server.
 
-Parses the options (every field of `settings.Options`, flag = field name with dashes), builds
-the services and runs kopf. Installs no CRD (apply crds/trainingjob.yaml first).
+Parses the options (every field of `settings.Options`: flag = field name with dashes, or
+environment variable KILN_OPERATOR_<FIELD NAME>; a flag wins), builds the services and runs
+kopf. Installs no CRD (apply crds/trainingjob.yaml first).
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import functools
 import logging
 import math
 import os
 import re
 import string
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +27,13 @@ import kopf
 import prometheus_client
 import yaml
 
-from kiln import contract
+from kiln import api, contract
 from kiln.controller import (
     handlers,
     jobs,
     kube,
+    kueue,
+    leadership,
     lifecycle,
     metrics,
     parents,
@@ -38,7 +43,7 @@ from kiln.controller import (
 )
 from kiln.placement import types
 from kiln.warmstart import index as zoo_index
-from kiln.zoo import store
+from kiln.zoo import eviction, store
 
 _log = logging.getLogger(__name__)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -53,12 +58,21 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("zoo_secret", "Secret in each job namespace with the zoo credentials for trainer pods"),
     ("zoo_secret_access_key", "key of the access key in --zoo-secret"),
     ("zoo_secret_secret_key", "key of the secret key in --zoo-secret"),
+    ("zoo_secret_session_token", ("key of an optional session token in --zoo-secret "
+                                  "(temporary credentials)")),
+    ("zoo_share", ("who sees models of jobs without spec.zoo.share: private (their "
+                   "namespace) or shared (every namespace)")),
     ("zoo_retry_limit", "failed attempts to reach the zoo before a job cold-starts"),
     ("zoo_retry_delay_seconds", "wait after the first failed zoo attempt (doubles each time)"),
     ("zoo_retry_max_delay_seconds", "longest wait between zoo attempts"),
     ("zoo_request_attempts", "S3 requests tried per zoo attempt"),
     ("zoo_refresh_seconds", "re-list the zoo's models at most this often"),
     ("zoo_query_timeout_seconds", "deadline of one warm-start parent search"),
+    ("zoo_capacity", ("the zoo's size budget, e.g. 10GiB: past it, the models worth least per "
+                      "byte (decayed parent hits) are deleted, never a live job's parent "
+                      "(default: no limit)")),
+    ("zoo_gc_interval_seconds", "how often the zoo is held to --zoo-capacity"),
+    ("zoo_hit_half_life_seconds", "a parent hit's weight in zoo eviction halves this often"),
     ("warm_start_graph_timeout_seconds", "deadline of tracing one job's model for its search"),
     ("default_image", "trainer image for jobs without spec.template.image"),
     ("image_pull_policy", "imagePullPolicy of trainer pods"),
@@ -89,6 +103,9 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("gpu_type", ("place jobs only on GPU nodes whose --gpu-type-label equals this "
                   "(default: any GPU node)")),
     ("gpu_type_label", "node label naming a node's GPU type"),
+    ("gpu_resources", ("extended resource that counts as GPUs, e.g. nvidia.com/gpu, "
+                       "nvidia.com/mig-1g.10gb or amd.com/gpu (repeatable; a node's GPUs are "
+                       "the first it has; default nvidia.com/gpu)")),
     ("housekeeping_interval_seconds", "how often deadlines, TTLs and progress are checked"),
     ("progress_address", "trainer metrics address, from {pod_ip} {port} {pod} {namespace}"),
     ("progress_timeout_seconds", "timeout of one trainer metrics read"),
@@ -97,6 +114,16 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("profile_unmeasured", ("profile built-in models on a GPU type with no measurement of "
                             "the same model and batch yet")),
     ("profile_timeout_seconds", "the longest a profiling pod may run"),
+    ("finalizer", ("put a finalizer on TrainingJobs so a deleted job waits for the operator "
+                   "to delete its pods (default: none; the garbage collector deletes them "
+                   "through their ownerReferences)")),
+    ("peering", ("kopf peering name for leader election between replicas (default: "
+                 "standalone, one replica); needs the chart's KopfPeering objects")),
+    ("pod_security_context", "trainer pods' securityContext, a JSON object"),
+    ("container_security_context", ("trainer container's securityContext, a JSON object "
+                                    "(spec.template.securityContext keys win)")),
+    ("kueue", ("Kueue admits jobs labelled kueue.x-k8s.io/queue-name (a Workload each); Kiln "
+               "places them within Kueue's admission")),
     ("verbose", "debug logging"),
 )
 
@@ -107,23 +134,42 @@ _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_t
              "warm_start_graph_timeout_seconds",
              "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
              "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds",
-             "termination_grace_seconds", "profile_timeout_seconds"}
+             "termination_grace_seconds", "profile_timeout_seconds",
+             "zoo_gc_interval_seconds", "zoo_hit_half_life_seconds"}
 _MAXIMUM = {"zoo_request_attempts": 100, "zoo_retry_limit": 1000, "max_gpus_per_job": 64,
             "cpu_slots_per_node": 256, "termination_grace_seconds": 86400}
 # Kubernetes label values and (optionally prefixed) keys, for --gpu-type and its label.
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Extended resources: a domain prefix and a name, e.g. nvidia.com/mig-1g.10gb.
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 _PROGRESS_FIELDS = {"pod_ip", "port", "pod", "namespace"}
 
 
 def _text(name: str) -> Any:
     """An argparse type for string options, checking those that have a shape."""
     def parse(text: str) -> str:
+        if name == "namespaces" and not _NAMESPACE.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a namespace name (lowercase letters, digits and '-', at most "
+                "63, starting and ending with a letter or digit), e.g. team-a")
+        if name == "zoo_uri":  # its scheme and shape now; the S3 settings when services start
+            try:
+                store.open_store(text, env={contract.Env.ZOO_ENDPOINT: "endpoint-checked-later"})
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         if name == "gpu_type" and not _LABEL_VALUE.match(text):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a node label value (letters, digits, '-', '_', '.'; at most "
                 "63), e.g. NVIDIA-A100-SXM4-80GB")
+        if name == "gpu_resources" and not _RESOURCE.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an extended resource name (domain/name), e.g. amd.com/gpu "
+                "or nvidia.com/mig-1g.10gb")
         if name == "gpu_type_label" and not _LABEL_KEY.match(text):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a label key, e.g. nvidia.com/gpu.product")
@@ -133,6 +179,20 @@ def _text(name: str) -> Any:
                 raise argparse.ArgumentTypeError(
                     f"unknown fields {sorted(fields - _PROGRESS_FIELDS)}; use "
                     "{pod_ip}, {port}, {pod}, {namespace}")
+        if name.endswith("security_context"):
+            try:
+                settings.security_context(text, name.replace("_", "-"))
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc).split(" ", 1)[-1]) from None
+        if name == "peering" and not _NAME.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an object name (lowercase letters, digits, '-', '.'), "
+                "e.g. kiln")
+        if name == "zoo_capacity":
+            try:
+                eviction.parse_capacity(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         if name == "default_image" and not text.strip():
             raise argparse.ArgumentTypeError("an image is needed, e.g. "
                                              f"{settings.DEFAULT_IMAGE}")
@@ -188,10 +248,90 @@ def _checked_pair(flag: str, kind: type[int | float]) -> Callable[[str], str]:
     return check
 
 
-def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
-    """The argument parser of `kiln operator` (every `settings.Options` field)."""
+ENV_PREFIX = "KILN_OPERATOR_"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+# Kubernetes gives pods a <SERVICE>_PORT=tcp://ip:port variable per Service in the namespace:
+# the chart's Service kiln-operator-metrics yields --metrics-port's variable, not a setting.
+_SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://")
+# The other variables of such a Service: <SERVICE>_SERVICE_HOST, _PORT_9100_TCP_ADDR, ...
+_SERVICE_VARIABLE = re.compile(r"_SERVICE_(HOST|PORT)(_[A-Z0-9_]+)?$|_PORT_\d+_(TCP|UDP|SCTP)")
+
+
+def env_var(name: str) -> str:
+    """The environment variable of `settings.Options` field `name`: ENV_PREFIX + `name` in
+    capitals (zoo_uri: KILN_OPERATOR_ + ZOO_URI)."""
+    return ENV_PREFIX + name.upper()
+
+
+class _AppendOverEnv(argparse.Action):
+    """action="append", except that the first flag replaces a list the environment gave (a
+    flag wins over its variable, as for single-valued options)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        items = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if items is self.default else items), values])
+
+
+_LIST_EXAMPLES = {"namespaces": "team-a,team-b", "gpu_resources": "amd.com/gpu,nvidia.com/gpu",
+                  "namespace_gpu_quota": "team-a=8,team-b=4",
+                  "priority_weights": "high=4,low=0.5"}
+
+
+def _apply_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Make each option's environment variable its default, read as its flag's value would
+    be: lists comma-separated (namespaces: "team-a,team-b"), booleans true/false.
+
+    Raises:
+        ValueError: a value the flag would refuse; the message names the variable.
+    """
+    for action in parser._actions:  # argparse lists its options nowhere public
+        variable = env_var(action.dest)
+        if variable not in environ or not action.option_strings or action.dest == "help":
+            continue
+        text = environ[variable]
+        if _SERVICE_LINK.match(text):
+            continue
+        try:
+            if isinstance(action, argparse.BooleanOptionalAction):
+                if text.strip().lower() not in _TRUE + _FALSE:
+                    raise argparse.ArgumentTypeError(
+                        f"expected one of {', '.join(_TRUE + _FALSE)}")
+                action.default = text.strip().lower() in _TRUE
+                continue
+            convert = action.type if callable(action.type) else str
+            if isinstance(action, _AppendOverEnv):
+                action.default = [convert(item.strip()) for item in text.split(",")
+                                  if item.strip()]
+                if not action.default:  # "" or ",,": a typo, not a request for the default
+                    raise argparse.ArgumentTypeError(
+                        "an empty list; give comma-separated entries, e.g. "
+                        f"{_LIST_EXAMPLES.get(action.dest, 'a,b')}")
+                continue
+            value = convert(text)
+            if action.choices is not None and value not in action.choices:
+                raise argparse.ArgumentTypeError(
+                    f"invalid choice {text!r} (choose from {', '.join(map(str, action.choices))})")
+            action.default = value
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ValueError(f"environment variable {variable}={text!r}: {exc}; fix or unset it "
+                             f"(or pass {action.option_strings[0]}, which wins)") from None
+
+
+def build_parser(prog: str = "kiln operator", *,
+                 environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of `kiln operator` (every `settings.Options` field).
+
+    A field's environment variable (`env_var`) in `environ` (default `os.environ`) replaces
+    its default, so precedence is flag > variable > built-in default (`_apply_env`).
+
+    Raises:
+        ValueError: a variable's value is not one its flag takes (the message names it).
+    """
     parser = argparse.ArgumentParser(
-        prog=prog, description="Run the Kiln operator (kopf) against a Kubernetes API server.",
+        prog=prog, description="Run the Kiln operator (kopf) against a Kubernetes API server. "
+        f"Every flag can also be set by an environment variable, {ENV_PREFIX} and the flag's "
+        f"name in capitals with underscores ({env_var('zoo_uri')}); the flag wins.",
         formatter_class=_HelpFormatter)
     defaults = settings.Options()
     fields = {f.name: f for f in dataclasses.fields(settings.Options)}
@@ -199,11 +339,14 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
         if name == "namespaces":
-            parser.add_argument("--namespace", "-n", dest=name, action="append", default=[],
-                                help=text)
+            parser.add_argument("--namespace", "-n", dest=name, action=_AppendOverEnv,
+                                default=[], type=_text(name), help=text)
+        elif name == "gpu_resources":
+            parser.add_argument("--gpu-resource", dest=name, action=_AppendOverEnv, default=[],
+                                type=_text(name), help=text)
         elif name in ("namespace_gpu_quota", "priority_weights"):
             flag = "--priority-weight" if name == "priority_weights" else flag
-            parser.add_argument(flag, dest=name, action="append", default=[], help=text,
+            parser.add_argument(flag, dest=name, action=_AppendOverEnv, default=[], help=text,
                                 type=_checked_pair(flag.removeprefix("--"),
                                                    float if name == "priority_weights" else int))
         elif isinstance(default, bool):
@@ -215,10 +358,12 @@ def build_parser(prog: str = "kiln operator") -> argparse.ArgumentParser:
             kind: Any = type(default) if default is not None else str
             kind = _number(kind, name) if kind in (int, float) else _text(name)
             choices = (PULL_POLICIES if name == "image_pull_policy" else
-                       types.OBJECTIVES if name == "placement_objective" else None)
+                       types.OBJECTIVES if name == "placement_objective" else
+                       [str(v) for v in api.ZooShare] if name == "zoo_share" else None)
             parser.add_argument(flag, dest=name, type=kind, default=default, help=text,
                                 choices=choices)
         assert name in fields, name
+    _apply_env(parser, os.environ if environ is None else environ)
     return parser
 
 
@@ -228,12 +373,19 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
               if hasattr(args, f.name)}
     for name in ("namespaces", "namespace_gpu_quota", "priority_weights"):
         values[name] = tuple(values.get(name) or ())
+    if "gpu_resources" in values:  # repeated flags, without duplicates; none: the default
+        values["gpu_resources"] = (tuple(dict.fromkeys(values["gpu_resources"]))
+                                   or settings.Options.gpu_resources)
     return settings.Options(**values)
 
 
 def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *,
-                   clock: Callable[[], float] = time.time) -> services.Services:
+                   clock: Callable[[], float] = time.time,
+                   peering_priority: int = 0) -> services.Services:
     """The operator's services, wired to the lifecycle steps; nothing is contacted yet.
+
+    With ``options.peering``, the placement loop plans only while this replica, of kopf
+    peering priority `peering_priority`, leads (`leadership.leading`).
 
     Raises:
         ValueError: the zoo URI or the zoo settings in the environment are unusable.
@@ -265,13 +417,19 @@ def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *
             cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
             planner=settings.placement_settings(options),
             gpu_type=settings.gpu_type(options), gpu_type_label=options.gpu_type_label,
+            gpu_resources=options.gpu_resources,
             resize=settings.resize_policy(options), priority_weights=settings.priority_weights(options)),
         launch=functools.partial(lifecycle.launch, svc),
         resize=functools.partial(lifecycle.resize, svc),
         publish=functools.partial(lifecycle.publish_plan, svc),
         unplaceable=functools.partial(lifecycle.mark_unplaceable, svc),
         zoo_records=chooser.records, metrics=registry, clock=clock,
-        eta_seconds=svc.eta_seconds)
+        eta_seconds=svc.eta_seconds,
+        leading=functools.partial(
+            leadership.leading, client,
+            leadership.peering_paths(options.peering, options.namespaces),
+            priority=peering_priority) if options.peering else None,
+        hold=functools.partial(kueue.held, options) if options.kueue else None)
     return svc
 
 
@@ -284,7 +442,8 @@ def run(options: settings.Options) -> None:
 
     Resolves the credentials (``--kubeconfig``, $KUBECONFIG, else the pod's service account),
     builds the services, registers the handlers, serves /metrics, and runs kopf (standalone,
-    cluster-wide or on the given namespaces, liveness on /healthz).
+    or peering under ``--peering``; cluster-wide or on the given namespaces; liveness on
+    /healthz).
 
     Raises:
         kopf.LoginError: no credentials (no kubeconfig and not in a pod).
@@ -300,7 +459,9 @@ def run(options: settings.Options) -> None:
     problem = asyncio.run(kube.unreachable(connection))
     if problem:
         raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
-    svc = build_services(options, connection)
+    # Peering (--peering): the oldest replica leads; the others wait, paused by kopf.
+    priority = leadership.start_priority(time.time())
+    svc = build_services(options, connection, peering_priority=priority)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, options)
     if options.metrics_port:
@@ -311,24 +472,37 @@ def run(options: settings.Options) -> None:
     _log.info("Kiln operator: API server %s, %s, zoo %s", connection.server,
               f"namespaces {', '.join(options.namespaces)}" if options.namespaces
               else "all namespaces", options.zoo_uri)
-    kopf.run(registry=registry, standalone=True, clusterwide=not options.namespaces,
+    kopf.run(registry=registry, standalone=options.peering is None,
+             peering_name=options.peering, priority=priority if options.peering else None,
+             clusterwide=not options.namespaces,
              namespaces=options.namespaces, liveness_endpoint=liveness,
              memo=kopf.Memo(services=svc))
 
 
 def _quiet_timers(record: logging.LogRecord) -> bool:
-    """Drop kopf's "Timer 'housekeeping' succeeded." line (one per job per interval)."""
+    """Drop kopf's "Timer 'housekeeping' succeeded." line (one per job per interval), and the
+    no-finalizer deletion watcher's (one per job event; it acts on deletions only)."""
     message = record.getMessage()
-    return not (message.startswith("Timer ") and message.endswith(" succeeded."))
+    return not ((message.startswith("Timer ") and message.endswith(" succeeded."))
+                or message == "Handler 'cleanup-job' succeeded.")
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> int:
     """Parse `argv` and run the operator; returns the process exit code."""
-    args = build_parser(prog).parse_args(argv)
+    try:
+        parser = build_parser(prog)
+    except ValueError as exc:  # a bad KILN_OPERATOR_* variable
+        print(f"{prog}: error: {exc}")
+        return 2
+    for warning in unknown_variables(parser, os.environ):
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    args = parser.parse_args(argv)
     if args.kubeconfig is not None:
         problem = _unreadable_kubeconfig(Path(args.kubeconfig))
         if problem:
-            print(f"{prog}: error: --kubeconfig {args.kubeconfig}: {problem}")
+            source = (env_var("kubeconfig") if args.kubeconfig == parser.get_default("kubeconfig")
+                      else "--kubeconfig")
+            print(f"{prog}: error: {source} {args.kubeconfig}: {problem}")
             return 2
     try:
         run(options_from_args(args))
@@ -339,6 +513,22 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> i
         print(f"{prog}: error: {exc}")
         return 1
     return 0
+
+
+def unknown_variables(parser: argparse.ArgumentParser,
+                      environ: Mapping[str, str]) -> list[str]:
+    """A warning for each KILN_OPERATOR_* variable that sets nothing (a typo such as
+    KILN_OPERATOR_NAMESPACE would otherwise be ignored silently), naming the nearest setting."""
+    known = {env_var(action.dest) for action in parser._actions if action.option_strings}
+    warnings = []
+    for variable in sorted(environ):
+        if (not variable.startswith(ENV_PREFIX) or variable in known
+                or _SERVICE_LINK.match(environ[variable]) or _SERVICE_VARIABLE.search(variable)):
+            continue
+        nearest = difflib.get_close_matches(variable, known, n=1)
+        warnings.append(f"environment variable {variable} is not a setting and is ignored"
+                        + (f"; did you mean {nearest[0]}?" if nearest else ""))
+    return warnings
 
 
 def _unreadable_kubeconfig(path: Path) -> str | None:

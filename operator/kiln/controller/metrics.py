@@ -11,17 +11,18 @@ import platform
 
 import prometheus_client
 
+import kiln
 from kiln import api
 from kiln.warmstart import select
 
-VERSION = "0.1.0"
+VERSION = kiln.__version__
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0,
                  12 * 3600.0, 24 * 3600.0)
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # Values of the `handler` label: kiln.controller.handlers' wrapped handlers and the placement
 # loop (a test checks handlers.py names no other).
-HANDLERS = ("admit", "resume", "suspend", "cleanup", "pods", "housekeeping", "placement")
+HANDLERS = ("admit", "resume", "suspend", "cleanup", "pods", "housekeeping", "placement", "kueue")
 # `outcome` values beyond kiln.warmstart.select.Outcome (kiln.controller.admission).
 ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")
@@ -43,6 +44,8 @@ NAMESPACE_LABEL = "job_namespace"
 # | kiln_reconcile_seconds | histogram | handler | wall time of one handler call |
 # | kiln_warm_start_total | counter | outcome | warm-start decisions, one per admitted job |
 # | kiln_warm_start_similarity_ratio | histogram | | similarity of a warm-start parent |
+# | kiln_zoo_warm_start_seconds_saved_total | counter | job_namespace | training seconds warm
+#   starts saved (parents.seconds_saved), counted when a warm-started job succeeds |
 # | kiln_zoo_unavailable_total | counter | | failed attempts to reach the zoo at admission |
 # | kiln_zoo_query_seconds | histogram | | one warm-start parent search |
 # | kiln_placement_solve_seconds | histogram | solver | one (re)plan |
@@ -83,7 +86,7 @@ class OperatorMetrics:
             "job_namespace.", [NAMESPACE_LABEL], registry=r)
         self.reconcile_errors = prometheus_client.Counter(
             "kiln_reconcile_errors", "Handler calls that raised. Labels: handler (admit, "
-            "resume, pods, suspend, housekeeping, cleanup, placement).", ["handler"],
+            "resume, pods, suspend, housekeeping, cleanup, placement, kueue).", ["handler"],
             registry=r)
         for handler in HANDLERS:
             self.reconcile_errors.labels(handler=handler)
@@ -102,6 +105,11 @@ class OperatorMetrics:
             "kiln_warm_start_similarity_ratio", "Architectural similarity in [0, 1] of the "
             "parent a job warm-starts from (outcomes warm and pinned).",
             buckets=_RATIO_BUCKETS, registry=r)
+        self.warm_start_seconds_saved = prometheus_client.Counter(
+            "kiln_zoo_warm_start_seconds_saved", "Training seconds warm starts saved, "
+            "estimated when a warm-started job succeeds: its parent's training seconds times "
+            "the share of weight tensors transferred. Labels: job_namespace.",
+            [NAMESPACE_LABEL], registry=r)
         self.zoo_unavailable = prometheus_client.Counter(
             "kiln_zoo_unavailable", "Failed attempts to reach the model zoo at admission.",
             registry=r)
@@ -135,6 +143,11 @@ class OperatorMetrics:
         self._see(namespace)
         self.finished.labels(namespace, result).inc()
 
+    def count_seconds_saved(self, namespace: str, seconds: float) -> None:
+        """Add a succeeded job's estimated warm-start saving (`parents.seconds_saved`)."""
+        self._see(namespace)
+        self.warm_start_seconds_saved.labels(namespace).inc(seconds)
+
     def count_restart(self, namespace: str) -> None:
         """Count a trainer restart of a job in `namespace`."""
         self._see(namespace)
@@ -150,6 +163,7 @@ class OperatorMetrics:
         for result in RESULTS:
             self.finished.labels(namespace, result)
         self.restarts.labels(namespace)
+        self.warm_start_seconds_saved.labels(namespace)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""

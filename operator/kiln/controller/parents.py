@@ -15,7 +15,7 @@ import multiprocessing.connection
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -54,11 +54,10 @@ def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> s
     if not isinstance(opened, store.S3Store):
         return opened
     parts = urlsplit(uri)
-    access_key, secret_key = store.credentials_from_env(env)
     return store.S3Store(
-        env[contract.Env.ZOO_ENDPOINT].strip(), parts.netloc, access_key=access_key,
-        secret_key=secret_key, region=env.get(contract.Env.ZOO_REGION) or None,
-        prefix=unquote(parts.path), retry=retry)
+        env[contract.Env.ZOO_ENDPOINT].strip(), parts.netloc, access_key=None, secret_key=None,
+        credentials=store.credentials_provider(env),
+        region=env.get(contract.Env.ZOO_REGION) or None, prefix=unquote(parts.path), retry=retry)
 
 
 # Wire names of `select.Decision` fields in ``status.warmStart`` (api.WarmStartStatus).
@@ -68,6 +67,30 @@ _STATUS_FIELDS = {"parent_id": "parent", "similarity": "similarity",
                   "alternatives": "alternatives", "probe_loss": "probeLoss",
                   "cold_probe_loss": "coldProbeLoss", "probe_accuracy": "probeAccuracy",
                   "cold_probe_accuracy": "coldProbeAccuracy"}
+
+
+def seconds_saved(known: Sequence[records.ZooRecord],
+                  warm: Mapping[str, Any] | None) -> float:
+    """Training seconds a succeeded job's warm start saved, estimated: its parent's own
+    training seconds times the share of the job's weight tensors that came from it.
+
+    A deliberately simple estimate (what the parent's training bought, in the share the child
+    kept), needing no cold run to compare with; 0 for a cold start, or a parent that is gone or
+    has no training time (imported weights).
+
+    Args:
+        known: the zoo's records (`ParentChooser.records`).
+        warm: the job's ``status.warmStart``.
+    """
+    warm = warm or {}
+    parent, matched, total = warm.get("parent"), warm.get("matchedTensors"), warm.get(
+        "totalTensors")
+    if not parent or not isinstance(matched, int) or not isinstance(total, int) or total <= 0:
+        return 0.0
+    record = next((r for r in known if r.id == parent), None)
+    if record is None or not record.train_seconds:
+        return 0.0
+    return record.train_seconds * min(1.0, matched / total)
 
 
 def to_status(chosen: select.Decision) -> dict[str, Any]:
@@ -168,7 +191,9 @@ class ParentChooser:
 
     @staticmethod
     def _key(job: api.TrainingJob, index: zoo_index.ZooIndex) -> str:
+        # The namespace decides which records the job may see, the data which it prefers.
         return json.dumps([api.to_wire(job.spec.model), api.to_wire(job.spec.warm_start),
+                           job.namespace, records.dataset_fingerprint(job.spec.dataset),
                            sorted(r.id for r in index.all_records())], sort_keys=True)
 
     def decide_now(self, job: api.TrainingJob) -> select.Decision:

@@ -12,9 +12,10 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from kiln import api
-from kiln.controller import cluster, jobs, kube, metrics
+from kiln.controller import cluster, feasible, jobs, kube, listing, metrics, pods
 from kiln.placement import estimate, introspect, queues, types
 from kiln.warmstart import select
 from kiln.zoo import records
@@ -40,6 +41,25 @@ class Queued:
     warm_start: select.Decision
     since: float
     measured: estimate.ModelMeasurement | None = None
+    grant: Grant | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """What an outside quota system (Kueue) admitted a job to: Kiln places it only there.
+
+    Attributes:
+        node_labels: labels a node must carry to run it (its admitted flavors' node labels).
+        gpus: the most GPUs per pod it may take (None: no cap).
+    """
+
+    node_labels: tuple[tuple[str, str], ...] = ()
+    gpus: int | None = None
+
+    def allows(self, node: Mapping[str, Any]) -> bool:
+        """Whether `node` (a v1 Node) carries every admitted node label."""
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return all(labels.get(k) == v for k, v in self.node_labels)
 
 
 Launch = Callable[[Queued, types.Assignment, str], Awaitable[bool]]
@@ -75,6 +95,8 @@ class LoopSettings:
     planner: types.Settings
     gpu_type: cluster.GpuType | None = None
     gpu_type_label: str = "nvidia.com/gpu.product"
+    # the extended resources that count as GPUs, in the order a node's is chosen
+    gpu_resources: tuple[str, ...] = (pods.GPU_RESOURCE,)
     resize: introspect.Policy | None = None  # None: running jobs never move
     # priorityClassName -> weight in the completion-time objective (others: 1)
     priority_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -97,14 +119,22 @@ class PlacementLoop:
         clock: epoch seconds.
         eta_seconds: job key -> seconds left as its trainer last reported.
         resize: restarts a running job as a move says; False when it no longer runs.
+        hold: True for an entry that must not be queued yet (a Kueue-managed job that Kueue
+            has not admitted: `kueue.held`).
     """
 
     def __init__(self, *, client: kube.Client, settings: LoopSettings, launch: Launch,
                  publish: Publish, unplaceable: Unplaceable,
                  zoo_records: Callable[[], Sequence[records.ZooRecord]],
                  metrics: metrics.OperatorMetrics, clock: Callable[[], float],
-                 eta_seconds: dict[str, float], resize: Resize | None = None) -> None:
+                 eta_seconds: dict[str, float], resize: Resize | None = None,
+                 leading: Callable[[], Awaitable[bool]] | None = None,
+                 hold: Callable[[Queued], bool] | None = None) -> None:
         self._client = client
+        self._hold = hold  # True: the entry waits for an outside admission (Kueue's)
+        # None: standalone; else asked each round, so a replica that kopf paused (another
+        # replica leads) starts no pod from a queue it filled while it led.
+        self._leading = leading
         self._settings = settings
         self._launch, self._publish, self._unplaceable = launch, publish, unplaceable
         self._zoo_records = zoo_records
@@ -124,17 +154,31 @@ class PlacementLoop:
         # (ref, device) -> the GPU types its configs were estimated for
         self._kinds: dict[tuple[jobs.JobRef, str], tuple[str, ...]] = {}
         self._pools: dict[str, queues.NodeQueues] = {}  # device pool -> its queues
+        self._gpu_resource: dict[str, str] = {}  # GPU node -> its GPUs' resource name
+        # job -> the nodes its scheduling constraints allow, as of the last round
+        self._allowed: dict[jobs.JobRef, frozenset[str]] = {}
         self._wake = asyncio.Event()
         self.ticks = 0
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    async def leads(self) -> bool:
+        """Whether this replica leads (always, standalone); other periodic work asks too.
+
+        Raises:
+            kube.ApiError: the peering object could not be read.
+        """
+        return self._leading is None or await self._leading()
+
     def __contains__(self, ref: object) -> bool:
         return ref in self._queue
 
     def add(self, entry: Queued) -> None:
-        """Queue a job (replacing an older entry for it) and wake the loop."""
+        """Queue a job (replacing an older entry for it) and wake the loop; a no-op for an
+        entry that `hold` says waits for an outside admission."""
+        if self._hold is not None and self._hold(entry):
+            return
         self._queue[entry.ref] = entry
         self._metrics.queued_jobs.set(len(self._queue))
         self.wake()
@@ -143,6 +187,7 @@ class PlacementLoop:
         """Take a job out of the queue (no-op if absent) and wake the loop."""
         if self._queue.pop(ref, None) is not None:
             self._metrics.queued_jobs.set(len(self._queue))
+        self._allowed.pop(ref, None)
         for key in [k for k in self._configs if k[0] == ref]:
             del self._configs[key]
             self._kinds.pop(key, None)
@@ -209,34 +254,63 @@ class PlacementLoop:
         introspecting = self._settings.resize is not None and self._resize is not None
         if not self._queue and not (introspecting and self._placed):
             return
+        if not await self.leads():
+            return
         node_objects = await self._client.list(kube.Paths.nodes())
-        pod_objects = await self._client.list(kube.Paths.pods())
+        pod_objects = await listing.placement_pods(self._client, node_objects,
+                                                   gpu_resources=self._settings.gpu_resources)
         now = self._clock()
         pools = self._holding_moves(cluster.pools(
             node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,
             gpu_type=self._settings.gpu_type, gpu_type_label=self._settings.gpu_type_label,
-            now=now, eta_seconds=self._eta))
+            gpu_resources=self._settings.gpu_resources, now=now, eta_seconds=self._eta))
+        self._gpu_resource.update(pools.gpu_resource)
+        requested = feasible.used(pod_objects)
         groups: dict[str, list[Queued]] = {}
+        granted: dict[tuple[str, Grant], list[Queued]] = {}
         for entry in list(self._queue.values()):
-            pool = pools.pool_for(entry.job.spec.resources.gpus != 0)
+            # Only the nodes the job's nodeSelector, affinity, tolerations and CPU/memory
+            # requests allow: a pod pinned elsewhere would stay Pending, holding its devices.
+            fit = feasible.fit(api.scheduling_of(entry.job.spec.template), node_objects,
+                               requested)
+            self._allowed[entry.ref] = fit.nodes
+            pool = await self._pool_or_unplaceable(entry, fit, pools)
             if pool is None:
-                await self._unplaceable(entry, "the cluster has no Ready, schedulable node")
                 continue
-            groups.setdefault(pool, []).append(entry)
-        started = False
+            if entry.grant is not None:
+                granted.setdefault((pool, entry.grant), []).append(entry)
+            else:
+                groups.setdefault(pool, []).append(entry)
+        started_in: set[str] = set()
+        # Jobs an outside quota system admitted go first, each grant planned on the nodes it
+        # allows; a pool where one started waits for the next round (an immediate wake-up),
+        # so two plans never take the same free devices.
+        for (pool, grant), entries in granted.items():
+            view = _granted_pools(pools, pool, grant, node_objects)
+            if not view.nodes[pool]:
+                for entry in entries:
+                    await self._unplaceable(entry, (
+                        f"Kueue admitted it to nodes labelled {dict(grant.node_labels)}, and "
+                        "no Ready, schedulable node carries those labels"))
+            elif pool not in started_in and await self._plan_pool(
+                    pool, entries, view, now, line_key=f"{pool}/{grant}"):
+                started_in.add(pool)
         for pool, entries in groups.items():
-            started = await self._plan_pool(pool, entries, pools, now) or started
+            if pool not in started_in and await self._plan_pool(pool, entries, pools, now):
+                started_in.add(pool)
+        started = bool(started_in)
         if introspecting and not started:  # else the listing is stale: next round
             await self._introspect(pools, groups, now)
 
     async def _plan_pool(self, pool: str, entries: list[Queued], pools: cluster.Pools,
-                         now: float) -> bool:
+                         now: float, *, line_key: str | None = None) -> bool:
         """Re-plan one pool's queued jobs, start the queue heads whose devices are free, and
         publish the others' planned node and start; True when a job was started.
 
         Configs are estimated once per job and device type, in a worker thread (the zoo's
         records come from the warm-start index: no extra listing). Jobs that fit no node are
-        reported unplaceable and stay queued.
+        reported unplaceable and stay queued. A granted job keeps only configs within its
+        grant's GPUs; `line_key` names the placement queue (default: the pool's).
         """
         device = "gpu" if pool == cluster.GPU_POOL else "cpu"
         by_key = {e.ref.key: e for e in entries}
@@ -250,7 +324,9 @@ class PlacementLoop:
             self._configs.update({(e.ref, device): c for e, c in zip(missing, found,
                                                                    strict=True)})
             self._kinds.update({(e.ref, device): kinds for e in missing})
-        requests = [types.JobRequest(e.ref.key, self._configs[(e.ref, device)],
+        requests = [types.JobRequest(e.ref.key, self._constrained(
+                                         e, _within_grant(e, self._configs[(e.ref, device)],
+                                                          device), pools.nodes[pool]),
                                      arrival=e.since, asked_gpus=e.job.spec.resources.gpus,
                                      weight=self._weight(e), namespace=e.ref.namespace)
                     for e in entries]
@@ -263,7 +339,7 @@ class PlacementLoop:
             snapshot, queued=tuple(r for r in requests if r.name not in problems))
         if not snapshot.queued:
             return False
-        line = self._pools.setdefault(pool, queues.NodeQueues())
+        line = self._pools.setdefault(line_key or pool, queues.NodeQueues())
         loop = asyncio.get_running_loop()  # the planner may run the MILP: off the event loop
         plan = await loop.run_in_executor(None, line.replan, snapshot, self._settings.planner)
         self._metrics.placement_solve_seconds.labels(solver=plan.solver).observe(
@@ -277,8 +353,9 @@ class PlacementLoop:
             if chosen.ref not in self._queue:  # left while an earlier launch was awaited
                 continue
             if await self._launch(chosen, assignment, device):
-                self._placed[chosen.ref.key] = Placed(
-                    chosen, device, self._configs[(chosen.ref, device)])
+                if not assignment.peer_nodes:  # introspection moves one-node jobs only
+                    self._placed[chosen.ref.key] = Placed(chosen, device, self._constrained(
+                        chosen, self._configs[(chosen.ref, device)], pools.nodes[pool]))
                 started = True
             else:  # suspended or deleted
                 _log.debug("placement: %s can no longer start", assignment.job)
@@ -326,8 +403,10 @@ class PlacementLoop:
             if pool not in pools.nodes:
                 continue
             refreshed = tuple(self._refresh(r) for r in running)
+            # A job an outside quota system admitted stays within its grant: never moved.
             states = {r.job: self._state(r) for r in refreshed if r.job in self._placed
-                      and self._placed[r.job].device == device}
+                      and self._placed[r.job].device == device
+                      and self._placed[r.job].entry.grant is None}
             if not states:
                 continue
             queued = tuple(types.JobRequest(e.ref.key, self._configs[(e.ref, device)],
@@ -387,6 +466,44 @@ class PlacementLoop:
             self._work[key] = estimate.workload(placed.entry.job)
         return self._work[key]
 
+    async def _pool_or_unplaceable(self, entry: Queued, fit: feasible.Fit,
+                                   pools: cluster.Pools) -> str | None:
+        """The device pool the job is planned in, among the nodes `fit` allows; None, after
+        reporting the job unplaceable with the reason, when there is none for it."""
+        pool = pools.pool_for(entry.job.spec.resources.gpus != 0, among=fit.nodes)
+        gpu_nodes = [n.name for n in pools.nodes.get(cluster.GPU_POOL, ())]
+        if pool is None:
+            await self._unplaceable(entry, fit.reason() if not fit.nodes else (
+                f"the nodes its scheduling constraints allow ({', '.join(sorted(fit.nodes))}) "
+                "have no devices Kiln places on (GPUs of --gpu-resource and --gpu-type, or CPU "
+                "slots)"))
+        elif entry.job.spec.resources.gpus and pool == cluster.CPU_POOL and gpu_nodes:
+            await self._unplaceable(entry, (  # there are GPUs, just none it may use
+                "it asks for GPUs, and no GPU node passes its scheduling constraints: "
+                + fit.among(gpu_nodes).reason()))
+            pool = None
+        return pool
+
+    def _constrained(self, entry: Queued, configs: tuple[types.Config, ...],
+                     nodes: Sequence[types.Node]) -> tuple[types.Config, ...]:
+        """`configs` limited to the nodes the job's scheduling constraints allowed in this
+        round (`types.Config.nodes`); unchanged when they allow every node of the pool."""
+        allowed = self._allowed.get(entry.ref)
+        names = frozenset(n.name for n in nodes)
+        if allowed is None or names <= allowed:
+            return configs
+        return tuple(dataclasses.replace(c, nodes=allowed & names) for c in configs)
+
+    async def gpu_resource(self, node: str) -> str:
+        """The extended resource `node`'s GPUs are (the first of --gpu-resource it has), from
+        the last round, or from a fresh node listing when the node is new to this loop."""
+        if node not in self._gpu_resource:
+            for listed in await self._client.list(kube.Paths.nodes()):
+                resource = cluster.gpu_resource_of(listed, self._settings.gpu_resources)
+                if resource:
+                    self._gpu_resource[str(listed["metadata"]["name"])] = resource
+        return self._gpu_resource.get(node, self._settings.gpu_resources[0])
+
     def _weight(self, entry: Queued) -> float:
         """The job's placement weight: its priorityClassName's (unknown or unset: 1)."""
         name = entry.job.spec.run_policy.priority_class_name
@@ -406,3 +523,24 @@ class PlacementLoop:
                          entry.job, zoo=None, profile_cache=None,
                          max_gpus=self._settings.max_gpus, device_type=kind or "cuda",
                          zoo_records=self._zoo_records(), measured=entry.measured))
+
+
+def _granted_pools(pools: cluster.Pools, pool: str, grant: Grant,
+                   node_objects: Sequence[Mapping[str, Any]]) -> cluster.Pools:
+    """`pools` with `pool` cut to the nodes `grant` allows (and the jobs running there)."""
+    allowed = {str((n.get("metadata") or {}).get("name")) for n in node_objects
+               if grant.allows(n)}
+    return dataclasses.replace(
+        pools, nodes={**pools.nodes, pool: tuple(n for n in pools.nodes.get(pool, ())
+                                                 if n.name in allowed)},
+        running={**pools.running, pool: tuple(r for r in pools.running.get(pool, ())
+                                              if r.node in allowed)})
+
+
+def _within_grant(entry: Queued, configs: tuple[types.Config, ...],
+                  device: str) -> tuple[types.Config, ...]:
+    """The configs of `entry` within its grant's GPUs (all of them without a grant)."""
+    cap = entry.grant.gpus if entry.grant is not None else None
+    if cap is None or device != "gpu":
+        return configs
+    return tuple(c for c in configs if c.gpus <= cap)

@@ -38,6 +38,14 @@ STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 # the containers (SIGTERM, SIGKILL after the grace period) and leaves the pod object, Failed
 # with reason DeadlineExceeded, for its logs. Counted from the pod's start, so 1 is "now".
 STOP_DEADLINE_SECONDS = 1
+# Default security contexts of trainer pods: non-root without a fixed uid (the image's numeric
+# USER, or the uid OpenShift assigns from the namespace's range), so both Pod Security
+# "restricted" and OpenShift's restricted-v2 SCC admit the pod unchanged.
+POD_SECURITY_CONTEXT: Mapping[str, Any] = {
+    "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT: Mapping[str, Any] = {
+    "runAsNonRoot": True, "allowPrivilegeEscalation": False, "privileged": False,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +61,20 @@ class PodSettings:
             None (anonymous, or a directory zoo).
         zoo_secret_access_key: key of the access key in that Secret.
         zoo_secret_secret_key: key of the secret key in that Secret.
+        zoo_secret_session_token: key of an optional session token in that Secret (temporary
+            credentials).
+        zoo_share: who sees a job's registered model when its spec.zoo.share is unset:
+            ``private`` (its namespace) or ``shared`` (every namespace).
         metrics_port: the trainer's Prometheus port inside the pod.
         termination_grace_seconds: how long a deleted pod's trainer has to checkpoint.
-        run_as_user: the non-root uid the trainer runs as.
+        pod_security_context: the pod's securityContext unless spec.template sets
+            podSecurityContext.
+        container_security_context: the trainer container's securityContext, under
+            spec.template.securityContext (the job's keys win).
         service_account: service account of trainer pods, or None for the namespace default.
+        kueue_labels: copy the job's ``kueue.x-k8s.io/*`` labels onto its pods; False under
+            --kueue, where the job's Workload stands for them (a queue-name label on a pod
+            would let Kueue's pod integration gate it as a second workload).
     """
 
     default_image: str
@@ -66,10 +84,16 @@ class PodSettings:
     zoo_secret: str | None = None
     zoo_secret_access_key: str = "accessKey"
     zoo_secret_secret_key: str = "secretKey"
+    zoo_secret_session_token: str = "sessionToken"
+    zoo_share: str = api.ZooShare.PRIVATE.value
     metrics_port: int = 9090
     termination_grace_seconds: int = 60
-    run_as_user: int = 1000
+    pod_security_context: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: copy.deepcopy(POD_SECURITY_CONTEXT))
+    container_security_context: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: copy.deepcopy(CONTAINER_SECURITY_CONTEXT))
     service_account: str | None = None
+    kueue_labels: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +108,10 @@ class Launch:
         warm_start: the warm-start decision made at admission; the trainer applies it.
         estimated_seconds: the plan's duration estimate.
         started: epoch seconds when the attempt was launched.
+        gpu_resource: the extended resource the node's GPUs are (`cluster.gpu_resource_of`),
+            which the trainer container's limits ask for.
+        peer_nodes: the other nodes of a job spanning several, rank order after `node`
+            (`devices` on each; `kiln.controller.gang` builds their pods).
     """
 
     node: str
@@ -93,6 +121,8 @@ class Launch:
     warm_start: select.Decision
     estimated_seconds: float
     started: float
+    gpu_resource: str = GPU_RESOURCE
+    peer_nodes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,15 +215,18 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
 
     Named ``<job>-trainer-<attempt>`` (deterministic, so a retried create finds the pod it
     made) and owned by the job (`kopf.adopt`); image from ``spec.template.image`` or the
-    operator's default; ``nvidia.com/gpu`` limits and a required node affinity from the plan;
-    the trainer's command and environment from `kiln.contract`; labels ``kiln.dev/job-name``,
-    ``kiln.dev/attempt`` and the job's ``kueue.x-k8s.io/*``; Prometheus scrape annotations;
-    non-root, no privilege escalation, all capabilities dropped, seccomp RuntimeDefault.
+    operator's default; GPU limits (``launch.gpu_resource``) and a required node affinity
+    from the plan; the trainer's command and environment from `kiln.contract`; labels
+    ``kiln.dev/job-name``, ``kiln.dev/attempt`` and the job's ``kueue.x-k8s.io/*`` (not
+    under --kueue);
+    Prometheus scrape annotations; the operator's security contexts (by default non-root without a fixed uid, no privilege
+    escalation, all capabilities dropped, seccomp RuntimeDefault: OpenShift's restricted SCC
+    and the Pod Security "restricted" level admit it).
     ``spec.template`` (checked by `api.validate`) adds to this: an own image, command and args
     (run instead of Kiln's trainer, with Kiln's environment), env and envFrom (never KILN_*:
     Kiln's values win, and Kubernetes puts env above envFrom), volumes and volumeMounts beside
-    Kiln's /dev/shm, init containers, the trainer container's securityContext (merged over
-    Kiln's), resources, scheduling keys, labels and annotations.
+    Kiln's /dev/shm, init containers, the pod's podSecurityContext (instead of the operator's),
+    the trainer container's securityContext (merged over the operator's), resources, scheduling keys, labels and annotations.
 
     Args:
         owner: the TrainingJob object as the API returned it (needs metadata.uid).
@@ -235,11 +268,8 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-            "securityContext": {
-                "runAsNonRoot": True, "runAsUser": settings.run_as_user,
-                "runAsGroup": settings.run_as_user, "fsGroup": settings.run_as_user,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": copy.deepcopy(dict(
+                template.get("podSecurityContext") or settings.pod_security_context)),
             "affinity": _affinity(template.get("affinity"), launch.node),
             "containers": [_container(job, launch, settings)],
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -257,6 +287,9 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
     if account:
         spec["serviceAccountName"] = account
     kopf.adopt(pod, owner=cast(kopf.Body, dict(owner)))  # owner reference, namespace, the job's labels
+    if not settings.kueue_labels:  # after adopt, which copies every label of the job
+        pod["metadata"]["labels"] = {k: v for k, v in pod["metadata"]["labels"].items()
+                                     if not k.startswith(KUEUE_LABEL_PREFIX)}
     return pod
 
 
@@ -264,7 +297,7 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
     template = job.spec.template
     resources = copy.deepcopy(template.get("resources") or {})
     if launch.device == "gpu":
-        resources.setdefault("limits", {})[GPU_RESOURCE] = str(launch.devices)
+        resources.setdefault("limits", {})[launch.gpu_resource] = str(launch.devices)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.get("image") or settings.default_image,
@@ -278,8 +311,7 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
         "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
-            "runAsNonRoot": True, "allowPrivilegeEscalation": False, "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
+            **copy.deepcopy(dict(settings.container_security_context)),
             **copy.deepcopy(template.get("securityContext") or {}),
         },
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
@@ -312,6 +344,9 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
          "value": json.dumps(launch.warm_start.to_json(), separators=(",", ":"))},
         {"name": contract.Env.PARALLELISM.value, "value": launch.parallelism},
         {"name": contract.Env.DEVICES.value, "value": str(launch.devices)},
+        {"name": contract.Env.ZOO_SHARE.value, "value": settings.zoo_share},
+        {"name": contract.Env.TRAINER_IMAGE.value,
+         "value": job.spec.template.get("image") or settings.default_image},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if settings.zoo_endpoint:
@@ -321,6 +356,9 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
                           (contract.Env.ZOO_SECRET_KEY.value, settings.zoo_secret_secret_key)):
             env.append({"name": name, "valueFrom": {"secretKeyRef": {
                 "name": settings.zoo_secret, "key": key}}})
+        env.append({"name": contract.Env.ZOO_SESSION_TOKEN.value, "valueFrom": {"secretKeyRef": {
+            "name": settings.zoo_secret, "key": settings.zoo_secret_session_token,
+            "optional": True}}})  # present only with temporary credentials
     # api.validate refuses KILN_* names in the template, so a user's env only adds variables
     # (or replaces PYTHONUNBUFFERED).
     overrides = [dict(e) for e in job.spec.template.get("env") or []]

@@ -61,25 +61,31 @@ class Device:
     node: str | None
     device: str  # "gpu" or "cpu"
     devices: int  # 1, or 0 when nothing is held
+    gpu_resource: str = pods.GPU_RESOURCE  # the resource the node's GPUs are
 
 
 def choose_device(pools: cluster.Pools, job: api.TrainingJob,
-                  device_type: str | None = None) -> Device:
+                  device_type: str | None = None, *,
+                  among: frozenset[str] | None = None) -> Device:
     """The device the profiling pod times its step on.
 
     The pool the job itself would run in (GPUs when it may use them); there, the node with the
-    most free devices (of GPU type `device_type` when given), holding one of them so the
+    most free devices (of GPU type `device_type` when given; among the nodes its scheduling
+    constraints allow, `among`, when given), holding one of them so the
     planner counts it busy. With none free the pod holds nothing and times the step on a CPU:
     the graph, FLOPs and parameter count still replace the nominal estimate, and the running
     trainer's throughput refines it later.
     """
-    pool = pools.pool_for(job.spec.resources.gpus != 0)
+    pool = pools.pool_for(job.spec.resources.gpus != 0, among=among)
     if pool is not None:
         free = sorted(((pools.free_devices(pool, n.name), n.name) for n in pools.nodes[pool]
-                       if device_type is None or n.device_type == device_type),
+                       if (device_type is None or n.device_type == device_type)
+                       and (among is None or n.name in among)),
                       key=lambda pair: (-pair[0], pair[1]))
         if free and free[0][0] >= 1:
-            return Device(free[0][1], "gpu" if pool == cluster.GPU_POOL else "cpu", 1)
+            node = free[0][1]
+            return Device(node, "gpu" if pool == cluster.GPU_POOL else "cpu", 1,
+                          pools.gpu_resource.get(node, pods.GPU_RESOURCE))
     return Device(None, "cpu", 0)
 
 
@@ -94,7 +100,8 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
     launch = pods.Launch(node=device.node or "", devices=device.devices, parallelism="single",
                          device=device.device,
                          warm_start=select.cold_start(select.Outcome.IN_TRAINER, ""),
-                         estimated_seconds=timeout_seconds, started=now)
+                         estimated_seconds=timeout_seconds, started=now,
+                         gpu_resource=device.gpu_resource)
     pod = pods.build_pod(owner, job, attempt=0, launch=launch, settings=settings)
     meta, spec = pod["metadata"], pod["spec"]
     meta["name"] = pod_name(job.name)

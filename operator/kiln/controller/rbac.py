@@ -32,13 +32,37 @@ RULES: tuple[Rule, ...] = (
     Rule("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
     Rule("", "nodes", ("list",)),  # allocatable GPUs and CPU slots
     Rule("", "events", ("create",)),  # one per condition change worth telling
+    # A multi-node job's headless Service (its pods' DNS names); owned by the job, so the
+    # garbage collector deletes it.
+    Rule("", "services", ("create",)),
 )
 # Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
-# and the placement loop counts every pod's GPU requests to know which GPUs are free.
+# and the placement loop lists Kiln's pods (by label) and other pods on each GPU node (by
+# field selector) in all namespaces to know which GPUs are free (`kiln.controller.listing`).
 CLUSTER_WIDE_RULES: tuple[Rule, ...] = (
     Rule("", "nodes", ("list",)),
     Rule("", "pods", ("list",)),
 )
+# Only with --kueue (`kiln.controller.kueue`): each Kueue-managed job's Workload (kopf watches
+# them; the status patch marks Finished or hands an evicted one back), and the cluster-scoped
+# objects its admission and priority name.
+KUEUE_RULES: tuple[Rule, ...] = (
+    Rule("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "patch")),
+    Rule("kueue.x-k8s.io", "workloads/status", ("patch",)),
+    Rule("kueue.x-k8s.io", "resourceflavors", ("get",)),
+    Rule("kueue.x-k8s.io", "workloadpriorityclasses", ("get",)),
+    Rule("scheduling.k8s.io", "priorityclasses", ("get",)),
+)
+# Of those, the cluster-scoped objects (a ClusterRole even when only some namespaces are
+# watched).
+KUEUE_CLUSTER_RULES: tuple[Rule, ...] = KUEUE_RULES[2:]
+# Only with --peering (the chart's replicaCount above 1): kopf watches and patches the peering
+# object, and the placement loop reads it (`kiln.controller.leadership`). Cluster-wide: one
+# ClusterKopfPeering; with --namespace: a KopfPeering in each watched namespace.
+PEERING_CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),)
+PEERING_NAMESPACED_RULES: tuple[Rule, ...] = (
+    Rule("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),)
 # Only when a --namespace is a glob: kopf then scans namespaces.
 NAMESPACE_SCANNING_RULES: tuple[Rule, ...] = (Rule("", "namespaces", ("list", "watch")),)
 

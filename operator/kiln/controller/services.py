@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -49,21 +49,27 @@ class Services:
     # Held while a profiling pod chooses and takes its device, so two never take the same one.
     profiling_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, init=False)
     _task: asyncio.Task[None] | None = dataclasses.field(default=None, init=False)
+    _background: list[asyncio.Task[None]] = dataclasses.field(default_factory=list, init=False)
 
     async def start(self) -> None:
         """Start the placement loop and the HTTP session (call from the startup handler)."""
         self.http = aiohttp.ClientSession()
         self._task = asyncio.create_task(self.placement.run(), name="kiln placement loop")
 
+    def run_in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        """Run `work` (a loop that never returns) until `stop`."""
+        self._background.append(asyncio.create_task(work, name=name))
+
     async def stop(self) -> None:
         """Stop what `start` started and close the clients (idempotent)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        for task in (self._task, *self._background):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._task, self._background = None, []
         if self.http is not None:
             await self.http.close()
             self.http = None

@@ -7,16 +7,22 @@ Every knob of `kiln operator` lives in `Options`, with its unit in its name and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
+import kiln
 from kiln.api import names
 from kiln.controller import cluster, pods
 from kiln.placement import introspect, types
 
-DEFAULT_IMAGE = "ghcr.io/kiln-dev/kiln-trainer:0.1.0"
+# The trainer image of the same release (Chart.yaml and values.yaml name it too).
+DEFAULT_IMAGE = f"ghcr.io/kiln-dev/kiln-trainer:{kiln.__version__}"
 DEFAULT_ZOO_URI = "s3://kiln-zoo"
+DEFAULT_POD_SECURITY_CONTEXT = json.dumps(pods.POD_SECURITY_CONTEXT)
+DEFAULT_CONTAINER_SECURITY_CONTEXT = json.dumps(pods.CONTAINER_SECURITY_CONTEXT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,9 @@ class Options:
             environment (KILN_ZOO_ACCESS_KEY, KILN_ZOO_SECRET_KEY).
         zoo_secret_access_key: key of the access key in `zoo_secret`.
         zoo_secret_secret_key: key of the secret key in `zoo_secret`.
+        zoo_secret_session_token: key of an optional session token in `zoo_secret`.
+        zoo_share: who sees a registered model whose job leaves spec.zoo.share unset:
+            ``private`` (the job's namespace) or ``shared`` (every namespace).
         zoo_retry_limit: failed attempts to reach the zoo before a job cold-starts.
         zoo_retry_delay_seconds: wait after the first failed attempt; doubles each time, at
             most `zoo_retry_max_delay_seconds`.
@@ -41,6 +50,11 @@ class Options:
         zoo_request_attempts: S3 requests tried per attempt (short: the handler backs off).
         zoo_refresh_seconds: re-list the zoo's models at most this often.
         zoo_query_timeout_seconds: deadline of one parent search.
+        zoo_capacity: the zoo's byte budget, e.g. ``10GiB``; past it, the records worth least
+            per byte (decayed parent hits, `kiln.zoo.eviction`) are deleted, never a live
+            job's parent or a running job's provisional record. None: the zoo grows freely.
+        zoo_gc_interval_seconds: how often the zoo is held to `zoo_capacity`.
+        zoo_hit_half_life_seconds: a parent hit's weight halves over this many seconds.
         warm_start_graph_timeout_seconds: deadline of tracing one job's model graph for its
             warm-start search (in a worker process, killed past it; the job cold-starts).
         default_image: trainer image when a job sets no spec.template.image.
@@ -77,6 +91,9 @@ class Options:
         gpu_type: place jobs only on GPU nodes whose `gpu_type_label` equals this (e.g.
             NVIDIA-A100-SXM4-80GB); None: any GPU node.
         gpu_type_label: node label naming a node's GPU type.
+        gpu_resources: the extended resources that count as GPUs, e.g. nvidia.com/gpu,
+            nvidia.com/mig-1g.10gb (MIG "mixed" strategy), amd.com/gpu; a node's GPUs are the
+            first of these it has allocatable, and a trainer pod asks for that one.
         housekeeping_interval_seconds: how often each job's deadline, TTL and progress are
             checked.
         profile_entrypoint_models: before placement, measure a model from user code
@@ -89,6 +106,20 @@ class Options:
         progress_address: where a trainer's metrics are read, formatted with {pod_ip}, {port}
             (the pod's prometheus.io/port annotation), {pod}, {namespace}.
         progress_timeout_seconds: timeout of one metrics read.
+        finalizer: put finalizer ``kiln.dev/finalizer`` on TrainingJobs, so a deleted job
+            waits for the operator to delete its pods; False (the default, as Kubeflow's
+            training operator does): none, the garbage collector deletes a deleted job's pods
+            through their ownerReferences and `kubectl delete` never waits for the operator.
+        peering: kopf peering object name for leader election between replicas (a
+            KopfPeering in the watched namespace, or a ClusterKopfPeering when cluster-wide);
+            None: standalone, one replica only.
+        pod_security_context: the trainer pods' securityContext as JSON, unless the job's
+            spec.template sets one.
+        container_security_context: the trainer container's securityContext as JSON, unless
+            the job's spec.template sets one.
+        kueue: Kueue admits jobs labelled kueue.x-k8s.io/queue-name: each gets a Workload,
+            and Kiln places it only once Kueue admitted it, within the admission
+            (`kiln.controller.kueue`); False: the label is passed to trainer pods, nothing more.
         verbose: debug logging.
     """
 
@@ -99,12 +130,17 @@ class Options:
     zoo_secret: str | None = None
     zoo_secret_access_key: str = "accessKey"
     zoo_secret_secret_key: str = "secretKey"
+    zoo_secret_session_token: str = "sessionToken"
+    zoo_share: str = names.ZooShare.PRIVATE.value
     zoo_retry_limit: int = 5
     zoo_retry_delay_seconds: float = 30.0
     zoo_retry_max_delay_seconds: float = 600.0
     zoo_request_attempts: int = 2
     zoo_refresh_seconds: float = 30.0
     zoo_query_timeout_seconds: float = 60.0
+    zoo_capacity: str | None = None
+    zoo_gc_interval_seconds: float = 600.0
+    zoo_hit_half_life_seconds: float = 7 * 24 * 3600.0
     warm_start_graph_timeout_seconds: float = 60.0
     default_image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
@@ -131,12 +167,18 @@ class Options:
     cpu_slots_per_node: int = 1
     gpu_type: str | None = None
     gpu_type_label: str = "nvidia.com/gpu.product"
+    gpu_resources: tuple[str, ...] = (pods.GPU_RESOURCE,)
     housekeeping_interval_seconds: float = 10.0
     progress_address: str = "{pod_ip}:{port}"
     progress_timeout_seconds: float = 5.0
     profile_entrypoint_models: bool = True
     profile_unmeasured: bool = True
     profile_timeout_seconds: float = 600.0
+    finalizer: bool = False
+    peering: str | None = None
+    pod_security_context: str = DEFAULT_POD_SECURITY_CONTEXT
+    container_security_context: str = DEFAULT_CONTAINER_SECURITY_CONTEXT
+    kueue: bool = False
     verbose: bool = False
 
     def zoo_retry_delay(self, attempt: int) -> float:
@@ -155,10 +197,34 @@ def pod_settings(options: Options) -> pods.PodSettings:
         zoo_secret=options.zoo_secret,
         zoo_secret_access_key=options.zoo_secret_access_key,
         zoo_secret_secret_key=options.zoo_secret_secret_key,
+        zoo_secret_session_token=options.zoo_secret_session_token,
+        zoo_share=options.zoo_share,
         metrics_port=options.trainer_metrics_port,
         termination_grace_seconds=options.termination_grace_seconds,
         service_account=options.trainer_service_account,
+        kueue_labels=not options.kueue,
+        pod_security_context=security_context(options.pod_security_context,
+                                              "pod-security-context"),
+        container_security_context=security_context(options.container_security_context,
+                                                    "container-security-context"),
     )
+
+
+def security_context(text: str, flag: str) -> dict[str, Any]:
+    """A securityContext given as a JSON object to `--flag` (the flag without its dashes).
+
+    Raises:
+        ValueError: not JSON, or not an object; the message shows a working value.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--{flag}: not JSON ({exc}); give an object, e.g. "
+                         '{"runAsNonRoot": true}') from None
+    if not isinstance(value, dict):  # a bad flag value, reported like the others
+        raise ValueError(  # noqa: TRY004
+            f"--{flag}: must be a JSON object (got {text!r}), e.g. " '{"runAsNonRoot": true}')
+    return value
 
 
 def gpu_type(options: Options) -> cluster.GpuType | None:

@@ -1,15 +1,15 @@
 """`kiln run` jobs one after another, and the trainer subprocess both local runs share.
 
 Each job runs `python -m kiln_trainer` (the trainer a cluster pod runs, which registers the
-model in the zoo itself); its events drive a live progress bar, its stderr and stray stdout
-go to a log file. Trainer text prints as plain text, never as rich markup. No placement, no kopf.
+model in the zoo itself); its events drive a live progress bar (one plain line per evaluation
+when stdout is not a terminal) and `<job>.metrics.jsonl`, its stderr and stray stdout go to a
+log file. Trainer text prints as plain text, never as rich markup. No placement, no kopf.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import signal
@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import filelock
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -162,32 +163,38 @@ def job_locks(jobs: list[api.TrainingJob], work_dir: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _job_lock(path: Path, job_name: str) -> Iterator[None]:
-    """Hold an exclusive, non-blocking `flock` on `path` (holding our pid) while in the block.
+    """Hold an exclusive lock on `path` while in the block, without waiting; `<path>.pid`
+    names the holder.
 
-    The kernel drops the lock when the process ends, however it ends, so a crash leaves no
-    stale lock; the file itself stays (deleting it would race with the next locker).
+    `filelock` takes an OS lock (flock on Unix, msvcrt on Windows; a marker file where the file
+    system has no flock), which the OS drops when the process ends, however it ends, so a crash
+    leaves no stale lock. The files stay (deleting them would race with the next locker).
 
     Raises:
         JobBusy: another process holds the lock; the message names its pid.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trainer
+    lock, pid_file = filelock.FileLock(path, timeout=0), path.with_suffix(".pid")
     try:
+        lock.acquire()
+    except filelock.Timeout:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode("ascii", errors="replace").strip() or "unknown"
-            raise JobBusy(
-                f"job {job_name} is already running (pid {holder}) from this directory; wait "
-                f"for it to finish or stop it (its lock: {path})"
-            ) from None
-        except OSError as exc:  # a file system without flock (some NFS mounts): run unguarded
-            warnings.warn(f"cannot lock {path} ({exc.strerror or exc}); a second `kiln run` of "
-                          f"job {job_name} would not be refused", stacklevel=3)
+            holder = pid_file.read_text(encoding="ascii", errors="replace").strip() or "unknown"
+        except OSError:  # between the holder's lock and its pid: rare, and only for the message
+            holder = "unknown"
+        raise JobBusy(
+            f"job {job_name} is already running (pid {holder}) from this directory; wait "
+            f"for it to finish or stop it (its lock: {path})"
+        ) from None
+    except OSError as exc:  # a file system that refuses locks altogether: run unguarded
+        warnings.warn(f"cannot lock {path} ({exc.strerror or exc}); a second `kiln run` of "
+                      f"job {job_name} would not be refused", stacklevel=3)
+        yield
+        return
+    try:
+        pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
         yield
     finally:
-        os.close(fd)  # releases the lock
+        lock.release()
 
 
 def _run_one(
@@ -206,6 +213,7 @@ def _run_one(
     console.print(f"[bold]{escape(job.name)}[/]: training {escape(job.spec.model.label)} "
                   f"on {job.spec.dataset.source} (log: {escape(str(log_path))})")
     interrupted = False
+    history = history_path(work_dir, job.name)
     with open(log_path, "w", encoding="utf-8") as log, new_progress(console) as progress:
         task = progress.add_task(job.name, total=job.spec.training.epochs, status="starting")
         process = start_trainer(job.name, command, log=log, own=own is not None,
@@ -217,6 +225,7 @@ def _run_one(
                 if isinstance(event, contract.Result):
                     result = event
                 else:
+                    append_history(history, event)
                     show(progress, task, event)
             process.wait()
         except KeyboardInterrupt:
@@ -323,6 +332,9 @@ def new_progress(console: Console) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=False,
+        # off a terminal `show` prints a line per evaluation; a bar's last frame would only
+        # repeat the final line, cut to the console's width
+        disable=not console.is_terminal,
     )
 
 
@@ -351,6 +363,69 @@ def show(progress: Progress, task: TaskID, event: contract.Event, *, prefix: str
         completed = min(completed, float(event.epoch or completed))
     progress.update(task, completed=completed, total=event.epochs or None,  # None: unchanged
                     status="  ".join(parts))
+    if event.evaluated and not progress.console.is_terminal:
+        # rich draws a bar only on a terminal; a log (CI, nohup, a notebook) would get just
+        # the last frame, so each evaluation gets a line of its own there
+        name = next((t.description for t in progress.tasks if t.id == task), prefix)
+        progress.console.print(
+            f"{name}: epoch {event.epoch}/{event.epochs} step {event.step}: {'  '.join(parts)} "
+            f"({event.elapsed_seconds:.1f} s)", markup=False, highlight=False, soft_wrap=True)
+
+
+def history_path(work_dir: Path, job_name: str) -> Path:
+    """Where a job's metric history is kept: `<work_dir>/<job>.metrics.jsonl`."""
+    return work_dir / f"{job_name}.metrics.jsonl"
+
+
+def append_history(path: Path, event: contract.Event) -> None:
+    """Append `event` to a job's JSON-lines history (`history_path`) when it is an evaluation's
+    progress event; ignore other events.
+
+    Each line holds step, epoch, train and validation loss, validation accuracy, frozen modules,
+    samples per second, the trainer's training clock (`elapsed_seconds`, across restarts) and
+    the wall time (`time`, seconds since the Unix epoch). A rerun appends: a resumed or
+    restarted trainer's steps go back, and `read_history` keeps only the latest stretch.
+    """
+    if not isinstance(event, contract.Progress) or not event.evaluated:
+        return
+    line = {"step": event.step, "epoch": event.epoch, "epochs": event.epochs,
+            "train_loss": event.train_loss, "validation_accuracy": event.validation_accuracy,
+            "validation_loss": event.validation_loss,
+            "samples_per_second": event.samples_per_second,
+            "frozen_modules": event.frozen_modules, "modules": event.modules,
+            "elapsed_seconds": event.elapsed_seconds, "time": time.time()}
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError as exc:  # a full disk loses the curve, never the run
+        warnings.warn(f"cannot write {path} ({exc.strerror or exc}); this run's metric "
+                      "history is incomplete", stacklevel=2)
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """A job's evaluations from its history file, in step order, latest stretch only.
+
+    A line whose step is not past the previous line's starts a new stretch (the trainer
+    resumed from an earlier checkpoint, or started over): earlier lines at or past its step
+    are dropped, as that run's later checkpoints were lost. Lines that are not JSON objects with
+    a step (a torn last line after a crash) are skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    kept: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for text in f:
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(line, dict) or not isinstance(line.get("step"), int):
+                continue
+            while kept and kept[-1]["step"] >= line["step"]:
+                kept.pop()
+            kept.append(line)
+    return kept
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import queue
@@ -236,7 +237,7 @@ def make_plan(
 
     Estimates come from a job's profile (`profile_jobs`), else the zoo, else the `kiln profile`
     cache, else FLOPs (`estimate.configs`); the plan is the heuristic's, or the MILP's when it
-    does better (`planner.plan`).
+    does better (`planner.plan`) and Pyomo and HiGHS are installed (the `local` extra).
 
     Returns:
         The plan (times in seconds from 0) and each job's configs.
@@ -253,7 +254,14 @@ def make_plan(
         for job in jobs}
     snapshot = types.Snapshot(0.0, (types.Node(NODE, devices.count),),
                               tuple(types.JobRequest(n, c) for n, c in configs.items()))
+    if not milp_installed():  # the `local` extra is missing: the heuristic plans alone
+        settings = dataclasses.replace(settings, use_milp=False)
     return planner.plan(snapshot, settings), configs
+
+
+def milp_installed() -> bool:
+    """Whether Pyomo and HiGHS, which the MILP planner needs, are installed here."""
+    return all(importlib.util.find_spec(name) is not None for name in ("pyomo", "highspy"))
 
 
 def _measured(profiled: Mapping[str, Profiled] | None,
@@ -389,6 +397,7 @@ class _Run:
                     self.live[name].result = event.to_json()
                 else:
                     self.note(name, event)
+                    runner.append_history(runner.history_path(self.work_dir, name), event)
                     runner.show(progress, self.tasks[name], event, prefix=f"{name}: ")
         except (KeyboardInterrupt, _Interrupted):
             self.stop_all("stopped")

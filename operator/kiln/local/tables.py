@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
 
-from kiln import api, models
-from kiln.local import machine, runner, runplan
-from kiln.placement import estimate, profilecache, types
-from kiln.warmstart import index, select
-from kiln.zoo import records
+from kiln.warmstart import select
+
+# Annotations only. The torch-backed modules (models, runplan, estimate) are imported by the
+# tables that call them, so `kiln zoo ls` starts without torch.
+if TYPE_CHECKING:
+    from kiln import api
+    from kiln.local import machine, runner
+    from kiln.placement import profilecache, types
+    from kiln.warmstart import index
+    from kiln.zoo import records
 
 SHORT = {"validation_accuracy": "val acc", "validation_loss": "val loss"}
 """Short names of the target metrics for table cells."""
@@ -78,6 +83,8 @@ def _frozen(summary: dict[str, Any] | None) -> str:
 def plan(the_plan: types.Plan, configs: Mapping[str, tuple[types.Config, ...]],
          devices: machine.Devices) -> Table:
     """The plan: job -> device(s), config, planned start, estimated duration, source."""
+    from kiln.local import runplan
+
     slots = runplan.planned_devices(the_plan, devices.count)
     table = Table(title=f"Plan: {len(the_plan.assignments)} jobs on {devices.count} "
                         f"{devices.noun} ({the_plan.solver}; makespan {the_plan.makespan:.0f} s)")
@@ -94,6 +101,8 @@ def plan(the_plan: types.Plan, configs: Mapping[str, tuple[types.Config, ...]],
 def profile_table(job: api.TrainingJob, measured: Sequence[profilecache.Measurement], *,
                   kind: str, cache: Path | None) -> Table:
     """A job's profile: per config, step seconds, samples/s, estimated job seconds, status."""
+    from kiln.placement import estimate
+
     work, device = estimate.workload(job), estimate.device_model(kind)
     table = Table(title=f"Profile of {job.name} ({job.spec.model.label}, batch "
                         f"{work.batch_size}) on {kind}; cache {cache or 'none'}")
@@ -111,11 +120,11 @@ def profile_table(job: api.TrainingJob, measured: Sequence[profilecache.Measurem
 
 
 def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
-    """`kiln zoo ls`: the zoo's models, oldest first."""
+    """`kiln zoo ls`: the zoo's models, in the order given (`--sort`)."""
     table = Table(title=Text(f"Model zoo: {where}", style="table.title"))
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
-    for rec in sorted(found, key=lambda r: r.created_time):
+    for rec in found:
         add_row(table, rec.id, rec.builder, rec.dataset,
                 fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}", rec.parent or "-",
                 rec.created_time)
@@ -139,12 +148,10 @@ def warm_start_candidates(job: api.TrainingJob, found: index.QueryResult, zoo_si
     return table
 
 
-def architectures() -> Table:
-    """`kiln models`: the registered architectures."""
-    table = Table(title="Architectures")
-    for column in ("name", "family", "modality", "task"):
-        table.add_column(column)
-    for name in models.list_models():
-        info = models.get_info(name)
-        add_row(table, name, info.family, str(info.modality), str(info.task))
-    return table
+def architecture_rows() -> list[dict[str, str]]:
+    """`kiln models`: the registered architectures, one plain dict each."""
+    from kiln import models
+
+    return [{"name": name, "family": info.family, "modality": str(info.modality),
+             "task": str(info.task)}
+            for name, info in ((name, models.get_info(name)) for name in models.list_models())]

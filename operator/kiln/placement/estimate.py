@@ -29,6 +29,10 @@ GPU_COUNTS = (1, 2, 4, 8)
 FORWARD_BACKWARD_FACTOR = 3.0  # backward ~ 2x forward FLOPs (Kaplan et al. 2020)
 EVAL_COST_FRACTION = 1.0 / 3.0  # a validation batch is a forward pass only
 FSDP_COMMUNICATION_FACTOR = 1.5  # all-gather (fwd + bwd) + reduce-scatter vs one all-reduce
+# A job spanning nodes steps this much slower than on one node with as many devices: its
+# gradients cross the network (tens of GB/s) rather than NVLink or PCIe. One factor, not a
+# network model: it only has to make the planner prefer one node when one has room.
+CROSS_NODE_SLOWDOWN = 1.25
 BYTES_PER_VALUE = 4  # fp32 weights, gradients and optimizer state
 DIGITS_SAMPLES = 1797
 TORCHVISION_TRAIN_SAMPLES = {"MNIST": 60000, "FashionMNIST": 60000, "KMNIST": 60000,
@@ -247,7 +251,9 @@ def configs(
     Args:
         job: a valid job. spec.resources narrows the choice: a fixed parallelism, a fixed
             gpus (0 = CPU only: k = 1, single), gpusPerNode as a cap on k. k must divide
-            spec.training.batchSize (each of the k processes takes B / k samples).
+            spec.training.batchSize (each of the k processes takes B / k samples). A fixed
+            gpus on GPUs gets multi-node configs with spec.resources.nodes, or when above
+            the cap (every even split within it), CROSS_NODE_SLOWDOWN slower than one node.
         zoo: where to look for similar records (None: no zoo source).
         profile_cache: the `kiln profile` cache file (None or missing: no profile source).
         max_gpus: most devices one config may take (a node's GPUs, or local CPU slots), >= 1.
@@ -288,6 +294,14 @@ def configs(
     entries = profilecache.read_cache(profile_cache) if profile_cache is not None else {}
     kind = "cuda" if device_type.startswith("cuda") else "cpu"
     out = []
+    for parallelism, k, nodes in _multi_node_shapes(job, max_gpus, kind, parallelisms):
+        total = k * nodes  # profiles and zoo records are of one node: the curve, slowed down
+        if source == "flops" and not _fits(parallelism, total, params, job, device):
+            out.append(types.Config(parallelism, k, math.inf, "flops", node_count=nodes))
+            continue
+        step = speedup_step(step1, parallelism, total, params=params, device=device)
+        out.append(types.Config(parallelism, k, job_seconds(
+            work, step * CROSS_NODE_SLOWDOWN, device), source, node_count=nodes))
     for parallelism, k in _shapes(job, max_gpus, kind, parallelisms):
         key = profilecache.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
                                 gpus=k, kind=device_type)
@@ -391,9 +405,29 @@ def _model_cost(key: str) -> tuple[float, int]:
     return float(counter.get_total_flops()), sum(p.numel() for p in model.parameters())
 
 
+def _multi_node_shapes(job: api.TrainingJob, max_gpus: int, kind: str,
+                       parallelisms: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(parallelism, GPUs per node, nodes) of the multi-node configs: GPU jobs with a fixed
+    gpus, over spec.resources.nodes nodes; or, when gpus is above gpusPerNode (or
+    `max_gpus`), over every node count that splits gpus evenly within that cap."""
+    res = job.spec.resources
+    if kind != "cuda" or not res.gpus or res.gpus < 2 or res.nodes == 1:
+        return []
+    cap = min(max_gpus, res.gpus_per_node or max_gpus)
+    if res.nodes is None and res.gpus <= cap:
+        return []  # one node can take it: spanning nodes is the user's call (nodes)
+    counts = [res.nodes] if res.nodes else [n for n in range(2, res.gpus + 1)
+                                            if res.gpus % n == 0 and res.gpus // n <= cap]
+    allowed = [p for p in parallelisms if p != "single"
+               and res.parallelism in (api.Parallelism.AUTO, p)]
+    return [(p, res.gpus // n, n) for n in counts for p in allowed]
+
+
 def _shapes(job: api.TrainingJob, max_gpus: int, kind: str,
             parallelisms: Sequence[str]) -> list[tuple[str, int]]:
     res = job.spec.resources
+    if res.nodes is not None and res.nodes > 1:
+        return []  # only the multi-node shapes
     cap = min(max_gpus, res.gpus_per_node or max_gpus)
     ks = [1] if res.gpus == 0 else [res.gpus] if res.gpus else [k for k in GPU_COUNTS
                                                                   if k <= cap]
@@ -401,7 +435,7 @@ def _shapes(job: api.TrainingJob, max_gpus: int, kind: str,
     if kind == "cpu":
         allowed = [p for p in allowed if p != "fsdp"]  # FSDP needs GPUs (api.validate)
     batch = job.spec.training.batch_size  # the trainer splits the global batch evenly over k
-    return [(p, k) for k in ks if k <= max_gpus and batch % k == 0
+    return [(p, k) for k in ks if k <= cap and batch % k == 0
             for p in allowed if (p == "single") == (k == 1)]
 
 

@@ -98,14 +98,13 @@ def problem_of(snapshot: types.Snapshot, *, fixed: Sequence[types.Assignment] = 
     quota = dict(settings.namespace_gpu_quota)
     problems = types.unplaceable_reasons(snapshot)
     for j in snapshot.queued:
-        smallest = min((c.gpus for c in types.candidates(j)), default=0)
+        smallest = min((c.devices for c in types.candidates(j)), default=0)
         if j.name not in problems and j.namespace in quota and smallest > quota[j.namespace]:
             problems[j.name] = (f"its smallest config needs {smallest} GPUs but namespace "
                                 f"{j.namespace} has a quota of {quota[j.namespace]}; raise "
                                 "--namespace-gpu-quota or allow fewer GPUs")
     if problems:
         raise types.Unplaceable(problems)
-    largest = max(capacity.values(), default=0)
     namespace_of = {j.name: j.namespace for j in snapshot.queued}
     reservations: list[Reservation] = []
     for r in snapshot.running:
@@ -113,8 +112,9 @@ def problem_of(snapshot: types.Snapshot, *, fixed: Sequence[types.Assignment] = 
             raise ValueError(f"running job {r.job}: unknown node {r.node}")
         end = snapshot.now + max(0.0, r.remaining_seconds)
         reservations.append(Reservation(r.job, r.node, r.gpus, snapshot.now, end, r.namespace))
-    reservations += [Reservation(a.job, a.node, a.gpus, a.start, a.end,
-                                 namespace_of.get(a.job, "")) for a in fixed]
+    reservations += [Reservation(a.job, node, a.gpus, a.start, a.end,
+                                 namespace_of.get(a.job, "")) for a in fixed
+                     for node in a.all_nodes]
     frozen = {a.job for a in fixed}
     jobs = tuple(j for j in snapshot.queued if j.name not in frozen)
     total_gpus = max(1, sum(capacity.values()))  # nodes may show 0 free of foreign pods
@@ -129,8 +129,8 @@ def problem_of(snapshot: types.Snapshot, *, fixed: Sequence[types.Assignment] = 
     return Problem(
         now=snapshot.now, nodes=snapshot.nodes, jobs=jobs,
         options={j.name: tuple(c for c in types.candidates(j)
-                               if c.gpus <= quota.get(j.namespace, largest)
-                               and any(types.fits(c, n) for n in snapshot.nodes))
+                               if (j.namespace not in quota or c.devices <= quota[j.namespace])
+                               and types.fits_somewhere(c, snapshot.nodes))
                  for j in jobs},
         release={j.name: max(snapshot.now, j.arrival) for j in jobs},
         reservations=tuple(reservations), fixed=tuple(fixed), objective=objective,
@@ -209,6 +209,9 @@ def list_schedule(problem: Problem, choice: Mapping[str, types.Config], order: S
     for name in order:
         config, release = choice[name], problem.release[name]
         quota = quotas.get(problem.namespace_of.get(name, "")) if quotas else None
+        if config.node_count > 1:
+            out.append(_place_gang(problem, lines, quota, name, config, release))
+            continue
         nodes = ([node_of[name]] if node_of is not None and name in node_of else
                  [n.name for n in problem.nodes if types.fits(config, n)])
         if quota is None:  # the common case, kept direct: local search calls this a lot
@@ -225,6 +228,36 @@ def list_schedule(problem: Problem, choice: Mapping[str, types.Config], order: S
     return out
 
 
+def _place_gang(problem: Problem, lines: Mapping[str, timeline.Timeline],
+                quota: timeline.Timeline | None, name: str, config: types.Config,
+                release: float) -> types.Assignment:
+    """Place a multi-node config at the earliest time `config.node_count` fitting nodes all
+    have its GPUs free for its whole run (and its namespace's quota has room), and hold them.
+
+    Each node's earliest free start only grows with the release, so moving the release to the
+    k-th smallest of them skips no feasible start; ties go to the earlier node in
+    `problem.nodes`, which also gives the rank order.
+    """
+    fitting = [n.name for n in problem.nodes if types.fits(config, n)]
+    k, t = config.node_count, release
+    while True:
+        ready = sorted((lines[n].earliest(config.gpus, config.seconds, t), i, n)
+                       for i, n in enumerate(fitting))
+        kth = ready[k - 1][0]
+        if kth <= t and quota is not None:
+            kth = quota.earliest(config.devices, config.seconds, t)
+        if kth <= t:
+            break
+        t = kth
+    chosen = sorted(ready[:k], key=lambda r: r[1])
+    for _, _, node in chosen:
+        lines[node].add(t, t + config.seconds, config.gpus)
+    if quota is not None:
+        quota.add(t, t + config.seconds, config.devices)
+    return types.Assignment(name, chosen[0][2], config.gpus, config.parallelism, t,
+                            config.seconds, peer_nodes=tuple(n for _, _, n in chosen[1:]))
+
+
 def makespan_of(problem: Problem, assignments: Sequence[types.Assignment]) -> float:
     """Absolute end of the last assignment or reservation."""
     return max([reserved_until(problem), *(a.end for a in assignments)])
@@ -239,7 +272,7 @@ def cost(problem: Problem, assignments: Sequence[types.Assignment]) -> float:
     if problem.objective == "makespan":
         return makespan_of(problem, assignments) - problem.now
     return sum(problem.weights.get(a.job, 1.0) * (a.end - problem.now)
-               + problem.gpu_price.get(a.job, 0.0) * a.gpus * a.seconds for a in assignments)
+               + problem.gpu_price.get(a.job, 0.0) * a.devices * a.seconds for a in assignments)
 
 
 def lower_bound(problem: Problem) -> float:
@@ -262,7 +295,7 @@ def lower_bound(problem: Problem) -> float:
     jobs = [(problem.release[j.name], problem.options[j.name]) for j in problem.jobs]
 
     def area(deadline: float) -> float:
-        return reserved + sum(min(c.gpus * c.seconds for c in options
+        return reserved + sum(min(c.devices * c.seconds for c in options
                                   if release + c.seconds <= deadline + 1e-9)
                               for release, options in jobs)
 
@@ -298,26 +331,26 @@ def choose_k(options: Sequence[types.Config], policy: str, *,
     Raises:
         ValueError: unknown policy.
     """
-    kinds = sorted({c.device_type for c in options})
+    kinds = sorted({(c.device_type, c.node_count) for c in options})
     if len(kinds) > 1 and policy != "area":
-        return min((choose_k([c for c in options if c.device_type == kind], policy,
-                             knee_efficiency=knee_efficiency) for kind in kinds),
-                   key=lambda c: (c.seconds, c.gpus))
+        return min((choose_k([c for c in options if (c.device_type, c.node_count) == kind],
+                             policy, knee_efficiency=knee_efficiency) for kind in kinds),
+                   key=lambda c: (c.seconds, c.devices))
     if policy == "area":
-        return min(options, key=lambda c: (c.gpus * c.seconds, c.seconds))
+        return min(options, key=lambda c: (c.devices * c.seconds, c.seconds))
     if policy == "fastest":
         return options[-1]
     if policy == "knee":
         chosen = options[0]
         for nxt in options[1:]:
-            speedup, ideal = chosen.seconds / nxt.seconds, nxt.gpus / chosen.gpus
+            speedup, ideal = chosen.seconds / nxt.seconds, nxt.devices / chosen.devices
             if speedup < knee_efficiency * ideal:
                 break
             chosen = nxt
         return chosen
     if policy.startswith("k="):
         k = int(policy[2:])
-        fitting = [c for c in options if c.gpus <= k]
+        fitting = [c for c in options if c.devices <= k]
         return fitting[-1] if fitting else options[0]
     raise ValueError(f"k policy: unknown {policy!r} (allowed area, knee, fastest, k=<n>)")
 
@@ -328,7 +361,7 @@ def _policies(problem: Problem, settings: types.Settings) -> list[str]:
     if settings.k_policy != "best":
         raise ValueError(f"settings.k_policy: unknown {settings.k_policy!r} "
                          "(allowed best, area, knee)")
-    counts = sorted({c.gpus for opts in problem.options.values() for c in opts})
+    counts = sorted({c.devices for opts in problem.options.values() for c in opts})
     return ["area", "knee", "fastest", *(f"k={k}" for k in counts)]
 
 
@@ -342,7 +375,7 @@ def priced_config(problem: Problem, name: str, factor: float = 1.0) -> types.Con
     w, price = problem.weights[name], factor * problem.gpu_price[name]
 
     def priced(c: types.Config) -> tuple[float, int]:
-        return w * c.seconds + price * c.gpus * c.seconds, c.gpus
+        return w * c.seconds + price * c.devices * c.seconds, c.devices
     return min(problem.options[name], key=priced)
 
 
@@ -377,7 +410,7 @@ def _choices(problem: Problem, settings: types.Settings, bound: float
         for j in problem.jobs:
             options = problem.options[j.name]
             fits = [c for c in options if problem.release[j.name] + c.seconds <= target]
-            choice[j.name] = (min(fits, key=lambda c: (c.gpus * c.seconds, c.seconds))
+            choice[j.name] = (min(fits, key=lambda c: (c.devices * c.seconds, c.seconds))
                               if fits else min(options, key=lambda c: c.seconds))
         out.append((f"deadline {factor:g}x lower bound", choice))
     return out
@@ -399,12 +432,12 @@ def _order(problem: Problem, choice: Mapping[str, types.Config], key: str) -> li
     def rank(name: str) -> tuple[float, float]:
         c = choice[name]
         if key == "width":
-            return (-c.gpus, -c.seconds)
+            return (-c.devices, -c.seconds)
         if key == "weighted-area":
-            return (-problem.weights.get(name, 1.0) / (c.seconds * c.gpus), c.seconds)
+            return (-problem.weights.get(name, 1.0) / (c.seconds * c.devices), c.seconds)
         if key == "weighted-duration":
-            return (-problem.weights.get(name, 1.0) / c.seconds, c.gpus)
-        return (-c.seconds if key == "duration" else -c.seconds * c.gpus, 0.0)
+            return (-problem.weights.get(name, 1.0) / c.seconds, c.devices)
+        return (-c.seconds if key == "duration" else -c.seconds * c.devices, 0.0)
     return sorted((j.name for j in problem.jobs), key=lambda n: (*rank(n), n))
 
 

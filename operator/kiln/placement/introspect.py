@@ -196,6 +196,8 @@ def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
         for config in configs:
             if own and config.gpus == running.gpus or config.gpus > room:
                 continue
+            if not own and config.nodes is not None and node not in config.nodes:
+                continue  # its scheduling constraints keep it off that node
             if own and node in claimed and config.gpus > running.gpus:
                 continue
             after = remaining_at(running, configs, config)

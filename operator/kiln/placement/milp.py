@@ -197,11 +197,15 @@ def _identical_jobs(problem: heuristic.Problem) -> list[tuple[str, str]]:
 
 def _identical_nodes(problem: heuristic.Problem, cap: Mapping[tuple[str, int], int],
                      slots: int) -> list[tuple[str, str]]:
-    """Consecutive pairs of nodes with equal GPUs, of one GPU type, and nothing reserved."""
-    groups: dict[tuple[int, str], list[str]] = {}
+    """Consecutive pairs of nodes with equal GPUs, of one GPU type, nothing reserved, and
+    allowed to the same jobs (`types.Config.nodes`)."""
+    groups: dict[tuple[int, str, frozenset[str]], list[str]] = {}
     for n in problem.nodes:
         if all(cap[n.name, t] == n.gpus for t in range(slots)):
-            groups.setdefault((n.gpus, n.device_type), []).append(n.name)
+            barred = frozenset(j for j, options in problem.options.items()
+                               if any(c.nodes is not None and n.name not in c.nodes
+                                      for c in options))
+            groups.setdefault((n.gpus, n.device_type, barred), []).append(n.name)
     return [(a, b) for names in groups.values() for a, b in itertools.pairwise(names)]
 
 

@@ -90,6 +90,8 @@ def _best(problem: heuristic.Problem, settings: types.Settings, began: float) ->
     elif problem.objective != "makespan":
         skip = ("MILP skipped: it minimises makespan; weighted completion time is planned by "
                 "the heuristic (Smith's rule with a GPU-second price)")
+    elif any(c.node_count > 1 for options in problem.options.values() for c in options):
+        skip = "MILP skipped: multi-node configs are planned by the heuristic"
     elif any(problem.namespace_of.get(j.name, "") in problem.quota for j in problem.jobs):
         skip = "MILP skipped: namespace GPU quotas apply (the heuristic enforces them)"
     elif len(problem.jobs) > settings.milp_max_jobs:
@@ -230,6 +232,7 @@ def _same_config(job: types.JobRequest, a: types.Assignment,
     node = nodes.get(a.node)
     return next((c for c in sorted(job.configs, key=lambda c: c.seconds)
                  if c.gpus == a.gpus and c.parallelism == a.parallelism
+                 and c.node_count == len(a.all_nodes)
                  and c.seconds != float("inf") and node is not None and types.fits(c, node)),
                 None)
 
@@ -260,8 +263,8 @@ def _frozen(current: types.Plan, snapshot: types.Snapshot,
     horizon = snapshot.now + settings.freeze_window_seconds
     for a in sorted(current.assignments, key=lambda a: (a.start, a.job)):
         job = queued.get(a.job)
-        if job is None or a.start > horizon or a.node not in nodes:
-            continue
+        if job is None or a.start > horizon or a.node not in nodes or a.peer_nodes:
+            continue  # a multi-node assignment is re-planned whole (heuristic._place_gang)
         config = _same_config(job, a, nodes)
         if config is None:
             continue
@@ -301,7 +304,7 @@ def _retimed(current: types.Plan, problem: heuristic.Problem,
         # each new job goes before the first kept one it outranks (Smith's rule), so a short
         # arrival does not wait behind the whole kept queue until a fresh plan wins
         def rank(j: str) -> float:
-            return problem.weights[j] / (choice[j].seconds * choice[j].gpus)
+            return problem.weights[j] / (choice[j].seconds * choice[j].devices)
         for name in sorted(new, key=lambda j: (-rank(j), j)):
             at = next((i for i, j in enumerate(order) if rank(j) < rank(name)), len(order))
             order.insert(at, name)

@@ -67,18 +67,21 @@ class NodeQueues:
                       key=lambda a: (a.start, a.job))
 
     def per_node(self) -> dict[str, list[types.Assignment]]:
-        """Per node, its waiting assignments in queue order (planned start, then job name)."""
+        """Per node, its waiting assignments in queue order (planned start, then job name); a
+        multi-node assignment waits in the queue of each of its nodes."""
         out: dict[str, list[types.Assignment]] = {}
         for a in self.waiting():
-            out.setdefault(a.node, []).append(a)
+            for node in a.all_nodes:
+                out.setdefault(node, []).append(a)
         return out
 
     def start_heads(self, free_devices: Mapping[str, int]) -> list[types.Assignment]:
         """Take the jobs that start now: per node, queue heads while their devices are free.
 
         The head whose devices are not free blocks the rest of its node's queue: a smaller
-        job behind it would take devices the head waits for, delaying the plan. Taken jobs
-        no longer wait; the caller starts them.
+        job behind it would take devices the head waits for, delaying the plan. A multi-node
+        job starts when it heads the queues of all its nodes and each has its devices free
+        (its pods start together). Taken jobs no longer wait; the caller starts them.
 
         Args:
             free_devices: node -> devices free right now (GPUs, or CPU worker slots).
@@ -87,14 +90,23 @@ class NodeQueues:
             The assignments to start, node by node, each node's in queue order.
         """
         taken: list[types.Assignment] = []
-        for node, line in self.per_node().items():
-            free = free_devices.get(node, 0)
-            for a in line:
-                if a.gpus > free:
-                    break
-                free -= a.gpus
-                self._waiting.discard(a.job)
-                taken.append(a)
+        lines = self.per_node()
+        free = {node: free_devices.get(node, 0) for node in lines}
+        changed = True
+        while changed:  # a gang taken frees no devices, but may bring another to every head
+            changed = False
+            for line in lines.values():
+                while line:
+                    a = line[0]
+                    if (not all(lines[n] and lines[n][0] is a for n in a.all_nodes)
+                            or any(a.gpus > free[n] for n in a.all_nodes)):
+                        break
+                    for n in a.all_nodes:
+                        free[n] -= a.gpus
+                        lines[n].pop(0)
+                    self._waiting.discard(a.job)
+                    taken.append(a)
+                    changed = True
         return taken
 
     def drop(self, job: str) -> None:

@@ -15,19 +15,25 @@ PARALLELISMS = ("single", "ddp", "fsdp")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One way to run a job: a parallelism on `gpus` devices of one node, and its duration.
+    """One way to run a job: a parallelism on `gpus` devices of each of `node_count` nodes,
+    and its duration.
 
     Attributes:
-        parallelism: "single", "ddp" or "fsdp".
-        gpus: devices used on one node (GPUs, or CPU worker slots locally), >= 1.
+        parallelism: "single", "ddp" or "fsdp" ("ddp" or "fsdp" when `node_count` > 1).
+        gpus: devices used on each node (GPUs, or CPU worker slots locally), >= 1.
         seconds: estimated wall seconds of the whole job in this config (> 0); `math.inf`
             marks an infeasible config (Saturn's sentinel), which `candidates` drops.
         source: where the estimate came from ("given", "zoo", "profile", "flops", ...).
         device_type: the node GPU type it was estimated for (`Node.device_type`); "" fits
             every node.
+        nodes: the names of the nodes the job's scheduling constraints allow (nodeSelector,
+            affinity, taints, CPU/memory); None fits every node.
+        node_count: nodes it spans, one trainer pod each (a gang, started and restarted
+            together); each holds `gpus`.
 
     Raises:
-        ValueError: gpus < 1, or seconds not > 0 (NaN included).
+        ValueError: gpus < 1, node_count < 1, a single process on several nodes, or seconds
+            not > 0 (NaN included).
     """
 
     parallelism: str
@@ -35,12 +41,24 @@ class Config:
     seconds: float
     source: str = "given"
     device_type: str = ""
+    nodes: frozenset[str] | None = None
+    node_count: int = 1
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"Config.gpus: must be >= 1 (got {self.gpus})")
+        if self.node_count < 1 or (self.node_count > 1 and self.parallelism == "single"):
+            raise ValueError(f"Config.node_count: must be >= 1, and 1 for parallelism single "
+                             f"(got {self.node_count}, {self.parallelism})")
         if not self.seconds > 0:  # also rejects NaN
             raise ValueError(f"Config.seconds: must be > 0 (got {self.seconds})")
+        if self.nodes is not None and not isinstance(self.nodes, frozenset):
+            object.__setattr__(self, "nodes", frozenset(self.nodes))  # as decoded: a tuple
+
+    @property
+    def devices(self) -> int:
+        """Devices over all its nodes (what its GPU-seconds are counted in)."""
+        return self.gpus * self.node_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +109,16 @@ class Node:
                              f"(got {self.gpus})")
 
 
+def fits_somewhere(config: Config, nodes: tuple[Node, ...]) -> bool:
+    """Whether `config` fits `config.node_count` distinct nodes of `nodes`."""
+    return sum(fits(config, n) for n in nodes) >= config.node_count
+
+
 def fits(config: Config, node: Node) -> bool:
-    """Whether `config` can run on `node`: enough devices, and its GPU type if it names one."""
-    return config.gpus <= node.gpus and config.device_type in ("", node.device_type)
+    """Whether `config` can run on `node`: enough devices, its GPU type if it names one, and
+    one of its allowed nodes if it lists them."""
+    return (config.gpus <= node.gpus and config.device_type in ("", node.device_type)
+            and (config.nodes is None or node.name in config.nodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +152,11 @@ class Snapshot:
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:
-    """Where, how and when one queued job runs. `start` is absolute (Snapshot.now's clock)."""
+    """Where, how and when one queued job runs. `start` is absolute (Snapshot.now's clock).
+
+    `gpus` are held on `node` and on each of `peer_nodes` (the other nodes of a multi-node
+    config, in rank order after `node`, which runs rank 0).
+    """
 
     job: str
     node: str
@@ -135,11 +164,22 @@ class Assignment:
     parallelism: str
     start: float
     seconds: float
+    peer_nodes: tuple[str, ...] = ()
 
     @property
     def end(self) -> float:
         """Planned end, absolute seconds."""
         return self.start + self.seconds
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        """Every node it runs on, rank order."""
+        return (self.node, *self.peer_nodes)
+
+    @property
+    def devices(self) -> int:
+        """Devices over all its nodes."""
+        return self.gpus * (1 + len(self.peer_nodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,23 +332,27 @@ def candidates(job: JobRequest) -> tuple[Config, ...]:
     a smaller one is dominated. Infeasible configs (infinite seconds) are dropped.
 
     Returns:
-        Configs ordered by `gpus`, then `seconds`; those of one `device_type` have strictly
-        increasing `gpus` and strictly decreasing `seconds` (with one type: all of them).
+        Configs ordered by `gpus`, then `seconds`; those of one `device_type` and
+        `node_count` have strictly increasing `gpus` and strictly decreasing `seconds` (with
+        one type and one node each: all of them).
     """
-    fastest: dict[tuple[str, int], Config] = {}
+    fastest: dict[tuple[str, int, int], Config] = {}
     for config in job.configs:
         if math.isinf(config.seconds):
             continue
-        best = fastest.get((config.device_type, config.gpus))
+        key = (config.device_type, config.node_count, config.gpus)
+        best = fastest.get(key)
         if best is None or config.seconds < best.seconds:
-            fastest[config.device_type, config.gpus] = config
-    kept: dict[str, list[Config]] = {}
-    for device_type, gpus in sorted(fastest):
-        same = kept.setdefault(device_type, [])
-        if not same or fastest[device_type, gpus].seconds < same[-1].seconds:
-            same.append(fastest[device_type, gpus])
+            fastest[key] = config
+    # Node counts are kept apart: a one-node config may fit no node where a multi-node one
+    # does, so neither dominates the other.
+    kept: dict[tuple[str, int], list[Config]] = {}
+    for device_type, node_count, gpus in sorted(fastest):
+        same = kept.setdefault((device_type, node_count), [])
+        if not same or fastest[device_type, node_count, gpus].seconds < same[-1].seconds:
+            same.append(fastest[device_type, node_count, gpus])
     return tuple(sorted((c for same in kept.values() for c in same),
-                        key=lambda c: (c.gpus, c.seconds, c.device_type)))
+                        key=lambda c: (c.gpus, c.seconds, c.node_count, c.device_type)))
 
 
 def unplaceable_reasons(snapshot: Snapshot) -> dict[str, str]:
@@ -322,16 +366,33 @@ def unplaceable_reasons(snapshot: Snapshot) -> dict[str, str]:
             problems[job.name] = (
                 f"asks for {asked} GPUs; no node has GPUs (only CPU nodes are Ready); add GPU "
                 "nodes, or set spec.resources.gpus: 0 to train on CPU")
-        elif asked and asked > largest:
+        elif asked and asked > largest and not any(c.node_count > 1 for c in usable):
             problems[job.name] = (
                 f"asks for {asked} GPUs; the largest node has {largest}; lower "
-                "spec.resources.gpus, or add a node with that many")
+                "spec.resources.gpus, add a node with that many, or let it span nodes "
+                f"(spec.resources.nodes, or gpusPerNode {largest})")
         elif not usable:
             problems[job.name] = (
                 f"has no feasible config: no parallelism and device count that "
                 f"spec.resources and batchSize allow fits a node (at most {largest} devices) "
                 "and its device memory; use a smaller model or batch, or allow other counts")
+        elif (any(fits(c, n) for c in usable for n in snapshot.nodes)
+              and not any(fits_somewhere(c, snapshot.nodes) for c in usable)):
+            wide = min(usable, key=lambda c: c.node_count)
+            problems[job.name] = (
+                f"needs {wide.node_count} nodes with {wide.gpus} free devices each, but only "
+                f"{sum(fits(wide, n) for n in snapshot.nodes)} node(s) have that many; add "
+                "nodes, or lower spec.resources.gpus / spec.resources.nodes")
         elif not any(fits(c, n) for c in usable for n in snapshot.nodes):
+            allowed = [n for n in snapshot.nodes
+                       if usable[0].nodes is None or n.name in usable[0].nodes]
+            most = max((n.gpus for n in allowed), default=0)
+            if usable[0].nodes is not None and usable[0].gpus > most:
+                problems[job.name] = (
+                    f"its smallest config needs {usable[0].gpus} devices but the nodes its "
+                    f"scheduling constraints allow ({', '.join(n.name for n in allowed)}) "
+                    f"have at most {most}; allow more nodes, or fewer GPUs")
+                continue
             problems[job.name] = (f"its smallest config needs {usable[0].gpus} devices but the "
                                   f"largest node has {largest}" if usable[0].gpus > largest else
                                   f"no node has a GPU type it was estimated for "

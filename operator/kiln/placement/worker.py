@@ -114,6 +114,8 @@ def _tagged(value: Any) -> Any:
                 **{f.name: _tagged(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     if isinstance(value, list | tuple):
         return [_tagged(item) for item in value]
+    if isinstance(value, frozenset):  # Config.nodes: back as a tuple, which Config re-sets
+        return sorted(value)
     if isinstance(value, Mapping):
         return {str(key): _tagged(item) for key, item in value.items()}
     return value

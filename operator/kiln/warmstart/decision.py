@@ -51,6 +51,7 @@ class Applied:
         similarity: the alignment's similarity (None on a cold start).
         parent_metric: the parent record's metric value (None on a cold start).
         metric_name: its name.
+        parent_provisional: the parent is a provisional record (its job is still training).
     """
 
     state_dict: dict[str, Tensor] | None
@@ -61,6 +62,7 @@ class Applied:
     similarity: float | None = None
     parent_metric: float | None = None
     metric_name: str | None = None
+    parent_provisional: bool = False
 
 
 def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
@@ -118,11 +120,12 @@ def decide(
     except graph.GraphError as exc:
         return select.cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
     if spec.parent != "auto":
-        record = pinned_record(zoo, spec.parent)
+        record = pinned_record(zoo, spec.parent, namespace=job.namespace)
         parent = graph.from_json(records.load_graph(zoo, record))
         chosen = select.pinned(_candidate(record, match.similarity(parent, child)),
                                modality=modality, task=task, min_similarity=spec.min_similarity)
-        return _count_transfer(chosen, zoo, job.spec.model)
+        return _noting_provisional(_count_transfer(chosen, zoo, job.spec.model),
+                                   {record.id} if record.provisional else set())
     owned = zoo_index is None
     zoo_index = zoo_index or index.ZooIndex(zoo)
     try:
@@ -131,11 +134,19 @@ def decide(
     finally:
         if owned:
             zoo_index.close()
-    candidates = [_candidate(c.record, c.similarity) for c in found.candidates]
-    if not candidates and len(zoo_index):
+    # Tenancy: a job sees its own namespace's models and shared ones, nothing else.
+    candidates = [_candidate(c.record, c.similarity) for c in found.candidates
+                  if c.record.visible_to(job.namespace)]
+    visible = sum(r.visible_to(job.namespace) for r in zoo_index.all_records())
+    if not visible and len(zoo_index):
+        return select.cold_start(select.Outcome.COLD_EMPTY,
+                                 f"cold start: none of the {len(zoo_index)} zoo models is "
+                                 f"visible to namespace {job.namespace} (they are private to "
+                                 "other namespaces)")
+    if not candidates and visible:
         return select.cold_start(select.Outcome.COLD_INCOMPATIBLE,
-                                 f"cold start: none of the {len(zoo_index)} zoo models is a "
-                                 f"{modality} {task} model")
+                                 f"cold start: none of the {visible} zoo models visible to "
+                                 f"namespace {job.namespace} is a {modality} {task} model")
     skipped: dict[str, str] = {}
     refused: dict[str, str] = {}
     chosen = _choose(candidates, zoo, job, modality, task, child, skipped, refused)
@@ -151,6 +162,8 @@ def decide(
             rest = [c for c in rest if c.model_id != after.parent_id]
         chosen = dataclasses.replace(chosen, alternatives=tuple(alternatives))
     chosen = _with_refusals(chosen, refused)
+    chosen = _noting_provisional(chosen, {c.record.id for c in found.candidates
+                                          if c.record.provisional})
     if not skipped:
         return chosen
     unusable = "skipped unusable parent " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
@@ -173,8 +186,9 @@ def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api
     to `MAX_FAMILY_REFUSALS` of them."""
     spec = job.spec.warm_start
     while len(skipped) < MAX_PARENT_TRIES:
-        chosen = select.choose_parent(candidates, modality=modality, task=task,
-                                      min_similarity=spec.min_similarity)
+        chosen = select.choose_parent(
+            candidates, modality=modality, task=task, min_similarity=spec.min_similarity,
+            dataset_fingerprint=records.dataset_fingerprint(job.spec.dataset))
         parent = chosen.parent_id
         if parent is None:
             break
@@ -216,6 +230,15 @@ def _with_refusals(chosen: select.Decision, refused: Mapping[str, str]) -> selec
             else "; then " + chosen.reason.removeprefix("cold start: "))
     return dataclasses.replace(chosen, outcome=select.Outcome.COLD_OTHER_FAMILY,
                                reason=f"cold start: {passed}{then}")
+
+
+def _noting_provisional(chosen: select.Decision, provisional: set[str]) -> select.Decision:
+    """`chosen`, saying so when its parent is a provisional record (its job still trains: the
+    weights are its best so far, and the final record will replace them under the same id)."""
+    if chosen.parent_id is None or chosen.parent_id not in provisional:
+        return chosen
+    return dataclasses.replace(chosen, reason=f"{chosen.reason}; {chosen.parent_id} is a "
+                               "provisional record (its job is still training)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,23 +299,32 @@ def apply(
     return Applied(result.state_dict, result.untransferred_fraction, tuple(result.notes),
                    matched_tensors=result.matched_tensors, total_tensors=result.total_tensors,
                    similarity=result.similarity, parent_metric=record.metric_value,
-                   metric_name=record.metric_name)
+                   metric_name=record.metric_name, parent_provisional=record.provisional)
 
 
-def pinned_record(zoo: store.ObjectStore, model_id: str) -> records.ZooRecord:
-    """The zoo record a job pins as its parent (``spec.warmStart.parent``).
+def pinned_record(zoo: store.ObjectStore, model_id: str, *,
+                  namespace: str) -> records.ZooRecord:
+    """The zoo record a job of `namespace` pins as its parent (``spec.warmStart.parent``).
 
     Raises:
-        api.InvalidSpec: no such record, or a damaged one (one problem naming the field).
+        api.InvalidSpec: no such record, a damaged one (one problem naming the field), or a
+            private record of another namespace.
         store.StoreUnavailable: the zoo could not be read.
     """
     try:
-        return records.read_record(zoo, model_id)
+        record = records.read_record(zoo, model_id)
     except (store.ObjectNotFound, ValueError) as exc:
         detail = "" if isinstance(exc, store.ObjectNotFound) else f" ({exc})"
         raise api.InvalidSpec([
             (f"spec.warmStart.parent: no usable zoo model {model_id!r} in {zoo.describe()}"
             f"{detail}; use an id from `kiln zoo ls`, or auto")]) from None
+    if not record.visible_to(namespace):
+        raise api.InvalidSpec([(
+            f"spec.warmStart.parent: zoo model {model_id!r} is private to namespace "
+            f"{record.namespace}, and this job runs in {namespace}; pin a model of "
+            f"{namespace} or a shared one (`kiln zoo ls --namespace {namespace}`), or ask its "
+            "owners to register it with spec.zoo.share: shared")])
+    return record
 
 
 def _count_transfer(chosen: select.Decision, zoo: store.ObjectStore,
@@ -344,4 +376,5 @@ def _candidate(record: records.ZooRecord, similarity: float) -> select.Candidate
         model_id=record.id, similarity=min(1.0, max(0.0, similarity)),
         metric_name=record.metric_name, metric_value=record.metric_value,
         higher_is_better=record.metric_name != api.TargetMetric.VALIDATION_LOSS,
-        modality=record.modality, task=record.task, dataset=record.dataset)
+        modality=record.modality, task=record.task, dataset=record.dataset,
+        dataset_fingerprint=record.dataset_fingerprint)

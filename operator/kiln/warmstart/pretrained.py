@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import torch
 from torch import Tensor, nn
 
+import kiln
 from kiln import api, models
 from kiln.warmstart import graph
 from kiln.zoo import records, store
@@ -88,12 +90,14 @@ def read_weights(path: Path) -> dict[str, Tensor]:
                        f"({HF_CONFIG} + {HF_WEIGHTS})")
 
 
-def load_strict(model: nn.Module, state: Mapping[str, Tensor], where: str) -> None:
+def load_strict(model: nn.Module, state: Mapping[str, Tensor], where: str, *,
+                advice: str | None = None) -> None:
     """Load `state` into `model`, every key and shape matching (keys may differ by one prefix).
 
     A wrapper's prefix (the model names ``model.transformer.h.0...``, the file
     ``transformer.h.0...``) is added or removed when that makes every key match. A key the file
     lacks is accepted only when it is tied to one it has (a head sharing the embedding).
+    `advice` ends a mismatch's message (default: check the model flags).
 
     Raises:
         WeightsError: missing or unexpected keys (listed), or shapes that differ (listed).
@@ -107,13 +111,14 @@ def load_strict(model: nn.Module, state: Mapping[str, Tensor], where: str) -> No
         parts = [f"{len(missing)} missing ({_some(missing)})" if missing else "",
                  f"{len(unexpected)} unexpected ({_some(unexpected)})" if unexpected else ""]
         raise WeightsError(f"{where}: the weights do not fit the model: keys "
-                           f"{'; '.join(p for p in parts if p)}; check --entrypoint/--architecture "
-                           "and --args against the model the weights were saved from")
+                           f"{'; '.join(p for p in parts if p)}; "
+                           + (advice or "check --entrypoint/--architecture and --args against "
+                              "the model the weights were saved from"))
     shapes = [f"{k}: file {list(state[k].shape)}, model {list(own[k].shape)}"
               for k in own if k in state and state[k].shape != own[k].shape]
     if shapes:
         raise WeightsError(f"{where}: {len(shapes)} tensors have other shapes than the model's "
-                           f"({_some(shapes)}); check --args")
+                           f"({_some(shapes)}); {advice or 'check --args'}")
     for name, tensor in own.items():
         source = state.get(name)
         if source is None:  # tied to a loaded key
@@ -131,6 +136,8 @@ def import_weights(
     source: str | None = None,
     license_text: str | None = None,
     dataset: str = "imported",
+    namespace: str = records.LEGACY_NAMESPACE,
+    share: api.ZooShare = api.ZooShare.PRIVATE,
     now: datetime.datetime | None = None,
 ) -> records.ZooRecord:
     """Register the weights at `path` as a zoo record of the model `spec` describes.
@@ -143,6 +150,8 @@ def import_weights(
         source: where the weights came from (default: the absolute path).
         license_text: their license, free text.
         dataset: what they were trained on (informational).
+        namespace: the namespace the record belongs to.
+        share: private (jobs of `namespace` see it) or shared (every namespace).
         now: the registration time (default: now, UTC).
 
     Returns:
@@ -172,8 +181,49 @@ def import_weights(
         validation_loss=loss, num_params=sum(p.numel() for p in model.parameters()),
         created_time=when, job_name="",
         job_spec={"spec": {"model": api.to_wire(spec)}},
-        source=source or str(path.resolve()), license=license_text)
+        source=source or str(path.resolve()), license=license_text, namespace=namespace,
+        share=share, kiln_version=kiln.__version__)
     return records.write_record(zoo, record, model.state_dict(), graph.to_json(g))
+
+
+def check_export(record: records.ZooRecord, state: Mapping[str, Tensor], folder: Path) -> None:
+    """Refuse an exported record (`kiln zoo import EXPORT_DIR`) whose weights do not fit the
+    model its meta.json describes, as `import_weights` refuses weights that do not fit.
+
+    A built-in architecture is built from the record's architecture, args and input_shape on
+    the meta device (no memory for the weights), every key and shape is compared
+    (`load_strict`'s rules) and the model is traced at input_shape. An entrypoint record is
+    not built: that would run the export's user code (a job that loads it checks it then).
+
+    Raises:
+        WeightsError: naming meta.json's field or weights.safetensors and what differs.
+    """
+    if record.architecture is None:
+        return
+    meta, weights = folder / records.META_NAME, folder / records.WEIGHTS_NAME
+    where = (f"{meta}: architecture {record.architecture!r}, args {record.args}, input_shape "
+             f"{list(record.input_shape)}")
+    try:
+        spec = api.ModelSpec.model_validate({
+            "architecture": record.architecture, "args": record.args,
+            "inputShape": list(record.input_shape), "task": record.task})
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise WeightsError(f"{meta}: {problems.replace('inputShape', 'input_shape')}; the "
+                           "export was edited or damaged: export it again") from None
+    try:
+        with torch.device("meta"):
+            model = models.build(spec)
+    except (TypeError, ValueError) as exc:
+        raise WeightsError(f"{where}: no model can be built ({_first_line(exc)}); the export "
+                           "was edited or damaged: export it again") from None
+    load_strict(model, state, f"{weights} in the model of {where}",  # meta: nothing copied
+                advice="the export was edited or damaged: export it again")
+    try:
+        graph.extract(model, spec.input_shape, name=spec.label)
+    except graph.GraphError as exc:
+        raise WeightsError(f"{meta}: input_shape {list(record.input_shape)} does not fit the "
+                           f"model ({_first_line(exc)}); export it again") from None
 
 
 def _safetensors(path: Path) -> dict[str, Tensor]:

@@ -34,6 +34,8 @@ from kiln import api
 #    take the highest non-empty bucket and, within it, the best metric (ties: higher similarity,
 #    then the smaller id, so the choice is deterministic). If the bucket mixes metric names, only
 #    the most common one is compared (a loss and an accuracy are not comparable).
+#    Within the bucket, candidates trained on the child's dataset (same fingerprint) are
+#    preferred: similar data makes warm weights more useful, but never outranks similarity.
 # 5. Once the weight transform has counted what transfers, `finalize` turns the decision into a
 #    cold start when fewer than 10% of the child's weight tensors transfer (ModelKeeper's
 #    THRESHOLD = 0.1, but there the transformed weights were still returned and loaded).
@@ -83,6 +85,7 @@ class Candidate:
         dataset: dataset name it was trained on.
         matched_tensors: child weight tensors that would transfer, if already known.
         total_tensors: the child's weight tensors, if known.
+        dataset_fingerprint: the record's dataset fingerprint, or None if unknown.
 
     Raises:
         ValueError: similarity is not a number in [0, 1].
@@ -98,6 +101,7 @@ class Candidate:
     dataset: str
     matched_tensors: int | None = None
     total_tensors: int | None = None
+    dataset_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.similarity <= 1.0:  # also rejects NaN
@@ -239,6 +243,7 @@ def choose_parent(
     modality: str,
     task: str,
     min_similarity: float,
+    dataset_fingerprint: str | None = None,
 ) -> Decision:
     """Pick the parent for a child by ModelKeeper's bucketed policy (see the comment at the top).
 
@@ -247,6 +252,8 @@ def choose_parent(
         modality: the child's input modality ("image" / "text").
         task: the child's task ("classification" / "language_modeling").
         min_similarity: `spec.warmStart.minSimilarity` in [0, 1].
+        dataset_fingerprint: the child's dataset fingerprint; within the chosen bucket,
+            candidates trained on the same data are preferred (None: no preference).
 
     Returns:
         The `Decision`; `parent_id` is None for a cold start, and `reason` says why.
@@ -287,9 +294,14 @@ def choose_parent(
     top = max(bucket_of(c.similarity) for c in eligible)
     in_bucket = [c for c in eligible if bucket_of(c.similarity) == top]
     metric, compared = _comparable(in_bucket)
-    parent = max(compared, key=lambda c: (_goodness(c), c.similarity))
+    same_data = [c for c in compared
+                 if dataset_fingerprint and c.dataset_fingerprint == dataset_fingerprint]
+    parent = max(same_data or compared, key=lambda c: (_goodness(c), c.similarity))
     low, high = top / BUCKETS, (top + 1) / BUCKETS
     mixed = (f", compared on {metric} only" if len(compared) < len(in_bucket) else "")
+    if same_data:
+        mixed += (f", trained on the same dataset (fingerprint {_short_fingerprint(parent)}; "
+                  f"{len(same_data)} of {len(compared)} were)")
     reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
               f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")
@@ -412,6 +424,11 @@ def _comparable(in_bucket: list[Candidate]) -> tuple[str, list[Candidate]]:
     counts = collections.Counter(c.metric_name for c in in_bucket)
     metric = min(counts, key=lambda name: (-counts[name], name))
     return metric, [c for c in in_bucket if c.metric_name == metric]
+
+
+def _short_fingerprint(c: Candidate) -> str:
+    text = c.dataset_fingerprint or ""
+    return text if len(text) <= 24 else text[:20] + "..."  # "spec-" and 16 hex digits fit
 
 
 def _goodness(c: Candidate) -> float:

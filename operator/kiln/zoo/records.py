@@ -12,22 +12,27 @@ import datetime
 import hashlib
 import json
 import logging
-import math
 import re
 import secrets
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NewType
+from typing import TYPE_CHECKING, Annotated, Any, NewType
 
+import pydantic
+import pydantic.dataclasses
+from pydantic import AfterValidator, Field
+
+from kiln import api
 from kiln.zoo import store
 
 ZooModelId = NewType("ZooModelId", str)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the meta.json format; readers reject records from a newer version.
 
 Version 2 added ``entrypoint`` (a record may have no ``architecture``), ``source`` and
-``license``. A record with an architecture is written as version 1, which older readers load.
+``license``; version 3 ``namespace``, ``share`` and the provenance fields. A record is written
+as the oldest version that reads it safely (`ZooRecord.to_json`).
 """
 
 META_NAME = "meta.json"
@@ -59,9 +64,36 @@ class CorruptRecord(ValueError):
         self.field = field
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+def _rfc3339(value: str) -> str:
+    try:
+        datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("expected an RFC 3339 time such as 2024-05-01T12:00:00Z") from None
+    return value
+
+
+# Field types of meta.json. Strict: a JSON string is never coerced into a number, nor 1.0 into a
+# count; only `input_shape` is lax, so a JSON array becomes the tuple (its items stay strict).
+_Id = Annotated[ZooModelId, Field(pattern=f"^{_ID_PATTERN.pattern}$")]
+_Number = Annotated[float, Field(allow_inf_nan=False)]  # json.loads accepts NaN; no metric may
+_Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+_Shape = Annotated[tuple[Annotated[int, Field(strict=True, ge=1)], ...],
+                   Field(strict=False, min_length=1)]
+_Entrypoint = Annotated[str, Field(pattern=f"^{_ENTRYPOINT_PATTERN.pattern}$")]
+_Time = Annotated[str, AfterValidator(_rfc3339)]
+_Sha256 = Annotated[str, Field(pattern=f"^(|{_SHA256_PATTERN.pattern})$")]  # "": not yet known
+_Namespace = Annotated[str, Field(pattern=api.NAME_PATTERN, max_length=api.NAME_MAX_LENGTH)]
+
+LEGACY_NAMESPACE = "default"
+"""The namespace of records written before records had one (they read as shared)."""
+
+
+@pydantic.dataclasses.dataclass(frozen=True, kw_only=True,
+                                config=pydantic.ConfigDict(strict=True, extra="ignore"))
 class ZooRecord:
     """Everything the zoo knows about one trained model (stored as meta.json).
+
+    Validated by pydantic on construction and on reading; `json_schema` exports the format.
 
     Attributes:
         id: the record id, e.g. ``small_resnet-7f3c2a1b`` (see `new_id`).
@@ -89,30 +121,49 @@ class ZooRecord:
         source: where imported weights came from (a file path or URL), or None for a model
             trained by Kiln.
         license: the imported weights' license (free text), or None.
+        namespace: the Kubernetes namespace of the job that produced it (`kiln run`: its
+            ``--namespace``, default ``default``); older records read as `LEGACY_NAMESPACE`.
+        share: who may see it: ``private`` (its namespace only) or ``shared`` (every
+            namespace); older records read as shared, as they always were.
+        dataset_fingerprint: what the model was trained on: the job's
+            ``spec.dataset.fingerprint``, else a hash of its dataset spec; None if unknown.
+        trainer_image: the container image that trained it, or None (local runs, imports).
+        kiln_version: the Kiln version that wrote the record, or None (older records).
+        train_seconds: the seconds its own training took (across restarts, its parent's not
+            included), or None (imports, older records).
+        provisional: True while its job still trains: its best weights so far, which the
+            final record replaces under the same id (`kiln_trainer.registration`).
     """
 
-    id: ZooModelId
+    id: _Id
     architecture: str | None = None
-    entrypoint: str | None = None
+    entrypoint: _Entrypoint | None = None
     args: dict[str, Any]
-    input_shape: tuple[int, ...]
+    input_shape: _Shape
     modality: str
     task: str
     dataset: str
     metric_name: str
-    metric_value: float
-    validation_accuracy: float | None = None
-    validation_loss: float | None = None
-    samples_per_second: float | None = None
-    num_params: int
-    parent: ZooModelId | None = None
-    similarity: float | None = None
-    created_time: str
-    weights_sha256: str = ""
+    metric_value: _Number
+    validation_accuracy: _Number | None = None
+    validation_loss: _Number | None = None
+    samples_per_second: _Number | None = None
+    num_params: _Count
+    parent: _Id | None = None
+    similarity: _Number | None = None
+    created_time: _Time
+    weights_sha256: _Sha256 = ""
     job_name: str
     job_spec: dict[str, Any]
     source: str | None = None
     license: str | None = None
+    namespace: _Namespace = LEGACY_NAMESPACE
+    share: api.ZooShare = api.ZooShare.PRIVATE
+    dataset_fingerprint: str | None = None
+    trainer_image: str | None = None
+    kiln_version: str | None = None
+    train_seconds: _Number | None = None
+    provisional: bool = False
 
     def __post_init__(self) -> None:
         problem = _builder_problem(self.architecture, self.entrypoint)
@@ -124,14 +175,20 @@ class ZooRecord:
         """What builds the model: the registry name, or the entrypoint."""
         return self.architecture or self.entrypoint or ""
 
+    def visible_to(self, namespace: str) -> bool:
+        """Whether a job in `namespace` may see this record: its own, or a shared one."""
+        return self.share is api.ZooShare.SHARED or self.namespace == namespace
+
     def to_json(self) -> str:
         """meta.json text: the fields plus ``schema_version``, with a trailing newline.
 
-        The version is the oldest that can read the record: 1 unless it has an entrypoint.
+        The version is the oldest that can read the record safely: 3 for a private record
+        (older Kiln knows no privacy, so it must refuse it), else 2 with an entrypoint, else 1.
         """
-        doc: dict[str, Any] = {"schema_version": 1 if self.entrypoint is None else SCHEMA_VERSION}
-        doc.update(dataclasses.asdict(self))
-        doc["input_shape"] = list(self.input_shape)
+        version = (3 if self.share is api.ZooShare.PRIVATE else
+                   2 if self.entrypoint is not None else 1)
+        doc: dict[str, Any] = {"schema_version": version}
+        doc.update(_ADAPTER.dump_python(self, mode="json"))
         return json.dumps(doc, indent=2) + "\n"
 
     @classmethod
@@ -162,30 +219,62 @@ class ZooRecord:
                 record_id, f"{META_NAME} has schema_version {version} > {SCHEMA_VERSION}: written "
                 "by a newer Kiln; upgrade Kiln to read it", field="schema_version",
             )
-        values: dict[str, Any] = {}
-        for name, (kind, nullable) in _FIELD_KINDS.items():
-            if name not in doc and name in _ADDED_IN_VERSION_2:
-                values[name] = None  # a record written before the field existed
-                continue
-            if name not in doc:
-                raise CorruptRecord(
-                    record_id, f"{META_NAME} field {name!r} is missing", field=name
-                )
-            value = doc[name]
-            if value is None and nullable:
-                values[name] = None
-                continue
-            try:
-                values[name] = _CONVERTERS[kind](value)
-            except (TypeError, ValueError) as exc:
-                raise CorruptRecord(
-                    record_id, f"{META_NAME} field {name!r}: expected {exc}, got "
-                    f"{type(value).__name__} {_short(value)}", field=name,
-                ) from None
-        problem = _builder_problem(values["architecture"], values["entrypoint"])
-        if problem:
-            raise CorruptRecord(record_id, f"{META_NAME}: {problem}", field="entrypoint")
-        return cls(**values)
+        if "weights_sha256" not in doc:  # optional only while `write_record` fills it in
+            raise CorruptRecord(record_id, f"{META_NAME} field 'weights_sha256' is missing",
+                                field="weights_sha256")
+        # Records from before tenancy were visible to every job: they stay so.
+        doc = {"namespace": LEGACY_NAMESPACE, "share": api.ZooShare.SHARED.value, **doc}
+        try:  # JSON mode: strict, yet an object may become the record and an array its shape
+            return _ADAPTER.validate_json(json.dumps(doc))
+        except pydantic.ValidationError as exc:
+            raise _corrupt(record_id, doc, exc) from None
+
+
+_ADAPTER = pydantic.TypeAdapter(ZooRecord)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of meta.json (``docs/reference/zoo-record.schema.json``)."""
+    schema = _ADAPTER.json_schema(mode="serialization")
+    schema["title"] = "Kiln zoo record (meta.json)"
+    schema["properties"] = {"schema_version": {
+        "type": "integer", "minimum": 1, "maximum": SCHEMA_VERSION,
+        "description": "Oldest meta.json version that reads the record."},
+        **schema["properties"]}
+    schema["required"] = ["schema_version", *schema.get("required", []), "weights_sha256"]
+    return schema
+
+
+# What a field whose format is a pattern should look like, for errors.
+_FORMATS = {
+    "id": "a zoo model id such as small_resnet-7f3c2a1b",
+    "parent": "a zoo model id such as small_resnet-7f3c2a1b",
+    "entrypoint": "an entrypoint such as mypackage.models:build_net",
+    "weights_sha256": "64 lowercase hex digits (SHA-256)",
+    "namespace": "a Kubernetes namespace name such as team-a",
+}
+
+
+def _corrupt(record_id: str, doc: Mapping[str, Any],
+             exc: pydantic.ValidationError) -> CorruptRecord:
+    """The first of pydantic's errors as a `CorruptRecord` naming the field and the value."""
+    error = exc.errors(include_url=False)[0]
+    name = str(error["loc"][0]) if error["loc"] else None
+    if name is None:  # a check of the whole record: which builder it names
+        message = str(error["msg"]).removeprefix("Value error, ")
+        return CorruptRecord(record_id, f"{META_NAME}: {message.split(': ', 1)[-1]}",
+                             field="entrypoint")
+    if error["type"] == "missing":
+        return CorruptRecord(record_id, f"{META_NAME} field {name!r} is missing", field=name)
+    value = doc.get(name)
+    where = "".join(f"[{part}]" for part in error["loc"][1:])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "string_pattern_mismatch":  # a regex says little to a reader
+        message = f"expected {_FORMATS.get(name, 'another format')}"
+    return CorruptRecord(
+        record_id, f"{META_NAME} field {name!r}{where}: {message}; got "
+        f"{type(value).__name__} {_short(value)}", field=name,
+    )
 
 
 def new_id(architecture: str) -> ZooModelId:
@@ -197,6 +286,24 @@ def new_id(architecture: str) -> ZooModelId:
     name = architecture.rpartition(":")[2]
     slug = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")[:100] or "model"
     return ZooModelId(f"{slug}-{secrets.token_hex(4)}")
+
+
+def dataset_fingerprint(spec: api.DatasetSpec) -> str:
+    """What a record says its model was trained on: ``spec.fingerprint`` when the user gave
+    one, else ``spec-`` and the first 16 hex digits of a SHA-256 of the fields that name the
+    data (loader or entrypoint, its args, paths, torchvision class).
+
+    The spec, not the content: hashing a dataset's files at every job costs a full read, and
+    a path whose content changes keeps its hash; set ``spec.dataset.fingerprint`` (a data
+    version or content hash) when that matters.
+    """
+    if spec.fingerprint:
+        return spec.fingerprint
+    names = {"name": spec.loader, "entrypoint": spec.entrypoint, "args": spec.args,
+             "path": spec.path, "validationPath": spec.validation_path,
+             "torchvisionClass": spec.torchvision_class}
+    text = json.dumps(names, sort_keys=True, default=str)
+    return "spec-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_id(record_id: str) -> ZooModelId:
@@ -243,104 +350,6 @@ def _short(value: Any) -> str:
     text = repr(value)
     return f"({text[:60]}...)" if len(text) > 60 else f"({text})"
 
-
-def _as_str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError("a string")
-    return value
-
-
-def _as_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError("a number")
-    if not math.isfinite(value):  # json.loads accepts NaN and Infinity; no metric may be one
-        raise TypeError("a finite number")
-    return float(value)
-
-
-def _as_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError("a non-negative integer")
-    if value > MAX_COUNT:
-        raise TypeError(f"a count up to {MAX_COUNT:,}")
-    return value
-
-
-def _as_object(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError("an object")
-    return value
-
-
-def _as_shape(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
-    ):
-        raise TypeError("a non-empty list of positive integers")
-    return tuple(value)
-
-
-def _as_id(value: Any) -> ZooModelId:
-    if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value):
-        raise TypeError("a zoo model id such as small_resnet-7f3c2a1b")
-    return ZooModelId(value)
-
-
-def _as_entrypoint(value: Any) -> str:
-    if not isinstance(value, str) or not _ENTRYPOINT_PATTERN.fullmatch(value):
-        raise TypeError("an entrypoint such as mypackage.models:build_net")
-    return value
-
-
-def _as_time(value: Any) -> str:
-    try:
-        datetime.datetime.fromisoformat(_as_str(value))
-    except (TypeError, ValueError):
-        raise TypeError("an RFC 3339 time such as 2024-05-01T12:00:00Z") from None
-    return str(value)
-
-
-def _as_sha256(value: Any) -> str:
-    if not isinstance(value, str) or not _SHA256_PATTERN.fullmatch(value):
-        raise TypeError("64 lowercase hex digits (SHA-256)")
-    return value
-
-
-_CONVERTERS: dict[str, Any] = {
-    "str": _as_str, "number": _as_number, "count": _as_count, "object": _as_object,
-    "shape": _as_shape, "id": _as_id, "time": _as_time, "sha256": _as_sha256,
-    "entrypoint": _as_entrypoint,
-}
-
-# meta.json fields: name -> (converter kind, may be null). A unit test keeps this in step with
-# ZooRecord's fields.
-_FIELD_KINDS: dict[str, tuple[str, bool]] = {
-    "id": ("id", False),
-    "architecture": ("str", True),
-    "entrypoint": ("entrypoint", True),
-    "args": ("object", False),
-    "input_shape": ("shape", False),
-    "modality": ("str", False),
-    "task": ("str", False),
-    "dataset": ("str", False),
-    "metric_name": ("str", False),
-    "metric_value": ("number", False),
-    "validation_accuracy": ("number", True),
-    "validation_loss": ("number", True),
-    "samples_per_second": ("number", True),
-    "num_params": ("count", False),
-    "parent": ("id", True),
-    "similarity": ("number", True),
-    "created_time": ("time", False),
-    "weights_sha256": ("sha256", False),
-    "job_name": ("str", False),
-    "job_spec": ("object", False),
-    "source": ("str", True),
-    "license": ("str", True),
-}
-
-# Fields that version-1 records lack: absent means None.
-_ADDED_IN_VERSION_2 = frozenset({"entrypoint", "source", "license"})
 
 if TYPE_CHECKING:
     import torch

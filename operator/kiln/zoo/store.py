@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import certifi
 import minio
+import minio.credentials.providers
 import minio.error
 import minio.helpers
 import urllib3
@@ -82,6 +83,9 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored under `key`."""
+
+    def size_bytes(self, key: str) -> int:
+        """The object's size in bytes. Raises `ObjectNotFound` when there is none."""
 
     def describe(self) -> str:
         """Where the store lives, for messages (``directory /x`` or ``s3://b/p at http://h``)."""
@@ -244,6 +248,17 @@ class DirStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def size_bytes(self, key: str) -> int:
+        """The file's size.
+
+        Raises:
+            ObjectNotFound: no file under the key.
+        """
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFound(key, self.describe())
+        return path.stat().st_size
+
 
 # S3: the bucket is created on first use. Every request is retried on network errors, 5xx
 # responses and S3's busy codes with bounded exponential backoff (`RetryPolicy`), then
@@ -326,6 +341,7 @@ class S3Store:
         *,
         access_key: str | None,
         secret_key: str | None,
+        credentials: minio.credentials.providers.Provider | None = None,
         secure: bool = False,
         region: str | None = None,
         prefix: str = "",
@@ -341,6 +357,8 @@ class S3Store:
             bucket: bucket name (created if missing).
             access_key: S3 access key, or None for anonymous requests.
             secret_key: S3 secret key, or None for anonymous requests.
+            credentials: a minio credential provider (`credentials_provider`: session tokens,
+                IAM roles, web identity) instead of the two keys, which must then be None.
             secure: use HTTPS.
             region: bucket region; None asks the server.
             prefix: key prefix inside the bucket, e.g. ``team-a/zoo``.
@@ -356,6 +374,8 @@ class S3Store:
         self._endpoint_url = f"{'https' if self._secure else 'http'}://{host_port}"
         if (access_key is None) != (secret_key is None):
             raise ValueError("S3 credentials need both an access key and a secret key")
+        if credentials is not None and access_key is not None:
+            raise ValueError("S3 credentials: give keys or a credential provider, not both")
         prefix = prefix.strip("/")
         self._prefix = check_key(prefix) + "/" if prefix else ""
         self._bucket = bucket
@@ -375,7 +395,7 @@ class S3Store:
             minio.helpers.check_bucket_name(bucket, strict=True)
             self._client = minio.Minio(
                 host_port, access_key=access_key, secret_key=secret_key, secure=self._secure,
-                region=region, http_client=http,
+                region=region, http_client=http, credentials=credentials,
             )
         except ValueError as exc:
             raise ValueError(f"invalid S3 store {self.describe()}: {exc}") from exc
@@ -462,6 +482,19 @@ class S3Store:
             return False
         return True
 
+    def size_bytes(self, key: str) -> int:
+        """The object's size, from a HEAD request.
+
+        Raises:
+            ObjectNotFound: no object under the key.
+            StoreUnavailable: unreachable after retries.
+            StoreMisconfigured: the credentials were refused.
+        """
+        name = self._name(key)
+        found = self._call(f"stat {key!r}", key,
+                           lambda: self._client.stat_object(self._bucket, name))
+        return int(found.size or 0)
+
     def _ensure_bucket(self) -> None:
         """Create the bucket on first use; two creators racing is fine."""
         with self._lock:
@@ -546,7 +579,9 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
     ``s3://bucket[/prefix]`` gives an `S3Store` whose endpoint comes from ``KILN_ZOO_ENDPOINT``
     (``host:port`` or ``http(s)://host:port``), credentials from ``KILN_ZOO_ACCESS_KEY`` and
     ``KILN_ZOO_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``; neither
-    pair: anonymous) and an optional region from ``KILN_ZOO_REGION``. Nothing is contacted yet.
+    pair: anonymous) with an optional session token, or from the cloud's identity with
+    ``KILN_ZOO_CREDENTIALS=iam`` (`credentials_provider`), and an optional region from
+    ``KILN_ZOO_REGION``. Nothing is contacted yet.
 
     Args:
         uri: the zoo URI, e.g. `DEFAULT_ZOO_URI`.
@@ -554,7 +589,7 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
 
     Raises:
         ValueError: empty URI, unknown scheme, ``file://`` with a host, ``s3://`` without a
-            bucket or without ``KILN_ZOO_ENDPOINT``, or only one half of a credential pair.
+            bucket or without ``KILN_ZOO_ENDPOINT``, or unusable credential settings.
     """
     env = os.environ if env is None else env
     if not uri.strip():
@@ -580,11 +615,57 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
             f"zoo URI {uri!r} needs the S3 server address: pass --zoo-endpoint or set "
             f"{contract.Env.ZOO_ENDPOINT} to host:port or http(s)://host:port"
         )
-    access_key, secret_key = credentials_from_env(env)
     return S3Store(
-        endpoint, parts.netloc, access_key=access_key, secret_key=secret_key,
-        region=env.get(contract.Env.ZOO_REGION) or None, prefix=unquote(parts.path),
+        endpoint, parts.netloc, access_key=None, secret_key=None,
+        credentials=credentials_provider(env), region=env.get(contract.Env.ZOO_REGION) or None,
+        prefix=unquote(parts.path),
     )
+
+
+# `credentials_provider`'s choices (KILN_ZOO_CREDENTIALS): keys from the environment, or the
+# cloud's identity. "iam" is minio's `IamAwsProvider`: a web identity token (AWS_ROLE_ARN and
+# AWS_WEB_IDENTITY_TOKEN_FILE, as EKS service accounts get them), else the container's
+# credentials endpoint (ECS), else the instance's metadata service (EC2); temporary
+# credentials are renewed before they expire.
+CREDENTIAL_SOURCES = ("keys", "iam")
+AWS_SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"
+# Variables a cloud sets in pods that have an identity; without keys they select "iam" (the
+# metadata service alone does not: probing it off the cloud would hang every local run).
+_CLOUD_IDENTITY_ENV = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                       "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+
+
+def credentials_provider(env: Mapping[str, str]) -> minio.credentials.providers.Provider | None:
+    """The S3 credentials `env` asks for, as a minio provider; None: anonymous requests.
+
+    ``KILN_ZOO_CREDENTIALS=iam`` uses the cloud identity (see `CREDENTIAL_SOURCES`); unset
+    or ``keys``: the key pair of `credentials_from_env` with an optional session token
+    (``KILN_ZOO_SESSION_TOKEN``, else ``AWS_SESSION_TOKEN``); unset without keys: the cloud
+    identity when a web identity token or container credentials are set, else anonymous.
+
+    Raises:
+        ValueError: an unknown KILN_ZOO_CREDENTIALS, half a key pair, or a session token
+            without keys.
+    """
+    chosen = (env.get(contract.Env.ZOO_CREDENTIALS) or "").strip().lower()
+    source = chosen or "keys"
+    if source not in CREDENTIAL_SOURCES:
+        raise ValueError(f"{contract.Env.ZOO_CREDENTIALS}={source!r}: use keys (the default: "
+                         f"{contract.Env.ZOO_ACCESS_KEY}/{contract.Env.ZOO_SECRET_KEY}) or iam "
+                         "(an IAM role or web identity)")
+    if source == "iam":
+        return minio.credentials.providers.IamAwsProvider()
+    access_key, secret_key = credentials_from_env(env)
+    token = env.get(contract.Env.ZOO_SESSION_TOKEN) or env.get(AWS_SESSION_TOKEN_ENV) or None
+    if access_key is None or secret_key is None:
+        if token:
+            raise ValueError(f"S3 credentials: a session token is set, but no "
+                             f"{contract.Env.ZOO_ACCESS_KEY}/{contract.Env.ZOO_SECRET_KEY}; "
+                             "temporary credentials need all three")
+        if not chosen and any(env.get(name) for name in _CLOUD_IDENTITY_ENV):
+            return minio.credentials.providers.IamAwsProvider()
+        return None
+    return minio.credentials.providers.StaticProvider(access_key, secret_key, token)
 
 
 def credentials_from_env(env: Mapping[str, str]) -> tuple[str | None, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import decimal
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,21 @@ def test_model_problems_reach_both(doc: Any, field: str, message: str, tmp_path:
     del field, message
     problems = _admission_problems(doc)
     assert problems and all(p.startswith("spec.model") for p in problems), problems
+
+
+def test_an_overflowing_quantity_is_a_named_problem() -> None:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "x"},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                    "template": {"resources": {"requests": {"cpu": "1e1000000"}}}}}
+    problems = _admission_problems(doc)
+    assert any(p.startswith("spec.template.resources.requests.cpu: not a Kubernetes quantity")
+               for p in problems), problems
+
+
+def test_a_parser_error_fails_the_job_not_the_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No spec reaches such a gap today; the stand-in parser raises what a future one might.
+    def broken(body: Any, source: str = "") -> Any:
+        raise decimal.Overflow("exponent too large")
+    monkeypatch.setattr(admission.lifecycle.api, "parse_job", broken)
+    job, problems = asyncio.run(admission.validate({"metadata": {"name": "x", "namespace": "a"}}))
+    assert job is None and problems == ["spec: cannot be read (Overflow: exponent too large)"]

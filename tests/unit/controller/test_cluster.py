@@ -62,3 +62,31 @@ def test_a_gpu_type_keeps_only_nodes_labelled_with_it() -> None:
     assert [n.name for n in found.nodes["gpu"]] == ["a100-1"]
     assert [n.name for n in found.nodes["cpu"]] == ["c1"]  # other GPU nodes join no pool
     assert len(cluster.pools([a100, t4], [], cpu_slots=1, now=0.0).nodes["gpu"]) == 2
+
+
+def test_configured_gpu_resources_make_gpu_nodes_and_name_what_their_pods_ask_for() -> None:
+    def node(name: str, allocatable: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": "8", **allocatable}}}
+
+    nodes = [node("amd", {"amd.com/gpu": "4"}), node("mig", {"nvidia.com/mig-1g.10gb": "7"}),
+             node("nv", {"nvidia.com/gpu": "2"}), node("cpu", {})]
+    other = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"nodeName": "mig",
+             "containers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": "3"}}}]},
+             "status": {"phase": "Running"}}
+    found = cluster.pools(nodes, [other], cpu_slots=1, now=0.0, gpu_resources=(
+        "nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "amd.com/gpu"))
+    assert [(n.name, n.gpus) for n in found.nodes["gpu"]] == [("amd", 4), ("mig", 4), ("nv", 2)]
+    assert found.gpu_resource == {"amd": "amd.com/gpu", "mig": "nvidia.com/mig-1g.10gb",
+                                  "nv": "nvidia.com/gpu"}
+    # By default only nvidia.com/gpu counts: the others are CPU nodes.
+    default = cluster.pools(nodes, [], cpu_slots=1, now=0.0)
+    assert [n.name for n in default.nodes["gpu"]] == ["nv"]
+    assert [n.name for n in default.nodes["cpu"]] == ["amd", "cpu", "mig"]
+
+
+def test_a_job_only_counts_the_pools_of_nodes_it_may_use() -> None:
+    found = cluster.pools([_node("g1", 4), _node("c1")], [], cpu_slots=1, now=0.0)
+    assert found.pool_for(True) == "gpu"
+    assert found.pool_for(True, among=frozenset({"c1"})) == "cpu"
+    assert found.pool_for(False, among=frozenset({"g1"})) == "gpu"
+    assert found.pool_for(True, among=frozenset()) is None

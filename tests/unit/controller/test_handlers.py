@@ -12,6 +12,7 @@ import pytest
 
 from kiln import api
 from kiln.controller import handlers, metrics, status
+from kiln.controller import settings as operator_settings
 
 BODY = {"apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {"name": "poison", "namespace": "team-a", "uid": "u-1"}}
@@ -59,3 +60,15 @@ def test_a_handler_without_give_up_leaves_unexpected_errors_to_kopf() -> None:
     with pytest.raises(KeyError):
         asyncio.run(handlers._surfaced("pods", _broken)(body=BODY, retry=7, memo=memo))
     assert len(memo.services.jobs.events) == 1
+
+
+@pytest.mark.parametrize("finalizer", [False, True])
+def test_the_finalizer_is_there_only_when_asked_for(finalizer: bool) -> None:
+    """kopf adds its finalizer only for a resource with a (non-optional) delete handler."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, operator_settings.Options(finalizer=finalizer))
+    deletion = [h for h in registry._changing.get_all_handlers()
+                if h.id == "cleanup-job" and h.requires_finalizer]
+    assert bool(deletion) == finalizer
+    watching = [h for h in registry._watching.get_all_handlers() if h.id == "cleanup-job"]
+    assert bool(watching) != finalizer  # without it, the DELETED event forgets the job

@@ -16,7 +16,7 @@ import kopf
 import pytest
 import yaml
 
-from kiln.controller import kube, main, settings
+from kiln.controller import kube, main, pods, settings
 from kiln.placement import introspect
 
 
@@ -72,6 +72,10 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--gpu-type-label", "bad label!"], "'bad label!' is not a label key"),
     (["--progress-address", "{nope}:{port}"], "unknown fields ['nope']"),
     (["--resize-min-gain", "0.5"], "must be at least 1"),
+    (["--gpu-resource", "gpu"], "'gpu' is not an extended resource name"),
+    (["--pod-security-context", "runAsNonRoot"], "not JSON"),
+    (["--container-security-context", "[1]"], "must be a JSON object"),
+    (["--peering", "Kiln Peers"], "'Kiln Peers' is not an object name"),
 ])
 def test_numeric_options_out_of_range_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +176,31 @@ def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
     assert options.zoo_endpoint is None
     svc = main.build_services(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
     assert svc.pod_settings.zoo_endpoint == "minio.example:9000"
+
+
+def test_gpu_resources_repeat_in_order_and_default_to_nvidia() -> None:
+    options = main.options_from_args(main.build_parser().parse_args([
+        "--gpu-resource", "nvidia.com/mig-1g.10gb", "--gpu-resource", "amd.com/gpu",
+        "--gpu-resource", "amd.com/gpu"]))
+    assert options.gpu_resources == ("nvidia.com/mig-1g.10gb", "amd.com/gpu")
+    default = main.options_from_args(main.build_parser().parse_args([]))
+    assert default.gpu_resources == ("nvidia.com/gpu",)
+
+
+def test_a_cluster_admin_gets_no_finalizer_standalone_and_no_fixed_uid_by_default() -> None:
+    options = main.options_from_args(main.build_parser().parse_args([]))
+    assert (options.finalizer, options.peering) == (False, None)
+    pod_settings = settings.pod_settings(options)
+    assert pod_settings.pod_security_context == pods.POD_SECURITY_CONTEXT
+    assert "runAsUser" not in pod_settings.pod_security_context
+
+
+def test_security_context_flags_reach_the_pod_builder() -> None:
+    options = main.options_from_args(main.build_parser().parse_args([
+        "--finalizer", "--peering", "kiln",
+        "--pod-security-context", '{"runAsNonRoot": true, "fsGroup": 2000}',
+        "--container-security-context", '{"readOnlyRootFilesystem": true}']))
+    assert options.finalizer and options.peering == "kiln"
+    pod_settings = settings.pod_settings(options)
+    assert pod_settings.pod_security_context == {"runAsNonRoot": True, "fsGroup": 2000}
+    assert pod_settings.container_security_context == {"readOnlyRootFilesystem": True}

@@ -143,3 +143,36 @@ def test_a_model_too_slow_to_trace_cold_starts_without_holding_other_decisions(
         assert deeper.parent_id == first.parent_id
     finally:
         chooser.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# what warm starts saved, per namespace
+
+
+def _trained(record_id: str, train_seconds: float | None) -> records.ZooRecord:
+    return records.ZooRecord(
+        id=records.ZooModelId(record_id), architecture="small_cnn", args={},
+        input_shape=(1, 8, 8), modality="image", task="classification", dataset="digits",
+        metric_name="validation_accuracy", metric_value=0.9, num_params=10,
+        created_time="2026-12-01T00:00:00Z", job_name="parent", job_spec={},
+        train_seconds=train_seconds)
+
+
+def test_a_warm_start_saves_its_parents_training_in_the_share_transferred() -> None:
+    known = [_trained("small_cnn-1234abcd", 600.0), _trained("imported-00000000", None)]
+    warm = parents.to_status(WARM)  # 4 of 5 tensors from small_cnn-1234abcd
+    assert parents.seconds_saved(known, warm) == pytest.approx(480.0)
+    assert parents.seconds_saved(known, {**warm, "parent": "imported-00000000"}) == 0.0
+    assert parents.seconds_saved(known, {**warm, "parent": "gone-00000000"}) == 0.0
+    cold = parents.to_status(select.cold_start(select.Outcome.COLD_EMPTY, "cold start: empty"))
+    assert parents.seconds_saved(known, cold) == parents.seconds_saved(known, None) == 0.0
+
+
+def test_savings_add_up_per_namespace_in_the_operators_metric() -> None:
+    reporter = metrics.OperatorMetrics()
+    reporter.count_seconds_saved("team-a", 480.0)
+    reporter.count_seconds_saved("team-a", 20.0)
+    reporter.count_seconds_saved("team-b", 0.0)
+    text = reporter.exposition().decode()
+    assert 'kiln_zoo_warm_start_seconds_saved_total{job_namespace="team-a"} 500.0' in text
+    assert 'kiln_zoo_warm_start_seconds_saved_total{job_namespace="team-b"} 0.0' in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kubesim import selection
 from unit.controller import resize_cases
 
 from kiln.controller import jobs, kube, metrics, placement_loop, pods
@@ -32,8 +33,12 @@ class _Cluster:
         self.pods = {"a": _pod("a", job="a", gpus=1)}
         self.moves: list[introspect.Move] = []
 
-    async def list(self, path: str) -> list[dict[str, Any]]:
-        return self.nodes if path == kube.Paths.nodes() else list(self.pods.values())
+    async def list(self, path: str, *, label_selector: str | None = None,
+                   field_selector: str | None = None) -> list[dict[str, Any]]:
+        if path == kube.Paths.nodes():
+            return self.nodes
+        return [dict(p) for p in selection.select(self.pods.values(), labels=label_selector,
+                                                  fields=field_selector)]
 
     async def launch(self, *_: Any) -> bool:
         raise AssertionError("nothing is queued")

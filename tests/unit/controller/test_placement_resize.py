@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kubesim import selection
 from unit.controller import resize_cases
 
 from kiln.controller import cluster, jobs, kube, metrics, placement_loop, pods
@@ -33,8 +34,12 @@ class _Cluster:
         self.pods = {"other": _pod("other", job=None, node=resize_cases.NODE, gpus=other_gpus)}
         self.moves: list[introspect.Move] = []
 
-    async def list(self, path: str) -> list[dict[str, Any]]:
-        return self.nodes if path == kube.Paths.nodes() else list(self.pods.values())
+    async def list(self, path: str, *, label_selector: str | None = None,
+                   field_selector: str | None = None) -> list[dict[str, Any]]:
+        if path == kube.Paths.nodes():
+            return self.nodes
+        return [dict(p) for p in selection.select(self.pods.values(), labels=label_selector,
+                                                  fields=field_selector)]
 
     async def launch(self, entry: placement_loop.Queued, assignment: types.Assignment,
                      device: str) -> bool:

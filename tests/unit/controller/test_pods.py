@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -61,6 +62,16 @@ def test_zoo_credentials_come_from_a_secret_reference_never_a_value() -> None:
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "zoo-creds"
     assert json.loads(env["KILN_WARM_START"]["value"]) == WARM.to_json()
     assert env["KILN_ZOO_ENDPOINT"]["value"] == "minio:9000"
+    token = env["KILN_ZOO_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]  # temporary keys only
+    assert token == {"name": "zoo-creds", "key": "sessionToken", "optional": True}
+
+
+def test_the_pod_tells_the_trainer_its_image_and_the_operators_share_default() -> None:
+    owner, job = _job(template={"image": "team-a/trainer:7"})
+    shared = dataclasses.replace(SETTINGS, zoo_share="shared")
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=shared)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert (env["KILN_TRAINER_IMAGE"], env["KILN_ZOO_SHARE"]) == ("team-a/trainer:7", "shared")
 
 
 def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
@@ -166,3 +177,44 @@ def test_pod_state_reads_waiting_containers_init_first_and_the_scheduler() -> No
 
 def test_the_stop_patch_sets_a_short_active_deadline() -> None:
     assert pods.stop_patch() == {"spec": {"activeDeadlineSeconds": pods.STOP_DEADLINE_SECONDS}}
+
+
+def test_the_pod_asks_for_the_gpu_resource_its_node_offers_and_keeps_the_constraints() -> None:
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    owner, job = _job(template={
+        "nodeSelector": {"pool": "ml"}, "tolerations": [toleration],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}})
+    pod = pods.build_pod(owner, job, attempt=0, settings=SETTINGS,
+                         launch=_launch(gpu_resource="nvidia.com/mig-1g.10gb"))
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources == {"requests": {"cpu": "2", "memory": "4Gi"},
+                         "limits": {"nvidia.com/mig-1g.10gb": "2"}}
+    assert pod["spec"]["nodeSelector"] == {"pool": "ml"}
+    assert pod["spec"]["tolerations"] == [toleration]
+
+
+def test_trainer_pods_run_as_non_root_without_a_fixed_uid_by_default() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    pod_context, container = pod["spec"]["securityContext"], pod["spec"]["containers"][0]
+    # OpenShift's restricted-v2 SCC assigns the uid; Pod Security "restricted" needs these.
+    assert pod_context == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "runAsUser" not in container["securityContext"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_security_contexts_come_from_the_operator_then_the_job() -> None:
+    settings = pods.PodSettings(
+        default_image="kiln/trainer:test", zoo_uri="s3://zoo",
+        pod_security_context={"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        container_security_context={"readOnlyRootFilesystem": True})
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=settings)
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000
+    assert pod["spec"]["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}
+    owner, job = _job(template={"podSecurityContext": {"runAsUser": 4242},
+                                "securityContext": {"readOnlyRootFilesystem": False}})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=settings)
+    assert pod["spec"]["securityContext"] == {"runAsUser": 4242}
+    assert pod["spec"]["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": False}

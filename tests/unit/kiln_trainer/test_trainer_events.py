@@ -32,7 +32,8 @@ def test_every_event_is_one_strict_json_line_and_nan_becomes_null(tmp_path: Path
     assert lines[1]["train_loss"] is None
     assert set(lines[1]) == {"event", "epoch", "epochs", "step", "steps_per_epoch", "train_loss",
                              "validation_accuracy", "validation_loss", "samples_per_second",
-                             "eta_seconds", "elapsed_seconds", "frozen_modules", "modules"}
+                             "eta_seconds", "elapsed_seconds", "frozen_modules", "modules",
+                             "evaluated"}
     assert set(lines[2]) == {"event", "metric_name", "metric", "validation_accuracy",
                              "validation_loss", "wall_seconds", "time_to_target_seconds",
                              "target_reached", "epochs_run", "steps", "samples_per_second",

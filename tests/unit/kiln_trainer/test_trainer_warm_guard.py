@@ -64,7 +64,9 @@ def _register_scaled(zoo: store.ObjectStore, job: api.TrainingJob, metric: float
         metric_value=metric, validation_accuracy=metric, validation_loss=0.1,
         samples_per_second=100.0, num_params=sum(p.numel() for p in model.parameters()),
         created_time="2026-11-30T00:00:00Z", job_name="bad-parent",
-        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="")
+        job_spec=api.to_wire(job.spec), parent=None, similarity=None, weights_sha256="",
+        # the same data as the good parents, so that only the metric orders them
+        dataset_fingerprint=records.dataset_fingerprint(job.spec.dataset))
     return records.write_record(zoo, record, state,
                                 graph.to_json(decision.model_graph(job.spec.model))).id
 
@@ -207,6 +209,7 @@ def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
     assert decided["reason"].startswith(f"warm start from {bad} (similarity 1.00) rejected: "
                                         "probe loss ")
     assert " cold on 256 training samples" in decided["reason"]
+    assert f"(needs loss ≤ {warm.MAX_LOSS_RATIO:g} × cold" in decided["reason"]  # the rule
     assert decided["reason"].endswith("; cold start")
     assert decided["cold_probe_loss"] is not None and (
         decided["probe_loss"] is None or decided["probe_loss"] > decided["cold_probe_loss"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ def test_a_zoo_of_other_modalities_means_a_cold_start_naming_them(zoo: store.Dir
               accuracy=0.5)
     decided = decision.decide(_job(*DEEPER), zoo)
     assert decided.outcome == select.Outcome.COLD_INCOMPATIBLE
-    assert "none of the 1 zoo models is a image classification model" in decided.reason
+    assert ("none of the 1 zoo models visible to namespace default is a image classification "
+            "model") in decided.reason
 
 
 def test_below_min_similarity_the_job_starts_cold_with_the_numbers(zoo: store.DirStore) -> None:
@@ -255,3 +257,56 @@ def test_merges_count_residual_joins_with_and_without_projection() -> None:
     assert match.merges(decision.model_graph(_job(*PLAIN).spec.model)) == 0
     assert match.merges(decision.model_graph(_job(*SMALL).spec.model)) == 3  # one per block
     assert match.merges(decision.model_graph(_job(*DEEPER).spec.model)) == 6
+
+
+# ----------------------------------------------------------------------------------------------
+# tenancy and provenance
+
+
+def _in(job: api.TrainingJob, namespace: str) -> api.TrainingJob:
+    return job.model_copy(update={"metadata": job.metadata.model_copy(
+        update={"namespace": namespace})})
+
+
+def _owned(zoo: store.ObjectStore, saved: records.ZooRecord, namespace: str,
+           share: api.ZooShare) -> records.ZooRecord:
+    """`saved`, rewritten as a record of `namespace` with `share`."""
+    weights, parent_graph = records.load_weights(zoo, saved), records.load_graph(zoo, saved)
+    records.delete_record(zoo, saved.id)
+    changed = dataclasses.replace(saved, namespace=namespace, share=share)
+    return records.write_record(zoo, changed, weights, parent_graph)
+
+
+def test_a_job_never_warm_starts_from_another_namespaces_private_model(
+        zoo: store.DirStore) -> None:
+    theirs, _ = _register(zoo, _in(_job(*SMALL), "team-a"), accuracy=0.95)
+    _owned(zoo, theirs, "team-a", api.ZooShare.PRIVATE)
+    assert decision.decide(_in(_job(*DEEPER), "team-a"), zoo).parent_id == theirs.id
+    decided = decision.decide(_in(_job(*DEEPER), "team-b"), zoo)
+    assert decided.cold_start and decided.outcome == select.Outcome.COLD_EMPTY
+    with pytest.raises(api.InvalidSpec, match=f"{theirs.id}' is private to namespace team-a, "
+                       "and this job runs in team-b"):
+        decision.decide(_in(_job(*DEEPER, parent=theirs.id), "team-b"), zoo)
+
+
+def test_a_shared_model_seeds_jobs_of_every_namespace(zoo: store.DirStore) -> None:
+    theirs, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    _owned(zoo, theirs, "team-a", api.ZooShare.SHARED)
+    assert decision.decide(_in(_job(*DEEPER), "team-b"), zoo).parent_id == theirs.id
+    pinned = decision.decide(_in(_job(*DEEPER, parent=theirs.id), "team-b"), zoo)
+    assert pinned.outcome == select.Outcome.PINNED
+
+
+def test_within_a_bucket_a_parent_trained_on_the_same_data_wins(zoo: store.DirStore) -> None:
+    child = _job(*DEEPER)
+    _register(zoo, _job(*SMALL), accuracy=0.99, seed=1)  # better, but no fingerprint
+    same, _ = _register(zoo, _job(*SMALL), accuracy=0.90, seed=2)
+    fingerprint = records.dataset_fingerprint(child.spec.dataset)
+    weights, parent_graph = records.load_weights(zoo, same), records.load_graph(zoo, same)
+    records.delete_record(zoo, same.id)
+    same = records.write_record(zoo, dataclasses.replace(same, dataset_fingerprint=fingerprint),
+                                weights, parent_graph)
+    decided = decision.decide(child, zoo)
+    assert decided.parent_id == same.id
+    assert f"trained on the same dataset (fingerprint {fingerprint}; 1 of 2 were)" in (
+        decided.reason)

@@ -13,10 +13,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
+from kiln import api, cli
 from kiln.zoo import records, store
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEMA_FILE = REPO / "docs" / "reference" / "zoo-record.schema.json"
 
 
 def _record(record_id: str = "small_resnet-0badc0de", **changes: Any) -> records.ZooRecord:
@@ -89,9 +94,12 @@ def test_meta_json_round_trips_every_field() -> None:
 
 
 def test_meta_json_carries_the_oldest_schema_version_that_reads_it() -> None:
-    assert json.loads(_record().to_json())["schema_version"] == 1
-    entrypoint = _record(architecture=None, entrypoint="mynets.mixer:build_mixer")
-    assert json.loads(entrypoint.to_json())["schema_version"] == records.SCHEMA_VERSION == 2
+    assert json.loads(_record().to_json())["schema_version"] == 3  # private: older Kiln refuses
+    shared = _record(share=api.ZooShare.SHARED)
+    assert json.loads(shared.to_json())["schema_version"] == 1
+    entrypoint = dataclasses.replace(shared, architecture=None,
+                                     entrypoint="mynets.mixer:build_mixer")
+    assert json.loads(entrypoint.to_json())["schema_version"] == 2
 
 
 def test_an_entrypoint_record_with_provenance_round_trips() -> None:
@@ -109,6 +117,64 @@ def test_a_version_1_record_without_the_new_fields_still_loads() -> None:
     loaded = records.ZooRecord.from_json(json.dumps(doc))
     assert loaded.architecture == "small_resnet" and loaded.builder == "small_resnet"
     assert (loaded.entrypoint, loaded.source, loaded.license) == (None, None, None)
+
+
+# meta.json exactly as Kiln wrote it before records were validated by pydantic and had tenancy.
+_OLD_META = """{
+  "schema_version": 1,
+  "id": "small_resnet-1234abcd",
+  "architecture": "small_resnet",
+  "args": {"num_classes": 10},
+  "input_shape": [1, 8, 8],
+  "modality": "image",
+  "task": "classification",
+  "dataset": "digits",
+  "metric_name": "validation_accuracy",
+  "metric_value": 0.9,
+  "validation_accuracy": 0.9,
+  "validation_loss": 0.3,
+  "samples_per_second": null,
+  "num_params": 1000,
+  "parent": null,
+  "similarity": null,
+  "created_time": "2024-05-01T12:00:00Z",
+  "weights_sha256": "%s",
+  "job_name": "digits",
+  "job_spec": {"spec": {}}
+}
+""" % ("ab" * 32)
+
+
+def test_an_old_format_meta_json_reads_as_a_shared_record_of_the_default_namespace() -> None:
+    old = records.ZooRecord.from_json(_OLD_META)
+    assert (old.id, old.input_shape, old.metric_value) == ("small_resnet-1234abcd", (1, 8, 8), 0.9)
+    assert (old.namespace, old.share) == ("default", api.ZooShare.SHARED)
+    assert old.visible_to("team-a") and old.visible_to("default")
+    assert (old.dataset_fingerprint, old.kiln_version, old.entrypoint) == (None, None, None)
+
+
+def test_a_private_record_is_visible_to_its_own_namespace_only() -> None:
+    record = _record(namespace="team-a")
+    assert record.share is api.ZooShare.PRIVATE
+    assert record.visible_to("team-a") and not record.visible_to("team-b")
+    shared = dataclasses.replace(record, share=api.ZooShare.SHARED)
+    assert shared.visible_to("team-b")
+    again = records.ZooRecord.from_json(json.dumps(_meta(shared)))
+    assert (again.namespace, again.share) == ("team-a", api.ZooShare.SHARED)
+
+
+def test_the_committed_json_schema_is_current() -> None:
+    committed = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert committed == records.json_schema(), (
+        f"{SCHEMA_FILE} is stale: run `kiln crd --write` in the repository root to regenerate it")
+
+
+def test_kiln_crd_writes_the_json_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["crd", "--write"]) == 0
+    written = tmp_path / "docs" / "reference" / "zoo-record.schema.json"
+    assert json.loads(written.read_text(encoding="utf-8")) == records.json_schema()
 
 
 @pytest.mark.parametrize(
@@ -145,9 +211,11 @@ def test_new_ids_for_an_entrypoint_use_the_callable_name() -> None:
     assert re.fullmatch(r"build_mixer-[0-9a-f]{8}", records.new_id("mynets.mixer:build_mixer"))
 
 
-def test_every_record_field_has_a_meta_json_check() -> None:
+def test_the_exported_json_schema_describes_every_record_field() -> None:
     fields = [f.name for f in dataclasses.fields(records.ZooRecord)]
-    assert list(records._FIELD_KINDS) == fields
+    schema = records.json_schema()
+    assert list(schema["properties"]) == ["schema_version", *fields]
+    jsonschema.validate(json.loads(_record(weights_sha256="0f" * 32).to_json()), schema)
 
 
 def test_meta_json_ignores_fields_it_does_not_know() -> None:
@@ -158,27 +226,30 @@ def test_meta_json_ignores_fields_it_does_not_know() -> None:
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        pytest.param({"num_params": "12"}, "num_params", "expected a non-negative integer, got "
+        pytest.param({"num_params": "12"}, "num_params", "should be a valid integer; got "
                      "str ('12')", id="string-count"),
         pytest.param({"num_params": True}, "num_params", "got bool", id="bool-count"),
-        pytest.param({"metric_value": None}, "metric_value", "expected a number, got NoneType",
+        pytest.param({"metric_value": None}, "metric_value", "should be a valid number; got NoneType",
                      id="null-metric"),
-        pytest.param({"input_shape": []}, "input_shape", "non-empty list", id="empty-shape"),
-        pytest.param({"input_shape": [1, 0, 8]}, "input_shape", "positive", id="zero-dim"),
-        pytest.param({"args": [1]}, "args", "expected an object", id="args-list"),
+        pytest.param({"input_shape": []}, "input_shape", "at least 1 item", id="empty-shape"),
+        pytest.param({"input_shape": [1, 0, 8]}, "input_shape", "[1]: Input should be greater than or equal to 1", id="zero-dim"),
+        pytest.param({"args": [1]}, "args", "should be an object", id="args-list"),
         pytest.param({"created_time": "yesterday"}, "created_time", "RFC 3339", id="time"),
         pytest.param({"weights_sha256": "xyz"}, "weights_sha256", "SHA-256", id="sha"),
         pytest.param({"parent": "../etc"}, "parent", "zoo model id", id="parent-id"),
-        pytest.param({"job_spec": "{}"}, "job_spec", "expected an object", id="spec-string"),
-        pytest.param({"metric_value": float("nan")}, "metric_value", "expected a finite number",
+        pytest.param({"job_spec": "{}"}, "job_spec", "should be an object", id="spec-string"),
+        pytest.param({"metric_value": float("nan")}, "metric_value", "should be a finite number",
                      id="nan-metric"),
         pytest.param({"validation_loss": float("inf")}, "validation_loss",
-                     "expected a finite number", id="infinite-loss"),
-        pytest.param({"num_params": 10**40}, "num_params", "expected a count up to",
+                     "should be a finite number", id="infinite-loss"),
+        pytest.param({"num_params": 10**40}, "num_params", "less than or equal to 10000000000000",
                      id="absurd-count"),
         pytest.param({"architecture": None, "entrypoint": "not an entrypoint"}, "entrypoint",
                      "expected an entrypoint such as mypackage.models:build_net", id="entrypoint"),
-        pytest.param({"license": 3}, "license", "expected a string", id="license"),
+        pytest.param({"license": 3}, "license", "should be a valid string", id="license"),
+        pytest.param({"namespace": "Team_A"}, "namespace", "expected a Kubernetes namespace",
+                     id="namespace"),
+        pytest.param({"share": "everyone"}, "share", "'private' or 'shared'", id="share"),
     ],
 )
 def test_meta_json_field_of_the_wrong_type_names_record_and_field(
@@ -288,11 +359,9 @@ def test_writing_never_overwrites_an_existing_record(tmp_path: Path) -> None:
         records.write_record(zoo, _record(), _weights(), {})
 
 
-def test_writing_refuses_fields_it_could_not_read_back(tmp_path: Path) -> None:
-    zoo = store.DirStore(tmp_path)
-    with pytest.raises(ValueError, match="refusing to write .* 'created_time'"):
-        records.write_record(zoo, _record(created_time="last tuesday"), _weights(), {})
-    assert zoo.list_keys("") == []
+def test_a_record_with_a_bad_field_cannot_even_be_made() -> None:
+    with pytest.raises(ValueError, match="created_time\n.*RFC 3339"):
+        _record(created_time="last tuesday")
 
 
 def test_writing_refuses_a_graph_that_is_not_json(tmp_path: Path) -> None:

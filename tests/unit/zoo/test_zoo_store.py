@@ -11,6 +11,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import minio.credentials.providers
 import minio.error
 import pytest
 
@@ -345,3 +346,52 @@ def test_credentials_come_from_kiln_variables_then_aws_ones(
 def test_half_an_aws_credential_is_an_error() -> None:
     with pytest.raises(ValueError, match="AWS_SECRET_ACCESS_KEY"):
         store.credentials_from_env({"AWS_ACCESS_KEY_ID": "ak"})
+
+
+# ----------------------------------------------------------------------------------------------
+# credential providers: session tokens and cloud identities instead of static keys
+
+
+def test_temporary_credentials_carry_their_session_token() -> None:
+    env = {contract.Env.ZOO_ACCESS_KEY: "k", contract.Env.ZOO_SECRET_KEY: "s",
+           "AWS_SESSION_TOKEN": "token"}
+    provider = store.credentials_provider(env)
+    assert provider is not None
+    found = provider.retrieve()
+    assert (found.access_key, found.secret_key, found.session_token) == ("k", "s", "token")
+    kiln_first = store.credentials_provider({**env, contract.Env.ZOO_SESSION_TOKEN: "mine"})
+    assert kiln_first is not None and kiln_first.retrieve().session_token == "mine"
+
+
+def test_no_keys_mean_anonymous_requests_and_a_lone_token_is_an_error() -> None:
+    assert store.credentials_provider({}) is None
+    with pytest.raises(ValueError, match="session token is set, but no KILN_ZOO_ACCESS_KEY"):
+        store.credentials_provider({contract.Env.ZOO_SESSION_TOKEN: "t"})
+
+
+def test_iam_credentials_come_from_minios_iam_provider() -> None:
+    provider = store.credentials_provider({contract.Env.ZOO_CREDENTIALS: "iam"})
+    assert isinstance(provider, minio.credentials.providers.IamAwsProvider)
+    zoo = store.open_store("s3://zoo", env={contract.Env.ZOO_ENDPOINT: "127.0.0.1:9",
+                                           contract.Env.ZOO_CREDENTIALS: "iam"})
+    assert isinstance(zoo, store.S3Store)  # nothing is contacted before the first request
+
+
+def test_a_pods_web_identity_is_used_when_no_keys_are_set() -> None:
+    token = {"AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/token", "AWS_ROLE_ARN": "arn:aws:iam::1:r"}
+    assert isinstance(store.credentials_provider(token),
+                      minio.credentials.providers.IamAwsProvider)
+    keys = {**token, contract.Env.ZOO_ACCESS_KEY: "k", contract.Env.ZOO_SECRET_KEY: "s"}
+    assert isinstance(store.credentials_provider(keys),
+                      minio.credentials.providers.StaticProvider)
+
+
+def test_an_unknown_credential_source_names_the_variable_and_the_choices() -> None:
+    with pytest.raises(ValueError, match="KILN_ZOO_CREDENTIALS='vault': use keys .* or iam"):
+        store.credentials_provider({contract.Env.ZOO_CREDENTIALS: "vault"})
+
+
+def test_a_store_takes_keys_or_a_provider_not_both() -> None:
+    provider = minio.credentials.providers.StaticProvider("k", "s")
+    with pytest.raises(ValueError, match="keys or a credential provider, not both"):
+        store.S3Store("127.0.0.1:9", "zoo", access_key="k", secret_key="s", credentials=provider)

@@ -438,7 +438,7 @@ def _loop(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], mode: str, i
 
 def _answer(reference: nn.Module, probe: _Probe) -> ProbeResult:
     started = time.process_time()
-    with quantization.quiet_warnings():
+    with quantization.torch_ao_warnings():
         outputs = quantization.outputs(reference, probe.inputs)
     values = {}
     for block, trained in probe.activations.items():

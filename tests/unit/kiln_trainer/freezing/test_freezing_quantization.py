@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 import torch
@@ -114,3 +115,21 @@ def test_quantize_rejects_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
         quantization.quantize(nn.Linear(2, 2), torch.randn(2, 2), mode="int4")
 
+
+
+def test_torch_ao_deprecations_are_logged_once_and_other_warnings_pass_through(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(quantization, "_logged", set())
+    monkeypatch.setattr(quantization, "_shown", {})
+    extractor, inputs = _extractor("small_cnn", (1, 8, 8))
+    with caplog.at_level(logging.INFO, logger=quantization.__name__), \
+            warnings.catch_warnings(record=True) as passed:
+        warnings.simplefilter("always")
+        for _ in range(2):  # real torch.ao quantization: it warns on every call
+            quantization.quantize(extractor, inputs)
+        with quantization.torch_ao_warnings():
+            warnings.warn("an unrelated problem", UserWarning, stacklevel=1)
+    notes = [r.getMessage() for r in caplog.records if "torch.ao deprecation" in r.getMessage()]
+    assert notes and len(notes) == len(set(notes)) <= len(quantization.KNOWN_DEPRECATIONS)
+    assert [str(w.message) for w in passed] == ["an unrelated problem"]

@@ -1,0 +1,575 @@
+"""Kueue integration (``--kueue``): Kueue admits a queue-labelled TrainingJob by quota, Kiln
+places it within that admission.
+
+Kiln acts as a Kueue external framework: one Workload per job, no placement before Kueue's
+admission, Finished at the end, pods stopped on eviction. It never writes Kueue's decisions.
+"""
+
+# A Workload moves through Kueue's conditions: QuotaReserved and Admitted (Kueue's scheduler
+# sets them with status.admission), Evicted (Kueue wants the job stopped: preemption, an
+# inactive Workload, a stopped queue...), Finished (the job's controller, here Kiln, says the
+# job ended, and Kueue releases the quota). After an eviction the job's controller stops the
+# job and then clears the admission (QuotaReserved=False, no status.admission), which requeues
+# the Workload in Kueue. Kiln does each of these steps as Kueue's job reconciler does for its
+# built-in integrations.
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kiln import api
+from kiln.controller import (
+    cluster,
+    jobs,
+    kube,
+    lifecycle,
+    placement_loop,
+    pods,
+    profiling,
+    services,
+    settings,
+    status,
+)
+
+C, R = api.ConditionType, api.Reason
+_log = logging.getLogger(__name__)
+
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta1"  # served by every Kueue release that has external frameworks
+WORKLOADS = "workloads"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# The entry of Kueue's `integrations.externalFrameworks` (Kind.version.group).
+FRAMEWORK = f"{api.KIND}.{api.VERSION}.{api.GROUP}"
+POD_SET = "trainer"
+POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
+WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+# Kueue's Workload condition types.
+QUOTA_RESERVED, ADMITTED, EVICTED, REQUEUED, FINISHED = (
+    "QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished")
+# Evictions after which Kueue requeues the Workload at once (Requeued=True); after the others
+# (an inactive Workload, a stopped queue, a pods-ready timeout) Kueue decides when.
+REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
+NAME_PREFIX_MAX = 253 - 6  # room for "-" and a 5-character hash
+
+
+class State(enum.StrEnum):
+    """Where a Workload stands, as far as running its job goes."""
+
+    PENDING = "Pending"  # no admission (yet, or any more): the job must not run
+    ADMITTED = "Admitted"  # QuotaReserved and Admitted: Kiln may place it
+    EVICTED = "Evicted"  # Kueue wants it stopped; Kiln clears the admission once it is
+    FINISHED = "Finished"  # the job ended
+
+
+@dataclasses.dataclass(frozen=True)
+class Priority:
+    """The Workload's priority: a PriorityClass or WorkloadPriorityClass and its value."""
+
+    name: str
+    source: str
+    value: int
+
+
+class Paths:
+    """URL paths of Kueue's objects (and of PriorityClasses)."""
+
+    @staticmethod
+    def workloads(namespace: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{WORKLOADS}"
+
+    @staticmethod
+    def workload(namespace: str, name: str, *, status: bool = False) -> str:
+        path = f"{Paths.workloads(namespace)}/{name}"
+        return path + "/status" if status else path
+
+    @staticmethod
+    def flavor(name: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/resourceflavors/{name}"
+
+    @staticmethod
+    def workload_priority_class(name: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/workloadpriorityclasses/{name}"
+
+    @staticmethod
+    def priority_class(name: str) -> str:
+        return f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"
+
+
+def queue_name(job: api.TrainingJob) -> str | None:
+    """The job's LocalQueue (its kueue.x-k8s.io/queue-name label), or None."""
+    return job.metadata.labels.get(QUEUE_LABEL) or None
+
+
+def managed(options: settings.Options, job: api.TrainingJob) -> bool:
+    """Whether Kueue admits this job: --kueue is on and the job names a LocalQueue."""
+    return options.kueue and queue_name(job) is not None
+
+
+def held(options: settings.Options, entry: placement_loop.Queued) -> bool:
+    """Whether a queue entry must wait: a Kueue-managed job without Kueue's admission."""
+    return entry.grant is None and managed(options, entry.job)
+
+
+def workload_name(job_name: str, uid: str) -> str:
+    """The Workload's name: ``trainingjob-<job>-<hash of name, uid and kind>``, as Kueue
+    names the Workloads of its own integrations (deterministic: a retried create finds it)."""
+    digest = hashlib.sha1(f"{job_name}/{uid}/{FRAMEWORK}".encode()).hexdigest()[:5]
+    prefix = f"{api.KIND.lower()}-{job_name}"[:NAME_PREFIX_MAX].rstrip("-.")
+    return f"{prefix}-{digest}"
+
+
+def requests(job: api.TrainingJob, *, gpus: int,
+             gpu_resource: str = pods.GPU_RESOURCE) -> dict[str, str]:
+    """What one trainer pod requests, for Kueue's quota: `gpus` GPUs (as `gpu_resource`) and the
+    CPU and memory of spec.template.resources (a limit stands for a missing request, as
+    Kubernetes defaults)."""
+    resources = job.spec.template.get("resources") or {}
+    wanted = {str(k): str(v) for k, v in {**(resources.get("limits") or {}),
+                                           **(resources.get("requests") or {})}.items()
+              if k != gpu_resource}
+    if gpus:
+        wanted[gpu_resource] = str(gpus)
+    return wanted
+
+
+def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
+                   image: str, priority: Priority | None, active: bool,
+                   gpu_resource: str = pods.GPU_RESOURCE) -> dict[str, Any]:
+    """The Workload of `job`: one pod set of its trainer pods (one per node: spec.resources.
+    nodes, else one), owned by the job.
+
+    Args:
+        owner: the TrainingJob as the API returned it (needs metadata.uid).
+        job: the parsed job.
+        gpus: GPUs of the whole job to ask Kueue for (0: none), split evenly over its pods.
+        image: the trainer image (Kueue ignores it; it keeps the pod template complete).
+        priority: the Workload's priority, or None.
+        active: False keeps Kueue from admitting it (a suspended job).
+        gpu_resource: the extended resource the GPUs are requested as (the operator's first
+            --gpu-resource).
+
+    Returns:
+        A kueue.x-k8s.io/v1beta1 Workload manifest.
+    """
+    count = job.spec.resources.nodes or 1
+    meta = owner.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    template = job.spec.template
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": pods.CONTAINER_NAME, "image": image,
+                        "resources": {"requests": requests(job, gpus=gpus // count,
+                                                           gpu_resource=gpu_resource)}}],
+    }
+    # Kueue matches flavors against the pod's own scheduling constraints.
+    for key in ("nodeSelector", "affinity", "tolerations", "priorityClassName"):
+        if template.get(key):
+            pod_spec[key] = template[key]
+    spec: dict[str, Any] = {
+        "queueName": queue_name(job),
+        "active": active,
+        "podSets": [{"name": POD_SET, "count": count,
+                     "template": {"metadata": {"labels": {pods.JOB_NAME_LABEL: job.name}},
+                                  "spec": pod_spec}}],
+    }
+    if priority is not None:
+        spec.update(priorityClassName=priority.name, priorityClassSource=priority.source,
+                    priority=priority.value)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job.name, uid),
+            "namespace": str(meta.get("namespace") or "default"),
+            "labels": {JOB_UID_LABEL: uid, pods.JOB_NAME_LABEL: job.name},
+            "ownerReferences": [{"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
+                                 "name": job.name, "uid": uid, "controller": True,
+                                 "blockOwnerDeletion": True}],
+        },
+        "spec": spec,
+    }
+
+
+def _condition(workload: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    for found in (workload.get("status") or {}).get("conditions") or []:
+        if found.get("type") == type_:
+            return dict(found)
+    return None
+
+
+def _true(workload: Mapping[str, Any], type_: str) -> bool:
+    return (_condition(workload, type_) or {}).get("status") == "True"
+
+
+def state_of(workload: Mapping[str, Any]) -> State:
+    """Where the Workload stands (Finished over Evicted over Admitted over Pending)."""
+    if _true(workload, FINISHED):
+        return State.FINISHED
+    if _true(workload, EVICTED):
+        return State.EVICTED
+    admission = (workload.get("status") or {}).get("admission")
+    if admission and _true(workload, QUOTA_RESERVED) and _true(workload, ADMITTED):
+        return State.ADMITTED
+    return State.PENDING
+
+
+def reserved(workload: Mapping[str, Any]) -> bool:
+    """Whether Kueue still holds quota for it (QuotaReserved, or an admission)."""
+    return _true(workload, QUOTA_RESERVED) or bool(
+        (workload.get("status") or {}).get("admission"))
+
+
+def assignment(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The admission's assignment of the trainer pod set ({} when there is none)."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    for found in admission.get("podSetAssignments") or []:
+        if found.get("name") == POD_SET:
+            return dict(found)
+    return {}
+
+
+def grant_of(workload: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
+             gpu_resources: Sequence[str] = (pods.GPU_RESOURCE,)) -> placement_loop.Grant:
+    """Where and with how many GPUs Kiln may place the job Kueue admitted.
+
+    Args:
+        workload: an admitted Workload.
+        flavor_labels: ResourceFlavor name -> its spec.nodeLabels, for the flavors the
+            admission names.
+        gpu_resources: the extended resources that count as GPUs (--gpu-resource).
+
+    Returns:
+        The union of the admitted flavors' node labels, and the GPUs admitted for the whole
+        job, over all its pods and any GPU resource (None when the admission counts none).
+    """
+    assigned = assignment(workload)
+    labels: dict[str, str] = {}
+    for flavor in sorted(set((assigned.get("flavors") or {}).values())):
+        labels.update(flavor_labels.get(flavor) or {})
+    # resourceUsage totals the pod set's `count` pods.
+    usage = [value for name, value in (assigned.get("resourceUsage") or {}).items()
+             if name in gpu_resources]
+    gpus = sum(int(float(str(value))) for value in usage) if usage else None
+    return placement_loop.Grant(node_labels=tuple(sorted(labels.items())), gpus=gpus)
+
+
+def _set(conditions: list[dict[str, Any]], type_: str, value: bool, reason: str, message: str,
+         *, now: float, generation: int | None) -> None:
+    """Set a Kueue-style condition in `conditions` (its time moves only when status flips)."""
+    wanted = "True" if value else "False"
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    new = {"type": type_, "status": wanted, "reason": reason, "message": message[:32768],
+           "lastTransitionTime": (old or {}).get("lastTransitionTime")
+           if old is not None and old.get("status") == wanted else status.rfc3339(now)}
+    if generation is not None:
+        new["observedGeneration"] = generation
+    if old is None:
+        conditions.append(new)
+    else:
+        conditions[conditions.index(old)] = new
+
+
+def _status_patch(workload: Mapping[str, Any], conditions: list[dict[str, Any]],
+                  **status_fields: Any) -> dict[str, Any]:
+    """A merge patch of the Workload's status, guarded by its resourceVersion (a write Kueue
+    made meanwhile makes it fail with 409 instead of being overwritten)."""
+    meta = workload.get("metadata") or {}
+    patch: dict[str, Any] = {"status": {"conditions": conditions, **status_fields}}
+    if meta.get("resourceVersion"):
+        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+    return patch
+
+
+def release_patch(workload: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The status patch that hands an evicted Workload back to Kueue once its job stopped:
+    no admission, QuotaReserved=False and Admitted=False, and Requeued as Kueue sets it."""
+    evicted = _condition(workload, EVICTED) or {}
+    reason = str(evicted.get("reason") or "Evicted")
+    message = str(evicted.get("message") or "The workload was evicted")
+    generation = (workload.get("metadata") or {}).get("generation")
+    generation = generation if isinstance(generation, int) else None
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    _set(conditions, REQUEUED, reason in REQUEUED_AT_ONCE, reason, message, now=now,
+         generation=generation)
+    _set(conditions, QUOTA_RESERVED, False, "Pending", message, now=now, generation=generation)
+    _set(conditions, ADMITTED, False, "NoReservation", "The workload has no reservation",
+         now=now, generation=generation)
+    return _status_patch(workload, conditions, admission=None)
+
+
+def finish_patch(workload: Mapping[str, Any], *, succeeded: bool, message: str,
+                 now: float) -> dict[str, Any]:
+    """The status patch that marks a Workload Finished (Kueue then releases its quota)."""
+    generation = (workload.get("metadata") or {}).get("generation")
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    _set(conditions, FINISHED, True, "Succeeded" if succeeded else "Failed",
+         message or ("Job finished successfully" if succeeded else "Job failed"), now=now,
+         generation=generation if isinstance(generation, int) else None)
+    return _status_patch(workload, conditions)
+
+
+def waiting_message(job: api.TrainingJob, workload: str) -> str:
+    """The Queued message of a job waiting for Kueue."""
+    return (f"Waiting for Kueue admission: Workload {workload} in LocalQueue "
+            f"{queue_name(job)} has no quota reserved yet; Kiln places the job once Kueue "
+            "admits it (kubectl get workload shows why it waits).")
+
+
+def owner_of(workload: Mapping[str, Any]) -> jobs.JobRef | None:
+    """The TrainingJob that owns the Workload, or None for another kind's."""
+    meta = workload.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == api.KIND and ref.get("apiVersion") == f"{api.GROUP}/{api.VERSION}":
+            return jobs.JobRef(str(meta.get("namespace") or "default"), str(ref.get("name")))
+    return None
+
+
+# --- the shell: API calls, called by admission and the kopf handlers ---
+
+
+async def ensure_workload(svc: services.Services, body: dict[str, Any],
+                          job: api.TrainingJob) -> None:
+    """Create the job's Workload if it has none, else act on the one it has (`observe`).
+
+    A cluster without Kueue's Workload API leaves the job queued with a Warning that says so.
+    """
+    meta = body.get("metadata") or {}
+    ref = jobs.JobRef.of(body)
+    name = workload_name(job.name, str(meta.get("uid") or ""))
+    found = await svc.client.get(Paths.workload(ref.namespace, name))
+    if found is not None:
+        await observe(svc, found, None)
+        return
+    st = body.get("status") or {}
+    gpus = job.spec.resources.gpus
+    if gpus is None:  # "auto": the least it runs on; set spec.resources.gpus to ask for more
+        nodes = await svc.client.list(kube.Paths.nodes())
+        gpus = 1 if cluster.pools(nodes, (), cpu_slots=1, now=svc.clock()).nodes.get(
+            cluster.GPU_POOL) else 0
+    priority, problem = await _priority(svc, job)
+    manifest = build_workload(
+        body, job, gpus=gpus, image=str(job.spec.template.get("image")
+                                         or svc.pod_settings.default_image),
+        priority=priority, active=not status.is_true(st, C.SUSPENDED),
+        gpu_resource=svc.options.gpu_resources[0])
+    try:
+        await svc.client.create(Paths.workloads(ref.namespace), manifest)
+    except kube.ApiError as exc:
+        if exc.status not in (404, 400, 422):
+            raise
+        problem = (f"the API server refused Workload {name} ({exc}); "
+                   + ("install Kueue (its Workload API kueue.x-k8s.io/v1beta1) or run the "
+                      "operator without --kueue" if exc.status == 404 else
+                      "check the job's kueue.x-k8s.io labels and spec.template"))
+    if problem:
+        await svc.jobs.post_event(body, status.Event.warning(R.WAITING_FOR_KUEUE, (
+            f"Kueue: {problem}.")))
+
+
+async def _priority(svc: services.Services, job: api.TrainingJob
+                    ) -> tuple[Priority | None, str]:
+    """The Workload's priority, as Kueue's own integrations pick it: the job's
+    kueue.x-k8s.io/priority-class label (a WorkloadPriorityClass), else
+    spec.runPolicy.priorityClassName (a PriorityClass); and a problem, if the class is
+    missing."""
+    label = job.metadata.labels.get(PRIORITY_CLASS_LABEL)
+    name, source, path = (
+        (label, WORKLOAD_PRIORITY_SOURCE, Paths.workload_priority_class(label)) if label else
+        (job.spec.run_policy.priority_class_name, POD_PRIORITY_SOURCE,
+         Paths.priority_class(job.spec.run_policy.priority_class_name or "")))
+    if not name:
+        return None, ""
+    found = await svc.client.get(path)
+    if found is None or not isinstance(found.get("value"), int):
+        return None, (f"priority class {name} ({source}) does not exist, so the Workload has "
+                      "the default priority; create it, or fix the job's priority class")
+    return Priority(name, source, int(found["value"])), ""
+
+
+async def observe(svc: services.Services, workload: dict[str, Any],
+                  event_type: str | None) -> None:
+    """Act on a Workload of a TrainingJob as it changes.
+
+    Admitted -> the job enters Kiln's placement queue with a `placement_loop.Grant` (the
+    admitted flavors' node labels, the admitted GPUs). Evicted, or no admission any more ->
+    the job is stopped (its pods deleted with the grace period, so the trainer checkpoints)
+    and waits again; an evicted Workload whose job has stopped gets its admission cleared,
+    which hands it back to Kueue. A deleted Workload of a live job is created again.
+    """
+    ref = owner_of(workload)
+    if ref is None:
+        return
+    body = await svc.jobs.fetch(ref)
+    st = (body or {}).get("status") or {}
+    if body is None or lifecycle.deleting(body) or status.is_terminal(st):
+        return
+    try:
+        job = lifecycle.parse(body)
+    except api.InvalidSpec:
+        return
+    if not managed(svc.options, job):
+        return
+    if event_type == "DELETED":
+        await _stop(svc, ref, job, "Its Kueue Workload was deleted; a new one is created and "
+                    "the job waits for Kueue to admit it.", evicted=False)
+        await ensure_workload(svc, body, job)
+        return
+    state = state_of(workload)
+    if state is State.ADMITTED:
+        if lifecycle.waiting(st):  # else placed already, or not queued yet (admission ends
+            await _admitted(svc, ref, job, workload)  # with `ensure_workload`, which comes back)
+    elif state is State.EVICTED:
+        evicted = _condition(workload, EVICTED) or {}
+        await _stop(svc, ref, job, (
+            f"Kueue evicted Workload {workload['metadata']['name']} "
+            f"({evicted.get('reason')}: {evicted.get('message')}); the trainer was asked to "
+            "checkpoint and stop, and the job waits for Kueue to admit it again."),
+            evicted=True)
+        await release(svc, ref, workload)
+    elif state is State.PENDING:
+        why = str((_condition(workload, QUOTA_RESERVED) or {}).get("message") or "")
+        await _stop(svc, ref, job, waiting_message(job, workload["metadata"]["name"])
+                    + (f" Kueue: {why}" if why else ""), evicted=False)
+
+
+async def _admitted(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
+                    workload: dict[str, Any]) -> None:
+    """Queue an admitted job for placement within its grant (once)."""
+    if ref in svc.placement:
+        return
+    assigned = assignment(workload)
+    flavors = sorted(set((assigned.get("flavors") or {}).values()))
+    labels: dict[str, dict[str, str]] = {}
+    for flavor in flavors:
+        found = await svc.client.get(Paths.flavor(flavor))
+        labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
+    grant = grant_of(workload, labels, svc.options.gpu_resources)
+    cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+    now = svc.clock()
+    async with svc.jobs.edit(ref) as e:
+        if e.body is None or not lifecycle.waiting(e.status):
+            return
+        where = (f"nodes labelled {dict(grant.node_labels)}" if grant.node_labels
+                 else "any node")
+        held_gpus = f"at most {grant.gpus} GPU(s)" if grant.gpus is not None else "no GPUs"
+        e.condition(C.QUEUED, True, R.ADMITTED_BY_KUEUE, (
+            f"Kueue admitted Workload {workload['metadata']['name']} (ClusterQueue "
+            f"{cluster_queue}, flavor(s) {', '.join(flavors) or 'none'}); Kiln places it on "
+            f"{where} with {held_gpus}."), now=now, event="Normal")
+        await e.commit()
+        if e.body is not None:
+            svc.placement.add(dataclasses.replace(
+                lifecycle.queued_entry(e.body, job, now=now), grant=grant))
+
+
+async def _stop(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob, message: str,
+                *, evicted: bool) -> None:
+    """Take the job out of placement and stop its trainer; it waits for Kueue again
+    (Queued=True: the pod events of its stopping trainer then change nothing)."""
+    now = svc.clock()
+    reason = R.EVICTED_BY_KUEUE if evicted else R.WAITING_FOR_KUEUE
+    async with svc.jobs.edit(ref) as e:
+        if (lifecycle.deleting(e.body) or status.is_terminal(e.status)
+                or status.is_true(e.status, C.SUSPENDED) or e.body is None):
+            return
+        svc.placement.remove(ref)
+        active = status.is_true(e.status, C.PLACED)
+        if not active and not status.is_true(e.status, C.QUEUED):
+            return  # not admitted by Kiln yet: admission queues it, held for Kueue
+        for type_ in (C.RUNNING, C.PLACED, C.RESTARTING):
+            if status.is_true(e.status, type_):
+                e.condition(type_, False, reason, message, now=now)
+        e.condition(C.QUEUED, True, reason, message, now=now,
+                    event="Warning" if evicted and active else None)
+        if active:
+            e.status.pop("startTime", None)  # the deadline clock stops while evicted
+        await e.commit()
+        names = [p.name for p in await lifecycle.job_pod_states(svc, ref)
+                 if p.active and p.name != profiling.pod_name(ref.name)]
+        for name in names:
+            await svc.client.delete(kube.Paths.pod(ref.namespace, name),
+                                    grace_period_seconds=svc.options.termination_grace_seconds)
+
+
+async def release(svc: services.Services, ref: jobs.JobRef, workload: dict[str, Any]) -> None:
+    """Clear an evicted Workload's admission once none of its job's trainers runs (a pod
+    being deleted still holds its devices while its trainer checkpoints)."""
+    if state_of(workload) is not State.EVICTED or not reserved(workload):
+        return
+    if any(not p.finished and p.name != profiling.pod_name(ref.name)
+           for p in await lifecycle.job_pod_states(svc, ref)):
+        return  # `pod_event` comes back when they are gone
+    name = workload["metadata"]["name"]
+    try:
+        await svc.client.merge_patch(Paths.workload(ref.namespace, name, status=True),
+                                     release_patch(workload, now=svc.clock()))
+    except kube.ApiError as exc:
+        if exc.status != 409:
+            raise
+        _log.info("kueue: Workload %s/%s changed meanwhile; its next event retries", ref.namespace,
+                  name)
+
+
+async def pod_event(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
+    """A trainer pod of a Kueue-managed job stopped or vanished: hand its evicted Workload
+    back to Kueue if it was the last active one."""
+    state = pods.pod_state(pod)
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    if not state.job or not namespace or not (event_type == "DELETED" or state.finished):
+        return
+    workload = await _workload_of(svc, jobs.JobRef(namespace, state.job))
+    if workload is not None:
+        await release(svc, jobs.JobRef(namespace, state.job), workload)
+
+
+async def _workload_of(svc: services.Services, ref: jobs.JobRef) -> dict[str, Any] | None:
+    """The Workload of a Kueue-managed job (None: the job is gone, unmanaged or has none)."""
+    body = await svc.jobs.fetch(ref)
+    if body is None:
+        return None
+    try:
+        job = lifecycle.parse(body)
+    except api.InvalidSpec:
+        return None
+    if not managed(svc.options, job):
+        return None
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    return await svc.client.get(Paths.workload(ref.namespace, workload_name(job.name, uid)))
+
+
+async def finish(svc: services.Services, body: dict[str, Any]) -> None:
+    """Mark a finished job's Workload Finished (once), so Kueue releases its quota."""
+    ref = jobs.JobRef.of(body)
+    st = body.get("status") or {}
+    if not status.is_terminal(st):
+        return
+    workload = await _workload_of(svc, ref)
+    if workload is None or state_of(workload) is State.FINISHED:
+        return
+    succeeded = status.is_true(st, C.SUCCEEDED)
+    ended = status.condition(st, C.SUCCEEDED if succeeded else C.FAILED) or {}
+    try:
+        await svc.client.merge_patch(
+            Paths.workload(ref.namespace, workload["metadata"]["name"], status=True),
+            finish_patch(workload, succeeded=succeeded, message=str(ended.get("message") or ""),
+                         now=svc.clock()))
+    except kube.ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+async def set_active(svc: services.Services, ref: jobs.JobRef, active: bool) -> None:
+    """Follow spec.runPolicy.suspend: a suspended job's Workload is inactive (Kueue evicts it
+    and releases its quota), a resumed one active again (Kueue queues it)."""
+    workload = await _workload_of(svc, ref)
+    if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
+        await svc.client.merge_patch(
+            Paths.workload(ref.namespace, workload["metadata"]["name"]),
+            {"spec": {"active": active}})

@@ -1,0 +1,226 @@
+"""`kiln plot`: training curves from runs' metric histories, and a placement plan as a Gantt chart.
+
+Figures are drawn off screen (matplotlib's Agg backend) and returned, so callers can save them
+or inspect their axes; this module never shows a window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display on CI machines or in pods
+
+from matplotlib import pyplot
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from kiln.local import runner
+
+# (history key, axis label) of each curve panel, left to right.
+CURVES = (("train_loss", "train loss"), ("validation_loss", "validation loss (nats)"),
+          ("validation_accuracy", "validation accuracy"))
+FROZEN = ("frozen_modules", "frozen modules")
+X_LABEL = "training time (s)"
+RUNS = Path(".kiln", "runs")  # where `kiln run` keeps histories, from the working directory
+
+
+class PlotError(ValueError):
+    """A history or plan file that cannot be plotted; the message names the file and the fix."""
+
+
+def load_runs(paths: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+    """Read runs for `runs_figure`, each named by its file (`digits-a.metrics.jsonl`: digits-a).
+
+    A path that is a job name or a job's log resolves to its history beside it, so
+    `kiln plot .kiln/runs/digits-a.log` and `.kiln/runs/digits-a` both work; a bare job name
+    (`digits-a`) with no history in the working directory is looked up in `.kiln/runs/`.
+
+    Raises:
+        PlotError: a file is missing, unreadable, or holds no evaluations.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for given in paths:
+        path = history_file(given)
+        name = path.name.removesuffix(".metrics.jsonl")
+        try:
+            history = runner.read_history(path)
+        except OSError as exc:
+            plan = (f"; to draw the plan {given} as a Gantt chart, give --plan {given}"
+                    if given.name.endswith(".json") else "")
+            raise PlotError(f"{given}: cannot read {path} ({exc.strerror or exc}); give a "
+                            "`kiln run` history, e.g. .kiln/runs/JOB.metrics.jsonl, or a job "
+                            f"name{plan}") from None
+        if not history:
+            raise PlotError(f"{path}: holds no evaluations yet; a run writes one line per "
+                            "evaluation (each epoch, and every spec.training.evalEverySteps)")
+        runs[name if name not in runs else str(path)] = history
+    return runs
+
+
+def history_file(path: Path) -> Path:
+    """The history file a user meant: the path itself, or `<job>.metrics.jsonl` beside a job's
+    log, job file, or job name; a bare name's in `RUNS` unless the working directory has it."""
+    if path.name.endswith(".metrics.jsonl"):
+        found = path
+    else:
+        stem = path.name.removesuffix(".log").removesuffix(".json")
+        found = path.with_name(f"{stem}.metrics.jsonl")
+    if found.parent == Path() and not found.exists():
+        return RUNS / found
+    return found
+
+
+def runs_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                x_key: str = "elapsed_seconds") -> Figure:
+    """Loss and accuracy curves of several runs side by side (one line per run, one panel per
+    quantity), so a warm-started run reads against its cold twin at a glance.
+
+    A frozen-modules panel (integer ticks) is added when any run froze a module. Missing values
+    (an evaluation before the first training loss) are gaps, not zeros. A run with a single
+    evaluation is drawn as a dot, on an x axis from 0.
+
+    Args:
+        runs: run name -> its evaluations (`runner.read_history` lines).
+        x_key: the x axis: "elapsed_seconds" (training time, the default: warm start and
+            freezing pay off in time, not steps) or "step".
+
+    Returns:
+        The figure; its axes are titled by quantity and share the x axis.
+    """
+    panels = list(CURVES)
+    if any(line.get(FROZEN[0]) for history in runs.values() for line in history):  # 0: none
+        panels.append(FROZEN)
+    figure = pyplot.figure(figsize=(4.5 * len(panels), 4.0), layout="constrained")
+    axes = figure.subplots(1, len(panels), sharex=True, squeeze=False)[0]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for name, history in runs.items():
+            xs = [float(line.get(x_key) or 0.0) for line in history]
+            ys = [_number(line.get(key)) for line in history]
+            marker = "o" if len(xs) == 1 else "."  # a lone evaluation is no line
+            if key == FROZEN[0]:
+                ax.step(xs, ys, where="post", label=name, marker=marker if len(xs) == 1 else "")
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole modules
+            else:
+                ax.plot(xs, ys, marker=marker, label=name)
+        ax.set_title(label)
+        ax.set_xlabel(X_LABEL if x_key == "elapsed_seconds" else x_key.replace("_", " "))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    at = {float(line.get(x_key) or 0.0) for history in runs.values() for line in history}
+    if len(at) == 1:  # matplotlib would span a sliver around the one x; show it from 0
+        (x,) = at
+        axes[0].set_xlim(min(0.0, x), 2 * x if x > 0 else 1.0)
+    axes[0].legend(loc="best", fontsize="small")
+    figure.suptitle(", ".join(runs) if len(runs) <= 3 else f"{len(runs)} runs")
+    return figure
+
+
+def load_plan(path: Path) -> dict[str, Any]:
+    """A plan document: `kiln run --slots` writes one as `.kiln/runs/run.json` (the plan and
+    how each job ran); a bare plan (``{"assignments": [...]}``) works too.
+
+    Raises:
+        PlotError: the file is missing, not JSON, or has no assignments.
+    """
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PlotError(f"--plan {path}: cannot read it ({exc.strerror or exc}); `kiln run "
+                        "--slots N` writes .kiln/runs/run.json") from None
+    except json.JSONDecodeError as exc:
+        raise PlotError(f"--plan {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    plan = doc.get("plan", doc) if isinstance(doc, dict) else None
+    assignments = plan.get("assignments") if isinstance(plan, dict) else None
+    if not isinstance(assignments, list) or not all(
+            isinstance(a, dict) and {"job", "start", "seconds"} <= a.keys() for a in assignments):
+        raise PlotError(f"--plan {path}: expected run.json from `kiln run --slots` or a plan "
+                        "with assignments [{job, start, seconds, gpus, parallelism}, ...]")
+    return dict(doc)
+
+
+def plan_figure(doc: Mapping[str, Any]) -> Figure:
+    """The plan as a Gantt chart: one row per job, its planned span as an outlined bar labelled
+    with its config (``ddp×2``), and, for run.json, the span it actually ran filled inside.
+
+    Args:
+        doc: `load_plan`'s document.
+
+    Returns:
+        The figure (one axes: x in seconds from the run's start, y the jobs in planned order).
+    """
+    plan = doc.get("plan", doc)
+    assignments = sorted(plan["assignments"], key=lambda a: (float(a["start"]), str(a["job"])))
+    ran = {str(j["name"]): j for j in doc.get("jobs", [])
+           if isinstance(j, dict) and "start_seconds" in j and "end_seconds" in j}
+    figure = pyplot.figure(figsize=(9.0, 1.2 + 0.5 * len(assignments)), layout="constrained")
+    ax = figure.add_subplot()
+    legend = {"planned", "actual"}  # each label once
+    for row, a in enumerate(assignments):
+        start, seconds = float(a["start"]), float(a["seconds"])
+        ax.barh(row, seconds, left=start, height=0.7, fill=False, hatch="//",
+                edgecolor="tab:blue", label=_once(legend, "planned"))
+        ax.text(start + seconds / 2, row, f"{a.get('parallelism', '?')}×{a.get('gpus', '?')}",
+                ha="center", va="center", fontsize="small")
+        actual = ran.get(str(a["job"]))
+        if actual is not None:
+            began = float(actual["start_seconds"])
+            ax.barh(row, float(actual["end_seconds"]) - began, left=began, height=0.35,
+                    color="tab:orange", alpha=0.8, label=_once(legend, "actual"))
+    ax.set_yticks(range(len(assignments)), [str(a["job"]) for a in assignments])
+    ax.invert_yaxis()  # first start on top, as a schedule reads
+    ax.set_xlabel("seconds from the start of the run")
+    devices = doc.get("devices") or {}
+    where = f" on {_devices(devices)}" if devices else ""
+    makespan = _number(plan.get("makespan_seconds", plan.get("makespan")))
+    spans = [] if math.isnan(makespan) else [f"makespan {makespan:.0f} s planned"]
+    if ran:  # spans are seconds from the run's start
+        spans.append(f"{max(float(j['end_seconds']) for j in ran.values()):.0f} s actual")
+    ax.set_title(f"plan ({plan.get('solver', '?')}){where}" +
+                 "".join(f", {span}" for span in spans))
+    ax.grid(axis="x", alpha=0.3)
+    # below the axes: inside, the legend would hide the bars of whichever rows it sat on
+    figure.legend(loc="outside lower center", ncols=2, fontsize="small")
+    return figure
+
+
+def _devices(devices: Mapping[str, Any]) -> str:
+    """A run's devices in words: "2 CPU slots", "1 GPU", "4 GPUs (NVIDIA H200)"."""
+    count, kind = devices.get("count", "?"), str(devices.get("kind", "?"))
+    if kind == "cpu":
+        return f"{count} CPU slot{'' if count == 1 else 's'}"
+    model = kind.removeprefix("cuda").lstrip(":")
+    return f"{count} GPU{'' if count == 1 else 's'}" + (f" ({model})" if model else "")
+
+
+def save(figure: Figure, out: Path) -> None:
+    """Write `figure` to `out` (format from its suffix, e.g. .png, .svg, .pdf) and free it.
+
+    Raises:
+        PlotError: the folder does not exist or the format is unknown.
+    """
+    try:
+        figure.savefig(out, dpi=100)
+    except (OSError, ValueError) as exc:
+        raise PlotError(f"--out {out}: cannot write it ({exc}); give a path in an existing "
+                        "folder ending in .png, .svg or .pdf") from None
+    finally:
+        pyplot.close(figure)
+
+
+def _once(unused: set[str], label: str) -> str | None:
+    """`label` the first time it is asked for, then None (one legend entry per kind of bar)."""
+    if label in unused:
+        unused.discard(label)
+        return label
+    return None
+
+
+def _number(value: Any) -> float:
+    """A plotted value: a number, or NaN (a gap in the line) for None."""
+    return float(value) if isinstance(value, int | float) else math.nan

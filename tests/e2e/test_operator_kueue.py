@@ -1,0 +1,195 @@
+"""Kueue admits, Kiln places within the admission: the real operator with ``--kueue``.
+
+No Kueue runs here. The test plays Kueue's part on the emulator: it serves Kueue's Workload and
+ResourceFlavor kinds, and patches a Workload's status as Kueue's scheduler would (QuotaReserved
+and Admitted with status.admission naming a flavor; Evicted). Everything Kiln does is real: the
+operator process, its Workload, its pods run by the test kubelet, the zoo checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kmock
+from kubesim import client, emulator, kubelet, operator_process, scenario, usage
+
+from kiln.controller import kueue, rbac
+
+WORKLOADS = f"{kueue.GROUP}/{kueue.VERSION}/{kueue.WORKLOADS}"
+FLAVORS = f"{kueue.GROUP}/{kueue.VERSION}/resourceflavors"
+KUEUE_RESOURCES = {
+    WORKLOADS: kmock.ResourceInfo(
+        kind="Workload", singular="workload", namespaced=True, subresources={"status"},
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}),
+    FLAVORS: kmock.ResourceInfo(
+        kind="ResourceFlavor", singular="resourceflavor", namespaced=False,
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}),
+}
+POOL_LABEL = "e2e.kiln.dev/pool"
+FLAVOR = "on-demand"
+
+
+def _workloads(cluster: emulator.Emulator, namespace: str) -> list[dict[str, Any]]:
+    return [w for w in cluster.objects(WORKLOADS)
+            if w["metadata"].get("namespace") == namespace]
+
+
+def _workload_condition(workload: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in workload.get("status", {}).get("conditions") or []
+                 if c["type"] == type_), {})
+
+
+def _set_conditions(workload: dict[str, Any], **statuses: tuple[str, str]) -> list[Any]:
+    """The Workload's conditions with `statuses` (type -> (status, reason)) set, as Kueue's
+    scheduler writes them."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [c for c in copy.deepcopy(workload.get("status", {}).get("conditions") or [])
+                  if c["type"] not in statuses]
+    for type_, (value, reason) in statuses.items():
+        conditions.append({"type": type_, "status": value, "reason": reason,
+                           "message": f"{type_} by the test playing Kueue",
+                           "lastTransitionTime": now})
+    return conditions
+
+
+def _admit(cluster: emulator.Emulator, workload: dict[str, Any]) -> None:
+    """What Kueue's scheduler writes when it admits the Workload to flavor FLAVOR."""
+    path = f"/apis/{WORKLOADS.rsplit('/', 1)[0]}/namespaces/{workload['metadata']['namespace']}" \
+           f"/workloads/{workload['metadata']['name']}/status"
+    cluster.client.patch(path, {"status": {
+        "conditions": _set_conditions(workload, QuotaReserved=("True", "QuotaReserved"),
+                                      Admitted=("True", "Admitted"),
+                                      Evicted=("False", "QuotaReserved")),
+        "admission": {"clusterQueue": "e2e-cq", "podSetAssignments": [{
+            "name": kueue.POD_SET, "count": 1, "flavors": {"cpu": FLAVOR},
+            "resourceUsage": {"cpu": "1"}}]}}})
+
+
+def _evict(cluster: emulator.Emulator, workload: dict[str, Any]) -> None:
+    """What Kueue writes when a higher-priority Workload preempts this one."""
+    path = f"/apis/{WORKLOADS.rsplit('/', 1)[0]}/namespaces/{workload['metadata']['namespace']}" \
+           f"/workloads/{workload['metadata']['name']}/status"
+    cluster.client.patch(path, {"status": {
+        "conditions": _set_conditions(workload, Evicted=("True", "Preempted"))}})
+
+
+def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
+    zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    namespace = f"kueue-{uuid.uuid4().hex[:6]}"
+    with emulator.Emulator(extra_resources=KUEUE_RESOURCES) as cluster:
+        # Two nodes: the planner's first choice is node a; the flavor allows only node b.
+        for node, pool in (("cpu-node-a", "spot"), ("cpu-node-b", FLAVOR)):
+            cluster.client.create_node(node)
+            cluster.client.patch(f"/api/v1/nodes/{node}",
+                                 {"metadata": {"labels": {POOL_LABEL: pool}}})
+        cluster.client.create(f"/apis/{FLAVORS}", {
+            "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", "kind": "ResourceFlavor",
+            "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
+        cluster.client.create_secret(namespace, *zoo_secret)
+        node = kubelet.Kubelet(cluster.url, tmp_path / "kubelet")
+        node.start()
+        operator = operator_process.OperatorProcess(
+            cluster, tmp_path / "operator", env=zoo.operator_env,
+            args=[*operator_args, "--kueue"])
+        try:
+            operator.start()
+            _run(cluster, operator, zoo, namespace)
+        finally:
+            operator.stop()
+            node.stop()
+        calls = usage.api_calls(cluster.requests)
+    assert not node.errors, node.errors
+    granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
+    assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
+
+
+def _run(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+         zoo: scenario.Zoo, namespace: str) -> None:
+    name, plain = "digits-kueue", "digits-plain"
+
+    def details() -> str:
+        shown = [(p["metadata"]["name"], p.get("spec", {}).get("nodeName"),
+                  p.get("status", {}).get("phase")) for p in cluster.client.pods(namespace)]
+        return f"pods: {shown}\nworkloads: {_workloads(cluster, namespace)}\n" + str(
+            operator.log_tail())
+
+    # 30 epochs (~0.5 s each): the eviction lands while it trains.
+    cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=30, max_samples=None))
+    unlabelled = scenario.tiny_job(plain)
+    unlabelled["metadata"]["labels"] = {}
+    cluster.client.create_job(namespace, unlabelled)
+
+    # Unadmitted: queued for Kueue with a Workload, no pod, while the unlabelled job starts.
+    waiting = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: (scenario.condition(job, "Queued") or {}).get("reason")
+        == "WaitingForKueueAdmission", what="waiting for Kueue admission",
+        details=details)
+    assert scenario.phase(waiting) == "Queued"
+    (workload,) = client.wait_until(lambda: _workloads(cluster, namespace), timeout_seconds=30,
+                                    what="the job's Workload")
+    assert workload["metadata"]["name"] == kueue.workload_name(
+        name, waiting["metadata"]["uid"])
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "TrainingJob"
+    assert workload["spec"]["queueName"] == "e2e"
+    (pod_set,) = workload["spec"]["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == (kueue.POD_SET, 1)
+    scenario.wait_job(cluster, namespace, plain,
+                      lambda job: bool(cluster.client.pods(namespace, plain)),
+                      what="the unlabelled job's pod", details=details)
+    assert scenario.pod_creations(cluster, namespace, name) == []
+    assert (scenario.condition(cluster.client.job(namespace, name), "Queued") or {}).get(
+        "reason") == "WaitingForKueueAdmission"
+
+    # Admitted to a flavor whose node labels allow node b only.
+    _admit(cluster, workload)
+    checkpoint = f"checkpoints/{namespace}/{name}/checkpoint.pt"
+    running = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: scenario.phase(job) == "Running" and zoo.store.exists(checkpoint),
+        what="running with a checkpoint", details=details)
+    assert running["status"]["placement"]["node"] == "cpu-node-b"
+    (pod,) = cluster.client.pods(namespace, name)
+    assert pod["spec"]["nodeName"] == "cpu-node-b"
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in pod["metadata"]["labels"])
+    assert scenario.wait_event(cluster, namespace, name, "AdmittedByKueue")["type"] == "Normal"
+
+    # Evicted: the trainer stops, the job waits again, the admission goes back to Kueue.
+    _evict(cluster, _workloads(cluster, namespace)[0])
+    evicted = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: (scenario.condition(job, "Queued") or {}).get("reason") == "EvictedByKueue",
+        what="requeued by the eviction", details=details)
+    assert scenario.phase(evicted) == "Queued"
+    assert "Preempted" in scenario.condition(evicted, "Queued")["message"]
+    client.wait_until(lambda: not cluster.client.pods(namespace, name), timeout_seconds=60,
+                      what="the evicted trainer pod to be deleted")
+    released = client.wait_until(
+        lambda: next((w for w in _workloads(cluster, namespace)
+                      if _workload_condition(w, "QuotaReserved").get("status") == "False"),
+                     None), timeout_seconds=30, what="the admission to be cleared")
+    assert not released["status"].get("admission")
+    assert _workload_condition(released, "Requeued")["status"] == "True"
+    assert scenario.pod_creations(cluster, namespace, name) == [f"{name}-trainer-0"]
+
+    # Admitted again: it resumes from its checkpoint, ends, and its Workload is Finished.
+    _admit(cluster, released)
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
+    assert done["status"]["attempts"] == 2 and done["status"].get("restarts", 0) == 0
+    assert scenario.termination_result(cluster, namespace, f"{name}-trainer-1")[
+        "resumed_from_epoch"] >= 1
+    finished = client.wait_until(
+        lambda: next((w for w in _workloads(cluster, namespace)
+                      if _workload_condition(w, "Finished").get("status") == "True"), None),
+        timeout_seconds=30, what="the Workload to be marked Finished")
+    assert _workload_condition(finished, "Finished")["reason"] == "Succeeded"
+
+    # The unlabelled job ran as ever: no Workload of its own.
+    scenario.wait_phase(cluster, namespace, plain, "Succeeded", details=details)
+    assert len(_workloads(cluster, namespace)) == 1

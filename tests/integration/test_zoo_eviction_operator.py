@@ -1,0 +1,74 @@
+"""The operator's zoo eviction against the kmock API emulator: started by the startup handler
+when --zoo-capacity is set, each round lists the TrainingJobs over HTTP, keeps what unfinished
+jobs use (their parents, pinned or decided, and running jobs' provisional records) and evicts
+the rest past capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from kubesim import emulator
+from zoofactory import add, hit
+
+from kiln.controller import handlers, main
+from kiln.zoo import records, store
+
+# Listing while a record is replaced or deleted skips it with a warning: expected here.
+pytestmark = pytest.mark.filterwarnings("ignore::kiln.zoo.records.SkippedRecordWarning")
+SUCCEEDED = {"conditions": [{"type": "Succeeded", "status": "True", "reason": "TargetReached",
+                             "message": "done", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}
+
+
+def _job(name: str, *, parent: str = "auto", status: dict[str, Any] | None = None
+         ) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                 "dataset": {"name": "digits"}, "training": {"epochs": 1},
+                 "warmStart": {"parent": parent}}}
+    if status is not None:
+        doc["status"] = status
+    return doc
+
+
+def test_operator_eviction_keeps_live_parents_and_running_provisional_records(
+        tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    for record_id in ("decided-00000001", "pinned-00000002", "finished-00000003",
+                      "spare-00000004"):
+        add(zoo, record_id, floats=3000, days_old=400)  # old and never chosen: worth least
+    add(zoo, "provisional-00000005", floats=3000, days_old=400, provisional=True,
+        job_name="running")
+    add(zoo, "popular-00000006", floats=3000)
+    hit(zoo, "popular-00000006", days_ago=0, times=5)
+    with emulator.Emulator() as cluster:
+        cluster.client.create_job("team-a", _job("running", status={
+            "warmStart": {"parent": "decided-00000001"}}))
+        cluster.client.create_job("team-b", _job("pinned", parent="pinned-00000002"))
+        cluster.client.create_job("team-a", _job("done", status={
+            **SUCCEEDED, "warmStart": {"parent": "finished-00000003"}}))
+        options = main.options_from_args(main.build_parser().parse_args(
+            ["--zoo-uri", str(zoo.root), "--zoo-capacity", "1KB"]))
+        svc = main.build_services(options, kopf.ConnectionInfo(server=cluster.url))
+
+        async def operator_until_evicted() -> None:
+            memo = kopf.Memo()
+            memo.services = svc
+            await handlers.startup(settings=kopf.OperatorSettings(), memo=memo)
+            deadline = time.monotonic() + 60
+            try:
+                while len(await asyncio.to_thread(records.list_records, zoo)) > 3:
+                    assert time.monotonic() < deadline, "no eviction round ran"
+                    await asyncio.sleep(0.05)  # integration: the round runs in the background
+            finally:
+                await handlers.cleanup(memo=memo)
+
+        asyncio.run(operator_until_evicted())
+    # What live jobs use stays, even past the 1 KB budget.
+    left = {r.id for r in records.list_records(zoo)}
+    assert left == {"decided-00000001", "pinned-00000002", "provisional-00000005"}

@@ -1,0 +1,176 @@
+"""The pure side of the Kueue integration: the Workload Kiln builds, how it reads Kueue's
+admission, and the status patches it writes back."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from kiln import api
+from kiln.controller import jobs, kueue, placement_loop, pods, settings
+from kiln.warmstart import select
+
+
+def _job(labels: dict[str, str] | None = None, **spec: Any
+         ) -> tuple[dict[str, Any], api.TrainingJob]:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "digits", "namespace": "team-a", "uid": "u-1",
+                        "labels": {"kueue.x-k8s.io/queue-name": "gpu"} if labels is None
+                        else labels},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}, **spec}}
+    return doc, api.parse_job(doc)
+
+
+def _workload(*conditions: tuple[str, str, str], **assigned: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": [
+        {"type": t, "status": s, "reason": r, "message": f"{t} {r}",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"} for t, s, r in conditions]}
+    if assigned:
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": kueue.POD_SET, "count": 1, **assigned}]}
+    return {"metadata": {"name": "trainingjob-digits-abcde", "namespace": "team-a",
+                         "resourceVersion": "7", "generation": 1,
+                         "ownerReferences": [{"apiVersion": "kiln.dev/v1alpha1",
+                                              "kind": "TrainingJob", "name": "digits",
+                                              "uid": "u-1", "controller": True}]},
+            "status": status}
+
+
+ADMITTED = (("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"))
+
+
+def test_the_workload_asks_for_one_trainer_pod_with_the_jobs_gpus_cpu_and_priority() -> None:
+    owner, job = _job(resources={"gpus": 4},
+                      template={"resources": {"limits": {"memory": "8Gi"},
+                                              "requests": {"cpu": "6"}},
+                                "nodeSelector": {"zone": "a"}})
+    workload = kueue.build_workload(
+        owner, job, gpus=4, image="kiln/trainer:test",
+        priority=kueue.Priority("high", kueue.POD_PRIORITY_SOURCE, 1000), active=True)
+    meta, spec = workload["metadata"], workload["spec"]
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta1" and workload["kind"] == "Workload"
+    assert meta["name"] == kueue.workload_name("digits", "u-1")
+    assert meta["namespace"] == "team-a" and meta["labels"][kueue.JOB_UID_LABEL] == "u-1"
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "name": "digits", "uid": "u-1",
+        "controller": True, "blockOwnerDeletion": True}]
+    assert spec["queueName"] == "gpu" and spec["active"] is True
+    assert (spec["priorityClassName"], spec["priority"], spec["priorityClassSource"]) == (
+        "high", 1000, "scheduling.k8s.io/priorityclass")
+    (pod_set,) = spec["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == ("trainer", 1)
+    pod_spec = pod_set["template"]["spec"]
+    assert pod_spec["containers"][0]["resources"]["requests"] == {
+        "memory": "8Gi", "cpu": "6", pods.GPU_RESOURCE: "4"}
+    assert pod_spec["nodeSelector"] == {"zone": "a"}
+
+
+def test_workload_names_are_deterministic_per_job_and_fit_an_object_name() -> None:
+    assert kueue.workload_name("digits", "u-1") == kueue.workload_name("digits", "u-1")
+    assert kueue.workload_name("digits", "u-1") != kueue.workload_name("digits", "u-2")
+    assert kueue.workload_name("digits", "u-1").startswith("trainingjob-digits-")
+    assert len(kueue.workload_name("x" * 253, "u-1")) <= 253
+
+
+@pytest.mark.parametrize(("conditions", "assigned", "state"), [
+    pytest.param((), {}, kueue.State.PENDING, id="new"),
+    pytest.param(ADMITTED[:1], {"flavors": {"cpu": "f"}}, kueue.State.PENDING,
+                 id="quota-reserved-awaiting-admission-checks"),
+    pytest.param(ADMITTED, {"flavors": {"cpu": "f"}}, kueue.State.ADMITTED, id="admitted"),
+    pytest.param((*ADMITTED, ("Evicted", "True", "Preempted")), {"flavors": {"cpu": "f"}},
+                 kueue.State.EVICTED, id="evicted"),
+    pytest.param((*ADMITTED, ("Evicted", "False", "QuotaReserved")), {"flavors": {"cpu": "f"}},
+                 kueue.State.ADMITTED, id="admitted-again-after-an-eviction"),
+    pytest.param((("Finished", "True", "Succeeded"),), {}, kueue.State.FINISHED, id="finished"),
+])
+def test_state_of_reads_kueues_conditions(conditions: tuple[tuple[str, str, str], ...],
+                                          assigned: dict[str, Any],
+                                          state: kueue.State) -> None:
+    assert kueue.state_of(_workload(*conditions, **assigned)) is state
+
+
+def test_a_multi_node_job_asks_for_one_pod_per_node_as_its_gpu_resource() -> None:
+    owner, job = _job(resources={"gpus": 8, "nodes": 2})
+    workload = kueue.build_workload(owner, job, gpus=8, image="kiln/trainer:test",
+                                    priority=None, active=True, gpu_resource="amd.com/gpu")
+    (pod_set,) = workload["spec"]["podSets"]
+    assert pod_set["count"] == 2
+    assert pod_set["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+        "amd.com/gpu": "4"}
+    # Kueue's resourceUsage totals the pod set: the grant is the job's 8 GPUs.
+    admitted = _workload(*ADMITTED, flavors={"amd.com/gpu": "mi300"}, count=2,
+                         resourceUsage={"amd.com/gpu": "8"})
+    assert kueue.grant_of(admitted, {"mi300": {}}, ("amd.com/gpu",)).gpus == 8
+
+
+def test_the_grant_is_the_admitted_flavors_node_labels_and_gpus() -> None:
+    workload = _workload(*ADMITTED, flavors={"cpu": "on-demand", pods.GPU_RESOURCE: "a100"},
+                         resourceUsage={"cpu": "8", pods.GPU_RESOURCE: "4"})
+    grant = kueue.grant_of(workload, {"a100": {"gpu": "a100"}, "on-demand": {"pool": "od"}})
+    assert grant == placement_loop.Grant(node_labels=(("gpu", "a100"), ("pool", "od")), gpus=4)
+    assert grant.allows({"metadata": {"labels": {"gpu": "a100", "pool": "od", "x": "y"}}})
+    assert not grant.allows({"metadata": {"labels": {"gpu": "a100", "pool": "spot"}}})
+    cpu_only = kueue.grant_of(_workload(*ADMITTED, flavors={"cpu": "f"}), {"f": {}})
+    assert cpu_only.gpus is None and cpu_only.allows({"metadata": {}})
+
+
+def test_release_after_a_preemption_clears_the_admission_and_requeues() -> None:
+    workload = _workload(*ADMITTED, ("Evicted", "True", "Preempted"), flavors={"cpu": "f"})
+    patch = kueue.release_patch(workload, now=1_800_000_000.0)
+    assert patch["metadata"] == {"resourceVersion": "7"}
+    assert patch["status"]["admission"] is None
+    by_type = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert (by_type["QuotaReserved"]["status"], by_type["QuotaReserved"]["reason"]) == (
+        "False", "Pending")
+    assert (by_type["Admitted"]["status"], by_type["Admitted"]["reason"]) == (
+        "False", "NoReservation")
+    assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == ("True", "Preempted")
+    assert by_type["Evicted"]["status"] == "True"  # Kueue resets it when it admits again
+    assert kueue.state_of({**workload, "status": patch["status"]}) is kueue.State.EVICTED
+
+
+def test_release_after_deactivation_leaves_requeueing_to_kueue() -> None:
+    workload = _workload(*ADMITTED, ("Evicted", "True", "InactiveWorkload"), flavors={"cpu": "f"})
+    by_type = {c["type"]: c for c in kueue.release_patch(workload, now=1.0)["status"]["conditions"]}
+    assert by_type["Requeued"]["status"] == "False"
+
+
+def test_finish_marks_the_workload_finished_with_the_jobs_outcome() -> None:
+    workload = _workload(*ADMITTED, flavors={"cpu": "f"})
+    patch = kueue.finish_patch(workload, succeeded=False, message="Backoff limit reached.",
+                               now=1.0)
+    finished = next(c for c in patch["status"]["conditions"] if c["type"] == "Finished")
+    assert (finished["status"], finished["reason"], finished["message"]) == (
+        "True", "Failed", "Backoff limit reached.")
+    assert kueue.state_of({**workload, "status": patch["status"]}) is kueue.State.FINISHED
+
+
+def test_only_labelled_jobs_under_kueue_are_held_until_granted() -> None:
+    on, off = settings.Options(kueue=True), settings.Options()
+    _, labelled = _job()
+    _, plain = _job(labels={})
+    entry = placement_loop.Queued(
+        ref=jobs.JobRef("team-a", "digits"), job=labelled,
+        warm_start=select.cold_start(select.Outcome.COLD_EMPTY, "cold"), since=0.0)
+    assert kueue.held(on, entry)
+    assert not kueue.held(on, dataclasses.replace(entry, grant=placement_loop.Grant()))
+    assert not kueue.held(off, entry)
+    assert not kueue.held(on, dataclasses.replace(entry, job=plain))
+    assert kueue.owner_of(_workload()) == jobs.JobRef("team-a", "digits")
+
+
+def test_under_kueue_trainer_pods_do_not_carry_the_queue_label() -> None:
+    owner, job = _job()
+    launch = pods.Launch(node="n", devices=1, parallelism="single", device="cpu",
+                         warm_start=select.cold_start(select.Outcome.COLD_EMPTY, "cold"),
+                         estimated_seconds=1.0, started=1.0)
+    plain = settings.pod_settings(settings.Options())
+    managed = settings.pod_settings(settings.Options(kueue=True))
+    labels = pods.build_pod(owner, job, attempt=0, launch=launch, settings=plain)[
+        "metadata"]["labels"]
+    assert labels[kueue.QUEUE_LABEL] == "gpu"
+    labels = pods.build_pod(owner, job, attempt=0, launch=launch, settings=managed)[
+        "metadata"]["labels"]
+    assert kueue.QUEUE_LABEL not in labels
