@@ -56,6 +56,8 @@ check-extras:
 	! $(EXTRAS_VENV)/bin/python -c "import kopf" 2>/dev/null
 	! $(EXTRAS_VENV)/bin/python -c "import pyomo" 2>/dev/null
 	$(EXTRAS_VENV)/bin/kiln validate examples/digits-resnet.yaml
+	# The base trains: one short run on real digits, planned by the heuristic (no Pyomo).
+	cd $$(mktemp -d) && $(CURDIR)/$(EXTRAS_VENV)/bin/kiln run $(CURDIR)/examples/sweep/cnn-lr-002.yaml
 	! $(EXTRAS_VENV)/bin/kiln operator --help 2>/dev/null
 	$(EXTRAS_VENV)/bin/pip install --quiet '.[operator,plot]'
 	$(EXTRAS_VENV)/bin/kiln operator --help >/dev/null

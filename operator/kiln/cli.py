@@ -801,9 +801,10 @@ def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
     grow(at.add(Text(label(found.tree), style="bold")), found.tree)
     console.print(root)
     for cycle in found.cycles:  # hand-edited meta.json: the tree shows each record once
-        console.print(f"warning: parent cycle {' -> '.join((*cycle, cycle[0]))}: records "
-                      f"{', '.join(cycle)} name each other as parents (their meta.json "
-                      "'parent' fields); fix them, e.g. set one to null",
+        who = (f"record {cycle[0]} is its own parent" if len(cycle) == 1 else
+               f"records {', '.join(cycle)} name each other as parents")
+        console.print(f"warning: parent cycle {' -> '.join((*cycle, cycle[0]))}: {who} (the "
+                      "'parent' field of meta.json); fix it, e.g. set one to null",
                       markup=False, highlight=False)
     console.print("saved: epochs of training a warm start inherited, estimated as similarity x "
                   "the parent's accumulated epochs", markup=False, highlight=False)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 import prometheus_client
@@ -157,9 +158,14 @@ def _text(name: str) -> Any:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a namespace name (lowercase letters, digits and '-', at most "
                 "63, starting and ending with a letter or digit), e.g. team-a")
-        if name == "zoo_uri":  # its scheme and shape now; the S3 settings when services start
+        if name == "zoo_uri":  # before connecting; S3's settings are checked at services start
+            parts = urlsplit(text)
             try:
-                store.open_store(text, env={contract.Env.ZOO_ENDPOINT: "endpoint-checked-later"})
+                if parts.scheme.lower() != "s3":
+                    store.open_store(text)  # a directory: contacts nothing
+                elif not parts.netloc:
+                    raise ValueError(f"zoo URI {text!r}: name the bucket, as in "
+                                     "s3://bucket[/prefix]")
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
         if name == "gpu_type" and not _LABEL_VALUE.match(text):
@@ -517,8 +523,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kiln operator") -> i
 
 def unknown_variables(parser: argparse.ArgumentParser,
                       environ: Mapping[str, str]) -> list[str]:
-    """A warning for each KILN_OPERATOR_* variable that sets nothing (a typo such as
-    KILN_OPERATOR_NAMESPACE would otherwise be ignored silently), naming the nearest setting."""
+    """A warning for each KILN_OPERATOR_* variable that sets nothing (a typo, e.g. the singular
+    of ..._NAMESPACES, would otherwise be ignored silently), naming the nearest setting."""
     known = {env_var(action.dest) for action in parser._actions if action.option_strings}
     warnings = []
     for variable in sorted(environ):
