@@ -88,7 +88,7 @@ def test_trainer_info_and_progress_text_is_printed_verbatim_not_as_markup(
     events = [contract.Info("parent [/] and [red]red[/red]"), contract.Progress(
         epoch=1, epochs=1, step=4, steps_per_epoch=4, train_loss=0.5, validation_accuracy=None,
         validation_loss=None, samples_per_second=None, eta_seconds=None, elapsed_seconds=1.0,
-        frozen_modules=1, modules=3)]
+        frozen_modules=1, modules=3, evaluated=True)]  # not a terminal: a line per evaluation
     script = "".join(f"print({contract.to_line(e)!r})\n" for e in events)
     outcome, text = _run_with_fake_trainer(tmp_path, monkeypatch, script + f"print({RESULT!r})")
     assert [o.result["metric"] for o in outcome] == [0.5]
