@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubesim import emulator, kubelet, operator_process, scenario, usage
+from kubesim import emulator, operator_process, scenario, usage
 
 PLAIN = "plain-node"
 ML = "ml-gpu-node"
@@ -56,19 +56,11 @@ def constrained_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
 def constrained_operator(constrained_cluster: emulator.Emulator, zoo: scenario.Zoo,
                          tmp_path_factory: pytest.TempPathFactory
                          ) -> Iterator[operator_process.OperatorProcess]:
-    node_kubelet = kubelet.Kubelet(constrained_cluster.url,
-                                   tmp_path_factory.mktemp("constraints-kubelet"))
-    node_kubelet.start()
-    running = operator_process.OperatorProcess(
-        constrained_cluster, tmp_path_factory.mktemp("constraints-operator"),
-        env=zoo.operator_env,
-        args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
-              *OPERATOR_ARGS])
-    running.start()
-    yield running
-    running.stop()
-    node_kubelet.stop()
-    assert not node_kubelet.errors, node_kubelet.errors
+    with scenario.operated(
+            constrained_cluster, tmp_path_factory.mktemp("constraints"), env=zoo.operator_env,
+            args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret",
+                  ZOO_SECRET, *OPERATOR_ARGS]) as (_, running):
+        yield running
 
 
 def _job(name: str, **template: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kmock
-from kubesim import client, emulator, kubelet, operator_process, scenario, usage
+from kubesim import client, emulator, operator_process, scenario, usage
 
 from kiln.controller import kueue, rbac
 
@@ -92,19 +92,10 @@ def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
             "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", "kind": "ResourceFlavor",
             "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
         cluster.client.create_secret(namespace, *zoo_secret)
-        node = kubelet.Kubelet(cluster.url, tmp_path / "kubelet")
-        node.start()
-        operator = operator_process.OperatorProcess(
-            cluster, tmp_path / "operator", env=zoo.operator_env,
-            args=[*operator_args, "--kueue"])
-        try:
-            operator.start()
+        with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
+                               args=[*operator_args, "--kueue"]) as (_, operator):
             _run(cluster, operator, zoo, namespace)
-        finally:
-            operator.stop()
-            node.stop()
         calls = usage.api_calls(cluster.requests)
-    assert not node.errors, node.errors
     granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
     assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
 

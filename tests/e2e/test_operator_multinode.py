@@ -34,26 +34,12 @@ def gang_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
 
 
 @pytest.fixture(scope="module")
-def gang_kubelet(gang_cluster: emulator.Emulator, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[kubelet.Kubelet]:
-    running = kubelet.Kubelet(gang_cluster.url, tmp_path_factory.mktemp("gang-kubelet"))
-    running.start()
-    yield running
-    running.stop()
-    assert not running.errors, running.errors
-
-
-@pytest.fixture(scope="module")
-def gang_operator(gang_cluster: emulator.Emulator, gang_kubelet: kubelet.Kubelet,
-                  zoo: scenario.Zoo, operator_args: list[str],
+def gang_operated(gang_cluster: emulator.Emulator, zoo: scenario.Zoo, operator_args: list[str],
                   tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[operator_process.OperatorProcess]:
-    running = operator_process.OperatorProcess(
-        gang_cluster, tmp_path_factory.mktemp("gang-operator"), env=zoo.operator_env,
-        args=[*operator_args, "--no-profile-unmeasured"])  # the estimate needs no profile
-    running.start()
-    yield running
-    running.stop()
+                  ) -> Iterator[tuple[kubelet.Kubelet, operator_process.OperatorProcess]]:
+    with scenario.operated(gang_cluster, tmp_path_factory.mktemp("gang"), env=zoo.operator_env,
+                           args=[*operator_args, "--no-profile-unmeasured"]) as running:
+        yield running  # the estimate needs no profile
 
 
 @pytest.fixture
@@ -83,9 +69,11 @@ def _ranks(log: str) -> set[int]:
 
 
 def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_once(
-    gang_cluster: emulator.Emulator, gang_operator: operator_process.OperatorProcess,
-    gang_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, gang_namespace: str,
+    gang_cluster: emulator.Emulator,
+    gang_operated: tuple[kubelet.Kubelet, operator_process.OperatorProcess],
+    zoo: scenario.Zoo, gang_namespace: str,
 ) -> None:
+    gang_kubelet, gang_operator = gang_operated
     # One job covers both the gang's layout and its restart: each multi-node job here costs a
     # rendezvous of four processes per attempt, so one job with a fault is the cheapest check.
     name, ns = "digits-gang", gang_namespace

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubesim import emulator, kubelet, operator_process, scenario, usage
+from kubesim import emulator, operator_process, scenario, usage
 
 from kiln import api
 
@@ -46,17 +46,11 @@ def typed_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
 def typed_operator(typed_cluster: emulator.Emulator, zoo: scenario.Zoo,
                    tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[operator_process.OperatorProcess]:
-    node_kubelet = kubelet.Kubelet(typed_cluster.url, tmp_path_factory.mktemp("typed-kubelet"))
-    node_kubelet.start()
-    running = operator_process.OperatorProcess(
-        typed_cluster, tmp_path_factory.mktemp("typed-operator"), env=zoo.operator_env,
-        args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
-              *OPERATOR_ARGS])
-    running.start()
-    yield running
-    running.stop()
-    node_kubelet.stop()
-    assert not node_kubelet.errors, node_kubelet.errors
+    with scenario.operated(
+            typed_cluster, tmp_path_factory.mktemp("typed"), env=zoo.operator_env,
+            args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret",
+                  ZOO_SECRET, *OPERATOR_ARGS]) as (_, running):
+        yield running
 
 
 def test_a_builtin_model_is_profiled_once_per_gpu_type(

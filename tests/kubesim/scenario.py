@@ -6,15 +6,17 @@ OMP_NUM_THREADS=1 in the pod); `wait_job` polls until a predicate on the job hol
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from kiln import contract
 from kiln.zoo import store
-from kubesim import client, emulator
+from kubesim import client, emulator, kubelet, operator_process
 
 JOB_SECONDS = 240.0  # a tiny job on a loaded 2-core machine: mostly importing torch
 
@@ -160,3 +162,20 @@ def termination_result(cluster: emulator.Emulator, namespace: str, pod: str) -> 
                 return {}
             return decoded if isinstance(decoded, dict) else {}
     return {}
+
+
+@contextlib.contextmanager
+def operated(cluster: emulator.Emulator, workdir: Path, *, env: dict[str, str],
+             args: list[str]) -> Iterator[tuple[kubelet.Kubelet, operator_process.OperatorProcess]]:
+    """A test kubelet and the real operator (`args`) on a test's own `cluster`; both stop on
+    exit, and anything the kubelet could not do fails the test."""
+    node = kubelet.Kubelet(cluster.url, workdir / "kubelet")
+    node.start()
+    running = operator_process.OperatorProcess(cluster, workdir / "operator", env=env, args=args)
+    try:
+        running.start()
+        yield node, running
+    finally:
+        running.stop()
+        node.stop()
+    assert not node.errors, node.errors
