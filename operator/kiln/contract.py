@@ -70,6 +70,13 @@ class Env(enum.StrEnum):
     DATA_CACHE = "KILN_DATA_CACHE"  # where s3:// datasets are cached (default: a temp folder)
 
 
+# Under ``--zoo-pod-access presigned`` a pod's KILN_ZOO is ``presigned:<manifest>``: the
+# manifest of presigned URLs the operator mints into the job's Secret, mounted read-only here.
+ZOO_ACCESS_SCHEME = "presigned"
+ZOO_ACCESS_DIR = "/var/run/kiln/zoo-access"
+ZOO_ACCESS_FILE = "manifest.json"
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerArgs:
     """The trainer's settings, from its flags with environment fallbacks.

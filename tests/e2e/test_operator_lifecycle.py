@@ -53,7 +53,9 @@ def test_a_job_succeeds_registers_its_model_and_a_second_job_warm_starts_from_it
     decided = json.loads(env["KILN_WARM_START"]["value"])
     assert (decided["parent_id"], decided["outcome"]) == (model, "warm")
     assert decided["similarity"] == warm["similarity"]
-    assert env["KILN_ZOO_SECRET_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "kiln-zoo"
+    # presigned zoo access, the default: URLs from the job's Secret, no zoo credential
+    assert env["KILN_ZOO"]["value"].startswith("presigned:")
+    assert not {"KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY"} & set(env)
 
     exposition = operator.metrics()
     assert re.search(rf'kiln_jobs{{job_namespace="{namespace}",phase="Succeeded"}} 2\.0',

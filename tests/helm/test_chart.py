@@ -237,12 +237,16 @@ def test_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(
 def test_notes_tell_the_user_what_to_do_next(full_release: helm.Release,
                                              default_release: helm.Release) -> None:
     assert "kubectl -n kiln-system rollout status deployment/kiln" in full_release.notes
-    assert "create secret generic kiln-minio" in full_release.notes
+    # presigned pod access (the default): nothing to copy into job namespaces
+    assert "job namespaces need no Secret" in full_release.notes
+    assert "create secret generic" not in full_release.notes
     assert "namespaces team-a, team-b" in full_release.notes
     assert "s3://kiln-zoo at minio.example:9000" in default_release.notes
     assert "kubectl -n <job-namespace> apply -f" in default_release.notes
     assert "kubectl -n team-a apply -f" in full_release.notes  # a watched namespace
-    assert "jsonpath='{.data.accessKey}' | base64 -d" in full_release.notes
+    credentials = helm.install({"minio": {"enabled": True}, "zoo": {"podAccess": "credentials"}})
+    assert "create secret generic kiln-minio" in credentials.notes
+    assert "jsonpath='{.data.accessKey}' | base64 -d" in credentials.notes
     assert "crds/trainingjob.yaml" in default_release.notes
     assert "timeLimitSeconds" not in default_release.notes
     slow = helm.install({"placement": {"timeLimitSeconds": 20, "intervalSeconds": 10}})

@@ -76,11 +76,20 @@ def test_imagefolder_from_s3_is_fetched_once_and_read_like_a_folder(
     assert splits.num_classes == 3
     entries = sorted((tmp_path / "cache").iterdir())
     assert len(entries) == 2 and not [e for e in entries if e.name.startswith(".")]
-    train = Path(str(data.fetch(spec.path, field="spec.dataset.path", environ=env)))
+    train = Path(data.fetch(str(spec.path), field="spec.dataset.path", environ=env).path)
     assert sorted(p.name for p in train.iterdir()) == ["circle", "cross", "square"]
     inode = train.stat().st_ino
-    data.load(spec, input_shape=[1, 12, 12], seed=0, environ=env)  # unchanged: from the cache
+    again = data.load(spec, input_shape=[1, 12, 12], seed=0, environ=env)  # from the cache
     assert train.stat().st_ino == inode and len(list((tmp_path / "cache").iterdir())) == 2
+    # Fingerprinted by the listing's ETags and sizes: the same objects under another prefix
+    # are the same data.
+    assert again.fingerprint == splits.fingerprint and str(splits.fingerprint).startswith(
+        "content:sha256:")
+    _upload(s3_server, s3_bucket, "copy", SHAPES)
+    copy = spec.model_copy(update={"path": f"s3://{s3_bucket}/copy/train",
+                                   "validation_path": f"s3://{s3_bucket}/copy/validation"})
+    assert data.load(copy, input_shape=[1, 12, 12], seed=0,
+                     environ=env).fingerprint == splits.fingerprint
 
 
 def test_a_changed_object_is_fetched_again(s3_server: Any, s3_bucket: str, tmp_path: Path
@@ -88,11 +97,14 @@ def test_a_changed_object_is_fetched_again(s3_server: Any, s3_bucket: str, tmp_p
     client = _upload(s3_server, s3_bucket, "corpus", CORPUS)
     env = _s3_env(s3_server, tmp_path / "cache")
     uri = f"s3://{s3_bucket}/corpus/kilns.txt"  # one object: the local path is a file
-    first = Path(str(data.fetch(uri, field="spec.dataset.path", environ=env)))
+    before = data.fetch(uri, field="spec.dataset.path", environ=env)
+    first = Path(before.path)
     assert first.is_file() and first.read_bytes() == (CORPUS / "kilns.txt").read_bytes()
     client.fput_object(s3_bucket, "corpus/kilns.txt", str(CORPUS / "firing.txt"))
-    second = Path(str(data.fetch(uri, field="spec.dataset.path", environ=env)))
+    after = data.fetch(uri, field="spec.dataset.path", environ=env)
+    second = Path(after.path)
     assert second != first and second.read_bytes() == (CORPUS / "firing.txt").read_bytes()
+    assert after.fingerprint != before.fingerprint  # changed in place: other data
     spec = api.DatasetSpec(name=api.DatasetName.TEXT, path=f"s3://{s3_bucket}/corpus")
     splits = data.load(spec, input_shape=[31], seed=0, environ=env)
     assert len(splits.train) + len(splits.validation) == (852 + 1 + 852) // 32  # type: ignore[arg-type]
@@ -118,8 +130,8 @@ def test_a_failed_download_leaves_no_partial_dataset(
         data.fetch(f"s3://{s3_bucket}/shapes/train", field="spec.dataset.path", environ=env)
     assert list((tmp_path / "cache").iterdir()) == []  # neither an entry nor a .partial folder
     monkeypatch.setattr(minio.Minio, "fget_object", real)
-    done = Path(str(data.fetch(f"s3://{s3_bucket}/shapes/train", field="spec.dataset.path",
-                               environ=env)))
+    done = Path(data.fetch(f"s3://{s3_bucket}/shapes/train", field="spec.dataset.path",
+                           environ=env).path)
     assert sum(1 for p in done.rglob("*.png")) == 15
 
 

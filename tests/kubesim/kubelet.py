@@ -113,7 +113,8 @@ class Kubelet:
       volumeMount of the container becomes a symlink at its mountPath to the volume's directory
       on this machine (``hostPath``: its path; ``emptyDir``: a scratch folder), removed when the
       container ends; a mountPath that already exists here is an error, and Kiln's /dev/shm is
-      the machine's own;
+      the machine's own; a ``secret`` volume's keys are written as files in the pod's scratch
+      folder and the environment values naming its mountPath point there;
     * ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
       port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
       patched to it (what a CNI with per-pod IPs makes unnecessary);
@@ -286,6 +287,7 @@ class Kubelet:
                 "spec": {"nodeName": node},
                 "metadata": {"annotations": {"prometheus.io/port": str(port)}}}):
             return  # deleted before it could start
+        env = self._secret_volumes(namespace, name, spec, container, scratch, env)
         mounts = _mount(spec, container, scratch)
         log_path = scratch / "container.log"
         with log_path.open("wb") as log:
@@ -335,6 +337,28 @@ class Kubelet:
             if arg in _GANG_FLAGS:
                 resolved[i + 1] = resolve(resolved[i + 1])
         return resolved, {k: resolve(v) if k in _GANG_ENV else v for k, v in env.items()}
+
+    def _secret_volumes(self, namespace: str, pod: str, spec: dict[str, Any],
+                        container: dict[str, Any], scratch: Path, env: dict[str, str]
+                        ) -> dict[str, str]:
+        """Write each mounted Secret volume's keys as files under the pod's scratch folder
+        (the Secret as it is now: no later updates), and point the environment values that
+        name its mountPath there (a fixed system path cannot be linked per pod here)."""
+        volumes = {v["name"]: v for v in spec.get("volumes") or [] if "secret" in v}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"])
+            if volume is None:
+                continue
+            name = volume["secret"]["secretName"]
+            secret = self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+            if secret is None:
+                raise RuntimeError(f"pod {namespace}/{pod}: Secret {name} not found")
+            target = scratch / "secrets" / mount["mountPath"].lstrip("/")
+            target.mkdir(parents=True, exist_ok=True)
+            for key, value in (secret.get("data") or {}).items():
+                (target / key).write_bytes(base64.b64decode(value))
+            env = {k: v.replace(mount["mountPath"], str(target)) for k, v in env.items()}
+        return env
 
     def _container_env(self, namespace: str, pod: str, container: dict[str, Any]
                        ) -> dict[str, str]:
@@ -445,6 +469,8 @@ def _mount(spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> li
         if str(path) == "/dev/shm":
             continue
         volume = volumes[mount["name"]]
+        if "secret" in volume:
+            continue  # written by `Kubelet._secret_volumes`
         if "hostPath" in volume:
             source = Path(volume["hostPath"]["path"])
         elif "emptyDir" in volume:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import minio
 import minio.error
+import numpy as np
 import PIL
 import torch
 import torchvision
@@ -33,6 +34,7 @@ from torch.utils import data as torch_data
 from kiln import api, contract, models
 from kiln.models import entrypoints
 from kiln.zoo import store as zoo_store
+from kiln_trainer import fingerprint
 
 Transform = Callable[[Any], torch.Tensor]
 
@@ -61,6 +63,8 @@ class Splits:
         in_memory: samples are tensors in memory (no loader workers needed).
         max_target: an entrypoint dataset's largest target among its first samples (a class,
             or a token id), which the model's outputs must exceed; None for built-in loaders.
+        fingerprint: what was loaded, with its kind (`kiln_trainer.fingerprint`); `load`
+            sets it.
     """
 
     train: torch_data.Dataset[Sample]
@@ -70,6 +74,7 @@ class Splits:
     description: str
     in_memory: bool = True
     max_target: int | None = None
+    fingerprint: str | None = None
 
 
 def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int], list[int]]:
@@ -156,6 +161,12 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
     augmentation (`flip_crop`) touches the train split only, drawing from torch's global RNG,
     which checkpoints carry.
 
+    `Splits.fingerprint` says what was loaded (`kiln_trainer.fingerprint`): ``user:<value>``
+    when ``spec.dataset.fingerprint`` is set (nothing is hashed); else ``content:sha256:…`` of
+    digits' or a torchvision class's arrays, or of the files at ``path`` and ``validationPath``
+    (relative path, size and SHA-256 of each; for s3:// the listing's sizes and ETags); for an
+    entrypoint ``sample:sha256:…`` of its splits' lengths and first samples.
+
     Args:
         spec: the job's `spec.dataset`.
         input_shape: `spec.model.inputShape`: [C, H, W] for images, [T] for text.
@@ -166,7 +177,7 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
             (default: `os.environ`).
 
     Returns:
-        The train and validation splits.
+        The train and validation splits, with their fingerprint.
 
     Raises:
         DatasetError: the path is missing or empty, a text file is not UTF-8 text or too short
@@ -181,16 +192,45 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
     """
     shape = tuple(int(d) for d in input_shape)
     if spec.entrypoint is not None:
-        return from_entrypoint(spec, shape, model=model)
+        splits = from_entrypoint(spec, shape, model=model)
+        return dataclasses.replace(splits, fingerprint=fingerprint.user(spec.fingerprint)
+                                   if spec.fingerprint else
+                                   fingerprint.of_samples(splits.train, splits.validation))
     environ = os.environ if environ is None else environ
-    spec = spec.model_copy(update={
-        "path": fetch(spec.path, field="spec.dataset.path", environ=environ),
-        "validation_path": fetch(spec.validation_path, field="spec.dataset.validationPath",
-                                 environ=environ)})
-    if spec.loader == api.DatasetName.DIGITS:
-        return _digits(spec, shape, seed)
-    if spec.loader == api.DatasetName.TEXT:
-        return _text(spec, shape, seed)
+    train = (fetch(spec.path, field="spec.dataset.path", environ=environ)
+             if spec.path is not None else None)
+    held_out = (fetch(spec.validation_path, field="spec.dataset.validationPath", environ=environ)
+                if spec.validation_path is not None else None)
+    local = spec.model_copy(update={"path": train.path if train else None,
+                                    "validation_path": held_out.path if held_out else None})
+    if local.loader == api.DatasetName.DIGITS:
+        splits = _digits(local, shape, seed)
+    elif local.loader == api.DatasetName.TEXT:
+        splits = _text(local, shape, seed)
+    else:
+        splits = _images(local, shape, seed)
+    fetched = [where for where in (train, held_out) if where is not None]
+    return dataclasses.replace(splits, fingerprint=_fingerprint(spec, splits, fetched))
+
+
+def _fingerprint(spec: api.DatasetSpec, splits: Splits, fetched: Sequence[Fetched]) -> str:
+    """What a built-in loader loaded: the job's own ``spec.dataset.fingerprint`` when it sets
+    one (trusted; no file is hashed), else the arrays the loader hashed (digits, torchvision),
+    else the files at ``path`` and ``validationPath`` (an s3:// listing's ETags and sizes)."""
+    if spec.fingerprint:
+        return fingerprint.user(spec.fingerprint)
+    if splits.fingerprint is not None:
+        return splits.fingerprint
+    parts = []
+    for where in fetched:
+        root = Path(where.path)
+        parts.append(where.fingerprint or fingerprint.of_files(
+            root, unique_files(root) if root.is_dir() else [root]))
+    return fingerprint.combined(parts)
+
+
+def _images(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
+    """An imagefolder or torchvision dataset, split (`load`)."""
     if spec.validation_path is None:
         base, num_classes, description = _file_images(spec)
         val_base = base
@@ -219,8 +259,18 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
     val_tf = _file_image_transform(shape, augment=False)
     return Splits(
         _Subset(base, train_idx, train_tf), _Subset(val_base, val_idx, val_tf), "image",
-        num_classes, description, in_memory=False,
+        num_classes, description, in_memory=False, fingerprint=_arrays_fingerprint(base),
     )
+
+
+def _arrays_fingerprint(dataset: Any) -> str | None:
+    """The content fingerprint of a torchvision dataset that holds its samples as one array
+    (MNIST, CIFAR, SVHN, STL10, USPS: ``data`` and ``targets`` or ``labels``); else None."""
+    arrays = getattr(dataset, "data", None)
+    targets = getattr(dataset, "targets", getattr(dataset, "labels", None))
+    if not isinstance(arrays, torch.Tensor | np.ndarray) or targets is None:
+        return None
+    return fingerprint.of_arrays(arrays, targets)
 
 
 def _capped(n: int, *, spec: api.DatasetSpec, seed: int) -> list[int]:
@@ -238,7 +288,21 @@ def _capped(n: int, *, spec: api.DatasetSpec, seed: int) -> list[int]:
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "kiln-data"
 
 
-def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A dataset path made local.
+
+    Attributes:
+        path: the local file or folder.
+        fingerprint: for s3:// data, the content fingerprint of its listing (relative keys,
+            sizes, ETags: `fingerprint.listed`), so nothing is read twice; None for a local path.
+    """
+
+    path: str
+    fingerprint: str | None = None
+
+
+def fetch(path: str, *, field: str, environ: Mapping[str, str]) -> Fetched:
     """A local path for `path`: itself, or for ``s3://bucket/prefix`` a cached copy.
 
     The objects under the prefix (or the one object named by it) are listed, and the listing
@@ -247,15 +311,16 @@ def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | 
     temporary folder renamed into place when complete, so a crash never leaves half a dataset
     and concurrent trainers never see one. The endpoint and credentials are the zoo's
     (``KILN_ZOO_ENDPOINT``, ``KILN_ZOO_ACCESS_KEY``/``KILN_ZOO_SECRET_KEY`` or AWS's,
-    ``KILN_ZOO_REGION``).
+    ``KILN_ZOO_REGION``). The listing also gives the data's fingerprint (`Fetched`), so the
+    copy is never read again to hash it.
 
     Raises:
         DatasetError: no endpoint set, bad credentials, no such bucket, nothing under the prefix,
             or an object key that would leave the cache folder.
         zoo_store.StoreUnavailable: the server did not answer.
     """
-    if path is None or not path.startswith("s3://"):
-        return path
+    if not path.startswith("s3://"):
+        return Fetched(path)
     parts = urlsplit(path)
     bucket, prefix = parts.netloc, parts.path.strip("/")
     endpoint = environ.get(contract.Env.ZOO_ENDPOINT, "").strip()
@@ -278,6 +343,11 @@ def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | 
                                "the bucket and prefix")
         single = len(objects) == 1 and objects[0].object_name == prefix
         listing = [[o.object_name, o.etag, o.size] for o in objects]
+        content = []  # as a local copy's fingerprint names files: relative, a lone file ""
+        for o in objects:
+            relative = "" if single else str(o.object_name)[len(prefix):].lstrip("/")
+            if not fingerprint.skipped(relative):
+                content.append((relative, int(o.size or 0), str(o.etag)))
         key = hashlib.sha256(json.dumps([host, bucket, prefix, listing]).encode()).hexdigest()
         root = Path(environ.get(contract.Env.DATA_CACHE) or DEFAULT_CACHE)
         entry = root / key[:32]
@@ -296,9 +366,8 @@ def fetch(path: str | None, *, field: str, environ: Mapping[str, str]) -> str | 
         raise zoo_store.StoreUnavailable(f"S3 server {endpoint} for {path}: {exc}") from None
     except ValueError as exc:  # a malformed endpoint, half a credential pair, a bad bucket name
         raise DatasetError(f"{field}: {path}: {exc}") from None
-    if single:
-        return str(entry / PurePosixPath(prefix).name)
-    return str(entry)
+    local = entry / PurePosixPath(prefix).name if single else entry
+    return Fetched(str(local), fingerprint.listed(content))
 
 
 def _download(client: minio.Minio, bucket: str, prefix: str, objects: list[Any], entry: Path,
@@ -344,7 +413,8 @@ def _digits(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
     augment = spec.augmentation == api.Augmentation.FLIP_CROP
     train = _TensorImages((train_images - mean) / std, labels[train_idx], augment=augment)
     validation = _TensorImages((images[val_idx] - mean) / std, labels[val_idx], augment=False)
-    return Splits(train, validation, "image", 10, "digits")
+    return Splits(train, validation, "image", 10, "digits",
+                  fingerprint=fingerprint.of_arrays(bunch.images, bunch.target))
 
 
 def resize_images(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -433,11 +503,20 @@ def real_paths(files: Sequence[str | Path]) -> frozenset[str]:
 
 class _ImageFolder(torchvision.datasets.ImageFolder):  # type: ignore[misc]  # untyped base
     """torchvision's `ImageFolder` walked by `unique_files`: no symlink loops, no file twice
-    (within a class or across classes), and none whose real path is in `exclude`."""
+    (within a class or across classes), and none whose real path is in `exclude`. Hidden
+    entries (a name starting with '.') are neither classes nor images, as the text loader and
+    the data's fingerprint skip them too (a ``.trash`` folder is no class)."""
 
     def __init__(self, root: str, *, exclude: frozenset[str]) -> None:
         self._exclude = exclude
         super().__init__(root)
+
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        classes, _ = super().find_classes(directory)
+        visible = [name for name in classes if not name.startswith(".")]
+        if not visible:
+            raise FileNotFoundError(f"found no class folder in {directory}")
+        return visible, {name: i for i, name in enumerate(visible)}
 
     def make_dataset(  # an instance method: it needs `exclude`, torchvision calls it on self
         self, directory: str | Path, class_to_idx: dict[str, int],
@@ -449,6 +528,8 @@ class _ImageFolder(torchvision.datasets.ImageFolder):  # type: ignore[misc]  # u
         for name in sorted(class_to_idx):
             found = False
             for path in unique_files(Path(directory) / name):
+                if fingerprint.skipped(path.relative_to(Path(directory) / name).as_posix()):
+                    continue
                 valid = (is_valid_file(str(path)) if is_valid_file is not None else
                          extensions is not None and path.name.lower().endswith(extensions))
                 if not valid:

@@ -165,7 +165,8 @@ def main(
                 f"no warm start: {len(init_state)} initial tensors given by the caller"))
         else:  # rank 0 applies the decision and guards it; the weights reach the others below
             chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision,
-                                      probe=_probe(job, warm_decision, splits, device))
+                                      probe=_probe(job, warm_decision, splits, device),
+                                      data_fingerprint=splits.fingerprint)
                       if ctx.is_main else None)
             if chosen is not None:
                 registration.record_parent_hit(zoo, chosen)
@@ -238,7 +239,8 @@ def main(
             weights = ctx.full_state_dict(model, raw_model)  # collective under FSDP
             if ctx.is_main:
                 state.zoo_record_id = registration.register_provisional(
-                    zoo, job, raw_model, state, warm_start, weights=weights)
+                    zoo, job, raw_model, state, warm_start, weights=weights,
+                    content_fingerprint=splits.fingerprint)
 
         gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
         cleanup.callback(gauges.close)
@@ -316,7 +318,8 @@ def main(
                 try:
                     zoo_model = registration.register_model(
                         zoo, job, raw_model, state, final, warm_start, weights=weights,
-                        record_id=state.zoo_record_id)  # replaces the provisional record
+                        record_id=state.zoo_record_id,  # replaces the provisional record
+                        content_fingerprint=splits.fingerprint)
                 except zoo_store.StoreUnavailable as exc:  # the other ranks wait to hear
                     unavailable = str(exc)
             zoo_model, unavailable = ctx.broadcast_object((zoo_model, unavailable))

@@ -18,7 +18,7 @@ from torch import nn
 import kiln
 from kiln import api, contract, models
 from kiln.warmstart import decision, graph
-from kiln.zoo import eviction, records
+from kiln.zoo import eviction, presigned, records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import tracking, warm
 
@@ -68,6 +68,7 @@ def register_model(
     weights: Mapping[str, torch.Tensor] | None = None,
     record_id: str | None = None,
     provisional: bool = False,
+    content_fingerprint: str | None = None,
 ) -> records.ZooModelId | None:
     """Write the trained model to the zoo; None (with a warning) when its metric is not finite.
 
@@ -88,6 +89,8 @@ def register_model(
         record_id: the job's provisional record to replace, or None for a new id (also when
             that record is gone or is not this job's provisional one).
         provisional: write the record as provisional (the job is still training).
+        content_fingerprint: what the trainer loaded (`data.Splits.fingerprint`), or None
+            when Kiln did not load the data (a library user's own loop).
 
     Raises:
         zoo_store.StoreUnavailable: the store failed (the checkpoint is kept, so a rerun only
@@ -101,7 +104,7 @@ def register_model(
     replace = record_id is not None and _own_provisional(zoo, record_id, job.name)
     record = records.ZooRecord(
         id=records.ZooModelId(record_id) if record_id is not None and replace
-        else records.new_id(spec.model.label), architecture=spec.model.architecture,
+        else _new_id(zoo, spec), architecture=spec.model.architecture,
         entrypoint=spec.model.entrypoint,
         args=dict(spec.model.args), input_shape=tuple(spec.model.input_shape),
         modality=models.modality_of(spec.model).value, task=models.task_of(spec.model).value,
@@ -117,6 +120,7 @@ def register_model(
         similarity=warm_start.similarity, provisional=provisional,
         namespace=job.namespace, share=share_of(spec, os.environ),
         dataset_fingerprint=records.dataset_fingerprint(spec.dataset),
+        content_fingerprint=content_fingerprint,
         trainer_image=os.environ.get(contract.Env.TRAINER_IMAGE) or None,
         kiln_version=kiln.__version__, train_seconds=state.train_seconds or None)
     try:
@@ -138,6 +142,7 @@ def register_provisional(
     warm_start: warm.WarmStart,
     *,
     weights: Mapping[str, torch.Tensor],
+    content_fingerprint: str | None = None,
 ) -> str | None:
     """Register the current weights as the job's provisional record (replacing the previous
     one); a store failure only warns, as training goes on.
@@ -148,13 +153,21 @@ def register_provisional(
     try:
         written = register_model(zoo, job, raw_model, state, state.history[-1], warm_start,
                                  weights=weights, record_id=state.zoo_record_id,
-                                 provisional=True)
+                                 provisional=True, content_fingerprint=content_fingerprint)
     except (zoo_store.StoreUnavailable, zoo_store.StoreMisconfigured) as exc:
         _log.warning("could not register the provisional zoo record: %s", exc)
         return state.zoo_record_id
     if written is not None:
         _log.info("registered provisional zoo model %s (step %d)", written, state.step)
     return written or state.zoo_record_id
+
+
+def _new_id(zoo: zoo_store.ObjectStore, spec: api.TrainingJobSpec) -> records.ZooModelId:
+    """A new record's id: the one the operator reserved when the pod may write only its job's
+    objects (`presigned.PresignedStore`), else a fresh one."""
+    if isinstance(zoo, presigned.PresignedStore) and zoo.reserved_record:
+        return records.check_id(zoo.reserved_record)
+    return records.new_id(spec.model.label)
 
 
 def _own_provisional(zoo: zoo_store.ObjectStore, record_id: str, job_name: str) -> bool:

@@ -23,6 +23,7 @@ from torch.utils import data as torch_data
 from kiln import api, contract
 from kiln.warmstart import decision, select, transform
 from kiln.zoo import store
+from kiln_trainer import fingerprint
 
 _log = logging.getLogger(__name__)
 
@@ -252,13 +253,15 @@ def warm_start(
     *,
     decided: select.Decision | None = None,
     probe: Probe | None = None,
+    data_fingerprint: str | None = None,
 ) -> WarmStart:
     """Apply the warm-start decision: load the parent's transformed weights into `raw_model`.
 
     With a `probe`, the guard scores the cold `raw_model` and each warm start on it, and keeps
     the first parent (the decided one, then its alternatives, in order) that `passes`; when
     none does, `raw_model` keeps its cold weights (outcome COLD_GUARD, both losses in the
-    reason). A pinned parent is guarded too.
+    reason). A pinned parent is guarded too. With `data_fingerprint`, a warm start's reason
+    also says whether the parent was trained on the same data (`data_note`).
 
     Args:
         job: the job; `spec.warmStart` controls it.
@@ -266,6 +269,7 @@ def warm_start(
         zoo: the model zoo, or None (then: cold start, unless a decision names a parent).
         decided: the decision made upstream; None: decide here (`decision.decide`).
         probe: the guard's batch; None: no guard (the decision is applied as it is).
+        data_fingerprint: what this job loaded (`data.Splits.fingerprint`), or None.
 
     Returns:
         What happened, for the result, the checkpoint and the console.
@@ -280,14 +284,16 @@ def warm_start(
         decided = decide(job, zoo)
     if probe is None or decided.parent_id is None:
         applied = _apply(job, decided, zoo, raw_model)
-        return WarmStart.of(decided, untransferred_fraction=applied.untransferred_fraction)
+        return WarmStart.of(_with_data_note(decided, applied, data_fingerprint),
+                            untransferred_fraction=applied.untransferred_fraction)
     cold_state = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
     try:
         cold = score(raw_model, probe)
     except (RuntimeError, ValueError, IndexError) as exc:  # the model's own checks say why
         _log.warning("warm-start guard skipped: the cold model cannot score the probe (%s)", exc)
         applied = _apply(job, decided, zoo, raw_model)
-        return WarmStart.of(decided, untransferred_fraction=applied.untransferred_fraction)
+        return WarmStart.of(_with_data_note(decided, applied, data_fingerprint),
+                            untransferred_fraction=applied.untransferred_fraction)
     _log.info("warm start: %s", decided.reason)
     rejected: list[str] = []
     first: tuple[select.Decision, Score] | None = None
@@ -314,8 +320,10 @@ def warm_start(
                     f"{applied.total_tensors} tensors transferred")
             if applied.parent_provisional:
                 lead += f"; {parent} is a provisional record (its job is still training)"
-            return WarmStart.of(dataclasses.replace(trial, reason="; ".join([lead, *rejected])),
-                                untransferred_fraction=applied.untransferred_fraction)
+            note = data_note(applied.parent_data, data_fingerprint)
+            return WarmStart.of(dataclasses.replace(
+                trial, reason="; ".join([lead, *([note] if note else []), *rejected])),
+                untransferred_fraction=applied.untransferred_fraction)
         rejected.append(f"warm start from {parent} (similarity {_fmt(trial.similarity)}) "
                         f"rejected: {comparison(warm, cold, probe.samples)} ({rule(warm, cold)})")
         raw_model.load_state_dict(cold_state)
@@ -324,6 +332,38 @@ def warm_start(
     cold_start = dataclasses.replace(first[0], parent_id=None, parent_metric=None,
                                      outcome=select.Outcome.COLD_GUARD, reason=reason)
     return WarmStart.of(cold_start, untransferred_fraction=1.0)
+
+
+def data_note(parent: str | None, child: str | None) -> str:
+    """What the parent's data fingerprint says about the child's, for the reason: "same data
+    as the parent (content:sha256:1a2b…)", "other data than the parent's (…)", "the parent's
+    data is unknown" or "not comparable" (kinds differ, e.g. a content hash and a spec hash);
+    "" when the child's fingerprint is unknown.
+
+    Admission prefers parents by the spec's fingerprint (the data is not read then); this is
+    what the trainer, which loaded the data, can add.
+    """
+    if child is None:
+        return ""
+    if parent is None:
+        return f"the parent's data is unknown (this job {fingerprint.short(child)})"
+    same = fingerprint.same_data(parent, child)
+    if same:
+        return f"same data as the parent ({fingerprint.short(child)})"
+    if same is False:
+        return (f"other data than the parent's (parent {fingerprint.short(parent)}, this job "
+                f"{fingerprint.short(child)})")
+    return (f"data not comparable with the parent's (parent {fingerprint.short(parent)}, this "
+            f"job {fingerprint.short(child)})")
+
+
+def _with_data_note(decided: select.Decision, applied: decision.Applied,
+                    data_fingerprint: str | None) -> select.Decision:
+    """`decided` with `data_note` added to its reason when a parent was loaded."""
+    note = data_note(applied.parent_data, data_fingerprint)
+    if decided.parent_id is None or not note:
+        return decided
+    return dataclasses.replace(decided, reason=f"{decided.reason}; {note}")
 
 
 def _apply(job: api.TrainingJob, decided: select.Decision, zoo: store.ObjectStore | None,

@@ -115,9 +115,12 @@ class DatasetSpec(names.ApiModel):
         default=None,
         min_length=1,
         max_length=128,
+        pattern=r"^[^\x00-\x1f\x7f]+$",  # printed in reasons and logs: no control characters
         description="fingerprint: your id of the data's content, e.g. a version or hash; "
-        "recorded with the model, and warm start prefers parents with the same one (unset: "
-        "a hash of this dataset spec).",
+        "recorded with the model, and warm start prefers parents with the same one. Unset: "
+        "admission compares a hash of this dataset spec, and the trainer records a hash of "
+        "the content it loaded (files, arrays, or an entrypoint's first samples); set, the "
+        "trainer hashes nothing.",
     )
     split_seed: int = Field(
         default=0,
@@ -232,11 +235,12 @@ class WarmStartSpec(names.ApiModel):
 class FreezingSpec(names.ApiModel):
     """Egeria layer freezing (Wang et al., EuroSys'23).
 
-    A module counts as converged in a reference cycle (``window`` probes) when either of two
-    tests holds: its plasticity's slope is flat (``tolerance``) or its plasticity per unit of
-    learning rate fell far below its peak (``peakFraction``). Every leading module converged
-    for ``patience`` cycles in a row freezes in one decision; the prefix stays frozen across
-    learning-rate drops.
+    A module counts as converged in a reference cycle (``window`` probes) when any of three
+    tests holds: its plasticity's slope is flat (``tolerance``), its plasticity per unit of
+    learning rate fell far below its peak (``peakFraction``), or it stopped falling within the
+    learning-rate phase (``plateauRatio``). Leading modules converged for ``patience`` cycles
+    in a row freeze together, up to about a third of the backward work per decision and one
+    decision per ``patience`` cycles; the prefix stays frozen across learning-rate drops.
     """
 
     enabled: bool = Field(
@@ -267,6 +271,15 @@ class FreezingSpec(names.ApiModel):
         description="peakFraction: a module is also converged in a reference cycle when its "
         "plasticity per unit of learning rate fell to this fraction of its highest value "
         "(dimensionless; 0.1: it moves at a tenth of its most plastic pace; 1: always).",
+    )
+    plateau_ratio: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="plateauRatio: a module is also converged in a reference cycle when, within "
+        "one learning-rate phase, the median of its last two cycles' plasticity per unit of "
+        "learning rate is at least this fraction of the median of the two before: it stopped "
+        "falling, and only drifts with the gradient noise (0 turns this test off).",
     )
     patience: int = Field(
         default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."

@@ -30,6 +30,7 @@ from kiln.controller import (
     services,
     settings,
     status,
+    zoo_access,
 )
 from kiln.warmstart import select
 from kiln.zoo import store
@@ -227,6 +228,7 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
             await e.commit()
             if e.body is None:
                 return True
+            await zoo_access.prepare(svc, e.body, job, decided=None)
             manifest = profiling.build_pod(e.body, job, device, settings=svc.pod_settings,
                                            timeout_seconds=options.profile_timeout_seconds,
                                            now=now, device_type=device_type)

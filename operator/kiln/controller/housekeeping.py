@@ -24,6 +24,7 @@ from kiln.controller import (
     progress,
     services,
     status,
+    zoo_access,
 )
 from kiln.zoo import eviction, store
 
@@ -56,7 +57,9 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
       deleted, releasing its devices, and the job fails with PodStartTimeout: such a cause
       does not go away by itself;
     * running: the trainer's metrics are read into status.progress; its ETA, throughput and
-      first steps after a move feed the planner's introspection.
+      first steps after a move feed the planner's introspection;
+    * placed or running under ``--zoo-pod-access presigned``: its zoo access is signed again
+      when less than half its lifetime is left (`zoo_access.refresh`).
     """
     if lifecycle.deleting(dict(body)):
         return
@@ -65,6 +68,7 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
     run_policy = (body.get("spec") or {}).get("runPolicy") or {}
     now = svc.clock()
     if status.is_terminal(st):
+        svc.zoo_access_expiry.pop(str((body.get("metadata") or {}).get("uid")), None)
         ttl = _int(run_policy.get("ttlSecondsAfterFinished"))
         if policy.ttl_expired(status.parse_rfc3339(st.get("completionTime")), ttl, now):
             await _delete_finished(svc, ref, ttl)
@@ -79,6 +83,8 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
             f"{st.get('startTime')}); its trainer was stopped. Raise the deadline or shorten "
             "the training to finish in time."))
         return
+    if status.is_true(st, C.PLACED) or status.is_true(st, C.RUNNING):
+        await zoo_access.refresh(svc, body)  # before its pods' presigned URLs expire
     if status.is_true(st, C.RUNNING):
         await _read_progress(svc, ref, body)
     elif status.is_true(st, C.PLACED):

@@ -26,6 +26,7 @@ from kiln.controller import (
     profiling,
     services,
     status,
+    zoo_access,
 )
 from kiln.placement import introspect, types
 from kiln.warmstart import select
@@ -520,6 +521,7 @@ async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob
     if launch_.device == "gpu":
         launch_ = dataclasses.replace(
             launch_, gpu_resource=await svc.placement.gpu_resource(launch_.node))
+    await zoo_access.prepare(svc, body, job, decided=launch_.warm_start)
     manifests = gang.build_pods(body, job, attempt=attempt, launch=launch_,
                                 settings=svc.pod_settings)
     manifest = manifests[0]

@@ -48,6 +48,7 @@ from kiln.zoo import eviction, store
 
 _log = logging.getLogger(__name__)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+ZOO_POD_ACCESS = ("presigned", "credentials")
 
 # (field of settings.Options, help). Flags are the field names with dashes.
 _HELP: tuple[tuple[str, str], ...] = (
@@ -56,13 +57,20 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("zoo_uri", "model zoo: s3://bucket[/prefix] or a directory"),
     ("zoo_endpoint", ("S3 endpoint host:port or http(s)://host:port for the operator and the "
                       "trainer pods (default: $KILN_ZOO_ENDPOINT)")),
-    ("zoo_secret", "Secret in each job namespace with the zoo credentials for trainer pods"),
+    ("zoo_secret", ("Secret in each job namespace with that namespace's zoo credentials for "
+                    "its pods (only with --zoo-pod-access credentials)")),
     ("zoo_secret_access_key", "key of the access key in --zoo-secret"),
     ("zoo_secret_secret_key", "key of the secret key in --zoo-secret"),
     ("zoo_secret_session_token", ("key of an optional session token in --zoo-secret "
                                   "(temporary credentials)")),
     ("zoo_share", ("who sees models of jobs without spec.zoo.share: private (their "
                    "namespace) or shared (every namespace)")),
+    ("zoo_pod_access", ("how pods reach an s3:// zoo: presigned (URLs for the job's own "
+                        "objects and visible parents, no credential) or credentials "
+                        "(each namespace's own, from --zoo-secret)")),
+    ("zoo_access_hours", ("lifetime of presigned zoo URLs in hours (0.001 to 168; keep it "
+                          "above a pod's start time; shorter when the operator's own "
+                          "credential is temporary)")),
     ("zoo_retry_limit", "failed attempts to reach the zoo before a job cold-starts"),
     ("zoo_retry_delay_seconds", "wait after the first failed zoo attempt (doubles each time)"),
     ("zoo_retry_max_delay_seconds", "longest wait between zoo attempts"),
@@ -136,9 +144,10 @@ _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_t
              "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
              "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds",
              "termination_grace_seconds", "profile_timeout_seconds",
-             "zoo_gc_interval_seconds", "zoo_hit_half_life_seconds"}
+             "zoo_gc_interval_seconds", "zoo_hit_half_life_seconds", "zoo_access_hours"}
 _MAXIMUM = {"zoo_request_attempts": 100, "zoo_retry_limit": 1000, "max_gpus_per_job": 64,
-            "cpu_slots_per_node": 256, "termination_grace_seconds": 86400}
+            "cpu_slots_per_node": 256, "termination_grace_seconds": 86400,
+            "zoo_access_hours": 168}  # SigV4 signs URLs for at most 7 days
 # Kubernetes label values and (optionally prefixed) keys, for --gpu-type and its label.
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
@@ -160,6 +169,10 @@ def _text(name: str) -> Any:
                 "63, starting and ending with a letter or digit), e.g. team-a")
         if name == "zoo_uri":  # before connecting; S3's settings are checked at services start
             parts = urlsplit(text)
+            if parts.scheme.lower() == "presigned":
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: a presigned manifest is how pods reach the zoo, not the "
+                    "operator; give the zoo itself, s3://bucket[/prefix] or a directory")
             try:
                 if parts.scheme.lower() != "s3":
                     store.open_store(text)  # a directory: contacts nothing
@@ -221,6 +234,9 @@ def _number(kind: type[int | float], name: str) -> Any:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
         if value < 0:
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        if name == "zoo_access_hours" and value < 0.001:
+            raise argparse.ArgumentTypeError(
+                f"must be at least 0.001 (3.6 s: S3 signs URLs for at least a second), got {text}")
         if name == "resize_min_gain" and value < 1:
             raise argparse.ArgumentTypeError(
                 f"must be at least 1 (a move must save at least its restart cost), got {text}")
@@ -365,7 +381,8 @@ def build_parser(prog: str = "kiln operator", *,
             kind = _number(kind, name) if kind in (int, float) else _text(name)
             choices = (PULL_POLICIES if name == "image_pull_policy" else
                        types.OBJECTIVES if name == "placement_objective" else
-                       [str(v) for v in api.ZooShare] if name == "zoo_share" else None)
+                       [str(v) for v in api.ZooShare] if name == "zoo_share" else
+                       ZOO_POD_ACCESS if name == "zoo_pod_access" else None)
             parser.add_argument(flag, dest=name, type=kind, default=default, help=text,
                                 choices=choices)
         assert name in fields, name

@@ -29,6 +29,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 CONTAINER_NAME = "trainer"
 METRICS_PORT_NAME = "metrics"
+# --zoo-pod-access presigned: the job's Secret of presigned URLs, mounted read-only.
+ZOO_ACCESS_VOLUME = "kiln-zoo-access"
+ZOO_ACCESS_URI = (f"{contract.ZOO_ACCESS_SCHEME}:{contract.ZOO_ACCESS_DIR}/"
+                  f"{contract.ZOO_ACCESS_FILE}")
 SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
 
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -65,6 +69,9 @@ class PodSettings:
             credentials).
         zoo_share: who sees a job's registered model when its spec.zoo.share is unset:
             ``private`` (its namespace) or ``shared`` (every namespace).
+        zoo_pod_access: ``presigned``: an s3:// zoo is reached through the job's
+            ``<job>-zoo-access`` Secret of presigned URLs (`zoo_access`), mounted read-only,
+            and pods get no zoo credential; ``credentials``: through `zoo_secret`.
         metrics_port: the trainer's Prometheus port inside the pod.
         termination_grace_seconds: how long a deleted pod's trainer has to checkpoint.
         pod_security_context: the pod's securityContext unless spec.template sets
@@ -86,6 +93,7 @@ class PodSettings:
     zoo_secret_secret_key: str = "secretKey"
     zoo_secret_session_token: str = "sessionToken"
     zoo_share: str = api.ZooShare.PRIVATE.value
+    zoo_pod_access: str = "credentials"
     metrics_port: int = 9090
     termination_grace_seconds: int = 60
     pod_security_context: Mapping[str, Any] = dataclasses.field(
@@ -94,6 +102,11 @@ class PodSettings:
         default_factory=lambda: copy.deepcopy(CONTAINER_SECURITY_CONTEXT))
     service_account: str | None = None
     kueue_labels: bool = True
+
+    @property
+    def presigned_zoo(self) -> bool:
+        """Whether pods reach the zoo through their job's presigned URLs only."""
+        return self.zoo_pod_access == "presigned" and self.zoo_uri.startswith("s3://")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +217,11 @@ class PodState:
         return not self.finished and not self.deleting
 
 
+def zoo_access_secret(job_name: str) -> str:
+    """The name of the Secret holding `job_name`'s presigned zoo access."""
+    return f"{job_name}-zoo-access"
+
+
 def pod_name(job_name: str, attempt: int) -> str:
     """The deterministic name of `job_name`'s trainer pod for `attempt` (0-based)."""
     return f"{job_name}-trainer-{attempt}"
@@ -276,6 +294,9 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
                         *copy.deepcopy(template.get("volumes") or [])],
         },
     }
+    if settings.presigned_zoo:  # the manifest `zoo_access` signs; only the operator writes it
+        pod["spec"]["volumes"].append({"name": ZOO_ACCESS_VOLUME, "secret": {
+            "secretName": zoo_access_secret(job.name), "defaultMode": 0o444}})
     spec = pod["spec"]
     if template.get("initContainers"):
         spec["initContainers"] = copy.deepcopy(template["initContainers"])
@@ -317,6 +338,9 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                          *copy.deepcopy(template.get("volumeMounts") or [])],
     }
+    if settings.presigned_zoo:
+        container["volumeMounts"].append({"name": ZOO_ACCESS_VOLUME, "readOnly": True,
+                                          "mountPath": contract.ZOO_ACCESS_DIR})
     if template.get("args"):
         container["args"] = list(template["args"])
     if template.get("envFrom"):
@@ -338,7 +362,8 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
             "spec": api.to_wire(job.spec)}
     env: list[dict[str, Any]] = [
         {"name": contract.Env.JOB.value, "value": json.dumps(wire, separators=(",", ":"))},
-        {"name": contract.Env.ZOO.value, "value": settings.zoo_uri},
+        {"name": contract.Env.ZOO.value, "value": ZOO_ACCESS_URI if settings.presigned_zoo
+         else settings.zoo_uri},
         {"name": contract.Env.METRICS_PORT.value, "value": str(settings.metrics_port)},
         {"name": contract.Env.WARM_START.value,
          "value": json.dumps(launch.warm_start.to_json(), separators=(",", ":"))},
@@ -349,9 +374,9 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
          "value": job.spec.template.get("image") or settings.default_image},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    if settings.zoo_endpoint:
+    if settings.zoo_endpoint:  # presigned URLs carry it, but s3:// datasets read it too
         env.append({"name": contract.Env.ZOO_ENDPOINT.value, "value": settings.zoo_endpoint})
-    if settings.zoo_secret:
+    if settings.zoo_secret and not settings.presigned_zoo:
         for name, key in ((contract.Env.ZOO_ACCESS_KEY.value, settings.zoo_secret_access_key),
                           (contract.Env.ZOO_SECRET_KEY.value, settings.zoo_secret_secret_key)):
             env.append({"name": name, "valueFrom": {"secretKeyRef": {

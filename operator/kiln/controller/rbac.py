@@ -35,6 +35,9 @@ RULES: tuple[Rule, ...] = (
     # A multi-node job's headless Service (its pods' DNS names); owned by the job, so the
     # garbage collector deletes it.
     Rule("", "services", ("create",)),
+    # Each job's <job>-zoo-access Secret of presigned zoo URLs (`zoo_access`): created, and
+    # patched when signed again; owned by the job, so the garbage collector deletes it.
+    Rule("", "secrets", ("create", "patch")),
 )
 # Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
 # and the placement loop lists Kiln's pods (by label) and other pods on each GPU node (by

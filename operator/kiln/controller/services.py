@@ -46,6 +46,9 @@ class Services:
         default_factory=dict, init=False)
     unplaceable: dict[job_store.JobRef, str] = dataclasses.field(default_factory=dict, init=False)
     profiles: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, init=False)
+    # Job uid -> when its zoo access was signed and when it expires (`zoo_access.due`).
+    zoo_access_expiry: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict,
+                                                                          init=False)
     # Held while a profiling pod chooses and takes its device, so two never take the same one.
     profiling_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, init=False)
     _task: asyncio.Task[None] | None = dataclasses.field(default=None, init=False)

@@ -43,6 +43,12 @@ class Options:
         zoo_secret_session_token: key of an optional session token in `zoo_secret`.
         zoo_share: who sees a registered model whose job leaves spec.zoo.share unset:
             ``private`` (the job's namespace) or ``shared`` (every namespace).
+        zoo_pod_access: how trainer and profiling pods reach an s3:// zoo: ``presigned``
+            (URLs signed for the job's own objects and the parents its namespace may read, in
+            a ``<job>-zoo-access`` Secret; no credential in the pod) or ``credentials`` (the
+            `zoo_secret` credential, zoo-wide).
+        zoo_access_hours: how long presigned URLs work (at most 168, SigV4's limit); they
+            are signed again when less than half of it is left.
         zoo_retry_limit: failed attempts to reach the zoo before a job cold-starts.
         zoo_retry_delay_seconds: wait after the first failed attempt; doubles each time, at
             most `zoo_retry_max_delay_seconds`.
@@ -132,6 +138,8 @@ class Options:
     zoo_secret_secret_key: str = "secretKey"
     zoo_secret_session_token: str = "sessionToken"
     zoo_share: str = names.ZooShare.PRIVATE.value
+    zoo_pod_access: str = "presigned"
+    zoo_access_hours: float = 24.0
     zoo_retry_limit: int = 5
     zoo_retry_delay_seconds: float = 30.0
     zoo_retry_max_delay_seconds: float = 600.0
@@ -195,6 +203,7 @@ def pod_settings(options: Options) -> pods.PodSettings:
         zoo_uri=options.zoo_uri,
         zoo_endpoint=options.zoo_endpoint,
         zoo_secret=options.zoo_secret,
+        zoo_pod_access=options.zoo_pod_access,
         zoo_secret_access_key=options.zoo_secret_access_key,
         zoo_secret_secret_key=options.zoo_secret_secret_key,
         zoo_secret_session_token=options.zoo_secret_session_token,

@@ -52,6 +52,7 @@ class Applied:
         parent_metric: the parent record's metric value (None on a cold start).
         metric_name: its name.
         parent_provisional: the parent is a provisional record (its job is still training).
+        parent_data: what the parent was trained on (`records.ZooRecord.data_fingerprint`).
     """
 
     state_dict: dict[str, Tensor] | None
@@ -63,6 +64,7 @@ class Applied:
     parent_metric: float | None = None
     metric_name: str | None = None
     parent_provisional: bool = False
+    parent_data: str | None = None
 
 
 def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
@@ -299,7 +301,8 @@ def apply(
     return Applied(result.state_dict, result.untransferred_fraction, tuple(result.notes),
                    matched_tensors=result.matched_tensors, total_tensors=result.total_tensors,
                    similarity=result.similarity, parent_metric=record.metric_value,
-                   metric_name=record.metric_name, parent_provisional=record.provisional)
+                   metric_name=record.metric_name, parent_provisional=record.provisional,
+                   parent_data=record.data_fingerprint)
 
 
 def pinned_record(zoo: store.ObjectStore, model_id: str, *,

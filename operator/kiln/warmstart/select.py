@@ -36,6 +36,9 @@ from kiln import api
 #    the most common one is compared (a loss and an accuracy are not comparable).
 #    Within the bucket, candidates trained on the child's dataset (same fingerprint) are
 #    preferred: similar data makes warm weights more useful, but never outranks similarity.
+#    The fingerprint is the spec's (`records.dataset_fingerprint`: the user's, or a hash of
+#    the dataset spec): at admission nothing has read the child's data yet. The trainer, once
+#    it has, says whether the parent's content fingerprint matches (`kiln_trainer.warm`).
 # 5. Once the weight transform has counted what transfers, `finalize` turns the decision into a
 #    cold start when fewer than 10% of the child's weight tensors transfer (ModelKeeper's
 #    THRESHOLD = 0.1, but there the transformed weights were still returned and loaded).
@@ -300,8 +303,8 @@ def choose_parent(
     low, high = top / BUCKETS, (top + 1) / BUCKETS
     mixed = (f", compared on {metric} only" if len(compared) < len(in_bucket) else "")
     if same_data:
-        mixed += (f", trained on the same dataset (fingerprint {_short_fingerprint(parent)}; "
-                  f"{len(same_data)} of {len(compared)} were)")
+        mixed += (f", trained on the same dataset ({_fingerprint_kind(parent)} fingerprint "
+                  f"{_short_fingerprint(parent)}; {len(same_data)} of {len(compared)} were)")
     reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
               f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")
@@ -424,6 +427,12 @@ def _comparable(in_bucket: list[Candidate]) -> tuple[str, list[Candidate]]:
     counts = collections.Counter(c.metric_name for c in in_bucket)
     metric = min(counts, key=lambda name: (-counts[name], name))
     return metric, [c for c in in_bucket if c.metric_name == metric]
+
+
+def _fingerprint_kind(c: Candidate) -> str:
+    """The kind of `c`'s fingerprint: spec (a hash of the dataset spec, as
+    `records.dataset_fingerprint` makes it), else user (the job's own)."""
+    return "spec" if (c.dataset_fingerprint or "").startswith("spec-") else "user"
 
 
 def _short_fingerprint(c: Candidate) -> str:

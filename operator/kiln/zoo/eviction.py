@@ -13,7 +13,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 
-from kiln.zoo import records, store
+from kiln.zoo import presigned, records, store
 
 HITS_PREFIX = "hits/"
 # hits/<record-id>/<YYYYMMDDTHHMMSSZ>-<8 hex>: one empty object per time a record was chosen as
@@ -66,9 +66,24 @@ def record_hit(zoo: store.ObjectStore, record_id: str, *, now: datetime.datetime
         ValueError: an invalid id.
         StoreUnavailable: the store failed.
     """
+    prefix = f"{HITS_PREFIX}{records.check_id(record_id)}/"
+    if isinstance(zoo, presigned.PresignedStore):  # a pod writes the hit key the operator minted
+        granted = zoo.granted(prefix, "put")
+        if not granted:
+            raise presigned.NotGranted(f"no hit of {record_id} is granted in {zoo.describe()}")
+        zoo.put_bytes(granted[0], b"")
+        return
+    zoo.put_bytes(hit_key(record_id, now=now), b"")
+
+
+def hit_key(record_id: str, *, now: datetime.datetime) -> str:
+    """A fresh key for one hit of `record_id` at `now`.
+
+    Raises:
+        ValueError: an invalid id.
+    """
     stamp = now.astimezone(datetime.UTC).strftime(_HIT_TIME_FORMAT)
-    zoo.put_bytes(f"{HITS_PREFIX}{records.check_id(record_id)}/{stamp}-{secrets.token_hex(4)}",
-                  b"")
+    return f"{HITS_PREFIX}{records.check_id(record_id)}/{stamp}-{secrets.token_hex(4)}"
 
 
 def hit_times(zoo: store.ObjectStore) -> dict[str, list[datetime.datetime]]:

@@ -83,6 +83,9 @@ _Entrypoint = Annotated[str, Field(pattern=f"^{_ENTRYPOINT_PATTERN.pattern}$")]
 _Time = Annotated[str, AfterValidator(_rfc3339)]
 _Sha256 = Annotated[str, Field(pattern=f"^(|{_SHA256_PATTERN.pattern})$")]  # "": not yet known
 _Namespace = Annotated[str, Field(pattern=api.NAME_PATTERN, max_length=api.NAME_MAX_LENGTH)]
+# What the trainer loaded, with its kind (`ZooRecord.content_fingerprint`).
+_ContentFingerprint = Annotated[
+    str, Field(pattern=r"^((content|sample):sha256:[0-9a-f]{64}|user:[\s\S]{1,128})$")]
 
 LEGACY_NAMESPACE = "default"
 """The namespace of records written before records had one (they read as shared)."""
@@ -125,8 +128,14 @@ class ZooRecord:
             ``--namespace``, default ``default``); older records read as `LEGACY_NAMESPACE`.
         share: who may see it: ``private`` (its namespace only) or ``shared`` (every
             namespace); older records read as shared, as they always were.
-        dataset_fingerprint: what the model was trained on: the job's
-            ``spec.dataset.fingerprint``, else a hash of its dataset spec; None if unknown.
+        dataset_fingerprint: what the job said it trains on (`dataset_fingerprint`): its
+            ``spec.dataset.fingerprint``, else ``spec-`` and a hash of its dataset spec; None
+            if unknown. Admission compares it, before any data is read.
+        content_fingerprint: what the trainer actually loaded, with its kind:
+            ``content:sha256:<hex>`` (files, or a built-in loader's arrays),
+            ``sample:sha256:<hex>`` (a dataset entrypoint's first samples and length) or
+            ``user:<value>`` (the job's ``spec.dataset.fingerprint``, trusted); None for
+            older records and imports. See `data_fingerprint`.
         trainer_image: the container image that trained it, or None (local runs, imports).
         kiln_version: the Kiln version that wrote the record, or None (older records).
         train_seconds: the seconds its own training took (across restarts, its parent's not
@@ -160,6 +169,7 @@ class ZooRecord:
     namespace: _Namespace = LEGACY_NAMESPACE
     share: api.ZooShare = api.ZooShare.PRIVATE
     dataset_fingerprint: str | None = None
+    content_fingerprint: _ContentFingerprint | None = None
     trainer_image: str | None = None
     kiln_version: str | None = None
     train_seconds: _Number | None = None
@@ -174,6 +184,19 @@ class ZooRecord:
     def builder(self) -> str:
         """What builds the model: the registry name, or the entrypoint."""
         return self.architecture or self.entrypoint or ""
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """The best fingerprint of what the model was trained on, with its kind:
+        `content_fingerprint`, else (older records) `dataset_fingerprint` as ``spec:<hash>`` or
+        ``user:<value>``; None if unknown."""
+        if self.content_fingerprint is not None:
+            return self.content_fingerprint
+        if self.dataset_fingerprint is None:
+            return None
+        if self.dataset_fingerprint.startswith(SPEC_FINGERPRINT_PREFIX):
+            return "spec:" + self.dataset_fingerprint.removeprefix(SPEC_FINGERPRINT_PREFIX)
+        return "user:" + self.dataset_fingerprint
 
     def visible_to(self, namespace: str) -> bool:
         """Whether a job in `namespace` may see this record: its own, or a shared one."""
@@ -252,6 +275,8 @@ _FORMATS = {
     "entrypoint": "an entrypoint such as mypackage.models:build_net",
     "weights_sha256": "64 lowercase hex digits (SHA-256)",
     "namespace": "a Kubernetes namespace name such as team-a",
+    "content_fingerprint": "content:sha256:, sample:sha256: and 64 hex digits, or user: and "
+                           "at most 128 characters",
 }
 
 
@@ -288,14 +313,18 @@ def new_id(architecture: str) -> ZooModelId:
     return ZooModelId(f"{slug}-{secrets.token_hex(4)}")
 
 
-def dataset_fingerprint(spec: api.DatasetSpec) -> str:
-    """What a record says its model was trained on: ``spec.fingerprint`` when the user gave
-    one, else ``spec-`` and the first 16 hex digits of a SHA-256 of the fields that name the
-    data (loader or entrypoint, its args, paths, torchvision class).
+SPEC_FINGERPRINT_PREFIX = "spec-"
+"""Starts a `dataset_fingerprint` that hashes the dataset spec (not the user's own)."""
 
-    The spec, not the content: hashing a dataset's files at every job costs a full read, and
-    a path whose content changes keeps its hash; set ``spec.dataset.fingerprint`` (a data
-    version or content hash) when that matters.
+
+def dataset_fingerprint(spec: api.DatasetSpec) -> str:
+    """What a job says it trains on: ``spec.fingerprint`` when the user gave one, else
+    ``spec-`` and the first 16 hex digits of a SHA-256 of the fields that name the data
+    (loader or entrypoint, its args, paths, torchvision class).
+
+    The spec, not the content: the operator chooses a parent at admission, before any data is
+    read, so this is what it can compare; a path whose content changes keeps its hash. The
+    trainer records what it loaded in `ZooRecord.content_fingerprint`.
     """
     if spec.fingerprint:
         return spec.fingerprint
@@ -303,7 +332,7 @@ def dataset_fingerprint(spec: api.DatasetSpec) -> str:
              "path": spec.path, "validationPath": spec.validation_path,
              "torchvisionClass": spec.torchvision_class}
     text = json.dumps(names, sort_keys=True, default=str)
-    return "spec-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return SPEC_FINGERPRINT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_id(record_id: str) -> ZooModelId:

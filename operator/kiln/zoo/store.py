@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import io
 import os
 import tempfile
@@ -269,12 +270,12 @@ AWS_ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
 
 # S3 error codes that mean "who you are or what you may do", never worth retrying.
-_CREDENTIAL_CODES = frozenset(
+CREDENTIAL_CODES = frozenset(
     {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
      "InvalidToken", "AllAccessDisabled"}
 )
 # S3 error codes that a server returns when it is busy or restarting: retry these.
-_TRANSIENT_CODES = frozenset(
+TRANSIENT_CODES = frozenset(
     {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "OperationAborted",
      "XMinioServerNotInitialized"}
 )
@@ -324,6 +325,10 @@ def parse_endpoint(endpoint: str, *, secure: bool = False) -> tuple[str, bool]:
     if not text or "/" in text:
         raise ValueError(f"invalid S3 endpoint {endpoint!r}: use host:port or http(s)://host:port")
     return text, secure
+
+
+UNKNOWN_TOKEN_LIFETIME = datetime.timedelta(hours=1)
+"""How long a session token that carries no expiry is assumed to work: STS's default."""
 
 
 class S3Store:
@@ -384,6 +389,7 @@ class S3Store:
         self._sleep = sleep
         self._bucket_ready = False
         self._lock = threading.Lock()
+        self._credentials = credentials
         http = urllib3.PoolManager(  # our retries, not urllib3's: they are bounded and reported
             timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=read_timeout_seconds),
             retries=False,
@@ -495,6 +501,38 @@ class S3Store:
                            lambda: self._client.stat_object(self._bucket, name))
         return int(found.size or 0)
 
+    def presigned_url(self, method: str, key: str, *, lifetime: datetime.timedelta,
+                      now: datetime.datetime) -> str:
+        """A URL that lets its holder send one `method` request for `key` until `now` +
+        `lifetime` (SigV4 query signing, with this store's credentials).
+
+        Signing is local, except that minio asks the server once for the bucket's region
+        when none is configured.
+
+        Raises:
+            StoreUnavailable: the region lookup failed after retries.
+            StoreMisconfigured: the credentials were refused.
+        """
+        name = self._name(key)
+        return self._call(f"sign {method} {key!r}", None, lambda: self._client.get_presigned_url(
+            method, self._bucket, name, expires=lifetime, request_date=now))
+
+    def credential_expiry(self, now: datetime.datetime) -> datetime.datetime | None:
+        """When the credential that signs this store's requests stops working: None for
+        static keys; a temporary credential's expiry (a URL signed with it dies with it), or
+        `UNKNOWN_TOKEN_LIFETIME` from `now` for a session token that does not say.
+
+        Raises:
+            StoreUnavailable: the credential provider could not be asked.
+        """
+        if self._credentials is None:
+            return None
+        credentials = self._call("read the credentials", None, self._credentials.retrieve)
+        if credentials.expiration is not None:
+            expiry = credentials.expiration
+            return expiry if expiry.tzinfo else expiry.replace(tzinfo=datetime.UTC)
+        return now + UNKNOWN_TOKEN_LIFETIME if credentials.session_token else None
+
     def _ensure_bucket(self) -> None:
         """Create the bucket on first use; two creators racing is fine."""
         with self._lock:
@@ -533,7 +571,7 @@ class S3Store:
             except minio.error.S3Error as exc:
                 if exc.code == "NoSuchKey" and key is not None:
                     raise ObjectNotFound(key, self.describe()) from None
-                if exc.code in _CREDENTIAL_CODES:
+                if exc.code in CREDENTIAL_CODES:
                     raise StoreMisconfigured(
                         f"S3 store {self.describe()} refused to {action}: {exc.code} (the "
                         "credentials are wrong or may not use the bucket; retrying will not "
@@ -542,7 +580,7 @@ class S3Store:
                         f"{AWS_SECRET_KEY_ENV}; in the cluster, the secret the operator's "
                         "--zoo-secret names) to a key pair allowed to use the bucket"
                     ) from exc
-                if exc.code not in _TRANSIENT_CODES:
+                if exc.code not in TRANSIENT_CODES:
                     raise StoreUnavailable(
                         f"S3 store {self.describe()} failed to {action}: {exc.code}: "
                         f"{exc.message}; check the bucket name, region and server logs"
@@ -576,7 +614,8 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
     """Open the store a zoo URI names.
 
     ``/some/dir``, ``./rel/dir`` or ``file:///some/dir`` give a `DirStore`;
-    ``s3://bucket[/prefix]`` gives an `S3Store` whose endpoint comes from ``KILN_ZOO_ENDPOINT``
+    ``presigned:/path/manifest.json`` gives a `presigned.PresignedStore` (a pod's access to
+    its job's objects, minted by the operator); ``s3://bucket[/prefix]`` gives an `S3Store` whose endpoint comes from ``KILN_ZOO_ENDPOINT``
     (``host:port`` or ``http(s)://host:port``), credentials from ``KILN_ZOO_ACCESS_KEY`` and
     ``KILN_ZOO_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``; neither
     pair: anonymous) with an optional session token, or from the cloud's identity with
@@ -594,6 +633,14 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
     env = os.environ if env is None else env
     if not uri.strip():
         raise ValueError(f"zoo URI is empty; use a directory, e.g. {DEFAULT_ZOO_URI}")
+    if uri.startswith(f"{contract.ZOO_ACCESS_SCHEME}:"):
+        from kiln.zoo import presigned  # it builds on this module
+
+        path = unquote(uri.partition(":")[2])
+        if not path:
+            raise ValueError(f"zoo URI {uri!r}: name the manifest file, as in "
+                             "presigned:/var/run/kiln/zoo-access/manifest.json")
+        return presigned.PresignedStore(path)
     if "://" not in uri:
         return DirStore(Path(uri))
     parts = urlsplit(uri)

@@ -66,6 +66,30 @@ def test_zoo_credentials_come_from_a_secret_reference_never_a_value() -> None:
     assert token == {"name": "zoo-creds", "key": "sessionToken", "optional": True}
 
 
+def test_presigned_zoo_access_mounts_the_jobs_secret_and_gives_no_zoo_credential() -> None:
+    owner, job = _job()
+    settings = dataclasses.replace(SETTINGS, zoo_pod_access="presigned")
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=settings)
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KILN_ZOO"]["value"] == "presigned:/var/run/kiln/zoo-access/manifest.json"
+    assert not {"KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY", "KILN_ZOO_SESSION_TOKEN",
+                "KILN_ZOO_CREDENTIALS"} & set(env)
+    assert env["KILN_ZOO_ENDPOINT"]["value"] == "minio:9000"  # for s3:// datasets: no secret
+    assert "zoo-creds" not in json.dumps(pod)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == pods.ZOO_ACCESS_VOLUME)
+    assert volume["secret"]["secretName"] == "digits-zoo-access"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == pods.ZOO_ACCESS_VOLUME)
+    assert mount == {"name": pods.ZOO_ACCESS_VOLUME, "readOnly": True,
+                     "mountPath": "/var/run/kiln/zoo-access"}
+    # A directory zoo has no URLs to sign: presigned access leaves it as it is.
+    local = dataclasses.replace(settings, zoo_uri="/data/zoo")
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=local)
+    assert {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}[
+        "KILN_ZOO"] == "/data/zoo"
+    assert pods.ZOO_ACCESS_VOLUME not in json.dumps(pod)
+
+
 def test_the_pod_tells_the_trainer_its_image_and_the_operators_share_default() -> None:
     owner, job = _job(template={"image": "team-a/trainer:7"})
     shared = dataclasses.replace(SETTINGS, zoo_share="shared")

@@ -308,5 +308,5 @@ def test_within_a_bucket_a_parent_trained_on_the_same_data_wins(zoo: store.DirSt
                                 weights, parent_graph)
     decided = decision.decide(child, zoo)
     assert decided.parent_id == same.id
-    assert f"trained on the same dataset (fingerprint {fingerprint}; 1 of 2 were)" in (
+    assert f"trained on the same dataset (spec fingerprint {fingerprint}; 1 of 2 were)" in (
         decided.reason)

@@ -151,6 +151,30 @@ def test_an_old_format_meta_json_reads_as_a_shared_record_of_the_default_namespa
     assert (old.namespace, old.share) == ("default", api.ZooShare.SHARED)
     assert old.visible_to("team-a") and old.visible_to("default")
     assert (old.dataset_fingerprint, old.kiln_version, old.entrypoint) == (None, None, None)
+    assert old.content_fingerprint is None and old.data_fingerprint is None
+
+
+@pytest.mark.parametrize(("dataset", "content", "data"), [
+    pytest.param("spec-0123456789abcdef", None, "spec:0123456789abcdef", id="spec-hash"),
+    pytest.param("digits-v2", None, "user:digits-v2", id="users-own"),
+    pytest.param("spec-0123456789abcdef", "content:sha256:" + "ab" * 32,
+                 "content:sha256:" + "ab" * 32, id="content"),
+])
+def test_a_record_says_what_its_model_was_trained_on_with_the_kind(
+        dataset: str, content: str | None, data: str) -> None:
+    # Records from before content fingerprints hold only the spec's: they read with its kind.
+    meta = json.loads(_OLD_META) | {"dataset_fingerprint": dataset, "content_fingerprint": content}
+    record = records.ZooRecord.from_json(json.dumps(meta))
+    assert record.data_fingerprint == data
+    again = records.ZooRecord.from_json(record.to_json())
+    assert (again.dataset_fingerprint, again.content_fingerprint) == (dataset, content)
+
+
+def test_a_content_fingerprint_without_its_kind_is_refused() -> None:
+    meta = json.loads(_OLD_META) | {"content_fingerprint": "ab" * 32}
+    with pytest.raises(records.CorruptRecord, match="'content_fingerprint': expected "
+                       "content:sha256:, sample:sha256: and 64 hex digits"):
+        records.ZooRecord.from_json(json.dumps(meta))
 
 
 def test_a_private_record_is_visible_to_its_own_namespace_only() -> None:

@@ -6,6 +6,7 @@ which blocks converged; which block freezes is `freezing.controller`'s decision.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,9 @@ EMA_ALPHA = 0.8  # weight of the history in the per-cycle smoothing (Egeria uses
 #: A frozen prefix thaws when the block behind it moves this many times faster per unit of
 #: learning rate than when the prefix froze: well above the cycle-to-cycle scatter.
 RISE_FACTOR = 3.0
+#: The phase test compares the median of a block's last this-many cycles of the learning-rate
+#: phase with the median of the this-many before them.
+PLATEAU_CYCLES = 2
 
 
 class Convergence:
@@ -35,9 +39,13 @@ class Convergence:
     """
 
     def __init__(self, blocks: Sequence[str], *, window: int, tolerance: float,
-                 peak_fraction: float, patience: int) -> None:
+                 peak_fraction: float, patience: int, plateau_ratio: float = 0.0) -> None:
         self.blocks, self.patience = tuple(blocks), patience
         self.tolerance, self.peak_fraction = tolerance, peak_fraction
+        self.plateau_ratio = plateau_ratio
+        # normalised plasticity of each closed cycle of the current learning-rate phase
+        self._phase: list[list[float]] = [[] for _ in self.blocks]
+        self._passed: list[str | None] = [None for _ in self.blocks]  # the test that held
         self._emas = [plasticity.Ema(EMA_ALPHA) for _ in self.blocks]
         self._detectors = [plasticity.ConvergenceDetector(window, tolerance, 1)
                            for _ in self.blocks]
@@ -85,8 +93,13 @@ class Convergence:
             # vanish: measured on digits, the slope test alone fired only in the last tenth of a
             # cosine schedule, because a block that still moves drifts linearly away from a
             # fresh snapshot.
-            flat = (change is not None and change < self.tolerance) or \
-                normalised <= self.peak_fraction * self._peaks[i]
+            phase = self._phase[i]
+            phase.append(normalised)
+            tests = {"slope": change is not None and change < self.tolerance,
+                     "peak": normalised <= self.peak_fraction * self._peaks[i],
+                     "phase": self._settled(phase)}
+            self._passed[i] = next((name for name, passed in tests.items() if passed), None)
+            flat = self._passed[i] is not None
             self._streaks[i] = self._streaks[i] + 1 if flat else 0
             if i == self._awaiting and self._baselines[i] is None:
                 self._baselines[i], self._awaiting = normalised, None
@@ -95,31 +108,54 @@ class Convergence:
             risen = baseline is not None and normalised > RISE_FACTOR * max(baseline, 1e-300)
             self._rises[i] = self._rises[i] + 1 if risen else 0
 
+    def _settled(self, phase: Sequence[float]) -> bool:
+        """The phase test: plasticity stopped falling within the learning-rate phase.
+
+        At a constant high rate a block that learned what the rate lets it learn keeps
+        drifting with the gradient noise, so neither its slope nor its distance to the peak
+        ever passes; what ends is the fall. Medians of `PLATEAU_CYCLES` cycles, because one
+        cycle's plasticity scatters severalfold around that plateau (measured on a ResNet-20).
+        """
+        n = PLATEAU_CYCLES
+        if not self.plateau_ratio or len(phase) < 2 * n:
+            return False
+        return statistics.median(phase[-n:]) >= \
+            self.plateau_ratio * statistics.median(phase[-2 * n:-n])
+
     def converged(self, i: int) -> bool:
         """Whether block `i` converged in its last `patience` cycles."""
         return self._streaks[i] >= self.patience
 
-    def prefix(self, first_active: int, limit: int, near_free: Sequence[bool]) -> int:
-        """The boundary after freezing every converged block in front, in one decision.
+    def prefix(self, first_active: int, limit: int, near_free: Sequence[bool],
+               shares: Sequence[float] | None = None, max_share: float = 1.0) -> int:
+        """The boundary after freezing the converged blocks in front, in one decision.
 
         Scans from `first_active`: a converged block extends the prefix; a near-free block
         (`near_free[i]`, a sliver of the backward FLOPs) neither needs to converge nor extends
-        it alone, it joins the next converged block; any other block ends the scan.
+        it alone, it joins the next converged block; any other block ends the scan, and so
+        does reaching `max_share` of the backward FLOPs in this decision (at least one block
+        freezes): the rest may freeze at the next cycle's decision, their streaks kept.
 
         Args:
             first_active: the current boundary.
             limit: the most blocks that may be frozen.
             near_free: per block, whether freezing it saves next to nothing.
+            shares: per block, its share of the backward FLOPs (None: no cap).
+            max_share: the most of the backward FLOPs one decision freezes.
 
         Returns:
             The new boundary, `first_active` when nothing more freezes.
         """
-        boundary = first_active
+        boundary, taken = first_active, 0.0
         for i in range(first_active, min(limit, len(self.blocks))):
+            if shares is not None and boundary > first_active \
+                    and taken + shares[i] > max_share + 1e-9:
+                break
             if self.converged(i) and not near_free[i]:
                 boundary = i + 1
             elif not (self.converged(i) or near_free[i]):
                 break
+            taken += shares[i] if shares is not None else 0.0
         return boundary
 
     def rate_rose(self) -> None:
@@ -131,6 +167,7 @@ class Convergence:
         2.3 points below full training)."""
         self._peaks = [0.0 for _ in self.blocks]
         self._streaks = [0 for _ in self.blocks]
+        self._phase = [[] for _ in self.blocks]
 
     def mark_frozen(self, boundary: int) -> None:
         """A prefix of `boundary` blocks froze: the next block's normalised plasticity, in the
@@ -156,11 +193,13 @@ class Convergence:
         self._baselines = [None for _ in self.blocks]
         self._rises = [0 for _ in self.blocks]
         self._awaiting = first_active if first_active else None
+        self._phase = [[] for _ in self.blocks]
 
     def mark_unfrozen(self, first: int) -> None:
         """Blocks from `first` on were unfrozen: their streaks start over (peaks are kept)."""
         for i in range(first, len(self.blocks)):
             self._streaks[i] = 0
+            self._phase[i] = []
         self._baselines = [None for _ in self.blocks]
         self._rises = [0 for _ in self.blocks]
         self._awaiting = None
@@ -177,9 +216,19 @@ class Convergence:
         value = self.normalised.get(name)
         if value is None or not self._peaks[i]:
             return None
-        return (f"plasticity {self.plasticity[name]:.2g} ({value / self._peaks[i]:.2f} of its "
-                f"peak per unit of learning rate), converged for {self.patience} reference "
-                "cycles")
+        passed, n, phase = self._passed[i], PLATEAU_CYCLES, self._phase[i]
+        if passed == "phase":
+            ratio = statistics.median(phase[-n:]) / max(statistics.median(phase[-2 * n:-n]),
+                                                         1e-300)
+            how = (f"stopped falling in this learning-rate phase (its last {n} cycles "
+                   f"{ratio:.2f}x the {n} before, per unit of learning rate)")
+        elif passed == "slope":
+            how = "stopped growing within the cycle"
+        else:
+            how = (f"fell to {value / self._peaks[i]:.2f} of its peak per unit of learning "
+                   "rate")
+        return (f"plasticity {self.plasticity[name]:.2g} {how}, converged for "
+                f"{self.patience} reference cycles")
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for checkpoints: peaks, streaks and baselines per block."""
@@ -202,3 +251,4 @@ class Convergence:
             for name, peak, d, streak in zip(self.blocks, self._peaks, self._detectors,
                                              self._streaks, strict=True)
             if name in self.plasticity)
+

@@ -46,6 +46,56 @@ def test_every_leading_converged_block_joins_one_decision_and_deeper_streaks_sur
     assert state.prefix(2, limit=5, near_free=[False] * 5) == 4
 
 
+def test_a_decision_freezes_at_most_its_share_of_the_backward_flops() -> None:
+    state = _state()
+    _cycle(state, dict.fromkeys(BLOCKS, 1.0))
+    for _ in range(2):
+        _cycle(state, dict.fromkeys(BLOCKS, 0.05))  # everything converged
+    shares = [0.001, 0.2, 0.2, 0.2, 0.2]
+    near_free = [True, False, False, False, False]
+    # the stem rides along; layer2 would take the decision past 0.35
+    assert state.prefix(0, limit=5, near_free=near_free, shares=shares, max_share=0.35) == 2
+    assert state.prefix(2, limit=5, near_free=near_free, shares=shares, max_share=0.35) == 3
+    # one block always goes, even when it alone is over the cap
+    assert state.prefix(0, limit=5, near_free=[False] * 5, shares=[0.5] * 5,
+                        max_share=0.35) == 1
+
+
+def _noisy_phase(state: convergence.Convergence, levels: list[float]) -> None:
+    """Cycles at a constant rate whose plasticity moves by `levels` (one per cycle)."""
+    for level in levels:
+        _cycle(state, dict.fromkeys(BLOCKS, level))
+
+
+def test_the_phase_test_fires_when_plasticity_stops_falling_at_a_constant_rate() -> None:
+    # Scatter about a plateau (what a block does at a high rate once it has learned what that
+    # rate allows): neither the slope nor the peak test passes, the phase test does.
+    plateau = [1.0, 0.4, 0.9, 0.3, 0.8, 0.5, 1.0, 0.4]
+    without = _state()
+    _noisy_phase(without, plateau)
+    assert not any(without.converged(i) for i in range(5))
+    state = convergence.Convergence(BLOCKS, window=3, tolerance=1e-9, peak_fraction=0.1,
+                                    patience=2, plateau_ratio=0.5)
+    _noisy_phase(state, plateau)
+    assert all(state.converged(i) for i in range(5))
+    # Still learning: plasticity halves every two cycles, so the test never passes.
+    falling = convergence.Convergence(BLOCKS, window=3, tolerance=1e-9, peak_fraction=1e-9,
+                                      patience=2, plateau_ratio=0.5)
+    _noisy_phase(falling, [1.0, 0.9, 0.45, 0.4, 0.2, 0.18, 0.09, 0.08])
+    assert not any(falling.converged(i) for i in range(5))
+
+
+def test_a_new_phase_starts_the_phase_test_over() -> None:
+    state = convergence.Convergence(BLOCKS, window=3, tolerance=1e-9, peak_fraction=1e-9,
+                                    patience=1, plateau_ratio=0.5)
+    _noisy_phase(state, [1.0, 1.0, 1.0])
+    state.new_phase(0)
+    _noisy_phase(state, [0.1, 0.1, 0.1])  # three cycles of the new phase: not yet four
+    assert not state.converged(1)
+    _noisy_phase(state, [0.1])
+    assert state.converged(1)
+
+
 def test_a_near_free_block_joins_the_next_converged_one_and_never_goes_alone() -> None:
     state = _state()
     _cycle(state, dict.fromkeys(BLOCKS, 1.0))

@@ -1,0 +1,185 @@
+"""Each job's zoo access under ``--zoo-pod-access presigned``: the ``<job>-zoo-access`` Secret.
+
+The operator signs presigned URLs for the job's own objects and the parents it may read
+(`kiln.zoo.access`), puts the manifest in a Secret owned by the job, mounted read-only into its
+trainer and profiling pods, and re-signs it before half its lifetime has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import kopf
+
+from kiln import api, contract
+from kiln.controller import parents, pods, services, status
+from kiln.warmstart import select
+from kiln.zoo import access, presigned, records, store
+
+MINTED_ANNOTATION = "kiln.dev/zoo-access-minted"
+EXPIRES_ANNOTATION = "kiln.dev/zoo-access-expires"
+# A namespace's visible records a searching pod gets URLs for: a Secret holds at most 1 MiB,
+# and each record costs about 2 kB of signed URLs (over 10 kB with a long session token); the
+# newest are kept, halved until the manifest fits `MAX_MANIFEST_BYTES`.
+MAX_VISIBLE_RECORDS = 256
+MAX_MANIFEST_BYTES = 900_000
+_log = logging.getLogger(__name__)
+
+
+def enabled(svc: services.Services) -> bool:
+    """Whether pods get presigned URLs instead of the zoo credential."""
+    return svc.pod_settings.presigned_zoo
+
+
+def reserved_record(job: api.TrainingJob, uid: str) -> str:
+    """The record id the job's model is registered under: its architecture's slug and the
+    first 8 hex digits of the job's uid, the same on every attempt and every re-signing."""
+    slug = records.new_id(job.spec.model.label).rpartition("-")[0]
+    return records.check_id(f"{slug}-{uid.replace('-', '')[:8].lower()}")
+
+
+def _searches(decided: select.Decision | None) -> bool:
+    """Whether the pod searches the zoo itself: a profiling pod (None) or a trainer whose
+    decision was left to it."""
+    return decided is None or decided.outcome is select.Outcome.IN_TRAINER
+
+
+async def ensure(svc: services.Services, owner: Mapping[str, Any], job: api.TrainingJob, *,
+                 decided: select.Decision | None) -> None:
+    """Sign the job's zoo access and write its Secret (created, or replaced in place).
+
+    Args:
+        svc: the operator's services (its zoo holds the credential).
+        owner: the TrainingJob as the API returned it.
+        job: the parsed job.
+        decided: the trainer's warm-start decision; None for the profiling pod.
+
+    Raises:
+        store.StoreUnavailable: the zoo could not be read or asked for its region.
+        store.StoreMisconfigured: the operator's credential was refused.
+    """
+    zoo = svc.parents.zoo
+    if not isinstance(zoo, store.S3Store):
+        return
+    meta = owner.get("metadata") or {}
+    now = datetime.datetime.fromtimestamp(svc.clock(), datetime.UTC).replace(microsecond=0)
+    named = [] if decided is None else [
+        p for p in (decided.parent_id, *decided.alternatives) if p]
+    # The status a re-signing reads them from is writable by more than the operator: only
+    # records the job's namespace may see get URLs.
+    readable = await asyncio.to_thread(_visible_ids, zoo, named, job.namespace)
+    visible: list[str] = []
+    if _searches(decided):
+        found = await asyncio.to_thread(records.list_records, zoo)
+        seen = sorted((r for r in found if r.visible_to(job.namespace)),
+                      key=lambda r: r.created_time, reverse=True)
+        visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
+    record = reserved_record(job, str(meta.get("uid") or ""))
+    manifest = await asyncio.to_thread(
+        sign_within_budget, zoo, lambda seen: access.job_grants(
+            job.namespace, job.name, record=record, parents=readable, visible=seen,
+            visible_hits=decided is not None, now=now),
+        visible, lifetime=datetime.timedelta(hours=svc.options.zoo_access_hours), now=now)
+    secret = build_secret(owner, job, manifest, minted=now)
+    path = f"/api/v1/namespaces/{job.namespace}/secrets"
+    if await svc.client.create(path, secret) is None:  # re-signed: replace the data in place
+        await svc.client.merge_patch(f"{path}/{pods.zoo_access_secret(job.name)}",
+                                     {"metadata": {"annotations": secret["metadata"][
+                                         "annotations"]}, "data": secret["data"]})
+    svc.zoo_access_expiry[str(meta.get("uid") or "")] = (now.timestamp(),
+                                                        manifest.expires.timestamp())
+
+
+async def prepare(svc: services.Services, owner: Mapping[str, Any], job: api.TrainingJob, *,
+                  decided: select.Decision | None) -> None:
+    """`ensure` before a pod is created, when `enabled`; a failure only warns: the pod then
+    waits for its Secret (ContainerCreating), which `refresh` writes once the zoo answers
+    (--pod-start-timeout-seconds, or a profiling pod's deadline, bounds the wait)."""
+    if not enabled(svc):
+        return
+    try:
+        await ensure(svc, owner, job, decided=decided)
+    except Exception as exc:  # noqa: BLE001  # the zoo or the API server: never another job's
+        _log.warning("%s/%s: could not sign its zoo access (its pods wait for Secret %s): %s",
+                     job.namespace, job.name, pods.zoo_access_secret(job.name), exc)
+
+
+def sign_within_budget(zoo: store.S3Store, grants: Callable[[list[str]], presigned.Grants],
+                       visible: list[str], *, lifetime: datetime.timedelta,
+                       now: datetime.datetime) -> presigned.Manifest:
+    """The manifest of `grants(visible)`, keeping the newest half of `visible` until it fits
+    `MAX_MANIFEST_BYTES` (a Secret holds at most 1 MiB; long session tokens lengthen URLs).
+
+    Args:
+        zoo: the zoo, with the operator's credential.
+        grants: the grants for a list of visible record ids.
+        visible: visible record ids, newest first.
+        lifetime: the URLs' lifetime.
+        now: the signing time.
+    """
+    while True:
+        manifest = presigned.mint(zoo, grants(visible), lifetime=lifetime, now=now)
+        if len(manifest.to_json()) <= MAX_MANIFEST_BYTES or not visible:
+            return manifest
+        visible = visible[: len(visible) // 2]
+
+
+def _visible_ids(zoo: store.ObjectStore, ids: list[str], namespace: str) -> list[str]:
+    """The records of `ids` that exist, are readable and that `namespace` may see."""
+    kept = []
+    for record_id in ids:
+        try:
+            if records.read_record(zoo, record_id).visible_to(namespace):
+                kept.append(record_id)
+        except (KeyError, ValueError):  # missing, or damaged (CorruptRecord)
+            _log.info("zoo access for %s: record %s is missing or unreadable; no URLs for it",
+                      namespace, record_id)
+    return kept
+
+
+def build_secret(owner: Mapping[str, Any], job: api.TrainingJob, manifest: presigned.Manifest,
+                 *, minted: datetime.datetime) -> dict[str, Any]:
+    """The Secret holding `manifest`, owned by the job (deleted with it)."""
+    secret: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {
+            "name": pods.zoo_access_secret(job.name),
+            "annotations": {MINTED_ANNOTATION: status.rfc3339(minted.timestamp()),
+                            EXPIRES_ANNOTATION: status.rfc3339(manifest.expires.timestamp())},
+        },
+        "data": {contract.ZOO_ACCESS_FILE: base64.b64encode(
+            manifest.to_json().encode()).decode()},
+    }
+    kopf.adopt(secret, owner=cast(kopf.Body, dict(owner)))  # ownerReference and namespace
+    # not the job's labels, which adopt copies
+    secret["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "kiln-operator",
+                                    pods.JOB_NAME_LABEL: job.name}
+    return secret
+
+
+def due(svc: services.Services, uid: str, *, now: float) -> bool:
+    """Whether the job's URLs have less than half their lifetime left (or were never signed
+    by this operator process, which then signs them again once)."""
+    minted, expires = svc.zoo_access_expiry.get(uid, (0.0, 0.0))
+    return now >= minted + (expires - minted) / 2
+
+
+async def refresh(svc: services.Services, body: Mapping[str, Any]) -> None:
+    """Re-sign an active job's access when `due`; a zoo failure only warns (the old URLs
+    still work for half their lifetime)."""
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    if not enabled(svc) or not uid or not due(svc, uid, now=svc.clock()):
+        return
+    st = body.get("status") or {}
+    try:
+        job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+    except api.InvalidSpec:
+        return
+    decided = parents.from_status(st.get("warmStart"))  # what its pods were launched with
+    await prepare(svc, body, job, decided=decided)

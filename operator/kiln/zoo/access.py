@@ -1,0 +1,54 @@
+"""Which zoo objects one job's pods may touch, and with which verbs (`presigned.Grants`).
+
+The operator mints presigned URLs for these and nothing else, so a pod running user code can
+read only the records its namespace may see, and write only its own job's objects.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+from kiln.zoo import eviction, presigned, records
+
+_OWN = ("get", "put", "delete", "head")
+_READ = ("get", "head")
+_FILES = (records.META_NAME, records.GRAPH_NAME, records.WEIGHTS_NAME)
+
+
+def job_grants(namespace: str, job_name: str, *, record: str, parents: Iterable[str] = (),
+               visible: Iterable[str] = (), visible_hits: bool = False,
+               now: datetime.datetime) -> presigned.Grants:
+    """The grants of one job's pods.
+
+    Args:
+        namespace: the job's namespace.
+        job_name: the job's name.
+        record: the id reserved for the job's model (provisional and final records, which the
+            trainer writes, reads back and replaces).
+        parents: records the job may start from (the decided parent and the guard's
+            alternatives): every file readable, and one hit key each to count the start.
+        visible: records its namespace may see, for a pod that searches the zoo itself (the
+            profiling pod, or a trainer deciding its own warm start): every file readable, as
+            the search reads candidates' graphs and dry-runs the best ones' weights.
+        visible_hits: also one hit key per visible record (a trainer that decides and then
+            applies its own warm start).
+        now: the time the hit keys carry.
+
+    Raises:
+        ValueError: an invalid record id, namespace or job name.
+    """
+    prefix = records.record_prefix(record)
+    entries: list[tuple[str, Iterable[str]]] = [
+        (records.checkpoint_key(namespace, job_name), _OWN),
+        (records.profile_key(namespace, job_name), ("put",)),
+        *((prefix + name, _OWN) for name in _FILES),
+    ]
+    for parent in parents:
+        entries += [(records.record_prefix(parent) + name, _READ) for name in _FILES]
+        entries.append((eviction.hit_key(parent, now=now), ("put",)))
+    for seen in visible:
+        entries += [(records.record_prefix(seen) + name, _READ) for name in _FILES]
+        if visible_hits:
+            entries.append((eviction.hit_key(seen, now=now), ("put",)))
+    return presigned.Grants.of(entries, record=record)

@@ -1,0 +1,97 @@
+"""The operator's side of presigned zoo access: its settings, the Secret, what it grants."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln import api
+from kiln.controller import main, settings, zoo_access
+from kiln.zoo import access, presigned, records, store
+
+NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+OWNER = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+         "metadata": {"name": "digits", "namespace": "team-b",
+                      "uid": "1f2e3d4c-0000-0000-0000-000000000000"},
+         "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}}}
+
+
+def test_presigned_access_is_the_default_and_can_be_set_by_flag_or_variable() -> None:
+    options = main.options_from_args(main.build_parser(environ={}).parse_args([]))
+    assert (options.zoo_pod_access, options.zoo_access_hours) == ("presigned", 24.0)
+    assert settings.pod_settings(options).presigned_zoo
+    environ = {"KILN_OPERATOR_ZOO_POD_ACCESS": "credentials"}
+    options = main.options_from_args(main.build_parser(environ=environ).parse_args([]))
+    assert not settings.pod_settings(options).presigned_zoo
+    for argv in (["--zoo-pod-access", "keys"], ["--zoo-access-hours", "169"],
+                 ["--zoo-access-hours", "0.0001"], ["--zoo-uri", "presigned:/m.json"]):
+        with pytest.raises(SystemExit):
+            main.build_parser(environ={}).parse_args(argv)
+
+
+def test_the_secret_is_owned_by_the_job_and_holds_the_manifest() -> None:
+    job = api.parse_job(OWNER)
+    record = zoo_access.reserved_record(job, OWNER["metadata"]["uid"])
+    assert record == "small_cnn-1f2e3d4c"  # the same on every attempt and every signing
+    manifest = presigned.Manifest(expires=NOW + datetime.timedelta(hours=24), record=record,
+                                  objects={"profiles/team-b/digits.json": {"put": "http://s/p"}})
+    secret = zoo_access.build_secret(OWNER, job, manifest, minted=NOW)
+    meta = secret["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("digits-zoo-access", "team-b")
+    assert meta["labels"] == {"app.kubernetes.io/managed-by": "kiln-operator",
+                              "kiln.dev/job-name": "digits"}
+    assert meta["ownerReferences"][0]["uid"] == OWNER["metadata"]["uid"]
+    assert meta["annotations"][zoo_access.EXPIRES_ANNOTATION] == "2026-01-03T03:04:05Z"
+    stored = base64.b64decode(secret["data"]["manifest.json"])
+    assert presigned.Manifest.from_json(stored, where="the Secret") == manifest
+
+
+def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
+    grants = access.job_grants("team-b", "digits", record="small_cnn-1f2e3d4c",
+                               parents=["small_cnn-0000aaaa"], visible=["small_cnn-0000bbbb"],
+                               now=NOW)
+    verbs = {key: set(v) for key, v in grants.objects.items()}
+    assert verbs["checkpoints/team-b/digits/checkpoint.pt"] == {"get", "put", "delete", "head"}
+    assert verbs["profiles/team-b/digits.json"] == {"put"}
+    assert verbs["models/small_cnn-1f2e3d4c/meta.json"] == {"get", "put", "delete", "head"}
+    assert verbs["models/small_cnn-0000aaaa/weights.safetensors"] == {"get", "head"}
+    assert verbs["models/small_cnn-0000bbbb/graph.json"] == {"get", "head"}
+    assert verbs["models/small_cnn-0000bbbb/weights.safetensors"] == {"get", "head"}
+    hits = [k for k in verbs if k.startswith("hits/")]
+    assert len(hits) == 1 and hits[0].startswith("hits/small_cnn-0000aaaa/20260102T030405Z-")
+    assert {k.split("/")[1] for k in verbs if k.startswith(records.MODELS_PREFIX)} == {
+        "small_cnn-1f2e3d4c", "small_cnn-0000aaaa", "small_cnn-0000bbbb"}
+    assert len(verbs) == 12  # 3 own files, checkpoint, profile, 3 + 1 hit, 3 visible
+
+
+def test_only_records_the_namespace_may_see_get_urls_whatever_the_status_names(
+        tmp_path: Path) -> None:
+    """A re-signing reads the parents from the job's status, which more than the operator can
+    write: another namespace's private record, or a missing one, gets no URL."""
+    zoo = store.DirStore(tmp_path)
+    for record_id, namespace, share in (("small_cnn-0000aaaa", "team-a", "private"),
+                                        ("small_cnn-0000bbbb", "team-a", "shared"),
+                                        ("small_cnn-0000cccc", "team-b", "private")):
+        records.write_record(zoo, dataclasses.replace(
+            _any_record(record_id), namespace=namespace, share=api.ZooShare(share)),
+            {"w": torch.zeros(2)}, {"nodes": [], "edges": []})
+    named = ["small_cnn-0000aaaa", "small_cnn-0000bbbb", "small_cnn-0000cccc",
+             "small_cnn-0000dddd"]
+    assert zoo_access._visible_ids(zoo, named, "team-b") == [
+        "small_cnn-0000bbbb", "small_cnn-0000cccc"]
+
+
+def _any_record(record_id: str) -> records.ZooRecord:
+    return records.ZooRecord(
+        id=records.ZooModelId(record_id), architecture="small_cnn", args={},
+        input_shape=(1, 8, 8), modality="image", task="classification", dataset="digits",
+        metric_name="validation_accuracy", metric_value=0.9, validation_accuracy=0.9,
+        validation_loss=0.3, samples_per_second=100.0, num_params=2, parent=None,
+        similarity=None, created_time="2026-01-02T03:04:05Z", job_name="x",
+        job_spec={"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob"})
+
