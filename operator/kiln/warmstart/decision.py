@@ -380,4 +380,5 @@ def _candidate(record: records.ZooRecord, similarity: float) -> select.Candidate
         metric_name=record.metric_name, metric_value=record.metric_value,
         higher_is_better=record.metric_name != api.TargetMetric.VALIDATION_LOSS,
         modality=record.modality, task=record.task, dataset=record.dataset,
-        dataset_fingerprint=record.dataset_fingerprint)
+        dataset_fingerprint=record.dataset_fingerprint,
+        content_fingerprint=record.content_fingerprint)

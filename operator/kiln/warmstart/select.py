@@ -37,8 +37,11 @@ from kiln import api
 #    Within the bucket, candidates trained on the child's dataset (same fingerprint) are
 #    preferred: similar data makes warm weights more useful, but never outranks similarity.
 #    The fingerprint is the spec's (`records.dataset_fingerprint`: the user's, or a hash of
-#    the dataset spec): at admission nothing has read the child's data yet. The trainer, once
-#    it has, says whether the parent's content fingerprint matches (`kiln_trainer.warm`).
+#    the dataset spec): at admission nothing has read the child's data yet. A model whose
+#    content fingerprint equals that of a model with the child's spec fingerprint counts as
+#    trained on the same data too (the same files reached by another path or spec). The
+#    trainer, once it has read the data, says whether the parent's content fingerprint
+#    matches (`kiln_trainer.warm`).
 # 5. Once the weight transform has counted what transfers, `finalize` turns the decision into a
 #    cold start when fewer than 10% of the child's weight tensors transfer (ModelKeeper's
 #    THRESHOLD = 0.1, but there the transformed weights were still returned and loaded).
@@ -89,6 +92,8 @@ class Candidate:
         matched_tensors: child weight tensors that would transfer, if already known.
         total_tensors: the child's weight tensors, if known.
         dataset_fingerprint: the record's dataset fingerprint, or None if unknown.
+        content_fingerprint: what its trainer loaded (``content:``/``sample:``/``user:``),
+            or None for older records.
 
     Raises:
         ValueError: similarity is not a number in [0, 1].
@@ -105,6 +110,7 @@ class Candidate:
     matched_tensors: int | None = None
     total_tensors: int | None = None
     dataset_fingerprint: str | None = None
+    content_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.similarity <= 1.0:  # also rejects NaN
@@ -297,14 +303,22 @@ def choose_parent(
     top = max(bucket_of(c.similarity) for c in eligible)
     in_bucket = [c for c in eligible if bucket_of(c.similarity) == top]
     metric, compared = _comparable(in_bucket)
-    same_data = [c for c in compared
-                 if dataset_fingerprint and c.dataset_fingerprint == dataset_fingerprint]
+    # The content another model with the child's spec fingerprint was trained on is the
+    # child's data too, whatever path or spec a third model reached it by.
+    contents = {c.content_fingerprint for c in candidates if dataset_fingerprint
+                and c.dataset_fingerprint == dataset_fingerprint and c.content_fingerprint}
+    same_data = [c for c in compared if dataset_fingerprint and (
+        c.dataset_fingerprint == dataset_fingerprint or c.content_fingerprint in contents)]
     parent = max(same_data or compared, key=lambda c: (_goodness(c), c.similarity))
     low, high = top / BUCKETS, (top + 1) / BUCKETS
     mixed = (f", compared on {metric} only" if len(compared) < len(in_bucket) else "")
-    if same_data:
+    if same_data and parent.dataset_fingerprint == dataset_fingerprint:
         mixed += (f", trained on the same dataset ({_fingerprint_kind(parent)} fingerprint "
                   f"{_short_fingerprint(parent)}; {len(same_data)} of {len(compared)} were)")
+    elif same_data:
+        mixed += (f", trained on the same dataset (the same content, "
+                  f"{(parent.content_fingerprint or '')[:27]}…, as a model with this job's "
+                  f"dataset fingerprint; {len(same_data)} of {len(compared)} were)")
     reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
               f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")

@@ -310,3 +310,27 @@ def test_within_a_bucket_a_parent_trained_on_the_same_data_wins(zoo: store.DirSt
     assert decided.parent_id == same.id
     assert f"trained on the same dataset (spec fingerprint {fingerprint}; 1 of 2 were)" in (
         decided.reason)
+
+
+def test_a_parent_with_the_same_content_as_a_same_spec_model_counts_as_same_data(
+        zoo: store.DirStore) -> None:
+    """The same files under another path: another spec fingerprint, the same content."""
+    child = _job(*DEEPER)
+    content = "content:sha256:" + "ab" * 32
+
+    def rewrite(record: records.ZooRecord, **changes: object) -> records.ZooRecord:
+        weights, parent_graph = records.load_weights(zoo, record), records.load_graph(zoo, record)
+        records.delete_record(zoo, record.id)
+        return records.write_record(zoo, dataclasses.replace(record, **changes), weights,
+                                    parent_graph)
+
+    _register(zoo, _job(*SMALL), accuracy=0.99, seed=1)  # better, data unknown
+    weak, _ = _register(zoo, _job(*SMALL), accuracy=0.80, seed=2)  # this job's spec
+    rewrite(weak, dataset_fingerprint=records.dataset_fingerprint(child.spec.dataset),
+            content_fingerprint=content)
+    moved, _ = _register(zoo, _job(*SMALL), accuracy=0.90, seed=3)  # the files elsewhere
+    moved = rewrite(moved, dataset_fingerprint="spec-" + "cd" * 8, content_fingerprint=content)
+    decided = decision.decide(child, zoo)
+    assert decided.parent_id == moved.id  # the better of the two trained on this data
+    assert "the same content, content:sha256:abababababab…" in decided.reason
+    assert "2 of 3 were" in decided.reason
