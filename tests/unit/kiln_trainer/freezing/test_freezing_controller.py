@@ -145,6 +145,25 @@ def test_the_converged_prefix_freezes_in_one_decision_up_to_the_cap(
     assert freezer.partition.blocks[-1] not in freezer.frozen_modules  # never the head
 
 
+def test_decisions_are_staged_by_share_and_spaced_by_patience_cycles(splits) -> None:
+    # Every module counts as converged; only the per-decision share and the spacing of one
+    # decision per `patience` closed cycles hold the prefix back.
+    _, _, freezer = _setup(splits, max_frozen_fraction=0.8, patience=2)
+    with freezer:
+        convergence = freezer.convergence
+        convergence._streaks = [2] * len(convergence.blocks)  # converged for `patience` cycles
+        first = freezer._proposal(step=10)
+        share = freezer.partition.backward_flops_fraction
+        assert first >= 1 and (first == 1 or share(first) <= controller.MAX_DECISION_SHARE
+                               + 1e-9)
+        freezer.set_boundary(first, 10, "the first decision")
+        assert freezer._proposal(step=11) == first  # no cycle closed since the freeze
+        freezer._cycles_since_freeze = 1
+        assert freezer._proposal(step=12) == first  # one of `patience`
+        freezer._cycles_since_freeze = 2
+        assert freezer._proposal(step=13) > first
+
+
 def test_a_step_decay_keeps_the_frozen_prefix_and_starts_a_denser_phase(splits) -> None:
     model, optimizer, freezer = _setup(splits, check_every_steps=2, max_frozen_fraction=0.5,
                                        peak_fraction=0.1, tolerance=0.01)
