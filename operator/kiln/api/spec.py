@@ -237,10 +237,11 @@ class FreezingSpec(names.ApiModel):
 
     A module counts as converged in a reference cycle (``window`` probes) when any of three
     tests holds: its plasticity's slope is flat (``tolerance``), its plasticity per unit of
-    learning rate fell far below its peak (``peakFraction``), or it stopped falling within the
-    learning-rate phase (``plateauRatio``). Leading modules converged for ``patience`` cycles
-    in a row freeze together, up to about a third of the backward work per decision and one
-    decision per ``patience`` cycles; the prefix stays frozen across learning-rate drops.
+    learning rate fell far below its peak (``peakFraction``), or, when ``plateauRatio`` is set,
+    it stopped falling within the learning-rate phase. Leading modules converged for
+    ``patience`` cycles in a row freeze together, up to a fifth of the backward work per
+    decision and one decision per ``patience`` cycles; the prefix stays frozen across
+    learning-rate drops.
     """
 
     enabled: bool = Field(
@@ -251,7 +252,8 @@ class FreezingSpec(names.ApiModel):
         ge=1,
         le=1_000_000,
         description="checkEverySteps: steps between plasticity probes early in each "
-        "learning-rate phase, twice that later (default: 8 per epoch, at least 5 steps apart).",
+        "learning-rate phase, twice that later (default: 8 per epoch or 200 per step budget, "
+        "whichever is denser, at least 5 steps apart).",
     )
     window: int = Field(
         default=3, ge=3, le=100, description="window: probes per reference refresh and slope fit."
@@ -273,13 +275,14 @@ class FreezingSpec(names.ApiModel):
         "(dimensionless; 0.1: it moves at a tenth of its most plastic pace; 1: always).",
     )
     plateau_ratio: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0.0,
         le=1.0,
         description="plateauRatio: a module is also converged in a reference cycle when, within "
         "one learning-rate phase, the median of its last two cycles' plasticity per unit of "
         "learning rate is at least this fraction of the median of the two before: it stopped "
-        "falling, and only drifts with the gradient noise (0 turns this test off).",
+        "falling, and only drifts with the gradient noise (0, the default, turns this test "
+        "off; 0.5 freezes far earlier and trades accuracy for time, see the freezing docs).",
     )
     patience: int = Field(
         default=2, ge=1, le=20, description="patience: converged windows in a row before freezing."

@@ -31,6 +31,10 @@ CHECKPOINT_KEY = "freezing"  # the Freezer's state_dict inside a trainer checkpo
 # a probe every 2 steps slowed training by a third when nothing froze; one every 5 steps with
 # 16-sample probes and an fp32 reference froze within a few epochs on a ResNet-20-like run.
 MIN_PROBE_SPACING_STEPS = 5
+#: Base probes over a whole step budget at the least: with a window of 3 and patience 2 the
+#: budget then holds over 30 decision latencies (Egeria's regime needs 20), however long an
+#: epoch is (a 320-step epoch at 8 probes per epoch held 11).
+PROBES_PER_BUDGET = 200
 #: A block whose freezing skips less than this share of the backward FLOPs (a stem's conv and
 #: BatchNorm) is not worth a decision of its own: it freezes with the next converged block.
 NEAR_FREE_FRACTION = 0.02
@@ -64,12 +68,13 @@ class Settings:
     cache_memory_bytes: int = 1 << 30
     bootstrap_steps: int = 0
     phase_lr_ratio: float = 0.5
-    plateau_ratio: float = 0.5
+    plateau_ratio: float = 0.0
 
     @classmethod
     def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
-        """Settings for a job: default base cadence 8 probes per epoch, at least
-        `MIN_PROBE_SPACING_STEPS` apart; bootstrap = warm-up epochs
+        """Settings for a job: default base cadence 8 probes per epoch or `PROBES_PER_BUDGET`
+        over the step budget, whichever is denser, at least `MIN_PROBE_SPACING_STEPS` apart
+        (long epochs would otherwise leave a budget a handful of decisions); bootstrap = warm-up epochs
         or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
         a new learning-rate phase starts at every decay of a step schedule (its gamma) and at
         halvings of other schedules, at most once per reference cycle."""
@@ -79,8 +84,9 @@ class Settings:
         if schedule.name == api.ScheduleName.STEP:
             ratio = max(0.5, schedule.gamma) * (1 + 1e-6)
         return cls(
-            check_every_steps=f.check_every_steps or max(MIN_PROBE_SPACING_STEPS,
-                                                        steps_per_epoch // 8),
+            check_every_steps=f.check_every_steps or max(
+                MIN_PROBE_SPACING_STEPS,
+                min(steps_per_epoch // 8, training.epochs * steps_per_epoch // PROBES_PER_BUDGET)),
             window=f.window, tolerance=f.tolerance, peak_fraction=f.peak_fraction,
             patience=f.patience, plateau_ratio=f.plateau_ratio,
             probe_batch_size=f.probe_batch_size, max_frozen_fraction=f.max_frozen_fraction,
@@ -125,12 +131,12 @@ class Freezer:
       learning-rate phase, every second such step after that.
     * A reference *cycle* is ``window`` results, after which the reference is refreshed from
       the current weights; `convergence.Convergence` says when a block has converged in a
-      cycle, comparing plasticity per unit of learning rate x steps (and, within a
-      learning-rate phase, whether it still falls). At the end of a cycle the leading active
-      blocks converged for ``patience`` cycles freeze together, up to `MAX_DECISION_SHARE`
-      of the backward FLOPs, at most one decision per ``patience`` cycles (near-free blocks,
-      under `NEAR_FREE_FRACTION` of the backward FLOPs, join the next one); deeper blocks
-      keep their streaks.
+      cycle, comparing plasticity per unit of learning rate x steps (and, when
+      ``plateau_ratio`` is set, whether it still falls within a learning-rate phase). At the
+      end of a cycle the leading active blocks converged for ``patience`` cycles freeze
+      together, up to `MAX_DECISION_SHARE` of the backward FLOPs, at most one decision per
+      ``patience`` cycles (near-free blocks, under `NEAR_FREE_FRACTION` of the backward
+      FLOPs, join the next one); deeper blocks keep their streaks.
     * Freezing block k sets ``requires_grad=False`` on its parameters, drops their ``.grad``,
       keeps its BatchNorm/dropout in eval mode (`train_mode`), and, where the model splits at
       the boundary (`partition.Partition.split`), trains only the suffix, feeding it the

@@ -257,8 +257,14 @@ def test_settings_from_a_job_pick_cadence_bootstrap_and_cache() -> None:
     settings = controller.Settings.from_job(job.spec, steps_per_epoch=40)
     assert settings.check_every_steps == 5  # 8 per epoch, not closer than 5 steps
     assert controller.Settings.from_job(job.spec, steps_per_epoch=20).check_every_steps == 5
-    assert controller.Settings.from_job(job.spec, steps_per_epoch=400).check_every_steps == 50
+    # 10 epochs of 400 steps: 8 per epoch would be 50 steps apart, 200 over the budget 20
+    assert controller.Settings.from_job(job.spec, steps_per_epoch=400).check_every_steps == 20
+    # a long budget of short epochs keeps 8 per epoch
+    long = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "training": job.spec.training.model_copy(update={"epochs": 1000})})})
+    assert controller.Settings.from_job(long.spec, steps_per_epoch=400).check_every_steps == 50
     assert (settings.window, settings.probe_batch_size) == (3, 16)
+    assert settings.plateau_ratio == 0.0  # the phase test is opt-in: it costs accuracy
     assert settings.bootstrap_steps == 80  # two warm-up epochs beat 10% of 400 steps
     assert settings.cache is False  # random augmentation: outputs differ every epoch
     assert 0.8 <= settings.phase_lr_ratio < 0.81  # one step decay starts a phase
