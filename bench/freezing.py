@@ -40,11 +40,11 @@ from kiln_trainer.freezing import setup as freezing_setup
 #   full     no freezing;
 #   kiln     the job's default freezing policy, with its reference process;
 #   plateau  the same with the opt-in phase test (`OPT_IN`), which freezes far earlier;
-#   fixed  FreezeOut-like (Brock et al. 2017): block k of the K-block prefix Kiln may freeze goes
-#          at t_k = t0 (1 + (k - 1) / K) of the budget, linearly spaced from t0 to about 2 t0
-#          (none past the budget), and never thaws; t0 is solved per seed so that the arm skips
-#          the same share of backward FLOPs as that seed's kiln arm did (any share up to the
-#          whole prefix's is reachable).
+#   fixed    FreezeOut-like (Brock et al. 2017): block k of the K-block prefix Kiln may freeze
+#            goes at t_k = t0 (1 + (k - 1) / K) of the budget, linearly spaced from t0 to about
+#            2 t0 (none past the budget), and never thaws; t0 is solved per seed so that the arm
+#            skips the same share of backward FLOPs as that seed's kiln arm did (any share up to
+#            the whole prefix's is reachable).
 # Egeria's regime: step decay /10 at 50% and 75% of the budget (after a linear warm-up over the
 # first 25%, the only way the trainer's epoch-based step schedule puts both decays there), a
 # budget of at least 20 freezing decisions' latency (probe cadence x window x patience).

@@ -24,6 +24,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("zoo_query.py", "zoo_query_quick", "pair_seconds", id="zoo-query"),
         pytest.param("warmstart.py", "warmstart_quick", "median_tta_ratio", id="warmstart"),
         pytest.param("freezing.py", "freezing_quick", "idle_overhead_ratio", id="freezing"),
+        pytest.param("freezing_boundaries.py", "freezing_boundaries_quick", "final_delta_points",
+                     id="freezing-boundaries"),
         pytest.param("placement.py", "placement_quick",
                      "arrivals_mean_jct_ratio_vs_best_baseline", id="placement"),
         pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
