@@ -74,10 +74,11 @@ class Settings:
     def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
         """Settings for a job: default base cadence 8 probes per epoch or `PROBES_PER_BUDGET`
         over the step budget, whichever is denser, at least `MIN_PROBE_SPACING_STEPS` apart
-        (long epochs would otherwise leave a budget a handful of decisions); bootstrap = warm-up epochs
-        or 10% of the step budget, whichever is longer; caching only with deterministic inputs;
-        a new learning-rate phase starts at every decay of a step schedule (its gamma) and at
-        halvings of other schedules, at most once per reference cycle."""
+        (long epochs would otherwise leave a budget a handful of decisions); bootstrap =
+        warm-up epochs or 10% of the step budget, whichever is longer; caching only with
+        deterministic inputs; a new learning-rate phase starts at every decay of a step
+        schedule (its gamma) and at halvings of other schedules, at most once per reference
+        cycle."""
         f, training = spec.freezing, spec.training
         schedule = training.lr_schedule
         ratio = 0.5

@@ -265,6 +265,9 @@ def test_settings_from_a_job_pick_cadence_bootstrap_and_cache() -> None:
     assert controller.Settings.from_job(long.spec, steps_per_epoch=400).check_every_steps == 50
     assert (settings.window, settings.probe_batch_size) == (3, 16)
     assert settings.plateau_ratio == 0.0  # the phase test is opt-in: it costs accuracy
+    opted = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "freezing": job.spec.freezing.model_copy(update={"plateau_ratio": 0.5})})})
+    assert controller.Settings.from_job(opted.spec, steps_per_epoch=40).plateau_ratio == 0.5
     assert settings.bootstrap_steps == 80  # two warm-up epochs beat 10% of 400 steps
     assert settings.cache is False  # random augmentation: outputs differ every epoch
     assert 0.8 <= settings.phase_lr_ratio < 0.81  # one step decay starts a phase
