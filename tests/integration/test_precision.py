@@ -1,6 +1,7 @@
 """Mixed precision through its real interfaces: `kiln run` of a bf16 job on the CPU trains and
 says so in the zoo record; an fp16 run (CPU autocast, gradient scaler) checkpoints the scaler
-and resumes from it; the spec refuses an unknown precision, naming the field.
+and resumes from it, telling the user fp16 is slow on the CPU; the spec refuses an unknown
+precision, naming the field.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def test_a_bf16_loop_reports_falling_validation_loss_in_its_progress_events(
     evaluated = [e.validation_loss for e in map(contract.from_line, out.getvalue().splitlines())
                  if isinstance(e, contract.Progress) and e.validation_loss is not None]
     assert len(evaluated) >= 3
+    assert "no fast kernels" not in out.getvalue()  # bf16 is the CPU's fast precision
     assert evaluated[-1] < evaluated[0]
     assert result["validation_accuracy"] > 0.5
 
@@ -81,6 +83,10 @@ def test_an_fp16_run_checkpoints_its_grad_scaler_and_resumes_from_it(tmp_path: P
     assert result["resumed_from_epoch"] == 0 and result["steps"] > 1
     assert "resumed from" in out.getvalue()
     assert result["validation_accuracy"] > 0.3  # trained, not diverged, in fp16
+    # the user hears that fp16 is slow on the CPU, and what to set instead
+    (note,) = [e.message for e in map(contract.from_line, out.getvalue().splitlines())
+               if isinstance(e, contract.Info) and "fp16 on the CPU" in e.message]
+    assert "spec.training.precision" in note and "bf16" in note
 
 
 def test_fp16_autocast_runs_the_forward_in_half_precision_on_the_cpu() -> None:

@@ -147,6 +147,8 @@ class JobContext:
         self.zoo = zoo_store.open_store(args.zoo) if args.zoo else None
         self.location = checkpoint.locate(job, checkpoint_dir=args.checkpoint_dir, zoo=self.zoo)
         self.emit = events.EventWriter(out, termination_log=termination_log)
+        if (note := self.amp.device_note()) is not None:
+            self.emit.info(note)
         self.gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
         runtime.serve_metrics(self.gauges, args.metrics_port)
         self.state = tracking.RunState()

@@ -186,6 +186,8 @@ def main(
         model = ctx.wrap(raw_model) if ctx.parallelism == "fsdp" else raw_model  # in place
         amp = precision.MixedPrecision(spec.training.precision, device,
                                        sharded=ctx.parallelism == "fsdp")
+        if (note := amp.device_note()) is not None:
+            emit.info(note)
 
         if not any(p.requires_grad for p in raw_model.parameters()):
             field = ("spec.model.entrypoint" if spec.model.entrypoint is not None

@@ -49,6 +49,18 @@ class MixedPrecision:
             else:
                 self.scaler = torch.amp.GradScaler(self.device_type)
 
+    def device_note(self) -> str | None:
+        """A sentence for the user when the precision is a poor fit for the device, else None.
+
+        fp16 on the CPU has no fast kernels: one ResNet-20 step (batch 32, one thread, torch
+        2.14) took 76x as long as in fp32 here, while bf16 took 0.7x. The run keeps the
+        precision it was given (a job's numerics never change behind its back)."""
+        if self.precision != api.Precision.FP16 or self.device_type != "cpu":
+            return None
+        return ("spec.training.precision: fp16 on the CPU has no fast kernels and trains tens "
+                "of times slower than fp32 (measured 76x on a ResNet-20); the run stays in fp16 "
+                "- for CPU runs set precision: bf16 (the CPU's fast low precision) or fp32")
+
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """Run the enclosed forward pass (and loss) in the lower precision; fp32: no-op."""

@@ -98,6 +98,16 @@ def test_standalone_the_job_file_is_passed_and_the_environment_may_be_empty(
     ctx.close()
 
 
+def test_an_fp16_context_on_the_cpu_tells_the_user_it_is_slow_and_what_to_set(
+        tmp_path: Path) -> None:
+    out = io.StringIO()
+    ctx = _context(tmp_path, out)
+    ctx.close()
+    (note,) = [e.message for e in map(contract.from_line, out.getvalue().splitlines())
+               if isinstance(e, contract.Info)]
+    assert note.startswith("spec.training.precision: fp16 on the CPU") and "bf16" in note
+
+
 def test_evaluated_needs_a_trained_step_and_refuses_a_percentage_or_a_nan(
         tmp_path: Path) -> None:
     ctx = _context(tmp_path)
