@@ -13,7 +13,6 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one steady thread per process
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,8 +66,7 @@ def run(case: freezing.Case, seed: int, boundaries: list[tuple[int, int]]) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the CI smoke case")
+    parser = common.arguments(__doc__, "the CI smoke case")
     parser.add_argument("--case", default=None, help="resnet20 or lm (bench/freezing.py's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--boundaries", default=None, help="STEP:K[,STEP:K...]; K=0 thaws")
