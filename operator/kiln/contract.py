@@ -14,8 +14,11 @@ import json
 import math
 import signal
 import sys
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
+
+import pydantic
 
 from kiln import api
 
@@ -59,6 +62,7 @@ class Env(enum.StrEnum):
     ZOO_SESSION_TOKEN = "KILN_ZOO_SESSION_TOKEN"  # temporary S3 credentials' token
     ZOO_CREDENTIALS = "KILN_ZOO_CREDENTIALS"  # "iam": AWS IAM / web identity instead of keys
     ZOO_SHARE = "KILN_ZOO_SHARE"  # new records' share when spec.zoo.share is unset
+    ZOO_RECORD = "KILN_ZOO_RECORD"  # the record id the operator reserved for the job's model
     TRAINER_IMAGE = "KILN_TRAINER_IMAGE"  # the pod's image, recorded with the model
     METRICS_PORT = "KILN_METRICS_PORT"  # --metrics-port
     CHECKPOINTS = "KILN_CHECKPOINTS"  # --checkpoint-dir
@@ -469,6 +473,17 @@ _KINDS: dict[str, type[Event]] = {
     cls.KIND: cls for cls in (Progress, Info, Result, Failure, Profile)}
 
 
+def _strict_fields(cls: type[Event]) -> dict[str, pydantic.TypeAdapter[Any]]:
+    """A strict validator per field of `cls` (an int is a float; nothing else converts)."""
+    hints = typing.get_type_hints(cls)
+    strict = pydantic.ConfigDict(strict=True)
+    return {f.name: pydantic.TypeAdapter(hints[f.name], config=strict)
+            for f in dataclasses.fields(cls)}
+
+
+_FIELD_TYPES = {cls: _strict_fields(cls) for cls in _KINDS.values()}
+
+
 def to_line(event: Event) -> str:
     """The event as one strict JSON line (no newline)."""
     return json.dumps({EVENT_KEY: event.KIND, **event.to_json()}, allow_nan=False)
@@ -572,13 +587,30 @@ _E = TypeVar("_E", Progress, Info, Result, Failure, Profile)
 
 
 def _from_json(cls: type[_E], doc: Mapping[str, Any]) -> _E:
-    """`cls` from its JSON fields (the kind key and unknown keys are ignored)."""
+    """`cls` from its JSON fields (the kind key and unknown keys are ignored).
+
+    Each field must have its declared JSON type: the events come from user code too, and a
+    number written as a string must fail here, naming the field, not later in a reader.
+    """
     fields = dataclasses.fields(cls)
     missing = [f.name for f in fields if f.name not in doc
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{cls.KIND} event without {', '.join(missing)}")
-    return cls(**{f.name: doc[f.name] for f in fields if f.name in doc})
+    values = {}
+    for name, adapter in _FIELD_TYPES[cls].items():
+        if name not in doc:
+            continue
+        try:
+            values[name] = adapter.validate_python(doc[name])
+        except pydantic.ValidationError as exc:
+            shown = repr(doc[name])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ValueError(f"{cls.KIND} event field {name!r}: "
+                             f"{exc.errors(include_url=False)[0]['msg'].lower()}; got "
+                             f"{type(doc[name]).__name__} {shown}") from None
+    return cls(**values)
+
 
 
 def _smaller_versions(event: Result | Failure | Profile) -> Iterator[Event]:

@@ -159,7 +159,9 @@ _SEVERAL = ("ddp", "fsdp")
 # anything reading the free-form maps (model and dataset args, template): the API server's CEL
 # cannot see their content. Rules with ``oldSelf`` run on updates only: the spec a job was
 # admitted with cannot change, except runPolicy (suspend, deadlines, TTL, priority) and the
-# free-form maps (so a queueing system may set the template's node selectors).
+# free-form maps, whose content CEL cannot see: the operator runs a job on its admitted spec
+# (status.admittedSpec, `api.running_doc`) whatever they say later, bar the template's
+# scheduling directives (so a queueing system may set node selectors).
 _IMMUTABLE = ("model", "dataset", "training", "warmStart", "freezing", "resources", "zoo")
 VALIDATIONS: tuple[tuple[str, str, str, str], ...] = (
     ("spec.model", f"{_set('architecture')} != {_set('entrypoint')}",

@@ -23,6 +23,9 @@ from kiln.zoo import store
 
 NODE = "cpu-node-1"
 CPU_SLOTS = 2
+# The longest a deleted pod stays Terminating here (the operator asks for 30 s): a trainer
+# checkpoints and exits well within it, a process that ignores SIGTERM is killed after it.
+MAX_POD_GRACE_SECONDS = 15
 ZOO_SECRET = "kiln-zoo"
 # Short intervals and retries: the loops are event-driven, these only bound the waits.
 OPERATOR_ARGS = [
@@ -54,7 +57,7 @@ def api_calls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[usage.Ap
 @pytest.fixture(scope="session")
 def cluster(api_calls: set[usage.ApiCall]) -> Iterator[emulator.Emulator]:
     """The session's emulator with one Ready CPU-only node."""
-    with emulator.Emulator() as running:
+    with emulator.Emulator(max_pod_grace_seconds=MAX_POD_GRACE_SECONDS) as running:
         running.client.create_node(NODE)
         yield running
         api_calls |= usage.api_calls(running.requests)

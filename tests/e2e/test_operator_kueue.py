@@ -18,6 +18,7 @@ import kmock
 from kubesim import client, emulator, operator_process, scenario, usage
 
 from kiln.controller import kueue, rbac
+from kiln.zoo import records
 
 WORKLOADS = f"{kueue.GROUP}/{kueue.VERSION}/{kueue.WORKLOADS}"
 FLAVORS = f"{kueue.GROUP}/{kueue.VERSION}/resourceflavors"
@@ -140,7 +141,7 @@ def _run(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
 
     # Admitted to a flavor whose node labels allow node b only.
     _admit(cluster, workload)
-    checkpoint = f"checkpoints/{namespace}/{name}/checkpoint.pt"
+    checkpoint = records.checkpoint_key(namespace, name, waiting["metadata"]["uid"])
     running = scenario.wait_job(
         cluster, namespace, name,
         lambda job: scenario.phase(job) == "Running" and zoo.store.exists(checkpoint),

@@ -10,7 +10,7 @@ import json
 import re
 import signal
 
-from kubesim import emulator, kubelet, operator_process, scenario
+from kubesim import client, emulator, kubelet, operator_process, scenario
 
 from kiln import api
 from kiln.zoo import records
@@ -101,12 +101,12 @@ def test_a_trainer_killed_with_a_retryable_code_resumes_from_its_checkpoint(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
     node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, namespace: str,
 ) -> None:
-    checkpoint = f"checkpoints/{namespace}/digits-killed/checkpoint.pt"
-    fault = node_kubelet.inject(kubelet.Fault(
+    created = cluster.client.create_job(namespace, scenario.tiny_job(
+        "digits-killed", epochs=20, max_samples=None))
+    checkpoint = records.checkpoint_key(namespace, "digits-killed", created["metadata"]["uid"])
+    fault = node_kubelet.inject(kubelet.Fault(  # looked up when the pod starts
         job="digits-killed", signal=signal.SIGKILL, attempts=frozenset({0}),
         when=lambda _pod: zoo.store.exists(checkpoint), check_every_seconds=0.2))
-    cluster.client.create_job(namespace, scenario.tiny_job("digits-killed", epochs=20,
-                                                           max_samples=None))
     done = scenario.wait_phase(cluster, namespace, "digits-killed", "Succeeded",
                                details=operator.log_tail)
     assert fault.hits == ["digits-killed-trainer-0"]
@@ -158,3 +158,63 @@ def test_retryable_exits_beyond_the_backoff_limit_fail_the_job(
     assert fault.hits == ["digits-flaky-trainer-0", "digits-flaky-trainer-1"]
     assert scenario.pod_creations(cluster, namespace, "digits-flaky") == [
         "digits-flaky-trainer-0", "digits-flaky-trainer-1"]
+
+
+def test_a_job_created_again_under_a_deleted_jobs_name_trains_afresh(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str,
+) -> None:
+    name = "digits-again"
+    folder = f"{records.CHECKPOINTS_PREFIX}{namespace}/{name}/"
+    # 200 epochs: still training, long after its first checkpoint, when it is deleted.
+    first = cluster.client.create_job(namespace, scenario.tiny_job(
+        name, epochs=200, max_samples=None))
+    scenario.wait_job(cluster, namespace, name,
+                      lambda job: scenario.phase(job) == "Running"
+                      and bool(zoo.store.list_keys(folder)),
+                      what="running with a checkpoint", details=operator.log_tail)
+    cluster.client.delete(cluster.client.jobs_path(namespace, name))
+    client.wait_until(lambda: cluster.client.job(namespace, name) is None
+                      and not cluster.client.pods(namespace, name), timeout_seconds=60,
+                      what="the job and its pods to be gone", details=operator.log_tail)
+
+    # The same name again, with other data: a new object is a new job.
+    cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=2))
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
+    result = scenario.termination_result(cluster, namespace, f"{name}-trainer-0")
+    assert result["resumed_from_epoch"] == 0 and result["epochs_run"] == 2
+    assert done["status"]["attempts"] == 1
+    # Nothing of the deleted job is left to resume: its checkpoint went with its last pod.
+    old = records.checkpoint_key(namespace, name, first["metadata"]["uid"])
+    client.wait_until(lambda: not zoo.store.exists(old), timeout_seconds=30,
+                      what="the deleted job's checkpoint to be deleted",
+                      details=operator.log_tail)
+    assert zoo.store.list_keys(folder) == []
+
+
+def test_a_pod_refused_by_a_resource_quota_is_reported_and_created_once_the_quota_allows(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+) -> None:
+    name = "digits-quota"
+    refusal = cluster.refuse_pods(emulator.QuotaRefusal(
+        namespace, quota="gpu-quota", resource="requests.nvidia.com/gpu"))
+    try:
+        cluster.client.create_job(namespace, scenario.tiny_job(name))
+        refused = scenario.wait_job(
+            cluster, namespace, name,
+            lambda job: (scenario.condition(job, "Running") or {}).get("reason")
+            == "FailedCreate", what="Running=False/FailedCreate", details=operator.log_tail)
+        running = scenario.condition(refused, "Running") or {}
+        assert running["status"] == "False"
+        assert "exceeded quota: gpu-quota" in running["message"]
+        assert f"{name}-trainer-0" in running["message"]
+        event = scenario.wait_event(cluster, namespace, name, "FailedCreate")
+        assert event["type"] == "Warning" and "gpu-quota" in event["message"]
+        client.wait_until(lambda: len(refusal.refused) >= 2, timeout_seconds=60,
+                          what="the refused pod to be tried again", details=operator.log_tail)
+    finally:
+        cluster.allow_pods(refusal)
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
+    assert done["status"]["attempts"] == 1 and done["status"].get("restarts", 0) == 0
+    assert set(scenario.pod_creations(cluster, namespace, name)) == {f"{name}-trainer-0"}
+    assert (scenario.condition(done, "Running") or {})["reason"] == "TrainingCompleted"

@@ -22,6 +22,7 @@ from kiln.zoo import records
 
 NODES = ("gpu-node-a", "gpu-node-b")
 GPUS_PER_NODE = 2
+START_TIMEOUT_SECONDS = 20  # the test kubelet starts a pod it can schedule at once
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,9 @@ def gang_operated(gang_cluster: emulator.Emulator, zoo: scenario.Zoo, operator_a
                   tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[tuple[kubelet.Kubelet, operator_process.OperatorProcess]]:
     with scenario.operated(gang_cluster, tmp_path_factory.mktemp("gang"), env=zoo.operator_env,
-                           args=[*operator_args, "--no-profile-unmeasured"]) as running:
+                           args=[*operator_args, "--no-profile-unmeasured",
+                                 "--pod-start-timeout-seconds", str(START_TIMEOUT_SECONDS)]
+                           ) as running:
         yield running  # the estimate needs no profile
 
 
@@ -77,13 +80,15 @@ def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_on
     # One job covers both the gang's layout and its restart: each multi-node job here costs a
     # rendezvous of four processes per attempt, so one job with a fault is the cheapest check.
     name, ns = "digits-gang", gang_namespace
-    checkpoint = f"checkpoints/{ns}/{name}/checkpoint.pt"
-    # Kill the second node's trainer of the first attempt once a checkpoint exists.
+    created = gang_cluster.client.create_job(ns, _gang_job(name, {"gpus": 4, "nodes": 2},
+                                                           epochs=4))
+    checkpoint = records.checkpoint_key(ns, name, created["metadata"]["uid"])
+    # Kill the second node's trainer of the first attempt once a checkpoint exists (the
+    # fault is looked up when a pod starts).
     fault = gang_kubelet.inject(kubelet.Fault(
         job=name, signal=signal.SIGKILL, attempts=frozenset({0}),
         when=lambda pod: pod.name.endswith("-1") and zoo.store.exists(checkpoint),
         check_every_seconds=0.1))
-    gang_cluster.client.create_job(ns, _gang_job(name, {"gpus": 4, "nodes": 2}, epochs=4))
     done = scenario.wait_phase(gang_cluster, ns, name, "Succeeded",
                                details=gang_operator.log_tail)
 
@@ -120,3 +125,31 @@ def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_on
         p["status"].get("phase") in ("Succeeded", "Failed") or p["metadata"].get(
             "deletionTimestamp") for p in gang_cluster.client.pods(ns, name)),
         timeout_seconds=60, what="no trainer of the job left running")
+
+
+def test_a_gang_whose_second_pod_never_schedules_fails_at_the_start_timeout_and_lets_go(
+    gang_cluster: emulator.Emulator,
+    gang_operated: tuple[kubelet.Kubelet, operator_process.OperatorProcess],
+    gang_namespace: str,
+) -> None:
+    gang_kubelet, gang_operator = gang_operated
+    name, ns = "digits-half-gang", gang_namespace
+    stuck = f"{name}-trainer-0-1"
+    gang_kubelet.unschedulable_pods.add(f"{ns}/{stuck}")  # rank 1: no node takes it
+    try:
+        gang_cluster.client.create_job(ns, _gang_job(name, {"gpus": 4, "nodes": 2}, epochs=4))
+        # Rank 0 starts and waits in the rendezvous: the job runs, as its pod says.
+        scenario.wait_event(gang_cluster, ns, name, "TrainerStarted", timeout_seconds=120)
+        failed = scenario.wait_phase(gang_cluster, ns, name, "Failed",
+                                     details=gang_operator.log_tail)
+    finally:
+        gang_kubelet.unschedulable_pods.discard(f"{ns}/{stuck}")
+    reason = scenario.condition(failed, "Failed") or {}
+    assert reason["reason"] == "PodStartTimeout"
+    assert f"Trainer pod {stuck} was not running {START_TIMEOUT_SECONDS} s" in reason["message"]
+    assert "cannot be scheduled" in reason["message"]
+    assert "starts all its 2 pods or none" in reason["message"]
+    # Both pods go (the stuck one, and rank 0 by cleanPodPolicy Running): the 4 GPUs are free.
+    client.wait_until(lambda: gang_cluster.client.pods(ns, name) == [], timeout_seconds=60,
+                      what="the gang's pods to be deleted", details=gang_operator.log_tail)
+    assert scenario.pod_creations(gang_cluster, ns, name) == [f"{name}-trainer-0", stuck]

@@ -119,8 +119,8 @@ def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
     _slow_record(gpu_zoo.store, job)
     one = _foreign_pod(gpu_cluster, namespace, "one-gpu-user", 1)
     two = _foreign_pod(gpu_cluster, namespace, "two-gpu-user", 2)
-    gpu_cluster.client.create_job(namespace, job)
-    checkpoint = records.checkpoint_key(namespace, name)
+    created = gpu_cluster.client.create_job(namespace, job)
+    checkpoint = records.checkpoint_key(namespace, name, created["metadata"]["uid"])
     running = scenario.wait_job(
         gpu_cluster, namespace, name,
         lambda doc: scenario.phase(doc) == "Running" and gpu_zoo.store.exists(checkpoint)

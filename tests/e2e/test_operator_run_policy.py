@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kubesim import client, emulator, kubelet, operator_process, scenario
@@ -15,8 +16,9 @@ def test_suspend_stops_the_trainer_with_a_checkpoint_and_resume_continues_from_i
 ) -> None:
     name = "digits-pause"
     # 30 epochs (~0.5 s each): the suspension lands long before the end.
-    cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=30, max_samples=None))
-    checkpoint = f"checkpoints/{namespace}/{name}/checkpoint.pt"
+    created = cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=30,
+                                                                     max_samples=None))
+    checkpoint = records.checkpoint_key(namespace, name, created["metadata"]["uid"])
     running = scenario.wait_job(
         cluster, namespace, name,
         lambda job: scenario.phase(job) == "Running" and zoo.store.exists(checkpoint)
@@ -110,36 +112,6 @@ def test_a_deadline_stops_the_trainer_of_a_pod_that_clean_pod_policy_none_keeps(
     assert name not in {r.job_name for r in records.list_records(zoo.store)}
 
 
-def test_a_model_registered_after_its_job_failed_is_deleted_from_the_zoo(
-    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
-    namespace: str, zoo_secret: tuple[str, dict[str, str]],
-) -> None:
-    # Two jobs of one name: in `namespace` it fails by its deadline (pod kept, trainer
-    # stopped); in `other` it succeeds and registers a model. The second's result then reaches
-    # the first's pod, as when a trainer registers just before the stop arrives.
-    name, other = "digits-late-model", f"{namespace}-b"
-    cluster.client.create_secret(other, *zoo_secret)
-    cluster.client.create_job(namespace, scenario.tiny_job(
-        name, epochs=200, max_samples=None,
-        run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"}))
-    cluster.client.create_job(other, scenario.tiny_job(name))
-    scenario.wait_phase(cluster, namespace, name, "Failed", details=operator.log_tail)
-    pod = _stopped_pod(cluster, namespace, f"{name}-trainer-0")
-    done = scenario.wait_phase(cluster, other, name, "Succeeded", details=operator.log_tail)
-    model = done["status"]["result"]["zooModel"]
-    assert zoo.store.exists(f"{records.record_prefix(model)}{records.META_NAME}")
-    finished = cluster.client.get(client.Client.pods_path(other, f"{name}-trainer-0")) or {}
-    terminated = finished["status"]["containerStatuses"][0]["state"]["terminated"]
-
-    (trainer,) = pod["status"]["containerStatuses"]
-    cluster.client.patch(client.Client.pods_path(namespace, f"{name}-trainer-0") + "/status", {
-        "status": {"containerStatuses": [{**trainer, "state": {"terminated": terminated}}]}})
-    event = scenario.wait_event(cluster, namespace, name, "ModelDiscarded")
-    assert model in event["message"] and event["type"] == "Normal"
-    assert zoo.store.list_keys(records.record_prefix(model)) == []
-    assert scenario.phase(cluster.client.job(namespace, name)) == "Failed"
-
-
 def test_a_finished_job_is_deleted_after_its_ttl(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
 ) -> None:
@@ -153,3 +125,71 @@ def test_a_finished_job_is_deleted_after_its_ttl(
                if r.action == "DELETE" and r.resource == "trainingjobs"
                and r.name == "digits-ttl" and r.user_agent.startswith("kiln-operator")]
     assert len(deleted) == 1
+
+
+# A trainer that keeps running while its pod terminates (SIGTERM ignored; it says so by
+# creating argv[2]) until the test creates argv[1]; once that exists, a trainer reports a
+# result at once.
+HELD = '''\
+import os, pathlib, signal, sys, time
+from kiln import contract
+release = sys.argv[1]
+if os.path.exists(release):
+    result = contract.Result(
+        metric_name="validation_accuracy", metric=0.5, validation_accuracy=0.5,
+        validation_loss=1.0, wall_seconds=1.0, time_to_target_seconds=None,
+        target_reached=False, epochs_run=1, steps=1, samples_per_second=1.0, zoo_model=None,
+        resumed_from_epoch=0, warm_start="none")
+    pathlib.Path(os.environ[contract.Env.TERMINATION_LOG]).write_bytes(
+        contract.termination_message(result))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda *_: None)
+pathlib.Path(sys.argv[2]).touch()
+while not os.path.exists(release):
+    time.sleep(0.05)
+sys.exit(143)
+'''
+
+
+def test_a_resumed_job_starts_its_new_trainer_only_once_the_old_one_has_stopped(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+    node_kubelet: kubelet.Kubelet, namespace: str, tmp_path: Path,
+) -> None:
+    name, release, holding = "held-resume", tmp_path / "release", tmp_path / "holding"
+    job = scenario.tiny_job(name)
+    job["spec"]["template"]["command"] = ["python", "-c", HELD, str(release), str(holding)]
+    cluster.client.create_job(namespace, job)
+    client.wait_until(holding.exists, timeout_seconds=scenario.JOB_SECONDS,
+                      what="the first trainer to hold", details=operator.log_tail)
+    old = client.Client.pods_path(namespace, f"{name}-trainer-0")
+
+    cluster.client.patch(cluster.client.jobs_path(namespace, name),
+                         {"spec": {"runPolicy": {"suspend": True}}})
+    scenario.wait_phase(cluster, namespace, name, "Suspended", details=operator.log_tail)
+    client.wait_until(lambda: (cluster.client.get(old) or {}).get("metadata", {}).get(
+        "deletionTimestamp"), timeout_seconds=30, what="the old trainer pod to terminate")
+    cluster.client.patch(cluster.client.jobs_path(namespace, name),
+                         {"spec": {"runPolicy": {"suspend": False}}})
+
+    def new_trainer_or_wait() -> bool:
+        new = cluster.client.get(client.Client.pods_path(namespace, f"{name}-trainer-1"))
+        if new is not None:
+            return (new.get("status") or {}).get("phase") == "Running"
+        placed = scenario.condition(cluster.client.job(namespace, name), "Placed") or {}
+        return "once the pods before it have stopped" in str(placed.get("message"))
+
+    # The old trainer still runs (its pod Terminating) until released here.
+    client.wait_until(new_trainer_or_wait, timeout_seconds=60, details=operator.log_tail,
+                      what="a new trainer, or the job waiting for the old one")
+    release.touch()
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
+    assert [o for o in node_kubelet.overlaps if o.startswith(f"{namespace}/")] == []
+    assert scenario.pod_creations(cluster, namespace, name) == [
+        f"{name}-trainer-0", f"{name}-trainer-1"]
+    assert done["status"]["attempts"] == 2 and done["status"].get("restarts", 0) == 0
+    removed = [r.seconds for r in cluster.requests if r.action == "DELETE"
+               and r.name == f"{name}-trainer-0" and r.user_agent == kubelet.KUBELET_USER_AGENT]
+    created = [r.seconds for r in cluster.requests if r.action == "CREATE"
+               and r.resource == "pods" and r.namespace == namespace
+               and (r.body or {}).get("metadata", {}).get("name") == f"{name}-trainer-1"]
+    assert removed and created and removed[-1] < created[0]

@@ -244,6 +244,46 @@ def test_kiln_run_fails_bad_data_at_once_with_the_users_file_and_line(tmp_path: 
     assert "bad_data.py, line 12, in from_disk" in failure.message, failure.message
 
 
+CLAIMING_DATA = '''\
+import torch
+from torch.utils.data import Dataset
+
+
+class Claims(Dataset):
+    """Serves any index, and says it holds `n` samples."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return torch.zeros(1, 8, 8), int(index) % 10
+
+
+def endless():
+    return Claims(10**15), Claims(20)
+'''
+
+
+def test_kiln_run_names_a_dataset_claiming_more_samples_than_any_run_can_shuffle(
+        tmp_path: Path) -> None:
+    (tmp_path / "claiming_data.py").write_text(CLAIMING_DATA, encoding="utf-8")
+    job = _job_file(tmp_path / "claims.yaml", "claims", {
+        "model": {"architecture": "small_cnn", "args": {"depth": 2, "width": 8},
+                  "inputShape": [1, 8, 8]},
+        "dataset": {"entrypoint": "claiming_data:endless"},
+        "training": {"epochs": 1, "batchSize": 10}})
+    done = _kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path)
+    err = " ".join(done.stderr.split())
+    assert done.returncode == 1, err
+    assert "claims: trainer exited with code 2" in err  # invalid, not out of memory
+    assert ("spec.dataset.entrypoint: the train split of claiming_data:endless says it holds "
+            "1,000,000,000,000,000 samples (its __len__ returned 1000000000000000)") in err
+    assert "out of memory" not in err and "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------------------------
 # a job's own command
 

@@ -25,6 +25,7 @@ NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 PARENT = "small_cnn-0000aaaa"
 PRIVATE = "small_cnn-0000bbbb"
 OWN = "small_cnn-0000cccc"
+UID = "7d1c5e0a-0000-4000-8000-000000000001"  # the job's, as the API server sets it
 
 
 @pytest.fixture
@@ -49,12 +50,13 @@ def test_a_pod_uses_its_own_objects_and_reads_only_granted_parents(
     for record_id in (PARENT, PRIVATE):
         for name in (records.META_NAME, records.GRAPH_NAME, records.WEIGHTS_NAME):
             operator_zoo.put_bytes(records.record_prefix(record_id) + name, record_id.encode())
-    grants = access.job_grants("team-b", "digits", record=OWN, parents=[PARENT], now=NOW)
+    grants = access.job_grants("team-b", "digits", uid=UID, record=OWN, parents=[PARENT],
+                               now=NOW)
     pod = _signed(operator_zoo, grants, tmp_path / "manifest.json")
     assert isinstance(pod, presigned.PresignedStore) and pod.reserved_record == OWN
 
     # Its checkpoint: written, read, sized, deleted.
-    checkpoint = records.checkpoint_key("team-b", "digits")
+    checkpoint = records.checkpoint_key("team-b", "digits", UID)
     assert not pod.exists(checkpoint)
     pod.put_bytes(checkpoint, b"state")
     assert pod.get_bytes(checkpoint) == b"state" and pod.size_bytes(checkpoint) == 5
@@ -92,7 +94,7 @@ def test_a_searching_pod_lists_visible_records_and_writes_none(
     operator_zoo: store.S3Store, tmp_path: Path,
 ) -> None:
     operator_zoo.put_bytes(records.record_prefix(PARENT) + records.GRAPH_NAME, b"{}")
-    grants = access.job_grants("team-b", "entry", record=OWN, visible=[PARENT], now=NOW)
+    grants = access.job_grants("team-b", "entry", uid=UID, record=OWN, visible=[PARENT], now=NOW)
     pod = _signed(operator_zoo, grants, tmp_path / "manifest.json")
     prefix = records.record_prefix(PARENT)
     assert [k for k in pod.list_keys(prefix)] == [
@@ -108,12 +110,14 @@ def test_the_store_reads_the_manifest_again_when_the_operator_replaces_it(
     operator_zoo: store.S3Store, tmp_path: Path,
 ) -> None:
     path = tmp_path / "manifest.json"
-    pod = _signed(operator_zoo, access.job_grants("team-b", "a", record=OWN, now=NOW), path)
+    pod = _signed(operator_zoo, access.job_grants("team-b", "a", uid=UID, record=OWN, now=NOW),
+                  path)
     profile = records.profile_key("team-b", "b")
     with pytest.raises(presigned.NotGranted):
         pod.put_bytes(profile, b"{}")
     # A Secret volume swaps the file for a new one; the same store sees the new grants.
-    fresh = presigned.mint(operator_zoo, access.job_grants("team-b", "b", record=OWN, now=NOW),
+    fresh = presigned.mint(operator_zoo,
+                           access.job_grants("team-b", "b", uid=UID, record=OWN, now=NOW),
                            lifetime=datetime.timedelta(hours=1),
                            now=datetime.datetime.now(datetime.UTC))
     (tmp_path / "new.json").write_text(fresh.to_json())
@@ -225,7 +229,7 @@ def test_a_trainer_warm_starts_and_registers_through_its_presigned_access_alone(
     def job(name: str, epochs: int) -> api.TrainingJob:
         return api.parse_job({
             "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
-            "metadata": {"name": name, "namespace": "team-b"},
+            "metadata": {"name": name, "namespace": "team-b", "uid": UID},
             "spec": {"model": {"architecture": "small_cnn", "args": {"depth": 2, "width": 8},
                                "inputShape": [1, 8, 8]},
                      "dataset": {"name": "digits", "maxSamples": 400},
@@ -246,9 +250,10 @@ def test_a_trainer_warm_starts_and_registers_through_its_presigned_access_alone(
     assert decided.parent_id == parent.id
     # A profiling pod decides the same from the visible records' graphs, without weights.
     searching = _signed(operator_zoo, zoo_access.job_grants(
-        "team-b", "child", record=OWN, visible=[parent.id], now=NOW), tmp_path / "search.json")
+        "team-b", "child", uid=UID, record=OWN, visible=[parent.id], now=NOW),
+        tmp_path / "search.json")
     assert warm.decide(child, searching).parent_id == parent.id
-    grants = zoo_access.job_grants("team-b", "child", record=OWN, now=NOW,
+    grants = zoo_access.job_grants("team-b", "child", uid=UID, record=OWN, now=NOW,
                                    parents=[decided.parent_id, *decided.alternatives])
     pod = _signed(operator_zoo, grants, tmp_path / "manifest.json")
     for name in (contract.Env.ZOO_ENDPOINT, contract.Env.ZOO_ACCESS_KEY,
@@ -271,7 +276,8 @@ def test_a_searching_pods_manifest_keeps_the_newest_records_that_fit_a_secret(
     visible = [f"small_cnn-{i:08x}" for i in range(64)]  # newest first
 
     def grants(seen: list[str]) -> presigned.Grants:
-        return access.job_grants("team-b", "digits", record=OWN, visible=seen, now=NOW)
+        return access.job_grants("team-b", "digits", uid=UID, record=OWN, visible=seen,
+                                 now=NOW)
 
     manifest = zoo_access.sign_within_budget(operator_zoo, grants, visible,
                                              lifetime=datetime.timedelta(hours=1), now=NOW)

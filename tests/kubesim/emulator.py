@@ -4,6 +4,14 @@ An in-memory API server in its own thread and event loop, so tests stay synchron
 operator under test (a separate process) talks to it over real HTTP. No TLS, no authentication.
 """
 
+# A deleted pod stays Terminating, as on a real API server: a DELETE of a scheduled, unfinished
+# pod sets deletionTimestamp and deletionGracePeriodSeconds (the DeleteOptions' grace, else the
+# pod's terminationGracePeriodSeconds, at most the emulator's `max_pod_grace_seconds`), and the
+# object goes only when deleted again with grace 0 (the test kubelet does that once the
+# pod's process has exited; a uid precondition is honoured). Pod creation can be refused with
+# 403 "exceeded quota" (`Emulator.refuse_pods`), as a ResourceQuota admission does. A body
+# nested deeper than the API server decodes (10,000 levels) is refused with 400.
+#
 # What the emulator does not do (so these tests cannot check it): admission (webhooks, schema
 # validation, defaulting, pruning of undeclared status fields), garbage collection through
 # ownerReferences, resourceVersion bookkeeping and conflicts (it never changes resourceVersion,
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +43,31 @@ T = TypeVar("T")
 
 START_SECONDS = 30.0
 TRAININGJOBS = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
+DEFAULT_POD_GRACE_SECONDS = 30  # the API server's default terminationGracePeriodSeconds
+
+
+@dataclasses.dataclass
+class QuotaRefusal:
+    """Refuse the creation of matching pods as a ResourceQuota would (403 "exceeded quota").
+
+    Attributes:
+        namespace: the namespace whose pod creations are refused.
+        quota: the ResourceQuota's name, in the message.
+        resource: what it limits, e.g. ``requests.nvidia.com/gpu`` (in the message).
+        when: which pod bodies to refuse (default: every pod of the namespace).
+        refused: names of the pods refused so far (filled by the emulator).
+    """
+
+    namespace: str
+    quota: str = "compute-quota"
+    resource: str = "pods"
+    when: Callable[[dict[str, Any]], bool] = lambda _pod: True
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+    def message(self, pod: str) -> str:
+        """The API server's words for a refused pod."""
+        return (f'pods "{pod}" is forbidden: exceeded quota: {self.quota}, requested: '
+                f"{self.resource}=1, used: {self.resource}=1, limited: {self.resource}=1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +132,7 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
                     served[:] = [r for r in served if any(r is i for i in inflight)]
 
     async def _record_and_serve(self, request: kmock.Request) -> Any:
+        self._refuse_too_deep(request)
         self._bookkeep(request)
         resource = request.resource
         self._log_list().append(LoggedRequest(
@@ -114,7 +149,92 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
             body=request.data if request.method and request.method.value != "GET" else None,
             params=dict(request.params or {}),
         ))
+        self._refuse_over_quota(request)
+        if await self._serve_terminating(request):
+            # kmock would delete an object with a deletionTimestamp and no finalizers at once:
+            # the change is made above; only the answer is left to serve.
+            return await kmock.RawHandler._handle(self, request)
         return await super()._handle(request)
+
+    def _refuse_too_deep(self, request: kmock.Request) -> None:
+        """Refuse a body nested deeper than the API server decodes (`api.API_SERVER_MAX_DEPTH`),
+        so nothing deeper is ever stored, as on a real cluster."""
+        if api.nesting_depth(request.data) > api.API_SERVER_MAX_DEPTH:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=(
+                f"json: exceeded max depth of {api.API_SERVER_MAX_DEPTH}"))
+
+    def configure(self, *, max_pod_grace_seconds: int | None,
+                  quota: list[QuotaRefusal]) -> None:
+        """Set what `Emulator` was given: the pods' longest grace period and the refusals."""
+        self._kubesim_max_grace = max_pod_grace_seconds
+        self._kubesim_quota = quota
+
+    def _refuse_over_quota(self, request: kmock.Request) -> None:
+        """Answer 403 to a pod creation that a `QuotaRefusal` matches (before any change)."""
+        refusals: list[QuotaRefusal] = getattr(self, "_kubesim_quota", [])
+        if (request.action != "CREATE" or not _is_pod(request)
+                or not isinstance(request.data, dict)):
+            return
+        meta = request.data.get("metadata") or {}
+        namespace = request.namespace or meta.get("namespace")
+        for refusal in refusals:
+            if refusal.namespace == namespace and refusal.when(request.data):
+                name = str(meta.get("name") or "")
+                refusal.refused.append(name)
+                raise kmock.KubernetesError(status=403, reason="Forbidden",
+                                            message=refusal.message(name))
+
+    async def _serve_terminating(self, request: kmock.Request) -> bool:
+        """Keep a deleted pod Terminating for its grace period; True when this request was
+        handled here (a graceful DELETE, or a PATCH of a Terminating pod), False to leave it
+        to kmock (any other request, and a DELETE that removes the pod now)."""
+        resource, name = request.resource, request.name
+        if resource is None or name is None or not _is_pod(request) or request.action not in (
+                "DELETE", "UPDATE"):
+            return False
+        key = (resource, request.namespace, name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                return False  # kmock answers 404
+            stored = self._objects[key]
+            meta = stored.get("metadata") or {}
+            if request.action == "UPDATE":
+                if not meta.get("deletionTimestamp") or meta.get("finalizers"):
+                    return False
+                stored.patch(request.data)
+            else:
+                options = request.data if isinstance(request.data, dict) else {}
+                wanted = (options.get("preconditions") or {}).get("uid")
+                if wanted and wanted != meta.get("uid"):
+                    raise kmock.KubernetesError(status=409, reason="Conflict", message=(
+                        f"Precondition failed: UID in precondition: {wanted}, UID in object "
+                        f"meta: {meta.get('uid')}"))
+                grace = self._grace_seconds(stored, options, request.params or {})
+                current = meta.get("deletionGracePeriodSeconds")
+                if grace == 0 or stored.get("metadata", {}).get("finalizers"):
+                    return False  # gone now (or kept by its finalizers: kmock's way)
+                if isinstance(current, int) and current <= grace:
+                    return True  # a second DELETE never lengthens the grace period
+                ends = time.gmtime(time.time() + grace)
+                stored.patch({"metadata": {
+                    "deletionTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", ends),
+                    "deletionGracePeriodSeconds": grace}})
+            await self._buses[resource].put({"type": "MODIFIED", "object": stored.raw})
+        return True
+
+    def _grace_seconds(self, pod: Any, options: dict[str, Any], params: Any) -> int:
+        """The API server's grace period for deleting `pod`: 0 for a pod never scheduled or
+        already finished; else the DeleteOptions' (body or query), else the pod's own, at
+        most `max_pod_grace_seconds`."""
+        spec, phase = pod.get("spec") or {}, (pod.get("status") or {}).get("phase")
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            return 0
+        asked = options.get("gracePeriodSeconds", params.get("gracePeriodSeconds"))
+        if asked is None:
+            asked = spec.get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE_SECONDS)
+        grace = max(0, int(asked))
+        cap: int | None = getattr(self, "_kubesim_max_grace", None)
+        return grace if cap is None else min(grace, cap)
 
 
     async def _serve_list(self, request: kmock.Request) -> Any:
@@ -184,14 +304,19 @@ class Emulator:
     Args:
         extra_resources: more resources to serve ("group/version/plural" -> kmock's
             ResourceInfo), e.g. the Prometheus Operator's kinds for the Helm chart's tests.
+        max_pod_grace_seconds: the longest a deleted pod stays Terminating (the pod's or the
+            DELETE's grace period, if shorter); None: as long as they say.
 
     Example:
         >>> with Emulator() as cluster:                       # doctest: +SKIP
         ...     cluster.client.create_job("ns1", job_doc)
     """
 
-    def __init__(self, *, extra_resources: dict[str, kmock.ResourceInfo] | None = None) -> None:
+    def __init__(self, *, extra_resources: dict[str, kmock.ResourceInfo] | None = None,
+                 max_pod_grace_seconds: int | None = None) -> None:
         self._extra_resources = dict(extra_resources or {})
+        self._max_pod_grace_seconds = max_pod_grace_seconds
+        self._quota: list[QuotaRefusal] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -213,6 +338,9 @@ class Emulator:
         Raises:
             RuntimeError: the server did not come up within START_SECONDS.
         """
+        # kmock and the test client decode and encode objects recursively; the API server
+        # stores them up to api.API_SERVER_MAX_DEPTH levels deep, so this process must read them.
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 2 * api.API_SERVER_MAX_DEPTH + 5_000))
         self._thread.start()
         if not self._ready.wait(START_SECONDS) or self._failure is not None:
             raise RuntimeError(f"kmock emulator did not start: {self._failure!r}")
@@ -235,6 +363,7 @@ class Emulator:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         handler = _RecordingEmulator()
+        handler.configure(max_pod_grace_seconds=self._max_pod_grace_seconds, quota=self._quota)
         handler.resources.load_bundled()  # kopf waits for v1/namespaces in discovery otherwise
         handler.resources[TRAININGJOBS] = kmock.ResourceInfo(
             kind=api.KIND, singular=api.SINGULAR, namespaced=True,
@@ -259,6 +388,16 @@ class Emulator:
 
         future = asyncio.run_coroutine_threadsafe(run(), self._loop)
         return future.result(timeout_seconds)
+
+    def refuse_pods(self, refusal: QuotaRefusal) -> QuotaRefusal:
+        """Refuse matching pod creations with 403 "exceeded quota" until `allow_pods`;
+        returns `refusal` (its `refused` fills in)."""
+        self.call(lambda: self._quota.append(refusal))
+        return refusal
+
+    def allow_pods(self, refusal: QuotaRefusal) -> None:
+        """Stop refusing what `refusal` refused (the quota was raised)."""
+        self.call(lambda: self._quota.remove(refusal))
 
     @property
     def requests(self) -> list[LoggedRequest]:
@@ -295,6 +434,11 @@ class Emulator:
         }
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
+
+
+def _is_pod(request: kmock.Request) -> bool:
+    resource = request.resource
+    return resource is not None and not resource.group and resource.plural == "pods"
 
 
 def _resource_path(resource: Any) -> str:

@@ -68,6 +68,7 @@ class RunningPod:
 
     namespace: str
     name: str
+    uid: str
     job: str
     attempt: int
     process: subprocess.Popen[bytes]
@@ -92,6 +93,7 @@ class HeldPod:
 
     namespace: str
     name: str
+    uid: str
     container: str
     image: str
     started_at: float
@@ -126,8 +128,18 @@ class Kubelet:
       DNS and per-pod IPs do);
     * status: Running (podIP, startTime, a running container), then Succeeded/Failed with the
       container's terminated exitCode (128 + signal when killed), reason and message;
-    * deletion: a pod that disappears (or gets a deletionTimestamp) has its process sent SIGTERM,
-      then SIGKILL after terminationGracePeriodSeconds;
+    * pods by uid, as a real kubelet: a pod deleted and created again under its name is a new
+      pod, started again;
+    * deletion: a pod that gets a deletionTimestamp (Terminating, `emulator.Emulator`) has its
+      process sent SIGTERM, then SIGKILL after its deletionGracePeriodSeconds; once the process
+      has exited, its status is reported and the pod deleted with grace 0 (uid precondition),
+      which removes it. A pod that never ran here is removed at once. A pod that disappears
+      without that (force-deleted) has its process stopped the same way, without a status;
+    * scheduling: a pod named in `unschedulable_pods` (``namespace/name``; the test's stand-in
+      for a pod whose node's free devices another scheduler took) is not bound: it stays
+      Pending with PodScheduled=False/Unschedulable until it leaves that set;
+    * `overlaps` records each pod started while a pod of another attempt of its job (same
+      namespace, kiln.dev/job-name) still ran here: two trainers of one job at once;
     * spec.activeDeadlineSeconds (read on every poll, so a patch takes effect): once the pod has
       been active that long, its process is sent SIGTERM, then SIGKILL after the grace period;
       the pod stays, Failed with status.reason DeadlineExceeded;
@@ -149,9 +161,14 @@ class Kubelet:
         self.faults: list[Fault] = []
         self.started: list[tuple[str, str]] = []
         self.errors: list[str] = []
-        self._running: dict[tuple[str, str], RunningPod] = {}
-        self._finished: dict[tuple[str, str], RunningPod] = {}
-        self._held: dict[tuple[str, str], HeldPod] = {}
+        self.overlaps: list[str] = []
+        self.unschedulable_pods: set[str] = set()
+        # by pod uid
+        self._running: dict[str, RunningPod] = {}
+        self._finished: dict[str, RunningPod] = {}
+        self._held: dict[str, HeldPod] = {}
+        self._unscheduled: set[str] = set()
+        self._scratch: dict[tuple[str, str], Path] = {}  # the latest pod of each name
         # (namespace, subdomain, attempt, port) -> the host port a gang's rendezvous uses
         self._gang_ports: dict[tuple[str, str, str, str], int] = {}
         self._stop = threading.Event()
@@ -177,9 +194,12 @@ class Kubelet:
         return fault
 
     def pod_log(self, namespace: str, name: str) -> str:
-        """A pod's container log (stdout and stderr), "" when it never ran."""
-        path = self.work_dir / namespace / name / "container.log"
-        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+        """The container log (stdout and stderr) of the latest pod of that name, "" when none
+        ran."""
+        scratch = self._scratch.get((namespace, name))
+        path = scratch / "container.log" if scratch is not None else None
+        return path.read_text(encoding="utf-8", errors="replace") if path and path.exists() \
+            else ""
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -192,40 +212,78 @@ class Kubelet:
             self._stop.wait(POLL_SECONDS)
 
     def _sync(self) -> None:
-        listed = {(p["metadata"].get("namespace", ""), p["metadata"]["name"]): p
+        listed = {str(p["metadata"].get("uid", "")): p
                   for p in self.client.list(client.Client.pods_path())}
-        for key, pod in listed.items():
-            known = key in self._running or key in self._finished or key in self._held
-            if known or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        for uid, pod in listed.items():
+            if uid in self._running:
                 continue
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp"):  # nothing runs here to stop: remove it now
+                self._held.pop(uid, None)
+                self._unscheduled.discard(uid)
+                self._remove(meta)
                 continue
+            known = uid in self._finished or uid in self._held
+            if known or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if f"{meta.get('namespace', '')}/{meta['name']}" in self.unschedulable_pods:
+                self._leave_unscheduled(uid, pod)
+                continue
+            self._unscheduled.discard(uid)
             self._start(pod)
         now = time.monotonic()
-        for key, running in list(self._running.items()):
-            pod = listed.get(key)
-            gone = pod is None or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-            if gone:
-                self._terminate(key, running, now)
+        for uid, running in list(self._running.items()):
+            found = listed.get(uid)
+            meta = (found or {}).get("metadata") or {}
+            if found is None or meta.get("deletionTimestamp"):
+                self._terminate(running, meta, now)
             elif running.process.poll() is not None:
                 _unmount(running)
                 self._report_exit(running)
-                self._finished[key] = self._running.pop(key)
-            elif running.deadline_exceeded or _past_deadline(pod, running.started_at, now):
+                self._finished[uid] = self._running.pop(uid)
+            elif running.deadline_exceeded or _past_deadline(found, running.started_at, now):
                 running.deadline_exceeded = True
                 _stop(running, now)
             else:
                 self._apply_fault(running, now)
-        for key, held in list(self._held.items()):
-            pod = listed.get(key)
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                del self._held[key]
-            elif _past_deadline(pod, held.started_at, now):
-                del self._held[key]
+        for uid, held in list(self._held.items()):
+            found = listed.get(uid)
+            if found is None:
+                del self._held[uid]
+            elif _past_deadline(found, held.started_at, now):
+                del self._held[uid]
                 self._patch(client.Client.pods_path(held.namespace, held.name) + "/status", {
                     "status": {"phase": "Failed", **_DEADLINE_STATUS}})
             else:
                 self._wait_for_image(held, now)
+        for gone in [u for u in self._finished if u not in listed]:
+            del self._finished[gone]
+        self._unscheduled &= set(listed)
+
+    def _leave_unscheduled(self, uid: str, pod: dict[str, Any]) -> None:
+        """Report once that no node can take the pod (as the scheduler does)."""
+        if uid in self._unscheduled:
+            return
+        self._unscheduled.add(uid)
+        meta = pod["metadata"]
+        node = _affinity_node(pod.get("spec") or {})
+        self._patch(client.Client.pods_path(meta.get("namespace", ""), meta["name"]) + "/status",
+                    {"status": {"phase": "Pending", "conditions": [{
+                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": f"0/1 nodes are available: node {node} cannot take the "
+                                   "pod (kubesim unschedulable_pods)."}]}})
+
+    def _remove(self, meta: dict[str, Any]) -> None:
+        """Delete a Terminating pod with grace 0 (it runs nothing here any more): the API
+        server then removes it; the uid precondition spares a new pod of the same name."""
+        path = client.Client.pods_path(meta.get("namespace", ""), meta["name"])
+        try:
+            self.client.request("DELETE", path, {
+                "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": meta.get("uid")}})
+        except client.ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
 
     def _hold(self, pod: dict[str, Any], container: dict[str, Any]) -> None:
         """Bind a pod whose image cannot be pulled and report its container waiting."""
@@ -234,9 +292,10 @@ class Kubelet:
         if not self._patch(client.Client.pods_path(namespace, name),
                            {"spec": {"nodeName": _affinity_node(spec)}}):
             return  # deleted before it could be bound
-        held = HeldPod(namespace=namespace, name=name, container=container["name"],
-                       image=str(container.get("image", "")), started_at=time.monotonic())
-        self._held[(namespace, name)] = held
+        held = HeldPod(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
+                       container=container["name"], image=str(container.get("image", "")),
+                       started_at=time.monotonic())
+        self._held[held.uid] = held
         self._wait_for_image(held, held.started_at)
 
     def _wait_for_image(self, held: HeldPod, now: float) -> None:
@@ -269,8 +328,10 @@ class Kubelet:
         if UNPULLABLE in str(container.get("image", "")):
             self._hold(pod, container)
             return
-        scratch = self.work_dir / namespace / name
+        uid = str(meta.get("uid", ""))
+        scratch = self.work_dir / namespace / name / uid
         scratch.mkdir(parents=True, exist_ok=True)
+        self._scratch[(namespace, name)] = scratch
         termination = scratch / "termination-log"
         termination.write_bytes(b"")
         port = client.free_port()
@@ -297,6 +358,7 @@ class Kubelet:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
             "containerStatuses": [{
                 "name": container["name"], "ready": True, "started": True, "restartCount": 0,
                 "image": container.get("image", ""), "state": {"running": {"startedAt": now}},
@@ -306,8 +368,13 @@ class Kubelet:
         with self._lock:
             fault = next((f for f in self.faults if f.job == job and (
                 f.attempts is None or attempt in f.attempts)), None)
-        self._running[(namespace, name)] = RunningPod(
-            namespace=namespace, name=name, job=job, attempt=attempt, process=process,
+        self.overlaps += [
+            f"{namespace}/{name} started while {other.name} of attempt {other.attempt} ran"
+            for other in self._running.values()
+            if job and other.namespace == namespace and other.job == job
+            and other.attempt != attempt and other.process.poll() is None]
+        self._running[uid] = RunningPod(
+            namespace=namespace, name=name, uid=uid, job=job, attempt=attempt, process=process,
             log_path=log_path, termination_path=termination, metrics_port=port,
             grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), fault=fault,
             mounts=mounts)
@@ -427,13 +494,21 @@ class Kubelet:
             fault.hits.append(running.name)
             _signal_group(running.process, fault.signal)
 
-    def _terminate(self, key: tuple[str, str], running: RunningPod, now: float) -> None:
-        """The pod is gone: SIGTERM, then SIGKILL after its grace period; no status."""
-        if running.process.poll() is not None:
-            _unmount(running)
-            self._finished[key] = self._running.pop(key)
+    def _terminate(self, running: RunningPod, meta: dict[str, Any], now: float) -> None:
+        """The pod is Terminating (`meta` its metadata) or gone ({}): SIGTERM, then SIGKILL
+        after its grace period; once the process has exited, a Terminating pod's status is
+        reported and the pod removed."""
+        if running.process.poll() is None:
+            grace = meta.get("deletionGracePeriodSeconds")
+            if running.terminating_since is None and isinstance(grace, int):
+                running.grace_seconds = float(grace)
+            _stop(running, now)
             return
-        _stop(running, now)
+        _unmount(running)
+        self._finished[running.uid] = self._running.pop(running.uid)
+        if meta:
+            self._report_exit(running)
+            self._remove(meta)
 
 
 # A pod's DNS name under a headless Service: <hostname>.<subdomain>.<namespace>.svc[...].

@@ -256,3 +256,96 @@ def test_a_job_file_reads_exponent_floats_as_kubernetes_does(tmp_path: Path) -> 
                     "  training: {optimizer: {name: adam, lr: 1e-5}}\n", encoding="utf-8")
     (job,) = jobfile.load_jobs(path)
     assert job.spec.training.optimizer.lr == 1e-5
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """A chain of `levels` mappings."""
+    chain: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        chain = {"a": chain}
+    return chain
+
+
+def test_a_job_nested_deeper_than_a_job_needs_is_refused_naming_the_field() -> None:
+    limit = api.MAX_DEPTH - 4  # the document, spec, model and args hold the rest
+    fits = with_spec(model={"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                            "args": {"depth": 2, "x": _nested(limit)}})
+    assert api.nesting_depth(fits) == api.MAX_DEPTH
+    api.parse_job(fits)  # the args are the registry's to judge, not the parser's
+    deep = with_spec(model={"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                            "args": {"depth": 2, "x": _nested(3_000)}},
+                     template={"affinity": {"nodeAffinity": [_nested(200)]}})
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(deep)
+    assert [p.split(":")[0] for p in caught.value.problems] == ["spec.model.args",
+                                                                "spec.template"]
+    assert caught.value.problems[0].startswith(
+        f"spec.model.args: nested more than {api.MAX_DEPTH} levels deep")
+    assert "flatten it" in caught.value.problems[0]
+
+
+def test_a_spec_too_large_for_the_trainer_pod_names_the_field_holding_it() -> None:
+    big = with_spec(model={"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                           "args": {"vocabulary": ["word"] * (api.MAX_SPEC_BYTES // 6)}})
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.parse_job(big)
+    (problem,) = caught.value.problems
+    assert problem.startswith("spec.model.args: the spec is 1")
+    assert "above the 100 KiB a trainer pod can carry" in problem
+
+
+def test_load_jobs_refuses_yaml_nested_deeper_than_a_job_needs_before_composing_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("apiVersion: kiln.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: d}\n"
+                    "spec:\n  model:\n    architecture: small_cnn\n    inputShape: [1, 8, 8]\n"
+                    "    args:\n      x: " + "[" * 3_000 + "]" * 3_000 + "\n", encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as caught:
+        jobfile.load_jobs(path)
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"spec.model.args (line 9): nested more than {api.MAX_DEPTH} "
+                              "levels deep")
+
+
+def _admitted(**spec: Any) -> dict[str, Any]:
+    """MINIMAL with spec keys replaced, as the API returns it once the operator admitted it."""
+    doc = with_spec(model={"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                           "args": {"depth": 2, "width": 8}},
+                    template={"image": "trainer:1", "nodeSelector": {"pool": "a"}})
+    body = {**doc, "status": {"admittedSpec": api.admitted_spec(api.parse_job(doc))}}
+    return {**body, "spec": {**doc["spec"], **spec}}
+
+
+def test_an_admitted_job_runs_on_its_admitted_spec_with_only_the_mutable_edits() -> None:
+    body = _admitted(model={"architecture": "small_cnn", "inputShape": [1, 8, 8],
+                            "args": {"depth": 2, "width": 64}},
+                     training={"epochs": 50},
+                     runPolicy={"suspend": True, "backoffLimit": 1},
+                     template={"image": "trainer:2", "nodeSelector": {"pool": "b"}})
+    body["metadata"] = {"name": "minimal", "managedFields": [{"fieldsV1": {"f:spec": {}}}]}
+    job = api.parse_running(body)
+    assert job.spec.model.args == {"depth": 2, "width": 8}
+    assert job.spec.training.epochs == api.TrainingSpec().epochs
+    assert job.spec.template == {"image": "trainer:1", "nodeSelector": {"pool": "b"}}
+    assert job.spec.run_policy.suspend and job.spec.run_policy.backoff_limit == 1
+    assert job.metadata.managed_fields is None
+    assert api.ignored_edits(body) == ["spec.model.args.width", "spec.training.epochs",
+                                       "spec.template.image"]
+
+
+def test_unchanged_and_defaulted_fields_are_no_edit() -> None:
+    body = _admitted(runPolicy={"suspend": True}, template={"image": "trainer:1",
+                                                            "tolerations": []})
+    assert "dataset" not in body["spec"]  # the admitted spec has it, with its defaults
+    assert api.ignored_edits(body) == []
+    assert api.edited_parts(_admitted()["spec"], body["spec"]) == (False, True)
+    body["spec"]["training"] = {"epochs": "many"}
+    assert api.ignored_edits(body) == ["spec.training"]
+    assert api.ignored_edits({**body, "status": {}}) == []  # not admitted yet
+
+
+def test_an_invalid_edit_of_the_scheduling_directives_leaves_the_admitted_ones() -> None:
+    body = _admitted(template={"image": "trainer:1", "nodeSelector": "pool-b"})
+    with pytest.raises(api.InvalidSpec):
+        api.parse_job(api.running_doc(body))
+    assert api.parse_running(body).spec.template["nodeSelector"] == {"pool": "a"}

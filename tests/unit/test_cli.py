@@ -373,3 +373,36 @@ def test_a_non_ascii_look_alike_is_named_with_its_code_point_and_position(
     path = _write(tmp_path, VALID.replace(*edit))
     assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
     assert expected in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("labels", [
+    "template: {labels: {kiln.dev/role: profile}}",
+    "template: {annotations: {kiln.dev/node: other-node}}",
+])
+def test_validate_refuses_kiln_labels_in_the_template_that_would_make_the_trainer_a_profiler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], labels: str
+) -> None:
+    path = _write(tmp_path, VALID.replace("training:", f"{labels}\n  training:"))
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    key = "labels.kiln.dev/role" if "labels" in labels else "annotations.kiln.dev/node"
+    assert f"spec.template.{key}: kiln.dev/* " in err and "remove it" in err
+
+
+@pytest.mark.parametrize("resource", [
+    "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared", "gpu.intel.com/i915", "amd.com/gpu",
+    "habana.ai/gaudi", "aws.amazon.com/neuroncore", "google.com/tpu", "example.com/gpu"])
+@pytest.mark.parametrize("where", ["limits", "requests", "init"])
+def test_validate_refuses_accelerators_under_any_name_outside_the_planners_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], resource: str, where: str
+) -> None:
+    amounts = f"{{{where if where != 'init' else 'limits'}: {{cpu: '1', {resource}: 1}}}}"
+    template = (f"{{resources: {amounts}}}" if where != "init" else
+                f"{{initContainers: [{{name: fetch, image: busybox, resources: {amounts}}}]}}")
+    path = _write(tmp_path, VALID.replace("training:", f"template: {template}\n  training:"))
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    field = ("spec.template.initContainers[0].resources.limits" if where == "init"
+             else f"spec.template.resources.{where}")
+    assert f"{field}: {resource} is an accelerator" in err
+    assert "set spec.resources.gpus" in err

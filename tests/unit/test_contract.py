@@ -105,6 +105,26 @@ def test_a_known_event_with_missing_fields_is_an_error_naming_them() -> None:
         contract.from_line('{"event": "result", "steps": 3}')
 
 
+@pytest.mark.parametrize("field,value,expected", [
+    pytest.param("parameters", "12", "valid integer; got str '12'", id="number-as-string"),
+    pytest.param("batch_size", 32.5, "valid integer; got float 32.5", id="fraction-as-count"),
+    pytest.param("step_seconds", True, "valid number; got bool True", id="bool-as-number"),
+    pytest.param("device", 0, "valid string; got int 0", id="number-as-text"),
+    pytest.param("warm_start_decision", [], "valid dictionary; got list []", id="list"),
+])
+def test_an_event_with_a_field_of_the_wrong_type_is_an_error_naming_it(
+        field: str, value: object, expected: str) -> None:
+    profile = {"event": "profile", "parameters": 12, "flops_per_sample": None, "graph_nodes": 3,
+               "untraceable": None, "device": "cpu", "batch_size": 32, "step_seconds": 0.1,
+               "step_status": "ok"}
+    assert contract.from_line(json.dumps(profile)) is not None
+    line = json.dumps({**profile, field: value})
+    with pytest.raises(ValueError, match=re.escape(
+            f"profile event field '{field}': input should be a {expected}")):
+        contract.from_line(line)
+    assert contract.read_termination_message(line) is None  # not a report to act on
+
+
 def test_the_termination_message_stays_under_the_kubernetes_cap() -> None:
     failure = contract.termination_message(contract.Failure("x" * 10_000))
     assert len(failure) <= contract.TERMINATION_MESSAGE_MAX_BYTES < 4096

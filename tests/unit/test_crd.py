@@ -265,9 +265,11 @@ def test_schema_is_structural() -> None:
             assert None in node["enum"], f"{where}: a nullable enum must list null"
 
 
-def test_only_model_args_and_template_keep_unknown_fields() -> None:
+def test_only_the_free_form_maps_and_the_admitted_spec_keep_unknown_fields() -> None:
     kept = [path for path, node in _nodes(crd.openapi_schema()) if node.get(PRESERVE)]
-    assert kept == ["spec.model.args", "spec.dataset.args", "spec.template"]
+    # status.admittedSpec is a spec the operator validated before writing it
+    assert kept == ["spec.model.args", "spec.dataset.args", "spec.template",
+                    "status.admittedSpec"]
 
 
 def test_metadata_restricts_only_the_name() -> None:

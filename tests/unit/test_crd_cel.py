@@ -182,3 +182,15 @@ def test_an_explicit_null_is_unset_to_the_rules(server: StrictApiServer) -> None
     doc = _job(resources={"gpus": None, "parallelism": "single"})
     doc["spec"]["model"]["entrypoint"] = None
     assert rejections(stored(server, doc)) == []
+
+
+def test_the_crd_refuses_edits_of_every_typed_section_the_operator_keeps_as_admitted() -> None:
+    # The free-form maps (model and dataset args, the template) are beyond CEL: the operator
+    # runs a job on status.admittedSpec whatever they say later (`api.running_doc`).
+    guarded = {(path + field_path).split(".")[1] for path, rule, _, field_path in crd.VALIDATIONS
+               if "oldSelf" in rule}
+    sections = {f.alias or n for n, f in api.TrainingJobSpec.model_fields.items()}
+    assert guarded == sections - {"runPolicy", "template"}
+    running = api.running_doc({"spec": {"model": {"args": {"width": 64}}},
+                               "status": {"admittedSpec": {"model": {"args": {"width": 8}}}}})
+    assert running["spec"]["model"] == {"args": {"width": 8}}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from kiln import api
+from kiln.zoo import records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import optim, tracking
 from kiln_trainer.distributed import parallel
@@ -86,15 +87,20 @@ def locate(
 ) -> Location:
     """Where `job`'s checkpoint lives: the checkpoint directory, else the zoo, else ./.kiln.
 
-    ``<namespace or 'default'>/<job-name>/checkpoint.pt`` under the directory (or
-    ``DEFAULT_DIR``), ``checkpoints/<same>`` in the zoo store.
+    ``<namespace or 'default'>/<job-name>/<uid>/checkpoint.pt`` under the directory (or
+    ``DEFAULT_DIR``), ``checkpoints/<same>`` in the zoo store (`records.checkpoint_key`). A
+    job of the operator has a uid, so one created again under its name starts afresh; a job
+    of `kiln run` has none (``<namespace>/<job-name>/checkpoint.pt``): a rerun of the same
+    file resumes it.
 
     Args:
-        job: the job; its namespace (or "default") and name make the key.
+        job: the job; its namespace (or "default"), name and uid make the key.
         checkpoint_dir: an explicit directory (wins over the zoo), or None.
         zoo: the zoo store, or None when the job runs without a zoo.
     """
-    relative = f"{job.metadata.namespace or 'default'}/{job.name}/{FILE_NAME}"
+    key = records.checkpoint_key(job.metadata.namespace or "default", job.name,
+                                 job.metadata.uid)
+    relative = key.removeprefix(records.CHECKPOINTS_PREFIX)
     if checkpoint_dir is not None:
         return Location(zoo_store.DirStore(Path(checkpoint_dir)), relative)
     if zoo is not None:

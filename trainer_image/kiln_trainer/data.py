@@ -787,6 +787,11 @@ class _Windows(torch_data.Dataset[Sample]):
 ENTRYPOINT_FIELD = "spec.dataset.entrypoint"
 # Samples of each split read and checked before training starts; the rest are checked as read.
 CHECKED_SAMPLES = 8
+# An epoch's order is torch.randperm(n).tolist(): 8 bytes a sample in the tensor, then a list
+# of Python ints (about 40). A dataset claiming more than a billion samples would need tens of
+# GB for its order alone (and fail as "out of memory"); no real map-style dataset is that long.
+INDEX_BYTES = 48
+MAX_SPLIT_SAMPLES = 10**9
 
 
 def from_entrypoint(spec: api.DatasetSpec, shape: tuple[int, ...], *,
@@ -803,7 +808,8 @@ def from_entrypoint(spec: api.DatasetSpec, shape: tuple[int, ...], *,
     Raises:
         DatasetError: naming spec.dataset.entrypoint and, when the user's code raised, its file
             and line: the entrypoint cannot be imported or called, it returned something other
-            than two non-empty map-style datasets, or a first sample does not fit.
+            than two non-empty map-style datasets, one says it is longer than MAX_SPLIT_SAMPLES,
+            or a first sample does not fit.
     """
     entrypoint = str(spec.entrypoint)
     language = model is not None and models.task_of(model) is models.Task.LANGUAGE_MODELING
@@ -829,9 +835,17 @@ def from_entrypoint(spec: api.DatasetSpec, shape: tuple[int, ...], *,
             )
         wrapped = _Checked(dataset, split=split, entrypoint=entrypoint, shape=shape,
                            language=language, limit=num_classes)
-        if len(wrapped) < 1:
+        size = len(wrapped)
+        if size < 1:
             raise DatasetError(f"{ENTRYPOINT_FIELD}: the {split} split of {entrypoint} is "
                                "empty; give it at least one sample")
+        if size > MAX_SPLIT_SAMPLES:
+            raise DatasetError(
+                f"{ENTRYPOINT_FIELD}: the {split} split of {entrypoint} says it holds "
+                f"{size:,} samples (its __len__ returned {size}); the trainer shuffles an index "
+                f"of every sample each epoch, about {INDEX_BYTES} bytes each, so a split holds at "
+                f"most {MAX_SPLIT_SAMPLES:,}: make __len__ return how many samples __getitem__ "
+                "serves, or return a part of the data")
         checked.append(wrapped)
     train, validation = checked
     first = [ds[i] for ds in checked for i in range(min(CHECKED_SAMPLES, len(ds)))]

@@ -101,10 +101,13 @@ def register_model(
     if value is None or not np.isfinite(value):
         _log.warning("not registering: final %s is %s (training diverged?)", name, value)
         return None
-    replace = record_id is not None and _own_provisional(zoo, record_id, job.name)
+    own = record_id is not None and _own_provisional(zoo, record_id, job.name)
+    chosen = records.ZooModelId(record_id) if record_id is not None and own else _new_id(zoo, spec)
+    # Under its reserved id a record of this job may be there already: an earlier attempt's
+    # final record, when that attempt was stopped before it could say so.
+    replace = own or _own_record(zoo, chosen, job)
     record = records.ZooRecord(
-        id=records.ZooModelId(record_id) if record_id is not None and replace
-        else _new_id(zoo, spec), architecture=spec.model.architecture,
+        id=chosen, architecture=spec.model.architecture,
         entrypoint=spec.model.entrypoint,
         args=dict(spec.model.args), input_shape=tuple(spec.model.input_shape),
         modality=models.modality_of(spec.model).value, task=models.task_of(spec.model).value,
@@ -163,11 +166,22 @@ def register_provisional(
 
 
 def _new_id(zoo: zoo_store.ObjectStore, spec: api.TrainingJobSpec) -> records.ZooModelId:
-    """A new record's id: the one the operator reserved when the pod may write only its job's
-    objects (`presigned.PresignedStore`), else a fresh one."""
+    """A new record's id: the one the operator reserved for the job (in the presigned
+    manifest, else in KILN_ZOO_RECORD; the operator accepts no other in the result), else a
+    fresh one (`kiln run`)."""
     if isinstance(zoo, presigned.PresignedStore) and zoo.reserved_record:
         return records.check_id(zoo.reserved_record)
-    return records.new_id(spec.model.label)
+    reserved = os.environ.get(contract.Env.ZOO_RECORD)
+    return records.check_id(reserved) if reserved else records.new_id(spec.model.label)
+
+
+def _own_record(zoo: zoo_store.ObjectStore, record_id: str, job: api.TrainingJob) -> bool:
+    """Whether `record_id` holds a record of this job (its namespace and name)."""
+    try:
+        found = records.read_record(zoo, record_id)
+    except (zoo_store.ObjectNotFound, ValueError):  # none, or damaged
+        return False
+    return found.namespace == job.namespace and found.job_name == job.name
 
 
 def _own_provisional(zoo: zoo_store.ObjectStore, record_id: str, job_name: str) -> bool:

@@ -8,7 +8,22 @@ reads job files. Never imports torch or kopf.
 from __future__ import annotations
 
 # The package's public face, gathered from its modules (which import downwards only:
-# validation -> status -> spec -> names).
+# admitted -> validation -> bounds -> status -> spec -> names).
+from kiln.api.admitted import (
+    ADMITTED_SPEC_STATUS,
+    MUTABLE_TEMPLATE_KEYS,
+    admitted_spec,
+    edited_parts,
+    ignored_edits,
+    parse_running,
+    running_doc,
+)
+from kiln.api.bounds import (
+    API_SERVER_MAX_DEPTH,
+    MAX_DEPTH,
+    MAX_SPEC_BYTES,
+    nesting_depth,
+)
 from kiln.api.names import (
     API_VERSION,
     CATEGORIES,
@@ -80,6 +95,7 @@ from kiln.api.status import (
     WarmStartStatus,
 )
 from kiln.api.validation import (
+    accelerator_problems,
     check_schema,
     parse_job,
     to_wire,
@@ -88,6 +104,8 @@ from kiln.api.validation import (
 )
 
 __all__ = [
+    "ADMITTED_SPEC_STATUS",
+    "API_SERVER_MAX_DEPTH",
     "API_VERSION",
     "CATEGORIES",
     "ENTRYPOINT_MAX_LENGTH",
@@ -95,6 +113,9 @@ __all__ = [
     "GROUP",
     "INPUT_DIM_MAX",
     "KIND",
+    "MAX_DEPTH",
+    "MAX_SPEC_BYTES",
+    "MUTABLE_TEMPLATE_KEYS",
     "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "PARENT_MAX_LENGTH",
@@ -147,10 +168,17 @@ __all__ = [
     "WarmStartStatus",
     "ZooShare",
     "ZooSpec",
+    "accelerator_problems",
+    "admitted_spec",
     "check_schema",
+    "edited_parts",
+    "ignored_edits",
+    "nesting_depth",
     "non_ascii",
     "parse_job",
     "parse_quantity",
+    "parse_running",
+    "running_doc",
     "scheduling_of",
     "to_wire",
     "unaffected",

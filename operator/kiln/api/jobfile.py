@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from kiln import api
+from kiln.api import bounds
 
 
 def load_jobs(path: str | Path) -> list[api.TrainingJob]:
@@ -56,8 +57,6 @@ def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
         if isinstance(exc, _UnsupportedYaml):  # its problem names the place itself
             raise api.InvalidSpec([problem], source=source) from None
         raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=source) from None
-    except RecursionError:  # nesting deeper than the interpreter's stack
-        raise api.InvalidSpec(["YAML nested too deeply to read"], source=source) from None
     if not docs:
         raise api.InvalidSpec(["the file holds no YAML document"], source=source)
     return [api.parse_job(d, source=source + (f"[{i}]" if len(docs) > 1 else ""))
@@ -76,8 +75,13 @@ class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
     Anchors and aliases are refused: a few lines of nested aliases expand to billions of nodes
     (the "billion laughs"), and a self-referencing one (``a: &a [*a]``) builds a cycle. Repeated
     mapping keys are refused too, as ``kubectl apply`` (strict field validation) refuses them,
-    instead of the last one silently winning.
+    instead of the last one silently winning. Composing stops at `api.MAX_DEPTH` levels (the
+    composer recurses per level), naming the field.
     """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._path: list[str | int] = []  # the keys down to the node being composed
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -87,7 +91,21 @@ class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]
                 problem=f"YAML anchors and aliases are not supported in job files (line "
                 f"{mark.line + 1}, column {mark.column + 1}); write the values out",
                 problem_mark=mark)
-        return super().compose_node(parent, index)
+        if parent is None:
+            return super().compose_node(parent, index)
+        # The composer recurses once per level: stop at the bound `api.parse_job` enforces,
+        # naming the field, before the interpreter's stack runs out.
+        self._path.append(index if isinstance(index, int) else str(
+            getattr(index, "value", "?")))
+        try:
+            if (isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent)
+                    and len(self._path) >= api.MAX_DEPTH):
+                mark = event.start_mark
+                raise _UnsupportedYaml(problem=bounds.too_deep(
+                    tuple(self._path), f" (line {mark.line + 1})"), problem_mark=mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):

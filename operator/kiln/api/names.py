@@ -138,6 +138,7 @@ class Reason(enum.StrEnum):
     POD_PENDING = "PodPending"  # False: a container of the pod is stuck waiting (image, config)
     UNSCHEDULABLE = "Unschedulable"  # False: the scheduler cannot bind the pod
     RESIZED = "Resized"  # Restarting: checkpoint-restart at another device count or node
+    FAILED_CREATE = "FailedCreate"  # False: the API server refused the pod (a ResourceQuota)
     # Succeeded
     TRAINING_COMPLETED = "TrainingCompleted"
     # Failed
@@ -151,6 +152,8 @@ class Reason(enum.StrEnum):
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
     UNEXPECTED_ERROR = "UnexpectedError"
+    SPEC_EDIT_IGNORED = "SpecEditIgnored"  # event: an edit that a running job does not take
+    REPORT_REFUSED = "ReportRefused"  # event: a pod reported what its job was not granted
 
 
 class ModelTask(enum.StrEnum):

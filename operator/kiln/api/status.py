@@ -6,7 +6,7 @@ rest. Status logic (conditions, phase) lives in `kiln.controller.status`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -123,6 +123,12 @@ class TrainingJobStatus(names.ApiModel):
         "activeDeadlineSeconds counts from here.",
     )
     completion_time: str | None = Field(default=None, description="completionTime: terminal.")
+    admitted_spec: dict[str, Any] | None = Field(
+        default=None,
+        description="admittedSpec: the spec the job was admitted with (defaults filled in), "
+        "which it runs on: a later edit takes effect only in spec.runPolicy and in "
+        "spec.template's nodeSelector, affinity, tolerations, labels and annotations.",
+    )
 
 
 class TrainingJob(names.ApiModel):

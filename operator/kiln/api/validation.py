@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import fnmatch
 import json
 import math
 import re
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kiln.api import names, scheduling, status
+from kiln.api import bounds, names, scheduling, status
 from kiln.api import spec as spec_types
 
 
@@ -30,8 +31,13 @@ def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
             `validate`'s checks, the latter run on the document with each rejected field reset
             to its default and reported where they read no rejected field (`unaffected`). The
             exception carries that job and the rejected fields, for further checks
-            (`kiln.models.check_job`).
+            (`kiln.models.check_job`). A document nested deeper than `bounds.MAX_DEPTH` or
+            with a spec above `bounds.MAX_SPEC_BYTES` is refused before anything else reads
+            it, with those problems alone.
     """
+    too_large = bounds.problems(doc)
+    if too_large:
+        raise names.InvalidSpec(too_large, source=source)
     job, problems, errors = _check_schema_errors(doc)
     rejected: tuple[str, ...] = ()
     if job is None and errors is not None:
@@ -357,6 +363,14 @@ TEMPLATE_KEYS = (
 TRAINER_CONTAINER = "trainer"
 SHM_VOLUME, SHM_MOUNT_PATH = "dshm", "/dev/shm"
 RESERVED_ENV_PREFIX = "KILN_"
+# The prefix of the labels and annotations Kiln puts on its pods (job name, attempt, role...).
+KILN_PREFIX = f"{names.GROUP}/"
+# Device plugins' names for accelerators (shell patterns): GPUs and their MIG or shared slices,
+# AMD, Intel, Gaudi, Trainium/Inferentia and TPU devices.
+ACCELERATOR_RESOURCES = (
+    "*/gpu", "*/gpu.shared", "nvidia.com/*", "amd.com/*", "gpu.intel.com/*", "habana.ai/*",
+    "aws.amazon.com/neuron*", "google.com/tpu*",
+)
 # The environment variable names Kubernetes accepts.
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _STRINGS = ("image", "imagePullPolicy", "serviceAccountName", "priorityClassName",
@@ -372,7 +386,8 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
 
     Known keys only (`TEMPLATE_KEYS`), each of its type; command and args lists of strings
     (args only with command); valid env names outside KILN_* with string values; envFrom
-    naming a ConfigMap or Secret, its prefix outside KILN_*; no */gpu resources (Kiln's);
+    naming a ConfigMap or Secret, its prefix outside KILN_*; no accelerator resources
+    (`accelerator_problems`); no kiln.dev/* labels or annotations (Kiln's);
     volumes named, unique and not Kiln's dshm; every volumeMount (the trainer's or an init
     container's) naming one of those volumes at an absolute, unique mountPath; init containers
     with a unique name and an image; scheduling keys and resource quantities in Kubernetes'
@@ -405,12 +420,12 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
                         "takes no extra arguments); set command too, or remove args")
     problems += _env_problems(template)
     problems += scheduling.scheduling_problems(template)
-    for part, amounts in (template.get("resources") or {}).items():
-        gpus = sorted(k for k in amounts or {} if str(k).endswith("/gpu")) if isinstance(
-            amounts, dict) else []
-        if gpus:
-            problems.append(f"{where}.resources.{part}: {', '.join(gpus)} is Kiln's to set; "
-                            "remove it and ask for GPUs with spec.resources.gpus")
+    problems += accelerator_problems(template)
+    for key in ("labels", "annotations"):
+        for name in template.get(key) or {}:
+            if str(name).startswith(KILN_PREFIX):
+                problems.append(f"{where}.{key}.{name}: {KILN_PREFIX}* {key} are Kiln's (it "
+                                "tells its pods apart by them); remove it or use another prefix")
     volumes = _volume_problems(template.get("volumes") or [], problems)
     problems += _mount_problems(f"{where}.volumeMounts", template.get("volumeMounts") or [],
                                 volumes, trainer=True)
@@ -437,6 +452,36 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
         else:
             problems.append(f"{at}.volumeMounts: must be a list (got {type(mounts).__name__})")
     return problems
+
+
+def accelerator_problems(template: dict[str, Any], extra: typing.Sequence[str] = ()
+                         ) -> list[str]:
+    """The accelerators spec.template asks for in its resources or an init container's: any
+    resource named in ACCELERATOR_RESOURCES or `extra` (the operator's --gpu-resource names).
+    The pod would get those devices outside the planner's count, so only spec.resources asks.
+    """
+    inits = template.get("initContainers")
+    containers = [("spec.template", template)] + [
+        (f"spec.template.initContainers[{i}]", init)
+        for i, init in enumerate(inits if isinstance(inits, list) else [])]
+    problems = []
+    for at, container in containers:
+        resources = container.get("resources") if isinstance(container, dict) else None
+        for part, amounts in (resources or {}).items() if isinstance(resources, dict) else ():
+            found = sorted(str(k) for k in amounts or {} if _accelerator(str(k), extra)) if (
+                isinstance(amounts, dict)) else []
+            if found:
+                problems.append(
+                    f"{at}.resources.{part}: {', '.join(found)} "
+                    f"{'is an accelerator' if len(found) == 1 else 'are accelerators'}, which "
+                    "only Kiln asks for (as many as the planner gives the job); remove "
+                    f"{'it' if len(found) == 1 else 'them'} and set spec.resources.gpus")
+    return problems
+
+
+def _accelerator(resource: str, extra: typing.Sequence[str]) -> bool:
+    return resource in extra or any(fnmatch.fnmatchcase(resource, pattern)
+                                    for pattern in ACCELERATOR_RESOURCES)
 
 
 def _env_problems(template: dict[str, Any]) -> list[str]:

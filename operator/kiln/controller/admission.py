@@ -8,7 +8,8 @@ its profiling pod back, or makes sure a placed one still has its trainer pod.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
@@ -27,32 +28,50 @@ from kiln.controller import (
     pods,
     policy,
     profiling,
+    reports,
     services,
     settings,
     status,
     zoo_access,
 )
 from kiln.warmstart import select
-from kiln.zoo import store
+from kiln.zoo import records, store
 
 C, R = api.ConditionType, api.Reason
 
 
-async def validate(body: dict[str, Any]) -> tuple[api.TrainingJob | None, list[str]]:
+async def validate(body: dict[str, Any], *, gpu_resources: Sequence[str] = ()
+                   ) -> tuple[api.TrainingJob | None, list[str]]:
     """The parsed job and every problem with it ([] when admissible).
 
     Exactly what `kiln validate` runs: `api.parse_job`, then `models.check_job` (which never
-    imports an entrypoint model). The registry checks build a model on the meta device (tenths
-    of a second, cached per model and dataset), so they run in a worker thread.
+    imports an entrypoint model), and besides the accelerators the operator knows: any of
+    `gpu_resources` (its --gpu-resource names) in spec.template's resources is refused too.
+    The registry checks build a model on the meta device (tenths of a second, cached per
+    model and dataset), so they run in a worker thread.
     """
     loop = asyncio.get_running_loop()
     try:
         job = lifecycle.parse(body)
     except api.InvalidSpec as exc:  # schema problems, with the registry's about the rest
-        return None, await loop.run_in_executor(None, models.check_job, exc)
+        problems = await loop.run_in_executor(None, models.check_job, exc)
+        parsed = exc.job if isinstance(exc.job, api.TrainingJob) else None
+        return None, _with_accelerators(parsed, gpu_resources, problems)
     except (ValueError, ArithmeticError) as exc:  # a parser gap: this job fails, not the handler
         return None, [f"spec: cannot be read ({exc.__class__.__name__}: {exc})"]
-    return job, await loop.run_in_executor(None, models.check_job, job)
+    problems = await loop.run_in_executor(None, models.check_job, job)
+    return job, _with_accelerators(job, gpu_resources, problems)
+
+
+def _with_accelerators(job: api.TrainingJob | None, gpu_resources: Sequence[str],
+                       problems: list[str]) -> list[str]:
+    """`problems`, with the template's accelerators counted with `gpu_resources` too (one
+    problem per resources field, naming every accelerator in it)."""
+    if job is None or not gpu_resources:
+        return problems
+    found = api.accelerator_problems(job.spec.template, gpu_resources)
+    fields = {p.split(":", 1)[0] for p in found}
+    return [p for p in problems if p.split(":", 1)[0] not in fields] + found
 
 
 def admitted(st: dict[str, Any]) -> bool:
@@ -72,9 +91,10 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
        is started (Profiled=Unknown) and admission ends here; `profiled` continues it with
        the pod's report, which carries the warm-start decision made in the job's image.
        A built-in model that may use GPUs (`--profile-unmeasured`): when the cluster has a
-       GPU type no job of the same model and batch was profiled on (`Services.profiles`),
-       its profiling pod takes one free GPU of that type, as above (none free: no pod); else
-       a cached profile is reused as the job's status.profile, Profiled=True, and no pod runs.
+       GPU type no job of the same namespace, model and batch was profiled on
+       (`Services.profiles`), its profiling pod takes one free GPU of that type, as above
+       (none free, or none left in the namespace's quota: no pod); else a cached profile is
+       reused as the job's status.profile, Profiled=True, and no pod runs.
        Otherwise, warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
        WarmStarted=False/ZooUnavailable, a Warning event, and `kopf.TemporaryError` with a
        delay that doubles per attempt; after `zoo_retry_limit` attempts the job cold-starts,
@@ -98,7 +118,7 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
         if not (lifecycle.waiting(st) and ref in svc.placement):
             await requeue(svc, ref)
         return
-    job, problems = await validate(body)
+    job, problems = await validate(body, gpu_resources=svc.options.gpu_resources)
     if job is None or problems:
         await reject(svc, ref, problems)
         return
@@ -185,7 +205,8 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
     """Create the job's profiling pod (Profiled=Unknown) unless it exists.
 
     It borrows one free device of the pool the job would run in (`profiling.choose_device`),
-    taken under `Services.profiling_lock` so two profiling pods never take the same one. A pod
+    taken under `Services.profiling_lock` so two profiling pods never take the same one; a GPU
+    only while the namespace's --namespace-gpu-quota has one left. A pod
     the API server refuses as invalid fails the job as InvalidSpec with the server's words.
     With `device_type` (a built-in model measured for the cluster's profile cache) the device
     is a free GPU of that type, and with none free no pod is made.
@@ -209,18 +230,25 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
                               gpu_resources=options.gpu_resources)
         allowed = feasible.fit(api.scheduling_of(job.spec.template), node_objects,
                                feasible.used(pod_objects)).nodes
-        device = profiling.choose_device(pools, job, device_type, among=allowed)
+        # Its GPU counts against the namespace's quota, as a trainer's does.
+        quota = dict(settings.placement_settings(options).namespace_gpu_quota).get(
+            ref.namespace)
+        left = None if quota is None else quota - pools.held_gpus(ref.namespace)
+        device = profiling.choose_device(pools, job, device_type, among=allowed, gpus_left=left)
         if device_type is not None and (device.devices < 1 or device.device != "gpu"):
             return False
         name = profiling.pod_name(ref.name)
+        none_left = (f"namespace {ref.namespace}'s --namespace-gpu-quota of {quota} GPU(s) is "
+                     "in use" if left is not None and left < 1 else "none free")
         held = ("1 GPU" if device.device == "gpu" else "1 CPU slot") if device.devices else \
-            "no device held (none free): the step is timed on a CPU"
+            f"no device held ({none_left}): the step is timed on a CPU"
         where = f"on node {device.node}, {held}" if device.node else held
         now = svc.clock()
         async with svc.jobs.edit(ref) as e:
             if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
                 return True
             e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+            e.status.setdefault(api.ADMITTED_SPEC_STATUS, api.admitted_spec(job))
             e.condition(C.PROFILED, None, R.PROFILING,
                         f"Measuring the model of {job.spec.model.label} in pod {name} "
                         f"({where}) before placement: its graph, FLOPs, parameters and step "
@@ -250,11 +278,14 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
     """Continue admission when a job's profiling pod ended (or vanished).
 
     A `contract.Profile` -> status.profile, Profiled=True with the numbers, and the job queued
-    with the warm-start decision made in the pod. The model's code failed (exit 2) -> Failed/
-    InvalidSpec with the pod's message (the user's file and line): permanent. Anything else
-    (a crash, out of memory, past --profile-timeout-seconds, the pod deleted) ->
-    Profiled=False/ProfilingFailed, a Warning event, and the job queued on a nominal estimate
-    with its warm start decided by its trainer.
+    with the warm-start decision made in the pod, if every parent it names is one the job's
+    namespace may see (`reports.parents_problem`; else a ReportRefused event, and its trainer
+    decides). A profile with a timed step on a GPU type feeds the namespace's profile cache.
+    The model's code failed (exit 2) -> Failed/InvalidSpec with the pod's message (the user's
+    file and line): permanent. Anything else (a malformed report, a crash, out of memory,
+    past --profile-timeout-seconds, the pod deleted) -> Profiled=False/ProfilingFailed with
+    what went wrong, a Warning event, and the job queued on a nominal estimate with its warm
+    start decided by its trainer.
     """
     state = pods.pod_state(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
@@ -278,19 +309,34 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
         job = lifecycle.parse(body)
     except api.InvalidSpec:
         return  # its spec changed under it; admission already judged the original
-    report = profiling.read(state) if state.finished else None
+    malformed = ""
+    try:
+        report = profiling.read(state) if state.finished else None
+    except ValueError as exc:  # user code can write anything there
+        report, malformed = None, str(exc)
     if isinstance(report, contract.Profile) and state.phase == "Succeeded":
-        decision = select.from_report(report.warm_start_decision or {}) or \
-            select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
+        if report.zoo_key != records.profile_key(namespace, job.name):  # only its own object
+            report = dataclasses.replace(report, zoo_key=None)
+        in_trainer = select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
+        decision = select.from_report(report.warm_start_decision) or in_trainer
+        ids = reports.decision_ids(decision)
+        refused = await reports.parents_problem(svc.parents.zoo, namespace, ids, granted=None)
+        if refused is not None:
+            decision = in_trainer
         message = profiling.summary(report, state.name)
         measured_type = ((pod.get("metadata") or {}).get("annotations") or {}).get(
             profiling.DEVICE_TYPE_ANNOTATION)
-        if measured_type is not None and state.devices >= 1:  # timed on a GPU of that type
+        # Timed on a GPU of that type: later jobs of the namespace reuse it.
+        if measured_type is not None and state.devices >= 1 and profiling.cacheable(report):
             svc.profiles[profiling.cache_key(job, measured_type)] = profiling.to_status(report)
 
         def record(e: jobs.Edit, now: float) -> None:
             e.status["profile"] = profiling.to_status(report)
             e.condition(C.PROFILED, True, R.MODEL_PROFILED, message, now=now, event="Normal")
+            if refused is not None:
+                e.events.append(reports.refused_event(
+                    state.name, f"a warm-start decision naming {', '.join(ids)}", refused,
+                    "its trainer decides its warm start itself"))
 
         await _queue(svc, ref, job, decision, outcome=decision.outcome.value, before=record)
         return
@@ -299,8 +345,8 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
                    f"{report.message}")
         await reject(svc, ref, [problem])
         return
-    why = _profiling_failure(state, pod, report, gone=gone,
-                             timeout_seconds=svc.options.profile_timeout_seconds)
+    why = f"reported a malformed profile ({malformed})" if malformed else _profiling_failure(
+        state, pod, report, gone=gone, timeout_seconds=svc.options.profile_timeout_seconds)
     warning = (f"Profiling pod {state.name} {why}; the job is placed on a nominal estimate "
                "and its trainer decides its warm start itself.")
 
@@ -376,6 +422,7 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
         if decision.parent_id is not None and decision.similarity is not None:
             svc.metrics.warm_start_similarity.observe(decision.similarity)
         e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+        e.status.setdefault(api.ADMITTED_SPEC_STATUS, api.admitted_spec(job))  # it runs on it
         e.status["warmStart"] = parents.to_status(decision)
         if decision.parent_id is not None:
             e.condition(C.WARM_STARTED, True, R.PARENT_SELECTED, _sentence(decision.reason),
@@ -406,6 +453,40 @@ async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
         queued = e.body
     if queued is not None and kueue.managed(svc.options, job):  # after the lock: it edits too
         await kueue.ensure_workload(svc, queued, job)
+
+
+async def edited(svc: services.Services, body: dict[str, Any], old: Any) -> None:
+    """An admitted job's spec changed from `old`: a Warning event (SpecEditIgnored) names each
+    edit that does not take effect (`api.ignored_edits`), and scheduling directives of the
+    template that do not validate (the admitted ones stay). The job runs on as admitted, so no
+    later restart meets a spec admission never checked."""
+    st = body.get("status") or {}
+    if (lifecycle.deleting(body) or status.is_terminal(st)
+            or not isinstance(st.get(api.ADMITTED_SPEC_STATUS), dict)):
+        return
+    fixed, scheduling = api.edited_parts(old, body.get("spec"))
+    sentences = []
+    ignored = api.ignored_edits(body) if fixed else []
+    if ignored:
+        shown = ", ".join(ignored[:_EDITS_SHOWN]) + (
+            f" and {len(ignored) - _EDITS_SHOWN} more" if len(ignored) > _EDITS_SHOWN else "")
+        sentences.append(
+            f"The edit of {shown} does not take effect: the job runs on the spec it was admitted "
+            f"with (status.{api.ADMITTED_SPEC_STATUS}), and only spec.runPolicy and "
+            f"spec.template's {', '.join(api.MUTABLE_TEMPLATE_KEYS)} may change once it is "
+            "admitted; create a new TrainingJob to train with the new values.")
+    try:
+        if scheduling:
+            api.parse_job(api.running_doc(body))
+    except api.InvalidSpec as exc:
+        sentences.append(f"The edited spec is invalid ({'; '.join(exc.problems)}); the job keeps "
+                         "its admitted spec.template.")
+    if sentences:
+        await svc.jobs.post_event(body, status.Event.warning(R.SPEC_EDIT_IGNORED,
+                                                             " ".join(sentences)))
+
+
+_EDITS_SHOWN = 5
 
 
 async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) -> None:

@@ -45,6 +45,10 @@ class Pools:
         capacity = next((n.gpus for n in self.nodes.get(pool, ()) if n.name == node), 0)
         return capacity - self.used.get((pool, node), 0)
 
+    def held_gpus(self, namespace: str) -> int:
+        """GPUs the namespace's active Kiln pods hold (trainer and profiling pods alike)."""
+        return sum(r.gpus for r in self.running.get(GPU_POOL, ()) if r.namespace == namespace)
+
     def pool_for(self, wants_gpus: bool, among: frozenset[str] | None = None) -> str | None:
         """The pool a job runs in: GPUs when it wants them and there are GPU nodes, else CPU;
         counting only the nodes in `among` when given (those its constraints allow)."""

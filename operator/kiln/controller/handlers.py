@@ -51,6 +51,7 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     | admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
     | resume | operator (re)started, job exists | `admission.requeue` |
     | suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
+    | spec-edit | spec changed | `admission.edited` (a Warning event for ignored edits) |
     | cleanup-job | TrainingJob deleted: with --finalizer, before it goes; else its DELETED
     event (the garbage collector deletes its pods) | `lifecycle.forget` (delete its pods) |
     | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod`; a
@@ -75,6 +76,8 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     kopf.on.resume(*JOBS, registry=registry, id="resume")(_surfaced("resume", resume))
     kopf.on.update(*JOBS, registry=registry, id="suspend", field="spec.runPolicy.suspend")(
         _surfaced("suspend", suspend))
+    kopf.on.update(*JOBS, registry=registry, id="spec-edit", field="spec")(
+        _surfaced("spec-edit", spec_edited))
     if options.finalizer:
         kopf.on.delete(*JOBS, registry=registry, id="cleanup-job")(_surfaced("cleanup", delete))
     else:  # no delete handler, so kopf adds no finalizer (and removes one left by --finalizer)
@@ -155,16 +158,22 @@ async def suspend(body: kopf.Body, new: Any, memo: kopf.Memo, **_: Any) -> None:
         await kueue.set_active(memo.services, ref, not new)
 
 
+async def spec_edited(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
+    """An admitted job's spec changed: name what does not take effect."""
+    await admission.edited(memo.services, dict(body), old)
+
+
 async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job is being deleted: delete its pods and forget it."""
-    await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)))
+    await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)), str(body.meta.uid or ""))
 
 
 async def deleted(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job is gone (no finalizer): delete its pods, should the garbage collector lag, and
     forget it."""
     if type == "DELETED":
-        await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)))
+        await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)),
+                               str(body.meta.uid or ""))
 
 
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

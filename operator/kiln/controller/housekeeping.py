@@ -55,7 +55,10 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
     * placed but not running: once the pod has waited ``--pod-start-timeout-seconds`` since its
       launch (an image that cannot be pulled, a missing Secret, no node for it), the pod is
       deleted, releasing its devices, and the job fails with PodStartTimeout: such a cause
-      does not go away by itself;
+      does not go away by itself. A multi-node job starts whole or not at all: this covers
+      each of its pods, also once rank 0 runs (it would hold its devices, waiting for the
+      others). Missing pods of the attempt are created (`lifecycle.ensure_pod`: their
+      earlier pods have gone, or their creation was refused and its back-off has passed);
     * running: the trainer's metrics are read into status.progress; its ETA, throughput and
       first steps after a move feed the planner's introspection;
     * placed or running under ``--zoo-pod-access presigned``: its zoo access is signed again
@@ -87,29 +90,34 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
         await zoo_access.refresh(svc, body)  # before its pods' presigned URLs expire
     if status.is_true(st, C.RUNNING):
         await _read_progress(svc, ref, body)
+        if lifecycle.spans_nodes(st):  # rank 0 runs; every other pod must start too
+            await _check_start(svc, body, now)
     elif status.is_true(st, C.PLACED):
-        await _check_start(svc, ref, st, now)
+        await _check_start(svc, body, now)
 
 
-async def _check_start(svc: services.Services, ref: jobs.JobRef, st: Mapping[str, Any],
-                       now: float) -> None:
-    """Fail the job if its current pod has not started within the start timeout; start a
-    moved job's new pod if its old pod's deletion was missed."""
+async def _check_start(svc: services.Services, body: Mapping[str, Any], now: float) -> None:
+    """Fail the job if a pod of its current attempt has not started within the start timeout
+    (deleting the late pods; cleanPodPolicy takes the others); create the attempt's pods that
+    are missing."""
+    ref = jobs.JobRef.of(dict(body))
+    st = body.get("status") or {}
+    placement = st.get("placement") or {}
+    expected = max(1, len(placement.get("nodes") or []))
+    current = await lifecycle.current_pods(svc, dict(body))
+    if len(current) < expected:
+        await lifecycle.ensure_pod(svc, ref)
+        return
     timeout_seconds = svc.options.pod_start_timeout_seconds
-    attempt = int(st.get("attempts") or 0) - 1
-    if attempt < 0:
+    late = [p for p in current if policy.start_timed_out(p, timeout_seconds, now)]
+    if not late:
         return
-    pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
-    if pod is None:
-        await lifecycle.finish_move(svc, ref)
-        return
-    if timeout_seconds <= 0:
-        return
-    state = pods.pod_state(pod)
-    if policy.start_timed_out(state, timeout_seconds, now):
-        await lifecycle.fail(svc, ref, api.Reason.POD_START_TIMEOUT,
-                             policy.start_timeout_message(state, timeout_seconds),
-                             delete_pods=(state.name,))
+    message = policy.start_timeout_message(late[0], timeout_seconds)
+    if expected > 1:
+        message += (f" A multi-node job starts all its {expected} pods or none, so the "
+                    "others were stopped too.")
+    await lifecycle.fail(svc, ref, api.Reason.POD_START_TIMEOUT, message,
+                         delete_pods=tuple(p.name for p in late))
 
 
 async def _delete_finished(svc: services.Services, ref: jobs.JobRef, ttl: int | None) -> None:
@@ -136,7 +144,8 @@ async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping
                                timeout_seconds=svc.options.progress_timeout_seconds)
     if text is None:
         return
-    epochs = int(((body.get("spec") or {}).get("training") or {}).get("epochs") or 1)
+    running = api.running_doc(body).get("spec") or {}  # the admitted epochs, whatever edits say
+    epochs = int((running.get("training") or {}).get("epochs") or 1)
     try:
         found = progress.parse(text, epochs=epochs)
         verdict = progress.warm_start_decision(text)
@@ -157,8 +166,9 @@ async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping
             return
         e.status["progress"] = {**found, "lastUpdatedTime": status.rfc3339(svc.clock())}
         if verdict is not None:
-            lifecycle.record_trainer_decision(
-                e, _with_admission(e.status.get("warmStart") or {}, verdict), now=svc.clock())
+            await lifecycle.take_trainer_decision(
+                svc, e, _with_admission(e.status.get("warmStart") or {}, verdict),
+                pod=pods.pod_name(ref.name, attempt), now=svc.clock())
 
 
 def _with_admission(warm: Mapping[str, Any], live: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +263,10 @@ async def live_zoo_use(svc: services.Services) -> tuple[dict[str, str], set[str]
         name = str(meta.get("name") or "")
         running.add(name)
         warm = (body.get("status") or {}).get("warmStart") or {}
-        pinned = (((body.get("spec") or {}).get("warmStart") or {}).get("parent"))
+        # A pinned parent until admission decided (then status holds what was checked: a
+        # spec edited later, or a pod's report, protects nothing).
+        pinned = None if warm else (((body.get("spec") or {}).get("warmStart") or {}).get(
+            "parent"))
         used = [warm.get("parent"), *(warm.get("alternatives") or []), pinned]
         for record_id in used:
             if isinstance(record_id, str) and record_id != "auto":

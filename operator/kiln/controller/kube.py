@@ -37,10 +37,12 @@ class ApiError(RuntimeError):
 
     Attributes:
         status: the HTTP status (404 not found, 409 conflict, ...), 0 for a network error.
+        message: the server's words (its Status message), or the network error.
     """
 
     def __init__(self, status: int, method: str, path: str, message: str) -> None:
         self.status = status
+        self.message = message
         super().__init__(f"{method} {path}: {status or 'no answer'}: {message[:300]}")
 
     @property

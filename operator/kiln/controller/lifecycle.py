@@ -24,6 +24,7 @@ from kiln.controller import (
     pods,
     policy,
     profiling,
+    reports,
     services,
     status,
     zoo_access,
@@ -35,16 +36,20 @@ from kiln.zoo import records, store
 C, R = api.ConditionType, api.Reason
 _log = logging.getLogger(__name__)
 RESIZED_ANNOTATION = "kiln.dev/resized"
+# The longest wait between two tries to create a pod the API server refused (a ResourceQuota),
+# as the Job controller's back-off.
+CREATE_RETRY_MAX_SECONDS = 360.0
 
 
 def parse(body: dict[str, Any]) -> api.TrainingJob:
-    """The job without its status (which the operator owns and the parser need not check).
+    """The job as it runs: once admitted, on its admitted spec with the edits that take effect
+    (`api.parse_running`); status itself is the operator's and not checked.
 
     Raises:
         api.InvalidSpec: the spec does not parse or validate.
     """
     ref = jobs.JobRef.of(body)
-    return api.parse_job({k: v for k, v in body.items() if k != "status"}, source=ref.key)
+    return api.parse_running(body, source=ref.key)
 
 
 def deleting(body: dict[str, Any] | None) -> bool:
@@ -100,7 +105,9 @@ async def mark_unplaceable(svc: services.Services, entry: placement_loop.Queued,
 async def launch(svc: services.Services, entry: placement_loop.Queued,
                  assignment: types.Assignment, device: str) -> bool:
     """Start a job the plan reached: status Placed, placement, attempts + 1 and startTime,
-    then the pod ``<job>-trainer-<attempt>``. False when the job is no longer waiting."""
+    then the pod ``<job>-trainer-<attempt>`` (a multi-node job's pods), at once or, when a pod
+    of an earlier attempt still runs or terminates, once it has gone (`_start_attempt`).
+    False when the job is no longer waiting."""
     svc.published.pop(entry.ref, None)
     svc.unplaceable.pop(entry.ref, None)
     now = svc.clock()
@@ -123,19 +130,23 @@ async def launch(svc: services.Services, entry: placement_loop.Queued,
             message = (f"Placed on node {assignment.node} with {held} "
                        f"({assignment.parallelism}), estimated {assignment.seconds:.0f} s; "
                        f"starting pod {pods.pod_name(entry.ref.name, attempt)}.")
+        states = await job_pod_states(svc, entry.ref)
+        earlier = _blocking(states, e.body, attempt)
+        if earlier:  # after a suspension or an eviction: its trainer is still checkpointing
+            message = message[:-1] + (
+                f" once the pods before it have stopped ({', '.join(p.name for p in earlier)}): "
+                "two trainers of one job never run at once.")
         e.condition(C.PLACED, True, R.PLANNED, message, now=now, event="Normal")
         e.condition(C.QUEUED, False, R.PLANNED, message, now=now)
         await e.commit()
         if e.body is None:
             return False
         svc.metrics.queue_wait_seconds.observe(max(0.0, now - entry.since))
-        if assignment.peer_nodes:  # after a suspension, once the old gang is gone
-            await _ensure_gang(svc, e)
-            return True
-        await _create_pod(svc, e, entry.job, attempt, pods.Launch(
+        planned = None if assignment.peer_nodes else pods.Launch(  # a gang's: from status
             node=assignment.node, devices=assignment.gpus, parallelism=assignment.parallelism,
             device=device, warm_start=entry.warm_start, estimated_seconds=assignment.seconds,
-            started=now))
+            started=now)
+        await _start_attempt(svc, e, states=states, launch_=planned)
     return True
 
 
@@ -156,7 +167,7 @@ async def resize(svc: services.Services, ref: jobs.JobRef, move: introspect.Move
     Restarting condition and a Resized event, the job's kiln.dev/resized annotation, then the
     old pod deleted with the grace period (its trainer checkpoints and exits). The new
     attempt's pod, on the new node and device count, is created once the old pod is gone
-    (`finish_move`), so it resumes from the last checkpoint. No restart of the backoff limit
+    (`ensure_pod`), so it resumes from the last checkpoint. No restart of the backoff limit
     is spent. False when the job no longer runs where the move says.
     """
     now = svc.clock()
@@ -196,52 +207,17 @@ async def resize(svc: services.Services, ref: jobs.JobRef, move: introspect.Move
     return True
 
 
-async def finish_move(svc: services.Services, ref: jobs.JobRef) -> None:
-    """Create the pod of a moved job's new attempt once its previous pod is gone (its trainer
-    has written its checkpoint), and the pods of a multi-node job's new attempt once its
-    previous pods are gone; no-op for a job that is neither."""
-    async with svc.jobs.edit(ref) as e:
-        await _finish_move(svc, e)
-        await _ensure_gang(svc, e)
-
-
-async def _finish_move(svc: services.Services, e: jobs.Edit) -> None:
-    """`finish_move` with the job's lock held."""
-    st = e.status
-    attempts = int(st.get("attempts") or 0)
-    moving = (status.condition(st, C.RESTARTING) or {}).get("reason") == R.RESIZED
-    if (deleting(e.body) or e.body is None or status.is_terminal(st) or not moving
-            or not status.is_true(st, C.RESTARTING) or status.is_true(st, C.SUSPENDED)
-            or attempts < 2):
-        return
-    ref = jobs.JobRef.of(e.body)
-    for attempt in (attempts - 2, attempts - 1):  # the old pod must be gone, the new absent
-        name = pods.pod_name(ref.name, attempt)
-        if await svc.client.get(kube.Paths.pod(ref.namespace, name)) is not None:
-            return
-    await _create_pod(svc, e, parse(e.body), attempts - 1,
-                      _launch_from_status(st, now=svc.clock()))
-
-
 async def ensure_pod(svc: services.Services, ref: jobs.JobRef) -> None:
-    """Recreate the current attempt's pod of a placed, active job if it is missing.
+    """Create the current attempt's missing pods of a placed, active job once no earlier pod
+    of it runs (`_start_attempt`).
 
-    Repairs an operator crash between the status write and the pod creation, and a pod
-    deleted while the operator was down.
+    Starts a new attempt whose earlier pods have just gone (a move, a restart after a
+    deletion, a resumption), retries a refused creation after its back-off, and repairs an
+    operator crash between the status write and the pod creation, and a pod deleted while the
+    operator was down.
     """
     async with svc.jobs.edit(ref) as e:
-        st = e.status
-        attempts = int(st.get("attempts") or 0)
-        if (deleting(e.body) or status.is_terminal(st) or status.is_true(st, C.SUSPENDED)
-                or attempts == 0 or not status.is_true(st, C.PLACED) or e.body is None):
-            return
-        if _spans_nodes(st):
-            await _ensure_gang(svc, e)
-            return
-        name = pods.pod_name(ref.name, attempts - 1)
-        if await svc.client.get(kube.Paths.pod(ref.namespace, name)) is None:
-            await _create_pod(svc, e, parse(e.body), attempts - 1,
-                              _launch_from_status(st, now=svc.clock()))
+        await _start_attempt(svc, e)
 
 
 async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
@@ -249,11 +225,14 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
 
     Only the current attempt's pod counts. Pending and stuck (a container waiting on its
     image or config, or no node for it) -> Running=False with why, once per problem; Running
-    -> Running=True; exit 0 -> Succeeded with the trainer's result (its termination message);
+    -> Running=True; exit 0 -> Succeeded with the trainer's result (its termination message;
+    a zoo model or warm-start parent it was not granted is left out, `reports`);
     a retryable exit with restarts left -> Restarting and a new pod on the same placement (the
     trainer resumes from its checkpoint); otherwise Failed (`policy.after_exit`). A pod deleted
     under a running job counts as a retryable exit. A zoo model that a trainer registered
-    after its job failed is deleted: a failed job never registers a model.
+    after its job failed is deleted: a failed job never registers a model. When a pod of an
+    earlier attempt, or of a deleted job of the same name, is gone, the current attempt's pods
+    may start (`_start_attempt`); when a deleted job's last pod is gone, so is its checkpoint.
     """
     state = pods.pod_state(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
@@ -263,12 +242,15 @@ async def observe_pod(svc: services.Services, pod: dict[str, Any], event_type: s
     gone = event_type == "DELETED"
     async with svc.jobs.edit(ref) as e:
         st = e.status
-        if deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1:
+        if (deleting(e.body) or state.attempt != int(st.get("attempts") or 0) - 1
+                or not _owned(state, e.body)):
+            if gone and state.owner_uid and (deleting(e.body) or not _owned(state, e.body)):
+                await _drop_checkpoint(svc, ref, state.owner_uid)  # a deleted job's pod
             if gone and not deleting(e.body):
-                if state.attempt == int(st.get("attempts") or 0) - 2:
-                    await _finish_move(svc, e)  # a move's old pod: start the new one
-                await _ensure_gang(svc, e)  # a gang's new pods, once all older ones are gone
-            return  # the job is going, or an older attempt's pod
+                await _start_attempt(svc, e)  # the new attempt's pods waited for this one
+            return  # the job is going, or an older attempt's (or a deleted job's) pod
+        if gone and await svc.client.get(kube.Paths.pod(namespace, state.name)) is not None:
+            return  # an older object of the pod's name: the pod was created again meanwhile
         if status.is_terminal(st):
             if status.is_true(st, C.FAILED) and state.finished and not gone:
                 await _discard_late_model(svc, e.body or {}, state)
@@ -326,20 +308,18 @@ async def _apply(svc: services.Services, e: jobs.Edit, state: pods.PodState, ver
         await e.commit()
         if e.body is not None:
             svc.metrics.count_restart(ref.namespace)
-            if _spans_nodes(e.status):  # the whole gang restarts: its pods hang without a peer
+            if spans_nodes(e.status):  # the whole gang restarts: its pods hang without a peer
                 await _delete_pods(svc, ref.namespace, [
                     p.name for p in await job_pod_states(svc, ref) if p.attempt == attempt - 1])
-                await _ensure_gang(svc, e)
-            else:
-                await _create_pod(svc, e, job, attempt,
-                                  _launch_from_status(e.status, now=now))
+            await _start_attempt(svc, e)  # at once, unless an old pod is still stopping
         return
     if verdict.action is policy.Action.SUCCEED:
-        result = _result(state.message)
+        result = await _granted_result(svc, e, job, state)
         if result:
             e.status["result"] = _result_status(result)
             e.status["progress"] = _final_progress(e.status.get("progress") or {}, result)
-            record_trainer_decision(e, result.get("warm_start_decision"), now=now)
+            await take_trainer_decision(svc, e, result.get("warm_start_decision"),
+                                        pod=state.name, now=now)
         message = _success_message(job, result)
         e.condition(C.SUCCEEDED, True, R.TRAINING_COMPLETED, message, now=now, event="Normal")
         e.condition(C.RUNNING, False, R.TRAINING_COMPLETED, message, now=now)
@@ -437,13 +417,32 @@ async def unsuspend(svc: services.Services, ref: jobs.JobRef) -> None:
             svc.placement.add(queued_entry(e.body, parse(e.body), now=now))
 
 
-async def forget(svc: services.Services, ref: jobs.JobRef) -> None:
-    """The job is being deleted: delete its pods, drop it from memory."""
+async def forget(svc: services.Services, ref: jobs.JobRef, uid: str) -> None:
+    """The job (of uid `uid`) is being deleted: delete its pods, drop it from memory, and
+    delete its checkpoint once its pods are gone (`_drop_checkpoint`: now, or on the last
+    one's deletion event)."""
     async with svc.jobs.lock(ref):
         svc.placement.remove(ref)
         svc.eta_seconds.pop(ref.key, None)
-        await _delete_pods(svc, ref.namespace, [p.name for p in await job_pod_states(svc, ref)])
+        svc.create_retry.pop(uid, None)
+        owned = [p.name for p in await job_pod_states(svc, ref) if p.owner_uid in (uid, None)]
+        await _delete_pods(svc, ref.namespace, owned)
+        if not owned and uid:
+            await _drop_checkpoint(svc, ref, uid)
     svc.jobs.forget(ref)
+
+
+async def _drop_checkpoint(svc: services.Services, ref: jobs.JobRef, uid: str) -> None:
+    """Delete a deleted job's checkpoint once no pod of it is left (a stopping trainer writes
+    a last one). No later job reads it (its key has the uid, `records.checkpoint_key`): it
+    would only take space. A zoo that fails keeps it, with a warning in the log."""
+    if any(p.owner_uid == uid for p in await job_pod_states(svc, ref)):
+        return
+    try:
+        key = records.checkpoint_key(ref.namespace, ref.name, uid)
+        await asyncio.to_thread(svc.parents.zoo.delete, key)
+    except (ValueError, store.StoreUnavailable, store.StoreMisconfigured) as exc:
+        _log.warning("%s: the deleted job's checkpoint (uid %s) was kept: %s", ref.key, uid, exc)
 
 
 async def job_pod_states(svc: services.Services, ref: jobs.JobRef) -> list[pods.PodState]:
@@ -478,25 +477,23 @@ async def _discard_late_model(svc: services.Services, body: dict[str, Any],
 
     The trainer is stopped when its job fails; this catches one that registered its model
     before the stop reached it. Seen again (the pod's status repeats), it finds nothing left.
-    Only a record the job produced (by its name) is deleted.
+    Only the record reserved for the job, holding a model of the job, is deleted
+    (`reports.model_problem`); a result naming any other gets a ReportRefused event.
     """
     model = str(_result(state.message).get("zoo_model") or "")
     if not model:
         return
     zoo = svc.parents.zoo
     try:
-        record = await asyncio.to_thread(records.read_record, zoo, model)
-        if record.job_name != state.job:
-            _log.warning("%s: trainer result names zoo model %s of job %s; kept", state.name,
-                         model, record.job_name)
+        problem = await reports.model_problem(zoo, body, parse(body), model)
+        if problem is not None:
+            await svc.jobs.post_event(body, reports.refused_event(
+                state.name, f"zoo model {model}", problem, "nothing was deleted"))
             return
         await asyncio.to_thread(records.delete_record, zoo, model)
-    except store.ObjectNotFound:
-        return  # deleted already
-    except ValueError as exc:  # not a record id, or not a readable record: not ours to delete
-        _log.warning("%s: trainer result names zoo model %r: %s", state.name, model, exc)
-        return
-    except store.StoreUnavailable as exc:
+    except (store.ObjectNotFound, api.InvalidSpec):
+        return  # deleted already; or the spec was changed into one that does not parse
+    except (store.StoreUnavailable, store.StoreMisconfigured) as exc:
         await svc.jobs.post_event(body, status.Event.warning(R.MODEL_DISCARDED, (
             f"Trainer pod {state.name} registered zoo model {model} after the job failed, "
             f"and deleting it failed ({exc}); delete it with: kiln zoo rm {model}")))
@@ -512,9 +509,10 @@ async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob
     node, together (an existing one is kept: the names are deterministic).
 
     A pod the API server refuses as invalid (400/422: e.g. a bad spec.template) fails the job
-    as InvalidSpec with the server's words; other errors propagate (retried). On GPUs the pod
-    asks for the resource its node's GPUs are (--gpu-resource: nvidia.com/gpu, a MIG slice,
-    amd.com/gpu).
+    as InvalidSpec with the server's words; one it forbids (403: a ResourceQuota, a Pod
+    Security level) is a FailedCreate, tried again with back-off (`_refused`); other errors
+    propagate (retried). On GPUs the pod asks for the resource its node's GPUs are
+    (--gpu-resource: nvidia.com/gpu, a MIG slice, amd.com/gpu).
     """
     body = e.body or {}
     ref = jobs.JobRef.of(body)
@@ -532,6 +530,9 @@ async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob
         for manifest in manifests:
             await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
     except kube.ApiError as exc:
+        if exc.status == 403:
+            _refused(svc, e, manifest["metadata"]["name"], exc)
+            return
         if exc.status not in (400, 422):
             raise
         message = (f"The API server refused trainer pod {manifest['metadata']['name']}: {exc}; "
@@ -543,6 +544,46 @@ async def _create_pod(svc: services.Services, e: jobs.Edit, job: api.TrainingJob
                 e.condition(type_, False, R.INVALID_SPEC, message, now=now)
         e.status["completionTime"] = status.rfc3339(now)
         svc.placement.remove(ref)
+    else:
+        svc.create_retry.pop(_uid(body), None)
+
+
+def _refused(svc: services.Services, e: jobs.Edit, pod: str, exc: kube.ApiError) -> None:
+    """The API server forbade creating `pod`: Running=False/FailedCreate with its words (a
+    Warning event, as the Job controller's FailedCreate), and a retry once the back-off has
+    passed: --housekeeping-interval-seconds, doubling with each refusal in a row up to
+    `CREATE_RETRY_MAX_SECONDS` (`_start_attempt`)."""
+    uid = _uid(e.body or {})
+    refusals, _ = svc.create_retry.get(uid, (0, 0.0))
+    delay = min(CREATE_RETRY_MAX_SECONDS,
+                svc.options.housekeeping_interval_seconds * 2.0 ** refusals)
+    svc.create_retry[uid] = (refusals + 1, svc.clock() + delay)
+    advice = ("raise the namespace's ResourceQuota or end some of its pods"
+              if "exceeded quota" in exc.message else "see the message")
+    message = (f"The API server refused to create trainer pod {pod}: {exc.message}. It is "
+               f"created once the server allows it (tried again with back-off, up to every "
+               f"{CREATE_RETRY_MAX_SECONDS // 60:.0f} min); {advice}.")
+    e.condition(C.RUNNING, False, R.FAILED_CREATE, message, now=svc.clock(), event="Warning")
+
+
+def _uid(body: dict[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid") or "")
+
+
+def _owned(state: pods.PodState, body: dict[str, Any] | None) -> bool:
+    """Whether the pod belongs to this job object, not to a deleted job of its name (a pod
+    without an owner reference is taken as the job's)."""
+    uid = _uid(body or {})
+    return state.owner_uid is None or not uid or state.owner_uid == uid
+
+
+def _blocking(states: list[pods.PodState], body: dict[str, Any] | None,
+              attempt: int) -> list[pods.PodState]:
+    """The pods that must be gone before `attempt`'s are created: an earlier attempt's still
+    running or terminating (its trainer holds the devices and writes the checkpoint the new
+    one resumes from), and any pod of a deleted job of the same name (its names are taken)."""
+    return [p for p in states if not _owned(p, body)
+            or (p.attempt < attempt and (p.active or p.deleting))]
 
 
 def _launch_from_status(st: dict[str, Any], *, now: float) -> pods.Launch:
@@ -558,31 +599,48 @@ def _launch_from_status(st: dict[str, Any], *, now: float) -> pods.Launch:
         peer_nodes=tuple(nodes[1:]))
 
 
-def _spans_nodes(st: dict[str, Any]) -> bool:
+def spans_nodes(st: dict[str, Any]) -> bool:
     """Whether the job's placement spans several nodes (a gang of pods)."""
     return len((st.get("placement") or {}).get("nodes") or []) > 1
 
 
-async def _ensure_gang(svc: services.Services, e: jobs.Edit) -> None:
-    """Create the current attempt's pods of an active multi-node job once no pod of an
-    earlier attempt is left running or terminating (lock held).
+async def current_pods(svc: services.Services, body: dict[str, Any]) -> list[pods.PodState]:
+    """The pods of the job's current attempt (of this job object)."""
+    attempt = int((body.get("status") or {}).get("attempts") or 0) - 1
+    return [p for p in await job_pod_states(svc, jobs.JobRef.of(body))
+            if p.attempt == attempt and _owned(p, body)]
 
-    A restarted gang starts together and only then: its new pods need the devices the old
-    ones hold, and must not meet them in the rendezvous (they share hostnames). A no-op for
-    other jobs, and when the current pods exist.
+
+async def _start_attempt(svc: services.Services, e: jobs.Edit, *,
+                         states: list[pods.PodState] | None = None,
+                         launch_: pods.Launch | None = None) -> None:
+    """Create the current attempt's missing pods of a placed, active job (one, or a
+    multi-node job's gang, together) once no pod of an earlier attempt runs or terminates,
+    and no pod of a deleted job of its name is left (lock held; `_blocking`).
+
+    So two trainers of one job never run at once: a new attempt (a restart, a move, a
+    resumption) resumes from the checkpoint the old trainer writes as it stops, needs the
+    devices it holds, and a gang's new pods must not meet old ones in the rendezvous (they
+    share hostnames). The pod events of the old pods and the housekeeping rounds call this
+    again; a creation the API server refused waits for its back-off (`_refused`).
+
+    Args:
+        states: the job's pods, when just listed.
+        launch_: the plan's launch of a new attempt (default: the placement in status).
     """
     st = e.status
     attempts = int(st.get("attempts") or 0)
     if (deleting(e.body) or e.body is None or status.is_terminal(st) or attempts == 0
-            or status.is_true(st, C.SUSPENDED) or not _spans_nodes(st)
-            or not status.is_true(st, C.PLACED)):
+            or status.is_true(st, C.SUSPENDED) or not status.is_true(st, C.PLACED)):
         return
-    ref = jobs.JobRef.of(e.body)
-    states = await job_pod_states(svc, ref)
-    if any(p.attempt < attempts - 1 and (p.active or p.deleting) for p in states):
+    if svc.clock() < svc.create_retry.get(_uid(e.body), (0, 0.0))[1]:
         return
-    current = {p.name for p in states if p.attempt == attempts - 1}
-    launch_ = _launch_from_status(st, now=svc.clock())
+    if states is None:
+        states = await job_pod_states(svc, jobs.JobRef.of(e.body))
+    if _blocking(states, e.body, attempts - 1):
+        return
+    launch_ = launch_ or _launch_from_status(st, now=svc.clock())
+    current = [p for p in states if p.attempt == attempts - 1]
     if len(current) < 1 + len(launch_.peer_nodes):
         await _create_pod(svc, e, parse(e.body), attempts - 1, launch_)
 
@@ -591,6 +649,62 @@ def _result(message: str) -> dict[str, Any]:
     """The trainer's result from its termination message ({} when there is none)."""
     event = contract.read_termination_message(message)
     return event.to_json() if isinstance(event, contract.Result) else {}
+
+
+async def _granted_result(svc: services.Services, e: jobs.Edit, job: api.TrainingJob,
+                          state: pods.PodState) -> dict[str, Any]:
+    """The trainer's result ({} when none), without a zoo model that is not the job's own
+    (`reports.model_problem`; a ReportRefused event says so): it is neither shown in
+    status.result nor named as the job's."""
+    result = _result(state.message)
+    model = str(result.get("zoo_model") or "")
+    if not model:
+        return result
+    try:
+        problem = await reports.model_problem(svc.parents.zoo, e.body or {}, job, model)
+    except store.ObjectNotFound:
+        problem = "no such record is in the zoo"
+    except (store.StoreUnavailable, store.StoreMisconfigured):
+        problem = None  # the job's reserved id, whose record cannot be read just now
+    if problem is None:
+        return result
+    e.events.append(reports.refused_event(state.name, f"zoo model {model}", problem,
+                                          "it is not shown as the job's model"))
+    return {**result, "zoo_model": None}
+
+
+async def take_trainer_decision(svc: services.Services, e: jobs.Edit,
+                                report: Mapping[str, Any] | None, *, pod: str,
+                                now: float) -> None:
+    """`record_trainer_decision` for a report whose parents the job may name
+    (`reports.parents_problem`: the ones status.warmStart grants it, or when its decision was
+    left to the trainer, records its namespace may see). Any other report gets one
+    ReportRefused Warning event per operator run, and status keeps what it says."""
+    ids: tuple[str, ...] = ()
+    problem: str | None
+    try:
+        chosen = select.from_report(report)
+    except ValueError as exc:
+        chosen, problem = None, f"its warm-start decision is malformed ({exc})"
+    else:
+        if chosen is None:
+            return
+        warm = e.status.get("warmStart") or {}
+        ids = reports.decision_ids(chosen)
+        granted = reports.granted_ids(warm)
+        problem = await reports.parents_problem(
+            svc.parents.zoo, jobs.JobRef.of(e.body or {}).namespace,
+            [i for i in ids if i not in granted],  # the others were checked before
+            granted=None if warm.get("outcome") == select.Outcome.IN_TRAINER else granted)
+    if problem is None and chosen is not None:
+        record_trainer_decision(e, report, now=now)
+        return
+    key = (str(((e.body or {}).get("metadata") or {}).get("uid") or ""), *ids)
+    if key not in svc.refused_reports:
+        svc.refused_reports.add(key)
+        e.events.append(reports.refused_event(pod, "a warm-start decision" + (
+            f" naming {', '.join(ids)}" if ids else ""), str(problem),
+            "status.warmStart keeps what the operator decided"))
 
 
 def record_trainer_decision(e: jobs.Edit, report: Mapping[str, Any] | None, *,

@@ -49,6 +49,15 @@ from kiln.zoo import eviction, store
 _log = logging.getLogger(__name__)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 ZOO_POD_ACCESS = ("presigned", "credentials")
+# kopf decodes each watched object (json.loads) and copies and compares it (copy.deepcopy,
+# ==) before any handler of Kiln's sees it, all recursively: one object nested 1,000 levels
+# deep would raise RecursionError there, fail the watch, and stop the operator for every
+# namespace. The API server stores objects up to api.API_SERVER_MAX_DEPTH levels deep, and
+# each level costs at most two frames (deepcopy), so with this limit kopf reads any stored
+# object and Kiln's own bound refuses it as InvalidSpec (`api.parse_job`). Python 3.11, the
+# operator image's, counts json's C recursion against it too; the main thread's 8 MiB of stack
+# holds it.
+RECURSION_LIMIT = 2 * api.API_SERVER_MAX_DEPTH + 5_000
 
 # (field of settings.Options, help). Flags are the field names with dashes.
 _HELP: tuple[tuple[str, str], ...] = (
@@ -478,6 +487,7 @@ def run(options: settings.Options) -> None:
     if not options.verbose:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").addFilter(_quiet_timers)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
     connection = kube.connection_info(kubeconfig=options.kubeconfig)
     problem = asyncio.run(kube.unreachable(connection))
     if problem:

@@ -22,7 +22,8 @@ _WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # Values of the `handler` label: kiln.controller.handlers' wrapped handlers and the placement
 # loop (a test checks handlers.py names no other).
-HANDLERS = ("admit", "resume", "suspend", "cleanup", "pods", "housekeeping", "placement", "kueue")
+HANDLERS = ("admit", "resume", "suspend", "spec-edit", "cleanup", "pods", "housekeeping",
+            "placement", "kueue")
 # `outcome` values beyond kiln.warmstart.select.Outcome (kiln.controller.admission).
 ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")

@@ -10,6 +10,7 @@ import asyncio
 import collections
 import concurrent.futures
 import json
+import logging
 import multiprocessing
 import multiprocessing.connection
 import queue
@@ -42,6 +43,7 @@ GRAPH_CACHE_ENTRIES = 256
 GRAPH_TIMEOUT_SECONDS = 60.0
 # A new graph worker imports torch before it serves; that is not the job's time.
 WORKER_START_SECONDS = 300.0
+_log = logging.getLogger(__name__)
 
 
 def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> store.ObjectStore:
@@ -160,6 +162,20 @@ class ParentChooser:
             self._idle.put(worker)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=DECISION_THREADS, thread_name_prefix="kiln-warmstart")
+
+    def warm_up(self) -> concurrent.futures.Future[None]:
+        """Start the first graph worker in a decision thread: it imports torch (seconds to
+        tens of seconds), which the operator's first admissions would otherwise wait for."""
+        return self._executor.submit(self._start_worker)
+
+    def _start_worker(self) -> None:
+        worker = self._idle.get()
+        try:
+            worker.start()
+        except graph.GraphError as exc:  # the first decision that needs one tries again
+            _log.warning("warm-start graph worker: %s", exc)
+        finally:
+            self._idle.put(worker)
 
     def close(self) -> None:
         """Stop the worker threads and processes, and the index's pool."""
@@ -295,7 +311,7 @@ class _GraphWorker:
             graph.GraphError: the model cannot be traced, tracing it took longer than
                 `timeout_seconds` (the process is killed), or the process died.
         """
-        conn = self._connection()
+        conn = self.start()
         conn.send(api.to_wire(spec))
         if not conn.poll(timeout_seconds):
             self.kill()
@@ -322,7 +338,16 @@ class _GraphWorker:
             self._conn.close()
         self._process, self._conn = None, None
 
-    def _connection(self) -> multiprocessing.connection.Connection:
+    def alive(self) -> bool:
+        """Whether its process runs (started and not killed)."""
+        return self._process is not None and self._process.is_alive()
+
+    def start(self) -> multiprocessing.connection.Connection:
+        """The connection to the running process, started first if there is none.
+
+        Raises:
+            graph.GraphError: it did not start within WORKER_START_SECONDS.
+        """
         if self._conn is not None and self._process is not None and self._process.is_alive():
             return self._conn
         self.kill()

@@ -15,6 +15,7 @@ import kopf
 
 from kiln import api, contract
 from kiln.warmstart import select
+from kiln.zoo import records
 
 JOB_NAME_LABEL = "kiln.dev/job-name"
 ATTEMPT_LABEL = "kiln.dev/attempt"
@@ -25,6 +26,7 @@ DEVICE_ANNOTATION = "kiln.dev/device"
 ESTIMATED_SECONDS_ANNOTATION = "kiln.dev/estimated-seconds"
 STARTED_ANNOTATION = "kiln.dev/started-epoch-seconds"
 KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+KILN_PREFIX = f"{api.GROUP}/"  # of the labels and annotations Kiln puts on its pods
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 CONTAINER_NAME = "trainer"
@@ -184,6 +186,9 @@ class PodState:
         unschedulable: the scheduler's message while PodScheduled is False/Unschedulable,
             else None.
         pod_reason: status.reason of the pod (DeadlineExceeded, Evicted...), or None.
+        owner_uid: the uid of the TrainingJob that controls it (its controller
+            ownerReference), or None: tells a pod of a deleted job from one of a new job of
+            the same name.
     """
 
     name: str
@@ -206,6 +211,7 @@ class PodState:
     starting: Waiting | None = None
     unschedulable: str | None = None
     pod_reason: str | None = None
+    owner_uid: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -263,11 +269,11 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
         "app.kubernetes.io/name": "kiln-trainer",
         "app.kubernetes.io/managed-by": "kiln-operator",
         **{k: v for k, v in job.metadata.labels.items() if k.startswith(KUEUE_LABEL_PREFIX)},
-        **dict(template.get("labels") or {}),
+        **_not_kilns(template.get("labels")),
     }
     labels[JOB_NAME_LABEL], labels[ATTEMPT_LABEL] = job.name, str(attempt)
     annotations = {
-        **dict(template.get("annotations") or {}),
+        **_not_kilns(template.get("annotations")),
         "prometheus.io/scrape": "true",
         SCRAPE_PORT_ANNOTATION: str(settings.metrics_port),
         "prometheus.io/path": "/metrics",
@@ -298,6 +304,10 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
         pod["spec"]["volumes"].append({"name": ZOO_ACCESS_VOLUME, "secret": {
             "secretName": zoo_access_secret(job.name), "defaultMode": 0o444}})
     spec = pod["spec"]
+    uid = str((owner.get("metadata") or {}).get("uid") or "")
+    if uid:  # the one record the job's trainer registers, and its result may name
+        spec["containers"][0]["env"].append({"name": contract.Env.ZOO_RECORD.value, "value": (
+            records.job_record_id(job.spec.model.label, uid))})
     if template.get("initContainers"):
         spec["initContainers"] = copy.deepcopy(template["initContainers"])
     for key in ("nodeSelector", "tolerations", "priorityClassName", "schedulerName",
@@ -308,10 +318,19 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
     if account:
         spec["serviceAccountName"] = account
     kopf.adopt(pod, owner=cast(kopf.Body, dict(owner)))  # owner reference, namespace, the job's labels
-    if not settings.kueue_labels:  # after adopt, which copies every label of the job
-        pod["metadata"]["labels"] = {k: v for k, v in pod["metadata"]["labels"].items()
-                                     if not k.startswith(KUEUE_LABEL_PREFIX)}
+    # After adopt, which copies every label of the job: kiln.dev/* labels route and describe
+    # Kiln's pods, so only Kiln's own reach them (admission refuses the job's, but labels can
+    # be added later); kueue.x-k8s.io/* ones not under --kueue.
+    pod["metadata"]["labels"] = {
+        k: v for k, v in pod["metadata"]["labels"].items()
+        if (k in (JOB_NAME_LABEL, ATTEMPT_LABEL) or not k.startswith(KILN_PREFIX))
+        and (settings.kueue_labels or not k.startswith(KUEUE_LABEL_PREFIX))}
     return pod
+
+
+def _not_kilns(keys: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A template's labels or annotations without kiln.dev/* ones (Kiln's)."""
+    return {k: v for k, v in (keys or {}).items() if not str(k).startswith(KILN_PREFIX)}
 
 
 def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> dict[str, Any]:
@@ -357,8 +376,10 @@ def _command(launch: Launch) -> list[str]:
 
 def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[dict[str, Any]]:
     """The trainer's settings (`kiln.contract.Env`); zoo credentials only as secretKeyRef."""
+    # The uid tells this job from a later one of the same name (its checkpoint's key).
+    meta = {"name": job.name, "namespace": job.metadata.namespace, "uid": job.metadata.uid}
     wire = {"apiVersion": api.API_VERSION, "kind": api.KIND,
-            "metadata": {"name": job.name, "namespace": job.metadata.namespace},
+            "metadata": {k: v for k, v in meta.items() if v},
             "spec": api.to_wire(job.spec)}
     env: list[dict[str, Any]] = [
         {"name": contract.Env.JOB.value, "value": json.dumps(wire, separators=(",", ":"))},
@@ -442,6 +463,8 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
         starting=next((w for w in waiting if w.reason in STARTING_REASONS), None),
         unschedulable=_unschedulable(status),
         pod_reason=status.get("reason") or None,
+        owner_uid=next((str(o["uid"]) for o in meta.get("ownerReferences") or []
+                        if isinstance(o, dict) and o.get("controller") and o.get("uid")), None),
     )
 
 

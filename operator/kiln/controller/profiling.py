@@ -37,9 +37,21 @@ def builtin_on_gpus(job: api.TrainingJob) -> bool:
 
 
 def cache_key(job: api.TrainingJob, device_type: str) -> str:
-    """The cluster-level profile cache key: the model, the job's batch and the GPU type."""
-    return profilecache.cache_key(job.spec.model, batch_size=job.spec.training.batch_size,
-                                  parallelism="single", gpus=1, kind=device_type)
+    """The profile cache key: the job's namespace, its model and batch, and the GPU type.
+
+    Per namespace: a profile is measured in the job's own image, which may report anything,
+    so it is reused only by jobs of the same namespace (`cacheable`).
+    """
+    return job.namespace + "/" + profilecache.cache_key(
+        job.spec.model, batch_size=job.spec.training.batch_size, parallelism="single", gpus=1,
+        kind=device_type)
+
+
+def cacheable(profile: contract.Profile) -> bool:
+    """Whether later jobs may reuse `profile`: a step that was timed. Out of memory is no
+    fact about the model: a busy or MIG-sliced GPU runs out too, so the next job measures
+    again."""
+    return profile.step_status == "ok" and profile.step_seconds is not None
 
 
 def pod_name(job_name: str) -> str:
@@ -66,17 +78,20 @@ class Device:
 
 def choose_device(pools: cluster.Pools, job: api.TrainingJob,
                   device_type: str | None = None, *,
-                  among: frozenset[str] | None = None) -> Device:
+                  among: frozenset[str] | None = None, gpus_left: int | None = None) -> Device:
     """The device the profiling pod times its step on.
 
     The pool the job itself would run in (GPUs when it may use them); there, the node with the
     most free devices (of GPU type `device_type` when given; among the nodes its scheduling
     constraints allow, `among`, when given), holding one of them so the
-    planner counts it busy. With none free the pod holds nothing and times the step on a CPU:
-    the graph, FLOPs and parameter count still replace the nominal estimate, and the running
-    trainer's throughput refines it later.
+    planner counts it busy. With none free, or no GPU left in the namespace's quota
+    (`gpus_left`: what --namespace-gpu-quota leaves it; None: no quota), the pod holds nothing
+    and times the step on a CPU: the graph, FLOPs and parameter count still replace the
+    nominal estimate, and the running trainer's throughput refines it later.
     """
     pool = pools.pool_for(job.spec.resources.gpus != 0, among=among)
+    if pool == cluster.GPU_POOL and gpus_left is not None and gpus_left < 1:
+        pool = None
     if pool is not None:
         free = sorted(((pools.free_devices(pool, n.name), n.name) for n in pools.nodes[pool]
                        if (device_type is None or n.device_type == device_type)
@@ -126,8 +141,15 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
 
 
 def read(state: pods.PodState) -> contract.Profile | contract.Failure | None:
-    """The profiling pod's report: its Profile, its Failure, or None (none readable)."""
-    event = contract.read_termination_message(state.message)
+    """The profiling pod's report: its Profile, its Failure, or None (none readable).
+
+    Raises:
+        ValueError: a profile or error event with fields missing or of the wrong type, or
+            a profile whose warm-start decision is malformed (the message names the field).
+    """
+    event = contract.from_line(state.message)
+    if isinstance(event, contract.Profile):
+        select.from_report(event.warm_start_decision)  # raises when malformed
     return event if isinstance(event, contract.Profile | contract.Failure) else None
 
 

@@ -27,7 +27,10 @@ class Services:
         published: status.placement last written per waiting job (skips identical patches).
         unplaceable: the NoFeasibleConfig reason last reported per job (reported once each).
         profiles: status.profile of built-in models profiled on the cluster, by
-            `profiling.cache_key` (model, batch, GPU type): later jobs reuse them.
+            `profiling.cache_key` (namespace, model, batch, GPU type): later jobs of the
+            namespace reuse them.
+        refused_reports: (job uid, zoo ids) of warm-start reports refused with an event,
+            so a report the trainer repeats is refused silently.
     """
 
     options: settings.Options
@@ -46,18 +49,24 @@ class Services:
         default_factory=dict, init=False)
     unplaceable: dict[job_store.JobRef, str] = dataclasses.field(default_factory=dict, init=False)
     profiles: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, init=False)
+    refused_reports: set[tuple[str, ...]] = dataclasses.field(default_factory=set, init=False)
     # Job uid -> when its zoo access was signed and when it expires (`zoo_access.due`).
     zoo_access_expiry: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict,
                                                                           init=False)
+    # Job uid -> (refused creations of its pods in a row, when to try again): `lifecycle`.
+    create_retry: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict,
+                                                                   init=False)
     # Held while a profiling pod chooses and takes its device, so two never take the same one.
     profiling_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, init=False)
     _task: asyncio.Task[None] | None = dataclasses.field(default=None, init=False)
     _background: list[asyncio.Task[None]] = dataclasses.field(default_factory=list, init=False)
 
     async def start(self) -> None:
-        """Start the placement loop and the HTTP session (call from the startup handler)."""
+        """Start the placement loop, the HTTP session and, in the background, a warm-start
+        graph worker (call from the startup handler)."""
         self.http = aiohttp.ClientSession()
         self._task = asyncio.create_task(self.placement.run(), name="kiln placement loop")
+        self.parents.warm_up()
 
     def run_in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run `work` (a loop that never returns) until `stop`."""

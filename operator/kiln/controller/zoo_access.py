@@ -36,13 +36,6 @@ def enabled(svc: services.Services) -> bool:
     return svc.pod_settings.presigned_zoo
 
 
-def reserved_record(job: api.TrainingJob, uid: str) -> str:
-    """The record id the job's model is registered under: its architecture's slug and the
-    first 8 hex digits of the job's uid, the same on every attempt and every re-signing."""
-    slug = records.new_id(job.spec.model.label).rpartition("-")[0]
-    return records.check_id(f"{slug}-{uid.replace('-', '')[:8].lower()}")
-
-
 def _searches(decided: select.Decision | None) -> bool:
     """Whether the pod searches the zoo itself: a profiling pod (None) or a trainer whose
     decision was left to it."""
@@ -79,10 +72,11 @@ async def ensure(svc: services.Services, owner: Mapping[str, Any], job: api.Trai
         seen = sorted((r for r in found if r.visible_to(job.namespace)),
                       key=lambda r: r.created_time, reverse=True)
         visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
-    record = reserved_record(job, str(meta.get("uid") or ""))
+    record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
     manifest = await asyncio.to_thread(
         sign_within_budget, zoo, lambda seen: access.job_grants(
-            job.namespace, job.name, record=record, parents=readable, visible=seen,
+            job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,
+            parents=readable, visible=seen,
             visible_hits=decided is not None, now=now),
         visible, lifetime=datetime.timedelta(hours=svc.options.zoo_access_hours), now=now)
     secret = build_secret(owner, job, manifest, minted=now)
@@ -178,7 +172,7 @@ async def refresh(svc: services.Services, body: Mapping[str, Any]) -> None:
         return
     st = body.get("status") or {}
     try:
-        job = api.parse_job({k: v for k, v in body.items() if k != "status"})
+        job = api.parse_running(body)
     except api.InvalidSpec:
         return
     decided = parents.from_status(st.get("warmStart"))  # what its pods were launched with

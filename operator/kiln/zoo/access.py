@@ -16,7 +16,8 @@ _READ = ("get", "head")
 _FILES = (records.META_NAME, records.GRAPH_NAME, records.WEIGHTS_NAME)
 
 
-def job_grants(namespace: str, job_name: str, *, record: str, parents: Iterable[str] = (),
+def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
+               parents: Iterable[str] = (),
                visible: Iterable[str] = (), visible_hits: bool = False,
                now: datetime.datetime) -> presigned.Grants:
     """The grants of one job's pods.
@@ -24,6 +25,7 @@ def job_grants(namespace: str, job_name: str, *, record: str, parents: Iterable[
     Args:
         namespace: the job's namespace.
         job_name: the job's name.
+        uid: the job's uid, part of its checkpoint's key (`records.checkpoint_key`).
         record: the id reserved for the job's model (provisional and final records, which the
             trainer writes, reads back and replaces).
         parents: records the job may start from (the decided parent and the guard's
@@ -40,7 +42,7 @@ def job_grants(namespace: str, job_name: str, *, record: str, parents: Iterable[
     """
     prefix = records.record_prefix(record)
     entries: list[tuple[str, Iterable[str]]] = [
-        (records.checkpoint_key(namespace, job_name), _OWN),
+        (records.checkpoint_key(namespace, job_name, uid), _OWN),
         (records.profile_key(namespace, job_name), ("put",)),
         *((prefix + name, _OWN) for name in _FILES),
     ]

@@ -308,9 +308,26 @@ def new_id(architecture: str) -> ZooModelId:
     Example: ``new_id("small_resnet")`` gives e.g. ``small_resnet-7f3c2a1b``; an entrypoint
     gives its callable's name: ``new_id("mynets.mixer:build_mixer")``, ``build_mixer-0c1d2e3f``.
     """
+    return ZooModelId(f"{_slug(architecture)}-{secrets.token_hex(4)}")
+
+
+def job_record_id(architecture: str, uid: str) -> ZooModelId:
+    """The id the operator reserves for one job's model: `new_id`'s form with the first 8 hex
+    digits of the job's uid, the same on every attempt, so a result naming any other id is not
+    the job's (a job created again under the same name has a new uid, hence a new id).
+
+    Raises:
+        ValueError: an empty uid, or one that cannot be part of an id.
+    """
+    digits = uid.replace("-", "").lower()[:8]
+    if not digits:
+        raise ValueError("a job's record id needs the job's uid (metadata.uid)")
+    return check_id(f"{_slug(architecture)}-{digits}")
+
+
+def _slug(architecture: str) -> str:
     name = architecture.rpartition(":")[2]
-    slug = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")[:100] or "model"
-    return ZooModelId(f"{slug}-{secrets.token_hex(4)}")
+    return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")[:100] or "model"
 
 
 SPEC_FINGERPRINT_PREFIX = "spec-"
@@ -387,7 +404,9 @@ if TYPE_CHECKING:
 #     models/<id>/weights.safetensors   the state dict, safetensors format (never pickle)
 #     models/<id>/graph.json            the model's architecture graph, as JSON
 #     models/<id>/meta.json             the `ZooRecord` as JSON, written LAST
-#     checkpoints/<namespace>/<job>/checkpoint.pt   trainer checkpoints share the store
+#     checkpoints/<namespace>/<job>/<uid>/checkpoint.pt   trainer checkpoints share the store
+#         (a job on the cluster, by its uid: a job created again under its name is a new job;
+#         `kiln run` jobs have no uid: checkpoints/<namespace>/<job>/checkpoint.pt)
 #     profiles/<namespace>/<job>.json   what the trainer's profiling step measured, graph included
 # The weights' SHA-256 is in meta.json, checked by `load_weights` (lazily: it means reading the
 # whole file) and by `verify_record`.
@@ -410,14 +429,21 @@ def record_prefix(record_id: str) -> str:
     return f"{MODELS_PREFIX}{check_id(record_id)}/"
 
 
-def checkpoint_key(namespace: str, job_name: str) -> str:
-    """``checkpoints/<namespace>/<job-name>/checkpoint.pt``: where a job's checkpoint lives.
+def checkpoint_key(namespace: str, job_name: str, uid: str | None) -> str:
+    """``checkpoints/<namespace>/<job-name>/<uid>/checkpoint.pt``: where a job's checkpoint
+    lives; without a uid (a job of `kiln run`, which is no API object)
+    ``checkpoints/<namespace>/<job-name>/checkpoint.pt``.
+
+    The uid is what makes a job created again under a deleted job's name a new job: it never
+    finds the old one's checkpoint.
 
     Raises:
-        ValueError: a name that is not a single safe key component.
+        ValueError: a namespace, name or uid that is not a single safe key component.
     """
-    return _job_key("checkpoint", f"{CHECKPOINTS_PREFIX}{namespace}/{job_name}/{CHECKPOINT_NAME}",
-                    namespace, job_name)
+    folder = f"{CHECKPOINTS_PREFIX}{namespace}/{job_name}/" + (f"{uid}/" if uid else "")
+    if uid is not None and "/" in uid:
+        raise ValueError(f"checkpoint key {folder!r}: a job's uid may not contain '/'")
+    return _job_key("checkpoint", folder + CHECKPOINT_NAME, namespace, job_name)
 
 
 def profile_key(namespace: str, job_name: str) -> str:

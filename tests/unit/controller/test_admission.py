@@ -4,8 +4,12 @@ and for jobs only the model checks reject, both report exactly the same problems
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import decimal
+import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,56 @@ def test_a_parser_error_fails_the_job_not_the_handler(monkeypatch: pytest.Monkey
     # No spec reaches such a gap today; the stand-in parser raises what a future one might.
     def broken(body: Any, source: str = "") -> Any:
         raise decimal.Overflow("exponent too large")
-    monkeypatch.setattr(admission.lifecycle.api, "parse_job", broken)
+    monkeypatch.setattr(admission.lifecycle.api, "parse_running", broken)
     job, problems = asyncio.run(admission.validate({"metadata": {"name": "x", "namespace": "a"}}))
     assert job is None and problems == ["spec: cannot be read (Overflow: exponent too large)"]
+
+
+def test_a_job_nested_3000_levels_deep_is_refused_by_name_in_both(tmp_path: Path) -> None:
+    chain: dict[str, Any] = {}
+    for _ in range(3_000):
+        chain = {"a": chain}
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "x", "namespace": "team-a"},
+           "spec": {"model": {"architecture": "small_cnn", "args": {"nested": chain},
+                              "inputShape": [1, 8, 8]}}}
+    job, (problem,) = asyncio.run(admission.validate(doc))
+    assert job is None
+    assert problem.startswith("spec.model.args: nested more than 100 levels deep")
+    path = tmp_path / "job.yaml"  # JSON is YAML; PyYAML cannot write this deep
+    with _recursion_limit(10_000):
+        path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(cli.UsageError) as caught:
+        cli._load_all([path])
+    assert "spec.model.args (line 1): nested more than 100 levels deep" in str(caught.value)
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit: int) -> Iterator[None]:
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def test_admission_refuses_the_accelerators_the_operator_counts_as_gpus_in_the_template(
+) -> None:
+    doc: dict[str, Any] = {
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "x", "namespace": "team-a"},
+        "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                 "template": {"resources": {"limits": {"cpu": "1", "example.com/accel": 1}}}}}
+    assert asyncio.run(admission.validate(doc))[1] == []  # unknown to `kiln validate`
+    _, problems = asyncio.run(admission.validate(
+        doc, gpu_resources=("nvidia.com/gpu", "example.com/accel")))
+    assert problems == [(
+        "spec.template.resources.limits: example.com/accel is an accelerator, which only Kiln "
+        "asks for (as many as the planner gives the job); remove it and set "
+        "spec.resources.gpus")]
+    doc["spec"]["template"]["resources"]["limits"]["nvidia.com/gpu"] = 1
+    _, problems = asyncio.run(admission.validate(doc, gpu_resources=("example.com/accel",)))
+    (problem,) = problems
+    assert problem.startswith("spec.template.resources.limits: example.com/accel, "
+                              "nvidia.com/gpu are accelerators")

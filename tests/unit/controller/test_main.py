@@ -178,6 +178,22 @@ def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
     assert svc.pod_settings.zoo_endpoint == "minio.example:9000"
 
 
+def test_the_operators_start_warms_up_a_graph_worker_in_the_background(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = main.options_from_args(main.build_parser().parse_args([
+        "--zoo-uri", str(tmp_path)]))
+    svc = main.build_services(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    warmed: list[bool] = []
+    monkeypatch.setattr(svc.parents, "warm_up", lambda: warmed.append(True))
+
+    async def start_and_stop() -> None:
+        await svc.start()
+        await svc.stop()
+
+    asyncio.run(start_and_stop())
+    assert warmed == [True]
+
+
 def test_gpu_resources_repeat_in_order_and_default_to_nvidia() -> None:
     options = main.options_from_args(main.build_parser().parse_args([
         "--gpu-resource", "nvidia.com/mig-1g.10gb", "--gpu-resource", "amd.com/gpu",

@@ -52,6 +52,16 @@ def test_the_operator_leaves_an_entrypoint_models_decision_to_the_trainer(
     assert "made in the trainer pod, before its first step" in decided.reason
 
 
+def test_warming_up_starts_one_graph_worker_before_any_decision(tmp_path: Path) -> None:
+    chooser = parents.ParentChooser(store.DirStore(tmp_path), metrics=metrics.OperatorMetrics(),
+                                    refresh_seconds=60.0, query_timeout_seconds=5.0)
+    try:
+        chooser.warm_up().result(timeout=parents.WORKER_START_SECONDS)
+        assert [w.alive() for w in chooser._workers].count(True) == 1
+    finally:
+        chooser.close()
+
+
 def test_the_trainers_own_decision_reads_back_for_status() -> None:
     report = {"parent": "mixer-1a2b3c4d", "similarity": 0.49, "parent_metric": 0.9,
               "matched_tensors": 30, "total_tensors": 54, "outcome": "warm",

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from kiln import api
-from kiln.controller import pods
+from kiln.controller import pods, profiling
 from kiln.warmstart import select
 
 WARM = select.Decision(parent_id="small_cnn-1234abcd", similarity=0.8, parent_metric=0.9,
@@ -96,6 +96,18 @@ def test_the_pod_tells_the_trainer_its_image_and_the_operators_share_default() -
     pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=shared)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert (env["KILN_TRAINER_IMAGE"], env["KILN_ZOO_SHARE"]) == ("team-a/trainer:7", "shared")
+
+
+def test_the_pod_is_told_the_one_record_id_its_model_may_have_with_either_zoo_access() -> None:
+    owner, job = _job()
+    owner["metadata"]["uid"] = "1f2e3d4c-0000-0000-0000-000000000000"
+    for access in ("credentials", "presigned"):
+        settings = dataclasses.replace(SETTINGS, zoo_pod_access=access)
+        for attempt in (0, 3):
+            pod = pods.build_pod(owner, job, attempt=attempt, launch=_launch(),
+                                 settings=settings)
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+            assert env["KILN_ZOO_RECORD"] == "small_cnn-1f2e3d4c"
 
 
 def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
@@ -242,3 +254,20 @@ def test_security_contexts_come_from_the_operator_then_the_job() -> None:
     pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=settings)
     assert pod["spec"]["securityContext"] == {"runAsUser": 4242}
     assert pod["spec"]["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": False}
+
+
+def test_kiln_labels_added_to_a_job_after_admission_never_reach_its_pods() -> None:
+    owner, job = _job()
+    # Admission refuses these; labels and the template's scheduling keys can change later.
+    owner["metadata"]["labels"]["kiln.dev/role"] = "profile"
+    job = job.model_copy(update={"metadata": job.metadata.model_copy(update={
+        "labels": {**job.metadata.labels, "kiln.dev/role": "profile"}})})
+    job.spec.template.update(labels={"kiln.dev/job-name": "other", "app": "x"},
+                             annotations={"kiln.dev/node": "elsewhere", "note": "y"})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert {k: v for k, v in labels.items() if k.startswith("kiln.dev/")} == {
+        "kiln.dev/job-name": "digits", "kiln.dev/attempt": "0"}
+    assert labels["app"] == "x" and labels["team"] == "a"
+    assert annotations["kiln.dev/node"] == "gpu-1" and annotations["note"] == "y"
+    assert not profiling.is_profiling_pod(pod)

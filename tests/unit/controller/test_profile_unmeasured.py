@@ -3,9 +3,10 @@ the pod's type annotation, and the cluster cache key."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from kiln import api
+from kiln import api, contract
 from kiln.controller import cluster, pods, profiling
 
 SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
@@ -38,10 +39,13 @@ def test_only_builtin_models_that_may_use_gpus_qualify() -> None:
     assert not profiling.builtin_on_gpus(api.parse_job(own))
 
 
-def test_the_cache_key_is_the_model_the_batch_and_the_gpu_type() -> None:
+def test_the_cache_key_is_the_namespace_the_model_the_batch_and_the_gpu_type() -> None:
     job = api.parse_job(_doc())
-    same = api.parse_job({**_doc(), "metadata": {"name": "other", "namespace": "team-b"}})
+    same = api.parse_job({**_doc(), "metadata": {"name": "other", "namespace": "team-a"}})
+    elsewhere = api.parse_job({**_doc(), "metadata": {"name": "cnn", "namespace": "team-b"}})
     assert profiling.cache_key(job, A100) == profiling.cache_key(same, A100)
+    # Measured in one namespace's image, a profile decides nothing for another.
+    assert profiling.cache_key(job, A100) != profiling.cache_key(elsewhere, A100)
     assert profiling.cache_key(job, A100) != profiling.cache_key(job, T4)
     assert profiling.cache_key(job, A100) != profiling.cache_key(
         api.parse_job(_doc(batch=64)), A100)
@@ -63,3 +67,12 @@ def test_the_pod_takes_a_free_gpu_of_the_unmeasured_type_and_says_which() -> Non
     plain = profiling.build_pod(doc, job, device, settings=SETTINGS, timeout_seconds=60.0,
                                 now=0.0)
     assert profiling.DEVICE_TYPE_ANNOTATION not in plain["metadata"]["annotations"]
+
+
+def test_only_a_timed_step_is_kept_for_later_jobs() -> None:
+    measured = contract.Profile(parameters=10, flops_per_sample=None, graph_nodes=3,
+                                untraceable=None, device=A100, batch_size=32,
+                                step_seconds=0.01, step_status="ok")
+    assert profiling.cacheable(measured)
+    assert not profiling.cacheable(dataclasses.replace(
+        measured, step_seconds=None, step_status="oom", step_detail="CUDA out of memory"))

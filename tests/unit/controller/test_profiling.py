@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+
 from kiln import api, contract
 from kiln.controller import cluster, pods, profiling
 from kiln.placement import estimate
@@ -84,6 +86,17 @@ def test_with_no_free_device_the_pod_holds_nothing_and_is_not_pinned() -> None:
     assert pools.free_devices(cluster.GPU_POOL, "gpu-a") == 1  # it holds no GPU
 
 
+def test_the_pods_gpu_counts_against_its_namespaces_quota() -> None:
+    _, job = _job()
+    pools = cluster.pools([_node("gpu-a", 4)], [_trainer("other", "gpu-a", 1)], cpu_slots=1,
+                          now=0.0)
+    assert pools.held_gpus("team-a") == 1 and pools.held_gpus("team-b") == 0
+    assert profiling.choose_device(pools, job, gpus_left=1) == profiling.Device(
+        "gpu-a", "gpu", 1)
+    # Its namespace holds all its quota allows: no GPU, though 3 are free.
+    assert profiling.choose_device(pools, job, gpus_left=0) == profiling.Device(None, "cpu", 0)
+
+
 def test_a_cpu_only_job_profiles_on_a_cpu_slot() -> None:
     _, job = _job(gpus=0)
     nodes = [{"metadata": {"name": "cpu-1"}, "status": {}}, _node("gpu-a", 1)]
@@ -137,6 +150,18 @@ def test_the_report_round_trips_through_the_termination_message_and_status() -> 
     assert "12,345 parameters" in profiling.summary(report, "mixer-profile")
     assert "4.0 ms per step at batch 32 on cuda:NVIDIA H200" in profiling.summary(
         report, "mixer-profile")
+
+
+def test_a_malformed_report_is_an_error_naming_the_field() -> None:
+    bad_decision = _profile(warm_start_decision={"outcome": "warm", "parent": 7})
+    for report, field in ((_profile(parameters="12345"), "'parameters'"),
+                          (bad_decision, "parent_id must be str")):
+        state = pods.pod_state({"metadata": {"name": "mixer-profile"}, "status": {
+            "phase": "Succeeded", "containerStatuses": [{"name": "trainer", "state": {
+                "terminated": {"exitCode": 0,
+                               "message": contract.to_line(report)}}}]}})
+        with pytest.raises(ValueError, match=field):
+            profiling.read(state)
 
 
 def test_an_untraceable_or_unmeasured_model_reads_as_such() -> None:

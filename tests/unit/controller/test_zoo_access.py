@@ -36,7 +36,7 @@ def test_presigned_access_is_the_default_and_can_be_set_by_flag_or_variable() ->
 
 def test_the_secret_is_owned_by_the_job_and_holds_the_manifest() -> None:
     job = api.parse_job(OWNER)
-    record = zoo_access.reserved_record(job, OWNER["metadata"]["uid"])
+    record = records.job_record_id(job.spec.model.label, OWNER["metadata"]["uid"])
     assert record == "small_cnn-1f2e3d4c"  # the same on every attempt and every signing
     manifest = presigned.Manifest(expires=NOW + datetime.timedelta(hours=24), record=record,
                                   objects={"profiles/team-b/digits.json": {"put": "http://s/p"}})
@@ -52,11 +52,12 @@ def test_the_secret_is_owned_by_the_job_and_holds_the_manifest() -> None:
 
 
 def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
-    grants = access.job_grants("team-b", "digits", record="small_cnn-1f2e3d4c",
+    grants = access.job_grants("team-b", "digits", uid="uid-1", record="small_cnn-1f2e3d4c",
                                parents=["small_cnn-0000aaaa"], visible=["small_cnn-0000bbbb"],
                                now=NOW)
     verbs = {key: set(v) for key, v in grants.objects.items()}
-    assert verbs["checkpoints/team-b/digits/checkpoint.pt"] == {"get", "put", "delete", "head"}
+    assert verbs["checkpoints/team-b/digits/uid-1/checkpoint.pt"] == {
+        "get", "put", "delete", "head"}
     assert verbs["profiles/team-b/digits.json"] == {"put"}
     assert verbs["models/small_cnn-1f2e3d4c/meta.json"] == {"get", "put", "delete", "head"}
     assert verbs["models/small_cnn-0000aaaa/weights.safetensors"] == {"get", "head"}

@@ -18,8 +18,10 @@ from kiln_trainer import checkpoint, tracking
 from kiln_trainer.distributed import parallel
 
 
-def _job(name: str = "digits-a", namespace: str | None = None) -> api.TrainingJob:
-    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+def _job(name: str = "digits-a", namespace: str | None = None,
+         uid: str | None = None) -> api.TrainingJob:
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {}),
+                **({"uid": uid} if uid else {})}
     return api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": metadata,
         "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}},
@@ -104,6 +106,19 @@ def test_location_prefers_the_directory_then_the_zoo_then_the_local_default(
     assert in_zoo.store is zoo and in_zoo.key == "checkpoints/team-a/digits-a/checkpoint.pt"
     assert local.key == "default/digits-a/checkpoint.pt"
     assert str(checkpoint.DEFAULT_DIR) in local.store.describe()
+
+
+def test_a_job_of_the_operator_keeps_its_checkpoint_under_its_uid(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    job = _job(namespace="team-a", uid="5f0c2b1e-aaaa")
+    again = _job(namespace="team-a", uid="0d9e8f7a-bbbb")  # created again under its name
+    where = checkpoint.locate(job, checkpoint_dir=None, zoo=zoo)
+    assert where.key == "checkpoints/team-a/digits-a/5f0c2b1e-aaaa/checkpoint.pt"
+    assert checkpoint.locate(job, checkpoint_dir=tmp_path / "ckpt", zoo=zoo).key == (
+        "team-a/digits-a/5f0c2b1e-aaaa/checkpoint.pt")
+    checkpoint.save_checkpoint(where, {checkpoint.EPOCH_KEY: 3})
+    assert checkpoint.load_checkpoint(checkpoint.locate(again, checkpoint_dir=None,
+                                                        zoo=zoo)) is None
 
 
 def _unreachable_zoo(waits: list[float]) -> checkpoint.Location:

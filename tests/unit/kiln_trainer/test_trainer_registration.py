@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from zoofactory import add
 
-from kiln import api
+from kiln import api, contract
 from kiln.zoo import records, store
 from kiln_trainer import registration, tracking, warm
 
@@ -70,4 +70,25 @@ def test_never_replaces_another_jobs_record(tmp_path: Path) -> None:
     other = add(zoo, "small_cnn-0000beef", floats=10, provisional=True, job_name="someone-else")
     written = _register(zoo, _job(), other.id)
     assert written is not None and written != other.id
+    assert records.read_record(zoo, other.id) == other
+
+
+def test_a_pods_model_takes_the_id_the_operator_reserved_and_replaces_its_own_record_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    zoo, job = store.DirStore(tmp_path), _job()
+    reserved = records.job_record_id("small_cnn", "1f2e3d4c-0000-0000-0000-000000000000")
+    monkeypatch.setenv(contract.Env.ZOO_RECORD, reserved)
+    assert _register(zoo, job, None) == reserved
+    # An attempt stopped after registering, before it could say so: the next one replaces it.
+    assert _register(zoo, job, None) == reserved
+    assert not records.verify_record(zoo, reserved).provisional
+
+
+def test_another_jobs_record_under_the_reserved_id_is_never_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    zoo = store.DirStore(tmp_path)
+    other = add(zoo, "small_cnn-1f2e3d4c", floats=10, job_name="someone-else")
+    monkeypatch.setenv(contract.Env.ZOO_RECORD, other.id)
+    with pytest.raises(ValueError, match="already exists"):
+        _register(zoo, _job(), None)
     assert records.read_record(zoo, other.id) == other

@@ -340,11 +340,18 @@ def test_ids_that_cannot_name_a_folder_are_rejected(bad: str) -> None:
         records.check_id(bad)
 
 
-def test_checkpoints_live_under_namespace_and_job() -> None:
-    key = records.checkpoint_key("team-a", "digits-resnet")
-    assert key == "checkpoints/team-a/digits-resnet/checkpoint.pt"
+def test_checkpoints_live_under_namespace_job_and_the_jobs_uid() -> None:
+    key = records.checkpoint_key("team-a", "digits-resnet", "5f0c2b1e-aaaa")
+    assert key == "checkpoints/team-a/digits-resnet/5f0c2b1e-aaaa/checkpoint.pt"
+    # a job created again under its name is a new job: another uid, another checkpoint
+    assert records.checkpoint_key("team-a", "digits-resnet", "0d9e8f7a-bbbb") != key
+    # a job of `kiln run` has no uid: a rerun of the same file finds its checkpoint
+    assert records.checkpoint_key("team-a", "digits-resnet", None) == (
+        "checkpoints/team-a/digits-resnet/checkpoint.pt")
     with pytest.raises(ValueError):
-        records.checkpoint_key("team-a", "../x")
+        records.checkpoint_key("team-a", "../x", None)
+    with pytest.raises(ValueError, match="uid"):
+        records.checkpoint_key("team-a", "digits-resnet", "a/b")
 
 
 # ----------------------------------------------------------------------------------------------
