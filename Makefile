@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kiln-installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test docs install prometheus bench clean check-extras
+.PHONY: demo test check lint types quick-tests docs install prometheus bench clean check-extras
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,27 @@ demo: $(STAMP)
 	$(VENV)/bin/kiln run --slots 2 examples/sweep/*.yaml
 
 # The docs site first: --strict fails on a broken link or anchor (site/ is git-ignored).
+# Then every test, spread over pytest-xdist workers: more workers than cores pay, since the
+# end-to-end tests mostly wait on the operator (docs/testing.md has the measurements).
+# --durations lists the 30 slowest tests at the end, so growth shows.
+TEST_WORKERS ?= 4
 test: $(STAMP) prometheus docs
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests
+
+# The quick tier, for each edit: ruff, import contracts, mypy --strict and the unit tests that
+# start no process and train no model (the `process` and `training` markers), side by side.
+check: $(STAMP)
+	@$(MAKE) --no-print-directory -j 3 --output-sync=target lint types quick-tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check operator trainer_image tests bench
+	$(VENV)/bin/lint-imports --no-cache
+
+types: $(STAMP)
+	$(VENV)/bin/mypy operator/kiln trainer_image/kiln_trainer
+
+quick-tests: $(STAMP)
+	$(PY) -m pytest -q -m "not process and not training" tests/unit
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site

@@ -2,7 +2,7 @@
 
     python bench/admission.py [--quick] [--jobs 40]
 
-Writes bench/results/admission.json and admission.png (``--quick``: 12 jobs, admission_quick.*).
+Writes bench/results/admission.json and admission.png (``--quick``: 4 jobs, admission_quick.*).
 """
 
 # The real operator runs against kmock's Kubernetes emulator (tests/kubesim) with a directory zoo
@@ -12,6 +12,8 @@ Writes bench/results/admission.json and admission.png (``--quick``: 12 jobs, adm
 # layers deep (over Kiln's size limits: rejected at validation); and behind that poison plus a
 # ViT 200 layers deep (within the limits, but seconds to validate and to trace; its tracing runs
 # in a graph worker process with a 2 s deadline). No kubelet runs: the jobs stay queued.
+# ``--quick`` (a smoke run that measures nothing) runs the bursts on one operator, each in its
+# own namespace.
 #
 # Measured (``summary``): per burst, p50 and p99 of the ordinary jobs' admission latency, from
 # the creation request to the operator's first status write (validated, warm start decided,
@@ -21,10 +23,12 @@ Writes bench/results/admission.json and admission.png (``--quick``: 12 jobs, adm
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,6 @@ from kiln.warmstart import decision, graph
 from kiln.zoo import records, store
 
 NAME = "admission"
-NAMESPACE = "team-a"
 SUBMIT_THREADS = 8
 WAIT_SECONDS = 600.0
 GRAPH_TIMEOUT_SECONDS = 2.0
@@ -91,25 +94,31 @@ BURSTS = {"without_poison": (), "with_poison": ("poison-abyss",),
           "with_slow_poison": ("poison-abyss", "poison-slow")}
 
 
-def burst(count: int, *, poison: tuple[str, ...], work: Path) -> dict[str, float]:
-    """Submit one burst to a fresh operator; returns job name -> admission latency (s)."""
-    docs = [job_doc(name, POISON[name]) for name in poison]
-    docs += [job_doc(f"job-{i:03d}", ordinary_model(i)) for i in range(count)]
+@contextlib.contextmanager
+def operator_on_emulator(work: Path, zoo: Path) -> Iterator[emulator.Emulator]:
+    """A fresh emulator with one node and the operator (log in `work`) on it, warmed up."""
     with emulator.Emulator() as cluster:
         cluster.client.create_node("cpu-node-1", cpu="32")
         operator = operator_process.OperatorProcess(
-            cluster, work, args=["--zoo-uri", str(work / "zoo"), "--zoo-refresh-seconds", "0",
+            cluster, work, args=["--zoo-uri", str(zoo), "--zoo-refresh-seconds", "0",
                                  "--warm-start-graph-timeout-seconds",
                                  str(GRAPH_TIMEOUT_SECONDS), "--placement-interval-seconds", "2"])
         operator.start()
         try:
             warm_up(cluster)
-            with concurrent.futures.ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-                list(pool.map(lambda doc: cluster.client.create_job(NAMESPACE, doc), docs))
-            names = {doc["metadata"]["name"] for doc in docs}
-            return wait_admitted(cluster, names)
+            yield cluster
         finally:
             operator.stop()
+
+
+def burst(cluster: emulator.Emulator, count: int, *, poison: tuple[str, ...],
+          namespace: str) -> dict[str, float]:
+    """Submit one burst in `namespace`; returns job name -> admission latency (s)."""
+    docs = [job_doc(name, POISON[name]) for name in poison]
+    docs += [job_doc(f"job-{i:03d}", ordinary_model(i)) for i in range(count)]
+    with concurrent.futures.ThreadPoolExecutor(SUBMIT_THREADS) as pool:
+        list(pool.map(lambda doc: cluster.client.create_job(namespace, doc), docs))
+    return wait_admitted(cluster, {doc["metadata"]["name"] for doc in docs}, namespace=namespace)
 
 
 def warm_up(cluster: emulator.Emulator) -> None:
@@ -119,7 +128,7 @@ def warm_up(cluster: emulator.Emulator) -> None:
 
 
 def wait_admitted(cluster: emulator.Emulator, names: set[str], *,
-                  namespace: str = NAMESPACE) -> dict[str, float]:
+                  namespace: str) -> dict[str, float]:
     """Poll until every job has a status write; returns name -> creation-to-write seconds."""
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
@@ -148,19 +157,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = common.arguments(__doc__, "12 jobs (CI smoke)")
+    parser = common.arguments(__doc__, "4 jobs, one operator for every burst (CI smoke)")
     parser.add_argument("--jobs", type=int, default=None, help="ordinary jobs (default 40)")
     args = parser.parse_args()
-    count = args.jobs or (12 if args.quick else 40)
+    count = args.jobs or (4 if args.quick else 40)
     name = f"{NAME}_quick" if args.quick else NAME
     seen: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-admission-") as tmp:
-        seed_zoo(Path(tmp) / "zoo")
-        for arm, poison in BURSTS.items():
-            work = Path(tmp) / arm
-            work.mkdir()
-            (work / "zoo").symlink_to(Path(tmp) / "zoo")
-            seen[arm] = burst(count, poison=poison, work=work)
+        zoo = Path(tmp) / "zoo"
+        seed_zoo(zoo)
+        with contextlib.ExitStack() as shared:
+            quick = (shared.enter_context(operator_on_emulator(Path(tmp) / "quick", zoo))
+                     if args.quick else None)
+            for arm, poison in BURSTS.items():
+                with contextlib.ExitStack() as own:
+                    cluster = quick or own.enter_context(
+                        operator_on_emulator(Path(tmp) / arm, zoo))
+                    seen[arm] = burst(cluster, count, poison=poison,
+                                      namespace=arm.replace("_", "-"))
     ordinary = {arm: sorted(v for k, v in got.items() if k not in POISON)
                 for arm, got in seen.items()}
     summary: dict[str, Any] = {"jobs": count, "quick": args.quick,

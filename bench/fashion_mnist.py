@@ -59,7 +59,8 @@ def write_idx(directory: Path, prefix: str, images: Images, labels: Images) -> l
     """Write `<prefix>-images-idx3-ubyte` and `<prefix>-labels-idx1-ubyte` in `directory`.
 
     Each file is written beside its final name and renamed, so an interrupted run never leaves
-    a file that looks complete.
+    a file that looks complete; the partial file's name holds the process id, so benchmarks
+    preparing the data at once (parallel tests) never write into each other's.
 
     Args:
         directory: the folder to write (created if needed).
@@ -88,7 +89,7 @@ def write_idx(directory: Path, prefix: str, images: Images, labels: Images) -> l
     for kind, array in (("images-idx3-ubyte", images), ("labels-idx1-ubyte", labels)):
         path = directory / f"{prefix}-{kind}"
         header = bytes([0, 0, _IDX_UBYTE, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
-        partial = path.with_name(path.name + ".part")
+        partial = path.with_name(f"{path.name}.{os.getpid()}.part")
         partial.write_bytes(header + np.ascontiguousarray(array).tobytes())
         os.replace(partial, path)
         written.append(path)

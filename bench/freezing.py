@@ -120,7 +120,7 @@ def cases(*, quick: bool, fashion_root: Path) -> list[Case]:
     if quick:
         return [Case("resnet-quick", "small_resnet",
                      {"blocks": [1, 1, 1], "width": 4, "num_classes": 10}, [1, 28, 28],
-                     fashion(fashion_root, n_train=640, n_validation=500), SGD, epochs=8,
+                     fashion(fashion_root, n_train=320, n_validation=200), SGD, epochs=4,
                      eval_points=(2, 4))]
     return [
         # ResNet-20 (3 stages of 3 blocks; widths 8/16/32 fit the CPU) at 28 px

@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     common.one_thread()
     label = args.case or ("resnet-quick" if args.quick else "resnet20")
-    boundaries = parse_boundaries(args.boundaries or ("40:2,80:0,100:2" if args.quick
+    boundaries = parse_boundaries(args.boundaries or ("10:2,20:0,25:2" if args.quick
                                                       else "800:4"))
     fashion_mnist.prepare(args.fashion_root)
     known = freezing.cases(quick=args.quick, fashion_root=args.fashion_root)

@@ -44,9 +44,12 @@ EVAL_EVERY = 10
 FULL = {"corpus": "email", "length": 64, "batch": 32, "parent_epochs": 3, "child_epochs": 2,
         "parent": {"n_layer": 4, "n_embd": 64, "n_head": 4},
         "child": {"n_layer": 6, "n_embd": 96, "n_head": 4}}
+# The smoke run: 640 windows, and no freezing (its reference process would outlive so short a
+# run's training, and the full run reports what freezing does).
 QUICK = {"corpus": "json", "length": 32, "batch": 32, "parent_epochs": 1, "child_epochs": 1,
          "parent": {"n_layer": 2, "n_embd": 32, "n_head": 2},
-         "child": {"n_layer": 3, "n_embd": 48, "n_head": 2}}
+         "child": {"n_layer": 3, "n_embd": 48, "n_head": 2},
+         "max_samples": 640, "freezing": False}
 
 
 def make_job(name: str, args: dict[str, Any], *, setup: dict[str, Any], seed: int,
@@ -58,13 +61,15 @@ def make_job(name: str, args: dict[str, Any], *, setup: dict[str, Any], seed: in
             "model": {"entrypoint": "models:gpt2_lm", "args": {**args, "n_positions": 256},
                       "task": "language_model", "inputShape": [setup["length"]]},
             "dataset": {"name": "text", "path": corpus(setup["corpus"]),
-                        "validationFraction": 0.1, "splitSeed": seed},
+                        "validationFraction": 0.1, "splitSeed": seed,
+                        "maxSamples": setup.get("max_samples")},
             "training": {"epochs": epochs, "batchSize": setup["batch"], "seed": seed,
                          "optimizer": {"name": "adamw", "lr": 3.0e-3, "weightDecay": 0.01},
                          "lrSchedule": {"name": "cosine"}, "evalEverySteps": EVAL_EVERY,
                          "device": "cpu"},
             "target": {"metric": "validation_loss", "value": 0.01, "stopAtTarget": False},
             "warmStart": {"enabled": warm}, "zoo": {"register": register},
+            "freezing": {"enabled": setup.get("freezing", True)},
         }})
 
 

@@ -176,10 +176,10 @@ def datasets(*, quick: bool, fashion_root: Path) -> list[Dataset]:
                "path": str(fashion_root)}
     if quick:
         return [
-            Dataset("digits", {"name": "digits", "validationFraction": 0.5}, 8, 5, 4,
+            Dataset("digits", {"name": "digits", "validationFraction": 0.5}, 8, 3, 4,
                     {"conv": 0.7, "vit": 0.5, "mixer": 0.6}, (0,)),
-            Dataset("fashion", {**fashion, "maxSamples": 1000, "validationFraction": 0.3}, 14,
-                    2, 4, {"conv": 0.4, "vit": 0.3, "mixer": 0.4}, (0,)),
+            Dataset("fashion", {**fashion, "maxSamples": 600, "validationFraction": 0.5}, 14,
+                    1, 4, {"conv": 0.4, "vit": 0.3, "mixer": 0.4}, (0,)),
         ]
     return [
         Dataset("digits", {"name": "digits", "validationFraction": 0.5}, 8, 10, 4,
@@ -267,7 +267,7 @@ def forward_flops(arch: Arch, ds: Dataset) -> int:
 
 def split_sizes(ds: Dataset) -> dict[str, int]:
     """Training and validation samples and steps per epoch of `ds` (as the trainer splits)."""
-    total = 1797 if ds.spec["name"] == "digits" else ds.spec["maxSamples"]
+    total = ds.spec.get("maxSamples") or 1797  # all of digits: 1,797 images
     n_val = min(total - 1, max(1, round(total * ds.spec["validationFraction"])))
     n_train = total - n_val
     return {"n_train": n_train, "n_val": n_val, "steps_per_epoch": -(-n_train // BATCH_SIZE)}

@@ -110,10 +110,13 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, floa
     return statistics.median(samples), min(samples)
 
 
-def measure_pair_seconds(graphs: dict[str, nx.DiGraph], *, repeats: int) -> list[PairTiming]:
-    """Median seconds of `match.similarity` (and `match.align`) per benchmark pair."""
+def measure_pair_seconds(graphs: dict[str, nx.DiGraph], *, repeats: int,
+                         pairs: dict[tuple[str, str], float] = MODELKEEPER_CPP_SECONDS,
+                         ) -> list[PairTiming]:
+    """Median seconds of `match.similarity` (and `match.align`) per pair of `pairs` (parent,
+    child -> the C++ matcher's seconds)."""
     timings = []
-    for (parent, child), cpp_seconds in MODELKEEPER_CPP_SECONDS.items():
+    for (parent, child), cpp_seconds in pairs.items():
         p, c = graph.prepare(graphs[parent]), graph.prepare(graphs[child])
         median, fastest = _median_seconds(functools.partial(match.similarity, p, c), repeats)
         align_median, _ = _median_seconds(functools.partial(match.align, p, c),
@@ -229,10 +232,11 @@ class SizeTiming:
     clustered_similarity_ratio: float | None = None
 
 
-def extract_zoo_bases() -> list[BaseGraph]:
-    """Graph JSON of every `ZOO_BASES` architecture (meta device: no weights)."""
+def extract_zoo_bases(architectures: Sequence[tuple[str, dict[str, Any]]] = ZOO_BASES,
+                      ) -> list[BaseGraph]:
+    """Graph JSON of every (registry name, args) in `architectures` (meta device: no weights)."""
     bases = []
-    for name, args in ZOO_BASES:
+    for name, args in architectures:
         info = models.get_info(name)
         shape = ZOO_TEXT_SHAPE if str(info.modality) == "text" else ZOO_IMAGE_SHAPE
         with torch.device("meta"):
@@ -347,8 +351,9 @@ def _p95(values: Sequence[float]) -> float:
 
 def measure_query_latency(sizes: Sequence[int] = (100, 1000, 10000), *, queries: int = 20,
                           exhaustive_limit: int = index.EXHAUSTIVE_LIMIT, seed: int = 0,
-                          timeout_seconds: float = 120.0,
-                          compare_clustered: bool = True) -> list[SizeTiming]:
+                          timeout_seconds: float = 120.0, compare_clustered: bool = True,
+                          architectures: Sequence[tuple[str, dict[str, Any]]] = ZOO_BASES,
+                          ) -> list[SizeTiming]:
     """p50/p95 seconds per zoo query at each size, with build cost and memory (docstring, 2).
 
     Args:
@@ -359,11 +364,12 @@ def measure_query_latency(sizes: Sequence[int] = (100, 1000, 10000), *, queries:
         timeout_seconds: per-query deadline (generous: a timeout would flatter latency).
         compare_clustered: at sizes <= the limit, also build clusters and report how often the
             clustered search finds the exhaustive best (`clustered_found_best`).
+        architectures: the real architectures the zoo entries are variants of.
 
     Returns:
         One `SizeTiming` per size.
     """
-    bases = extract_zoo_bases()
+    bases = extract_zoo_bases(architectures)
     children = held_out_children(bases, queries + 1, seed=seed + 1)
     timings = []
     for n in sorted(sizes):
@@ -491,27 +497,30 @@ def plot_latency(timings: Sequence[SizeTiming], path: Path) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = common.arguments(__doc__, "fewer repeats (CI smoke run)")
+    parser = common.arguments(__doc__, "one pair, fewer repeats, small zoos of a third of the "
+                              "architectures (CI smoke run)")
     parser.add_argument("--sizes", help="zoo sizes, comma-separated (default 100,1000,10000; "
-                        "--quick: 100,300 with the exhaustive limit lowered to 150)")
+                        "--quick: 40,120 with the exhaustive limit lowered to 60)")
     parser.add_argument("--queries", type=int, help="timed queries per size (default 20)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    repeats = 5 if args.quick else 31
-    names = sorted({name for pair in MODELKEEPER_CPP_SECONDS for name in pair})
-    graphs = extract_graphs(names)
+    repeats = 3 if args.quick else 31
+    pairs = (dict(list(MODELKEEPER_CPP_SECONDS.items())[:1]) if args.quick
+             else MODELKEEPER_CPP_SECONDS)
+    graphs = extract_graphs(sorted({name for pair in pairs for name in pair}))
 
-    timings = measure_pair_seconds(graphs, repeats=repeats)
+    timings = measure_pair_seconds(graphs, repeats=repeats, pairs=pairs)
     summary = pair_summary(timings)
     print_pair_table(timings)
 
     sizes = (tuple(int(x) for x in args.sizes.split(",")) if args.sizes
-             else (100, 300) if args.quick else (100, 1000, 10000))
-    queries = args.queries or (5 if args.quick else 20)
-    limit = 150 if args.quick and not args.sizes else index.EXHAUSTIVE_LIMIT
+             else (40, 120) if args.quick else (100, 1000, 10000))
+    queries = args.queries or (3 if args.quick else 20)
+    limit = 60 if args.quick and not args.sizes else index.EXHAUSTIVE_LIMIT
     by_size = measure_query_latency(sizes, queries=queries, exhaustive_limit=limit,
-                                            compare_clustered=not args.quick)
+                                    compare_clustered=not args.quick,
+                                    architectures=ZOO_BASES[::3] if args.quick else ZOO_BASES)
     summary.update(latency_summary(by_size))
     print_latency_table(by_size)
 

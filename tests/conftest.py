@@ -1,14 +1,15 @@
 """Shared pytest fixtures.
 
 S3 server (owner: zoo): `s3_server` starts moto's S3-compatible server as a subprocess on
-127.0.0.1 (the `minio` SDK talks to a real server over HTTP), once per session;
-`s3_bucket` gives each test a fresh bucket name on it.
+127.0.0.1 (the `minio` SDK talks to a real server over HTTP), once per session (per xdist
+worker); `s3_bucket` gives each test a fresh bucket name on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import http.client
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,23 @@ import pytest
 from kubesim import client
 
 S3_SERVER_START_SECONDS = 60.0  # moto imports a lot; a loaded 2-core machine needs a while
+
+# The operator's API calls over the whole run, checked against its RBAC rules at the end;
+# pytester runs that check in an inner pytest (tests/integration/test_kubesim_usage.py).
+pytest_plugins = ["kubesim.usage", "pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per xdist worker, and in the processes it starts.
+
+    Several workers share the cores: torch's default of one thread per core in each would
+    oversubscribe them (a single process, run without xdist, keeps torch's default).
+    """
+    if hasattr(config, "workerinput"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch  # after the variable, so torch's thread pool starts with one thread
+
+        torch.set_num_threads(1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,12 @@ def freeze_under_fsdp(ctx: parallel.Context) -> dict[str, Any]:
             "stem_grads_none": all(p.grad is None for p in raw.stem.parameters())}
 
 
+def both_under_fsdp(ctx: parallel.Context) -> dict[str, Any]:
+    """`freeze_under_fsdp`, then `policy_under_fsdp`, in the same ranks: one start-up of the
+    processes and their process group serves both (each builds its own model and optimizer)."""
+    return {"by_hand": freeze_under_fsdp(ctx), "policy": policy_under_fsdp(ctx)}
+
+
 # Permissive knobs of the real policy: every probe's answer counts, one cycle of three decides.
 POLICY_SETTINGS = controller.Settings(check_every_steps=1, window=3, tolerance=10.0,
                                       peak_fraction=1.0, patience=1, probe_batch_size=4,

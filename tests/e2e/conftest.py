@@ -1,19 +1,17 @@
-"""Fixtures of the operator's end-to-end tests: one simulated cluster per session.
+"""Fixtures of the operator's end-to-end tests: one simulated cluster per xdist worker's session.
 
 kmock's emulator with one CPU-only node, the test kubelet, the zoo in a moto S3 bucket, and the
 real operator as a subprocess with short intervals. Each test works in its own namespace.
 """
 
-# Every API call the operator makes, in any emulator of the session, is collected; at the end
-# the set is written to ``<session tmp>/api-calls.json`` (and to $KILN_E2E_API_CALLS when set)
-# for the Helm chart's RBAC test (`kubesim.usage`).
+# Every API call the operator makes, in any emulator of the session, is collected in
+# `api_calls`; at the end of the run the union over all xdist workers is checked against the
+# operator's RBAC rules (`kubesim.usage`).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,22 +34,10 @@ OPERATOR_ARGS = [
 ]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Count the e2e tests before any deselection (test_rbac_usage checks all of them ran)."""
-    config.stash[usage.E2E_TESTS_COLLECTED] = sum(1 for i in items if "e2e" in i.path.parts)
-
-
 @pytest.fixture(scope="session")
-def api_calls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[usage.ApiCall]]:
-    """Every API call the operator made in this session (written out at the end)."""
-    calls: set[usage.ApiCall] = set()
-    yield calls
-    path = usage.write(tmp_path_factory.getbasetemp() / "api-calls.json", calls)
-    extra = os.environ.get("KILN_E2E_API_CALLS")
-    if extra:
-        usage.write(Path(extra), calls)
-    print(f"\noperator API calls ({len(calls)}) written to {path}")
+def api_calls(request: pytest.FixtureRequest) -> set[usage.ApiCall]:
+    """Every API call the operator made in this process; add each emulator's when it stops."""
+    return usage.recorded(request.config)
 
 
 @pytest.fixture(scope="session")

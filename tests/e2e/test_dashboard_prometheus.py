@@ -220,9 +220,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                                       container_reason="OOMKilled", check_every_seconds=0.0))
     cluster.client.create_job(namespace, scenario.tiny_job(FLAKY, run_policy={"backoffLimit": 1}))
     scenario.wait_phase(cluster, namespace, PARENT, "Succeeded", details=operator.log_tail)
-    # Enough epochs to outlast the checks: the job is deleted at the end.
-    cluster.client.create_job(namespace, scenario.tiny_job(CHILD, width=12, epochs=400,
-                                                           max_samples=None))
+    # It never ends: it outlasts the checks, and is deleted at the end.
+    cluster.client.create_job(namespace, scenario.tiny_job(
+        CHILD, width=12, epochs=scenario.ENDLESS_EPOCHS, max_samples=None))
     try:
         failed = scenario.wait_phase(cluster, namespace, FLAKY, "Failed",
                                      details=operator.log_tail)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kmock
-from kubesim import client, emulator, operator_process, scenario, usage
+from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 
 from kiln.controller import kueue, rbac
 from kiln.zoo import records
@@ -94,15 +94,15 @@ def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
             "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
         cluster.client.create_secret(namespace, *zoo_secret)
         with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
-                               args=[*operator_args, "--kueue"]) as (_, operator):
-            _run(cluster, operator, zoo, namespace)
+                               args=[*operator_args, "--kueue"]) as (node, operator):
+            _run(cluster, node, operator, zoo, namespace)
         calls = usage.api_calls(cluster.requests)
     granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
     assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
 
 
-def _run(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
-         zoo: scenario.Zoo, namespace: str) -> None:
+def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
+         operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str) -> None:
     name, plain = "digits-kueue", "digits-plain"
 
     def details() -> str:
@@ -111,7 +111,10 @@ def _run(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
         return f"pods: {shown}\nworkloads: {_workloads(cluster, namespace)}\n" + str(
             operator.log_tail())
 
-    # 30 epochs (~0.5 s each): the eviction lands while it trains.
+    # Held once it has a checkpoint, until the eviction stops it; 30 epochs are far more than
+    # it trains between two of the kubelet's checks.
+    node.hold(kubelet.Hold(namespace, f"{name}-trainer-0",
+                           when=scenario.checkpointed(zoo, namespace, name)))
     cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=30, max_samples=None))
     unlabelled = scenario.tiny_job(plain)
     unlabelled["metadata"]["labels"] = {}

@@ -101,12 +101,13 @@ def test_a_trainer_killed_with_a_retryable_code_resumes_from_its_checkpoint(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
     node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, namespace: str,
 ) -> None:
-    created = cluster.client.create_job(namespace, scenario.tiny_job(
-        "digits-killed", epochs=20, max_samples=None))
-    checkpoint = records.checkpoint_key(namespace, "digits-killed", created["metadata"]["uid"])
+    # Killed at the kubelet's first check (every poll) after its first checkpoint: of its 20
+    # epochs, far more are left than any trainer runs between two checks.
     fault = node_kubelet.inject(kubelet.Fault(  # looked up when the pod starts
         job="digits-killed", signal=signal.SIGKILL, attempts=frozenset({0}),
-        when=lambda _pod: zoo.store.exists(checkpoint), check_every_seconds=0.2))
+        when=scenario.checkpointed(zoo, namespace, "digits-killed"), check_every_seconds=0.0))
+    cluster.client.create_job(namespace, scenario.tiny_job(
+        "digits-killed", epochs=20, max_samples=None))
     done = scenario.wait_phase(cluster, namespace, "digits-killed", "Succeeded",
                                details=operator.log_tail)
     assert fault.hits == ["digits-killed-trainer-0"]
@@ -166,9 +167,9 @@ def test_a_job_created_again_under_a_deleted_jobs_name_trains_afresh(
 ) -> None:
     name = "digits-again"
     folder = f"{records.CHECKPOINTS_PREFIX}{namespace}/{name}/"
-    # 200 epochs: still training, long after its first checkpoint, when it is deleted.
+    # Still training, long after its first checkpoint, when it is deleted: it never ends.
     first = cluster.client.create_job(namespace, scenario.tiny_job(
-        name, epochs=200, max_samples=None))
+        name, epochs=scenario.ENDLESS_EPOCHS, max_samples=None))
     scenario.wait_job(cluster, namespace, name,
                       lambda job: scenario.phase(job) == "Running"
                       and bool(zoo.store.list_keys(folder)),

@@ -20,9 +20,14 @@ from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 from kiln.controller import gang, pods
 from kiln.zoo import records
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 NODES = ("gpu-node-a", "gpu-node-b")
 GPUS_PER_NODE = 2
 START_TIMEOUT_SECONDS = 20  # the test kubelet starts a pod it can schedule at once
+# The killed gang's budget: far more epochs left after its first checkpoint than it trains
+# between two of the kubelet's checks (every poll), so the kill lands mid-run.
+EPOCHS = 12
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +85,13 @@ def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_on
     # One job covers both the gang's layout and its restart: each multi-node job here costs a
     # rendezvous of four processes per attempt, so one job with a fault is the cheapest check.
     name, ns = "digits-gang", gang_namespace
-    created = gang_cluster.client.create_job(ns, _gang_job(name, {"gpus": 4, "nodes": 2},
-                                                           epochs=4))
-    checkpoint = records.checkpoint_key(ns, name, created["metadata"]["uid"])
     # Kill the second node's trainer of the first attempt once a checkpoint exists (the
     # fault is looked up when a pod starts).
+    checkpointed = scenario.checkpointed(zoo, ns, name)
     fault = gang_kubelet.inject(kubelet.Fault(
         job=name, signal=signal.SIGKILL, attempts=frozenset({0}),
-        when=lambda pod: pod.name.endswith("-1") and zoo.store.exists(checkpoint),
-        check_every_seconds=0.1))
+        when=lambda pod: pod.name.endswith("-1") and checkpointed(pod), check_every_seconds=0.0))
+    gang_cluster.client.create_job(ns, _gang_job(name, {"gpus": 4, "nodes": 2}, epochs=EPOCHS))
     done = scenario.wait_phase(gang_cluster, ns, name, "Succeeded",
                                details=gang_operator.log_tail)
 
@@ -117,7 +120,7 @@ def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_on
     assert _ranks(gang_kubelet.pod_log(ns, leader)) == {0, 1}
     assert _ranks(gang_kubelet.pod_log(ns, worker)) == {2, 3}
     result = scenario.termination_result(gang_cluster, ns, leader)
-    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == 4
+    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == EPOCHS
     assert done["status"]["result"]["zooModel"] == result["zoo_model"]
     assert [r.id for r in records.list_records(zoo.store)
             if r.job_name == name] == [result["zoo_model"]]  # registered once, by rank 0

@@ -15,7 +15,9 @@ def test_a_job_deleted_while_the_operator_is_down_goes_at_once_and_takes_its_pod
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
 ) -> None:
     name = "digits-orphaned"
-    cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=8, max_samples=None))
+    # Still training when it is deleted: it never ends.
+    cluster.client.create_job(namespace, scenario.tiny_job(
+        name, epochs=scenario.ENDLESS_EPOCHS, max_samples=None))
     job = scenario.wait_phase(cluster, namespace, name, "Running", details=operator.log_tail)
     assert not job["metadata"].get("finalizers")  # the default: --no-finalizer
     (pod,) = cluster.client.pods(namespace, name)

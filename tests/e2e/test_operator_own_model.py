@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kubesim import emulator, operator_process, scenario
+from kubesim import client, emulator, kubelet, operator_process, scenario
 
 from kiln import api
 from kiln.zoo import records
@@ -30,8 +30,8 @@ def _mixer_job(name: str, *, dim: int, depth: int, epochs: int = 2,
 
 
 def test_an_entrypoint_job_is_profiled_and_warm_started_before_placement(
-    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
-    namespace: str,
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+    node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, namespace: str,
 ) -> None:
     # Long enough to beat a fresh model clearly, or the warm-start guard refuses it as a parent.
     cluster.client.create_job(namespace, _mixer_job("mixer-first", dim=16, depth=1, epochs=5))
@@ -57,19 +57,27 @@ def test_an_entrypoint_job_is_profiled_and_warm_started_before_placement(
     record = records.read_record(zoo.store, model)
     assert (record.entrypoint, record.architecture) == ("mynets.mixer:mixer", None)
 
-    # All 1,797 digits for 4 epochs: long enough for the operator to read progress.
-    cluster.client.create_job(namespace, _mixer_job("mixer-bigger", dim=24, depth=2, epochs=4,
+    # Held once its metrics show a step, until the operator has read them; of its 10 epochs of
+    # all 1,797 digits, far more are left then than a trainer runs between two checks.
+    trainer = node_kubelet.hold(kubelet.Hold(
+        namespace, "mixer-bigger-trainer-0",
+        when=lambda pod: bool(scenario.trainer_progress(pod).get("step"))))
+    cluster.client.create_job(namespace, _mixer_job("mixer-bigger", dim=24, depth=2, epochs=10,
                                                     max_samples=None))
     queued = scenario.wait_job(
         cluster, namespace, "mixer-bigger",
         lambda job: scenario.condition(job, "WarmStarted") is not None,
         what="the warm-start decision recorded before placement", details=operator.log_tail)
     assert queued["status"]["warmStart"]["parent"] == model
+    client.wait_until(trainer.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
+                      what="the trainer to be held", details=operator.log_tail)
     running = scenario.wait_job(
         cluster, namespace, "mixer-bigger",
-        lambda job: bool(((job.get("status") or {}).get("progress") or {}).get("step")),
+        lambda job: scenario.phase(job) == "Running"
+        and bool(((job.get("status") or {}).get("progress") or {}).get("step")),
         what="progress read from the trainer's metrics", details=operator.log_tail)
     assert running["status"]["progress"]["samplesPerSecond"] > 0
+    trainer.release()
     second = scenario.wait_phase(cluster, namespace, "mixer-bigger", "Succeeded",
                                  details=operator.log_tail)
     api.TrainingJobStatus.model_validate(second["status"])
@@ -118,8 +126,11 @@ def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(
 
 
 def test_suspending_a_job_while_it_profiles_keeps_the_measurement_and_resumes_placed(
-    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+    node_kubelet: kubelet.Kubelet, namespace: str,
 ) -> None:
+    # The profiling pod is held from its start until the suspension is recorded.
+    profiling = node_kubelet.hold(kubelet.Hold(namespace, "mixer-pause-profile"))
     cluster.client.create_job(namespace, _mixer_job("mixer-pause", dim=8, depth=1))
     scenario.wait_job(
         cluster, namespace, "mixer-pause",
@@ -127,6 +138,11 @@ def test_suspending_a_job_while_it_profiles_keeps_the_measurement_and_resumes_pl
         what="Profiled=Unknown while its pod runs", details=operator.log_tail)
     cluster.client.patch(cluster.client.jobs_path(namespace, "mixer-pause"),
                          {"spec": {"runPolicy": {"suspend": True}}})
+    scenario.wait_job(
+        cluster, namespace, "mixer-pause",
+        lambda job: (scenario.condition(job, "Suspended") or {}).get("status") == "True",
+        what="the suspension recorded", details=operator.log_tail)
+    profiling.release()
     paused = scenario.wait_job(
         cluster, namespace, "mixer-pause",
         lambda job: (scenario.condition(job, "Profiled") or {}).get("status") == "True",

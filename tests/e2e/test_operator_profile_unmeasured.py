@@ -21,6 +21,8 @@ from kubesim import client, emulator, operator_process, scenario, usage
 
 from kiln import api
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 NODE = "typed-gpu-node"
 PRODUCT = "NVIDIA-A100-SXM4-40GB"
 ZOO_SECRET = "kiln-zoo"

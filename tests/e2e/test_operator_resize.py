@@ -5,35 +5,39 @@ right after, the minimum interval between moves holds it where it is.
 A cluster of its own (one node with 4 GPUs; no GPU runs here, the trainers fall back to the
 CPU) and a zoo bucket of its own, holding one record that makes the job's runtime estimate
 scale with GPUs (its recorded throughput is slow) but that warm start never picks (another
-modality).
+modality). Its own operator, for the resize settings. The test kubelet holds each trainer
+(`kubelet.Hold`) while the operator decides, so no verdict depends on how fast it trains.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from kubesim import emulator, kubelet, operator_process, scenario, usage
+from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 
 from kiln import api
 from kiln.warmstart import decision, graph
 from kiln.zoo import records, store
 
 NODE = "gpu-node-1"
-EPOCHS = 120
+# Far more than a trainer runs between two checks of the kubelet (a hold's), and an ETA that
+# pays a 0.01 s restart on a machine many times faster than this one.
+EPOCHS = 20
 ZOO_SECRET = "kiln-zoo"
-# The session operator's short intervals (conftest), and moves that pay after a 1 s restart.
+# The session operator's short intervals (conftest), and moves that pay after a 0.01 s restart.
 OPERATOR_ARGS = [
     "--placement-interval-seconds", "1", "--housekeeping-interval-seconds", "0.5",
     "--no-placement-use-milp", "--zoo-refresh-seconds", "0",
     "--termination-grace-seconds", "30", "--zoo-retry-delay-seconds", "0.5",
     "--zoo-request-attempts", "1",
     "--resize-min-gain", "2", "--resize-min-interval-seconds", "3600",
-    "--resize-restart-seconds", "1",
+    "--resize-restart-seconds", "0.01",
     "--no-profile-unmeasured",  # the zoo record alone shapes the estimate here
 ]
 
@@ -92,7 +96,7 @@ def _slow_record(zoo: store.ObjectStore, job: dict[str, Any]) -> None:
 def _foreign_pod(cluster: emulator.Emulator, namespace: str, name: str, gpus: int) -> str:
     """A pod Kiln does not own holding `gpus` GPUs of the node."""
     cluster.client.create(cluster.client.pods_path(namespace), {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1, "containers": [{
             "name": "sleep", "image": "busybox", "command": [
                 "python", "-c", "import time; time.sleep(600)"],
@@ -104,28 +108,44 @@ def _foreign_pod(cluster: emulator.Emulator, namespace: str, name: str, gpus: in
     return name
 
 
+def _placement_rounds(cluster: emulator.Emulator, since: float) -> int:
+    """How many times the operator listed the nodes after `since` (`time.monotonic()`): each
+    placement round starts so, and no job is admitted meanwhile here."""
+    return sum(1 for r in cluster.requests if r.seconds > since and r.action == "LIST"
+               and r.resource == "nodes" and r.user_agent.startswith(usage.OPERATOR_USER_AGENTS))
+
+
 def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
     gpu_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
     gpu_operator: tuple[operator_process.OperatorProcess, kubelet.Kubelet],
 ) -> None:
-    operator, _ = gpu_operator
+    operator, node_kubelet = gpu_operator
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     gpu_cluster.client.create_secret(namespace, ZOO_SECRET, {
         "accessKey": gpu_zoo.access_key, "secretKey": gpu_zoo.secret_key})
     name = "digits-grow"
-    # Long enough (about 30 s on one idle core) that the job still runs when the GPU frees,
-    # however slowly a loaded machine lets the operator react.
     job = scenario.tiny_job(name, epochs=EPOCHS, max_samples=None)
     _slow_record(gpu_zoo.store, job)
+    # Each trainer is held once it has a checkpoint and an ETA to show: the first while the
+    # operator decides to move it, the second while it decides not to move it again.
+    checkpointed = scenario.checkpointed(gpu_zoo, namespace, name)
+
+    def shows_eta(pod: kubelet.RunningPod) -> bool:
+        return bool(scenario.trainer_progress(pod).get("etaSeconds"))
+
+    first = node_kubelet.hold(kubelet.Hold(
+        namespace, f"{name}-trainer-0", when=lambda pod: checkpointed(pod) and shows_eta(pod)))
+    second = node_kubelet.hold(kubelet.Hold(namespace, f"{name}-trainer-1", when=shows_eta))
     one = _foreign_pod(gpu_cluster, namespace, "one-gpu-user", 1)
     two = _foreign_pod(gpu_cluster, namespace, "two-gpu-user", 2)
-    created = gpu_cluster.client.create_job(namespace, job)
-    checkpoint = records.checkpoint_key(namespace, name, created["metadata"]["uid"])
+    gpu_cluster.client.create_job(namespace, job)
+    client.wait_until(first.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
+                      what="the first trainer to be held", details=operator.log_tail)
     running = scenario.wait_job(
         gpu_cluster, namespace, name,
-        lambda doc: scenario.phase(doc) == "Running" and gpu_zoo.store.exists(checkpoint)
+        lambda doc: scenario.phase(doc) == "Running"
         and bool(doc["status"].get("progress", {}).get("etaSeconds")),
-        what="running on 1 GPU with a checkpoint and an ETA", details=operator.log_tail)
+        what="running on 1 GPU with an ETA", details=operator.log_tail)
     assert running["status"]["placement"]["gpus"] == 1
 
     gpu_cluster.client.delete(gpu_cluster.client.pods_path(namespace, one))
@@ -134,8 +154,21 @@ def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
         and doc["status"]["attempts"] == 2, what="running again after the move",
         details=operator.log_tail)
     assert grown["status"]["placement"]["gpus"] == 2, operator.log_tail()
-    # Two more GPUs: growing to 4 would pay too, but the job moved less than an hour ago.
+    client.wait_until(second.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
+                      what="the second trainer to be held", details=operator.log_tail)
+    # Two more GPUs: growing to 4 would pay too, but the job moved less than an hour ago. The
+    # operator reads the held trainer's ETA with them free, then plans a whole round.
     gpu_cluster.client.delete(gpu_cluster.client.pods_path(namespace, two))
+    client.wait_until(lambda: gpu_cluster.client.get(
+        gpu_cluster.client.pods_path(namespace, two)) is None, timeout_seconds=60,
+        what="the two GPUs to be free")
+    freed = time.monotonic()
+    read = client.wait_until(lambda: next((t for t in second.reads if t > freed), None),
+                             timeout_seconds=60, what="the operator to read the held ETA",
+                             details=operator.log_tail)
+    client.wait_until(lambda: _placement_rounds(gpu_cluster, read) >= 2, timeout_seconds=60,
+                      what="a placement round after that read", details=operator.log_tail)
+    second.release()
     done = scenario.wait_phase(gpu_cluster, namespace, name, "Succeeded",
                                details=operator.log_tail)
     placement = done["status"]["placement"]

@@ -8,14 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubesim import client, emulator, operator_process, scenario, usage
+from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 
 
 def test_an_operator_killed_mid_job_restarts_without_duplicate_pods(
-    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+    node_kubelet: kubelet.Kubelet, namespace: str,
 ) -> None:
     name = "digits-survivor"
-    cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=8, max_samples=None))
+    # Both trainers are held from their start: each is running while the test acts.
+    survivor = node_kubelet.hold(kubelet.Hold(namespace, f"{name}-trainer-0"))
+    node_kubelet.hold(kubelet.Hold(namespace, "digits-waiting-trainer-0"))
+    cluster.client.create_job(namespace, scenario.tiny_job(name))
     cluster.client.create_job(namespace, scenario.tiny_job(
         "digits-waiting", run_policy={"suspend": True}))
     running = scenario.wait_phase(cluster, namespace, name, "Running", details=operator.log_tail)
@@ -23,7 +27,7 @@ def test_an_operator_killed_mid_job_restarts_without_duplicate_pods(
 
     operator.kill()
     operator.start()
-
+    survivor.release()  # once the restarted operator watches, with the trainer still running
     done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
     assert scenario.pod_creations(cluster, namespace, name) == [f"{name}-trainer-0"]
     assert done["status"]["attempts"] == 1
@@ -71,7 +75,7 @@ def test_a_zoo_outage_is_reported_retried_and_then_cold_started(
         cluster, "team-a", "digits-no-zoo",
         lambda job: (scenario.condition(job, "WarmStarted") or {}).get("reason")
         == "ZooUnavailable", what="WarmStarted=False/ZooUnavailable", details=operator.log_tail)
-    assert "attempt 1 of 3" in scenario.condition(waiting, "WarmStarted")["message"]
+    assert "The model zoo is unreachable" in scenario.condition(waiting, "WarmStarted")["message"]
 
     queued = scenario.wait_phase(cluster, "team-a", "digits-no-zoo", "Queued",
                                  details=operator.log_tail)
@@ -81,6 +85,9 @@ def test_a_zoo_outage_is_reported_retried_and_then_cold_started(
     warnings = [e for e in scenario.events(cluster, "team-a", "digits-no-zoo")
                 if e["reason"] == "ZooUnavailable"]
     assert len(warnings) == 2 and all(e["type"] == "Warning" for e in warnings)
+    # Each attempt in turn (the condition said the same, but the test may read it late).
+    messages = [e["message"] for e in warnings]
+    assert "attempt 1 of 3" in messages[0] and "attempt 2 of 3" in messages[1], messages
 
     pod = client.wait_until(lambda: cluster.client.pods("team-a", "digits-no-zoo"),
                               timeout_seconds=30, what="the cold-started job's pod")[0]

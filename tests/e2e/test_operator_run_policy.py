@@ -15,7 +15,12 @@ def test_suspend_stops_the_trainer_with_a_checkpoint_and_resume_continues_from_i
     node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, namespace: str,
 ) -> None:
     name = "digits-pause"
-    # 30 epochs (~0.5 s each): the suspension lands long before the end.
+    # Held once it has a checkpoint and progress to show, until the suspension stops it; 30
+    # epochs are far more than it trains between two of the kubelet's checks.
+    checkpointed = scenario.checkpointed(zoo, namespace, name)
+    node_kubelet.hold(kubelet.Hold(
+        namespace, f"{name}-trainer-0",
+        when=lambda pod: checkpointed(pod) and bool(scenario.trainer_progress(pod).get("step"))))
     created = cluster.client.create_job(namespace, scenario.tiny_job(name, epochs=30,
                                                                      max_samples=None))
     checkpoint = records.checkpoint_key(namespace, name, created["metadata"]["uid"])
@@ -71,7 +76,8 @@ def test_a_job_past_its_active_deadline_fails_and_its_trainer_is_stopped(
 ) -> None:
     name = "digits-late"
     cluster.client.create_job(namespace, scenario.tiny_job(
-        name, epochs=200, max_samples=None, run_policy={"activeDeadlineSeconds": 3}))
+        name, epochs=scenario.ENDLESS_EPOCHS, max_samples=None,
+        run_policy={"activeDeadlineSeconds": 3}))
     failed = scenario.wait_phase(cluster, namespace, name, "Failed", details=operator.log_tail)
     reason = scenario.condition(failed, "Failed")
     assert reason["reason"] == "DeadlineExceeded"
@@ -98,7 +104,7 @@ def test_a_deadline_stops_the_trainer_of_a_pod_that_clean_pod_policy_none_keeps(
 ) -> None:
     name = "digits-late-kept"
     cluster.client.create_job(namespace, scenario.tiny_job(
-        name, epochs=200, max_samples=None,
+        name, epochs=scenario.ENDLESS_EPOCHS, max_samples=None,
         run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"}))
     failed = scenario.wait_phase(cluster, namespace, name, "Failed", details=operator.log_tail)
     assert scenario.condition(failed, "Failed")["reason"] == "DeadlineExceeded"

@@ -40,9 +40,10 @@ def test_the_guard_refuses_a_bad_parent_and_status_shows_it_while_the_job_runs(
     cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
     namespace: str,
 ) -> None:
-    # Every digit for many epochs: the job runs long after its first metrics are read, however
-    # slowly a loaded machine lets the operator read them (it is deleted once checked).
-    doc = scenario.tiny_job("digits-guarded", epochs=2000, max_samples=None, model=MODEL)
+    # It never ends: it still runs when the operator reads its metrics, however late (it is
+    # deleted once checked).
+    doc = scenario.tiny_job("digits-guarded", epochs=scenario.ENDLESS_EPOCHS, max_samples=None,
+                            model=MODEL)
     doc["metadata"]["namespace"] = namespace
     bad = _register_bad_parent(zoo, doc)
     # Pinned: other tests' digits models share this zoo, and the guard would rightly fall

@@ -23,6 +23,7 @@ from kiln import api
 from kiln.zoo import records
 
 MODEL = {"architecture": "small_cnn", "args": {"depth": 2, "width": 15}, "inputShape": [1, 8, 8]}
+MINTED = "kiln.dev/zoo-access-minted"
 CREDENTIAL_ENV = {"KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY", "KILN_ZOO_SESSION_TOKEN",
                   "KILN_ZOO_CREDENTIALS", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
@@ -35,6 +36,12 @@ def _job(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
 
 def _secret(cluster: emulator.Emulator, namespace: str, job: str) -> dict[str, Any] | None:
     return cluster.client.get(f"/api/v1/namespaces/{namespace}/secrets/{job}-zoo-access")
+
+
+def _minted(secret: dict[str, Any] | None) -> str | None:
+    """When the Secret's URLs were signed (None: no Secret)."""
+    annotations = ((secret or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations[MINTED]) if MINTED in annotations else None
 
 
 def _manifest(secret: dict[str, Any]) -> dict[str, Any]:
@@ -74,10 +81,18 @@ def test_pods_reach_only_their_jobs_objects_and_visible_parents(
                            if r.namespace == team_a and not r.provisional)
             shared = _shared_copy(zoo, private)
 
+            # The child's trainer is held from its start until its Secret is signed again.
+            trainer = node.hold(kubelet.Hold(team_b, "child-trainer-0"))
             cluster.client.create_job(team_b, _job("child", team_b))
             first = client.wait_until(lambda: _secret(cluster, team_b, "child"),
                                       timeout_seconds=scenario.JOB_SECONDS,
                                       what="child's zoo access Secret", details=operator.log_tail)
+            client.wait_until(trainer.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
+                              what="child's trainer to start", details=operator.log_tail)
+            client.wait_until(lambda: _minted(_secret(cluster, team_b, "child")) != _minted(first),
+                              timeout_seconds=60, what="child's Secret to be signed again",
+                              details=operator.log_tail)
+            trainer.release()
             done = scenario.wait_phase(cluster, team_b, "child", "Succeeded",
                                        details=operator.log_tail)
             _check_child(cluster, zoo, team_b, done, first, private, shared)
@@ -100,14 +115,13 @@ def _check_child(cluster: emulator.Emulator, zoo: scenario.Zoo, team_b: str,
     assert len(registered) == 1 and registered[0].parent == shared.id, registered
 
     # The Secret: owned by the job (the garbage collector, which the emulator lacks, deletes
-    # it with the job), re-signed while it ran, nothing of A's private model.
+    # it with the job), re-signed while it ran (held), nothing of A's private model.
     secret = _secret(cluster, team_b, "child")
     assert secret is not None
     owner = secret["metadata"]["ownerReferences"][0]
     assert (owner["uid"], owner["kind"], owner["controller"]) == (
         done["metadata"]["uid"], "TrainingJob", True)
-    minted = "kiln.dev/zoo-access-minted"
-    assert secret["metadata"]["annotations"][minted] != first["metadata"]["annotations"][minted]
+    assert _minted(secret) != _minted(first)
     manifest = _manifest(secret)
     assert manifest["record"] == registered[0].id
     assert private.id not in json.dumps(manifest)

@@ -25,6 +25,8 @@ from kubesim import helm
 
 from kiln.controller import main, pods
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the chart's kubeVersion admits is 1.26
 EVERYTHING_ON = {

@@ -16,6 +16,8 @@ from kubesim import helm
 
 from kiln.controller import rbac
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 
 @pytest.fixture(scope="module")
 def namespaced_release() -> helm.Release:

@@ -18,6 +18,8 @@ from kubesim import helm
 
 from kiln.controller import main, rbac
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 KUBERNETES_VERSION = "1.30.0"
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import clirun
 import yaml
 
 from kiln import api
@@ -22,15 +21,12 @@ from kiln.zoo import records, store
 from kiln_trainer import data
 
 SHAPES = Path(__file__).resolve().parents[1] / "data" / "shapes"
-KILN = [sys.executable, "-m", "kiln.cli"]
-DEADLINE_SECONDS = 240.0
 
 
-def _kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _kiln(*args: str, cwd: Path) -> clirun.Done:
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     environ.pop("KILN_ZOO", None)
-    return subprocess.run([*KILN, *args], cwd=cwd, env=environ, capture_output=True, text=True,
-                          timeout=DEADLINE_SECONDS, check=False)
+    return clirun.kiln(*args, cwd=cwd, env=environ)
 
 
 def _job(path: Path, name: str, folder: Path) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 model (no split: FSDP's hooks run in its forward), without gradients, and the policy decides
 with every rank in its probes and reference refreshes.
 
-The ranks run `fsdp_freezing_harness.freeze_under_fsdp` (a boundary set by hand) and
+The ranks run `fsdp_freezing_harness.freeze_under_fsdp` (a boundary set by hand), then
 `policy_under_fsdp` (rank 0's reference process decides); weight decay and momentum are on, so
 a frozen parameter that still reached the optimizer (a zero gradient, stale momentum) would
 move. The last test runs the default trainer under torchrun with ``--parallelism fsdp``.
@@ -25,10 +25,18 @@ import yaml
 
 from kiln import contract
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    return harness.run_ranks(fsdp_freezing_harness.freeze_under_fsdp, 2, "fsdp")
+def both_ranks() -> list[dict[str, Any]]:
+    return harness.run_ranks(fsdp_freezing_harness.both_under_fsdp, 2, "fsdp",
+                             timeout_seconds=480.0)
+
+
+@pytest.fixture(scope="module")
+def ranks(both_ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rank["by_hand"] for rank in both_ranks]
 
 
 def test_frozen_parameters_stay_bit_identical_over_later_fsdp_steps(
@@ -57,9 +65,8 @@ def test_the_sharded_model_is_not_split_and_the_loss_keeps_falling(
 
 
 @pytest.fixture(scope="module")
-def policy_ranks() -> list[dict[str, Any]]:
-    return harness.run_ranks(fsdp_freezing_harness.policy_under_fsdp, 2, "fsdp",
-                             timeout_seconds=480.0)
+def policy_ranks(both_ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rank["policy"] for rank in both_ranks]
 
 
 def test_the_policy_freezes_a_prefix_under_fsdp_at_the_same_step_on_every_rank(

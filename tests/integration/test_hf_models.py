@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import clirun
 import pytest
 import torch
 import torch.nn.functional as F
@@ -189,13 +189,11 @@ def test_save_pretrained_weights_import_and_a_deeper_gpt2_warm_starts_from_them_
     assert (tmp_path / "gpt2-pretrained" / "config.json").is_file()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE)}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "zoo", "import", str(tmp_path / "gpt2-pretrained"),
-         "--entrypoint", "models:gpt2_lm", "--args", json.dumps(SMALL),
-         "--input-shape", str(LENGTH), "--task",
-         "language_model", "--metric", "validation_loss=2.5", "--license", "Apache-2.0",
-         "--zoo", "zoo"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-        timeout=300)
+    done = clirun.kiln(
+        "zoo", "import", str(tmp_path / "gpt2-pretrained"), "--entrypoint", "models:gpt2_lm",
+        "--args", json.dumps(SMALL), "--input-shape", str(LENGTH), "--task", "language_model",
+        "--metric", "validation_loss=2.5", "--license", "Apache-2.0", "--zoo", "zoo",
+        cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     zoo = store.DirStore(tmp_path / "zoo")
     (imported,) = records.list_records(zoo)
@@ -211,9 +209,7 @@ def test_save_pretrained_weights_import_and_a_deeper_gpt2_warm_starts_from_them_
                               epochs=3), encoding="utf-8")
     (tmp_path / "models.py").write_text((EXAMPLE / "models.py").read_text())  # beside the job
     env.pop("PYTHONPATH")
-    done = subprocess.run([sys.executable, "-m", "kiln.cli", "run", str(job), "--zoo", "zoo"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-                          timeout=600)
+    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     tuned = next(r for r in records.list_records(zoo) if r.job_name == "gpt2-bigger")
     assert tuned.parent == imported.id and tuned.entrypoint == "models:gpt2_lm"
@@ -269,9 +265,7 @@ def test_a_user_model_nothing_traces_starts_cold_with_the_reason_and_trains(
         "  training: {epochs: 1, batchSize: 64}\n", encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run([sys.executable, "-m", "kiln.cli", "run", "job.yaml", "--zoo", "zoo"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-                          timeout=300)
+    done = clirun.kiln("run", "job.yaml", "--zoo", "zoo", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
     assert "torch.fx cannot trace" in out and "torch.export failed" in out, out
@@ -311,9 +305,7 @@ def test_a_bert_classifier_on_a_dataset_callable_trains_and_a_bigger_one_warm_st
         jobs.append(str(job))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE)}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run([sys.executable, "-m", "kiln.cli", "run", *jobs, "--zoo", "zoo",
-                           "--slots", "1"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, check=False, timeout=600)
+    done = clirun.kiln("run", *jobs, "--zoo", "zoo", "--slots", "1", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     found = {r.job_name: r for r in records.list_records(store.DirStore(tmp_path / "zoo"))}
     small, bigger = found["bert-small"], found["bert-bigger"]

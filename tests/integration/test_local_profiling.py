@@ -7,27 +7,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import clirun
 import yaml
 
 from kiln import contract
 from kiln.zoo import records, store
 
-KILN = [sys.executable, "-m", "kiln.cli"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-model"
-DEADLINE_SECONDS = 240.0
 
 
-def _kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _kiln(*args: str, cwd: Path) -> clirun.Done:
     # The variants live in tmp_path, so the example's package comes from PYTHONPATH.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": str(EXAMPLE)}
     env.pop("KILN_ZOO", None)
-    return subprocess.run([*KILN, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=DEADLINE_SECONDS, check=False)
+    return clirun.kiln(*args, cwd=cwd, env=env)
 
 
 def _small(source: str, target: Path, **model: object) -> Path:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
 
@@ -52,9 +53,11 @@ def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproces
 
 
 def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path: Path) -> None:
-    first = _job(tmp_path / "a.yaml", "digits-a")
-    second = _job(tmp_path / "b.yaml", "digits-b", target={"metric": "validation_accuracy",
-                                                           "value": 0.5})
+    # Freezing off: its reference processes would only add two more interpreters here.
+    off = {"enabled": False}
+    first = _job(tmp_path / "a.yaml", "digits-a", freezing=off)
+    second = _job(tmp_path / "b.yaml", "digits-b", freezing=off,
+                  target={"metric": "validation_accuracy", "value": 0.5})
     # --slots 1: one after another in file order on any machine (the sequential runner).
     done = _kiln("run", str(first), str(second), "--zoo", "zoo", "--slots", "1", cwd=tmp_path,
                  env=_env(KILN_TENSORBOARD_DIR=str(tmp_path / "tensorboard")))
@@ -77,12 +80,13 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
         assert said == [f"{name}: epoch {line['epoch']}/3" for line in history]
         assert len(history) == 3 if name == "digits-a" else history
         assert list((tmp_path / "tensorboard" / name).glob("events.out.tfevents.*"))
-    plotted = _kiln("plot", ".kiln/runs/digits-a.metrics.jsonl", ".kiln/runs/digits-b.log",
-                    "--out", "curves.png", cwd=tmp_path)
+    # the commands that read what the run left need no second interpreter
+    plotted = clirun.kiln("plot", ".kiln/runs/digits-a.metrics.jsonl", ".kiln/runs/digits-b.log",
+                          "--out", "curves.png", cwd=tmp_path)
     assert plotted.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plotted.stderr
-    listing = _kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
+    listing = clirun.kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
     assert all(r.id in listing.stdout for r in saved.values()), listing.stdout
-    query = _kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)
+    query = clirun.kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)
     assert query.returncode == 0, query.stderr
     assert "1.000" in query.stdout and "Warm start from" in query.stdout
 
@@ -98,8 +102,8 @@ def test_run_registers_in_an_s3_zoo_over_http(tmp_path: Path, s3_server: object,
     [result] = json.loads(done.stdout)  # -o json: stdout holds only the results
     assert "━" not in done.stderr, done.stderr  # nor a progress bar's frame on stderr
     assert (result["name"], result["architecture"]) == ("digits-s3", "small_cnn")
-    listing = _kiln("zoo", "ls", "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
-                    cwd=tmp_path, env=env)
+    listing = clirun.kiln("zoo", "ls", "--zoo", f"s3://{s3_bucket}", "--zoo-endpoint", endpoint,
+                          cwd=tmp_path, env=env)
     assert "digits-s3" not in listing.stderr and "small_cnn" in listing.stdout, listing
     assert result["zoo_model"] in listing.stdout
 
@@ -189,5 +193,6 @@ def test_three_jobs_on_two_slots_run_under_a_plan_never_above_capacity(tmp_path:
         assert held <= 2, jobs
     saved = records.list_records(store.DirStore(tmp_path / "zoo"))
     assert sorted(r.job_name for r in saved) == ["digits-a", "digits-b", "digits-c"]
-    plotted = _kiln("plot", "--plan", ".kiln/runs/run.json", "--out", "plan.png", cwd=tmp_path)
+    plotted = clirun.kiln("plot", "--plan", ".kiln/runs/run.json", "--out", "plan.png",
+                          cwd=tmp_path)
     assert plotted.returncode == 0 and (tmp_path / "plan.png").stat().st_size > 0, plotted.stderr

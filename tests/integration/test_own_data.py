@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import clirun
 import minio
 import pytest
 import yaml
@@ -27,15 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 SHAPES = REPO / "tests" / "data" / "shapes"
 CORPUS = REPO / "tests" / "data" / "corpus"
 OWN_MODEL = REPO / "examples" / "own-model"
-KILN = [sys.executable, "-m", "kiln.cli"]
 DEADLINE_SECONDS = 240.0
 
 
-def _kiln(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _kiln(*args: str, cwd: Path, **env: str) -> clirun.Done:
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
     environ.pop("KILN_ZOO", None)
-    return subprocess.run([*KILN, *args], cwd=cwd, env=environ, capture_output=True, text=True,
-                          timeout=DEADLINE_SECONDS, check=False)
+    return clirun.kiln(*args, cwd=cwd, env=environ)
 
 
 def _job_file(path: Path, name: str, spec: dict[str, Any]) -> Path:

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
 
 from kiln import contract
 from kiln.zoo import records, store
 
-KILN = [sys.executable, "-m", "kiln.cli"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-model"
-DEADLINE_SECONDS = 240.0
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -29,10 +26,8 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None,
-          ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KILN, *args], cwd=cwd, env=env or _env(), capture_output=True,
-                          text=True, timeout=DEADLINE_SECONDS, check=False)
+def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None) -> clirun.Done:
+    return clirun.kiln(*args, cwd=cwd, env=env or _env())
 
 
 def _variant(source: Path, target: Path, name: str, **spec: object) -> Path:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
+import clirun
 import pytest
 import torch
 import yaml
@@ -20,9 +19,6 @@ import yaml
 from kiln import api, contract
 from kiln.zoo import records, store
 from kiln_trainer import checkpoint, loop, precision
-
-KILN = [sys.executable, "-m", "kiln.cli"]
-DEADLINE_SECONDS = 300.0
 
 
 def _doc(name: str, precision_name: str, *, epochs: int = 4) -> dict[str, object]:
@@ -40,9 +36,7 @@ def test_kiln_run_trains_a_bf16_job_on_the_cpu(tmp_path: Path) -> None:
     job.write_text(yaml.safe_dump(_doc("digits-bf16", "bf16")), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run([*KILN, "run", str(job), "--zoo", "zoo", "--slots", "1"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=DEADLINE_SECONDS,
-                          check=False)
+    done = clirun.kiln("run", str(job), "--zoo", "zoo", "--slots", "1", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     (record,) = records.list_records(store.DirStore(tmp_path / "zoo"))
     assert record.job_spec["training"]["precision"] == "bf16"
@@ -104,7 +98,6 @@ def test_fp16_autocast_runs_the_forward_in_half_precision_on_the_cpu() -> None:
 def test_an_unknown_precision_is_refused_naming_the_field(tmp_path: Path) -> None:
     job = tmp_path / "bad.yaml"
     job.write_text(yaml.safe_dump(_doc("digits-bad", "fp8")), encoding="utf-8")
-    done = subprocess.run([*KILN, "validate", str(job)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=DEADLINE_SECONDS, check=False)
+    done = clirun.kiln("validate", str(job), cwd=tmp_path)
     assert done.returncode != 0
     assert "spec.training.precision" in done.stdout + done.stderr

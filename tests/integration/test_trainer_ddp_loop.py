@@ -39,6 +39,8 @@ import yaml
 from kiln import api, contract, models
 from kiln.zoo import records, store
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 RUN_SECONDS = 240  # a whole run, startup included; the tests take far less
 EPOCHS = 4  # 40 steps: time for test (c)'s signal to land before the end
 TOLERANCE = 1e-5  # float32 reductions in another order, over 40 Adam steps

@@ -25,6 +25,8 @@ import torch
 from kiln import contract
 from kiln_trainer.distributed import parallel
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 SAVE_STEP, UNTIL_STEP = 7, 12  # steps per epoch: 5, so the checkpoint is at epoch 1, batch 2
 TOLERANCE = 1e-5
 

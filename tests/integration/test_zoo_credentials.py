@@ -22,6 +22,8 @@ from kiln import cli, contract
 from kiln.zoo import store
 from kiln_trainer import cli as trainer_cli
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+
 START_SECONDS = 60.0
 
 

@@ -1,7 +1,8 @@
 """A test kubelet: runs the emulator's pods as local processes and reports their status.
 
 Does for a trainer pod what a scheduler and a kubelet would, over the emulator's HTTP API (so
-the operator sees every change through its watch), and injects faults (`Fault`). No images
+the operator sees every change through its watch), injects faults (`Fault`), holds a pod's
+process where a test needs it (`Hold`) and can run pods slower (`pause.Throttle`). No images
 (but unpullable ones), resource limits or probes; volumes only as a stand-in (`Kubelet`,
 mounts).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import http.client
+import http.server
 import os
 import re
 import signal
@@ -17,12 +20,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kiln import contract
-from kubesim import client
+from kubesim import client, pause
 
 KUBELET_USER_AGENT = "kubesim-kubelet"
 POLL_SECONDS = 0.1
@@ -37,6 +41,8 @@ UNPULLABLE = "unpullable"
 # former.
 PULL_CYCLE_SECONDS = 3.0
 PULL_ERROR_SECONDS = 1.0
+HELD = "held"  # the `pause.Gate` reason of a `Hold`
+METRICS_READ_SECONDS = 5.0
 
 
 @dataclasses.dataclass
@@ -63,6 +69,96 @@ class Fault:
 
 
 @dataclasses.dataclass
+class Hold:
+    """Keep one pod's process stopped (SIGSTOP to its process group) from the first check at
+    which `when(pod)` holds until `release()`: a trainer that has not got further yet, on a
+    machine of any speed. Add it before the pod starts (`Kubelet.hold`).
+
+    While held, the pod's metrics endpoint (its prometheus.io/port) answers with the
+    exposition read just before the stop, as a trainer between two steps would (the kubelet
+    serves it: the trainer's own server is stopped too). Before any signal it sends the pod
+    (a deletion's or a deadline's SIGTERM, a fault), the kubelet releases the hold (SIGCONT),
+    so that a trainer can checkpoint and exit.
+
+    Attributes:
+        namespace: the pod's namespace.
+        pod: the pod's name.
+        when: checked as the process starts (the default holds it there, before its command
+            has done anything), then about every `check_every_seconds` while it runs.
+        check_every_seconds: how often `when` is evaluated.
+        held: set once the process is stopped.
+        released: set by `release` (or by the kubelet, before it signals the pod).
+        reads: `time.monotonic()` of each metrics read answered while held.
+    """
+
+    namespace: str
+    pod: str
+    when: Callable[[RunningPod], bool] = lambda _pod: True
+    check_every_seconds: float = 0.1
+    held: threading.Event = dataclasses.field(default_factory=threading.Event)
+    released: threading.Event = dataclasses.field(default_factory=threading.Event)
+    reads: list[float] = dataclasses.field(default_factory=list)
+
+    def release(self) -> None:
+        """Let the process go on (within a poll); a hold never applies again once released."""
+        self.released.set()
+
+    def holding(self) -> bool:
+        return self.held.is_set() and not self.released.is_set()
+
+
+class MetricsProxy:
+    """A held pod's metrics endpoint (see `Hold`): the trainer's own answer while it runs, the
+    exposition read just before the hold while it is stopped."""
+
+    def __init__(self, trainer_port: int, hold: Hold) -> None:
+        self.trainer_port = trainer_port
+        self.hold = hold
+        self.snapshot: bytes | None = None
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server's name
+                status, body = proxy.answer(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port: int = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, name="kubesim-metrics-proxy",
+                         daemon=True).start()
+
+    def answer(self, path: str) -> tuple[int, bytes]:
+        if self.hold.holding():
+            if self.snapshot is None:
+                return 503, b"held before its metrics server was up\n"
+            self.hold.reads.append(time.monotonic())
+            return 200, self.snapshot
+        try:
+            return 200, _read_metrics(self.trainer_port, path)
+        except OSError as exc:
+            return 502, f"{exc}\n".encode()
+
+    def keep_snapshot(self) -> None:
+        """Read the trainer's exposition now (call just before stopping it)."""
+        try:
+            self.snapshot = _read_metrics(self.trainer_port, "/metrics")
+        except OSError:
+            self.snapshot = None
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclasses.dataclass
 class RunningPod:
     """A pod whose container runs as a local process."""
 
@@ -76,8 +172,12 @@ class RunningPod:
     termination_path: Path
     metrics_port: int
     grace_seconds: float
+    gate: pause.Gate
     fault: Fault | None = None
+    hold: Hold | None = None
+    proxy: MetricsProxy | None = None
     last_check: float = 0.0
+    last_hold_check: float = 0.0
     terminating_since: float | None = None
     mounts: list[Path] = dataclasses.field(default_factory=list)
     started_at: float = dataclasses.field(default_factory=time.monotonic)
@@ -85,6 +185,13 @@ class RunningPod:
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def metrics(self) -> str:
+        """The trainer's /metrics exposition now, "" while it serves none."""
+        try:
+            return _read_metrics(self.metrics_port, "/metrics").decode()
+        except OSError:
+            return ""
 
 
 @dataclasses.dataclass
@@ -145,20 +252,27 @@ class Kubelet:
       the pod stays, Failed with status.reason DeadlineExceeded;
     * unpullable images: a pod whose container image contains ``unpullable`` is bound but never
       started; it stays Pending with the container waiting, ErrImagePull then ImagePullBackOff
-      (alternating as a real kubelet's back-off does), each message naming the image.
+      (alternating as a real kubelet's back-off does), each message naming the image;
+    * holds (`Hold`): a pod's process stopped where the test wants it until released;
+    * a slower machine: with `share` below 1, every pod's process group runs only that share
+      of the time (`pause.Throttle`).
 
     Args:
         url: the emulator's base URL.
         work_dir: scratch space; each pod gets ``<namespace>/<pod>/``.
         base_env: environment every container starts from (besides PATH and HOME).
+        share: the share of the time pods run; None: ``KUBESIM_TRAINER_SHARE``, else 1.
     """
 
-    def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None,
+                 share: float | None = None) -> None:
         self.client = client.Client(url, user_agent=KUBELET_USER_AGENT)
         self.work_dir = work_dir
         self.base_env = {"OMP_NUM_THREADS": "1", "LANG": "C.UTF-8", **(base_env or {})}
         self.faults: list[Fault] = []
+        self.holds: list[Hold] = []
+        self.throttle = pause.Throttle(
+            pause.share_from_env(pause.TRAINER_SHARE_ENV) if share is None else share)
         self.started: list[tuple[str, str]] = []
         self.errors: list[str] = []
         self.overlaps: list[str] = []
@@ -185,13 +299,20 @@ class Kubelet:
         for pod in list(self._running.values()):
             _signal_group(pod.process, signal.SIGKILL)
             pod.process.wait(timeout=30)
-            _unmount(pod)
+            self._ended(pod)
+        self.throttle.stop()
 
     def inject(self, fault: Fault) -> Fault:
         """Add a fault; returns it (its `hits` fill in as pods are killed)."""
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def hold(self, hold: Hold) -> Hold:
+        """Add a hold for a pod yet to start; returns it (see `Hold`)."""
+        with self._lock:
+            self.holds.append(hold)
+        return hold
 
     def pod_log(self, namespace: str, name: str) -> str:
         """The container log (stdout and stderr) of the latest pod of that name, "" when none
@@ -238,13 +359,14 @@ class Kubelet:
             if found is None or meta.get("deletionTimestamp"):
                 self._terminate(running, meta, now)
             elif running.process.poll() is not None:
-                _unmount(running)
+                self._ended(running)
                 self._report_exit(running)
                 self._finished[uid] = self._running.pop(uid)
             elif running.deadline_exceeded or _past_deadline(found, running.started_at, now):
                 running.deadline_exceeded = True
                 _stop(running, now)
             else:
+                self._apply_hold(running, now)
                 self._apply_fault(running, now)
         for uid, held in list(self._held.items()):
             found = listed.get(uid)
@@ -335,18 +457,30 @@ class Kubelet:
         termination = scratch / "termination-log"
         termination.write_bytes(b"")
         port = client.free_port()
+        job = str(labels.get(JOB_NAME_LABEL, ""))
+        attempt = int(labels.get(ATTEMPT_LABEL, "-1"))
+        with self._lock:
+            fault = next((f for f in self.faults if f.job == job and (
+                f.attempts is None or attempt in f.attempts)), None)
+            hold = next((h for h in self.holds if (h.namespace, h.pod) == (namespace, name)
+                         and not h.released.is_set()), None)
         env = {**self.base_env, **self._container_env(namespace, name, container),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "HOME": str(scratch), contract.Env.TERMINATION_LOG: str(termination)}
+        proxy = None
         if contract.Env.METRICS_PORT in env:
             env[contract.Env.METRICS_PORT] = str(port)
+            if hold is not None:
+                proxy = MetricsProxy(port, hold)
         command = [*container.get("command", []), *container.get("args", [])]
         if spec.get("subdomain"):
             command, env = self._resolve_gang(namespace, labels, command, env)
         node = _affinity_node(spec)
         if not self._patch(client.Client.pods_path(namespace, name), {
-                "spec": {"nodeName": node},
-                "metadata": {"annotations": {"prometheus.io/port": str(port)}}}):
+                "spec": {"nodeName": node}, "metadata": {"annotations": {
+                    "prometheus.io/port": str(proxy.port if proxy else port)}}}):
+            if proxy is not None:
+                proxy.stop()
             return  # deleted before it could start
         env = self._secret_volumes(namespace, name, spec, container, scratch, env)
         mounts = _mount(spec, container, scratch)
@@ -355,6 +489,14 @@ class Kubelet:
             process = subprocess.Popen(
                 command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
+        gate = pause.Gate(process.pid)  # its process group: start_new_session
+        self.throttle.add(gate)
+        running = RunningPod(
+            namespace=namespace, name=name, uid=uid, job=job, attempt=attempt, process=process,
+            log_path=log_path, termination_path=termination, metrics_port=port,
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), gate=gate,
+            fault=fault, hold=hold, proxy=proxy, mounts=mounts)
+        self._apply_hold(running, time.monotonic())  # a hold from the start: before it runs
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
@@ -363,21 +505,12 @@ class Kubelet:
                 "name": container["name"], "ready": True, "started": True, "restartCount": 0,
                 "image": container.get("image", ""), "state": {"running": {"startedAt": now}},
             }]}})
-        job = str(labels.get(JOB_NAME_LABEL, ""))
-        attempt = int(labels.get(ATTEMPT_LABEL, "-1"))
-        with self._lock:
-            fault = next((f for f in self.faults if f.job == job and (
-                f.attempts is None or attempt in f.attempts)), None)
         self.overlaps += [
             f"{namespace}/{name} started while {other.name} of attempt {other.attempt} ran"
             for other in self._running.values()
             if job and other.namespace == namespace and other.job == job
             and other.attempt != attempt and other.process.poll() is None]
-        self._running[uid] = RunningPod(
-            namespace=namespace, name=name, uid=uid, job=job, attempt=attempt, process=process,
-            log_path=log_path, termination_path=termination, metrics_port=port,
-            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)), fault=fault,
-            mounts=mounts)
+        self._running[uid] = running
         self.started.append((namespace, name))
 
     def _resolve_gang(self, namespace: str, labels: dict[str, Any], command: list[str],
@@ -492,7 +625,31 @@ class Kubelet:
         running.last_check = now
         if fault.when(running):
             fault.hits.append(running.name)
+            _release(running)
             _signal_group(running.process, fault.signal)
+
+    def _apply_hold(self, running: RunningPod, now: float) -> None:
+        hold = running.hold
+        if hold is None:
+            return
+        if hold.released.is_set():
+            running.gate.go(HELD)
+            return
+        if hold.held.is_set() or now - running.last_hold_check < hold.check_every_seconds:
+            return
+        running.last_hold_check = now
+        if hold.when(running):
+            if running.proxy is not None:
+                running.proxy.keep_snapshot()
+            running.gate.stop(HELD)
+            hold.held.set()
+
+    def _ended(self, running: RunningPod) -> None:
+        """The process has exited: undo what its start set up."""
+        _unmount(running)
+        self.throttle.remove(running.gate)
+        if running.proxy is not None:
+            running.proxy.stop()
 
     def _terminate(self, running: RunningPod, meta: dict[str, Any], now: float) -> None:
         """The pod is Terminating (`meta` its metadata) or gone ({}): SIGTERM, then SIGKILL
@@ -504,7 +661,7 @@ class Kubelet:
                 running.grace_seconds = float(grace)
             _stop(running, now)
             return
-        _unmount(running)
+        self._ended(running)
         self._finished[running.uid] = self._running.pop(running.uid)
         if meta:
             self._report_exit(running)
@@ -530,9 +687,32 @@ def _stop(running: RunningPod, now: float) -> None:
     """SIGTERM now, SIGKILL once the grace period has passed (call on every poll)."""
     if running.terminating_since is None:
         running.terminating_since = now
+        _release(running)
         _signal_group(running.process, signal.SIGTERM)
     elif now - running.terminating_since > running.grace_seconds:
         _signal_group(running.process, signal.SIGKILL)
+
+
+def _release(running: RunningPod) -> None:
+    """Continue a held process (SIGCONT), so that it acts on the signal sent next."""
+    if running.hold is not None:
+        running.hold.release()
+    running.gate.go(HELD)
+
+
+def _read_metrics(port: int, path: str) -> bytes:
+    """GET http://127.0.0.1:`port``path`.
+
+    Raises:
+        OSError: no answer, or not 200 (urllib's errors are OSErrors).
+    """
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                    timeout=METRICS_READ_SECONDS) as answer:
+            body: bytes = answer.read()
+            return body
+    except http.client.HTTPException as exc:  # a broken answer
+        raise OSError(str(exc)) from exc
 
 
 def _mount(spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> list[Path]:

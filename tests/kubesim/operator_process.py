@@ -2,6 +2,8 @@
 
 A subprocess is what runs in production, and its memory can be measured on its own. `start`
 waits until kopf watches TrainingJobs and pods; `stop` sends SIGTERM, `kill` SIGKILL (a crash).
+With a share below 1 (``KUBESIM_OPERATOR_SHARE``) it runs only that share of the time: an
+operator slower against the trainers, as on a machine that trains faster.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kubesim import client, emulator
+from kubesim import client, emulator, pause
 
 START_SECONDS = 120.0  # importing torch and kopf on a loaded 2-core machine
 
@@ -28,10 +30,13 @@ class OperatorProcess:
         work_dir: where the kubeconfig and the log go.
         args: extra `kiln operator` options.
         env: extra environment (zoo endpoint and credentials).
+        share: the share of the time it runs (`pause.Throttle`); None: ``KUBESIM_OPERATOR_SHARE``,
+            else 1.
     """
 
     def __init__(self, cluster: emulator.Emulator, work_dir: Path, *, args: list[str],
-                 env: dict[str, str] | None = None, name: str = "operator") -> None:
+                 env: dict[str, str] | None = None, name: str = "operator",
+                 share: float | None = None) -> None:
         self.cluster = cluster
         work_dir.mkdir(parents=True, exist_ok=True)
         self.kubeconfig = cluster.write_kubeconfig(work_dir / "kubeconfig")
@@ -41,6 +46,8 @@ class OperatorProcess:
         self.metrics_port = client.free_port()
         self.liveness_port = client.free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.share = pause.share_from_env(pause.OPERATOR_SHARE_ENV) if share is None else share
+        self._throttle: pause.Throttle | None = None
         self._runs = 0
 
     def start(self) -> OperatorProcess:
@@ -61,7 +68,9 @@ class OperatorProcess:
                  "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1",
                  "--liveness-port", str(self.liveness_port), "--liveness-host", "127.0.0.1",
                  *self.args],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._throttle = pause.Throttle(self.share)  # its own group: its helper processes too
+        self._throttle.add(pause.Gate(self.process.pid))
 
         def watching() -> bool:
             assert self.process is not None
@@ -86,6 +95,9 @@ class OperatorProcess:
         return self._end(signal.SIGKILL)
 
     def _end(self, signum: int) -> int:
+        if self._throttle is not None:
+            self._throttle.stop()  # continued: it acts on the signal at once
+            self._throttle = None
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
         self.process.send_signal(signum)

@@ -1,7 +1,8 @@
 """Small helpers for operator scenarios: tiny jobs, waiting for status, reading events.
 
 `tiny_job` trains in seconds on one CPU thread (a small CNN on 8x8 digits, freezing off,
-OMP_NUM_THREADS=1 in the pod); `wait_job` polls until a predicate on the job holds.
+OMP_NUM_THREADS=1 in the pod); `wait_job` polls until a predicate on the job holds;
+`checkpointed` and `trainer_progress` are conditions for a `kubelet.Hold` or `kubelet.Fault`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln import contract
-from kiln.zoo import store
+from kiln.controller import progress
+from kiln.zoo import records, store
 from kubesim import client, emulator, kubelet, operator_process
 
 JOB_SECONDS = 240.0  # a tiny job on a loaded 2-core machine: mostly importing torch
+# A budget no trainer finishes: for a job that the test stops (deletes, or fails by its
+# deadline) and that must be training until then, however fast the machine.
+ENDLESS_EPOCHS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,22 @@ def tiny_job(name: str, *, epochs: int = 2, max_samples: int | None = 400, width
             "template": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
         },
     }
+
+
+def checkpointed(zoo: Zoo, namespace: str, name: str) -> Callable[[kubelet.RunningPod], bool]:
+    """A condition on a pod: job `namespace/name` has a checkpoint in the zoo (any uid: the
+    job's namespace holds no other job of its name)."""
+    folder = f"{records.CHECKPOINTS_PREFIX}{namespace}/{name}/"
+    return lambda _pod: bool(zoo.store.list_keys(folder))
+
+
+def trainer_progress(pod: kubelet.RunningPod) -> dict[str, Any]:
+    """What the operator would read into status.progress from the pod's trainer now, by its
+    own parser ({} while the trainer publishes nothing)."""
+    try:
+        return progress.parse(pod.metrics(), epochs=ENDLESS_EPOCHS)
+    except ValueError:
+        return {}
 
 
 def with_changes(doc: dict[str, Any], **spec: Any) -> dict[str, Any]:

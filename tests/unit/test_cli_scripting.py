@@ -62,6 +62,7 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
+@pytest.mark.process
 def test_version_comes_from_the_package_metadata_everywhere() -> None:
     done = kiln("--version")
     assert (done.returncode, done.stdout) == (0, f"kiln {VERSION}\n")
@@ -74,6 +75,7 @@ def test_version_comes_from_the_package_metadata_everywhere() -> None:
     assert values["trainer"]["image"] == settings.DEFAULT_IMAGE
 
 
+@pytest.mark.process
 def test_light_commands_start_without_torch(tmp_path: Path) -> None:
     script = ("import sys\nfrom kiln import cli\n"
               "for argv in (['--help'], ['--version'], ['validate', '--help']):\n"
@@ -87,6 +89,7 @@ def test_light_commands_start_without_torch(tmp_path: Path) -> None:
     assert done.stdout.splitlines()[-1] == "loaded: []"
 
 
+@pytest.mark.process
 def test_zoo_ls_piped_is_plain_and_json_and_yaml_parse_back(
         zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = kiln("zoo", "ls", "--zoo", str(zoo))
@@ -103,6 +106,7 @@ def test_zoo_ls_piped_is_plain_and_json_and_yaml_parse_back(
     assert json.loads(capsys.readouterr().out) == as_json[1]
 
 
+@pytest.mark.process
 def test_no_color_on_a_terminal_prints_plain_tables(zoo: Path) -> None:
     def on_a_terminal(env: dict[str, str]) -> str:
         leader, follower = os.openpty()
@@ -129,6 +133,7 @@ def test_models_prints_every_architecture_as_json(capsys: pytest.CaptureFixture[
     assert "small_cnn" in names and names == sorted(names)
 
 
+@pytest.mark.process
 def test_validate_reads_stdin_and_every_job_file_of_a_folder(tmp_path: Path) -> None:
     (tmp_path / "two.yaml").write_text(
         JOB.replace("NAME", "a") + "---\n" + JOB.replace("NAME", "b"), encoding="utf-8")
@@ -156,6 +161,7 @@ def test_validate_refuses_a_folder_without_job_files(
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.process
 def test_bash_completion_completes_commands_and_zoo_actions(tmp_path: Path) -> None:
     script = tmp_path / "kiln.bash"
     script.write_text(kiln("completion", "bash").stdout, encoding="utf-8")
@@ -170,6 +176,7 @@ def test_bash_completion_completes_commands_and_zoo_actions(tmp_path: Path) -> N
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef kiln")
 
 
+@pytest.mark.process
 def test_crd_and_dashboard_print_to_stdout_and_stay_out_of_the_help(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     printed = kiln("crd")

@@ -11,6 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 EXTRAS_ONLY = ("kopf", "pyomo", "highspy", "matplotlib", "tensorboard", "jsonschema")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits-resnet.yaml"
 

@@ -164,9 +164,10 @@ class Jobs:
             if written is None:
                 return None
             written = {**written, "status": new}
+        # The phase gauge follows the status at once; events may take a while to post.
+        self.metrics.set_phase(ref.namespace, ref.name, api.Phase(new["phase"]))
         for event in events:
             await self.post_event(body, event)
-        self.metrics.set_phase(ref.namespace, ref.name, api.Phase(new["phase"]))
         return written
 
     async def post_event(self, body: dict[str, Any], event: job_status.Event) -> None:

@@ -119,7 +119,9 @@ def _info(url: str) -> kopf.ConnectionInfo:
 def test_the_api_server_check_asks_for_version(kubernetes: bool) -> None:
     handler = type("Handler", (_Server,), {"kubernetes": kubernetes})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled often: `shutdown` waits for the next poll (half a second by default)
+    thread = threading.Thread(target=functools.partial(server.serve_forever, poll_interval=0.01),
+                              daemon=True)
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -134,15 +136,20 @@ def test_the_api_server_check_asks_for_version(kubernetes: bool) -> None:
         assert "404" in problem
 
 
-def test_a_server_that_never_answers_fails_the_check_within_its_timeout() -> None:
+@pytest.mark.asyncio
+@pytest.mark.looptime  # the loop's clock is fake: the timeouts and the delay take no real time
+async def test_a_server_that_never_answers_fails_the_check_within_its_timeout() -> None:
+    loop = asyncio.get_running_loop()
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()  # accepts connections, never answers
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        problem = asyncio.run(kube.unreachable(_info(url), attempts=2, delay_seconds=0.0,
-                                               timeout_seconds=0.5))
+        began = loop.time()
+        problem = await kube.unreachable(_info(url), attempts=2, delay_seconds=3.0,
+                                         timeout_seconds=0.5)
     assert problem is not None and f"cannot reach the API server {url}" in problem
     assert "2 attempts" in problem
+    assert loop.time() - began == pytest.approx(0.5 + 3.0 + 0.5)  # two timeouts, one delay
 
 
 def test_kiln_operator_against_a_closed_port_exits_1_with_one_message(

@@ -52,6 +52,7 @@ def test_the_operator_leaves_an_entrypoint_models_decision_to_the_trainer(
     assert "made in the trainer pod, before its first step" in decided.reason
 
 
+@pytest.mark.process
 def test_warming_up_starts_one_graph_worker_before_any_decision(tmp_path: Path) -> None:
     chooser = parents.ParentChooser(store.DirStore(tmp_path), metrics=metrics.OperatorMetrics(),
                                     refresh_seconds=60.0, query_timeout_seconds=5.0)
@@ -126,13 +127,15 @@ def test_a_job_with_warm_start_disabled_never_touches_the_zoo() -> None:
         chooser.close()
 
 
+@pytest.mark.process
 def test_a_model_too_slow_to_trace_cold_starts_without_holding_other_decisions(
         tmp_path: Path) -> None:
     chooser = parents.ParentChooser(_zoo_with_one_parent(tmp_path),
                                     metrics=metrics.OperatorMetrics(), refresh_seconds=600.0,
                                     query_timeout_seconds=30.0, graph_timeout_seconds=1.0)
     ordinary = _job("small_cnn", {"depth": 3, "width": 8})
-    slow = _job("vit", {"depth": 200, "width": 8, "heads": 1})  # seconds to trace
+    # 12 s of CPU to trace here: past the 1 s deadline on a machine many times faster
+    slow = _job("vit", {"depth": 1000, "width": 8, "heads": 1})
 
     async def scenario() -> tuple[select.Decision, select.Decision, bool, select.Decision]:
         first = await chooser.decide(ordinary)  # cached from now on

@@ -37,6 +37,7 @@ def test_evaluations_become_scalars_readable_by_tensorboard(tmp_path: Path) -> N
     assert [(p.step, p.value) for p in points] == [(10, 0.5), (20, 0.75)]
 
 
+@pytest.mark.process
 def test_without_the_package_a_warning_names_the_extra_and_training_goes_on(
         tmp_path: Path) -> None:
     # A subprocess whose import system refuses `tensorboard`, as an environment without it.

@@ -82,6 +82,7 @@ def test_a_file_with_two_jobs_is_refused(tmp_path: Path) -> None:
         cli.load_job(str(job), None)
 
 
+@pytest.mark.process
 def test_package_root_exports_few_names_and_imports_no_operator_stack() -> None:
     assert len(kiln_trainer.__all__) <= 8
     assert callable(kiln_trainer.run)

@@ -75,6 +75,7 @@ def test_short_digits_run_registers_a_record_and_emits_the_result_last(tmp_path:
     assert not store.DirStore(zoo_dir).list_keys("checkpoints/")  # finished: removed
 
 
+@pytest.mark.process
 def test_stop_at_target_ends_training_early(tmp_path: Path) -> None:
     job = _job(training={"epochs": 6},
                target={"metric": "validation_loss", "value": 5.0, "stopAtTarget": True})

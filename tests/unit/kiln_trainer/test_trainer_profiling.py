@@ -220,6 +220,7 @@ def _run_cli(job: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str
     return done, log
 
 
+@pytest.mark.process
 def test_the_cli_prints_the_profile_and_leaves_it_in_the_termination_log(
         tmp_path: Path) -> None:
     done, log = _run_cli(MIXER_JOB, tmp_path)
@@ -234,6 +235,7 @@ def test_the_cli_prints_the_profile_and_leaves_it_in_the_termination_log(
     assert (tmp_path / "zoo" / "profiles" / "default" / "digits-mixer.json").is_file()
 
 
+@pytest.mark.process
 def test_the_cli_refuses_a_missing_entrypoint_module_with_exit_2(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(MIXER_JOB.read_text(encoding="utf-8").replace(

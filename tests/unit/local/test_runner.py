@@ -56,6 +56,7 @@ def _run_with_fake_trainer(
         pytest.param("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", id="sigterm"),
     ],
 )
+@pytest.mark.process
 def test_a_trainer_stopped_by_sigint_or_sigterm_is_an_interruption(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str
 ) -> None:
@@ -64,6 +65,7 @@ def test_a_trainer_stopped_by_sigint_or_sigterm_is_an_interruption(
     assert "fake: stopped; its last checkpoint is kept, `kiln run` again resumes it" in text
 
 
+@pytest.mark.process
 def test_a_trainer_killed_by_a_signal_names_the_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,6 +76,7 @@ def test_a_trainer_killed_by_a_signal_names_the_signal(
     assert "exited with code" not in str(outcome)
 
 
+@pytest.mark.process
 def test_a_trainer_failing_with_an_exit_code_still_names_the_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,6 +85,7 @@ def test_a_trainer_failing_with_an_exit_code_still_names_the_code(
     assert "job fake: trainer exited with code 2" in str(outcome)
 
 
+@pytest.mark.process
 def test_trainer_info_and_progress_text_is_printed_verbatim_not_as_markup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +99,7 @@ def test_trainer_info_and_progress_text_is_printed_verbatim_not_as_markup(
     assert "parent [/] and [red]red[/red]" in text and "frozen 1/3 modules" in text
 
 
+@pytest.mark.process
 def test_stray_output_is_skipped_and_an_unreadable_event_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,6 +144,7 @@ def test_trainers_get_each_job_files_folder_first_on_pythonpath_then_the_users(
     assert runner.python_path(files[:1], {}) == {"PYTHONPATH": str((tmp_path / "a").resolve())}
 
 
+@pytest.mark.process
 def test_an_own_command_not_on_path_fails_the_job_naming_the_field(tmp_path: Path) -> None:
     job = api.parse_job({**api.to_wire(JOB), "spec": {
         **api.to_wire(JOB)["spec"], "template": {"command": ["no-such-command-xyz", "--fast"]}}})
@@ -150,6 +156,7 @@ def test_an_own_command_not_on_path_fails_the_job_naming_the_field(tmp_path: Pat
                                  "its full path")
 
 
+@pytest.mark.process
 def test_stray_stdout_goes_to_the_log_so_a_failure_shows_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

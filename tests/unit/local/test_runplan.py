@@ -97,6 +97,7 @@ def _most_at_once(record: dict[str, Any]) -> int:
                    < j["end_seconds"]) for t in ran)
 
 
+@pytest.mark.process
 def test_jobs_start_in_queue_order_as_devices_free_and_report_planned_vs_actual(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -114,6 +115,7 @@ def test_jobs_start_in_queue_order_as_devices_free_and_report_planned_vs_actual(
     assert record["plan"]["makespan_seconds"] == 16.0
 
 
+@pytest.mark.process
 def test_a_job_needing_every_device_waits_for_them_and_runs_under_the_launcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_job_needing_every_device_waits_for_them_and_runs_under_the_launcher(
     assert ddp[1] == "2" and ddp[-2:] == ["--parallelism", "ddp"]
 
 
+@pytest.mark.process
 def test_a_failed_trainer_stops_the_others_and_queued_jobs_never_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,6 +142,7 @@ def test_a_failed_trainer_stops_the_others_and_queued_jobs_never_start(
     assert "a: stopped because another job failed; its last checkpoint is kept" in text
 
 
+@pytest.mark.process
 def test_an_own_command_not_on_path_fails_its_job_as_any_failed_trainer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,6 +158,7 @@ def test_an_own_command_not_on_path_fails_its_job_as_any_failed_trainer(
 
 @pytest.mark.parametrize("stopped", [pytest.param(STOPPED, id="exit-130"),
                                      pytest.param(STOPPED_UNDER_TORCHRUN, id="torchrun-exit-1")])
+@pytest.mark.process
 def test_a_trainer_stopped_by_a_signal_interrupts_the_whole_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: str
 ) -> None:
@@ -165,6 +170,7 @@ def test_a_trainer_stopped_by_a_signal_interrupts_the_whole_run(
     assert "a: stopped; its last checkpoint is kept" in text
 
 
+@pytest.mark.process
 def test_ctrl_c_in_the_runner_stops_every_running_trainer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,6 +287,7 @@ def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[api.Tra
     return profiled, out.getvalue(), started
 
 
+@pytest.mark.process
 def test_entrypoint_jobs_are_profiled_into_the_cache_plan_and_warm_start_decision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -310,6 +317,7 @@ def test_entrypoint_jobs_are_profiled_into_the_cache_plan_and_warm_start_decisio
     assert [c.source for c in configs["m"]] == ["profile"]
 
 
+@pytest.mark.process
 def test_a_user_code_error_while_profiling_fails_the_job_as_its_training_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,6 +334,7 @@ def test_a_user_code_error_while_profiling_fails_the_job_as_its_training_would(
     pytest.param("import os; os.abort()", id="crash"),
     pytest.param("print('no profile')", id="no-profile-event"),
 ])
+@pytest.mark.process
 def test_another_profiling_failure_warns_and_plans_the_job_from_the_nominal_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str
 ) -> None:
@@ -338,6 +347,7 @@ def test_another_profiling_failure_warns_and_plans_the_job_from_the_nominal_esti
     assert "planning it from the nominal estimate, and its trainer decides warm start" in text
 
 
+@pytest.mark.process
 def test_an_out_of_memory_step_is_cached_and_rules_out_the_single_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -351,6 +361,7 @@ def test_an_out_of_memory_step_is_cached_and_rules_out_the_single_config(
     assert [e["status"] for e in entries.values()] == ["oom"]
 
 
+@pytest.mark.process
 def test_a_profiled_decision_reaches_its_trainer_until_a_job_of_the_run_registers_a_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -264,6 +264,7 @@ def test_vgg_on_8x8_images_keeps_three_pools_and_a_small_classifier() -> None:
     assert sum(p.numel() for p in model.get_submodule("classifier").parameters()) < 600_000
 
 
+@pytest.mark.training
 def test_mobilenet_v3_on_8x8_images_tells_inputs_apart_in_eval_mode_after_100_steps() -> None:
     # On 8x8 images the depthwise convs see 1x1 maps, and their outputs start with variance
     # near 1e-5. BatchNorm's running variance, starting at 1, must come down within a short

@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 from kiln import models
 
 
-@pytest.mark.slow
+@pytest.mark.training
 def test_small_resnet_reaches_95_percent_on_digits_in_eight_epochs() -> None:
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0

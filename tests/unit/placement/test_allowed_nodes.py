@@ -24,7 +24,9 @@ def test_a_config_fits_only_its_allowed_nodes() -> None:
     assert all(types.fits(types.Config("single", 1, 10.0), n) for n in NODES)
 
 
-@pytest.mark.parametrize("settings", [HEURISTIC, MILP], ids=["heuristic", "milp"])
+@pytest.mark.parametrize("settings", [
+    pytest.param(HEURISTIC, id="heuristic"),
+    pytest.param(MILP, id="milp", marks=pytest.mark.process)])  # the MILP solves in a worker
 def test_constrained_jobs_share_their_one_node_while_the_others_stay_free(
         settings: types.Settings) -> None:
     only_n3 = frozenset({"n3"})

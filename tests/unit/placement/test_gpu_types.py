@@ -34,7 +34,8 @@ def test_a_typed_config_fits_only_its_type() -> None:
     assert types.fits(types.Config("single", 1, 10.0), NODES[1])  # untyped: anywhere
 
 
-@pytest.mark.parametrize("settings", [HEURISTIC, types.Settings(objective="makespan")])
+@pytest.mark.parametrize("settings", [
+    HEURISTIC, pytest.param(types.Settings(objective="makespan"), marks=pytest.mark.process)])
 def test_the_job_that_gains_most_gets_the_fast_type(settings: types.Settings) -> None:
     gains_much, gains_little = _job("big", 100.0, 1000.0), _job("small", 500.0, 550.0)
     plan = planner.plan(types.Snapshot(0.0, NODES, (gains_much, gains_little)), settings)

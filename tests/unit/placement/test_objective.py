@@ -189,6 +189,7 @@ def test_milp_win_fraction_counts_only_calls_that_ran_it() -> None:
                                                          "won")]) == pytest.approx(0.5)
 
 
+@pytest.mark.process
 def test_a_small_makespan_sweep_still_runs_the_milp_and_reports_how_it_fared() -> None:
     snapshot = cases.random_snapshot(8, jobs=4, nodes=(4, 4), integer=True, scale=30.0)
     plan = planner.plan(snapshot, types.Settings(time_limit_seconds=5.0, slots=24))

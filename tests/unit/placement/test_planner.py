@@ -27,6 +27,7 @@ def test_two_identical_jobs_get_four_gpus_each_and_makespan_16() -> None:
 
 
 @pytest.mark.parametrize("seed", [8, 9, 13])  # seeds where the heuristic is not optimal
+@pytest.mark.process
 def test_plan_is_near_the_brute_force_optimum_and_never_worse_than_the_heuristic(
         seed: int) -> None:
     nodes = [(8,), (4, 4), (8,), (4, 8)][seed % 4]
@@ -42,6 +43,7 @@ def test_plan_is_near_the_brute_force_optimum_and_never_worse_than_the_heuristic
 
 
 @pytest.mark.parametrize("seed", range(2))
+@pytest.mark.process
 def test_plans_with_the_milp_are_valid_on_random_instances(seed: int) -> None:
     snapshot = cases.random_snapshot(100 + seed, jobs=8, nodes=(8, 8), running=2,
                                      arrivals=seed == 1)
@@ -60,6 +62,7 @@ def test_a_tiny_time_limit_on_a_big_instance_returns_the_heuristic_with_a_reason
     cases.check_plan(snapshot, result)
 
 
+@pytest.mark.process
 def test_a_failed_milp_falls_back_to_the_heuristic_and_logs_why(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:

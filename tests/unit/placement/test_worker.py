@@ -14,6 +14,7 @@ from kiln.placement import heuristic, types, worker
 SETTINGS = types.Settings(time_limit_seconds=5.0)  # a loaded machine needs ~2 s to start
 
 
+@pytest.mark.process
 def test_a_solve_in_the_worker_returns_a_valid_plan_and_its_outcome() -> None:
     snapshot = cases.random_snapshot(7, jobs=4, nodes=(8,))
     problem = heuristic.problem_of(snapshot)
@@ -24,6 +25,7 @@ def test_a_solve_in_the_worker_returns_a_valid_plan_and_its_outcome() -> None:
     cases.check_plan(snapshot, decoded)
 
 
+@pytest.mark.process
 def test_an_error_inside_the_worker_comes_back_as_a_reason() -> None:
     snapshot = cases.random_snapshot(7, jobs=3, nodes=(8,))
     problem = heuristic.problem_of(snapshot)
@@ -35,6 +37,7 @@ def test_an_error_inside_the_worker_comes_back_as_a_reason() -> None:
     assert reason.startswith("milp: solver failed: ValueError: warm plan: job")
 
 
+@pytest.mark.process
 def test_the_watchdog_kills_a_worker_past_its_budget() -> None:
     snapshot = cases.random_snapshot(8, jobs=10, nodes=(8, 8))
     problem = heuristic.problem_of(snapshot)
@@ -56,6 +59,7 @@ def test_a_budget_shorter_than_the_model_build_gives_no_plan_and_says_why() -> N
     assert outcome.message.startswith("model build took")
 
 
+@pytest.mark.process
 def test_a_module_in_the_working_directory_cannot_shadow_the_standard_library(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "operator.py").write_text("raise ImportError('shadowed stdlib')\n")

@@ -234,6 +234,7 @@ def hang_on_big_parents(parent: graph.Prepared, child: graph.Prepared) -> float:
     return match.similarity(parent, child)
 
 
+@pytest.mark.process
 def test_pool_workers_are_terminated_at_the_deadline(
         tmp_path: Path, base_graphs: dict[str, dict[str, Any]]) -> None:
     zoo = store.DirStore(tmp_path / "zoo")
@@ -250,6 +251,7 @@ def test_pool_workers_are_terminated_at_the_deadline(
         assert result.scored < result.compatible == 40
 
 
+@pytest.mark.process
 def test_pool_scores_a_model_added_after_its_workers_started(
         small_zoo: store.DirStore, base_graphs: dict[str, dict[str, Any]]) -> None:
     pooled = index.IndexSettings(workers=2, in_process_below=1)  # every query uses the pool
@@ -310,6 +312,7 @@ def non_medoid_members(clusters: cluster.Clusters) -> list[tuple[int, str]]:
     return [(c, m) for c, members in enumerate(clusters.members) for m in members[1:]]
 
 
+@pytest.mark.process  # `clustered_zoo` builds its clusters in a process pool
 def test_clustered_search_finds_the_same_best_parent_as_exhaustive(
         clustered_zoo: ClusteredZoo) -> None:
     exhaustive = index.ZooIndex(clustered_zoo.store)
@@ -328,6 +331,7 @@ def test_clustered_search_finds_the_same_best_parent_as_exhaustive(
         assert clustered.scored < reference.scored
 
 
+@pytest.mark.process
 def test_clustered_search_scores_the_members_of_the_best_medoids_cluster(
         clustered_zoo: ClusteredZoo) -> None:
     """Regression: ModelKeeper's query_best_mapping takes members from the cluster at the
@@ -348,6 +352,7 @@ def test_clustered_search_scores_the_members_of_the_best_medoids_cluster(
     assert result.best is not None and (result.best.id, result.best.similarity) == (twin, 1.0)
 
 
+@pytest.mark.process
 def test_clustered_search_stops_early_at_a_close_enough_parent(
         clustered_zoo: ClusteredZoo) -> None:
     idx = index.ZooIndex(clustered_zoo.store, settings=index.IndexSettings(exhaustive_limit=20))
@@ -367,6 +372,7 @@ def test_clustered_search_stops_early_at_a_close_enough_parent(
     assert early > 0
 
 
+@pytest.mark.process
 def test_refresh_adds_a_new_model_to_its_nearest_medoids_cluster(
         clustered_zoo: ClusteredZoo, base_graphs: dict[str, dict[str, Any]]) -> None:
     idx = index.ZooIndex(clustered_zoo.store, settings=index.IndexSettings(exhaustive_limit=20))

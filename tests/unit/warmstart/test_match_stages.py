@@ -157,6 +157,7 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     return (images - images.mean()) / images.std(), torch.tensor(digits.target)
 
 
+@pytest.mark.training
 def test_warm_started_wider_reshuffled_child_beats_a_random_init() -> None:
     # The parent trains briefly on digits; its [2, 2, 1] child, 2x wider, must start with a
     # lower loss than the same child freshly initialised (never worse than random).

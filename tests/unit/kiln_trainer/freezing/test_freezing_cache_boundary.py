@@ -182,6 +182,7 @@ def test_the_loop_with_the_prefetched_cache_trains_as_without_it(splits) -> None
     torch.testing.assert_close(torch.tensor(cached), torch.tensor(plain), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.process
 def test_the_default_recipe_serves_cached_batches_after_a_freeze(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[bool] = []

@@ -1,8 +1,9 @@
 """kiln_trainer.freezing.controller: the Freezer around a real training loop on digits.
 
-The reference model runs in its real worker process; only the policy's knobs are set so that
-decisions come within a few dozen steps (tolerance and peak fraction high: every window counts
-as converged).
+The reference model runs in its real worker process where a test needs its answers; only the
+policy's knobs are set so that decisions come within a few dozen steps (tolerance and peak
+fraction high: every window counts as converged). Tests that set the boundary by hand build the
+Freezer as a rank that does not decide (``main=False``: no worker process to start).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def splits() -> data.Splits:
 
 
 def _setup(
-    splits: data.Splits, *, lr: float = 0.05, **knobs: Any
+    splits: data.Splits, *, lr: float = 0.05, main: bool = True, **knobs: Any
 ) -> tuple[nn.Module, torch.optim.Optimizer, controller.Freezer]:
     torch.manual_seed(0)
     model = models.build(SPEC)
@@ -53,7 +54,8 @@ def _setup(
     )
     probe = controller.probe_batch(splits.validation, settings.probe_batch_size)
     freezer = controller.Freezer(
-        model, SPEC, probe, settings, optimizer=optimizer, num_samples=len(splits.train)
+        model, SPEC, probe, settings, optimizer=optimizer, num_samples=len(splits.train),
+        main=main,
     )  # type: ignore[arg-type]
     return model, optimizer, freezer
 
@@ -110,7 +112,7 @@ def _wait_for_results(
 
 
 def test_frozen_parameters_stay_bit_identical_and_never_get_a_gradient(splits) -> None:
-    model, optimizer, freezer = _setup(splits, cache=True)
+    model, optimizer, freezer = _setup(splits, cache=True, main=False)
     with freezer:
         freezer.load_state_dict({"boundary": 2})
         frozen = freezer.partition.params(2)
@@ -127,6 +129,7 @@ def test_frozen_parameters_stay_bit_identical_and_never_get_a_gradient(splits) -
         assert trainable and all(p.grad is not None for p in trainable)
 
 
+@pytest.mark.process
 def test_the_converged_prefix_freezes_in_one_decision_up_to_the_cap(
         splits, monkeypatch: pytest.MonkeyPatch) -> None:
     # without the per-decision share cap (its own test is in test_freezing_policy.py)
@@ -148,7 +151,7 @@ def test_the_converged_prefix_freezes_in_one_decision_up_to_the_cap(
 def test_decisions_are_staged_by_share_and_spaced_by_patience_cycles(splits) -> None:
     # Every module counts as converged; only the per-decision share and the spacing of one
     # decision per `patience` closed cycles hold the prefix back.
-    _, _, freezer = _setup(splits, max_frozen_fraction=0.8, patience=2)
+    _, _, freezer = _setup(splits, max_frozen_fraction=0.8, patience=2, main=False)
     with freezer:
         convergence = freezer.convergence
         convergence._streaks = [2] * len(convergence.blocks)  # converged for `patience` cycles
@@ -164,6 +167,7 @@ def test_decisions_are_staged_by_share_and_spaced_by_patience_cycles(splits) -> 
         assert freezer._proposal(step=13) > first
 
 
+@pytest.mark.process
 def test_a_step_decay_keeps_the_frozen_prefix_and_starts_a_denser_phase(splits) -> None:
     model, optimizer, freezer = _setup(splits, check_every_steps=2, max_frozen_fraction=0.5,
                                        peak_fraction=0.1, tolerance=0.01)
@@ -195,7 +199,7 @@ def test_a_step_decay_keeps_the_frozen_prefix_and_starts_a_denser_phase(splits) 
 
 
 def test_cached_prefix_outputs_match_the_computed_ones_within_fp16(splits) -> None:
-    model, _optimizer, freezer = _setup(splits, cache=True)
+    model, _optimizer, freezer = _setup(splits, cache=True, main=False)
     with freezer:
         freezer.load_state_dict({"boundary": 2})
         assert freezer.trainable_module() is not model, "small_cnn splits after blocks.0"
@@ -213,6 +217,7 @@ def test_cached_prefix_outputs_match_the_computed_ones_within_fp16(splits) -> No
         torch.testing.assert_close(suffix(cached), model(inputs), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.process
 def test_a_stopped_reference_never_stalls_training(splits) -> None:
     model, optimizer, freezer = _setup(splits)
     with freezer:
@@ -225,12 +230,13 @@ def test_a_stopped_reference_never_stalls_training(splits) -> None:
     assert events == [] and freezer.boundary == 0
 
 
+@pytest.mark.process
 def test_state_dict_round_trip_keeps_the_frozen_prefix(splits) -> None:
     model, optimizer, freezer = _setup(splits)
     with freezer:
         _wait_for_results(model, optimizer, freezer, splits, 1)
         state = freezer.state_dict()
-    _model2, _optimizer2, resumed = _setup(splits)
+    _model2, _optimizer2, resumed = _setup(splits, main=False)  # loading needs no reference
     with resumed:
         resumed.load_state_dict(state, step=123)
         assert resumed.boundary == freezer.boundary >= 1
@@ -278,7 +284,7 @@ def test_settings_from_a_job_pick_cadence_bootstrap_and_cache() -> None:
 
 
 def test_checkpoint_state_is_versioned_and_unversioned_states_still_load(splits) -> None:
-    *_, freezer = _setup(splits)
+    *_, freezer = _setup(splits, main=False)
     with freezer:
         freezer.set_boundary(1, 7, "by hand")
         state = freezer.state_dict()
@@ -290,13 +296,14 @@ def test_checkpoint_state_is_versioned_and_unversioned_states_still_load(splits)
         assert (freezer.boundary, freezer.phase_lr, freezer.phase_start) == (2, 0.05, 0)
         with pytest.raises(ValueError, match="version 99"):
             freezer.load_state_dict({**state, "version": 99})
-    _model2, _optimizer2, resumed = _setup(splits)
+    _model2, _optimizer2, resumed = _setup(splits, main=False)
     with resumed:
         resumed.load_state_dict(state, step=7)
         assert resumed.boundary == 1 and resumed.state_dict()["convergence"] == \
             state["convergence"]
 
 
+@pytest.mark.process
 def test_a_measured_rise_behind_the_prefix_unfreezes_it(splits) -> None:
     model, optimizer, freezer = _setup(splits, lr=0.005, check_every_steps=2,
                                        max_frozen_fraction=0.5, peak_fraction=0.1,

@@ -20,6 +20,8 @@ import torch
 from kiln import api, models
 from kiln_trainer.freezing import partition, reference
 
+pytestmark = pytest.mark.process
+
 SPEC = api.ModelSpec(architecture="small_resnet", input_shape=[1, 8, 8])
 BLOCKS = models.natural_blocks(models.build(SPEC))  # stem, stages.0.0, ..., head
 STARTUP_SECONDS = 180.0  # guard only: spawn + imports on a busy 2-core machine

@@ -31,6 +31,7 @@ class _LocalNet(nn.Module):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
 def test_a_worker_built_from_the_model_object_answers_probes_of_that_object() -> None:
     torch.manual_seed(0)
     model = _LocalNet()
@@ -54,6 +55,7 @@ def test_a_worker_built_from_the_model_object_answers_probes_of_that_object() ->
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
 def test_a_freezer_without_a_model_spec_starts_its_reference_from_the_model() -> None:
     model = _LocalNet()
     settings = controller.Settings(check_every_steps=1, window=2, reference="fp32")
