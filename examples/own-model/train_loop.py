@@ -55,6 +55,7 @@ def main() -> None:
     x, y, x_val, y_val = (t.to(ctx.device) for t in (x, y, x_val, y_val))
     model = mlp(**spec.model.args).to(ctx.device)
     ctx.warm_start(model)  # Kiln: the most similar zoo model's weights, transformed
+    net = ctx.wrap(model)  # Kiln: DDP under torchrun with several processes, else `model`
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.training.optimizer.lr)
     batch_size = spec.training.batch_size
     steps_per_epoch = -(-len(y) // batch_size)
@@ -63,8 +64,9 @@ def main() -> None:
     for epoch in range(start, spec.training.epochs):
         shuffle = torch.Generator().manual_seed(spec.training.seed + epoch)
         for batch in torch.randperm(len(y), generator=shuffle).split(batch_size):
+            mine = batch[ctx.parallel.rank::ctx.parallel.world_size]  # this rank's share
             with ctx.amp.autocast():  # Kiln: spec.training.precision
-                loss = F.cross_entropy(model(x[batch]), y[batch])
+                loss = F.cross_entropy(net(x[mine]), y[mine])
             optimizer.zero_grad(set_to_none=True)
             ctx.amp.backward(loss)
             ctx.amp.step(optimizer)

@@ -631,7 +631,7 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
     if args.output != "table":
         output.show(console, args.output, {
             "job": job.name, "zoo_models": len(index), "search": str(found.mode),
-            "parent": chosen.parent_id, "reason": reason,
+            "parent": chosen.parent, "reason": reason,
             "candidates": [{"rank": rank, "id": cand.id, "architecture": cand.record.builder,
                             "similarity": cand.similarity,
                             "metric_name": cand.record.metric_name,
@@ -639,7 +639,7 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
                            for rank, cand in enumerate(found.candidates[:args.top], start=1)]})
         return EXIT_OK
     output.print_table(console, tables.warm_start_candidates(job, found, len(index),
-                                                             chosen.parent_id, top=args.top))
+                                                             chosen.parent, top=args.top))
     console.print(reason, markup=False, highlight=False)
     return EXIT_OK
 

@@ -358,13 +358,9 @@ class Result:
         freezing: the freezer's summary (frozen modules, boundary ``events``, mean skipped
             backward-FLOPs share, estimated saved seconds, reference CPU seconds); None when
             freezing was off.
-        warm_start_decision: the warm-start decision the run applied, with the keys
-            ``parent``, ``similarity``, ``parent_metric``, ``matched_tensors``,
-            ``total_tensors``, ``outcome``, ``reason``, ``alternatives`` (further parents to
-            try) and the probe guard's ``probe_loss``, ``cold_probe_loss``,
-            ``probe_accuracy`` and ``cold_probe_accuracy`` (None when not probed); the
-            operator records it in status.warmStart when the trainer made or probed it.
-            None if unknown.
+        warm_start_decision: the warm-start decision the run applied (by field name), the
+            probe guard's scores included (None when not probed); the operator records it in
+            status.warmStart when the trainer made or probed it. None if unknown.
     """
 
     KIND: ClassVar[str] = "result"
@@ -385,7 +381,7 @@ class Result:
     similarity: float | None = None
     warm_start: str = ""
     freezing: dict[str, Any] | None = None
-    warm_start_decision: dict[str, Any] | None = None
+    warm_start_decision: api.WarmStartDecision | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields, JSON-ready (no kind key; non-finite numbers as None)."""
@@ -439,8 +435,8 @@ class Profile:
         step_status: "ok" or "oom" (the batch does not fit one device); a step that raises
             anything else fails the profiling step as invalid input (the model's problem).
         step_detail: why, for statuses other than "ok".
-        warm_start_decision: the warm-start decision, with the keys of
-            `Result.warm_start_decision`; the trainer launched later applies it unchanged.
+        warm_start_decision: the warm-start decision (by field name); the trainer launched
+            later applies it unchanged.
         zoo_key: the zoo object holding the full profile (graph included), or None (no zoo).
     """
 
@@ -455,7 +451,7 @@ class Profile:
     step_seconds: float | None
     step_status: str
     step_detail: str = ""
-    warm_start_decision: dict[str, Any] | None = None
+    warm_start_decision: api.WarmStartDecision | None = None
     zoo_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -583,6 +579,14 @@ def _to_json(event: Event) -> dict[str, Any]:
     return {f.name: _finite(getattr(event, f.name)) for f in dataclasses.fields(event)}
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, pydantic.BaseModel):
+        return {k: _finite(v) for k, v in value.model_dump(mode="json").items()}
+    return value
+
+
 _E = TypeVar("_E", Progress, Info, Result, Failure, Profile)
 
 
@@ -604,12 +608,20 @@ def _from_json(cls: type[_E], doc: Mapping[str, Any]) -> _E:
         try:
             values[name] = adapter.validate_python(doc[name])
         except pydantic.ValidationError as exc:
-            shown = repr(doc[name])
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise ValueError(f"{cls.KIND} event field {name!r}: "
-                             f"{exc.errors(include_url=False)[0]['msg'].lower()}; got "
-                             f"{type(doc[name]).__name__} {shown}") from None
+            raise _wrong_field(cls.KIND, name, exc) from None
     return cls(**values)
+
+
+def _wrong_field(kind: str, name: str, exc: pydantic.ValidationError) -> ValueError:
+    """The error for field `name` of a `kind` event: its path (into a nested model), what is
+    wrong, and the value."""
+    first = exc.errors(include_url=False)[0]
+    where = ".".join([name, *map(str, first["loc"])])
+    shown = repr(first["input"])
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    what = first["msg"][:1].lower() + first["msg"][1:]
+    return ValueError(f"{kind} event field {where!r}: {what}; got "
+                      f"{type(first['input']).__name__} {shown}")
 
 
 
@@ -661,10 +673,10 @@ _R = TypeVar("_R", Result, Profile)
 def _with_shorter_reason(event: _R) -> _R:
     """`event` with its warm-start decision's reason shortened to fit (if it has one)."""
     decision = event.warm_start_decision
-    if not isinstance(decision, dict) or not isinstance(decision.get("reason"), str):
+    if decision is None:
         return event
-    return _shortened(decision["reason"], lambda text: dataclasses.replace(
-        event, warm_start_decision={**decision, "reason": text}))
+    return _shortened(decision.reason, lambda text: dataclasses.replace(
+        event, warm_start_decision=decision.model_copy(update={"reason": text})))
 
 
 def _setting(event: _E, field: str) -> Callable[[str], _E]:
@@ -694,8 +706,3 @@ def _shortened(text: str, build: Callable[[str], _E]) -> _E:
             high = middle - 1
     return build(text[:low] + "..." if low else "")
 
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -51,7 +51,7 @@ def test_a_job_succeeds_registers_its_model_and_a_second_job_warm_starts_from_it
     assert pod["metadata"]["ownerReferences"][0]["name"] == "digits-second"
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     decided = json.loads(env["KILN_WARM_START"]["value"])
-    assert (decided["parent_id"], decided["outcome"]) == (model, "warm")
+    assert (decided["parent"], decided["outcome"]) == (model, "warm")
     assert decided["similarity"] == warm["similarity"]
     # presigned zoo access, the default: URLs from the job's Secret, no zoo credential
     assert env["KILN_ZOO"]["value"].startswith("presigned:")

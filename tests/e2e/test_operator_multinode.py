@@ -110,7 +110,7 @@ def test_a_two_node_gang_runs_restarts_together_when_a_pod_dies_and_registers_on
     created = _created_pods(gang_cluster, ns)
     # One pod per planned node, each with its rank and DNS name, under one headless Service.
     assert [pods.planned_node(created[p]) for p in (leader, worker)] == placement["nodes"]
-    assert [gang.rank_of(created[p]) for p in (leader, worker)] == [0, 1]
+    assert [pods.rank_of(created[p]) for p in (leader, worker)] == [0, 1]
     assert {created[p]["spec"]["subdomain"] for p in (leader, worker)} == {
         gang.service_name(name)}
     service = gang_cluster.client.get(f"/api/v1/namespaces/{ns}/services/"

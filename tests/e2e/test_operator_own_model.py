@@ -94,7 +94,7 @@ def test_an_entrypoint_job_is_profiled_and_warm_started_before_placement(
                if p["metadata"]["name"] == "mixer-bigger-trainer-0")
     env = {e["name"]: e for e in trainer["spec"]["containers"][0]["env"]}
     passed = json.loads(env["KILN_WARM_START"]["value"])  # decided once, in the profiling pod
-    assert (passed["outcome"], passed["parent_id"]) == ("warm", model)
+    assert (passed["outcome"], passed["parent"]) == ("warm", model)
 
 
 def test_an_entrypoint_that_raises_fails_the_job_at_once_naming_the_users_line(

@@ -34,7 +34,7 @@ import sys
 import time
 
 from kiln import contract
-from kiln.zoo import records, store
+from kiln.zoo import presigned, records
 
 if os.environ.get("REGISTER"):
     import torch
@@ -48,7 +48,7 @@ def register():
         metric_name="validation_accuracy", metric_value=0.5, num_params=1,
         created_time="2026-01-01T00:00:00Z", job_name=job["metadata"]["name"],
         job_spec={"spec": job["spec"]}, namespace=job["metadata"]["namespace"])
-    zoo = store.open_store(os.environ[contract.Env.ZOO], env=os.environ)
+    zoo = presigned.open_zoo(os.environ[contract.Env.ZOO], env=os.environ)  # as a trainer
     return records.write_record(zoo, record, {"w": torch.zeros(1)}, {}).id
 
 
@@ -247,7 +247,7 @@ def test_a_pods_warm_start_decision_cannot_name_another_namespaces_private_model
                        and isinstance(r.body, dict)
                        and r.body["metadata"]["name"] == f"{name}-trainer-0")
         env = {e["name"]: e.get("value") for e in trainer["spec"]["containers"][0]["env"]}
-        assert json.loads(env["KILN_WARM_START"])["parent_id"] is None
+        assert json.loads(env["KILN_WARM_START"])["parent"] is None
     finally:
         records.delete_record(zoo.store, theirs.id)
 

@@ -92,7 +92,7 @@ def test_a_zoo_outage_is_reported_retried_and_then_cold_started(
     pod = client.wait_until(lambda: cluster.client.pods("team-a", "digits-no-zoo"),
                               timeout_seconds=30, what="the cold-started job's pod")[0]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert json.loads(env["KILN_WARM_START"])["parent_id"] is None
+    assert json.loads(env["KILN_WARM_START"])["parent"] is None
     exposition = operator.metrics()
     assert 'kiln_warm_start_total{outcome="zoo_unavailable"} 1.0' in exposition
     assert "kiln_zoo_unavailable_total 2.0" in exposition

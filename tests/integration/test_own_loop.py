@@ -2,9 +2,9 @@
 example script examples/own-model/train_loop.py as a process with the contract's environment.
 
 It reports progress the contract's reader parses, reaches its target, registers in the zoo,
-warm-starts a deeper variant from the first run, freezes on a longer run, and checkpoints on
-SIGTERM and resumes; `kiln run` runs it from its job file, and says when a loop exits without
-a result.
+warm-starts a deeper variant from the first run, freezes on a longer run, checkpoints on
+SIGTERM and resumes, and trains under DDP in two torchrun processes; `kiln run` runs it from
+its job file, and says when a loop exits without a result.
 """
 
 from __future__ import annotations
@@ -129,6 +129,24 @@ def test_an_own_loop_checkpoints_on_sigterm_and_resumes(tmp_path: Path) -> None:
     assert any(m.startswith("resumed from") for m in _infos(events)), _infos(events)
     assert result.epochs_run == 10 and result.steps > 10 * 23  # the stopped steps count too
     assert not (tmp_path / "checkpoints" / "default" / "own-stop" / "checkpoint.pt").exists()
+
+
+def test_an_own_loop_under_torchrun_trains_with_ddp_through_the_same_context(
+        tmp_path: Path) -> None:
+    job = _job(tmp_path, "own-ddp", training={"epochs": 3},
+               target={"metric": "validation_accuracy", "value": 0.99, "stopAtTarget": False})
+    done = subprocess.run([sys.executable, *contract.TORCHRUN, "--nproc-per-node", "2",
+                           str(SCRIPT)], cwd=tmp_path, env=_env(tmp_path, job),
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
+    assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
+    events = _events(done.stdout)  # rank 0 alone speaks
+    results = [e for e in events if isinstance(e, contract.Result)]
+    assert len(results) == 1 and events[-1] is results[0], done.stdout[-2000:]
+    assert results[0].steps == 3 * 23 and results[0].epochs_run == 3  # global batches
+    # the context saw both ranks: it says why the layers stay unfrozen under DDP
+    assert any(m.startswith("freezing off: an own loop under DDP") for m in _infos(events))
+    (record,) = records.list_records(store.DirStore(tmp_path / "zoo"))  # rank 0's, once
+    assert record.id == results[0].zoo_model and record.entrypoint == "train_loop:mlp"
 
 
 def _kiln_run(tmp_path: Path, *job_files: Path) -> clirun.Done:

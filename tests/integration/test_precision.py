@@ -18,7 +18,7 @@ import yaml
 
 from kiln import api, contract
 from kiln.zoo import records, store
-from kiln_trainer import checkpoint, loop, precision
+from kiln_trainer import checkpoint, jobcontext, loop, precision
 
 
 def _doc(name: str, precision_name: str, *, epochs: int = 4) -> dict[str, object]:
@@ -62,7 +62,7 @@ def test_an_fp16_run_checkpoints_its_grad_scaler_and_resumes_from_it(tmp_path: P
     job = api.parse_job(_doc("digits-fp16", "fp16", epochs=2))
     stop = threading.Event()
     stop.set()  # stop after the first step: the checkpoint holds the scaler's state
-    with pytest.raises(loop.Interrupted):
+    with pytest.raises(jobcontext.Interrupted):
         loop.main(job, checkpoint_dir=tmp_path, stop=stop, out=io.StringIO(),
                   termination_log=None, register=False)
     where = checkpoint.locate(job, checkpoint_dir=tmp_path, zoo=None)

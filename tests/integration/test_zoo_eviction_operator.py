@@ -54,11 +54,11 @@ def test_operator_eviction_keeps_live_parents_and_running_provisional_records(
             **SUCCEEDED, "warmStart": {"parent": "finished-00000003"}}))
         options = main.options_from_args(main.build_parser().parse_args(
             ["--zoo-uri", str(zoo.root), "--zoo-capacity", "1KB"]))
-        svc = main.build_services(options, kopf.ConnectionInfo(server=cluster.url))
+        operator = main.build(options, kopf.ConnectionInfo(server=cluster.url))
 
         async def operator_until_evicted() -> None:
             memo = kopf.Memo()
-            memo.services = svc
+            memo.operator = operator
             await handlers.startup(settings=kopf.OperatorSettings(), memo=memo)
             deadline = time.monotonic() + 60
             try:

@@ -41,7 +41,7 @@ def _signed(zoo: store.S3Store, grants: presigned.Grants, path: Path) -> store.O
     manifest = presigned.mint(zoo, grants, lifetime=datetime.timedelta(hours=1),
                               now=datetime.datetime.now(datetime.UTC))
     path.write_text(manifest.to_json())
-    return store.open_store(f"{contract.ZOO_ACCESS_SCHEME}:{path}", env={})
+    return presigned.open_zoo(f"{contract.ZOO_ACCESS_SCHEME}:{path}", env={})
 
 
 def test_a_pod_uses_its_own_objects_and_reads_only_granted_parents(
@@ -185,7 +185,9 @@ def test_urls_live_at_most_seven_days(operator_zoo: store.S3Store) -> None:
         presigned.mint(operator_zoo, presigned.Grants.of([]), lifetime=datetime.timedelta(
             days=8), now=NOW)
     with pytest.raises(ValueError, match="name the manifest file"):
-        store.open_store(f"{contract.ZOO_ACCESS_SCHEME}:", env={})
+        presigned.open_zoo(f"{contract.ZOO_ACCESS_SCHEME}:", env={})
+    with pytest.raises(ValueError, match="only the trainer opens"):  # not the operator's zoo
+        store.open_store(f"{contract.ZOO_ACCESS_SCHEME}:{contract.ZOO_ACCESS_DIR}", env={})
 
 
 def test_urls_signed_with_a_temporary_credential_die_with_it(
@@ -247,14 +249,14 @@ def test_a_trainer_warm_starts_and_registers_through_its_presigned_access_alone(
 
     child = job("child", 1)
     decided = warm.decide(child, operator_zoo)  # the operator's decision
-    assert decided.parent_id == parent.id
+    assert decided.parent == parent.id
     # A profiling pod decides the same from the visible records' graphs, without weights.
     searching = _signed(operator_zoo, zoo_access.job_grants(
         "team-b", "child", uid=UID, record=OWN, visible=[parent.id], now=NOW),
         tmp_path / "search.json")
-    assert warm.decide(child, searching).parent_id == parent.id
+    assert warm.decide(child, searching).parent == parent.id
     grants = zoo_access.job_grants("team-b", "child", uid=UID, record=OWN, now=NOW,
-                                   parents=[decided.parent_id, *decided.alternatives])
+                                   parents=[decided.parent, *decided.alternatives])
     pod = _signed(operator_zoo, grants, tmp_path / "manifest.json")
     for name in (contract.Env.ZOO_ENDPOINT, contract.Env.ZOO_ACCESS_KEY,
                  contract.Env.ZOO_SECRET_KEY):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln import contract
+from kiln import api, contract
 from kiln.controller import progress
 from kiln.zoo import records, store
 from kubesim import client, emulator, kubelet, operator_process
@@ -76,9 +76,10 @@ def trainer_progress(pod: kubelet.RunningPod) -> dict[str, Any]:
     """What the operator would read into status.progress from the pod's trainer now, by its
     own parser ({} while the trainer publishes nothing)."""
     try:
-        return progress.parse(pod.metrics(), epochs=ENDLESS_EPOCHS)
+        found = progress.parse(pod.metrics(), epochs=ENDLESS_EPOCHS)
     except ValueError:
         return {}
+    return {} if found is None else api.to_wire(found)
 
 
 def with_changes(doc: dict[str, Any], **spec: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Layering and code hygiene: import-linter's contracts, ruff, `mypy --strict`, and a fresh
-interpreter that imports the trainer."""
+"""Layering and code hygiene: import-linter's contracts, the controller's import depth, ruff,
+`mypy --strict`, and a fresh interpreter that imports the trainer."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+import networkx as nx
 import pytest
 
 pytestmark = pytest.mark.process  # `make check` runs the tools themselves
@@ -24,6 +26,23 @@ def _run_tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_import_contracts_hold() -> None:
     done = _run_tool("lint-imports", "--no-cache")  # its cache can miss a fresh edit
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# The longest chain of imports between the controller's modules, counted in modules: each
+# level is one more module to read before a change is understood.
+CONTROLLER_MAX_CHAIN = 9
+
+
+def test_the_controllers_longest_import_chain_is_short() -> None:
+    graph = grimp.build_graph("kiln", cache_dir=None)
+    imports = nx.DiGraph()
+    for module in graph.find_descendants("kiln.controller"):
+        imports.add_node(module)
+        imports.add_edges_from((module, imported) for imported in
+                               graph.find_modules_directly_imported_by(module)
+                               if imported.startswith("kiln.controller."))
+    chain = nx.dag_longest_path(imports)  # acyclic: import-linter's contract
+    assert len(chain) <= CONTROLLER_MAX_CHAIN, " -> ".join(chain)
 
 
 def test_ruff_finds_nothing() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import contract
+from kiln import api, contract
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,10 @@ def test_flags_win_over_the_environment_which_wins_over_defaults() -> None:
     assert parse([], {}) == contract.TrainerArgs()
     env = {"KILN_JOB_FILE": "env.yaml", "KILN_ZOO": "s3://z", "KILN_METRICS_PORT": "9090",
            "KILN_CHECKPOINTS": "/c", "KILN_PARALLELISM": "fsdp",
-           "KILN_WARM_START": '{"parent_id": null}'}
+           "KILN_WARM_START": '{"parent": null}'}
     assert parse([], env) == contract.TrainerArgs(
         job_file="env.yaml", zoo="s3://z", metrics_port=9090, checkpoint_dir="/c",
-        parallelism="fsdp", warm_start='{"parent_id": null}')
+        parallelism="fsdp", warm_start='{"parent": null}')
     assert parse(["--job", "j.yaml", "--parallelism", "ddp"], env).parallelism == "ddp"
     assert parse(["--no-register", "--no-resume"], {}) == contract.TrainerArgs(
         register=False, resume=False)
@@ -110,7 +110,8 @@ def test_a_known_event_with_missing_fields_is_an_error_naming_them() -> None:
     pytest.param("batch_size", 32.5, "valid integer; got float 32.5", id="fraction-as-count"),
     pytest.param("step_seconds", True, "valid number; got bool True", id="bool-as-number"),
     pytest.param("device", 0, "valid string; got int 0", id="number-as-text"),
-    pytest.param("warm_start_decision", [], "valid dictionary; got list []", id="list"),
+    pytest.param("warm_start_decision", [],
+                 "valid dictionary or instance of WarmStartDecision; got list []", id="list"),
 ])
 def test_an_event_with_a_field_of_the_wrong_type_is_an_error_naming_it(
         field: str, value: object, expected: str) -> None:
@@ -123,6 +124,23 @@ def test_an_event_with_a_field_of_the_wrong_type_is_an_error_naming_it(
             f"profile event field '{field}': input should be a {expected}")):
         contract.from_line(line)
     assert contract.read_termination_message(line) is None  # not a report to act on
+
+
+@pytest.mark.parametrize(("decision", "expected"), [
+    pytest.param({"outcome": "warm", "parent": "p-1", "similarity": "0.8"},
+                 "'warm_start_decision.similarity': input should be a valid number; got str",
+                 id="number-as-string"),
+    pytest.param({"outcome": "lukewarm"},
+                 "'warm_start_decision.outcome': input should be 'warm', 'pinned'",
+                 id="unknown-outcome"),
+])
+def test_a_malformed_warm_start_decision_is_an_error_naming_its_field(
+        decision: dict[str, object], expected: str) -> None:
+    line = contract.to_line(dataclasses.replace(RESULT, warm_start_decision=DECISION))
+    good = json.loads(line)
+    assert contract.from_line(line) == dataclasses.replace(RESULT, warm_start_decision=DECISION)
+    with pytest.raises(ValueError, match=re.escape(f"result event field {expected}")):
+        contract.from_line(json.dumps({**good, "warm_start_decision": decision}))
 
 
 def test_the_termination_message_stays_under_the_kubernetes_cap() -> None:
@@ -138,9 +156,10 @@ def test_the_termination_message_stays_under_the_kubernetes_cap() -> None:
     assert back == dataclasses.replace(RESULT, freezing={"saved_seconds": 3.5})
 
 
-DECISION = {"parent": "small_cnn-89abcdef", "similarity": 0.8, "parent_metric": 0.9,
-            "matched_tensors": 6, "total_tensors": 8, "outcome": "warm",
-            "reason": "warm start from small_cnn-89abcdef (similarity 0.80)"}
+DECISION = api.WarmStartDecision(
+    parent="small_cnn-89abcdef", similarity=0.8, parent_metric=0.9, matched_tensors=6,
+    total_tensors=8, outcome=api.WarmStartOutcome.WARM,
+    reason="warm start from small_cnn-89abcdef (similarity 0.80)")
 # Characters whose JSON escapes are long: accents (6 bytes), emoji (12), quotes, controls.
 AWKWARD = "é✓🙂\"\\\n\t\u2028x "
 
@@ -167,10 +186,10 @@ def _assert_key_fields_kept(back: contract.Event) -> None:
     pytest.param(dataclasses.replace(RESULT, freezing={
         "modules": {f"block{i}": "🙂" * 50 for i in range(200)}}), id="huge-freezing-summary"),
     pytest.param(dataclasses.replace(RESULT, warm_start=AWKWARD * 2000), id="huge-warm-start"),
-    pytest.param(dataclasses.replace(RESULT, warm_start_decision={
-        **DECISION, "reason": AWKWARD * 2000}), id="huge-decision-reason"),
-    pytest.param(dataclasses.replace(RESULT, warm_start_decision={
-        **DECISION, "notes": ["x" * 100] * 100}), id="huge-decision"),
+    pytest.param(dataclasses.replace(RESULT, warm_start_decision=DECISION.model_copy(
+        update={"reason": AWKWARD * 2000})), id="huge-decision-reason"),
+    pytest.param(dataclasses.replace(RESULT, warm_start_decision=DECISION.model_copy(
+        update={"alternatives": ["x" * 100] * 100})), id="huge-decision"),
     pytest.param(dataclasses.replace(RESULT, parent="p" * 5000), id="huge-parent"),
 ])
 def test_a_result_too_long_still_parses_and_keeps_its_zoo_model_and_metric(
@@ -189,15 +208,15 @@ def test_a_too_long_result_drops_the_freezing_history_before_the_warm_start_sent
 
 
 def test_long_reasons_are_shortened_keeping_the_decision_s_outcome_and_parent() -> None:
-    result = dataclasses.replace(RESULT, warm_start="é" * 3000, warm_start_decision={
-        **DECISION, "reason": "🙂" * 3000})
+    result = dataclasses.replace(RESULT, warm_start="é" * 3000, warm_start_decision=(
+        DECISION.model_copy(update={"reason": "🙂" * 3000})))
     back = _read_back(result)
     assert isinstance(back, contract.Result) and back.warm_start_decision is not None
-    assert {k: back.warm_start_decision[k] for k in ("parent", "outcome")} == {
-        "parent": DECISION["parent"], "outcome": "warm"}
-    for text in (back.warm_start, back.warm_start_decision["reason"]):
+    assert (back.warm_start_decision.parent, back.warm_start_decision.outcome) == (
+        DECISION.parent, api.WarmStartOutcome.WARM)
+    for text in (back.warm_start, back.warm_start_decision.reason):
         assert text == "" or (text.endswith("...") and set(text[:-3]) <= {"é", "🙂"})
-    assert back.warm_start or back.warm_start_decision["reason"]  # the room left is used
+    assert back.warm_start or back.warm_start_decision.reason  # the room left is used
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -211,7 +230,7 @@ def test_any_result_mixing_long_fields_reads_back_with_its_key_fields(seed: int)
         RESULT, warm_start=text(), parent=rng.choice([None, text()]),
         freezing=rng.choice([None, {"events": [text() for _ in range(rng.randint(0, 5))],
                                     "summary": text()}]),
-        warm_start_decision=rng.choice([None, {**DECISION, "reason": text()}]))
+        warm_start_decision=rng.choice([None, DECISION.model_copy(update={"reason": text()})]))
     _assert_key_fields_kept(_read_back(result))
 
 
@@ -230,11 +249,12 @@ def test_a_profile_with_long_texts_still_parses_and_keeps_its_numbers_and_decisi
     profile = contract.Profile(
         parameters=1234, flops_per_sample=5e6, graph_nodes=None, untraceable="ü" * 5000,
         device="cpu", batch_size=64, step_seconds=None, step_status="failed",
-        step_detail="🙂" * 5000, warm_start_decision={**DECISION, "reason": "é" * 5000})
+        step_detail="🙂" * 5000,
+        warm_start_decision=DECISION.model_copy(update={"reason": "é" * 5000}))
     back = _read_back(profile)
     assert isinstance(back, contract.Profile) and back.warm_start_decision is not None
-    assert (back.parameters, back.step_status, back.warm_start_decision["outcome"]) == (
-        1234, "failed", "warm")
+    assert (back.parameters, back.step_status, back.warm_start_decision.outcome) == (
+        1234, "failed", api.WarmStartOutcome.WARM)
 
 
 @pytest.mark.parametrize("text", [

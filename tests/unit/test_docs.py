@@ -64,25 +64,40 @@ def test_every_path_in_the_layout_tables_exists(page: Path, heading: str) -> Non
     assert [p for p in paths if not (ROOT / p).exists()] == []
 
 
-def test_every_module_in_the_docs_module_table_exists() -> None:
+def _modules(package: Path) -> set[str]:
+    """The modules of a package folder (not `__init__.py` or `__main__.py`)."""
+    return {p.name for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+
+
+def test_the_docs_module_table_lists_every_module_and_only_those() -> None:
+    """docs/layout.md's module table matches the package tree: each package of `kiln` (but
+    `kiln` itself, whose modules the Packages table names) and of `kiln_trainer` has a row
+    naming all its modules, and nothing else is named."""
     rows = _table_rows((DOCS / "layout.md").read_text(encoding="utf-8"), "## Modules")
-    missing = []
+    listed = {}
     for row in rows:
-        package, modules = row.split("|")[1:3]
-        folder = ROOT / package.strip().strip("`")
-        missing += [m for m in re.findall(r"`([\w]+\.py)`", modules) if not (folder / m).is_file()]
-    assert rows and missing == []
+        package, modules = re.split(r"(?<!\\)\|", row)[1:3]  # not at an escaped \|
+        listed[package.strip().strip("`")] = set(re.findall(r"`(\w+\.py)`", modules))
+    folders = [init.parent for init in (ROOT / "operator" / "kiln").rglob("__init__.py")
+               if init.parent.name != "kiln"]
+    folders += [init.parent for init in (ROOT / "trainer_image").rglob("__init__.py")]
+    tree = {f"{folder.relative_to(ROOT)}/": _modules(folder) for folder in folders}
+    problems = [f"{package}: no row" for package in sorted(tree.keys() - listed.keys())]
+    problems += [f"{package}: no such package" for package in sorted(listed.keys() - tree.keys())]
+    for package in sorted(tree.keys() & listed.keys()):
+        problems += [f"{package}{m}: not listed" for m in sorted(tree[package] - listed[package])]
+        problems += [f"{package}{m}: no such module" for m in sorted(listed[package] - tree[package])]
+    assert rows and problems == [], (
+        "docs/layout.md's module table and the tree differ (list each module with its "
+        "docstring's first line, in a few words): " + "; ".join(problems))
 
 
-def test_every_package_appears_in_the_docs_module_table() -> None:
-    table = (DOCS / "layout.md").read_text(encoding="utf-8").split("## Modules", 1)[1]
-    packages = sorted({
-        path.parent for path in (ROOT / "operator" / "kiln").rglob("*.py")
-        if path.name == "__init__.py" and path.parent.name != "kiln"})
-    packages += sorted({path.parent for path in (ROOT / "trainer_image").rglob("__init__.py")})
-    absent = [str(p.relative_to(ROOT)) for p in packages
-              if f"`{p.relative_to(ROOT)}/`" not in table]
-    assert absent == [], "add these packages and their modules to docs/layout.md"
+def test_every_top_level_module_is_in_the_docs_packages_table() -> None:
+    rows = "\n".join(_table_rows((DOCS / "layout.md").read_text(encoding="utf-8"),
+                                 "## Packages"))
+    absent = [m for m in sorted(_modules(ROOT / "operator" / "kiln"))
+              if f"`operator/kiln/{m}`" not in rows]
+    assert absent == [], "name these modules of operator/kiln in docs/layout.md's Packages table"
 
 
 def test_every_docs_page_is_in_the_site_navigation() -> None:

@@ -13,6 +13,7 @@ import io
 import logging
 import pickle
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from torch import nn
 from kiln import api
 from kiln.zoo import records
 from kiln.zoo import store as zoo_store
-from kiln_trainer import optim, tracking
+from kiln_trainer import optim, precision, tracking
 from kiln_trainer.distributed import parallel
+from kiln_trainer.freezing import controller as freezing
 
 _log = logging.getLogger(__name__)
 
@@ -45,11 +47,13 @@ ELAPSED_KEY = "elapsed_seconds"  # training clock: wall seconds of all runs, che
 TTT_KEY = "time_to_target_seconds"  # float, or None while the target has not been reached
 HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_seconds, metrics)
 SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
-WARM_START_KEY = "warm_start"  # dict: what warm start did (kiln_trainer.warm.WarmStart)
+WARM_START_KEY = "warm_start"  # dict: the warm start applied (api.WarmStartDecision)
 ZOO_RECORD_KEY = "zoo_record_id"  # str | None: the job's provisional zoo record
 PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
+USER_KEY = "user"  # dict: an own loop's own values (`JobContext.checkpoint`'s extra)
+# and precision.CHECKPOINT_KEY (the fp16 gradient scaler), freezing.CHECKPOINT_KEY (the Freezer)
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
 FILE_NAME = "checkpoint.pt"
@@ -254,7 +258,7 @@ def _diff(old: Any, new: Any, path: str, lines: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# what the default loop (kiln_trainer.loop) keeps in a checkpoint
+# what a run (Kiln's loop or an own one, `kiln_trainer.jobcontext`) keeps in a checkpoint
 
 
 def capture(
@@ -263,12 +267,17 @@ def capture(
     job: api.TrainingJob,
     raw_model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     ctx: parallel.Context | None = None,
     wrapped: nn.Module | None = None,
+    optimizer_name: str | None = None,
+    amp: precision.MixedPrecision | None = None,
+    freezer: freezing.Freezer | None = None,
+    user: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint dict (keys: `*_KEY`) for the current position.
+    """The checkpoint dict for the current position: the one builder, so every checkpoint,
+    whichever loop wrote it, holds the same keys.
 
     Model and optimizer state are gathered full and unsharded, under a single process's keys;
     every rank's RNG state is kept (`RANK_RNG_KEY`).
@@ -284,6 +293,10 @@ def capture(
             and only rank 0's result is complete: save that one only.
         wrapped: the DDP/FSDP wrapper of `raw_model` (FSDP gathers through it); default
             `raw_model`.
+        optimizer_name: what built `optimizer`; default the job's ``spec.training.optimizer``.
+        amp: the mixed precision whose gradient scaler is kept (fp16), or None.
+        freezer: the layer freezing whose state is kept, or None.
+        user: an own loop's own values.
     """
     ctx = ctx or parallel.Context()
     wrapped = raw_model if wrapped is None else wrapped
@@ -291,8 +304,8 @@ def capture(
     return {
         MODEL_KEY: ctx.full_state_dict(wrapped, raw_model),
         OPTIMIZER_KEY: ctx.full_optimizer_state_dict(wrapped, optimizer),
-        OPTIMIZER_NAME_KEY: job.spec.training.optimizer.name.value,
-        SCHEDULER_KEY: scheduler.state_dict(),
+        OPTIMIZER_NAME_KEY: optimizer_name or job.spec.training.optimizer.name.value,
+        SCHEDULER_KEY: scheduler.state_dict() if scheduler is not None else None,
         RNG_KEY: rngs[0],
         RANK_RNG_KEY: rngs,
         PARALLELISM_KEY: ctx.parallelism,
@@ -308,6 +321,9 @@ def capture(
         SPEC_KEY: api.to_wire(job.spec),
         WARM_START_KEY: state.warm_start,
         ZOO_RECORD_KEY: state.zoo_record_id,
+        precision.CHECKPOINT_KEY: amp.state_dict() if amp is not None else {},
+        freezing.CHECKPOINT_KEY: freezer.state_dict() if freezer is not None else None,
+        USER_KEY: dict(user or {}),
     }
 
 
@@ -362,10 +378,11 @@ def restore_training(
     saved: dict[str, Any],
     job: api.TrainingJob,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     ctx: parallel.Context | None = None,
     wrapped: nn.Module | None = None,
+    optimizer_name: str | None = None,
 ) -> tracking.RunState:
     """Load optimizer, schedule, RNGs; return the position (global: same for every W).
 
@@ -377,9 +394,11 @@ def restore_training(
         saved: the checkpoint.
         job: the running job.
         optimizer: receives the saved state unless the optimizer kind changed.
-        scheduler: receives the saved state.
+        scheduler: receives the saved state, if any.
         ctx: the parallel context (default: one process).
         wrapped: the FSDP-sharded model the optimizer steps (needed under FSDP only).
+        optimizer_name: what built `optimizer` (as `capture` took it); default the job's
+            ``spec.training.optimizer``, whose settings then win over the saved ones.
 
     Raises:
         ValueError: under FSDP without `wrapped`, or the optimizer's parameter groups do not
@@ -395,13 +414,16 @@ def restore_training(
     if writer != (ctx.parallelism, ctx.world_size):
         _log.info("checkpoint written by %s x %d, resuming as %s x %d at the same position",
                   writer[0], writer[1], ctx.parallelism, ctx.world_size)
-    if saved[OPTIMIZER_NAME_KEY] == spec.training.optimizer.name.value:
+    name = optimizer_name or spec.training.optimizer.name.value
+    if saved[OPTIMIZER_NAME_KEY] == name:
         ctx.load_full_optimizer_state_dict(wrapped, optimizer, saved[OPTIMIZER_KEY])
     else:
         _log.warning("optimizer changed from %s to %s: its state starts afresh",
-                     saved[OPTIMIZER_NAME_KEY], spec.training.optimizer.name.value)
-    scheduler.load_state_dict(saved[SCHEDULER_KEY])
-    optim.apply_job_hyperparameters(optimizer, scheduler, spec.training.optimizer)
+                     saved[OPTIMIZER_NAME_KEY], name)
+    if scheduler is not None and saved.get(SCHEDULER_KEY) is not None:
+        scheduler.load_state_dict(saved[SCHEDULER_KEY])
+    if optimizer_name is None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        optim.apply_job_hyperparameters(optimizer, scheduler, spec.training.optimizer)
     set_rank_rng_state(saved, rank=ctx.rank, world_size=ctx.world_size)
     return tracking.RunState(
         epochs_done=int(saved[EPOCH_KEY]),

@@ -6,7 +6,6 @@ Flags, environment, events and exit codes are those of `kiln.contract`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -20,38 +19,13 @@ from types import FrameType
 import torch
 
 from kiln import api, contract, models
-from kiln.api import jobfile
 from kiln.warmstart import decision
+from kiln.zoo import presigned
 from kiln.zoo import store as zoo_store
-from kiln_trainer import checkpoint, data, events, loop, profiling, runtime, warm
+from kiln_trainer import checkpoint, data, events, jobcontext, loop, profiling, runtime, warm
 
 _log = logging.getLogger("kiln_trainer")
 _STARTED_SECONDS = time.time()  # wall clock, for `_failed_elsewhere`
-
-
-def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
-    """The job from a file, else from JSON text (`contract.Env.JOB`).
-
-    Raises:
-        api.InvalidSpec: no job given, a bad file, several jobs in one file, or an invalid job.
-    """
-    if job_file:
-        jobs = jobfile.load_jobs(job_file)
-        if len(jobs) != 1:
-            problem = f"the file holds {len(jobs)} jobs; the trainer runs exactly one (split it)"
-            raise api.InvalidSpec([problem], source=job_file)
-        return jobs[0]
-    if job_json:
-        try:
-            doc = json.loads(job_json)
-        except json.JSONDecodeError as exc:
-            raise api.InvalidSpec([f"not valid JSON: {exc}"], source=contract.Env.JOB) from None
-        except RecursionError:
-            raise api.InvalidSpec(["JSON nested too deeply to read"],
-                                  source=contract.Env.JOB) from None
-        return api.parse_job(doc, source=contract.Env.JOB)
-    raise api.InvalidSpec([(f"no job given: pass {contract.Flag.JOB} FILE, or set "
-                            f"{contract.Env.JOB_FILE} or {contract.Env.JOB}")])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = {signum: signal.signal(signum, on_signal)
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        job = load_job(args.job_file, os.environ.get(contract.Env.JOB))
+        job = runtime.load_job(args.job_file, os.environ.get(contract.Env.JOB))
         _check_locations(args)
         if args.profile:  # measure the model and decide warm start, in place of training
             emit.profile(profiling.profile(job, zoo_uri=args.zoo, world_size=world_size,
@@ -87,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       resume=args.resume, stop=stop, out=sys.stdout,
                       warm_decision=warm.parse_decision(args.warm_start),
                       parallelism=args.parallelism)
-    except loop.Interrupted:
+    except jobcontext.Interrupted:
         return 128 + (received[0] if received else signal.SIGTERM)
     except (api.InvalidSpec, data.DatasetError, checkpoint.CheckpointError,
             runtime.ConfigError, decision.ApplyError, models.EntrypointError,
@@ -123,7 +97,7 @@ def _check_locations(args: contract.TrainerArgs) -> None:
         api.InvalidSpec: naming the flag (or its environment variable) and the problem.
     """
     checks: list[tuple[str, str | None, Callable[[str], object]]] = [
-        (contract.Flag.ZOO, args.zoo, zoo_store.open_store),
+        (contract.Flag.ZOO, args.zoo, presigned.open_zoo),
         (contract.Flag.CHECKPOINT_DIR, args.checkpoint_dir, zoo_store.DirStore),
     ]
     for flag, value, open_location in checks:

@@ -1,8 +1,9 @@
-"""The default training recipe: `main(job)` reads top to bottom.
+"""The default training recipe: `main(job)` reads top to bottom, on the run object own loops
+get too (`jobcontext.JobContext`).
 
-seed -> device and parallel context -> data -> model -> warm start (or the checkpoint's
-weights) -> FSDP wrap -> optimizer and schedule -> resume -> freezer -> DDP wrap -> per epoch
-`train_one_epoch`, `evaluate`, report, checkpoint -> register the model in the zoo -> result.
+seed -> device and parallel context -> data -> model -> warm start -> FSDP wrap -> optimizer
+and schedule -> resume -> freezer -> DDP wrap -> per epoch stretches of `train_one_epoch`,
+`evaluate`, report, checkpoint -> register the model in the zoo -> result.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,17 +27,13 @@ from torch.nn import functional as F
 
 from kiln import api, contract, models
 from kiln.models import entrypoints
-from kiln.warmstart import select
-from kiln.zoo import store as zoo_store
 from kiln_trainer import (
-    board,
     checkpoint,
     data,
     events,
-    metrics,
+    jobcontext,
     optim,
     precision,
-    registration,
     runtime,
     tracking,
     warm,
@@ -44,20 +41,8 @@ from kiln_trainer import (
 from kiln_trainer.distributed import batching, parallel, replicas
 from kiln_trainer.freezing import cache as activation_cache
 from kiln_trainer.freezing import controller as freezing
-from kiln_trainer.freezing import setup as freezing_setup
 
 _log = logging.getLogger(__name__)
-
-# Progress lines (and metric updates) come at least this often during long epochs.
-PROGRESS_INTERVAL_SECONDS = 5.0
-
-
-class Interrupted(Exception):
-    """Training stopped on request (a signal) after saving a checkpoint."""
-
-
-class Diverged(runtime.ConfigError):
-    """The training loss or the validation loss became NaN or infinite; nothing was saved."""
 
 
 def main(
@@ -69,7 +54,7 @@ def main(
     checkpoint_dir: str | Path | None = None,
     resume: bool = True,
     stop: threading.Event | None = None,
-    warm_decision: select.Decision | None = None,
+    warm_decision: api.WarmStartDecision | None = None,
     out: TextIO = sys.stdout,
     termination_log: Path | None = events.TERMINATION_LOG,
     init_state: Mapping[str, torch.Tensor] | None = None,
@@ -84,7 +69,8 @@ def main(
         register: False skips zoo registration even when the job asks for it.
         checkpoint_dir: keep checkpoints in this directory instead of the zoo store.
         resume: False ignores (and overwrites) an existing checkpoint.
-        stop: when set (by a signal handler), save a checkpoint and raise `Interrupted`.
+        stop: when set (by a signal handler), save a checkpoint and raise
+            `jobcontext.Interrupted`.
         warm_decision: the warm-start decision made upstream, final; None: decide here.
         out: where the JSON-lines protocol goes (`kiln_trainer.events`); rank 0 only.
         termination_log: file that also receives the result, when it exists; rank 0 only.
@@ -106,36 +92,27 @@ def main(
             that only some ranks can see.
         runtime.ConfigError: CUDA requested but absent, the metrics port cannot be bound, a bad
             torchrun environment, or a batch size the ranks cannot share.
-        Interrupted: `stop` was set (on any rank); a checkpoint was saved first.
-        Diverged: the training or validation loss became NaN or infinite; the last good
-            checkpoint is kept and no diverged weights are saved or registered.
+        jobcontext.Interrupted: `stop` was set (on any rank); a checkpoint was saved first.
+        jobcontext.Diverged: the training or validation loss became NaN or infinite; the last
+            good checkpoint is kept and no diverged weights are saved or registered.
         zoo_store.StoreUnavailable: the zoo or checkpoint store failed (after retries); a
             cold-starting run checkpoints locally instead of in an unreachable zoo, and a failed
             registration names where the finished checkpoint is kept for a rerun to register.
     """
-    spec = job.spec
-    runtime.seed_everything(spec.training.seed)
-    problems = models.check_job(job)
-    if problems:
-        raise api.InvalidSpec(problems, source=f"job {job.name}")
-    device = runtime.pick_device(spec)
-    requested = parallelism if parallelism != "auto" else spec.resources.parallelism.value
-    # Under torchrun every rank runs `main`; with one process every collective is the identity.
-    # Rank 0 alone warm-starts and writes events, metrics, checkpoints and the zoo record.
-    ctx = parallel.setup(requested, device.type)
-    cleanup = contextlib.ExitStack()  # what the run holds: process group, files, processes
-    cleanup.callback(ctx.shutdown)
-    try:
-        if not ctx.is_main:  # rank 0 alone speaks the stdout protocol and the termination log
-            out = cleanup.enter_context(open(os.devnull, "w"))  # noqa: SIM115
-            termination_log = None
-        emit = events.EventWriter(out, termination_log=termination_log)
-        batch_size, epochs = spec.training.batch_size, spec.training.epochs
-        ctx.local_batch_size(batch_size)  # B must split evenly over the ranks: fail early
-
+    args = contract.TrainerArgs(
+        zoo=zoo_uri, metrics_port=metrics_port, register=register, resume=resume,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        parallelism=parallelism)
+    run = jobcontext.JobContext(job, args, out=out, termination_log=termination_log,
+                                handle_signals=False, own_loop=False, stop=stop,
+                                decided=warm_decision, init_state=init_state)
+    with contextlib.ExitStack() as cleanup:  # what the run holds: process group, files, processes
+        cleanup.callback(run.close)
+        spec, ctx, device = job.spec, run.parallel, run.device
+        ctx.local_batch_size(spec.training.batch_size)  # B must split evenly over the ranks
         splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
                            seed=spec.dataset.split_seed, model=spec.model)
-        steps_per_epoch = batching.steps_per_epoch(splits.train, batch_size=batch_size,
+        steps_per_epoch = batching.steps_per_epoch(splits.train, batch_size=spec.training.batch_size,
                                                    world_size=ctx.world_size)
         workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
         _log.info("%s: %d train / %d validation samples, %d steps per epoch, device %s",
@@ -143,221 +120,136 @@ def main(
                   steps_per_epoch, device)
 
         raw_model = models.build(spec.model)
-        zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
-        primary = checkpoint.locate(job, checkpoint_dir=checkpoint_dir, zoo=zoo)
-        # The zoo is needed only when used: a run that starts cold keeps its checkpoints
-        # locally while a zoo meant to hold them is unreachable.
-        zoo_optional = init_state is not None or not warm.needs_zoo(job, warm_decision)
-        fallback = (checkpoint.locate(job, checkpoint_dir=None, zoo=None)
-                    if zoo is not None and checkpoint_dir is None and zoo_optional else None)
-        location, saved = checkpoint.open_location(primary, fallback=fallback, resume=resume,
-                                                   map_location=device)
-        if len(set(ctx.gather_objects(saved is not None))) > 1:
-            raise checkpoint.CheckpointError(
-                f"only some of the {ctx.world_size} ranks found the checkpoint "
-                f"{location.describe()}; put it in a store every rank reads (the zoo, or a "
-                "shared --checkpoint-dir)")
-        if saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
-            warm_start = warm.WarmStart.from_json(saved[checkpoint.WARM_START_KEY])
-        elif init_state is not None and saved is None:
-            raw_model.load_state_dict(init_state, strict=False)
-            warm_start = warm.WarmStart(None, None, None, None, None, 1.0, "init_state", (
-                f"no warm start: {len(init_state)} initial tensors given by the caller"))
-        else:  # rank 0 applies the decision and guards it; the weights reach the others below
-            chosen = (warm.warm_start(job, raw_model, zoo, decided=warm_decision,
-                                      probe=_probe(job, warm_decision, splits, device),
-                                      data_fingerprint=splits.fingerprint)
-                      if ctx.is_main else None)
-            if chosen is not None:
-                registration.record_parent_hit(zoo, chosen)
-            warm_start = warm.WarmStart.from_json(ctx.broadcast_object(
-                chosen.to_json() if chosen is not None else None))
-        emit.info(warm_start.message() + (" (when the job first started; its weights now come "
-                                          "from the checkpoint)" if saved is not None else ""))
-        if saved is not None:
-            checkpoint.restore_model(saved, job, raw_model)  # before wrapping: any writer's W
+        run.data_fingerprint = splits.fingerprint
+        # rank 0 applies the decision and guards it; the weights reach the others below
+        warm_start = run.warm_start(raw_model, _probe(job, run.decided, splits, device)
+                                    if ctx.is_main else None)
         raw_model = raw_model.to(device)
         ctx.broadcast_weights(raw_model)  # rank 0's (warm-started) weights on every rank
-        if spec.model.entrypoint is not None:  # user code: its own shapes, its own lines
-            entrypoints.check_forward(
-                raw_model, splits.validation[0][0].to(device), entrypoint=spec.model.entrypoint,
-                language_model=models.task_of(spec.model) is models.Task.LANGUAGE_MODELING)
-        runtime.check_outputs(raw_model, splits, device)
-        model = ctx.wrap(raw_model) if ctx.parallelism == "fsdp" else raw_model  # in place
-        amp = precision.MixedPrecision(spec.training.precision, device,
-                                       sharded=ctx.parallelism == "fsdp")
-        if (note := amp.device_note()) is not None:
-            emit.info(note)
-
-        if not any(p.requires_grad for p in raw_model.parameters()):
-            field = ("spec.model.entrypoint" if spec.model.entrypoint is not None
-                     else "spec.model.architecture")
-            built = spec.model.entrypoint or spec.model.architecture
-            raise api.InvalidSpec([(f"{field}: the model {built} has no trainable parameters; "
-                                    "give it at least one nn.Parameter with requires_grad")],
-                                  source=f"job {job.name}")
+        _check_model(job, raw_model, splits, device)
+        model = run.wrap(raw_model) if ctx.parallelism == "fsdp" else raw_model  # in place
         optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
         scheduler = optim.build_schedule(optimizer, spec.training,
                                          steps_per_epoch=steps_per_epoch,
-                                         damping=warm_start.lr_damping)
-        state, resumed_from = tracking.RunState(warm_start=warm_start.to_json()), 0
-        if saved is not None:
-            state = checkpoint.restore_training(saved, job, optimizer, scheduler, ctx=ctx,
-                                                wrapped=model)
-            state.warm_start = warm_start.to_json()
-            amp.load_state_dict(saved.get(precision.CHECKPOINT_KEY))
-            resumed_from = state.epochs_done
-            emit.info(f"resumed from {location.describe()} at epoch {state.epochs_done} "
-                      f"+ {state.epoch_batch} batches, step {state.step}")
-        freezer = freezing_setup.start(job, raw_model, splits, optimizer, steps_per_epoch,
-                                       emit, ctx)
-        if freezer is not None:
-            cleanup.callback(freezer.close)
-            if saved is not None and saved.get(freezing.CHECKPOINT_KEY):
-                freezer.load_state_dict(saved[freezing.CHECKPOINT_KEY], step=state.step)
-                if freezer.boundary:
-                    emit.info(f"kept the frozen prefix {', '.join(freezer.frozen_modules)}")
+                                         damping=functools.partial(warm.lr_damping, warm_start))
+        run.resume(raw_model, optimizer, steps_per_epoch=steps_per_epoch, scheduler=scheduler)
+        freezer = run.freezer(raw_model, splits)
         if ctx.parallelism != "fsdp":  # DDP after freezing: its reducer takes trainable ones
-            trainable = freezer.trainable_module() if freezer is not None else raw_model
-            model = replicas.describe(ctx.wrap(trainable), state.step)
-        if ctx.rank and saved is None:  # same init everywhere; now each rank its own stream
-            runtime.seed_everything(spec.training.seed + 1_000_003 * ctx.rank)
-        # The training clock starts here, after setup, and runs across restarts; checkpoint
-        # writes and zoo registration are excluded, evaluation is included. Time-to-target is
-        # its reading when the validation metric first meets the target.
-        clock = tracking.Clock(offset_seconds=float(saved[checkpoint.ELAPSED_KEY]) if saved
-                               else 0.0)
-        checkpointer = functools.partial(save, location, clock, state, job, raw_model, optimizer,
-                                         scheduler, freezer, ctx, amp=amp)
-        validate = functools.partial(evaluate, raw_model, splits,
-                                     batch_size=batch_size, device=device,
-                                     num_workers=workers, ctx=ctx,
-                                     amp=amp)  # FSDP: sharded in place
+            model = run.wrap(freezer.trainable_module() if freezer is not None else raw_model)
+        recipe = _Recipe(run, splits, raw_model, optimizer, scheduler, freezer, steps_per_epoch,
+                         workers, validate=functools.partial(
+                             evaluate, raw_model, splits, batch_size=spec.training.batch_size,
+                             device=device, num_workers=workers, ctx=ctx,
+                             amp=run.amp))  # FSDP: sharded in place
+        while not run.state.finished(spec):
+            model = recipe.epoch(model, cleanup)
+        if not run.state.evaluated_now():  # a resumed run that had already finished training
+            recipe.evaluate()
+        return run.finish(raw_model).to_json()
+    raise AssertionError("unreachable")  # for mypy: the ExitStack swallows no exception
 
-        def register_provisional() -> None:
-            """The best weights so far as the job's provisional zoo record, when due."""
-            if not (register and zoo is not None and registration.provisional_due(spec, state)):
-                return
-            weights = ctx.full_state_dict(model, raw_model)  # collective under FSDP
-            if ctx.is_main:
-                state.zoo_record_id = registration.register_provisional(
-                    zoo, job, raw_model, state, warm_start, weights=weights,
-                    content_fingerprint=splits.fingerprint)
 
-        gauges = metrics.MetricsReporter(job=job.name, namespace=job.metadata.namespace)
-        cleanup.callback(gauges.close)
-        gauges.record_training(samples=state.samples, steps=state.step, train_loss=None,
-                               samples_per_second=0.0)
-        gauges.record_warm_start(warm_start.decision_fields())
-        runtime.serve_metrics(gauges, metrics_port if ctx.is_main else 0)
-        tensorboard = board.open_board(os.environ, job.name, step=state.step) \
-            if ctx.is_main else None
-        if tensorboard is not None:
-            cleanup.callback(tensorboard.close)
-        report = tracking.Reporter(emit, gauges, clock, state, epochs=epochs,
-                                   steps_per_epoch=steps_per_epoch, freezer=freezer,
-                                   tensorboard=tensorboard)
-        eval_every = spec.training.eval_every_steps
-        while not state.finished(spec):
-            batches: Iterator[Any] = iter(batching.train_batches(
-                splits.train, batch_size=batch_size, seed=spec.training.seed,
-                epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=workers,
-                shard=ctx.shard, with_indices=freezer is not None))
-            if freezer is not None and freezer.cache is not None:  # cache reads run ahead
-                batches = cleanup.enter_context(activation_cache.Prefetcher(
-                    batches, freezer.cache, device=device,
-                    dtype=next(raw_model.parameters()).dtype))
-            while state.epoch_batch < steps_per_epoch and not state.finished(spec):
-                left = steps_per_epoch - state.epoch_batch
-                stats = train_one_epoch(
-                    model, batches, optimizer=optimizer, scheduler=scheduler, device=device,
-                    grad_clip_norm=spec.training.grad_clip_norm,
-                    max_steps=min(left, eval_every - state.step % eval_every) if eval_every
-                    else left, max_seconds=PROGRESS_INTERVAL_SECONDS, stop=stop,
-                    freezer=freezer, first_step=state.step, ctx=ctx, amp=amp)
-                loss_sum, samples, stops = ctx.all_reduce_sum(  # global numbers, any rank's stop
-                    [stats.loss_sum, stats.samples, float(stop is not None and stop.is_set())])
-                if not math.isfinite(loss_sum):  # read once per stretch; before any checkpoint
-                    firsts = [s for s in ctx.gather_objects(stats.first_nonfinite_step) if s]
-                    check_finite("the loss", loss_sum, step=min(firsts, default=state.step + 1),
-                                 location=location)
-                stats = dataclasses.replace(stats, loss_sum=loss_sum / ctx.world_size,
-                                            samples=int(samples))
-                state.advance(stats, steps_per_epoch=steps_per_epoch)
-                if stats.boundary_event is not None:
-                    assert freezer is not None
-                    report.freezing(stats.boundary_event)
-                    model = replicas.describe(ctx.rewrap(model, freezer.trainable_module()),
-                                              state.step)  # DDP: frozen ones leave the reducer
-                eval_due = eval_every is not None and state.step % eval_every == 0
-                epoch_over = state.epoch_batch >= steps_per_epoch
-                report.training(stats, announce=not (eval_due or epoch_over))  # eval reports
-                if stops:
-                    checkpointer(model)
-                    emit.info(f"{contract.STOPPED_PREFIX} at epoch {state.epochs_done + 1}, step "
-                              f"{state.step}; checkpoint saved to {location.describe()}")
-                    raise Interrupted(location.describe())
-                if eval_due and not epoch_over:
-                    report.evaluation(finite(validate(), state.step, location), spec.target)
-                    register_provisional()
-            if isinstance(batches, activation_cache.Prefetcher):
-                batches.close()  # its thread ends with the epoch
-            if state.epoch_batch >= steps_per_epoch:
-                state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
-            if not state.evaluated_now():
-                report.evaluation(finite(validate(), state.step, location), spec.target)
-                register_provisional()
-            checkpointer(model)  # after the provisional record: it keeps that record's id
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """The default recipe's epochs, once set up: stretches of `train_one_epoch` between
+    progress reports, evaluations, checkpoints and stops."""
 
-        if not state.evaluated_now():  # a resumed run that had already finished training
-            report.evaluation(finite(validate(), state.step, location), spec.target)
-        wall_seconds, final = clock.seconds(), state.history[-1]
-        zoo_model = None
-        if register and spec.zoo.register_model and zoo is not None:
-            weights = ctx.full_state_dict(model, raw_model)  # collective under FSDP
-            unavailable = None
-            if ctx.is_main:
-                try:
-                    zoo_model = registration.register_model(
-                        zoo, job, raw_model, state, final, warm_start, weights=weights,
-                        record_id=state.zoo_record_id,  # replaces the provisional record
-                        content_fingerprint=splits.fingerprint)
-                except zoo_store.StoreUnavailable as exc:  # the other ranks wait to hear
-                    unavailable = str(exc)
-            zoo_model, unavailable = ctx.broadcast_object((zoo_model, unavailable))
-            if unavailable is not None:  # the finished checkpoint stays: a rerun registers it
-                raise zoo_store.StoreUnavailable(
-                    "registration failed: zoo unavailable; the model is kept at "
-                    f"{location.describe()}; rerun the job once the zoo is reachable to register "
-                    f"it without retraining ({unavailable})")
-            if zoo_model:
-                emit.info(f"registered zoo model {zoo_model} in {zoo.describe()}")
-        ctx.barrier()  # every rank is done with the checkpoint
-        if ctx.is_main:
-            checkpoint.delete_checkpoint(location)  # finished: a rerun of this job trains afresh
-            if location is not primary and zoo_model:  # the zoo is back: drop what it still holds
-                try:
-                    checkpoint.delete_checkpoint(primary)
-                except zoo_store.StoreUnavailable as exc:
-                    _log.warning("could not delete the older checkpoint %s: %s",
-                                 primary.describe(), exc)
-        result = contract.Result(
-            metric_name=registration.metric_name(spec),
-            metric=final[registration.metric_name(spec)],
-            validation_accuracy=final["validation_accuracy"],
-            validation_loss=final["validation_loss"], wall_seconds=wall_seconds,
-            time_to_target_seconds=state.time_to_target_seconds,
-            target_reached=state.time_to_target_seconds is not None,
-            epochs_run=state.epochs_done + (1 if state.epoch_batch else 0), steps=state.step,
-            samples_per_second=state.samples_per_second(), zoo_model=zoo_model,
-            resumed_from_epoch=resumed_from, parent=warm_start.parent,
-            similarity=warm_start.similarity, warm_start=warm_start.reason,
-            freezing=freezer.summary() if freezer is not None else None,
-            warm_start_decision=warm_start.decision_fields())
-        emit.result(result)
-        return result.to_json()
-    finally:
-        cleanup.close()
+    run: jobcontext.JobContext
+    splits: data.Splits
+    raw_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    freezer: freezing.Freezer | None
+    steps_per_epoch: int
+    workers: int
+    validate: Callable[[], tracking.Evaluation]
+
+    def epoch(self, model: nn.Module, cleanup: contextlib.ExitStack) -> nn.Module:
+        """Train the rest of the current epoch, evaluate and checkpoint; the (re)wrapped
+        model to train on."""
+        run, state, spec = self.run, self.run.state, self.run.job.spec
+        batches: Iterator[Any] = iter(batching.train_batches(
+            self.splits.train, batch_size=spec.training.batch_size, seed=spec.training.seed,
+            epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=self.workers,
+            shard=run.parallel.shard, with_indices=self.freezer is not None))
+        if self.freezer is not None and self.freezer.cache is not None:  # cache reads run ahead
+            batches = cleanup.enter_context(activation_cache.Prefetcher(
+                batches, self.freezer.cache, device=run.device,
+                dtype=next(self.raw_model.parameters()).dtype))
+        while state.epoch_batch < self.steps_per_epoch and not state.finished(spec):
+            model = self.stretch(model, batches)
+        if isinstance(batches, activation_cache.Prefetcher):
+            batches.close()  # its thread ends with the epoch
+        if state.epoch_batch >= self.steps_per_epoch:
+            state.epochs_done, state.epoch_batch = state.epochs_done + 1, 0
+        if not state.evaluated_now():
+            self.evaluate()
+        run.checkpoint()  # after the provisional record: it keeps that record's id
+        return model
+
+    def stretch(self, model: nn.Module, batches: Iterator[Any]) -> nn.Module:
+        """Train until a progress report, an evaluation or the epoch's end is due, or a stop
+        was asked for (then checkpoint and raise `jobcontext.Interrupted`)."""
+        run, state, ctx = self.run, self.run.state, self.run.parallel
+        spec, eval_every = run.job.spec, run.job.spec.training.eval_every_steps
+        left = self.steps_per_epoch - state.epoch_batch
+        stats = train_one_epoch(
+            model, batches, optimizer=self.optimizer, scheduler=self.scheduler,
+            device=run.device, grad_clip_norm=spec.training.grad_clip_norm,
+            max_steps=min(left, eval_every - state.step % eval_every) if eval_every else left,
+            max_seconds=jobcontext.PROGRESS_INTERVAL_SECONDS, stop=run.stop,
+            freezer=self.freezer, first_step=state.step, ctx=ctx, amp=run.amp)
+        loss_sum, samples, stops = ctx.all_reduce_sum(  # global numbers, any rank's stop
+            [stats.loss_sum, stats.samples, float(run.stop.is_set())])
+        if not math.isfinite(loss_sum):  # read once per stretch; before any checkpoint
+            firsts = [s for s in ctx.gather_objects(stats.first_nonfinite_step) if s]
+            jobcontext.check_finite("the loss", loss_sum, step=min(firsts, default=state.step + 1),
+                                    location=run.location)
+        stats = dataclasses.replace(stats, loss_sum=loss_sum / ctx.world_size,
+                                    samples=int(samples))
+        state.advance(stats, steps_per_epoch=self.steps_per_epoch)
+        if stats.boundary_event is not None:
+            assert self.freezer is not None
+            run.reporter.freezing(stats.boundary_event)
+            model = replicas.describe(ctx.rewrap(model, self.freezer.trainable_module()),
+                                      state.step)  # DDP: frozen ones leave the reducer
+        eval_due = eval_every is not None and state.step % eval_every == 0
+        epoch_over = state.epoch_batch >= self.steps_per_epoch
+        run.reporter.training(stats, announce=not (eval_due or epoch_over))  # eval reports
+        if stops:
+            run.interrupt()
+        if eval_due and not epoch_over:
+            self.evaluate()
+        return model
+
+    def evaluate(self) -> None:
+        """Evaluate the current weights and record it (`jobcontext.JobContext.evaluated`)."""
+        run = self.run
+        evaluation = finite(self.validate(), run.state.step, run.location)
+        run.evaluated(accuracy=evaluation.accuracy, loss=evaluation.loss, epoch_end=False)
+
+
+def _check_model(job: api.TrainingJob, raw_model: nn.Module, splits: data.Splits,
+                 device: torch.device) -> None:
+    """Refuse a model whose outputs do not fit the data, or that has nothing to train.
+
+    Raises:
+        api.InvalidSpec: naming the field and the fix.
+        models.EntrypointError: an entrypoint model's forward fails on a sample.
+    """
+    spec = job.spec
+    if spec.model.entrypoint is not None:  # user code: its own shapes, its own lines
+        entrypoints.check_forward(
+            raw_model, splits.validation[0][0].to(device), entrypoint=spec.model.entrypoint,
+            language_model=models.task_of(spec.model) is models.Task.LANGUAGE_MODELING)
+    runtime.check_outputs(raw_model, splits, device)
+    if not any(p.requires_grad for p in raw_model.parameters()):
+        field = ("spec.model.entrypoint" if spec.model.entrypoint is not None
+                 else "spec.model.architecture")
+        built = spec.model.entrypoint or spec.model.architecture
+        raise api.InvalidSpec([(f"{field}: the model {built} has no trainable parameters; "
+                                "give it at least one nn.Parameter with requires_grad")],
+                              source=f"job {job.name}")
 
 
 def train_one_epoch(
@@ -524,30 +416,14 @@ def evaluate(
 # the recipe's helpers, in the order main uses them
 
 
-def _probe(job: api.TrainingJob, decided: select.Decision | None, splits: data.Splits,
+def _probe(job: api.TrainingJob, decided: api.WarmStartDecision | None, splits: data.Splits,
            device: torch.device) -> warm.Probe | None:
     """The warm-start guard's probe: the training split's first samples, scored with the
     loop's loss (and accuracy, for classification); None when no parent will be loaded."""
-    if decided.parent_id is None if decided is not None else not job.spec.warm_start.enabled:
+    if decided.parent is None if decided is not None else not job.spec.warm_start.enabled:
         return None
     classification = models.task_of(job.spec.model) is models.Task.CLASSIFICATION
     return warm.training_probe(splits.train, accuracy=classification, device=device)
-
-
-def check_finite(what: str, value: float, *, step: int, location: checkpoint.Location) -> None:
-    """Stop a diverged run before its weights are saved or registered.
-
-    Raises:
-        Diverged: `value` (first seen at optimizer step `step`) is NaN or infinite.
-    """
-    if math.isfinite(value):
-        return
-    raise Diverged(
-        f"training diverged: {what} became {value} at step {step}; lower "
-        "spec.training.optimizer.lr, check the model's outputs and the data for NaN; no "
-        "checkpoint of the diverged weights was written (a rerun resumes from the last good "
-        "one, if any: delete "
-        f"{location.describe()} or pass --no-resume to the trainer to start afresh)")
 
 
 def finite(evaluation: tracking.Evaluation, step: int,
@@ -555,39 +431,7 @@ def finite(evaluation: tracking.Evaluation, step: int,
     """`evaluation` (at optimizer step `step`), once its loss is known to be finite.
 
     Raises:
-        Diverged: the validation loss is NaN or infinite.
+        jobcontext.Diverged: the validation loss is NaN or infinite.
     """
-    check_finite("the validation loss", evaluation.loss, step=step, location=location)
+    jobcontext.check_finite("the validation loss", evaluation.loss, step=step, location=location)
     return evaluation
-
-
-def save(
-    location: checkpoint.Location,
-    clock: tracking.Clock,
-    state: tracking.RunState,
-    job: api.TrainingJob,
-    raw_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    freezer: freezing.Freezer | None,
-    ctx: parallel.Context,
-    wrapped: nn.Module,
-    *,
-    amp: precision.MixedPrecision | None = None,
-) -> None:
-    """Write the checkpoint of the current position (with the frozen prefix and the fp16
-    gradient scaler, if any); its I/O is kept off the training clock. Collective: every rank
-    calls it, rank 0 writes. Under DDP it also checks that the replicas still hold identical
-    weights (a warning if not)."""
-    with clock.paused():
-        saved = checkpoint.capture(state, clock, job, raw_model, optimizer, scheduler, ctx=ctx,
-                                   wrapped=wrapped)
-        if freezer is not None:
-            saved[freezing.CHECKPOINT_KEY] = freezer.state_dict()
-        if amp is not None and amp.scaler is not None:
-            saved[precision.CHECKPOINT_KEY] = amp.state_dict()
-        replicas.check(ctx, raw_model, state.step)
-        if ctx.is_main:
-            size = checkpoint.save_checkpoint(location, saved)
-            _log.info("checkpoint: %d bytes to %s", size, location.describe())
-        ctx.barrier()

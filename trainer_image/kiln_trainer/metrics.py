@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
-from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 
-from kiln import contract
+from kiln import api, contract
 
 # Not ``job`` and ``namespace``: a scrape sets those target labels itself (the scrape job; the
 # pod's namespace under the Prometheus Operator) and renames clashing ones ``exported_*``.
@@ -162,27 +160,20 @@ class MetricsReporter:
         self.backward_flops_skipped.set(backward_flops_skipped)
         self.compute.set(min(1.0, max(0.0, compute)))
 
-    def record_warm_start(self, decision: Mapping[str, Any]) -> None:
-        """Publish the warm start applied (the probe guard's verdict) and its probe scores, so
-        the operator shows it while the job runs.
-
-        Args:
-            decision: the keys of `contract.Result.warm_start_decision` (outcome, parent,
-                reason, probe_loss, cold_probe_loss, probe_accuracy, cold_probe_accuracy;
-                None: not measured).
+    def record_warm_start(self, decision: api.WarmStartDecision) -> None:
+        """Publish the warm start applied (the probe guard's verdict: outcome, parent, reason)
+        and its probe scores (NaN: not measured), so the operator shows it while the job runs.
         """
         self.warm_start.clear()  # one verdict per job
         self.warm_start.labels(
-            **self._labels, outcome=str(decision.get("outcome") or ""),
-            parent=str(decision.get("parent") or ""),
-            reason=str(decision.get("reason") or "")[:MAX_REASON_CHARACTERS],
+            **self._labels, outcome=decision.outcome.value, parent=decision.parent or "",
+            reason=decision.reason[:MAX_REASON_CHARACTERS],
         ).set(1)
-        for metric, key in ((self.probe_loss, "probe_loss"),
-                            (self.cold_probe_loss, "cold_probe_loss"),
-                            (self.probe_accuracy, "probe_accuracy"),
-                            (self.cold_probe_accuracy, "cold_probe_accuracy")):
-            value = decision.get(key)
-            metric.set(math.nan if value is None else float(value))
+        for metric, value in ((self.probe_loss, decision.probe_loss),
+                              (self.cold_probe_loss, decision.cold_probe_loss),
+                              (self.probe_accuracy, decision.probe_accuracy),
+                              (self.cold_probe_accuracy, decision.cold_probe_accuracy)):
+            metric.set(math.nan if value is None else value)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format (what a scrape returns)."""

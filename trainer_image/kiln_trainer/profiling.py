@@ -21,8 +21,8 @@ from torch.utils import flop_counter
 
 from kiln import api, contract, models
 from kiln.models import checks, entrypoints
-from kiln.warmstart import graph, select
-from kiln.zoo import records
+from kiln.warmstart import graph
+from kiln.zoo import presigned, records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import loop, optim, precision, runtime, warm
 
@@ -90,7 +90,7 @@ def profile(
                                 "model (spec.model.args)")])
     flops = count_flops(model, spec.model)
     architecture, untraceable = trace(model, spec.model)
-    zoo = zoo_store.open_store(zoo_uri) if zoo_uri else None
+    zoo = presigned.open_zoo(zoo_uri) if zoo_uri else None
     if decided is None:
         decided = warm.decide(job, zoo)
     step_seconds, status, detail = time_step(job, model, device)
@@ -99,11 +99,7 @@ def profile(
         graph_nodes=architecture.number_of_nodes() if architecture is not None else None,
         untraceable=untraceable, device=describe_device(device),
         batch_size=spec.training.batch_size, step_seconds=step_seconds, step_status=status,
-        step_detail=detail,
-        # Not applied here, so no untransferred fraction: the record's other fields are the
-        # ones a Result carries.
-        warm_start_decision=warm.WarmStart.of(decided,
-                                              untransferred_fraction=1.0).decision_fields())
+        step_detail=detail, warm_start_decision=decided)
     if zoo is None:
         return measured
     return dataclasses.replace(measured, zoo_key=write_profile(
@@ -234,19 +230,20 @@ def describe_device(device: torch.device) -> str:
 
 
 def write_profile(zoo: zoo_store.ObjectStore, job: api.TrainingJob, measured: contract.Profile,
-                  *, architecture: nx.DiGraph | None, decided: select.Decision) -> str | None:
+                  *, architecture: nx.DiGraph | None,
+                  decided: api.WarmStartDecision) -> str | None:
     """Put the full profile in the zoo as one JSON object; its key, or None if that failed.
 
     The object holds the Profile's fields, the job's namespace and name, the architecture
-    graph (`graph.to_json`, None when untraceable) and the whole warm-start decision
-    (`select.Decision.to_json`, what ``--warm-start`` takes). A failed write is logged, not
+    graph (`graph.to_json`, None when untraceable) and the warm-start decision (by field
+    name, what ``--warm-start`` takes). A failed write is logged, not
     raised: the Profile event carries everything but the graph.
     """
     namespace = job.metadata.namespace or "default"
     doc: dict[str, Any] = {
         **measured.to_json(), "namespace": namespace, "job": job.name,
         "graph": graph.to_json(architecture) if architecture is not None else None,
-        "decision": decided.to_json()}
+        "decision": decided.model_dump(mode="json")}
     try:
         key = records.profile_key(namespace, job.name)
         doc["zoo_key"] = key

@@ -20,7 +20,7 @@ from kiln import api, contract, models
 from kiln.warmstart import decision, graph
 from kiln.zoo import eviction, presigned, records
 from kiln.zoo import store as zoo_store
-from kiln_trainer import tracking, warm
+from kiln_trainer import tracking
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ def metric_name(spec: api.TrainingJobSpec) -> str:
     return spec.target.metric.value if spec.target else api.TargetMetric.VALIDATION_ACCURACY.value
 
 
-def record_parent_hit(zoo: zoo_store.ObjectStore | None, warm_start: warm.WarmStart) -> None:
+def record_parent_hit(zoo: zoo_store.ObjectStore | None,
+                      warm_start: api.WarmStartDecision) -> None:
     """Count the parent the job started from as chosen once more (what keeps it in a zoo with
     a capacity, `kiln.zoo.eviction`); nothing on a cold start. A store failure only warns:
     a lost hit must not stop training."""
@@ -63,7 +64,7 @@ def register_model(
     raw_model: nn.Module,
     state: tracking.RunState,
     final: dict[str, Any],
-    warm_start: warm.WarmStart,
+    warm_start: api.WarmStartDecision,
     *,
     weights: Mapping[str, torch.Tensor] | None = None,
     record_id: str | None = None,
@@ -142,7 +143,7 @@ def register_provisional(
     job: api.TrainingJob,
     raw_model: nn.Module,
     state: tracking.RunState,
-    warm_start: warm.WarmStart,
+    warm_start: api.WarmStartDecision,
     *,
     weights: Mapping[str, torch.Tensor],
     content_fingerprint: str | None = None,

@@ -1,8 +1,9 @@
-"""Process set-up for a training run: seeds, device, CPU threads, output check, metrics port,
-and telling out-of-memory errors apart."""
+"""Process set-up for a training run: the job, seeds, device, CPU threads, output check and
+metrics port."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from kiln import api, contract
+from kiln.api import jobfile
 from kiln_trainer import data, metrics
 
 _log = logging.getLogger(__name__)
@@ -20,6 +22,31 @@ _log = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """The run cannot start as configured (device, metrics port); the message says the fix."""
+
+
+def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
+    """The job from a file, else from JSON text (`contract.Env.JOB`).
+
+    Raises:
+        api.InvalidSpec: no job given, a bad file, several jobs in one file, or an invalid job.
+    """
+    if job_file:
+        jobs = jobfile.load_jobs(job_file)
+        if len(jobs) != 1:
+            problem = f"the file holds {len(jobs)} jobs; the trainer runs exactly one (split it)"
+            raise api.InvalidSpec([problem], source=job_file)
+        return jobs[0]
+    if job_json:
+        try:
+            doc = json.loads(job_json)
+        except json.JSONDecodeError as exc:
+            raise api.InvalidSpec([f"not valid JSON: {exc}"], source=contract.Env.JOB) from None
+        except RecursionError:
+            raise api.InvalidSpec(["JSON nested too deeply to read"],
+                                  source=contract.Env.JOB) from None
+        return api.parse_job(doc, source=contract.Env.JOB)
+    raise api.InvalidSpec([(f"no job given: pass {contract.Flag.JOB} FILE, or set "
+                            f"{contract.Env.JOB_FILE} or {contract.Env.JOB}")])
 
 
 def seed_everything(seed: int) -> None:

@@ -31,7 +31,7 @@ class RunState:
     train_seconds: float = 0.0
     time_to_target_seconds: float | None = None
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    warm_start: dict[str, Any] | None = None  # kiln_trainer.warm.WarmStart.to_json()
+    warm_start: dict[str, Any] | None = None  # api.WarmStartDecision, by field name
     zoo_record_id: str | None = None  # its provisional zoo record; the final one reuses it
 
     def advance(self, stats: StepStats, *, steps_per_epoch: int) -> None:

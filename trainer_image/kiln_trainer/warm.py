@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -146,86 +147,32 @@ def rule(warm: Score, cold: Score) -> str:
     return text
 
 
-@dataclasses.dataclass(frozen=True)
-class WarmStart:
-    """What warm start did for this run (JSON-ready; kept in checkpoints and the result).
-
-    A resumed run neither decides again nor reloads the parent: its weights come from the
-    checkpoint, and this record with them.
-
-    Attributes:
-        parent: the zoo id the weights came from, or None (cold start).
-        similarity: architectural similarity to the parent (or the best match) in [0, 1].
-        parent_metric: the parent's final metric.
-        matched_tensors: child weight tensors that received parent values.
-        total_tensors: the child's weight tensors.
-        untransferred_fraction: share of tensors not transferred, in [0, 1] (1.0 if cold).
-        outcome: `select.Outcome` value.
-        reason: one sentence with numbers (a probed start leads with the probe result).
-        alternatives: the decision's further parents (`select.Decision.alternatives`).
-        probe_loss: the started child's probe loss (None: not probed, or not finite).
-        cold_probe_loss: the cold child's probe loss.
-        probe_accuracy: the started child's probe accuracy (classification).
-        cold_probe_accuracy: the cold child's.
-    """
-
-    parent: str | None
-    similarity: float | None
-    parent_metric: float | None
-    matched_tensors: int | None
-    total_tensors: int | None
-    untransferred_fraction: float
-    outcome: str
-    reason: str
-    alternatives: tuple[str, ...] = ()
-    probe_loss: float | None = None
-    cold_probe_loss: float | None = None
-    probe_accuracy: float | None = None
-    cold_probe_accuracy: float | None = None
-
-    @classmethod
-    def of(cls, decided: select.Decision, *, untransferred_fraction: float) -> WarmStart:
-        """The record of `decided` once applied, `untransferred_fraction` left untransferred."""
-        return cls(parent=decided.parent_id, similarity=decided.similarity,
-                   parent_metric=decided.parent_metric, matched_tensors=decided.matched_tensors,
-                   total_tensors=decided.total_tensors,
-                   untransferred_fraction=untransferred_fraction, outcome=str(decided.outcome),
-                   reason=decided.reason, alternatives=decided.alternatives,
-                   probe_loss=decided.probe_loss, cold_probe_loss=decided.cold_probe_loss,
-                   probe_accuracy=decided.probe_accuracy,
-                   cold_probe_accuracy=decided.cold_probe_accuracy)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "alternatives": list(self.alternatives)}
-
-    def decision_fields(self) -> dict[str, Any]:
-        """The decision as `contract.Result.warm_start_decision` and `contract.Profile` hold it
-        (every field but the untransferred fraction)."""
-        return {k: v for k, v in self.to_json().items() if k != "untransferred_fraction"}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> WarmStart:
-        values: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(cls)
-                                  if f.name in data or f.default is dataclasses.MISSING}
-        values["alternatives"] = tuple(values.get("alternatives") or ())
-        return cls(**values)
-
-    def lr_damping(self, epoch: int) -> float:
-        """Learning-rate multiplier for 0-based `epoch` (`transform.lr_damping` of what the
-        probe measured was not inherited, else of the untransferred tensors; 1.0 if cold)."""
-        if self.parent is None:
-            return 1.0
-        if self.probe_loss is not None and self.cold_probe_loss is not None:
-            quality = transform.transfer_quality(self.probe_loss, self.cold_probe_loss)
-            return transform.lr_damping(1.0 - quality, epoch)
-        return transform.lr_damping(self.untransferred_fraction, epoch)
-
-    def message(self) -> str:
-        """The console line: the reason, which names the parent and similarity or says why cold."""
-        return self.reason[:1].upper() + self.reason[1:]
+def untransferred_fraction(applied: api.WarmStartDecision) -> float:
+    """Share of the child's weight tensors the warm start `applied` did not transfer, in
+    [0, 1] (1.0 on a cold start)."""
+    if applied.parent is None or not applied.total_tensors:
+        return 1.0
+    return 1.0 - (applied.matched_tensors or 0) / applied.total_tensors
 
 
-def parse_decision(text: str | None) -> select.Decision | None:
+def lr_damping(applied: api.WarmStartDecision, epoch: int) -> float:
+    """Learning-rate multiplier for 0-based `epoch` after the warm start `applied`
+    (`transform.lr_damping` of what the probe measured was not inherited, else of the
+    untransferred tensors; 1.0 if cold)."""
+    if applied.parent is None:
+        return 1.0
+    if applied.probe_loss is not None and applied.cold_probe_loss is not None:
+        quality = transform.transfer_quality(applied.probe_loss, applied.cold_probe_loss)
+        return transform.lr_damping(1.0 - quality, epoch)
+    return transform.lr_damping(untransferred_fraction(applied), epoch)
+
+
+def message(applied: api.WarmStartDecision) -> str:
+    """The console line: the reason, which names the parent and similarity or says why cold."""
+    return applied.reason[:1].upper() + applied.reason[1:]
+
+
+def parse_decision(text: str | None) -> api.WarmStartDecision | None:
     """The warm-start decision passed upstream as JSON text (``--warm-start``), or None (no
     decision, or one deferred to the trainer: an entrypoint model's).
 
@@ -234,16 +181,21 @@ def parse_decision(text: str | None) -> select.Decision | None:
     """
     if not text:
         return None
+    where = f"{contract.Flag.WARM_START} (env {contract.Env.WARM_START})"
     try:
         doc = json.loads(text)
-        if not isinstance(doc, dict):
-            raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
-        decided = select.Decision.from_json(doc)
-    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
-        raise api.InvalidSpec([(f"{contract.Flag.WARM_START} (env {contract.Env.WARM_START}): "
-                                f"not a warm-start decision ({exc})")]) from None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise api.InvalidSpec([f"{where}: not a warm-start decision ({exc})"]) from None
+    if not isinstance(doc, dict) or doc.get("outcome") is None:
+        what = "no outcome" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+        raise api.InvalidSpec([f"{where}: not a warm-start decision ({what})"])
+    try:
+        decided = api.WarmStartDecision.model_validate(doc)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(api.problems_of(exc))
+        raise api.InvalidSpec([f"{where}: not a warm-start decision ({problems})"]) from None
     # An entrypoint model's decision is left to the trainer, which can import the user's code.
-    return None if decided.outcome is select.Outcome.IN_TRAINER else decided
+    return None if decided.outcome is api.WarmStartOutcome.IN_TRAINER else decided
 
 
 def warm_start(
@@ -251,10 +203,10 @@ def warm_start(
     raw_model: nn.Module,
     zoo: store.ObjectStore | None,
     *,
-    decided: select.Decision | None = None,
+    decided: api.WarmStartDecision | None = None,
     probe: Probe | None = None,
     data_fingerprint: str | None = None,
-) -> WarmStart:
+) -> api.WarmStartDecision:
     """Apply the warm-start decision: load the parent's transformed weights into `raw_model`.
 
     With a `probe`, the guard scores the cold `raw_model` and each warm start on it, and keeps
@@ -272,7 +224,8 @@ def warm_start(
         data_fingerprint: what this job loaded (`data.Splits.fingerprint`), or None.
 
     Returns:
-        What happened, for the result, the checkpoint and the console.
+        The decision as applied (its tensor counts those transferred), for the result, the
+        checkpoint and the console.
 
     Raises:
         api.InvalidSpec: a pinned parent is not in the zoo.
@@ -282,37 +235,33 @@ def warm_start(
     """
     if decided is None:
         decided = decide(job, zoo)
-    if probe is None or decided.parent_id is None:
-        applied = _apply(job, decided, zoo, raw_model)
-        return WarmStart.of(_with_data_note(decided, applied, data_fingerprint),
-                            untransferred_fraction=applied.untransferred_fraction)
+    if probe is None or decided.parent is None:
+        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint)
     cold_state = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
     try:
         cold = score(raw_model, probe)
     except (RuntimeError, ValueError, IndexError) as exc:  # the model's own checks say why
         _log.warning("warm-start guard skipped: the cold model cannot score the probe (%s)", exc)
-        applied = _apply(job, decided, zoo, raw_model)
-        return WarmStart.of(_with_data_note(decided, applied, data_fingerprint),
-                            untransferred_fraction=applied.untransferred_fraction)
+        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint)
     _log.info("warm start: %s", decided.reason)
     rejected: list[str] = []
-    first: tuple[select.Decision, Score] | None = None
-    for parent in (decided.parent_id, *decided.alternatives):
-        trial = decided if parent == decided.parent_id else dataclasses.replace(
-            decided, parent_id=parent, outcome=select.Outcome.WARM, alternatives=(),
-            matched_tensors=None, total_tensors=None)  # counted by apply, not the decision
+    first: tuple[api.WarmStartDecision, Score] | None = None
+    for parent in (decided.parent, *decided.alternatives):
+        trial = decided if parent == decided.parent else decided.model_copy(update={
+            "parent": parent, "outcome": api.WarmStartOutcome.WARM, "alternatives": [],
+            "matched_tensors": None, "total_tensors": None})  # counted by apply
         try:
             applied = _apply(job, trial, zoo, raw_model)
         except decision.ApplyError as exc:
-            if parent == decided.parent_id:
+            if parent == decided.parent:
                 raise
             rejected.append(f"alternative {parent} unusable ({exc})")
             continue
         warm = score(raw_model, probe)
-        trial = _measured(dataclasses.replace(
-            trial, similarity=applied.similarity, parent_metric=applied.parent_metric,
-            metric_name=applied.metric_name, matched_tensors=applied.matched_tensors,
-            total_tensors=applied.total_tensors), warm, cold)
+        trial = _measured(trial.model_copy(update={
+            "similarity": applied.similarity, "parent_metric": applied.parent_metric,
+            "metric_name": applied.metric_name, "matched_tensors": applied.matched_tensors,
+            "total_tensors": applied.total_tensors}), warm, cold)
         first = first or (trial, warm)
         if passes(warm, cold):
             lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): "
@@ -321,17 +270,16 @@ def warm_start(
             if applied.parent_provisional:
                 lead += f"; {parent} is a provisional record (its job is still training)"
             note = data_note(applied.parent_data, data_fingerprint)
-            return WarmStart.of(dataclasses.replace(
-                trial, reason="; ".join([lead, *([note] if note else []), *rejected])),
-                untransferred_fraction=applied.untransferred_fraction)
+            return trial.model_copy(update={
+                "reason": "; ".join([lead, *([note] if note else []), *rejected])})
         rejected.append(f"warm start from {parent} (similarity {_fmt(trial.similarity)}) "
                         f"rejected: {comparison(warm, cold, probe.samples)} ({rule(warm, cold)})")
         raw_model.load_state_dict(cold_state)
     assert first is not None  # the decided parent was applied or raised
     reason = "; ".join(rejected) + "; cold start"
-    cold_start = dataclasses.replace(first[0], parent_id=None, parent_metric=None,
-                                     outcome=select.Outcome.COLD_GUARD, reason=reason)
-    return WarmStart.of(cold_start, untransferred_fraction=1.0)
+    return first[0].model_copy(update={"parent": None, "parent_metric": None,
+                                       "outcome": api.WarmStartOutcome.COLD_GUARD,
+                                       "reason": reason})
 
 
 def data_note(parent: str | None, child: str | None) -> str:
@@ -357,16 +305,19 @@ def data_note(parent: str | None, child: str | None) -> str:
             f"job {fingerprint.short(child)})")
 
 
-def _with_data_note(decided: select.Decision, applied: decision.Applied,
-                    data_fingerprint: str | None) -> select.Decision:
-    """`decided` with `data_note` added to its reason when a parent was loaded."""
-    note = data_note(applied.parent_data, data_fingerprint)
-    if decided.parent_id is None or not note:
+def _as_applied(decided: api.WarmStartDecision, applied: decision.Applied,
+                data_fingerprint: str | None) -> api.WarmStartDecision:
+    """`decided` once applied: when a parent was loaded, with the tensor counts transferred
+    and `data_note` added to its reason."""
+    if decided.parent is None:
         return decided
-    return dataclasses.replace(decided, reason=f"{decided.reason}; {note}")
+    note = data_note(applied.parent_data, data_fingerprint)
+    return decided.model_copy(update={
+        "matched_tensors": applied.matched_tensors, "total_tensors": applied.total_tensors,
+        "reason": f"{decided.reason}; {note}" if note else decided.reason})
 
 
-def _apply(job: api.TrainingJob, decided: select.Decision, zoo: store.ObjectStore | None,
+def _apply(job: api.TrainingJob, decided: api.WarmStartDecision, zoo: store.ObjectStore | None,
            raw_model: nn.Module) -> decision.Applied:
     """`decision.apply`, its weights loaded into `raw_model`."""
     applied = decision.apply(decided, zoo, raw_model, job.spec.model.input_shape,
@@ -378,28 +329,29 @@ def _apply(job: api.TrainingJob, decided: select.Decision, zoo: store.ObjectStor
     return applied
 
 
-def _measured(trial: select.Decision, warm: Score, cold: Score) -> select.Decision:
+def _measured(trial: api.WarmStartDecision, warm: Score,
+              cold: Score) -> api.WarmStartDecision:
     """`trial` with the probe's scores (a non-finite loss is left out: JSON has no NaN)."""
     def finite(value: float) -> float | None:
         return value if math.isfinite(value) else None
-    return dataclasses.replace(trial, probe_loss=finite(warm.loss),
-                               cold_probe_loss=finite(cold.loss), probe_accuracy=warm.accuracy,
-                               cold_probe_accuracy=cold.accuracy)
+    return trial.model_copy(update={
+        "probe_loss": finite(warm.loss), "cold_probe_loss": finite(cold.loss),
+        "probe_accuracy": warm.accuracy, "cold_probe_accuracy": cold.accuracy})
 
 
 def _fmt(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.2f}"
 
 
-def needs_zoo(job: api.TrainingJob, decided: select.Decision | None) -> bool:
+def needs_zoo(job: api.TrainingJob, decided: api.WarmStartDecision | None) -> bool:
     """Whether `warm_start` reads the zoo: for a decision naming a parent, or to decide here
     (no decision from upstream) for a job with spec.warmStart.enabled."""
     if decided is not None:
-        return decided.parent_id is not None
+        return decided.parent is not None
     return job.spec.warm_start.enabled
 
 
-def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> select.Decision:
+def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> api.WarmStartDecision:
     """The decision the trainer makes when none came from upstream: `decision.decide` on the
     zoo, or a cold start without one.
 
@@ -408,6 +360,6 @@ def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> select.Decisi
         store.StoreUnavailable: the zoo could not be read.
     """
     if zoo is None:
-        return select.cold_start(select.Outcome.COLD_EMPTY,
+        return select.cold_start(api.WarmStartOutcome.COLD_EMPTY,
                                  "cold start: no model zoo configured (--zoo)")
     return decision.decide(job, zoo)

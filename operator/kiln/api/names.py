@@ -156,6 +156,24 @@ class Reason(enum.StrEnum):
     REPORT_REFUSED = "ReportRefused"  # event: a pod reported what its job was not granted
 
 
+class WarmStartOutcome(enum.StrEnum):
+    """What a warm-start decision is, for conditions and metrics (its reason says why)."""
+
+    WARM = "warm"  # a parent was selected by the policy
+    PINNED = "pinned"  # the spec pinned the parent
+    COLD_EMPTY = "cold_empty"  # the zoo has no models
+    COLD_INCOMPATIBLE = "cold_incompatible"  # no model with the child's modality and task
+    COLD_BELOW_MIN_SIMILARITY = "cold_below_min_similarity"
+    COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
+    COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
+    COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
+    COLD_OTHER_FAMILY = "cold_other_family"  # residual vs plain: no function transfers
+    COLD_GUARD = "cold_guard"  # the warm child was no better than a cold one on the probe
+    DISABLED = "disabled"  # spec.warmStart.enabled is false
+    IN_TRAINER = "in_trainer"  # an entrypoint model: the trainer decides, before its first step
+    INIT_STATE = "init_state"  # the run's own code set the initial weights; nothing was decided
+
+
 class ModelTask(enum.StrEnum):
     """What a model's output means, so Kiln's loop knows its loss and metrics."""
 

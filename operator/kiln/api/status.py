@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, StrictStr, model_validator
 
 from kiln.api import names
 from kiln.api import spec as spec_mod
@@ -27,24 +27,79 @@ class Condition(names.ApiModel):
     )
 
 
-class WarmStartStatus(names.ApiModel):
-    parent: str | None = Field(default=None, description="parent: zoo model id, null if cold.")
-    similarity: float | None = Field(default=None, description="similarity: in [0, 1].")
-    parent_metric: float | None = Field(default=None, description="parentMetric: parent's metric.")
-    matched_tensors: int | None = Field(default=None, description="matchedTensors: transferred.")
-    total_tensors: int | None = Field(default=None, description="totalTensors: child's tensors.")
-    reason: str | None = Field(default=None, description="reason: why this parent or cold start.")
-    outcome: str | None = Field(default=None, description="outcome: warm, pinned or cold_*.")
-    alternatives: list[str] | None = Field(
-        default=None, description="alternatives: parents the trainer's probe guard tries next.")
-    probe_loss: float | None = Field(
+class WarmStartDecision(names.ApiModel):
+    """The warm-start decision: the zoo model that seeds the job, or why it starts cold.
+
+    One type wherever it goes: made at admission (`kiln.warmstart.select`) or in the trainer,
+    status.warmStart by alias, the trainer's ``--warm-start`` and its report by field name.
+    Types are checked strictly (no "0.5" for a number): reports come from the user's code.
+    """
+
+    # Trainers of other versions (a user's own image) report it too: unknown keys are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+    parent: StrictStr | None = Field(
+        default=None, description="parent: zoo model id, null if cold.")
+    similarity: StrictFloat | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="similarity: in [0, 1], to the parent (on a cold start, the best match).")
+    parent_metric: StrictFloat | None = Field(
+        default=None, description="parentMetric: parent's metric.")
+    metric_name: StrictStr | None = Field(
+        default=None, description="metricName: the name of parentMetric.")
+    matched_tensors: StrictInt | None = Field(
+        default=None, ge=0, description="matchedTensors: transferred.")
+    total_tensors: StrictInt | None = Field(
+        default=None, ge=0, description="totalTensors: child's tensors.")
+    reason: StrictStr = Field(default="", description="reason: why this parent or cold start.")
+    # Never None once validated (`_outcome_of_older_operators` derives it); no default in the
+    # CRD, where status documents of older operators have none.
+    outcome: names.WarmStartOutcome = Field(  # type: ignore[assignment]
+        default=None, description="outcome: warm, pinned, cold_* (why cold), disabled, "
+        "in_trainer (left to the trainer) or init_state (weights set by the run's own code).")
+    candidates_considered: StrictInt = Field(
+        default=0, ge=0, description="candidatesConsidered: zoo models left after the "
+        "compatibility and outlier filters.")
+    dropped_incompatible: StrictInt = Field(
+        default=0, ge=0, description="droppedIncompatible: of another modality or task.")
+    dropped_outliers: StrictInt = Field(
+        default=0, ge=0, description="droppedOutliers: metric outliers or non-finite metrics.")
+    alternatives: list[StrictStr] = Field(
+        default_factory=list,
+        description="alternatives: parents the trainer's probe guard tries next.")
+    probe_loss: StrictFloat | None = Field(
         default=None, description="probeLoss: the started model's loss on the probe batch.")
-    cold_probe_loss: float | None = Field(
+    cold_probe_loss: StrictFloat | None = Field(
         default=None, description="coldProbeLoss: a cold-initialised model's probe loss.")
-    probe_accuracy: float | None = Field(
-        default=None, description="probeAccuracy: the started model's probe accuracy.")
-    cold_probe_accuracy: float | None = Field(
-        default=None, description="coldProbeAccuracy: a cold model's probe accuracy.")
+    probe_accuracy: StrictFloat | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="probeAccuracy: the started model's probe accuracy.")
+    cold_probe_accuracy: StrictFloat | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="coldProbeAccuracy: a cold model's probe accuracy.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outcome_of_older_operators(cls, data: Any) -> Any:
+        """No outcome (status.warmStart as older operators wrote it): a warm start when a parent
+        is named, else a cold one."""
+        if isinstance(data, dict) and data.get("outcome") is None:
+            warm = data.get("parent") is not None
+            return {**data, "outcome": names.WarmStartOutcome.WARM if warm
+                    else names.WarmStartOutcome.COLD_EMPTY}
+        return data
+
+    @property
+    def cold_start(self) -> bool:
+        """True when no parent weights are to be loaded."""
+        return self.parent is None
+
+    @property
+    def condition_reason(self) -> names.Reason:
+        """The WarmStarted condition's reason: ParentSelected, ColdStart or WarmStartDisabled."""
+        if self.outcome == names.WarmStartOutcome.DISABLED:
+            return names.Reason.WARM_START_DISABLED
+        return names.Reason.COLD_START if self.cold_start else names.Reason.PARENT_SELECTED
 
 
 class ProfileStatus(names.ApiModel):
@@ -105,7 +160,7 @@ class ResultStatus(names.ApiModel):
 class TrainingJobStatus(names.ApiModel):
     phase: names.Phase | None = Field(default=None, description="phase: derived from conditions.")
     conditions: list[Condition] = Field(default_factory=list, description="conditions.")
-    warm_start: WarmStartStatus | None = Field(default=None, description="warmStart: decision.")
+    warm_start: WarmStartDecision | None = Field(default=None, description="warmStart: decision.")
     profile: ProfileStatus | None = Field(
         default=None, description="profile: an entrypoint model as measured before placement.")
     placement: PlacementStatus | None = Field(default=None, description="placement: plan.")

@@ -572,6 +572,11 @@ def _mount_problems(at: str, mounts: list[Any], volumes: set[str], *, trainer: b
     return problems
 
 
+def problems_of(exc: ValidationError) -> list[str]:
+    """Each error of `exc` as one ``field.path: what is wrong (got value)`` line."""
+    return [_format_error(e) for e in exc.errors()]
+
+
 def to_wire(model: BaseModel) -> dict[str, Any]:
     """A type as its camelCase JSON-compatible dict (defaults included, nulls dropped)."""
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)

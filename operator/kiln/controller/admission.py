@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -18,9 +18,9 @@ from kiln import api, contract, models
 from kiln.controller import (
     cluster,
     feasible,
+    gates,
     jobs,
     kube,
-    kueue,
     lifecycle,
     listing,
     metrics,
@@ -29,10 +29,8 @@ from kiln.controller import (
     policy,
     profiling,
     reports,
-    services,
     settings,
     status,
-    zoo_access,
 )
 from kiln.warmstart import select
 from kiln.zoo import records, store
@@ -40,7 +38,7 @@ from kiln.zoo import records, store
 C, R = api.ConditionType, api.Reason
 
 
-async def validate(body: dict[str, Any], *, gpu_resources: Sequence[str] = ()
+async def validate(body: kube.Object, *, gpu_resources: Sequence[str] = ()
                    ) -> tuple[api.TrainingJob | None, list[str]]:
     """The parsed job and every problem with it ([] when admissible).
 
@@ -74,14 +72,14 @@ def _with_accelerators(job: api.TrainingJob | None, gpu_resources: Sequence[str]
     return [p for p in problems if p.split(":", 1)[0] not in fields] + found
 
 
-def admitted(st: dict[str, Any]) -> bool:
+def admitted(st: Mapping[str, Any]) -> bool:
     """Admission finished before (a warm-start decision is recorded, or the job ended)."""
     warm = status.condition(st, C.WARM_STARTED)
     return status.is_terminal(st) or (warm is not None
-                                      and warm.get("reason") != R.ZOO_UNAVAILABLE.value)
+                                      and warm.reason != R.ZOO_UNAVAILABLE.value)
 
 
-async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> None:
+async def admit(deps: lifecycle.Deps, gate: gates.Gate, body: kube.Object, *, retry: int) -> None:
     """Admit a new job.
 
     1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
@@ -92,7 +90,7 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
        the pod's report, which carries the warm-start decision made in the job's image.
        A built-in model that may use GPUs (`--profile-unmeasured`): when the cluster has a
        GPU type no job of the same namespace, model and batch was profiled on
-       (`Services.profiles`), its profiling pod takes one free GPU of that type, as above
+       (`cache.Caches.profiles`), its profiling pod takes one free GPU of that type, as above
        (none free, or none left in the namespace's quota: no pod); else a cached profile is
        reused as the job's status.profile, Profiled=True, and no pod runs.
        Otherwise, warm start: `parents.ParentChooser.decide`. The zoo unreachable ->
@@ -105,7 +103,8 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
        (the placement loop takes it) or, with spec.runPolicy.suspend, Suspended.
 
     Args:
-        svc: the operator's services.
+        deps: what the job steps use.
+        gate: the admission gate.
         body: the job as kopf saw it.
         retry: how many times kopf already retried this handler (0 the first time).
 
@@ -115,62 +114,63 @@ async def admit(svc: services.Services, body: dict[str, Any], *, retry: int) -> 
     ref = jobs.JobRef.of(body)
     st = body.get("status") or {}
     if admitted(st):  # a repeated create: the operator restarted before kopf noted it done
-        if not (lifecycle.waiting(st) and ref in svc.placement):
-            await requeue(svc, ref)
+        if not (lifecycle.waiting(st) and ref in deps.placement):
+            await requeue(deps, gate, ref)
         return
-    job, problems = await validate(body, gpu_resources=svc.options.gpu_resources)
+    job, problems = await validate(body, gpu_resources=deps.options.gpu_resources)
     if job is None or problems:
-        await reject(svc, ref, problems)
+        await reject(deps, ref, problems)
         return
-    if svc.options.profile_entrypoint_models and profiling.needed(job):
-        await start_profiling(svc, ref, job)
+    if deps.options.profile_entrypoint_models and profiling.needed(job):
+        await start_profiling(deps, ref, job)
         return
-    reused: tuple[str, dict[str, Any]] | None = None
-    if svc.options.profile_unmeasured and profiling.builtin_on_gpus(job):
-        missing, reused = await _unmeasured_type(svc, job)
-        if missing is not None and await start_profiling(svc, ref, job, device_type=missing):
+    reused: tuple[str, api.ProfileStatus] | None = None
+    if deps.options.profile_unmeasured and profiling.builtin_on_gpus(job):
+        missing, reused = await _unmeasured_type(deps, job)
+        if missing is not None and await start_profiling(deps, ref, job, device_type=missing):
             return
     outcome_label = ""
     try:
-        decision = await svc.parents.decide(job)
+        decision = await deps.parents.decide(job)
     except store.StoreUnavailable as exc:
         attempt = retry + 1
-        if attempt < svc.options.zoo_retry_limit:
-            await _zoo_unavailable(svc, ref, exc, attempt)
+        if attempt < deps.options.zoo_retry_limit:
+            await _zoo_unavailable(deps, ref, exc, attempt)
         decision = select.cold_start(
-            select.Outcome.COLD_EMPTY,
+            api.WarmStartOutcome.COLD_EMPTY,
             f"cold start: the model zoo stayed unreachable after {attempt} attempts ({exc})")
         outcome_label = metrics.ZOO_UNAVAILABLE_OUTCOME
     except store.StoreMisconfigured as exc:  # the operator's zoo settings: retrying won't help
-        decision = select.cold_start(select.Outcome.COLD_EMPTY, f"cold start: {exc}")
+        decision = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, f"cold start: {exc}")
         outcome_label = metrics.ZOO_UNAVAILABLE_OUTCOME
     except api.InvalidSpec as exc:  # a pinned parent that is not in the zoo
-        await reject(svc, ref, list(exc.problems))
+        await reject(deps, ref, list(exc.problems))
         return
-    await _queue(svc, ref, job, decision, outcome=outcome_label or decision.outcome.value,
+    await _queue(deps, gate, ref, job, decision, outcome=outcome_label or decision.outcome.value,
                  before=_reuse_profile(job, *reused) if reused is not None else None)
 
 
-async def _unmeasured_type(svc: services.Services, job: api.TrainingJob
-                           ) -> tuple[str | None, tuple[str, dict[str, Any]] | None]:
+async def _unmeasured_type(deps: lifecycle.Deps, job: api.TrainingJob
+                           ) -> tuple[str | None, tuple[str, api.ProfileStatus] | None]:
     """(a GPU type of the cluster without a cached profile of the job's model and batch, or
     None; (a type, its cached profile) for one that has one, or None)."""
-    options = svc.options
-    pools = cluster.pools(await svc.client.list(kube.Paths.nodes()), [],
-                          cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
+    options = deps.options
+    pools = cluster.pools(await deps.client.list(kube.Paths.nodes()), [],
+                          cpu_slots=options.cpu_slots_per_node, now=deps.clock(),
                           gpu_type=settings.gpu_type(options),
                           gpu_type_label=options.gpu_type_label,
                           gpu_resources=options.gpu_resources)
     kinds = sorted({n.device_type for n in pools.nodes.get(cluster.GPU_POOL, ())})
-    cached = [(kind, svc.profiles[key]) for kind in kinds
-              if (key := profiling.cache_key(job, kind)) in svc.profiles]
-    missing = next((kind for kind in kinds if profiling.cache_key(job, kind) not in svc.profiles),
+    cached = [(kind, deps.caches.profiles[key]) for kind in kinds
+              if (key := profiling.cache_key(job, kind)) in deps.caches.profiles]
+    missing = next((kind for kind in kinds
+                    if profiling.cache_key(job, kind) not in deps.caches.profiles),
                    None)
     return missing, cached[0] if cached else None
 
 
 def _reuse_profile(job: api.TrainingJob, device_type: str,
-                   profile: dict[str, Any]) -> Callable[[jobs.Edit, float], None]:
+                   profile: api.ProfileStatus) -> Callable[[jobs.Edit, float], None]:
     """Records a cached profile as the job's own (status.profile, Profiled=True)."""
     where = device_type.removeprefix("cuda:") or "a GPU node"
     message = (f"Reused the profile of {job.spec.model.label} at batch "
@@ -178,34 +178,34 @@ def _reuse_profile(job: api.TrainingJob, device_type: str,
                "profiling pod.")
 
     def record(e: jobs.Edit, now: float) -> None:
-        e.status["profile"] = dict(profile)
+        e.status["profile"] = api.to_wire(profile)
         e.condition(C.PROFILED, True, R.MODEL_PROFILED, message, now=now, event="Normal")
     return record
 
 
-async def _zoo_unavailable(svc: services.Services, ref: jobs.JobRef, exc: Exception,
+async def _zoo_unavailable(deps: lifecycle.Deps, ref: jobs.JobRef, exc: Exception,
                            attempt: int) -> None:
     """Record a failed zoo attempt and ask kopf to retry later (raises)."""
-    delay = svc.options.zoo_retry_delay(attempt - 1)
+    delay = deps.options.zoo_retry_delay(attempt - 1)
     message = (f"The model zoo is unreachable ({exc}); attempt {attempt} of "
-               f"{svc.options.zoo_retry_limit}, next in {delay:.0f} s; the job cold-starts "
+               f"{deps.options.zoo_retry_limit}, next in {delay:.0f} s; the job cold-starts "
                "after the last one. Check the zoo endpoint and credentials.")
-    now = svc.clock()
-    async with svc.jobs.edit(ref) as e:
+    now = deps.clock()
+    async with deps.jobs.edit(ref) as e:
         if not lifecycle.deleting(e.body):
             e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
             if e.condition(C.WARM_STARTED, False, R.ZOO_UNAVAILABLE, message, now=now,
                            event="Warning"):
-                svc.metrics.zoo_unavailable.inc()
+                deps.metrics.zoo_unavailable.inc()
     raise kopf.TemporaryError(message, delay=delay)
 
 
-async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob, *,
+async def start_profiling(deps: lifecycle.Deps, ref: jobs.JobRef, job: api.TrainingJob, *,
                           device_type: str | None = None) -> bool:
     """Create the job's profiling pod (Profiled=Unknown) unless it exists.
 
     It borrows one free device of the pool the job would run in (`profiling.choose_device`),
-    taken under `Services.profiling_lock` so two profiling pods never take the same one; a GPU
+    taken under `cache.Caches.profiling_lock` so two profiling pods never take the same one; a GPU
     only while the namespace's --namespace-gpu-quota has one left. A pod
     the API server refuses as invalid fails the job as InvalidSpec with the server's words.
     With `device_type` (a built-in model measured for the cluster's profile cache) the device
@@ -215,16 +215,16 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
         False when no pod was made for want of a free GPU of `device_type` (admission goes on
         without profiling); True otherwise.
     """
-    async with svc.profiling_lock:
-        options = svc.options
+    async with deps.caches.profiling_lock:
+        options = deps.options
         if any(profiling.is_profiling_pod(p) for p in await listing.kiln_pods(
-                svc.client, ref.namespace, job=ref.name)):
+                deps.client, ref.namespace, job=ref.name)):
             return True  # a repeated create, or a restart: its pod reports through the watch
-        node_objects = await svc.client.list(kube.Paths.nodes())
-        pod_objects = await listing.placement_pods(svc.client, node_objects,
-                                                   gpu_resources=options.gpu_resources)
+        node_objects = await deps.client.list(kube.Paths.nodes())
+        pod_objects = await listing.placement_pods(deps.client, cluster.gpu_node_names(
+            node_objects, options.gpu_resources))
         pools = cluster.pools(node_objects, pod_objects,
-                              cpu_slots=options.cpu_slots_per_node, now=svc.clock(),
+                              cpu_slots=options.cpu_slots_per_node, now=deps.clock(),
                               gpu_type=settings.gpu_type(options),
                               gpu_type_label=options.gpu_type_label,
                               gpu_resources=options.gpu_resources)
@@ -243,8 +243,8 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
         held = ("1 GPU" if device.device == "gpu" else "1 CPU slot") if device.devices else \
             f"no device held ({none_left}): the step is timed on a CPU"
         where = f"on node {device.node}, {held}" if device.node else held
-        now = svc.clock()
-        async with svc.jobs.edit(ref) as e:
+        now = deps.clock()
+        async with deps.jobs.edit(ref) as e:
             if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
                 return True
             e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
@@ -256,12 +256,12 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
             await e.commit()
             if e.body is None:
                 return True
-            await zoo_access.prepare(svc, e.body, job, decided=None)
-            manifest = profiling.build_pod(e.body, job, device, settings=svc.pod_settings,
+            await deps.zoo_access.prepare(e.body, job, decided=None)
+            manifest = profiling.build_pod(e.body, job, device, settings=deps.pod_settings,
                                            timeout_seconds=options.profile_timeout_seconds,
                                            now=now, device_type=device_type)
             try:
-                await svc.client.create(kube.Paths.pods(ref.namespace), manifest)
+                await deps.client.create(kube.Paths.pods(ref.namespace), manifest)
             except kube.ApiError as exc:
                 if exc.status == 409:  # made by an earlier attempt of this handler
                     return True
@@ -274,7 +274,8 @@ async def start_profiling(svc: services.Services, ref: jobs.JobRef, job: api.Tra
     return True
 
 
-async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
+async def profiled(deps: lifecycle.Deps, gate: gates.Gate, pod: kube.Object,
+                   event_type: str | None) -> None:
     """Continue admission when a job's profiling pod ended (or vanished).
 
     A `contract.Profile` -> status.profile, Profiled=True with the numbers, and the job queued
@@ -294,16 +295,16 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
         return
     ref = jobs.JobRef(namespace, state.job)
     if state.phase == "Pending" and not gone:
-        await _profiling_pending(svc, ref, state)
+        await _profiling_pending(deps, ref, state)
         return
     if not (state.finished or gone):
         return
-    body = await svc.jobs.fetch(ref)
+    body = await deps.jobs.fetch(ref)
     if body is None or lifecycle.deleting(body):
         return
     st = body.get("status") or {}
     profiling_now = status.condition(st, C.PROFILED)
-    if profiling_now is None or profiling_now.get("status") != "Unknown" or admitted(st):
+    if profiling_now is None or profiling_now.status != "Unknown" or admitted(st):
         return
     try:
         job = lifecycle.parse(body)
@@ -317,10 +318,10 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
     if isinstance(report, contract.Profile) and state.phase == "Succeeded":
         if report.zoo_key != records.profile_key(namespace, job.name):  # only its own object
             report = dataclasses.replace(report, zoo_key=None)
-        in_trainer = select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
+        in_trainer = select.cold_start(api.WarmStartOutcome.IN_TRAINER, parents.IN_TRAINER_REASON)
         decision = select.from_report(report.warm_start_decision) or in_trainer
         ids = reports.decision_ids(decision)
-        refused = await reports.parents_problem(svc.parents.zoo, namespace, ids, granted=None)
+        refused = await reports.parents_problem(deps.parents.zoo, namespace, ids, granted=None)
         if refused is not None:
             decision = in_trainer
         message = profiling.summary(report, state.name)
@@ -328,69 +329,70 @@ async def profiled(svc: services.Services, pod: dict[str, Any], event_type: str 
             profiling.DEVICE_TYPE_ANNOTATION)
         # Timed on a GPU of that type: later jobs of the namespace reuse it.
         if measured_type is not None and state.devices >= 1 and profiling.cacheable(report):
-            svc.profiles[profiling.cache_key(job, measured_type)] = profiling.to_status(report)
+            deps.caches.profiles[profiling.cache_key(job, measured_type)] = profiling.to_status(
+                report)
 
         def record(e: jobs.Edit, now: float) -> None:
-            e.status["profile"] = profiling.to_status(report)
+            e.status["profile"] = api.to_wire(profiling.to_status(report))
             e.condition(C.PROFILED, True, R.MODEL_PROFILED, message, now=now, event="Normal")
             if refused is not None:
                 e.events.append(reports.refused_event(
                     state.name, f"a warm-start decision naming {', '.join(ids)}", refused,
                     "its trainer decides its warm start itself"))
 
-        await _queue(svc, ref, job, decision, outcome=decision.outcome.value, before=record)
+        await _queue(deps, gate, ref, job, decision, outcome=decision.outcome.value, before=record)
         return
     if state.exit_code == contract.EXIT_INVALID and isinstance(report, contract.Failure):
         problem = (f"the profiling pod {state.name} could not build or run the model: "
                    f"{report.message}")
-        await reject(svc, ref, [problem])
+        await reject(deps, ref, [problem])
         return
     why = f"reported a malformed profile ({malformed})" if malformed else _profiling_failure(
-        state, pod, report, gone=gone, timeout_seconds=svc.options.profile_timeout_seconds)
+        state, pod, report, gone=gone, timeout_seconds=deps.options.profile_timeout_seconds)
     warning = (f"Profiling pod {state.name} {why}; the job is placed on a nominal estimate "
                "and its trainer decides its warm start itself.")
 
     def record_failure(e: jobs.Edit, now: float) -> None:
         e.condition(C.PROFILED, False, R.PROFILING_FAILED, warning, now=now, event="Warning")
 
-    await _queue(svc, ref, job,
-                 select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON),
-                 outcome=select.Outcome.IN_TRAINER.value, before=record_failure)
+    await _queue(deps, gate, ref, job,
+                 select.cold_start(api.WarmStartOutcome.IN_TRAINER, parents.IN_TRAINER_REASON),
+                 outcome=api.WarmStartOutcome.IN_TRAINER.value, before=record_failure)
 
 
-async def _profiling_pending(svc: services.Services, ref: jobs.JobRef,
+async def _profiling_pending(deps: lifecycle.Deps, ref: jobs.JobRef,
                              state: pods.PodState) -> None:
     """A profiling pod that has not started: say why once (a Warning event), and past
     --pod-start-timeout-seconds delete it and fail the job, as for a trainer pod (the trainer
     would need the same image, volumes and scheduling)."""
-    now = svc.clock()
-    timeout = svc.options.pod_start_timeout_seconds
+    now = deps.clock()
+    timeout = deps.options.pod_start_timeout_seconds
     stuck = policy.not_started(state, role="Profiling")
     timed_out = policy.start_timed_out(state, timeout, now)
     if stuck is None and not timed_out:
         return
-    async with svc.jobs.edit(ref) as e:
+    async with deps.jobs.edit(ref) as e:
         current = status.condition(e.status, C.PROFILED)
         if (lifecycle.deleting(e.body) or admitted(e.status) or current is None
-                or current.get("status") != "Unknown"):
+                or current.status != "Unknown"):
             return
         if timed_out:
             message = policy.start_timeout_message(state, timeout, role="Profiling")
             e.condition(C.PROFILED, False, R.POD_START_TIMEOUT, message, now=now)
             e.condition(C.FAILED, True, R.POD_START_TIMEOUT, message, now=now, event="Warning")
             e.status["completionTime"] = status.rfc3339(now)
-        elif stuck is not None and not str(current.get("message", "")).startswith(stuck.problem):
+        elif stuck is not None and not current.message.startswith(stuck.problem):
             e.condition(C.PROFILED, None, stuck.reason, stuck.message, now=now,
                         event="Warning")
             return
         else:
             return
-    svc.metrics.count_finished(ref.namespace, "failed")
-    await svc.client.delete(kube.Paths.pod(ref.namespace, state.name),
-                            grace_period_seconds=svc.options.termination_grace_seconds)
+    deps.metrics.count_finished(ref.namespace, "failed")
+    await deps.client.delete(kube.Paths.pod(ref.namespace, state.name),
+                            grace_period_seconds=deps.options.termination_grace_seconds)
 
 
-def _profiling_failure(state: pods.PodState, pod: dict[str, Any],
+def _profiling_failure(state: pods.PodState, pod: kube.Object,
                        report: contract.Profile | contract.Failure | None, *, gone: bool,
                        timeout_seconds: float) -> str:
     """How a profiling pod ended without a profile, as a phrase."""
@@ -403,59 +405,58 @@ def _profiling_failure(state: pods.PodState, pod: dict[str, Any],
     return f"exited with code {state.exit_code} ({detail})"
 
 
-async def _queue(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
-                 decision: select.Decision, *, outcome: str,
+async def _queue(deps: lifecycle.Deps, gate: gates.Gate, ref: jobs.JobRef, job: api.TrainingJob,
+                 decision: api.WarmStartDecision, *, outcome: str,
                  before: Callable[[jobs.Edit, float], None] | None = None) -> None:
     """Record the warm-start decision and queue the job (or suspend it), in one status write;
-    `before` adds to that write (the profiling outcome). A Kueue-managed job waits for
-    Kueue's admission instead (`kueue.ensure_workload` makes its Workload)."""
-    now = svc.clock()
-    queued: dict[str, Any] | None = None
-    async with svc.jobs.edit(ref) as e:
+    `before` adds to that write (the profiling outcome). A job the admission `gate` manages
+    waits for it instead (`gates.Gate.queued` asks for its admission)."""
+    now = deps.clock()
+    queued: kube.Object | None = None
+    async with deps.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or admitted(e.status):
             return
         # Read under the lock: a suspension may have come while the job was profiled.
         suspended = job.spec.run_policy.suspend or status.is_true(e.status, C.SUSPENDED)
         if before is not None:
             before(e, now)
-        svc.metrics.warm_starts.labels(outcome=outcome).inc()
-        if decision.parent_id is not None and decision.similarity is not None:
-            svc.metrics.warm_start_similarity.observe(decision.similarity)
+        deps.metrics.warm_starts.labels(outcome=outcome).inc()
+        if decision.parent is not None and decision.similarity is not None:
+            deps.metrics.warm_start_similarity.observe(decision.similarity)
         e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
         e.status.setdefault(api.ADMITTED_SPEC_STATUS, api.admitted_spec(job))  # it runs on it
-        e.status["warmStart"] = parents.to_status(decision)
-        if decision.parent_id is not None:
+        e.status["warmStart"] = api.to_wire(decision)
+        if decision.parent is not None:
             e.condition(C.WARM_STARTED, True, R.PARENT_SELECTED, _sentence(decision.reason),
                         now=now, event="Normal")
-        elif decision.outcome is select.Outcome.IN_TRAINER:
+        elif decision.outcome is api.WarmStartOutcome.IN_TRAINER:
             e.condition(C.WARM_STARTED, None, R.DECIDED_IN_TRAINER, _sentence(decision.reason),
                         now=now, event="Normal")
         else:
-            reason = (R.WARM_START_DISABLED if decision.outcome is select.Outcome.DISABLED
+            reason = (R.WARM_START_DISABLED if decision.outcome is api.WarmStartOutcome.DISABLED
                       else R.COLD_START)
             e.condition(C.WARM_STARTED, False, reason, _sentence(decision.reason), now=now,
                         event="Warning" if outcome == metrics.ZOO_UNAVAILABLE_OUTCOME else "Normal")
+        gated = gate.waiting(job, str(((e.body or {}).get("metadata") or {}).get("uid") or ""))
         if suspended:
             if not status.is_true(e.status, C.SUSPENDED):  # else suspended while profiled
                 e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
                             "Created suspended (spec.runPolicy.suspend); set it to false to "
                             "start.", now=now, event="Normal")
-        elif kueue.managed(svc.options, job):
-            uid = str(((e.body or {}).get("metadata") or {}).get("uid") or "")
-            e.condition(C.QUEUED, True, R.WAITING_FOR_KUEUE, kueue.waiting_message(
-                job, kueue.workload_name(job.name, uid)), now=now, event="Normal")
+        elif gated is not None:
+            e.condition(C.QUEUED, True, *gated, now=now, event="Normal")
         else:
             e.condition(C.QUEUED, True, R.WAITING_FOR_PLACEMENT,
                         "Waiting for the placement plan to reach this job.", now=now)
         await e.commit()
         if not suspended and e.body is not None:
-            svc.placement.add(lifecycle.queued_entry(e.body, job, now=now))
+            deps.placement.add(lifecycle.queued_entry(e.body, job, now=now))
         queued = e.body
-    if queued is not None and kueue.managed(svc.options, job):  # after the lock: it edits too
-        await kueue.ensure_workload(svc, queued, job)
+    if queued is not None:  # after the lock: the gate may edit the job too
+        await gate.queued(queued, job)
 
 
-async def edited(svc: services.Services, body: dict[str, Any], old: Any) -> None:
+async def edited(deps: lifecycle.Deps, body: kube.Object, old: Any) -> None:
     """An admitted job's spec changed from `old`: a Warning event (SpecEditIgnored) names each
     edit that does not take effect (`api.ignored_edits`), and scheduling directives of the
     template that do not validate (the admitted ones stay). The job runs on as admitted, so no
@@ -482,93 +483,93 @@ async def edited(svc: services.Services, body: dict[str, Any], old: Any) -> None
         sentences.append(f"The edited spec is invalid ({'; '.join(exc.problems)}); the job keeps "
                          "its admitted spec.template.")
     if sentences:
-        await svc.jobs.post_event(body, status.Event.warning(R.SPEC_EDIT_IGNORED,
+        await deps.jobs.post_event(body, status.Event.warning(R.SPEC_EDIT_IGNORED,
                                                              " ".join(sentences)))
 
 
 _EDITS_SHOWN = 5
 
 
-async def reject(svc: services.Services, ref: jobs.JobRef, problems: list[str]) -> None:
+async def reject(deps: lifecycle.Deps, ref: jobs.JobRef, problems: list[str]) -> None:
     """Fail the job as InvalidSpec, naming every problem (no retries: the spec must change)."""
-    await _fail(svc, ref, R.INVALID_SPEC, (
+    await _fail(deps, ref, R.INVALID_SPEC, (
         "Invalid spec: " + "; ".join(problems) +
         ". Fix the job and create it again (kiln validate FILE checks it locally)."))
 
 
-async def give_up(svc: services.Services, body: dict[str, Any], exc: Exception,
+async def give_up(deps: lifecycle.Deps, body: kube.Object, exc: Exception,
                   attempts: int) -> None:
     """Fail a job whose admission raised an unexpected error `attempts` times in a row
     (Failed/PermanentError naming the error): a job that cannot be admitted must not be
     retried forever."""
-    await _fail(svc, jobs.JobRef.of(body), R.PERMANENT_ERROR, (
+    await _fail(deps, jobs.JobRef.of(body), R.PERMANENT_ERROR, (
         f"Admission failed {attempts} times with an unexpected error "
         f"({type(exc).__name__}: {str(exc)[:500]}); the job is not retried. Please report it; "
         "meanwhile, create the job again or change its model."))
 
 
-async def _fail(svc: services.Services, ref: jobs.JobRef, reason: api.Reason,
+async def _fail(deps: lifecycle.Deps, ref: jobs.JobRef, reason: api.Reason,
                 message: str) -> None:
     """End a job that never got past admission: Failed with `reason`, a Warning event."""
-    now = svc.clock()
-    async with svc.jobs.edit(ref) as e:
+    now = deps.clock()
+    async with deps.jobs.edit(ref) as e:
         if lifecycle.deleting(e.body) or status.is_terminal(e.status):
             return
         e.condition(C.FAILED, True, reason, message, now=now, event="Warning")
         e.status["completionTime"] = status.rfc3339(now)
-    svc.metrics.count_finished(ref.namespace, "failed")
+    deps.metrics.count_finished(ref.namespace, "failed")
 
 
-async def requeue(svc: services.Services, ref: jobs.JobRef) -> None:
+async def requeue(deps: lifecycle.Deps, gate: gates.Gate, ref: jobs.JobRef) -> None:
     """After an operator restart: queue a waiting job again, or make sure a placed one runs."""
-    body = await svc.jobs.fetch(ref)
+    body = await deps.jobs.fetch(ref)
     if lifecycle.deleting(body) or body is None:
         return
     st = body.get("status") or {}
     profiling_now = status.condition(st, C.PROFILED)
     if (not admitted(st) and profiling_now is not None
-            and profiling_now.get("status") == "Unknown"):
-        await _resume_profiling(svc, ref, body)
+            and profiling_now.status == "Unknown"):
+        await _resume_profiling(deps, gate, ref, body)
         return
     if (status.is_terminal(st) or status.is_true(st, C.SUSPENDED) or not admitted(st)):
         return
     if int(st.get("attempts") or 0) > 0 and status.is_true(st, C.PLACED):
-        await lifecycle.ensure_pod(svc, ref)
+        await lifecycle.ensure_pod(deps, ref)
         job, problems = await validate(body)
-        spans = len((st.get("placement") or {}).get("nodes") or []) > 1  # never moved
-        # The loop may move it again, unless it spans nodes or Kueue admitted it (a move could
-        # leave what Kueue admitted).
+        placement = status.part(st, "placement", api.PlacementStatus)
+        spans = len(placement.nodes or []) > 1  # never moved
+        # The loop may move it again, unless it spans nodes or a gate admitted it (a move could
+        # leave what the gate admitted).
         if (job is not None and not problems and not spans
-                and not kueue.managed(svc.options, job)):
-            running = status.condition(st, C.RUNNING) or {}
-            await svc.placement.adopt(
-                lifecycle.queued_entry(body, job, now=svc.clock()),
-                "gpu" if int((st.get("placement") or {}).get("gpus") or 0) else "cpu",
-                since=status.parse_rfc3339(running.get("lastTransitionTime")))
+                and not gate.manages(job)):
+            running = status.condition(st, C.RUNNING)
+            await deps.placement.adopt(
+                lifecycle.queued_entry(body, job, now=deps.clock()),
+                "gpu" if placement.gpus else "cpu",
+                since=status.parse_rfc3339(running.last_transition_time if running else None))
     elif lifecycle.waiting(st):
         job, problems = await validate(body)
         if job is not None and not problems:
-            svc.placement.add(lifecycle.queued_entry(body, job, now=svc.clock()))
-            if kueue.managed(svc.options, job):
-                await kueue.ensure_workload(svc, body, job)
-    svc.metrics.set_phase(ref.namespace, ref.name, status.phase_of(st))
+            deps.placement.add(lifecycle.queued_entry(body, job, now=deps.clock()))
+            await gate.queued(body, job)
+    deps.metrics.set_phase(ref.namespace, ref.name, status.phase_of(st))
 
 
-async def _resume_profiling(svc: services.Services, ref: jobs.JobRef,
-                            body: dict[str, Any]) -> None:
+async def _resume_profiling(deps: lifecycle.Deps, gate: gates.Gate, ref: jobs.JobRef,
+                            body: kube.Object) -> None:
     """After a restart: read a profiling pod that ended meanwhile, or start a missing one."""
-    pod = await svc.client.get(kube.Paths.pod(ref.namespace, profiling.pod_name(ref.name)))
+    pod = await deps.client.get(kube.Paths.pod(ref.namespace, profiling.pod_name(ref.name)))
     if pod is not None:
-        await profiled(svc, pod, None)
+        await profiled(deps, gate, pod, None)
         return
     job, problems = await validate(body)
     if job is None or problems:
         return
     if profiling.needed(job):
-        await start_profiling(svc, ref, job)
+        await start_profiling(deps, ref, job)
         return
-    missing, _ = await _unmeasured_type(svc, job)  # a built-in model's pod went missing
-    if missing is None or not await start_profiling(svc, ref, job, device_type=missing):
+    missing, _ = await _unmeasured_type(deps, job)  # a built-in model's pod went missing
+    if missing is None or not await start_profiling(deps, ref, job, device_type=missing):
         warning = (f"Profiling pod {profiling.pod_name(ref.name)} went missing and no GPU of "
                    "an unprofiled type is free; the job is placed on its estimate and its "
                    "trainer decides its warm start itself.")
@@ -577,9 +578,9 @@ async def _resume_profiling(svc: services.Services, ref: jobs.JobRef,
             e.condition(C.PROFILED, False, R.PROFILING_FAILED, warning, now=now,
                         event="Warning")
 
-        await _queue(svc, ref, job,
-                     select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON),
-                     outcome=select.Outcome.IN_TRAINER.value, before=record_failure)
+        await _queue(deps, gate, ref, job,
+                     select.cold_start(api.WarmStartOutcome.IN_TRAINER, parents.IN_TRAINER_REASON),
+                     outcome=api.WarmStartOutcome.IN_TRAINER.value, before=record_failure)
 
 
 def _sentence(reason: str) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kiln.controller import gang, pods
+from kiln.controller import pods
 from kiln.placement import estimate, types
 
 GPU_POOL = "gpu"
@@ -155,7 +155,7 @@ def pools(
             continue
         used[(pool, state.node)] = used.get((pool, state.node), 0) + state.devices
         key = job_key(str(meta.get("namespace", "")), state.job)
-        rank = gang.rank_of(pod)  # a multi-node job holds devices on each of its nodes
+        rank = pods.rank_of(pod)  # a multi-node job holds devices on each of its nodes
         running[pool].append(types.Running(
             job=f"{key}#{rank}" if rank else key, node=state.node, gpus=state.devices,
             parallelism=state.parallelism,

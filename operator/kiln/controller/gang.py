@@ -17,7 +17,6 @@ import kopf
 from kiln import api, contract
 from kiln.controller import pods
 
-RANK_LABEL = "kiln.dev/rank"
 RENDEZVOUS_PORT_NAME = "rendezvous"
 SERVICE_SUFFIX = "-trainers"
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -49,16 +48,6 @@ def pod_name(job_name: str, attempt: int, rank: int) -> str:
     as a one-node job's pod does), rank r adds ``-<r>``."""
     leader = pods.pod_name(job_name, attempt)
     return leader if rank == 0 else f"{leader}-{rank}"
-
-
-def rank_of(pod: Mapping[str, Any]) -> int:
-    """A trainer pod's rank (kiln.dev/rank label); 0 for one-node jobs' pods and unreadable
-    labels."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    try:
-        return max(0, int(labels.get(RANK_LABEL, 0)))
-    except (TypeError, ValueError):
-        return 0
 
 
 def build_service(owner: Mapping[str, Any], job: api.TrainingJob) -> dict[str, Any]:
@@ -118,7 +107,7 @@ def build_pods(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int,
         pod = pods.build_pod(owner, job, attempt=attempt, settings=settings,
                              launch=dataclasses.replace(launch, node=node, peer_nodes=()))
         pod["metadata"]["name"] = pod_name(job.name, attempt, rank)
-        pod["metadata"]["labels"][RANK_LABEL] = str(rank)
+        pod["metadata"]["labels"][pods.RANK_LABEL] = str(rank)
         pod["spec"]["hostname"] = hostname(rank)
         pod["spec"]["subdomain"] = service_name(job.name)
         container = pod["spec"]["containers"][0]

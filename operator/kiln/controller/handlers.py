@@ -6,24 +6,26 @@ Status is never written through kopf's `patch`: every status change goes through
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 
 from kiln import api
 from kiln.controller import (
     admission,
+    gates,
     housekeeping,
     jobs,
     kube,
-    kueue,
     lifecycle,
     pods,
     profiling,
-    services,
     status,
     sweeper,
 )
@@ -41,13 +43,57 @@ UNEXPECTED_RETRY_DELAY_SECONDS = 2.0
 Handler = Callable[..., Awaitable[Any]]
 
 
-def register(registry: kopf.OperatorRegistry, options: operator_settings.Options) -> None:
+@dataclasses.dataclass
+class Operator:
+    """The running operator's parts, which the handlers reach on kopf's memo
+    (``memo.operator``); `kiln.controller.main.build` makes them.
+
+    Attributes:
+        deps: what the job steps use.
+        gate: the admission gate (`gates.Open`, or Kueue's under --kueue).
+        http: the session trainers' metrics are read with, from `start` to `stop`.
+    """
+
+    deps: lifecycle.Deps
+    gate: gates.Gate
+    http: aiohttp.ClientSession | None = None
+    _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+    async def start(self) -> None:
+        """Start the placement loop, the HTTP session and, in the background, a warm-start
+        graph worker."""
+        self.http = aiohttp.ClientSession()
+        self.run_in_background(self.deps.placement.run(), name="kiln placement loop")
+        self.deps.parents.warm_up()
+
+    def run_in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        """Run `work` (a loop that never returns) until `stop`."""
+        self._tasks.append(asyncio.create_task(work, name=name))
+
+    async def stop(self) -> None:
+        """Stop what `start` started and close the clients (idempotent)."""
+        for task in self._tasks:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        await self.deps.client.close()
+        self.deps.parents.close()
+
+
+def register(registry: kopf.OperatorRegistry, options: operator_settings.Options,
+             gate: gates.Gate) -> None:
     """Register every handler of the operator into `registry`.
 
     | handler (id) | kopf cause | domain call |
     |---|---|---|
     | login | operator login (and after a 401) | `kube.connection_info` |
-    | startup / cleanup | operator start / stop | kopf settings; `Services.start` / `stop` |
+    | startup / cleanup | operator start / stop | kopf settings; `Operator.start` / `stop` |
     | admit | TrainingJob created | `admission.admit` (validate, warm start, queue) |
     | resume | operator (re)started, job exists | `admission.requeue` |
     | suspend | spec.runPolicy.suspend changed | `lifecycle.suspend` / `unsuspend` |
@@ -58,8 +104,8 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     profiling pod's: `admission.profiled` |
     | housekeeping | timer per placed or TTL-bound job (--finalizer); else an index of those
     jobs, swept by `sweeper.run` | `housekeeping.tick` |
-    | kueue-workloads | any event of a Kueue Workload (--kueue) | `kueue.observe` |
-    | kueue-finish | a queue-labelled job ended (--kueue) | `kueue.finish` |
+    | the gate's | as `gate` registers them (Kueue: Workload events, the end of
+    queue-labelled jobs) | `gate`'s (`kueue.Kueue.observe`, `finish`) |
 
     Each job handler is wrapped by `_surfaced`; the timer's interval comes from `options`.
     """
@@ -92,16 +138,11 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     else:  # kopf's timers always add a finalizer: `sweeper` ticks the indexed jobs instead
         kopf.index(*JOBS, registry=registry, id=sweeper.INDEX_ID, when=housekeeping.needed)(
             sweeper.index_job)
-    if options.kueue:
-        kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, registry=registry,
-                      id="kueue-workloads")(_surfaced("kueue", workload_event))
-        kopf.on.event(*JOBS, registry=registry, id="kueue-finish",
-                      labels={kueue.QUEUE_LABEL: kopf.PRESENT}, when=_ended)(
-            _surfaced("kueue", finished_event))
+    gate.register(registry, _surfaced)
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Configure kopf and start the services.
+    """Configure kopf and start the operator (`Operator.start`, and its background loops).
 
     Finalizer ``kiln.dev/finalizer`` (used only with --finalizer), progress and diff-base
     annotations under ``kiln.dev/``; the pod watch selects Kiln's pods by label on the API
@@ -109,106 +150,98 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     kopf pauses every replica but the leader); kopf's log-to-event posting off (events are
     posted explicitly); namespace scanning off unless a watched namespace is a glob.
     """
-    svc: services.Services = memo.services
+    op: Operator = memo.operator
+    options = op.deps.options
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.peering.standalone = svc.options.peering is None
+    settings.peering.standalone = options.peering is None
     # kopf filters handlers by label on its side; this makes the API server send only Kiln's
     # pods, instead of every pod of the cluster, to the pod watch.
     settings.watching.label_selectors["v1", "pods"] = pods.JOB_NAME_LABEL
     settings.posting.enabled = False
     settings.scanning.disabled = not any(
-        ch in ns for ns in svc.options.namespaces for ch in "*?[!")
-    await svc.start()
+        ch in ns for ns in options.namespaces for ch in "*?[!")
+    await op.start()
     if sweeper.INDEX_ID in kwargs:  # --no-finalizer: the index kopf passes by its id
-        svc.run_in_background(sweeper.run(
-            svc, kwargs[sweeper.INDEX_ID],
-            interval_seconds=svc.options.housekeeping_interval_seconds), name="kiln housekeeping")
-    if svc.options.zoo_capacity is not None:
-        svc.run_in_background(housekeeping.collect_zoo_forever(svc), name="kiln zoo eviction")
+        op.run_in_background(sweeper.run(
+            kwargs[sweeper.INDEX_ID], tick=functools.partial(_tick, op),
+            leads=op.deps.placement.leads, counts=op.deps.metrics,
+            interval_seconds=options.housekeeping_interval_seconds), name="kiln housekeeping")
+    if options.zoo_capacity is not None:
+        op.run_in_background(housekeeping.collect_zoo_forever(op.deps), name="kiln zoo eviction")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the services."""
-    svc: services.Services = memo.services
-    await svc.stop()
+    """Stop what startup started."""
+    op: Operator = memo.operator
+    await op.stop()
 
 
 async def admit(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     """Validate a new TrainingJob, choose its warm-start parent, and queue it."""
-    await admission.admit(memo.services, dict(body), retry=retry)
+    op: Operator = memo.operator
+    await admission.admit(op.deps, op.gate, dict(body), retry=retry)
 
 
 async def resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Put an existing job back where it was (queue, or its pod) after an operator restart."""
-    await admission.requeue(memo.services, jobs.JobRef.of(dict(body)))
+    op: Operator = memo.operator
+    await admission.requeue(op.deps, op.gate, jobs.JobRef.of(dict(body)))
 
 
 async def suspend(body: kopf.Body, new: Any, memo: kopf.Memo, **_: Any) -> None:
     """Suspend or resume a job when spec.runPolicy.suspend flips."""
+    op: Operator = memo.operator
     ref = jobs.JobRef.of(dict(body))
     if new:
-        await lifecycle.suspend(memo.services, ref)
+        await lifecycle.suspend(op.deps, ref)
     else:
-        await lifecycle.unsuspend(memo.services, ref)
-    if memo.services.options.kueue:
-        await kueue.set_active(memo.services, ref, not new)
+        await lifecycle.unsuspend(op.deps, ref)
+    await op.gate.suspended(ref, bool(new))
 
 
 async def spec_edited(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
     """An admitted job's spec changed: name what does not take effect."""
-    await admission.edited(memo.services, dict(body), old)
+    await admission.edited(memo.operator.deps, dict(body), old)
 
 
 async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job is being deleted: delete its pods and forget it."""
-    await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)), str(body.meta.uid or ""))
+    await lifecycle.forget(memo.operator.deps, jobs.JobRef.of(dict(body)),
+                           str(body.meta.uid or ""))
 
 
 async def deleted(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job is gone (no finalizer): delete its pods, should the garbage collector lag, and
     forget it."""
     if type == "DELETED":
-        await lifecycle.forget(memo.services, jobs.JobRef.of(dict(body)),
+        await lifecycle.forget(memo.operator.deps, jobs.JobRef.of(dict(body)),
                                str(body.meta.uid or ""))
 
 
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A trainer or profiling pod appeared, changed or vanished."""
+    op: Operator = memo.operator
     if profiling.is_profiling_pod(body):
-        await admission.profiled(memo.services, dict(body), type)
+        await admission.profiled(op.deps, op.gate, dict(body), type)
     else:
-        await lifecycle.observe_pod(memo.services, dict(body), type)
-        if memo.services.options.kueue:
-            await kueue.pod_event(memo.services, dict(body), type)
-
-
-async def workload_event(type: str | None, body: kopf.Body, memo: kopf.Memo,
-                         **_: Any) -> None:
-    """A Kueue Workload appeared, changed or vanished (only with --kueue)."""
-    await kueue.observe(memo.services, dict(body), type)
-
-
-def _ended(body: kopf.Body, **_: Any) -> bool:
-    return status.is_terminal(dict(body.get("status") or {}))
-
-
-async def finished_event(type: str | None, body: kopf.Body, memo: kopf.Memo,
-                         **_: Any) -> None:
-    """A Kueue-managed job ended: its Workload is marked Finished (only with --kueue)."""
-    if type != "DELETED":
-        await kueue.finish(memo.services, dict(body))
+        await lifecycle.observe_pod(op.deps, dict(body), type)
+        await op.gate.pod_event(dict(body), type)
 
 
 async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """TTL, deadline and progress of one job."""
-    await housekeeping.tick(memo.services, body)
+    await _tick(memo.operator, body)
 
 
-GiveUp = Callable[[services.Services, dict[str, Any], Exception, int], Awaitable[None]]
+async def _tick(op: Operator, body: Mapping[str, Any]) -> None:
+    await housekeeping.tick(op.deps, body, http=op.http)
+
+
+GiveUp = Callable[[lifecycle.Deps, kube.Object, Exception, int], Awaitable[None]]
 
 
 def _surfaced(name: str, handler: Handler, *, give_up: GiveUp | None = None) -> Handler:
@@ -217,34 +250,34 @@ def _surfaced(name: str, handler: Handler, *, give_up: GiveUp | None = None) -> 
     API errors worth retrying become `kopf.TemporaryError`; anything unexpected is counted,
     posted as an UnexpectedError Warning event on the job, and re-raised for kopf to retry.
     With `give_up`, unexpected errors are retried UNEXPECTED_ATTEMPTS times in all, with
-    short backoffs, and then `give_up(services, body, error, attempts)` ends the job.
+    short backoffs, and then `give_up(deps, body, error, attempts)` ends the job.
     """
 
     @functools.wraps(handler)
     async def wrapped(**kwargs: Any) -> Any:
-        svc: services.Services = kwargs["memo"].services
+        deps: lifecycle.Deps = kwargs["memo"].operator.deps
         started = time.perf_counter()
         try:
             return await handler(**kwargs)
         except (kopf.TemporaryError, kopf.PermanentError):
             raise
         except kube.ApiError as exc:
-            svc.metrics.reconcile_errors.labels(handler=name).inc()
+            deps.metrics.reconcile_errors.labels(handler=name).inc()
             if exc.retryable:
                 raise kopf.TemporaryError(f"API server: {exc}",
                                           delay=API_RETRY_DELAY_SECONDS) from exc
             raise
         except Exception as exc:
-            svc.metrics.reconcile_errors.labels(handler=name).inc()
+            deps.metrics.reconcile_errors.labels(handler=name).inc()
             body = kwargs.get("body")
             if body is None or body.get("kind") != api.KIND:
                 raise
             attempt = int(kwargs.get("retry") or 0) + 1
             if give_up is not None and attempt >= UNEXPECTED_ATTEMPTS:
-                await give_up(svc, dict(body), exc, attempt)
+                await give_up(deps, dict(body), exc, attempt)
                 return None
             limit = f" (attempt {attempt} of {UNEXPECTED_ATTEMPTS})" if give_up else ""
-            await svc.jobs.post_event(dict(body), status.Event.warning(
+            await deps.jobs.post_event(dict(body), status.Event.warning(
                 api.Reason.UNEXPECTED_ERROR,
                 f"Unexpected error in the operator's {name} handler: "
                 f"{type(exc).__name__}: {exc}; it is retried{limit}. Please report it."))
@@ -253,7 +286,7 @@ def _surfaced(name: str, handler: Handler, *, give_up: GiveUp | None = None) -> 
             delay = UNEXPECTED_RETRY_DELAY_SECONDS * 2.0 ** (attempt - 1)
             raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}", delay=delay) from exc
         finally:
-            svc.metrics.reconcile_seconds.labels(handler=name).observe(
+            deps.metrics.reconcile_seconds.labels(handler=name).observe(
                 time.perf_counter() - started)
 
     return wrapped

@@ -13,18 +13,17 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
+
 from kiln import api
 from kiln.controller import (
     jobs,
     kube,
     lifecycle,
-    parents,
     pods,
     policy,
     progress,
-    services,
     status,
-    zoo_access,
 )
 from kiln.zoo import eviction, store
 
@@ -44,7 +43,8 @@ def needed(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool
     return phase != api.Phase.SUSPENDED and int((status or {}).get("attempts") or 0) > 0
 
 
-async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
+async def tick(deps: lifecycle.Deps, body: Mapping[str, Any], *,
+               http: aiohttp.ClientSession | None) -> None:
     """One round of checks for one job.
 
     * finished with ``ttlSecondsAfterFinished``: once completionTime + TTL has passed, the job
@@ -62,53 +62,52 @@ async def tick(svc: services.Services, body: Mapping[str, Any]) -> None:
     * running: the trainer's metrics are read into status.progress; its ETA, throughput and
       first steps after a move feed the planner's introspection;
     * placed or running under ``--zoo-pod-access presigned``: its zoo access is signed again
-      when less than half its lifetime is left (`zoo_access.refresh`).
+      when less than half its lifetime is left (`zoo_access.ZooAccess.refresh`).
     """
     if lifecycle.deleting(dict(body)):
         return
     ref = jobs.JobRef.of(dict(body))
     st = body.get("status") or {}
     run_policy = (body.get("spec") or {}).get("runPolicy") or {}
-    now = svc.clock()
+    now = deps.clock()
     if status.is_terminal(st):
-        svc.zoo_access_expiry.pop(str((body.get("metadata") or {}).get("uid")), None)
+        deps.zoo_access.forget(str((body.get("metadata") or {}).get("uid")))
         ttl = _int(run_policy.get("ttlSecondsAfterFinished"))
         if policy.ttl_expired(status.parse_rfc3339(st.get("completionTime")), ttl, now):
-            await _delete_finished(svc, ref, ttl)
+            await _delete_finished(deps, ref, ttl)
         return
     if status.is_true(st, C.SUSPENDED):
         return
     deadline = _int(run_policy.get("activeDeadlineSeconds"))
     started = status.parse_rfc3339(st.get("startTime"))
     if policy.deadline_passed(started, deadline, now):
-        await lifecycle.fail(svc, ref, api.Reason.DEADLINE_EXCEEDED, (
+        await lifecycle.fail(deps, ref, api.Reason.DEADLINE_EXCEEDED, (
             f"The job ran past spec.runPolicy.activeDeadlineSeconds {deadline} s (started "
             f"{st.get('startTime')}); its trainer was stopped. Raise the deadline or shorten "
             "the training to finish in time."))
         return
     if status.is_true(st, C.PLACED) or status.is_true(st, C.RUNNING):
-        await zoo_access.refresh(svc, body)  # before its pods' presigned URLs expire
+        await deps.zoo_access.refresh(body)  # before its pods' presigned URLs expire
     if status.is_true(st, C.RUNNING):
-        await _read_progress(svc, ref, body)
+        await _read_progress(deps, ref, body, http)
         if lifecycle.spans_nodes(st):  # rank 0 runs; every other pod must start too
-            await _check_start(svc, body, now)
+            await _check_start(deps, body, now)
     elif status.is_true(st, C.PLACED):
-        await _check_start(svc, body, now)
+        await _check_start(deps, body, now)
 
 
-async def _check_start(svc: services.Services, body: Mapping[str, Any], now: float) -> None:
+async def _check_start(deps: lifecycle.Deps, body: Mapping[str, Any], now: float) -> None:
     """Fail the job if a pod of its current attempt has not started within the start timeout
     (deleting the late pods; cleanPodPolicy takes the others); create the attempt's pods that
     are missing."""
     ref = jobs.JobRef.of(dict(body))
-    st = body.get("status") or {}
-    placement = st.get("placement") or {}
-    expected = max(1, len(placement.get("nodes") or []))
-    current = await lifecycle.current_pods(svc, dict(body))
+    placement = status.part(body.get("status") or {}, "placement", api.PlacementStatus)
+    expected = max(1, len(placement.nodes or []))
+    current = await lifecycle.current_pods(deps.client, dict(body))
     if len(current) < expected:
-        await lifecycle.ensure_pod(svc, ref)
+        await lifecycle.ensure_pod(deps, ref)
         return
-    timeout_seconds = svc.options.pod_start_timeout_seconds
+    timeout_seconds = deps.options.pod_start_timeout_seconds
     late = [p for p in current if policy.start_timed_out(p, timeout_seconds, now)]
     if not late:
         return
@@ -116,32 +115,33 @@ async def _check_start(svc: services.Services, body: Mapping[str, Any], now: flo
     if expected > 1:
         message += (f" A multi-node job starts all its {expected} pods or none, so the "
                     "others were stopped too.")
-    await lifecycle.fail(svc, ref, api.Reason.POD_START_TIMEOUT, message,
+    await lifecycle.fail(deps, ref, api.Reason.POD_START_TIMEOUT, message,
                          delete_pods=tuple(p.name for p in late))
 
 
-async def _delete_finished(svc: services.Services, ref: jobs.JobRef, ttl: int | None) -> None:
+async def _delete_finished(deps: lifecycle.Deps, ref: jobs.JobRef, ttl: int | None) -> None:
     """Delete a job whose TTL passed, once (the timer's body may predate the deletion)."""
-    async with svc.jobs.lock(ref):
-        if lifecycle.deleting(await svc.jobs.fetch(ref)):
+    async with deps.jobs.lock(ref):
+        if lifecycle.deleting(await deps.jobs.fetch(ref)):
             return
         _log.info("%s: ttlSecondsAfterFinished %s s passed; deleting the job", ref.key, ttl)
-        await svc.client.delete(kube.Paths.job(ref.namespace, ref.name))
+        await deps.client.delete(kube.Paths.job(ref.namespace, ref.name))
 
 
-async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping[str, Any]) -> None:
+async def _read_progress(deps: lifecycle.Deps, ref: jobs.JobRef, body: Mapping[str, Any],
+                         http: aiohttp.ClientSession | None) -> None:
     st = body.get("status") or {}
     attempt = int(st.get("attempts") or 0) - 1
-    pod = await svc.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
+    pod = await deps.client.get(kube.Paths.pod(ref.namespace, pods.pod_name(ref.name, attempt)))
     if pod is None:
         return
-    where = progress.address(svc.options.progress_address, pods.pod_state(pod), ref.namespace)
+    where = progress.address(deps.options.progress_address, pods.pod_state(pod), ref.namespace)
     if where is None:
         return
-    if svc.http is None:
+    if http is None:
         return
-    text = await progress.read(svc.http, where,
-                               timeout_seconds=svc.options.progress_timeout_seconds)
+    text = await progress.read(http, where,
+                               timeout_seconds=deps.options.progress_timeout_seconds)
     if text is None:
         return
     running = api.running_doc(body).get("spec") or {}  # the admitted epochs, whatever edits say
@@ -152,23 +152,23 @@ async def _read_progress(svc: services.Services, ref: jobs.JobRef, body: Mapping
     except ValueError as exc:
         _log.warning("%s: unreadable trainer metrics at %s (%s)", ref.key, where, exc)
         return
-    if not found:
+    if found is None:
         return
-    if "etaSeconds" in found:
-        svc.eta_seconds[ref.key] = float(found["etaSeconds"])
-    rate, step = found.get("samplesPerSecond"), found.get("step")
-    svc.placement.observe_progress(ref.key, samples_per_second=None if rate is None else float(
-        rate), step=None if step is None else int(step), now=svc.clock(),
-        compute_fraction=found.get("computeFraction"))
-    async with svc.jobs.edit(ref) as e:
+    if found.eta_seconds is not None:
+        deps.caches.eta_seconds[ref.key] = found.eta_seconds
+    deps.placement.observe_progress(ref.key, samples_per_second=found.samples_per_second,
+                                   step=found.step, now=deps.clock(),
+                                   compute_fraction=found.compute_fraction)
+    async with deps.jobs.edit(ref) as e:
         if (lifecycle.deleting(e.body) or not status.is_true(e.status, C.RUNNING)
                 or int(e.status.get("attempts") or 0) - 1 != attempt):
             return
-        e.status["progress"] = {**found, "lastUpdatedTime": status.rfc3339(svc.clock())}
+        e.status["progress"] = api.to_wire(found.model_copy(
+            update={"last_updated_time": status.rfc3339(deps.clock())}))
         if verdict is not None:
             await lifecycle.take_trainer_decision(
-                svc, e, _with_admission(e.status.get("warmStart") or {}, verdict),
-                pod=pods.pod_name(ref.name, attempt), now=svc.clock())
+                deps, e, _with_admission(e.status.get("warmStart") or {}, verdict),
+                pod=pods.pod_name(ref.name, attempt), now=deps.clock())
 
 
 def _with_admission(warm: Mapping[str, Any], live: dict[str, Any]) -> dict[str, Any]:
@@ -176,8 +176,8 @@ def _with_admission(warm: Mapping[str, Any], live: dict[str, Any]) -> dict[str, 
     from the decision in status.warmStart, which its metrics do not repeat: the admitted
     parent's similarity and tensor counts when it kept that parent or started cold, its metric
     only when it kept it; the alternatives always."""
-    admitted = parents.from_status(warm).to_json()
-    kept = live.get("parent") is not None and live.get("parent") == admitted["parent_id"]
+    admitted = api.WarmStartDecision.model_validate(warm).model_dump(mode="json")
+    kept = live.get("parent") is not None and live.get("parent") == admitted["parent"]
     inherited = ["alternatives"]
     if kept or live.get("parent") is None:
         inherited += ["similarity", "matched_tensors", "total_tensors"]
@@ -190,7 +190,7 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def collect_zoo_forever(svc: services.Services) -> None:
+async def collect_zoo_forever(deps: lifecycle.Deps) -> None:
     """Hold the zoo to --zoo-capacity every --zoo-gc-interval-seconds (first right away).
 
     A round that cannot list the jobs or reach the zoo evicts nothing and only warns: without
@@ -198,13 +198,13 @@ async def collect_zoo_forever(svc: services.Services) -> None:
     """
     while True:
         try:
-            await collect_zoo(svc)
+            await collect_zoo(deps)
         except (kube.ApiError, store.StoreUnavailable, store.StoreMisconfigured) as exc:
             _log.warning("zoo eviction skipped this round: %s", exc)
-        await asyncio.sleep(svc.options.zoo_gc_interval_seconds)
+        await asyncio.sleep(deps.options.zoo_gc_interval_seconds)
 
 
-async def collect_zoo(svc: services.Services) -> eviction.Plan | None:
+async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
     """One eviction round: protect what live jobs use, then delete what the plan evicts.
 
     Returns:
@@ -214,16 +214,16 @@ async def collect_zoo(svc: services.Services) -> eviction.Plan | None:
         kube.ApiError: the jobs could not be listed.
         store.StoreUnavailable: the zoo failed (records already deleted stay deleted).
     """
-    if svc.options.zoo_capacity is None:
+    if deps.options.zoo_capacity is None:
         return None
-    protect, running = await live_zoo_use(svc)
-    now = datetime.datetime.fromtimestamp(svc.clock(), datetime.UTC)
-    capacity_bytes = eviction.parse_size(svc.options.zoo_capacity)
-    zoo = svc.parents.zoo
+    protect, running = await live_zoo_use(deps)
+    now = datetime.datetime.fromtimestamp(deps.clock(), datetime.UTC)
+    capacity_bytes = eviction.parse_size(deps.options.zoo_capacity)
+    zoo = deps.parents.zoo
 
     def collect() -> eviction.Plan:  # store I/O: off the event loop
         chosen = eviction.plan(eviction.survey(
-            zoo, now=now, half_life_seconds=svc.options.zoo_hit_half_life_seconds,
+            zoo, now=now, half_life_seconds=deps.options.zoo_hit_half_life_seconds,
             protect=protect, live_jobs=running), capacity_bytes=capacity_bytes)
         eviction.carry_out(zoo, chosen)
         return chosen
@@ -232,15 +232,15 @@ async def collect_zoo(svc: services.Services) -> eviction.Plan | None:
     for entry in chosen.evict:
         _log.info("zoo eviction: deleted %s (%d bytes, %d hits, value %.3g) to keep %s within "
                   "--zoo-capacity %s", entry.record.id, entry.size_bytes, entry.hits,
-                  entry.value, zoo.describe(), svc.options.zoo_capacity)
+                  entry.value, zoo.describe(), deps.options.zoo_capacity)
     if chosen.over_capacity:
         _log.warning("zoo %s holds %d bytes, over --zoo-capacity %s (%d bytes), but the rest "
                      "is in use by live jobs", zoo.describe(), chosen.after_bytes,
-                     svc.options.zoo_capacity, chosen.capacity_bytes)
+                     deps.options.zoo_capacity, chosen.capacity_bytes)
     return chosen
 
 
-async def live_zoo_use(svc: services.Services) -> tuple[dict[str, str], set[str]]:
+async def live_zoo_use(deps: lifecycle.Deps) -> tuple[dict[str, str], set[str]]:
     """What unfinished jobs use: record id -> why it stays (their parents, decided or pinned,
     and the alternatives their trainer may fall back to), and their names (their provisional
     records stay).
@@ -248,12 +248,12 @@ async def live_zoo_use(svc: services.Services) -> tuple[dict[str, str], set[str]
     Raises:
         kube.ApiError: the jobs could not be listed.
     """
-    namespaces = svc.options.namespaces
+    namespaces = deps.options.namespaces
     if any(ch in ns for ns in namespaces for ch in "*?[!"):
         namespaces = ()  # globs: list cluster-wide (kopf scans namespaces then anyway)
-    listed: list[dict[str, Any]] = []
+    listed: list[kube.Object] = []
     for namespace in namespaces or (None,):
-        listed += await svc.client.list(kube.Paths.jobs(namespace))
+        listed += await deps.client.list(kube.Paths.jobs(namespace))
     protect: dict[str, str] = {}
     running: set[str] = set()
     for body in listed:

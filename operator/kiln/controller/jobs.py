@@ -14,7 +14,6 @@ import logging
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 from kiln import api
 from kiln.controller import kube, metrics
@@ -36,7 +35,7 @@ class JobRef:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> JobRef:
+    def of(cls, body: kube.Object) -> JobRef:
         meta = body.get("metadata") or {}
         return cls(str(meta.get("namespace") or "default"), str(meta.get("name")))
 
@@ -52,12 +51,13 @@ class Edit:
 
     Attributes:
         body: the job as read (None when it no longer exists).
-        status: a deep copy of its status to change in place.
+        status: a deep copy of its status to change in place: its wire form, whose parts are
+            built and read as the `api` status types (`kiln.controller.status`).
         events: events to post once the change is written.
     """
 
-    body: dict[str, Any] | None
-    status: dict[str, Any]
+    body: kube.Object | None
+    status: kube.Object
     jobs: Jobs
     events: list[job_status.Event] = dataclasses.field(default_factory=list)
 
@@ -121,7 +121,7 @@ class Jobs:
         self._locks.pop(ref, None)
         self.metrics.set_phase(ref.namespace, ref.name, None)
 
-    async def fetch(self, ref: JobRef) -> dict[str, Any] | None:
+    async def fetch(self, ref: JobRef) -> kube.Object | None:
         """The job as the API server has it now, or None."""
         return await self.client.get(kube.Paths.job(ref.namespace, ref.name))
 
@@ -147,8 +147,8 @@ class Jobs:
             yield edit
             await edit.commit()
 
-    async def write(self, body: dict[str, Any], new_status: dict[str, Any],
-                    events: Sequence[job_status.Event] = ()) -> dict[str, Any] | None:
+    async def write(self, body: kube.Object, new_status: kube.Object,
+                    events: Sequence[job_status.Event] = ()) -> kube.Object | None:
         """Patch the job's status to `new_status` (phase derived), then post `events`.
 
         Call with the job's lock held. Returns the job as written, None when it is gone.
@@ -157,7 +157,7 @@ class Jobs:
         old = body.get("status") or {}
         new = job_status.with_phase(new_status)
         patch = job_status.merge_patch(old, new)
-        written: dict[str, Any] | None = body
+        written: kube.Object | None = body
         if patch:
             written = await self.client.merge_patch(
                 kube.Paths.job(ref.namespace, ref.name, status=True), {"status": patch})
@@ -170,7 +170,7 @@ class Jobs:
             await self.post_event(body, event)
         return written
 
-    async def post_event(self, body: dict[str, Any], event: job_status.Event) -> None:
+    async def post_event(self, body: kube.Object, event: job_status.Event) -> None:
         """Post a core/v1 Event about the job (best effort: failures are logged).
 
         Not `kopf.info`: kopf's poster only exists inside kopf's per-object tasks, and the

@@ -29,6 +29,10 @@ from kiln import api
 USER_AGENT = "kiln-operator/0.1"
 MERGE_PATCH = "application/merge-patch+json"
 
+# A Kubernetes object (or a merge patch of one) as the API server's JSON. The operator's own
+# parts of them, a TrainingJob's status above all, are built and read as `kiln.api` types.
+Object = dict[str, Any]
+
 _log = logging.getLogger(__name__)
 
 
@@ -217,10 +221,10 @@ class Client:
         except ValueError as exc:
             raise ApiError(502, method, path, f"answer is not JSON: {text[:200]}") from exc
 
-    async def get(self, path: str) -> dict[str, Any] | None:
+    async def get(self, path: str) -> Object | None:
         """The object at `path`, or None when it does not exist (404)."""
         try:
-            found: dict[str, Any] = await self.request("GET", path)
+            found: Object = await self.request("GET", path)
             return found
         except ApiError as exc:
             if exc.status == 404:
@@ -228,7 +232,7 @@ class Client:
             raise
 
     async def list(self, path: str, *, label_selector: str | None = None,
-                   field_selector: str | None = None) -> list[dict[str, Any]]:
+                   field_selector: str | None = None) -> list[Object]:
         """The items of a collection, filtered by the API server.
 
         Args:
@@ -239,23 +243,23 @@ class Client:
         params = {key: value for key, value in (("labelSelector", label_selector),
                                                 ("fieldSelector", field_selector)) if value}
         answer = await self.request("GET", path, params=params or None)
-        items: list[dict[str, Any]] = (answer or {}).get("items") or []
+        items: list[Object] = (answer or {}).get("items") or []
         return items
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: Object) -> Object | None:
         """Create an object; None when an object of that name already exists (409)."""
         try:
-            created: dict[str, Any] = await self.request("POST", path, body)
+            created: Object = await self.request("POST", path, body)
             return created
         except ApiError as exc:
             if exc.status == 409:
                 return None
             raise
 
-    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+    async def merge_patch(self, path: str, patch: Object) -> Object | None:
         """Apply a JSON merge patch; None when the object is gone (404)."""
         try:
-            patched: dict[str, Any] = await self.request("PATCH", path, patch,
+            patched: Object = await self.request("PATCH", path, patch,
                                                          content_type=MERGE_PATCH)
             return patched
         except ApiError as exc:

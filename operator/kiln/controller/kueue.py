@@ -19,19 +19,21 @@ import dataclasses
 import enum
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import kopf
 
 from kiln import api
 from kiln.controller import (
     cluster,
+    gates,
     jobs,
     kube,
     lifecycle,
     placement_loop,
     pods,
     profiling,
-    services,
     settings,
     status,
 )
@@ -105,16 +107,6 @@ class Paths:
 def queue_name(job: api.TrainingJob) -> str | None:
     """The job's LocalQueue (its kueue.x-k8s.io/queue-name label), or None."""
     return job.metadata.labels.get(QUEUE_LABEL) or None
-
-
-def managed(options: settings.Options, job: api.TrainingJob) -> bool:
-    """Whether Kueue admits this job: --kueue is on and the job names a LocalQueue."""
-    return options.kueue and queue_name(job) is not None
-
-
-def held(options: settings.Options, entry: placement_loop.Queued) -> bool:
-    """Whether a queue entry must wait: a Kueue-managed job without Kueue's admission."""
-    return entry.grant is None and managed(options, entry.job)
 
 
 def workload_name(job_name: str, uid: str) -> str:
@@ -331,245 +323,305 @@ def owner_of(workload: Mapping[str, Any]) -> jobs.JobRef | None:
     return None
 
 
-# --- the shell: API calls, called by admission and the kopf handlers ---
+class Kueue:
+    """The Kueue admission gate (`gates.Gate`): Kueue admits the jobs labelled with a
+    LocalQueue, through one Workload each.
 
-
-async def ensure_workload(svc: services.Services, body: dict[str, Any],
-                          job: api.TrainingJob) -> None:
-    """Create the job's Workload if it has none, else act on the one it has (`observe`).
-
-    A cluster without Kueue's Workload API leaves the job queued with a Warning that says so.
+    Args:
+        client: the API client.
+        jobs: the status writer.
+        placement: the placement queue (admitted jobs enter it with their grant).
+        options: the operator's settings.
+        clock: epoch seconds.
     """
-    meta = body.get("metadata") or {}
-    ref = jobs.JobRef.of(body)
-    name = workload_name(job.name, str(meta.get("uid") or ""))
-    found = await svc.client.get(Paths.workload(ref.namespace, name))
-    if found is not None:
-        await observe(svc, found, None)
-        return
-    st = body.get("status") or {}
-    gpus = job.spec.resources.gpus
-    if gpus is None:  # "auto": the least it runs on; set spec.resources.gpus to ask for more
-        nodes = await svc.client.list(kube.Paths.nodes())
-        gpus = 1 if cluster.pools(nodes, (), cpu_slots=1, now=svc.clock()).nodes.get(
-            cluster.GPU_POOL) else 0
-    priority, problem = await _priority(svc, job)
-    manifest = build_workload(
-        body, job, gpus=gpus, image=str(job.spec.template.get("image")
-                                         or svc.pod_settings.default_image),
-        priority=priority, active=not status.is_true(st, C.SUSPENDED),
-        gpu_resource=svc.options.gpu_resources[0])
-    try:
-        await svc.client.create(Paths.workloads(ref.namespace), manifest)
-    except kube.ApiError as exc:
-        if exc.status not in (404, 400, 422):
-            raise
-        problem = (f"the API server refused Workload {name} ({exc}); "
-                   + ("install Kueue (its Workload API kueue.x-k8s.io/v1beta1) or run the "
-                      "operator without --kueue" if exc.status == 404 else
-                      "check the job's kueue.x-k8s.io labels and spec.template"))
-    if problem:
-        await svc.jobs.post_event(body, status.Event.warning(R.WAITING_FOR_KUEUE, (
-            f"Kueue: {problem}.")))
 
+    def __init__(self, *, client: kube.Client, jobs: jobs.Jobs,
+                 placement: placement_loop.PlacementLoop, options: settings.Options,
+                 clock: Callable[[], float]) -> None:
+        self.client = client
+        self.jobs = jobs
+        self.placement = placement
+        self.options = options
+        self.clock = clock
 
-async def _priority(svc: services.Services, job: api.TrainingJob
-                    ) -> tuple[Priority | None, str]:
-    """The Workload's priority, as Kueue's own integrations pick it: the job's
-    kueue.x-k8s.io/priority-class label (a WorkloadPriorityClass), else
-    spec.runPolicy.priorityClassName (a PriorityClass); and a problem, if the class is
-    missing."""
-    label = job.metadata.labels.get(PRIORITY_CLASS_LABEL)
-    name, source, path = (
-        (label, WORKLOAD_PRIORITY_SOURCE, Paths.workload_priority_class(label)) if label else
-        (job.spec.run_policy.priority_class_name, POD_PRIORITY_SOURCE,
-         Paths.priority_class(job.spec.run_policy.priority_class_name or "")))
-    if not name:
-        return None, ""
-    found = await svc.client.get(path)
-    if found is None or not isinstance(found.get("value"), int):
-        return None, (f"priority class {name} ({source}) does not exist, so the Workload has "
-                      "the default priority; create it, or fix the job's priority class")
-    return Priority(name, source, int(found["value"])), ""
+    def manages(self, job: api.TrainingJob) -> bool:
+        """Whether Kueue admits this job: it names a LocalQueue."""
+        return queue_name(job) is not None
 
+    def holds(self, entry: placement_loop.Queued) -> bool:
+        """Whether a queue entry must wait: a managed job without Kueue's admission."""
+        return entry.grant is None and self.manages(entry.job)
 
-async def observe(svc: services.Services, workload: dict[str, Any],
-                  event_type: str | None) -> None:
-    """Act on a Workload of a TrainingJob as it changes.
+    def waiting(self, job: api.TrainingJob, uid: str) -> tuple[api.Reason, str] | None:
+        """WaitingForKueue, naming the job's Workload and LocalQueue (None: not managed)."""
+        if not self.manages(job):
+            return None
+        return R.WAITING_FOR_KUEUE, waiting_message(job, workload_name(job.name, uid))
 
-    Admitted -> the job enters Kiln's placement queue with a `placement_loop.Grant` (the
-    admitted flavors' node labels, the admitted GPUs). Evicted, or no admission any more ->
-    the job is stopped (its pods deleted with the grace period, so the trainer checkpoints)
-    and waits again; an evicted Workload whose job has stopped gets its admission cleared,
-    which hands it back to Kueue. A deleted Workload of a live job is created again.
-    """
-    ref = owner_of(workload)
-    if ref is None:
-        return
-    body = await svc.jobs.fetch(ref)
-    st = (body or {}).get("status") or {}
-    if body is None or lifecycle.deleting(body) or status.is_terminal(st):
-        return
-    try:
-        job = lifecycle.parse(body)
-    except api.InvalidSpec:
-        return
-    if not managed(svc.options, job):
-        return
-    if event_type == "DELETED":
-        await _stop(svc, ref, job, "Its Kueue Workload was deleted; a new one is created and "
-                    "the job waits for Kueue to admit it.", evicted=False)
-        await ensure_workload(svc, body, job)
-        return
-    state = state_of(workload)
-    if state is State.ADMITTED:
-        if lifecycle.waiting(st):  # else placed already, or not queued yet (admission ends
-            await _admitted(svc, ref, job, workload)  # with `ensure_workload`, which comes back)
-    elif state is State.EVICTED:
-        evicted = _condition(workload, EVICTED) or {}
-        await _stop(svc, ref, job, (
-            f"Kueue evicted Workload {workload['metadata']['name']} "
-            f"({evicted.get('reason')}: {evicted.get('message')}); the trainer was asked to "
-            "checkpoint and stop, and the job waits for Kueue to admit it again."),
-            evicted=True)
-        await release(svc, ref, workload)
-    elif state is State.PENDING:
-        why = str((_condition(workload, QUOTA_RESERVED) or {}).get("message") or "")
-        await _stop(svc, ref, job, waiting_message(job, workload["metadata"]["name"])
-                    + (f" Kueue: {why}" if why else ""), evicted=False)
+    async def queued(self, body: dict[str, Any], job: api.TrainingJob) -> None:
+        """A managed job waits for Kueue: make its Workload (`ensure_workload`)."""
+        if self.manages(job):
+            await self.ensure_workload(body, job)
 
+    async def suspended(self, ref: jobs.JobRef, suspended: bool) -> None:
+        """Follow spec.runPolicy.suspend (`set_active`)."""
+        await self.set_active(ref, not suspended)
 
-async def _admitted(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob,
-                    workload: dict[str, Any]) -> None:
-    """Queue an admitted job for placement within its grant (once)."""
-    if ref in svc.placement:
-        return
-    assigned = assignment(workload)
-    flavors = sorted(set((assigned.get("flavors") or {}).values()))
-    labels: dict[str, dict[str, str]] = {}
-    for flavor in flavors:
-        found = await svc.client.get(Paths.flavor(flavor))
-        labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
-    grant = grant_of(workload, labels, svc.options.gpu_resources)
-    cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
-    now = svc.clock()
-    async with svc.jobs.edit(ref) as e:
-        if e.body is None or not lifecycle.waiting(e.status):
+    def register(self, registry: kopf.OperatorRegistry, wrap: gates.Wrap) -> None:
+        """Watch Workloads (`observe`), and the end of queue-labelled jobs (`finish`)."""
+
+        async def workload_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            await self.observe(dict(body), type)
+
+        async def finished_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+            if type != "DELETED":
+                await self.finish(dict(body))
+
+        def ended(body: kopf.Body, **_: Any) -> bool:
+            return status.is_terminal(dict(body.get("status") or {}))
+
+        kopf.on.event(GROUP, VERSION, WORKLOADS, registry=registry, id="kueue-workloads")(
+            wrap("kueue", workload_event))
+        kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id="kueue-finish",
+                      labels={QUEUE_LABEL: kopf.PRESENT}, when=ended)(
+            wrap("kueue", finished_event))
+
+    async def ensure_workload(self, body: dict[str, Any],
+                              job: api.TrainingJob) -> None:
+        """Create the job's Workload if it has none, else act on the one it has (`observe`).
+
+        A cluster without Kueue's Workload API leaves the job queued with a Warning that says so.
+        """
+        meta = body.get("metadata") or {}
+        ref = jobs.JobRef.of(body)
+        name = workload_name(job.name, str(meta.get("uid") or ""))
+        found = await self.client.get(Paths.workload(ref.namespace, name))
+        if found is not None:
+            await self.observe(found, None)
             return
-        where = (f"nodes labelled {dict(grant.node_labels)}" if grant.node_labels
-                 else "any node")
-        held_gpus = f"at most {grant.gpus} GPU(s)" if grant.gpus is not None else "no GPUs"
-        e.condition(C.QUEUED, True, R.ADMITTED_BY_KUEUE, (
-            f"Kueue admitted Workload {workload['metadata']['name']} (ClusterQueue "
-            f"{cluster_queue}, flavor(s) {', '.join(flavors) or 'none'}); Kiln places it on "
-            f"{where} with {held_gpus}."), now=now, event="Normal")
-        await e.commit()
-        if e.body is not None:
-            svc.placement.add(dataclasses.replace(
-                lifecycle.queued_entry(e.body, job, now=now), grant=grant))
+        st = body.get("status") or {}
+        gpus = job.spec.resources.gpus
+        if gpus is None:  # "auto": the least it runs on; set spec.resources.gpus to ask for more
+            nodes = await self.client.list(kube.Paths.nodes())
+            gpus = 1 if cluster.pools(nodes, (), cpu_slots=1, now=self.clock()).nodes.get(
+                cluster.GPU_POOL) else 0
+        priority, problem = await self._priority(job)
+        manifest = build_workload(
+            body, job, gpus=gpus, image=str(job.spec.template.get("image")
+                                             or self.options.default_image),
+            priority=priority, active=not status.is_true(st, C.SUSPENDED),
+            gpu_resource=self.options.gpu_resources[0])
+        try:
+            await self.client.create(Paths.workloads(ref.namespace), manifest)
+        except kube.ApiError as exc:
+            if exc.status not in (404, 400, 422):
+                raise
+            problem = (f"the API server refused Workload {name} ({exc}); "
+                       + ("install Kueue (its Workload API kueue.x-k8s.io/v1beta1) or run the "
+                          "operator without --kueue" if exc.status == 404 else
+                          "check the job's kueue.x-k8s.io labels and spec.template"))
+        if problem:
+            await self.jobs.post_event(body, status.Event.warning(R.WAITING_FOR_KUEUE, (
+                f"Kueue: {problem}.")))
 
 
-async def _stop(svc: services.Services, ref: jobs.JobRef, job: api.TrainingJob, message: str,
-                *, evicted: bool) -> None:
-    """Take the job out of placement and stop its trainer; it waits for Kueue again
-    (Queued=True: the pod events of its stopping trainer then change nothing)."""
-    now = svc.clock()
-    reason = R.EVICTED_BY_KUEUE if evicted else R.WAITING_FOR_KUEUE
-    async with svc.jobs.edit(ref) as e:
-        if (lifecycle.deleting(e.body) or status.is_terminal(e.status)
-                or status.is_true(e.status, C.SUSPENDED) or e.body is None):
+    async def _priority(self, job: api.TrainingJob
+                        ) -> tuple[Priority | None, str]:
+        """The Workload's priority, as Kueue's own integrations pick it: the job's
+        kueue.x-k8s.io/priority-class label (a WorkloadPriorityClass), else
+        spec.runPolicy.priorityClassName (a PriorityClass); and a problem, if the class is
+        missing."""
+        label = job.metadata.labels.get(PRIORITY_CLASS_LABEL)
+        name, source, path = (
+            (label, WORKLOAD_PRIORITY_SOURCE, Paths.workload_priority_class(label)) if label else
+            (job.spec.run_policy.priority_class_name, POD_PRIORITY_SOURCE,
+             Paths.priority_class(job.spec.run_policy.priority_class_name or "")))
+        if not name:
+            return None, ""
+        found = await self.client.get(path)
+        if found is None or not isinstance(found.get("value"), int):
+            return None, (f"priority class {name} ({source}) does not exist, so the Workload has "
+                          "the default priority; create it, or fix the job's priority class")
+        return Priority(name, source, int(found["value"])), ""
+
+
+    async def observe(self, workload: dict[str, Any],
+                      event_type: str | None) -> None:
+        """Act on a Workload of a TrainingJob as it changes.
+
+        Admitted -> the job enters Kiln's placement queue with a `placement_loop.Grant` (the
+        admitted flavors' node labels, the admitted GPUs). Evicted, or no admission any more ->
+        the job is stopped (its pods deleted with the grace period, so the trainer checkpoints)
+        and waits again; an evicted Workload whose job has stopped gets its admission cleared,
+        which hands it back to Kueue. A deleted Workload of a live job is created again.
+        """
+        ref = owner_of(workload)
+        if ref is None:
             return
-        svc.placement.remove(ref)
-        active = status.is_true(e.status, C.PLACED)
-        if not active and not status.is_true(e.status, C.QUEUED):
-            return  # not admitted by Kiln yet: admission queues it, held for Kueue
-        for type_ in (C.RUNNING, C.PLACED, C.RESTARTING):
-            if status.is_true(e.status, type_):
-                e.condition(type_, False, reason, message, now=now)
-        e.condition(C.QUEUED, True, reason, message, now=now,
-                    event="Warning" if evicted and active else None)
-        if active:
-            e.status.pop("startTime", None)  # the deadline clock stops while evicted
-        await e.commit()
-        names = [p.name for p in await lifecycle.job_pod_states(svc, ref)
-                 if p.active and p.name != profiling.pod_name(ref.name)]
-        for name in names:
-            await svc.client.delete(kube.Paths.pod(ref.namespace, name),
-                                    grace_period_seconds=svc.options.termination_grace_seconds)
+        body = await self.jobs.fetch(ref)
+        st = (body or {}).get("status") or {}
+        if body is None or lifecycle.deleting(body) or status.is_terminal(st):
+            return
+        try:
+            job = lifecycle.parse(body)
+        except api.InvalidSpec:
+            return
+        if not self.manages(job):
+            return
+        if event_type == "DELETED":
+            await self._stop(ref, job, "Its Kueue Workload was deleted; a new one is created "
+                             "and the job waits for Kueue to admit it.", evicted=False)
+            await self.ensure_workload(body, job)
+            return
+        state = state_of(workload)
+        if state is State.ADMITTED:
+            if lifecycle.waiting(st):  # else placed already, or not queued yet (admission ends
+                await self._admitted(ref, job, workload)  # with `ensure_workload`: it comes back)
+        elif state is State.EVICTED:
+            evicted = _condition(workload, EVICTED) or {}
+            await self._stop(ref, job, (
+                f"Kueue evicted Workload {workload['metadata']['name']} "
+                f"({evicted.get('reason')}: {evicted.get('message')}); the trainer was asked to "
+                "checkpoint and stop, and the job waits for Kueue to admit it again."),
+                evicted=True)
+            await self.release(ref, workload)
+        elif state is State.PENDING:
+            why = str((_condition(workload, QUOTA_RESERVED) or {}).get("message") or "")
+            await self._stop(ref, job, waiting_message(job, workload["metadata"]["name"])
+                        + (f" Kueue: {why}" if why else ""), evicted=False)
 
 
-async def release(svc: services.Services, ref: jobs.JobRef, workload: dict[str, Any]) -> None:
-    """Clear an evicted Workload's admission once none of its job's trainers runs (a pod
-    being deleted still holds its devices while its trainer checkpoints)."""
-    if state_of(workload) is not State.EVICTED or not reserved(workload):
-        return
-    if any(not p.finished and p.name != profiling.pod_name(ref.name)
-           for p in await lifecycle.job_pod_states(svc, ref)):
-        return  # `pod_event` comes back when they are gone
-    name = workload["metadata"]["name"]
-    try:
-        await svc.client.merge_patch(Paths.workload(ref.namespace, name, status=True),
-                                     release_patch(workload, now=svc.clock()))
-    except kube.ApiError as exc:
-        if exc.status != 409:
-            raise
-        _log.info("kueue: Workload %s/%s changed meanwhile; its next event retries", ref.namespace,
-                  name)
+    async def _admitted(self, ref: jobs.JobRef, job: api.TrainingJob,
+                        workload: dict[str, Any]) -> None:
+        """Queue an admitted job for placement within its grant (once)."""
+        if ref in self.placement:
+            return
+        assigned = assignment(workload)
+        flavors = sorted(set((assigned.get("flavors") or {}).values()))
+        labels: dict[str, dict[str, str]] = {}
+        for flavor in flavors:
+            found = await self.client.get(Paths.flavor(flavor))
+            labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
+        grant = grant_of(workload, labels, self.options.gpu_resources)
+        cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+        now = self.clock()
+        async with self.jobs.edit(ref) as e:
+            if e.body is None or not lifecycle.waiting(e.status):
+                return
+            where = (f"nodes labelled {dict(grant.node_labels)}" if grant.node_labels
+                     else "any node")
+            held_gpus = f"at most {grant.gpus} GPU(s)" if grant.gpus is not None else "no GPUs"
+            e.condition(C.QUEUED, True, R.ADMITTED_BY_KUEUE, (
+                f"Kueue admitted Workload {workload['metadata']['name']} (ClusterQueue "
+                f"{cluster_queue}, flavor(s) {', '.join(flavors) or 'none'}); Kiln places it on "
+                f"{where} with {held_gpus}."), now=now, event="Normal")
+            await e.commit()
+            if e.body is not None:
+                self.placement.add(dataclasses.replace(
+                    lifecycle.queued_entry(e.body, job, now=now), grant=grant))
 
 
-async def pod_event(svc: services.Services, pod: dict[str, Any], event_type: str | None) -> None:
-    """A trainer pod of a Kueue-managed job stopped or vanished: hand its evicted Workload
-    back to Kueue if it was the last active one."""
-    state = pods.pod_state(pod)
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-    if not state.job or not namespace or not (event_type == "DELETED" or state.finished):
-        return
-    workload = await _workload_of(svc, jobs.JobRef(namespace, state.job))
-    if workload is not None:
-        await release(svc, jobs.JobRef(namespace, state.job), workload)
+    async def _stop(self, ref: jobs.JobRef, job: api.TrainingJob, message: str,
+                    *, evicted: bool) -> None:
+        """Take the job out of placement and stop its trainer; it waits for Kueue again
+        (Queued=True: the pod events of its stopping trainer then change nothing)."""
+        now = self.clock()
+        reason = R.EVICTED_BY_KUEUE if evicted else R.WAITING_FOR_KUEUE
+        async with self.jobs.edit(ref) as e:
+            if (lifecycle.deleting(e.body) or status.is_terminal(e.status)
+                    or status.is_true(e.status, C.SUSPENDED) or e.body is None):
+                return
+            self.placement.remove(ref)
+            active = status.is_true(e.status, C.PLACED)
+            if not active and not status.is_true(e.status, C.QUEUED):
+                return  # not admitted by Kiln yet: admission queues it, held for Kueue
+            for type_ in (C.RUNNING, C.PLACED, C.RESTARTING):
+                if status.is_true(e.status, type_):
+                    e.condition(type_, False, reason, message, now=now)
+            e.condition(C.QUEUED, True, reason, message, now=now,
+                        event="Warning" if evicted and active else None)
+            if active:
+                e.status.pop("startTime", None)  # the deadline clock stops while evicted
+            await e.commit()
+            names = [p.name for p in await lifecycle.job_pod_states(self.client, ref)
+                     if p.active and p.name != profiling.pod_name(ref.name)]
+            for name in names:
+                await self.client.delete(kube.Paths.pod(ref.namespace, name),
+                                        grace_period_seconds=self.options.termination_grace_seconds)
 
 
-async def _workload_of(svc: services.Services, ref: jobs.JobRef) -> dict[str, Any] | None:
-    """The Workload of a Kueue-managed job (None: the job is gone, unmanaged or has none)."""
-    body = await svc.jobs.fetch(ref)
-    if body is None:
-        return None
-    try:
-        job = lifecycle.parse(body)
-    except api.InvalidSpec:
-        return None
-    if not managed(svc.options, job):
-        return None
-    uid = str((body.get("metadata") or {}).get("uid") or "")
-    return await svc.client.get(Paths.workload(ref.namespace, workload_name(job.name, uid)))
+    async def release(self, ref: jobs.JobRef, workload: dict[str, Any]) -> None:
+        """Clear an evicted Workload's admission once none of its job's trainers runs (a pod
+        being deleted still holds its devices while its trainer checkpoints)."""
+        if state_of(workload) is not State.EVICTED or not reserved(workload):
+            return
+        if any(not p.finished and p.name != profiling.pod_name(ref.name)
+               for p in await lifecycle.job_pod_states(self.client, ref)):
+            return  # `pod_event` comes back when they are gone
+        name = workload["metadata"]["name"]
+        try:
+            await self.client.merge_patch(Paths.workload(ref.namespace, name, status=True),
+                                          release_patch(workload, now=self.clock()))
+        except kube.ApiError as exc:
+            if exc.status != 409:
+                raise
+            _log.info("kueue: Workload %s/%s changed meanwhile; its next event retries",
+                      ref.namespace, name)
 
 
-async def finish(svc: services.Services, body: dict[str, Any]) -> None:
-    """Mark a finished job's Workload Finished (once), so Kueue releases its quota."""
-    ref = jobs.JobRef.of(body)
-    st = body.get("status") or {}
-    if not status.is_terminal(st):
-        return
-    workload = await _workload_of(svc, ref)
-    if workload is None or state_of(workload) is State.FINISHED:
-        return
-    succeeded = status.is_true(st, C.SUCCEEDED)
-    ended = status.condition(st, C.SUCCEEDED if succeeded else C.FAILED) or {}
-    try:
-        await svc.client.merge_patch(
-            Paths.workload(ref.namespace, workload["metadata"]["name"], status=True),
-            finish_patch(workload, succeeded=succeeded, message=str(ended.get("message") or ""),
-                         now=svc.clock()))
-    except kube.ApiError as exc:
-        if exc.status != 409:
-            raise
+    async def pod_event(self, pod: dict[str, Any], event_type: str | None) -> None:
+        """A trainer pod of a Kueue-managed job stopped or vanished: hand its evicted Workload
+        back to Kueue if it was the last active one."""
+        state = pods.pod_state(pod)
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        if not state.job or not namespace or not (event_type == "DELETED" or state.finished):
+            return
+        workload = await self._workload_of(jobs.JobRef(namespace, state.job))
+        if workload is not None:
+            await self.release(jobs.JobRef(namespace, state.job), workload)
 
 
-async def set_active(svc: services.Services, ref: jobs.JobRef, active: bool) -> None:
-    """Follow spec.runPolicy.suspend: a suspended job's Workload is inactive (Kueue evicts it
-    and releases its quota), a resumed one active again (Kueue queues it)."""
-    workload = await _workload_of(svc, ref)
-    if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
-        await svc.client.merge_patch(
-            Paths.workload(ref.namespace, workload["metadata"]["name"]),
-            {"spec": {"active": active}})
+    async def _workload_of(self, ref: jobs.JobRef) -> dict[str, Any] | None:
+        """The Workload of a Kueue-managed job (None: the job is gone, unmanaged or has none)."""
+        body = await self.jobs.fetch(ref)
+        if body is None:
+            return None
+        try:
+            job = lifecycle.parse(body)
+        except api.InvalidSpec:
+            return None
+        if not self.manages(job):
+            return None
+        uid = str((body.get("metadata") or {}).get("uid") or "")
+        return await self.client.get(Paths.workload(ref.namespace, workload_name(job.name, uid)))
+
+
+    async def finish(self, body: dict[str, Any]) -> None:
+        """Mark a finished job's Workload Finished (once), so Kueue releases its quota."""
+        ref = jobs.JobRef.of(body)
+        st = body.get("status") or {}
+        if not status.is_terminal(st):
+            return
+        workload = await self._workload_of(ref)
+        if workload is None or state_of(workload) is State.FINISHED:
+            return
+        succeeded = status.is_true(st, C.SUCCEEDED)
+        ended = status.condition(st, C.SUCCEEDED if succeeded else C.FAILED)
+        try:
+            await self.client.merge_patch(
+                Paths.workload(ref.namespace, workload["metadata"]["name"], status=True),
+                finish_patch(workload, succeeded=succeeded, message=ended.message if ended else "",
+                             now=self.clock()))
+        except kube.ApiError as exc:
+            if exc.status != 409:
+                raise
+
+
+    async def set_active(self, ref: jobs.JobRef, active: bool) -> None:
+        """Follow spec.runPolicy.suspend: a suspended job's Workload is inactive (Kueue evicts it
+        and releases its quota), a resumed one active again (Kueue queues it)."""
+        workload = await self._workload_of(ref)
+        if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
+            await self.client.merge_patch(
+                Paths.workload(ref.namespace, workload["metadata"]["name"]),
+                {"spec": {"active": active}})

@@ -8,29 +8,25 @@ the API server answers from its watch cache through an index.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-from kiln.controller import cluster, kube, pods
+from kiln.controller import kube, pods
 
 # Pods that may hold devices: not finished.
 ACTIVE = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 async def kiln_pods(client: kube.Client, namespace: str | None = None, *,
-                    job: str | None = None) -> list[dict[str, Any]]:
+                    job: str | None = None) -> list[kube.Object]:
     """Kiln's trainer and profiling pods of `namespace` (None: all), of one `job` if given."""
     selector = f"{pods.JOB_NAME_LABEL}={job}" if job else pods.JOB_NAME_LABEL
     return await client.list(kube.Paths.pods(namespace), label_selector=selector)
 
 
-async def placement_pods(client: kube.Client,
-                         node_objects: Iterable[Mapping[str, Any]], *,
-                         gpu_resources: Sequence[str] = (pods.GPU_RESOURCE,)
-                         ) -> list[dict[str, Any]]:
+async def placement_pods(client: kube.Client, gpu_nodes: Iterable[str]) -> list[kube.Object]:
     """What `cluster.pools` needs: Kiln's pods in all namespaces, and the active pods of other
-    workloads on each GPU node (one request per GPU node, sent together), a GPU node being
-    one with any of `gpu_resources` allocatable.
+    workloads on each of `gpu_nodes` (`cluster.gpu_node_names`; one request per node, sent
+    together).
 
     Raises:
         kube.ApiError: a listing failed.
@@ -38,5 +34,5 @@ async def placement_pods(client: kube.Client,
     foreign = await asyncio.gather(*(
         client.list(kube.Paths.pods(), label_selector=f"!{pods.JOB_NAME_LABEL}",
                     field_selector=f"spec.nodeName={name},{ACTIVE}")
-        for name in cluster.gpu_node_names(node_objects, gpu_resources)))
+        for name in gpu_nodes))
     return [*await kiln_pods(client), *(pod for listed in foreign for pod in listed)]

@@ -1,7 +1,7 @@
 """`kiln operator`: run the Kiln operator against any Kubernetes API server.
 
 Parses the options (every field of `settings.Options`: flag = field name with dashes, or
-environment variable KILN_OPERATOR_<FIELD NAME>; a flag wins), builds the services and runs
+environment variable KILN_OPERATOR_<FIELD NAME>; a flag wins), builds the operator and runs
 kopf. Installs no CRD (apply crds/trainingjob.yaml first).
 """
 
@@ -19,7 +19,7 @@ import re
 import string
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +30,8 @@ import yaml
 
 from kiln import api, contract
 from kiln.controller import (
+    cache,
+    gates,
     handlers,
     jobs,
     kube,
@@ -39,8 +41,8 @@ from kiln.controller import (
     metrics,
     parents,
     placement_loop,
-    services,
     settings,
+    zoo_access,
 )
 from kiln.placement import types
 from kiln.warmstart import index as zoo_index
@@ -176,7 +178,7 @@ def _text(name: str) -> Any:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a namespace name (lowercase letters, digits and '-', at most "
                 "63, starting and ending with a letter or digit), e.g. team-a")
-        if name == "zoo_uri":  # before connecting; S3's settings are checked at services start
+        if name == "zoo_uri":  # before connecting; S3's settings are checked at the operator's start
             parts = urlsplit(text)
             if parts.scheme.lower() == "presigned":
                 raise argparse.ArgumentTypeError(
@@ -411,13 +413,14 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
     return settings.Options(**values)
 
 
-def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *,
-                   clock: Callable[[], float] = time.time,
-                   peering_priority: int = 0) -> services.Services:
-    """The operator's services, wired to the lifecycle steps; nothing is contacted yet.
+def build(options: settings.Options, connection: kopf.ConnectionInfo, *,
+          clock: Callable[[], float] = time.time,
+          peering_priority: int = 0) -> handlers.Operator:
+    """The operator's parts, wired together; nothing is contacted yet.
 
-    With ``options.peering``, the placement loop plans only while this replica, of kopf
-    peering priority `peering_priority`, leads (`leadership.leading`).
+    The admission gate is Kueue's under ``options.kueue``, else `gates.Open`. With
+    ``options.peering``, the placement loop plans only while this replica, of kopf peering
+    priority `peering_priority`, leads (`leadership.leading`).
 
     Raises:
         ValueError: the zoo URI or the zoo settings in the environment are unusable.
@@ -438,31 +441,47 @@ def build_services(options: settings.Options, connection: kopf.ConnectionInfo, *
         graph_timeout_seconds=options.warm_start_graph_timeout_seconds,
         index_settings=zoo_index.IndexSettings(start_method="forkserver",
                                              maintain_clusters=True))
-    svc = services.Services(
-        options=options, connection=connection, metrics=registry, client=client,
-        jobs=jobs.Jobs(client, metrics=registry, clock=clock), parents=chooser,
-        pod_settings=settings.pod_settings(options), clock=clock, eta_seconds={})
-    svc.placement = placement_loop.PlacementLoop(
-        client=client,
-        settings=placement_loop.LoopSettings(
-            interval_seconds=options.placement_interval_seconds,
-            cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
-            planner=settings.placement_settings(options),
-            gpu_type=settings.gpu_type(options), gpu_type_label=options.gpu_type_label,
-            gpu_resources=options.gpu_resources,
-            resize=settings.resize_policy(options), priority_weights=settings.priority_weights(options)),
-        launch=functools.partial(lifecycle.launch, svc),
-        resize=functools.partial(lifecycle.resize, svc),
-        publish=functools.partial(lifecycle.publish_plan, svc),
-        unplaceable=functools.partial(lifecycle.mark_unplaceable, svc),
+    pod_settings = settings.pod_settings(options)
+    caches = cache.Caches()
+    job_store = jobs.Jobs(client, metrics=registry, clock=clock)
+
+    def step(call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        # The loop's callbacks are job steps: they take `deps`, which holds the loop.
+        return lambda *args: call(deps, *args)
+
+    placement = placement_loop.PlacementLoop(
+        client=client, settings=loop_settings(options),
+        launch=step(lifecycle.launch), resize=step(lifecycle.resize),
+        publish=step(lifecycle.publish_plan), unplaceable=step(lifecycle.mark_unplaceable),
         zoo_records=chooser.records, metrics=registry, clock=clock,
-        eta_seconds=svc.eta_seconds,
+        eta_seconds=caches.eta_seconds,
         leading=functools.partial(
             leadership.leading, client,
             leadership.peering_paths(options.peering, options.namespaces),
             priority=peering_priority) if options.peering else None,
-        hold=functools.partial(kueue.held, options) if options.kueue else None)
-    return svc
+        hold=lambda entry: gate.holds(entry))
+    gate: gates.Gate = gates.Open()
+    if options.kueue:
+        gate = kueue.Kueue(client=client, jobs=job_store, placement=placement, options=options,
+                           clock=clock)
+    deps = lifecycle.Deps(
+        options=options, pod_settings=pod_settings, client=client, jobs=job_store,
+        placement=placement, caches=caches, parents=chooser,
+        zoo_access=zoo_access.ZooAccess(zoo, client, settings=pod_settings,
+                                        lifetime_hours=options.zoo_access_hours, clock=clock),
+        metrics=registry, clock=clock)
+    return handlers.Operator(deps=deps, gate=gate)
+
+
+def loop_settings(options: settings.Options) -> placement_loop.LoopSettings:
+    """What the placement loop needs from the options."""
+    return placement_loop.LoopSettings(
+        interval_seconds=options.placement_interval_seconds,
+        cpu_slots=options.cpu_slots_per_node, max_gpus=options.max_gpus_per_job,
+        planner=settings.placement_settings(options), gpu_type=settings.gpu_type(options),
+        gpu_type_label=options.gpu_type_label, gpu_resources=options.gpu_resources,
+        resize=settings.resize_policy(options),
+        priority_weights=settings.priority_weights(options))
 
 
 class ApiUnreachable(RuntimeError):
@@ -473,7 +492,7 @@ def run(options: settings.Options) -> None:
     """Run the operator until SIGINT/SIGTERM.
 
     Resolves the credentials (``--kubeconfig``, $KUBECONFIG, else the pod's service account),
-    builds the services, registers the handlers, serves /metrics, and runs kopf (standalone,
+    builds the operator (`build`), registers the handlers, serves /metrics, and runs kopf (standalone,
     or peering under ``--peering``; cluster-wide or on the given namespaces; liveness on
     /healthz).
 
@@ -494,12 +513,12 @@ def run(options: settings.Options) -> None:
         raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
     # Peering (--peering): the oldest replica leads; the others wait, paused by kopf.
     priority = leadership.start_priority(time.time())
-    svc = build_services(options, connection, peering_priority=priority)
+    operator = build(options, connection, peering_priority=priority)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, options)
+    handlers.register(registry, options, operator.gate)
     if options.metrics_port:
         prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_host,
-                                            registry=svc.metrics.registry)
+                                            registry=operator.deps.metrics.registry)
     liveness = (f"http://{options.liveness_host}:{options.liveness_port}/healthz"
                 if options.liveness_port else None)
     _log.info("Kiln operator: API server %s, %s, zoo %s", connection.server,
@@ -509,7 +528,7 @@ def run(options: settings.Options) -> None:
              peering_name=options.peering, priority=priority if options.peering else None,
              clusterwide=not options.namespaces,
              namespaces=options.namespaces, liveness_endpoint=liveness,
-             memo=kopf.Memo(services=svc))
+             memo=kopf.Memo(operator=operator))
 
 
 def _quiet_timers(record: logging.LogRecord) -> bool:

@@ -13,7 +13,6 @@ import prometheus_client
 
 import kiln
 from kiln import api
-from kiln.warmstart import select
 
 VERSION = kiln.__version__
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -24,7 +23,7 @@ _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # loop (a test checks handlers.py names no other).
 HANDLERS = ("admit", "resume", "suspend", "spec-edit", "cleanup", "pods", "housekeeping",
             "placement", "kueue")
-# `outcome` values beyond kiln.warmstart.select.Outcome (kiln.controller.admission).
+# `outcome` values beyond api.WarmStartOutcome (kiln.controller.admission).
 ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")
 # The TrainingJob's namespace. Not `namespace`: a scrape without honor_labels (a
@@ -100,7 +99,7 @@ class OperatorMetrics:
             "cold_empty, cold_incompatible, cold_below_min_similarity, cold_few_tensors, "
             "cold_untraceable, cold_unreadable_parent, cold_other_family, cold_guard, disabled, in_trainer, zoo_unavailable).",
             ["outcome"], registry=r)
-        for outcome in (*(o.value for o in select.Outcome), ZOO_UNAVAILABLE_OUTCOME):
+        for outcome in (*(o.value for o in api.WarmStartOutcome), ZOO_UNAVAILABLE_OUTCOME):
             self.warm_starts.labels(outcome=outcome)
         self.warm_start_similarity = prometheus_client.Histogram(
             "kiln_warm_start_similarity_ratio", "Architectural similarity in [0, 1] of the "

@@ -1,7 +1,6 @@
 """Warm-start decisions for the operator: off the event loop, cached, against one zoo index.
 
-Also the decision's round trip through ``status.warmStart``, from admission to the trainer
-pods (a restarted operator launches from status). No status writes of its own, no weights.
+No status writes of its own (``status.warmStart`` is the decision, by alias), no weights.
 """
 
 from __future__ import annotations
@@ -62,17 +61,8 @@ def open_zoo(uri: str, *, env: Mapping[str, str], retry: store.RetryPolicy) -> s
         region=env.get(contract.Env.ZOO_REGION) or None, prefix=unquote(parts.path), retry=retry)
 
 
-# Wire names of `select.Decision` fields in ``status.warmStart`` (api.WarmStartStatus).
-_STATUS_FIELDS = {"parent_id": "parent", "similarity": "similarity",
-                  "parent_metric": "parentMetric", "matched_tensors": "matchedTensors",
-                  "total_tensors": "totalTensors", "reason": "reason", "outcome": "outcome",
-                  "alternatives": "alternatives", "probe_loss": "probeLoss",
-                  "cold_probe_loss": "coldProbeLoss", "probe_accuracy": "probeAccuracy",
-                  "cold_probe_accuracy": "coldProbeAccuracy"}
-
-
 def seconds_saved(known: Sequence[records.ZooRecord],
-                  warm: Mapping[str, Any] | None) -> float:
+                  warm: api.WarmStartDecision | None) -> float:
     """Training seconds a succeeded job's warm start saved, estimated: its parent's own
     training seconds times the share of the job's weight tensors that came from it.
 
@@ -84,36 +74,13 @@ def seconds_saved(known: Sequence[records.ZooRecord],
         known: the zoo's records (`ParentChooser.records`).
         warm: the job's ``status.warmStart``.
     """
-    warm = warm or {}
-    parent, matched, total = warm.get("parent"), warm.get("matchedTensors"), warm.get(
-        "totalTensors")
-    if not parent or not isinstance(matched, int) or not isinstance(total, int) or total <= 0:
+    if warm is None or not warm.parent or warm.matched_tensors is None or not warm.total_tensors:
         return 0.0
-    record = next((r for r in known if r.id == parent), None)
+    matched, total = warm.matched_tensors, warm.total_tensors
+    record = next((r for r in known if r.id == warm.parent), None)
     if record is None or not record.train_seconds:
         return 0.0
     return record.train_seconds * min(1.0, matched / total)
-
-
-def to_status(chosen: select.Decision) -> dict[str, Any]:
-    """``status.warmStart`` for a decision (None fields and no alternatives left out)."""
-    doc = chosen.to_json()
-    return {wire: doc[name] for name, wire in _STATUS_FIELDS.items()
-            if doc[name] is not None and doc[name] != []}
-
-
-def from_status(warm: Mapping[str, Any] | None) -> select.Decision:
-    """The decision recorded in ``status.warmStart`` by `to_status`, to launch the trainer with.
-
-    A status without an outcome (written by an older operator) reads as a warm start when it
-    names a parent, else as a cold start.
-    """
-    warm = warm or {}
-    doc: dict[str, Any] = {name: warm.get(wire) for name, wire in _STATUS_FIELDS.items()}
-    if doc["outcome"] not in {o.value for o in select.Outcome}:
-        doc["outcome"] = select.Outcome.WARM if doc["parent_id"] else select.Outcome.COLD_EMPTY
-    doc["reason"] = str(doc["reason"] or "")
-    return select.Decision.from_json({**doc, "candidates_considered": 0})
 
 
 class ParentChooser:
@@ -153,7 +120,7 @@ class ParentChooser:
         self._index: zoo_index.ZooIndex | None = None
         self._refreshed = -float("inf")
         self._lock = threading.Lock()  # the index, its refresh and search, and the caches
-        self._cache: collections.OrderedDict[str, select.Decision] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, api.WarmStartDecision] = collections.OrderedDict()
         self._graphs: collections.OrderedDict[str, nx.DiGraph] = collections.OrderedDict()
         self._workers = [_GraphWorker() for _ in range(GRAPH_WORKERS)]
         # Last in, first out: a burst's first worker stays warm, the next starts only if needed.
@@ -185,7 +152,7 @@ class ParentChooser:
         if self._index is not None:
             self._index.close()
 
-    async def decide(self, job: api.TrainingJob) -> select.Decision:
+    async def decide(self, job: api.TrainingJob) -> api.WarmStartDecision:
         """The warm-start decision for `job`, computed in a worker thread.
 
         Raises:
@@ -198,7 +165,7 @@ class ParentChooser:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.decide_now, job)
 
-    def _cached(self, job: api.TrainingJob) -> select.Decision | None:
+    def _cached(self, job: api.TrainingJob) -> api.WarmStartDecision | None:
         """A cached decision when no zoo refresh is due (no thread hop for repeat jobs)."""
         index = self._index
         if index is None or self._clock() - self._refreshed >= self._refresh_seconds:
@@ -212,7 +179,7 @@ class ParentChooser:
                            job.namespace, records.dataset_fingerprint(job.spec.dataset),
                            sorted(r.id for r in index.all_records())], sort_keys=True)
 
-    def decide_now(self, job: api.TrainingJob) -> select.Decision:
+    def decide_now(self, job: api.TrainingJob) -> api.WarmStartDecision:
         """`decide`, in the calling thread (blocking)."""
         decided = _without_zoo(job)
         if decided is not None:
@@ -228,11 +195,11 @@ class ParentChooser:
                 spec = job.spec.warm_start
                 if spec.parent == "auto" and len(index) == 0:
                     return select.cold_start(
-                        select.Outcome.COLD_EMPTY,
+                        api.WarmStartOutcome.COLD_EMPTY,
                         f"cold start: the model zoo ({self.zoo.describe()}) is empty")
             # Outside the lock: other jobs' decisions go on while this model is traced.
             child = self._child_graph(job.spec.model)
-            if isinstance(child, select.Decision):
+            if isinstance(child, api.WarmStartDecision):
                 return child
             with self._lock:
                 index = self._fresh_index()
@@ -258,7 +225,7 @@ class ParentChooser:
             self._refreshed = now
         return self._index
 
-    def _child_graph(self, spec: api.ModelSpec) -> nx.DiGraph | select.Decision:
+    def _child_graph(self, spec: api.ModelSpec) -> nx.DiGraph | api.WarmStartDecision:
         """The job's model graph from a graph worker (cached per model spec), or the cold-start
         decision when it cannot be had: untraceable, over the deadline, or the worker died."""
         key = json.dumps(api.to_wire(spec), sort_keys=True)
@@ -270,7 +237,7 @@ class ParentChooser:
         try:
             child = worker.extract(spec, timeout_seconds=self._graph_timeout_seconds)
         except graph.GraphError as exc:
-            return select.cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
+            return select.cold_start(api.WarmStartOutcome.COLD_UNTRACEABLE, f"cold start: {exc}")
         finally:
             self._idle.put(worker)
         with self._lock:
@@ -278,13 +245,13 @@ class ParentChooser:
         return child
 
 
-def _without_zoo(job: api.TrainingJob) -> select.Decision | None:
+def _without_zoo(job: api.TrainingJob) -> api.WarmStartDecision | None:
     """The decision of a job that needs no zoo (warm start disabled, or decided by the trainer
     for user code the operator never imports), else None."""
     if not job.spec.warm_start.enabled:
-        return select.cold_start(select.Outcome.DISABLED, DISABLED_REASON)
+        return select.cold_start(api.WarmStartOutcome.DISABLED, DISABLED_REASON)
     if job.spec.model.entrypoint is not None:
-        return select.cold_start(select.Outcome.IN_TRAINER, IN_TRAINER_REASON)
+        return select.cold_start(api.WarmStartOutcome.IN_TRAINER, IN_TRAINER_REASON)
     return None
 
 

@@ -15,9 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kiln import api
-from kiln.controller import cluster, feasible, jobs, kube, listing, metrics, pods
+from kiln.controller import cluster, feasible, jobs, kube, listing, metrics
 from kiln.placement import estimate, introspect, queues, types
-from kiln.warmstart import select
 from kiln.zoo import records
 
 _log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ class Queued:
 
     ref: jobs.JobRef
     job: api.TrainingJob
-    warm_start: select.Decision
+    warm_start: api.WarmStartDecision
     since: float
     measured: estimate.ModelMeasurement | None = None
     grant: Grant | None = None
@@ -87,19 +86,20 @@ class Placed:
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
-    """Knobs of the loop (from `settings.Options`)."""
+    """Knobs of the loop: its slice of `settings.Options` (`main.loop_settings` makes it; no
+    defaults here)."""
 
     interval_seconds: float
     cpu_slots: int
     max_gpus: int
     planner: types.Settings
-    gpu_type: cluster.GpuType | None = None
-    gpu_type_label: str = "nvidia.com/gpu.product"
+    gpu_type: cluster.GpuType | None
+    gpu_type_label: str
     # the extended resources that count as GPUs, in the order a node's is chosen
-    gpu_resources: tuple[str, ...] = (pods.GPU_RESOURCE,)
-    resize: introspect.Policy | None = None  # None: running jobs never move
+    gpu_resources: tuple[str, ...]
+    resize: introspect.Policy | None  # None: running jobs never move
     # priorityClassName -> weight in the completion-time objective (others: 1)
-    priority_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    priority_weights: Mapping[str, float]
 
 
 class PlacementLoop:
@@ -119,8 +119,8 @@ class PlacementLoop:
         clock: epoch seconds.
         eta_seconds: job key -> seconds left as its trainer last reported.
         resize: restarts a running job as a move says; False when it no longer runs.
-        hold: True for an entry that must not be queued yet (a Kueue-managed job that Kueue
-            has not admitted: `kueue.held`).
+        hold: True for an entry that must not be queued yet (a job its admission gate has
+            not admitted: `gates.Gate.holds`).
     """
 
     def __init__(self, *, client: kube.Client, settings: LoopSettings, launch: Launch,
@@ -257,8 +257,8 @@ class PlacementLoop:
         if not await self.leads():
             return
         node_objects = await self._client.list(kube.Paths.nodes())
-        pod_objects = await listing.placement_pods(self._client, node_objects,
-                                                   gpu_resources=self._settings.gpu_resources)
+        pod_objects = await listing.placement_pods(self._client, cluster.gpu_node_names(
+            node_objects, self._settings.gpu_resources))
         now = self._clock()
         pools = self._holding_moves(cluster.pools(
             node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,

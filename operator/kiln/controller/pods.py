@@ -14,11 +14,11 @@ from typing import Any, cast
 import kopf
 
 from kiln import api, contract
-from kiln.warmstart import select
 from kiln.zoo import records
 
 JOB_NAME_LABEL = "kiln.dev/job-name"
 ATTEMPT_LABEL = "kiln.dev/attempt"
+RANK_LABEL = "kiln.dev/rank"  # of a multi-node job's pods (`kiln.controller.gang`)
 NODE_ANNOTATION = "kiln.dev/node"
 GPUS_ANNOTATION = "kiln.dev/gpus"
 PARALLELISM_ANNOTATION = "kiln.dev/parallelism"
@@ -56,7 +56,8 @@ CONTAINER_SECURITY_CONTEXT: Mapping[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class PodSettings:
-    """Operator-wide pod settings (command-line options of `kiln operator`).
+    """Operator-wide pod settings: the pod builder's slice of `kiln.controller.settings.Options`
+    (`settings.pod_settings` makes it; no defaults here).
 
     Attributes:
         default_image: trainer image when spec.template.image is not set.
@@ -88,22 +89,20 @@ class PodSettings:
 
     default_image: str
     zoo_uri: str
-    image_pull_policy: str = "IfNotPresent"
-    zoo_endpoint: str | None = None
-    zoo_secret: str | None = None
-    zoo_secret_access_key: str = "accessKey"
-    zoo_secret_secret_key: str = "secretKey"
-    zoo_secret_session_token: str = "sessionToken"
-    zoo_share: str = api.ZooShare.PRIVATE.value
-    zoo_pod_access: str = "credentials"
-    metrics_port: int = 9090
-    termination_grace_seconds: int = 60
-    pod_security_context: Mapping[str, Any] = dataclasses.field(
-        default_factory=lambda: copy.deepcopy(POD_SECURITY_CONTEXT))
-    container_security_context: Mapping[str, Any] = dataclasses.field(
-        default_factory=lambda: copy.deepcopy(CONTAINER_SECURITY_CONTEXT))
-    service_account: str | None = None
-    kueue_labels: bool = True
+    image_pull_policy: str
+    zoo_endpoint: str | None
+    zoo_secret: str | None
+    zoo_secret_access_key: str
+    zoo_secret_secret_key: str
+    zoo_secret_session_token: str
+    zoo_share: str
+    zoo_pod_access: str
+    metrics_port: int
+    termination_grace_seconds: int
+    pod_security_context: Mapping[str, Any]
+    container_security_context: Mapping[str, Any]
+    service_account: str | None
+    kueue_labels: bool
 
     @property
     def presigned_zoo(self) -> bool:
@@ -133,7 +132,7 @@ class Launch:
     devices: int
     parallelism: str
     device: str
-    warm_start: select.Decision
+    warm_start: api.WarmStartDecision
     estimated_seconds: float
     started: float
     gpu_resource: str = GPU_RESOURCE
@@ -387,7 +386,7 @@ def _env(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> list[di
          else settings.zoo_uri},
         {"name": contract.Env.METRICS_PORT.value, "value": str(settings.metrics_port)},
         {"name": contract.Env.WARM_START.value,
-         "value": json.dumps(launch.warm_start.to_json(), separators=(",", ":"))},
+         "value": launch.warm_start.model_dump_json()},
         {"name": contract.Env.PARALLELISM.value, "value": launch.parallelism},
         {"name": contract.Env.DEVICES.value, "value": str(launch.devices)},
         {"name": contract.Env.ZOO_SHARE.value, "value": settings.zoo_share},
@@ -432,6 +431,16 @@ def planned_node(pod: Mapping[str, Any]) -> str | None:
         return str(spec["nodeName"])
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return annotations.get(NODE_ANNOTATION)
+
+
+def rank_of(pod: Mapping[str, Any]) -> int:
+    """A trainer pod's rank (its kiln.dev/rank label); 0 for one-node jobs' pods and
+    unreadable labels."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    try:
+        return max(0, int(labels.get(RANK_LABEL, 0)))
+    except (TypeError, ValueError):
+        return 0
 
 
 def pod_state(pod: Mapping[str, Any]) -> PodState:

@@ -114,7 +114,7 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
     a GPU type for the cluster's profile cache, that type (`DEVICE_TYPE_ANNOTATION`)."""
     launch = pods.Launch(node=device.node or "", devices=device.devices, parallelism="single",
                          device=device.device,
-                         warm_start=select.cold_start(select.Outcome.IN_TRAINER, ""),
+                         warm_start=select.cold_start(api.WarmStartOutcome.IN_TRAINER, ""),
                          estimated_seconds=timeout_seconds, started=now,
                          gpu_resource=device.gpu_resource)
     pod = pods.build_pod(owner, job, attempt=0, launch=launch, settings=settings)
@@ -148,33 +148,27 @@ def read(state: pods.PodState) -> contract.Profile | contract.Failure | None:
             a profile whose warm-start decision is malformed (the message names the field).
     """
     event = contract.from_line(state.message)
-    if isinstance(event, contract.Profile):
-        select.from_report(event.warm_start_decision)  # raises when malformed
     return event if isinstance(event, contract.Profile | contract.Failure) else None
 
 
-def to_status(profile: contract.Profile) -> dict[str, Any]:
-    """``status.profile`` for a profile (api.ProfileStatus; None fields left out)."""
-    wire = {"parameters": profile.parameters, "flopsPerSample": profile.flops_per_sample,
-            "graphNodes": profile.graph_nodes, "untraceable": profile.untraceable,
-            "device": profile.device, "batchSize": profile.batch_size,
-            "stepSeconds": profile.step_seconds, "stepStatus": profile.step_status,
-            "zooKey": profile.zoo_key}
-    return {k: v for k, v in wire.items() if v is not None}
+def to_status(profile: contract.Profile) -> api.ProfileStatus:
+    """``status.profile`` for a profile: its fields that `api.ProfileStatus` declares."""
+    wire = profile.to_json()  # non-finite numbers as None
+    return api.ProfileStatus.model_validate(
+        {name: wire[name] for name in api.ProfileStatus.model_fields})
 
 
-def measurement(profile_status: Mapping[str, Any] | None) -> estimate.ModelMeasurement | None:
+def measurement(profile: api.ProfileStatus | None) -> estimate.ModelMeasurement | None:
     """The placement estimate's input from ``status.profile`` (None without one)."""
-    if not profile_status or not isinstance(profile_status.get("parameters"), int):
+    if profile is None or profile.parameters is None:
         return None
-    step = profile_status.get("stepSeconds")
     return estimate.ModelMeasurement(
-        parameters=int(profile_status["parameters"]),
-        flops_per_sample=_positive(profile_status.get("flopsPerSample")),
-        device_type=str(profile_status.get("device") or "cpu"),
-        batch_size=int(profile_status.get("batchSize") or 0),
-        step_seconds=_positive(step) if profile_status.get("stepStatus") == "ok" else None,
-        out_of_memory=profile_status.get("stepStatus") == "oom")
+        parameters=profile.parameters,
+        flops_per_sample=_positive(profile.flops_per_sample),
+        device_type=profile.device or "cpu",
+        batch_size=profile.batch_size or 0,
+        step_seconds=_positive(profile.step_seconds) if profile.step_status == "ok" else None,
+        out_of_memory=profile.step_status == "oom")
 
 
 def summary(profile: contract.Profile, pod: str) -> str:
@@ -194,5 +188,5 @@ def summary(profile: contract.Profile, pod: str) -> str:
     return f"Profiled in pod {pod}: " + ", ".join(parts) + "."
 
 
-def _positive(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and value > 0 else None

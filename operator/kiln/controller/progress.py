@@ -11,19 +11,19 @@ from typing import Any
 import aiohttp
 from prometheus_client import parser
 
-from kiln import contract
+from kiln import api, contract
 from kiln.controller import pods
 
-# sample name (without the prefix) -> status.progress field (`api.ProgressStatus` wire names)
+# sample name (without the prefix) -> field of `api.ProgressStatus`
 _FIELDS = {
     f"{contract.Metric.STEPS}_total": "step",
-    contract.Metric.TRAIN_LOSS: "trainLoss",
-    contract.Metric.VALIDATION_ACCURACY: "validationAccuracy",
-    contract.Metric.VALIDATION_LOSS: "validationLoss",
-    contract.Metric.SAMPLES_PER_SECOND: "samplesPerSecond",
-    contract.Metric.ETA: "etaSeconds",
-    contract.Metric.FROZEN_MODULES: "frozenModules",
-    contract.Metric.COMPUTE: "computeFraction",
+    contract.Metric.TRAIN_LOSS: "train_loss",
+    contract.Metric.VALIDATION_ACCURACY: "validation_accuracy",
+    contract.Metric.VALIDATION_LOSS: "validation_loss",
+    contract.Metric.SAMPLES_PER_SECOND: "samples_per_second",
+    contract.Metric.ETA: "eta_seconds",
+    contract.Metric.FROZEN_MODULES: "frozen_modules",
+    contract.Metric.COMPUTE: "compute_fraction",
 }
 # sample name (without the prefix) -> key of `contract.Result.warm_start_decision`
 _PROBES: dict[str, str] = {
@@ -32,7 +32,7 @@ _PROBES: dict[str, str] = {
     contract.Metric.PROBE_ACCURACY: "probe_accuracy",
     contract.Metric.COLD_PROBE_ACCURACY: "cold_probe_accuracy",
 }
-_INTEGERS = ("step", "frozenModules")
+_INTEGERS = ("step", "frozen_modules")
 
 
 def address(template: str, state: pods.PodState, namespace: str) -> str | None:
@@ -60,8 +60,8 @@ async def read(session: aiohttp.ClientSession, host_port: str, *,
         return None
 
 
-def parse(text: str, *, epochs: int) -> dict[str, Any]:
-    """status.progress from a trainer's exposition text ({} when it has no Kiln metrics).
+def parse(text: str, *, epochs: int) -> api.ProgressStatus | None:
+    """status.progress from a trainer's exposition text (None when it has no Kiln metrics).
 
     Args:
         text: Prometheus text format.
@@ -75,7 +75,7 @@ def parse(text: str, *, epochs: int) -> dict[str, Any]:
         for sample in family.samples:
             if sample.name.startswith(contract.METRIC_PREFIX):
                 values[sample.name[len(contract.METRIC_PREFIX):]] = float(sample.value)
-    progress: dict[str, Any] = {}
+    progress: dict[str, float | int] = {}
     if contract.Metric.EPOCH in values:  # epochs completed -> the 1-based epoch in progress
         progress["epoch"] = min(int(values[contract.Metric.EPOCH]) + 1, epochs)
     for name, field in _FIELDS.items():
@@ -83,7 +83,7 @@ def parse(text: str, *, epochs: int) -> dict[str, Any]:
         if value is None or not math.isfinite(value):
             continue
         progress[field] = int(value) if field in _INTEGERS else round(value, 6)
-    return progress
+    return api.ProgressStatus.model_validate(progress) if progress else None
 
 
 def warm_start_decision(text: str) -> dict[str, Any] | None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from kiln import api
 from kiln.controller import status
-from kiln.warmstart import select
 from kiln.zoo import records, store
 
 
@@ -46,9 +45,9 @@ async def model_problem(zoo: store.ObjectStore, owner: Mapping[str, Any], job: a
     return None
 
 
-def decision_ids(decision: select.Decision) -> tuple[str, ...]:
+def decision_ids(decision: api.WarmStartDecision) -> tuple[str, ...]:
     """The zoo ids a warm-start decision names: its parent, then its alternatives."""
-    return tuple(dict.fromkeys(i for i in (decision.parent_id, *decision.alternatives) if i))
+    return tuple(dict.fromkeys(i for i in (decision.parent, *decision.alternatives) if i))
 
 
 def granted_ids(warm: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """The operator's settings: one frozen dataclass, filled from the command line by `main`.
 
 Every knob of `kiln operator` lives in `Options`, with its unit in its name and its default;
-`pod_settings` and `placement_settings` derive what the pod builder and the planner take.
+`pod_settings` and `placement_settings` derive the typed slices the pod builder and the
+planner take (and `main.loop_settings` the placement loop's), which declare no defaults.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ DEFAULT_IMAGE = f"ghcr.io/kiln-dev/kiln-trainer:{kiln.__version__}"
 DEFAULT_ZOO_URI = "s3://kiln-zoo"
 DEFAULT_POD_SECURITY_CONTEXT = json.dumps(pods.POD_SECURITY_CONTEXT)
 DEFAULT_CONTAINER_SECURITY_CONTEXT = json.dumps(pods.CONTAINER_SECURITY_CONTEXT)
+# The planner's settings in the operator: the planner's own defaults, but a MILP time limit of
+# half the default --placement-interval-seconds, so a plan is ready before the next is due.
+PLANNER = types.Settings(time_limit_seconds=5.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,10 +165,10 @@ class Options:
     metrics_port: int = 9100
     metrics_host: str = "0.0.0.0"
     placement_interval_seconds: float = 10.0
-    placement_time_limit_seconds: float = 5.0
-    placement_use_milp: bool = True
-    placement_freeze_window_seconds: float = 60.0
-    placement_objective: str = "auto"
+    placement_time_limit_seconds: float = PLANNER.time_limit_seconds
+    placement_use_milp: bool = PLANNER.use_milp
+    placement_freeze_window_seconds: float = PLANNER.freeze_window_seconds
+    placement_objective: str = PLANNER.objective
     namespace_gpu_quota: tuple[str, ...] = ()
     priority_weights: tuple[str, ...] = ()
     max_gpus_per_job: int = 8
@@ -244,8 +248,9 @@ def gpu_type(options: Options) -> cluster.GpuType | None:
 
 
 def placement_settings(options: Options) -> types.Settings:
-    """What the planner needs from the options."""
-    return types.Settings(
+    """What the planner needs from the options (`PLANNER`, with the options' values)."""
+    return dataclasses.replace(
+        PLANNER,
         time_limit_seconds=options.placement_time_limit_seconds,
         freeze_window_seconds=options.placement_freeze_window_seconds,
         use_milp=options.placement_use_milp,

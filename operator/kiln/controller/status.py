@@ -1,6 +1,7 @@
 """TrainingJob status as data: conditions, phase, and the merge patch between two statuses.
 
-Pure functions over the wire (camelCase) status; `now` is passed in. Never imports kopf.
+Pure functions over the wire (camelCase) status, built and read as the `api` status types;
+`now` is passed in. Never imports kopf.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import copy
 import dataclasses
 import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypeVar
+
+import pydantic
 
 from kiln import api
 
@@ -17,6 +20,8 @@ CONDITION_MESSAGE_MAX_BYTES = 32 * 1024  # Kueue's cap for condition messages
 EVENT_MESSAGE_MAX_BYTES = 1024  # Kubernetes truncates event messages around here
 
 TERMINAL = (api.ConditionType.SUCCEEDED, api.ConditionType.FAILED)
+
+_Part = TypeVar("_Part", bound=pydantic.BaseModel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,21 +74,36 @@ def cap(message: str, max_bytes: int) -> str:
     return data[: max_bytes - 3].decode("utf-8", errors="ignore") + "..."
 
 
-def conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The conditions list of a status (empty when absent)."""
-    found = status.get("conditions") or []
-    return [c for c in found if isinstance(c, dict)]
+def part(status: Mapping[str, Any], key: str, model: type[_Part]) -> _Part:
+    """``status[key]`` (e.g. "placement") as its `api` type: all defaults when absent, or
+    when malformed (the CRD's schema admits nothing else; an object edited outside it)."""
+    try:
+        return model.model_validate(status.get(key) or {})
+    except pydantic.ValidationError:
+        return model()
 
 
-def condition(status: Mapping[str, Any], type_: api.ConditionType) -> dict[str, Any] | None:
+def conditions(status: Mapping[str, Any]) -> list[api.Condition]:
+    """The conditions of a status (empty when absent). The CRD's schema admits nothing else;
+    an entry that is no `api.Condition` (an object edited outside it) is skipped."""
+    found: list[api.Condition] = []
+    for item in status.get("conditions") or []:
+        try:
+            found.append(api.Condition.model_validate(item))
+        except pydantic.ValidationError:
+            continue
+    return found
+
+
+def condition(status: Mapping[str, Any], type_: api.ConditionType) -> api.Condition | None:
     """The condition of `type_`, or None."""
-    return next((c for c in conditions(status) if c.get("type") == type_.value), None)
+    return next((c for c in conditions(status) if c.type == type_), None)
 
 
 def is_true(status: Mapping[str, Any], type_: api.ConditionType) -> bool:
     """Whether the condition of `type_` exists with status "True"."""
     found = condition(status, type_)
-    return found is not None and found.get("status") == "True"
+    return found is not None and found.status == "True"
 
 
 def is_terminal(status: Mapping[str, Any]) -> bool:
@@ -104,7 +124,7 @@ def set_condition(
     """Upsert the condition of `type_` in `status` (in place).
 
     Args:
-        status: the status dict being built (its "conditions" list is replaced).
+        status: the wire status being built (its "conditions" list is replaced).
         type_: the condition type.
         value: True, False, or None for "Unknown".
         reason: the CamelCase reason.
@@ -115,26 +135,19 @@ def set_condition(
     Returns:
         Whether anything about the condition changed.
     """
-    text = {True: "True", False: "False", None: "Unknown"}[value]
-    listed = [dict(c) for c in conditions(status)]
-    old = next((c for c in listed if c.get("type") == type_.value), None)
-    new: dict[str, Any] = {
-        "type": type_.value,
-        "status": text,
-        "reason": reason.value,
-        "message": cap(message, CONDITION_MESSAGE_MAX_BYTES),
-        "lastTransitionTime": rfc3339(now),
-    }
-    if generation is not None:
-        new["observedGeneration"] = generation
-    if old is not None and old.get("status") == text:
-        new["lastTransitionTime"] = old.get("lastTransitionTime") or new["lastTransitionTime"]
+    text: Literal["True", "False", "Unknown"] = (
+        "Unknown" if value is None else "True" if value else "False")
+    old = condition(status, type_)
+    since = old.last_transition_time if old is not None and old.status == text else None
+    new = api.Condition(
+        type=type_, status=text, reason=reason.value,
+        message=cap(message, CONDITION_MESSAGE_MAX_BYTES),
+        last_transition_time=since or rfc3339(now), observed_generation=generation)
     if old == new:
         return False
-    if old is None:
-        listed.append(new)
-    else:
-        listed[listed.index(old)] = new
+    listed = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    at = next((i for i, c in enumerate(listed) if c.get("type") == type_.value), len(listed))
+    listed[at:at + 1] = [api.to_wire(new)]  # in its place, or appended
     status["conditions"] = listed
     return True
 

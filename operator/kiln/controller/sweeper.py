@@ -9,33 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import kopf
 
-from kiln.controller import housekeeping, kube, services
+from kiln.controller import kube, metrics
 
 INDEX_ID = "housekeeping_jobs"
 _log = logging.getLogger(__name__)
 
 
 def index_job(namespace: str | None, name: str, body: kopf.Body, **_: Any
-              ) -> dict[tuple[str | None, str], dict[str, Any]]:
+              ) -> dict[tuple[str | None, str], kube.Object]:
     """The index entry of a job that needs housekeeping: its latest body by its key."""
     return {(namespace, name): dict(body)}
 
 
-async def run(svc: services.Services, index: Mapping[Any, Iterable[Mapping[str, Any]]], *,
+async def run(index: Mapping[Any, Iterable[Mapping[str, Any]]], *,
+              tick: Callable[[Mapping[str, Any]], Awaitable[None]],
+              leads: Callable[[], Awaitable[bool]], counts: metrics.OperatorMetrics,
               interval_seconds: float) -> None:
-    """Tick every indexed job every `interval_seconds`, until cancelled.
+    """`tick` every indexed job every `interval_seconds` while this replica `leads`, until
+    cancelled.
 
-    An error in one job's tick is logged and counted; the others still tick.
+    An error in one job's tick is logged and counted in `counts`; the others still tick.
     """
     while True:
         await asyncio.sleep(interval_seconds)
         try:
-            if not await svc.placement.leads():
+            if not await leads():
                 continue
         except kube.ApiError as exc:
             _log.warning("housekeeping: leadership not readable (%s); skipping a round", exc)
@@ -43,10 +46,10 @@ async def run(svc: services.Services, index: Mapping[Any, Iterable[Mapping[str, 
         for key in list(index):
             for body in list(index.get(key, ())):
                 try:
-                    await housekeeping.tick(svc, body)
+                    await tick(body)
                 except kube.ApiError as exc:
-                    svc.metrics.reconcile_errors.labels(handler="housekeeping").inc()
+                    counts.reconcile_errors.labels(handler="housekeeping").inc()
                     _log.warning("housekeeping of %s/%s: %s", key[0], key[1], exc)
                 except Exception:  # noqa: BLE001  # a bug: keep sweeping the other jobs, loudly
-                    svc.metrics.reconcile_errors.labels(handler="housekeeping").inc()
+                    counts.reconcile_errors.labels(handler="housekeeping").inc()
                     _log.exception("housekeeping of %s/%s: unexpected error", key[0], key[1])

@@ -17,8 +17,7 @@ from typing import Any, cast
 import kopf
 
 from kiln import api, contract
-from kiln.controller import parents, pods, services, status
-from kiln.warmstart import select
+from kiln.controller import kube, pods, status
 from kiln.zoo import access, presigned, records, store
 
 MINTED_ANNOTATION = "kiln.dev/zoo-access-minted"
@@ -31,76 +30,122 @@ MAX_MANIFEST_BYTES = 900_000
 _log = logging.getLogger(__name__)
 
 
-def enabled(svc: services.Services) -> bool:
-    """Whether pods get presigned URLs instead of the zoo credential."""
-    return svc.pod_settings.presigned_zoo
-
-
-def _searches(decided: select.Decision | None) -> bool:
-    """Whether the pod searches the zoo itself: a profiling pod (None) or a trainer whose
-    decision was left to it."""
-    return decided is None or decided.outcome is select.Outcome.IN_TRAINER
-
-
-async def ensure(svc: services.Services, owner: Mapping[str, Any], job: api.TrainingJob, *,
-                 decided: select.Decision | None) -> None:
-    """Sign the job's zoo access and write its Secret (created, or replaced in place).
+class ZooAccess:
+    """Signs jobs' zoo access and keeps when each job's was signed (`due`).
 
     Args:
-        svc: the operator's services (its zoo holds the credential).
-        owner: the TrainingJob as the API returned it.
-        job: the parsed job.
-        decided: the trainer's warm-start decision; None for the profiling pod.
-
-    Raises:
-        store.StoreUnavailable: the zoo could not be read or asked for its region.
-        store.StoreMisconfigured: the operator's credential was refused.
+        zoo: the zoo, with the operator's credential.
+        client: the API client (writes the Secrets).
+        settings: the pod settings (`pods.PodSettings.presigned_zoo`).
+        lifetime_hours: how long presigned URLs work (--zoo-access-hours).
+        clock: epoch seconds.
     """
-    zoo = svc.parents.zoo
-    if not isinstance(zoo, store.S3Store):
-        return
-    meta = owner.get("metadata") or {}
-    now = datetime.datetime.fromtimestamp(svc.clock(), datetime.UTC).replace(microsecond=0)
-    named = [] if decided is None else [
-        p for p in (decided.parent_id, *decided.alternatives) if p]
-    # The status a re-signing reads them from is writable by more than the operator: only
-    # records the job's namespace may see get URLs.
-    readable = await asyncio.to_thread(_visible_ids, zoo, named, job.namespace)
-    visible: list[str] = []
-    if _searches(decided):
-        found = await asyncio.to_thread(records.list_records, zoo)
-        seen = sorted((r for r in found if r.visible_to(job.namespace)),
-                      key=lambda r: r.created_time, reverse=True)
-        visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
-    record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
-    manifest = await asyncio.to_thread(
-        sign_within_budget, zoo, lambda seen: access.job_grants(
-            job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,
-            parents=readable, visible=seen,
-            visible_hits=decided is not None, now=now),
-        visible, lifetime=datetime.timedelta(hours=svc.options.zoo_access_hours), now=now)
-    secret = build_secret(owner, job, manifest, minted=now)
-    path = f"/api/v1/namespaces/{job.namespace}/secrets"
-    if await svc.client.create(path, secret) is None:  # re-signed: replace the data in place
-        await svc.client.merge_patch(f"{path}/{pods.zoo_access_secret(job.name)}",
-                                     {"metadata": {"annotations": secret["metadata"][
-                                         "annotations"]}, "data": secret["data"]})
-    svc.zoo_access_expiry[str(meta.get("uid") or "")] = (now.timestamp(),
-                                                        manifest.expires.timestamp())
+
+    def __init__(self, zoo: store.ObjectStore, client: kube.Client, *,
+                 settings: pods.PodSettings, lifetime_hours: float,
+                 clock: Callable[[], float]) -> None:
+        self.zoo = zoo
+        self.client = client
+        self.settings = settings
+        self.lifetime_hours = lifetime_hours
+        self.clock = clock
+        # Job uid -> when its zoo access was signed and when it expires.
+        self.expiry: dict[str, tuple[float, float]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether pods get presigned URLs instead of the zoo credential."""
+        return self.settings.presigned_zoo
+
+    async def ensure(self, owner: Mapping[str, Any], job: api.TrainingJob, *,
+                     decided: api.WarmStartDecision | None) -> None:
+        """Sign the job's zoo access and write its Secret (created, or replaced in place).
+
+        Args:
+            owner: the TrainingJob as the API returned it.
+            job: the parsed job.
+            decided: the trainer's warm-start decision; None for the profiling pod.
+
+        Raises:
+            store.StoreUnavailable: the zoo could not be read or asked for its region.
+            store.StoreMisconfigured: the operator's credential was refused.
+        """
+        zoo = self.zoo
+        if not isinstance(zoo, store.S3Store):
+            return
+        meta = owner.get("metadata") or {}
+        now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC).replace(microsecond=0)
+        named = [] if decided is None else [
+            p for p in (decided.parent, *decided.alternatives) if p]
+        # The status a re-signing reads them from is writable by more than the operator: only
+        # records the job's namespace may see get URLs.
+        readable = await asyncio.to_thread(_visible_ids, zoo, named, job.namespace)
+        visible: list[str] = []
+        if _searches(decided):
+            found = await asyncio.to_thread(records.list_records, zoo)
+            seen = sorted((r for r in found if r.visible_to(job.namespace)),
+                          key=lambda r: r.created_time, reverse=True)
+            visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
+        record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
+        manifest = await asyncio.to_thread(
+            sign_within_budget, zoo, lambda seen: access.job_grants(
+                job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,
+                parents=readable, visible=seen,
+                visible_hits=decided is not None, now=now),
+            visible, lifetime=datetime.timedelta(hours=self.lifetime_hours), now=now)
+        secret = build_secret(owner, job, manifest, minted=now)
+        path = f"/api/v1/namespaces/{job.namespace}/secrets"
+        if await self.client.create(path, secret) is None:  # re-signed: replace it in place
+            await self.client.merge_patch(f"{path}/{pods.zoo_access_secret(job.name)}",
+                                          {"metadata": {"annotations": secret["metadata"][
+                                              "annotations"]}, "data": secret["data"]})
+        self.expiry[str(meta.get("uid") or "")] = (now.timestamp(),
+                                                   manifest.expires.timestamp())
+
+    async def prepare(self, owner: Mapping[str, Any], job: api.TrainingJob, *,
+                      decided: api.WarmStartDecision | None) -> None:
+        """`ensure` before a pod is created, when `enabled`; a failure only warns: the pod then
+        waits for its Secret (ContainerCreating), which `refresh` writes once the zoo answers
+        (--pod-start-timeout-seconds, or a profiling pod's deadline, bounds the wait)."""
+        if not self.enabled:
+            return
+        try:
+            await self.ensure(owner, job, decided=decided)
+        except Exception as exc:  # noqa: BLE001  # the zoo or the API server: never another job's
+            _log.warning("%s/%s: could not sign its zoo access (its pods wait for Secret %s): %s",
+                         job.namespace, job.name, pods.zoo_access_secret(job.name), exc)
+
+    def due(self, uid: str, *, now: float) -> bool:
+        """Whether the job's URLs have less than half their lifetime left (or were never signed
+        by this operator process, which then signs them again once)."""
+        minted, expires = self.expiry.get(uid, (0.0, 0.0))
+        return now >= minted + (expires - minted) / 2
+
+    async def refresh(self, body: Mapping[str, Any]) -> None:
+        """Re-sign an active job's access when `due`; a zoo failure only warns (the old URLs
+        still work for half their lifetime)."""
+        meta = body.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not self.enabled or not uid or not self.due(uid, now=self.clock()):
+            return
+        st = body.get("status") or {}
+        try:
+            job = api.parse_running(body)
+        except api.InvalidSpec:
+            return
+        # what its pods were launched with
+        decided = status.part(st, "warmStart", api.WarmStartDecision)
+        await self.prepare(body, job, decided=decided)
+
+    def forget(self, uid: str) -> None:
+        """Drop what is kept about a finished job's access."""
+        self.expiry.pop(uid, None)
 
 
-async def prepare(svc: services.Services, owner: Mapping[str, Any], job: api.TrainingJob, *,
-                  decided: select.Decision | None) -> None:
-    """`ensure` before a pod is created, when `enabled`; a failure only warns: the pod then
-    waits for its Secret (ContainerCreating), which `refresh` writes once the zoo answers
-    (--pod-start-timeout-seconds, or a profiling pod's deadline, bounds the wait)."""
-    if not enabled(svc):
-        return
-    try:
-        await ensure(svc, owner, job, decided=decided)
-    except Exception as exc:  # noqa: BLE001  # the zoo or the API server: never another job's
-        _log.warning("%s/%s: could not sign its zoo access (its pods wait for Secret %s): %s",
-                     job.namespace, job.name, pods.zoo_access_secret(job.name), exc)
+def _searches(decided: api.WarmStartDecision | None) -> bool:
+    """Whether the pod searches the zoo itself: a profiling pod (None) or a trainer whose
+    decision was left to it."""
+    return decided is None or decided.outcome is api.WarmStartOutcome.IN_TRAINER
 
 
 def sign_within_budget(zoo: store.S3Store, grants: Callable[[list[str]], presigned.Grants],
@@ -154,26 +199,3 @@ def build_secret(owner: Mapping[str, Any], job: api.TrainingJob, manifest: presi
     secret["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "kiln-operator",
                                     pods.JOB_NAME_LABEL: job.name}
     return secret
-
-
-def due(svc: services.Services, uid: str, *, now: float) -> bool:
-    """Whether the job's URLs have less than half their lifetime left (or were never signed
-    by this operator process, which then signs them again once)."""
-    minted, expires = svc.zoo_access_expiry.get(uid, (0.0, 0.0))
-    return now >= minted + (expires - minted) / 2
-
-
-async def refresh(svc: services.Services, body: Mapping[str, Any]) -> None:
-    """Re-sign an active job's access when `due`; a zoo failure only warns (the old URLs
-    still work for half their lifetime)."""
-    meta = body.get("metadata") or {}
-    uid = str(meta.get("uid") or "")
-    if not enabled(svc) or not uid or not due(svc, uid, now=svc.clock()):
-        return
-    st = body.get("status") or {}
-    try:
-        job = api.parse_running(body)
-    except api.InvalidSpec:
-        return
-    decided = parents.from_status(st.get("warmStart"))  # what its pods were launched with
-    await prepare(svc, body, job, decided=decided)

@@ -106,7 +106,7 @@ def profile_jobs(
             if found is None:
                 continue
             out[job.name] = Profiled(measurement_of(found),
-                                     _warm_start_text(job.name, found, console))
+                                     _warm_start_text(found))
             console.print(profile_line(job.name, found), markup=False, highlight=False)
             # `kiln profile` keeps no failed steps either: a later one measures them again
             if profile_cache is not None and found.step_status in (profilecache.STATUS_OK,
@@ -167,15 +167,9 @@ def measurement_of(found: contract.Profile) -> estimate.ModelMeasurement:
         out_of_memory=found.step_status == profilecache.STATUS_OOM)
 
 
-def _warm_start_text(name: str, found: contract.Profile, console: Console) -> str | None:
-    try:
-        decided = select.from_report(found.warm_start_decision)
-    except ValueError as exc:
-        console.print(f"[yellow]warning:[/] {escape(name)}: the profile's warm-start decision "
-                      f"is unreadable ({escape(str(exc))}); its trainer decides itself",
-                      highlight=False)
-        return None
-    return None if decided is None else json.dumps(decided.to_json())
+def _warm_start_text(found: contract.Profile) -> str | None:
+    decided = select.from_report(found.warm_start_decision)  # checked as the profile was read
+    return None if decided is None else decided.model_dump_json()
 
 
 def profile_line(name: str, found: contract.Profile) -> str:
@@ -190,7 +184,8 @@ def profile_line(name: str, found: contract.Profile) -> str:
         step = f"batch {found.batch_size} out of memory"
     else:
         step = f"step not timed ({found.step_detail or found.step_status})"
-    reason = str((found.warm_start_decision or {}).get("reason") or "decided by the trainer")
+    decided = found.warm_start_decision
+    reason = decided.reason if decided is not None and decided.reason else "decided by the trainer"
     return (f"{name}: profiled {found.parameters:,} parameters, {flops}, {step} on "
             f"{found.device}; warm start: {reason}")
 

@@ -86,7 +86,7 @@ def decide(
     zoo_index: index.ZooIndex | None = None,
     timeout_seconds: float = QUERY_TIMEOUT_SECONDS,
     child: nx.DiGraph | None = None,
-) -> select.Decision:
+) -> api.WarmStartDecision:
     """Decide the parent of `job` among the models of `zoo`; the decision is final.
 
     Every way warm start can fail (disabled, untraceable child, empty or incompatible zoo,
@@ -113,14 +113,14 @@ def decide(
     """
     spec = job.spec.warm_start
     if not spec.enabled:
-        return select.cold_start(select.Outcome.DISABLED,
+        return select.cold_start(api.WarmStartOutcome.DISABLED,
                                  "warm start disabled by spec.warmStart.enabled")
     modality = str(models.modality_of(job.spec.model))
     task = str(models.task_of(job.spec.model))
     try:
         child = child if child is not None else model_graph(job.spec.model)
     except graph.GraphError as exc:
-        return select.cold_start(select.Outcome.COLD_UNTRACEABLE, f"cold start: {exc}")
+        return select.cold_start(api.WarmStartOutcome.COLD_UNTRACEABLE, f"cold start: {exc}")
     if spec.parent != "auto":
         record = pinned_record(zoo, spec.parent, namespace=job.namespace)
         parent = graph.from_json(records.load_graph(zoo, record))
@@ -141,47 +141,47 @@ def decide(
                   if c.record.visible_to(job.namespace)]
     visible = sum(r.visible_to(job.namespace) for r in zoo_index.all_records())
     if not visible and len(zoo_index):
-        return select.cold_start(select.Outcome.COLD_EMPTY,
+        return select.cold_start(api.WarmStartOutcome.COLD_EMPTY,
                                  f"cold start: none of the {len(zoo_index)} zoo models is "
                                  f"visible to namespace {job.namespace} (they are private to "
                                  "other namespaces)")
     if not candidates and visible:
-        return select.cold_start(select.Outcome.COLD_INCOMPATIBLE,
+        return select.cold_start(api.WarmStartOutcome.COLD_INCOMPATIBLE,
                                  f"cold start: none of the {visible} zoo models visible to "
                                  f"namespace {job.namespace} is a {modality} {task} model")
     skipped: dict[str, str] = {}
     refused: dict[str, str] = {}
     chosen = _choose(candidates, zoo, job, modality, task, child, skipped, refused)
-    if chosen.parent_id is not None:  # the parents the policy would choose next, in order
-        rest = [c for c in candidates if c.model_id != chosen.parent_id
+    if chosen.parent is not None:  # the parents the policy would choose next, in order
+        rest = [c for c in candidates if c.model_id != chosen.parent
                 and c.model_id not in skipped and c.model_id not in refused]
         alternatives: list[str] = []
         while rest and len(alternatives) < MAX_ALTERNATIVES:
             after = _choose(rest, zoo, job, modality, task, child, {}, {})
-            if after.parent_id is None:
+            if after.parent is None:
                 break
-            alternatives.append(after.parent_id)
-            rest = [c for c in rest if c.model_id != after.parent_id]
-        chosen = dataclasses.replace(chosen, alternatives=tuple(alternatives))
+            alternatives.append(after.parent)
+            rest = [c for c in rest if c.model_id != after.parent]
+        chosen = chosen.model_copy(update={"alternatives": alternatives})
     chosen = _with_refusals(chosen, refused)
     chosen = _noting_provisional(chosen, {c.record.id for c in found.candidates
                                           if c.record.provisional})
     if not skipped:
         return chosen
     unusable = "skipped unusable parent " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
-    if chosen.parent_id is not None:
-        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {unusable}")
-    if chosen.outcome is select.Outcome.COLD_UNREADABLE_PARENT:
+    if chosen.parent is not None:
+        return chosen.model_copy(update={"reason": f"{chosen.reason}; {unusable}"})
+    if chosen.outcome is api.WarmStartOutcome.COLD_UNREADABLE_PARENT:
         return chosen
     then = chosen.reason if len(skipped) < len(candidates) else \
         "cold start: no other candidate is left"
-    return dataclasses.replace(chosen, outcome=select.Outcome.COLD_UNREADABLE_PARENT,
-                               reason=f"{then}; {unusable}")
+    return chosen.model_copy(update={"outcome": api.WarmStartOutcome.COLD_UNREADABLE_PARENT,
+                                     "reason": f"{then}; {unusable}"})
 
 
 def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api.TrainingJob,
             modality: str, task: str, child: nx.DiGraph, skipped: dict[str, str],
-            refused: dict[str, str]) -> select.Decision:
+            refused: dict[str, str]) -> api.WarmStartDecision:
     """The policy's choice among `candidates`, counted by a dry run; a parent that cannot be
     read goes into `skipped` (id: why) and the policy chooses again without it, up to
     `MAX_PARENT_TRIES` parents; a parent of another family goes into `refused` (id: why), up
@@ -191,18 +191,18 @@ def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api
         chosen = select.choose_parent(
             candidates, modality=modality, task=task, min_similarity=spec.min_similarity,
             dataset_fingerprint=records.dataset_fingerprint(job.spec.dataset))
-        parent = chosen.parent_id
+        parent = chosen.parent
         if parent is None:
             break
         counted = _dry_run(chosen, zoo, job.spec.model, child=child)
-        if isinstance(counted, select.Decision):
+        if isinstance(counted, api.WarmStartDecision):
             chosen = counted
             break
         if isinstance(counted, _OtherFamily):
             refused[parent] = counted.why
             if len(refused) >= MAX_FAMILY_REFUSALS:
                 chosen = select.cold_start(
-                    select.Outcome.COLD_OTHER_FAMILY,
+                    api.WarmStartOutcome.COLD_OTHER_FAMILY,
                     f"cold start: the first {MAX_FAMILY_REFUSALS} parents chosen are of "
                     f"another family", considered=chosen.candidates_considered)
                 break
@@ -211,36 +211,39 @@ def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api
         candidates = [c for c in candidates if c.model_id != parent]
     else:
         return select.cold_start(
-            select.Outcome.COLD_UNREADABLE_PARENT,
+            api.WarmStartOutcome.COLD_UNREADABLE_PARENT,
             f"cold start: the first {MAX_PARENT_TRIES} parents chosen are unusable: "
             + "; ".join(f"{k} ({v})" for k, v in skipped.items()),
             considered=chosen.candidates_considered)
     return chosen
 
 
-def _with_refusals(chosen: select.Decision, refused: Mapping[str, str]) -> select.Decision:
+def _with_refusals(chosen: api.WarmStartDecision,
+                   refused: Mapping[str, str]) -> api.WarmStartDecision:
     """`chosen`, saying which parents of another family the policy passed over; when that left
     it cold, the outcome is COLD_OTHER_FAMILY (an unreadable parent keeps its own outcome)."""
     if not refused:
         return chosen
     passed = "passed over " + "; ".join(f"{k} ({v})" for k, v in refused.items())
-    if chosen.parent_id is not None:
-        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {passed}")
-    if chosen.outcome is select.Outcome.COLD_UNREADABLE_PARENT:
-        return dataclasses.replace(chosen, reason=f"{chosen.reason}; {passed}")
-    then = ("" if chosen.outcome in (select.Outcome.COLD_EMPTY, select.Outcome.COLD_OTHER_FAMILY)
+    if chosen.parent is not None:
+        return chosen.model_copy(update={"reason": f"{chosen.reason}; {passed}"})
+    if chosen.outcome is api.WarmStartOutcome.COLD_UNREADABLE_PARENT:
+        return chosen.model_copy(update={"reason": f"{chosen.reason}; {passed}"})
+    then = ("" if chosen.outcome in (api.WarmStartOutcome.COLD_EMPTY,
+                                     api.WarmStartOutcome.COLD_OTHER_FAMILY)
             else "; then " + chosen.reason.removeprefix("cold start: "))
-    return dataclasses.replace(chosen, outcome=select.Outcome.COLD_OTHER_FAMILY,
-                               reason=f"cold start: {passed}{then}")
+    return chosen.model_copy(update={"outcome": api.WarmStartOutcome.COLD_OTHER_FAMILY,
+                                     "reason": f"cold start: {passed}{then}"})
 
 
-def _noting_provisional(chosen: select.Decision, provisional: set[str]) -> select.Decision:
+def _noting_provisional(chosen: api.WarmStartDecision,
+                        provisional: set[str]) -> api.WarmStartDecision:
     """`chosen`, saying so when its parent is a provisional record (its job still trains: the
     weights are its best so far, and the final record will replace them under the same id)."""
-    if chosen.parent_id is None or chosen.parent_id not in provisional:
+    if chosen.parent is None or chosen.parent not in provisional:
         return chosen
-    return dataclasses.replace(chosen, reason=f"{chosen.reason}; {chosen.parent_id} is a "
-                               "provisional record (its job is still training)")
+    return chosen.model_copy(update={"reason": f"{chosen.reason}; {chosen.parent} is a "
+                                     "provisional record (its job is still training)"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +254,7 @@ class _OtherFamily:
 
 
 def apply(
-    decision: select.Decision,
+    decision: api.WarmStartDecision,
     zoo: store.ObjectStore | None,
     child_model: nn.Module,
     input_shape: list[int] | tuple[int, ...],
@@ -277,26 +280,26 @@ def apply(
         ApplyError: no zoo was given, or the parent cannot be loaded or transformed any more.
         store.StoreUnavailable: the zoo could not be read.
     """
-    if decision.parent_id is None:
+    if decision.parent is None:
         return Applied(None, 1.0)
     if zoo is None:
-        raise ApplyError(f"the warm-start decision names parent {decision.parent_id}, but no "
+        raise ApplyError(f"the warm-start decision names parent {decision.parent}, but no "
                          "model zoo is configured (--zoo)")
     try:
-        record = records.read_record(zoo, decision.parent_id)
-        parent_state, parent_graph = _load_parent(zoo, decision.parent_id, record)
+        record = records.read_record(zoo, decision.parent)
+        parent_state, parent_graph = _load_parent(zoo, decision.parent, record)
         result = transform.warm_start_state(
             parent_state, parent_graph, child_model, input_shape,
             generator=torch.Generator().manual_seed(seed))
     except (store.ObjectNotFound, records.CorruptRecord, graph.GraphError,
             transform.TransformError) as exc:
-        raise ApplyError(f"warm-start parent {decision.parent_id} is unusable now ({exc}); "
+        raise ApplyError(f"warm-start parent {decision.parent} is unusable now ({exc}); "
                          "resubmit the job to decide again") from exc
     if decision.matched_tensors is not None and (
             result.matched_tensors, result.total_tensors) != (decision.matched_tensors,
                                                               decision.total_tensors):
         _log.warning("warm start from %s transferred %d of %d tensors, the decision counted "
-                     "%s of %s", decision.parent_id, result.matched_tensors,
+                     "%s of %s", decision.parent, result.matched_tensors,
                      result.total_tensors, decision.matched_tensors, decision.total_tensors)
     return Applied(result.state_dict, result.untransferred_fraction, tuple(result.notes),
                    matched_tensors=result.matched_tensors, total_tensors=result.total_tensors,
@@ -330,27 +333,27 @@ def pinned_record(zoo: store.ObjectStore, model_id: str, *,
     return record
 
 
-def _count_transfer(chosen: select.Decision, zoo: store.ObjectStore,
-                    spec: api.ModelSpec) -> select.Decision:
+def _count_transfer(chosen: api.WarmStartDecision, zoo: store.ObjectStore,
+                    spec: api.ModelSpec) -> api.WarmStartDecision:
     """`_dry_run`, where a parent that cannot be read gives a cold start."""
-    if chosen.parent_id is None:
+    if chosen.parent is None:
         return chosen
     counted = _dry_run(chosen, zoo, spec)  # a pinned parent is never refused for its family
     assert not isinstance(counted, _OtherFamily)
     if isinstance(counted, str):
-        return select.cold_start(select.Outcome.COLD_UNREADABLE_PARENT,
-                                 f"cold start: parent {chosen.parent_id} is unusable ({counted})")
+        return select.cold_start(api.WarmStartOutcome.COLD_UNREADABLE_PARENT,
+                                 f"cold start: parent {chosen.parent} is unusable ({counted})")
     return counted
 
 
-def _dry_run(chosen: select.Decision, zoo: store.ObjectStore, spec: api.ModelSpec, *,
-             child: nx.DiGraph | None = None) -> select.Decision | str | _OtherFamily:
+def _dry_run(chosen: api.WarmStartDecision, zoo: store.ObjectStore, spec: api.ModelSpec, *,
+             child: nx.DiGraph | None = None) -> api.WarmStartDecision | str | _OtherFamily:
     """`select.finalize` on a dry run of the transform: the parent's weights into a child on
     the `meta` device, so nothing is computed; or why the parent cannot be read; or, given the
     `child` graph, that the parent is of another family (read before its weights)."""
-    assert chosen.parent_id is not None
+    assert chosen.parent is not None
     try:
-        record = records.read_record(zoo, chosen.parent_id)
+        record = records.read_record(zoo, chosen.parent)
         parent_graph = graph.from_json(records.load_graph(zoo, record))
         why = match.family_mismatch(parent_graph, child) if child is not None else None
         if why is not None:

@@ -1,18 +1,18 @@
 """Parent selection: which zoo model, if any, seeds a new job (ModelKeeper's policy, as data).
 
 Pure functions of candidates and their similarities: no store I/O, no graphs, no torch (the
-caller turns zoo records into `Candidate`s). `Decision` is the result, and what travels to the
-trainer as JSON.
+caller turns zoo records into `Candidate`s). The result is an `api.WarmStartDecision`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import pydantic
 
 from kiln import api
 
@@ -59,23 +59,6 @@ MIN_TRANSFER_FRACTION = 0.1
 """Below this fraction of the child's weight tensors transferred, cold start (ModelKeeper)."""
 
 
-class Outcome(enum.StrEnum):
-    """What the decision is, for conditions and metrics (the reason sentence says why)."""
-
-    WARM = "warm"  # a parent was selected by the policy
-    PINNED = "pinned"  # the spec pinned the parent
-    COLD_EMPTY = "cold_empty"  # the zoo has no models
-    COLD_INCOMPATIBLE = "cold_incompatible"  # no model with the child's modality and task
-    COLD_BELOW_MIN_SIMILARITY = "cold_below_min_similarity"
-    COLD_FEW_TENSORS = "cold_few_tensors"  # < 10% of the child's weight tensors transfer
-    COLD_UNTRACEABLE = "cold_untraceable"  # the child's architecture graph cannot be extracted
-    COLD_UNREADABLE_PARENT = "cold_unreadable_parent"  # the parent record is corrupt or gone
-    COLD_OTHER_FAMILY = "cold_other_family"  # residual vs plain: no function transfers
-    COLD_GUARD = "cold_guard"  # the warm child was no better than a cold one on the probe
-    DISABLED = "disabled"  # spec.warmStart.enabled is false
-    IN_TRAINER = "in_trainer"  # an entrypoint model: the trainer decides, before its first step
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Candidate:
     """One zoo model as seen by selection.
@@ -118,132 +101,26 @@ class Candidate:
                              f"(got {self.similarity})")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Decision:
-    """The parent choice and its explanation.
-
-    Attributes:
-        parent_id: the chosen zoo id, or None for a cold start.
-        similarity: the parent's (or, on a cold start, the best match's) similarity; None
-            when there was no compatible candidate.
-        parent_metric: the parent's metric value (None on a cold start).
-        metric_name: the name of `parent_metric`.
-        matched_tensors: child weight tensors transferred (known after `finalize`).
-        total_tensors: the child's weight tensors (known after `finalize`).
-        reason: one sentence with numbers, for the WarmStarted condition and event.
-        candidates_considered: candidates left after the compatibility and outlier filters.
-        outcome: the kind of decision.
-        dropped_incompatible: candidates dropped for another modality or task.
-        dropped_outliers: candidates dropped as metric outliers or for a non-finite metric.
-        alternatives: up to `decision.MAX_ALTERNATIVES` further parents that passed every check,
-            in selection order; the trainer's probe guard tries them when the parent fails it.
-        probe_loss: the started child's mean loss on the probe batch (the trainer's guard);
-            None until probed or when not finite.
-        cold_probe_loss: the cold-initialised child's mean loss on the same batch.
-        probe_accuracy: the started child's probe accuracy (classification only).
-        cold_probe_accuracy: the cold child's probe accuracy.
-    """
-
-    parent_id: str | None
-    similarity: float | None
-    parent_metric: float | None
-    matched_tensors: int | None
-    total_tensors: int | None
-    reason: str
-    candidates_considered: int
-    outcome: Outcome
-    metric_name: str | None = None
-    dropped_incompatible: int = 0
-    dropped_outliers: int = 0
-    alternatives: tuple[str, ...] = ()
-    probe_loss: float | None = None
-    cold_probe_loss: float | None = None
-    probe_accuracy: float | None = None
-    cold_probe_accuracy: float | None = None
-
-    @property
-    def cold_start(self) -> bool:
-        """True when no parent weights are to be loaded."""
-        return self.parent_id is None
-
-    @property
-    def condition_reason(self) -> api.Reason:
-        """The WarmStarted condition's reason: ParentSelected, ColdStart or WarmStartDisabled."""
-        if self.outcome == Outcome.DISABLED:
-            return api.Reason.WARM_START_DISABLED
-        return api.Reason.COLD_START if self.cold_start else api.Reason.PARENT_SELECTED
-
-    def to_json(self) -> dict[str, Any]:
-        """The decision as a JSON object (field names as here, `outcome` as its value)."""
-        return {**dataclasses.asdict(self), "outcome": self.outcome.value,
-                "alternatives": list(self.alternatives)}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Decision:
-        """The decision `to_json` wrote (unknown keys are ignored).
-
-        Raises:
-            ValueError: a required field is missing, a field has the wrong type, or the outcome
-                is unknown.
-        """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        missing = [name for name, f in fields.items()
-                   if name not in doc and f.default is dataclasses.MISSING]
-        if missing:
-            raise ValueError(f"warm-start decision without {', '.join(missing)}")
-        values = {name: doc[name] for name in fields if name in doc}
-        try:
-            values["outcome"] = Outcome(values["outcome"])
-        except ValueError:
-            raise ValueError(f"warm-start decision: unknown outcome {values['outcome']!r} "
-                             f"(allowed: {', '.join(o.value for o in Outcome)})") from None
-        for name, kinds in _JSON_KINDS.items():
-            value = values.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-                raise ValueError(f"warm-start decision: {name} must be "
-                                 f"{' or '.join(k.__name__ for k in kinds)} (got {value!r})")
-        alternatives = values.get("alternatives")
-        if alternatives is not None and not all(isinstance(a, str) for a in alternatives):
-            raise ValueError(f"warm-start decision: alternatives must be zoo ids (strings) "
-                             f"(got {alternatives!r})")
-        values["alternatives"] = tuple(alternatives or ())
-        return cls(**values)
-
-
-# Expected JSON types of `Decision`'s fields other than `outcome` (None allowed where typed so).
-_JSON_KINDS: dict[str, tuple[type, ...]] = {
-    "parent_id": (str,), "similarity": (int, float), "parent_metric": (int, float),
-    "matched_tensors": (int,), "total_tensors": (int,), "reason": (str,),
-    "candidates_considered": (int,), "metric_name": (str,), "dropped_incompatible": (int,),
-    "dropped_outliers": (int,), "alternatives": (list, tuple), "probe_loss": (int, float),
-    "cold_probe_loss": (int, float), "probe_accuracy": (int, float),
-    "cold_probe_accuracy": (int, float),
-}
-
-# `Decision` fields a trainer's report (`kiln.contract.Result.warm_start_decision`) carries under
-# the same name; `from_report` maps the others (parent, outcome, reason) itself.
-REPORTED_FIELDS = ("similarity", "parent_metric", "matched_tensors", "total_tensors",
-                   "alternatives", "probe_loss", "cold_probe_loss", "probe_accuracy",
-                   "cold_probe_accuracy")
-
-
-def from_report(report: Mapping[str, Any] | None) -> Decision | None:
-    """A decision a trainer reported (the keys of `kiln.contract.Result.warm_start_decision`:
-    parent, outcome, reason and `REPORTED_FIELDS`), or None when it holds none: missing, or an
-    outcome that is unknown or still `IN_TRAINER`.
+def from_report(report: api.WarmStartDecision | Mapping[str, Any] | None,
+                ) -> api.WarmStartDecision | None:
+    """The decision a trainer reported (in its result or profile, or as JSON from its metrics),
+    or None when it holds none: no report, no outcome, or an outcome that is no decision
+    (`IN_TRAINER`: still to be made; `INIT_STATE`: the run's own code set the weights).
 
     Raises:
-        ValueError: a field has the wrong type.
+        ValueError: a field has the wrong type or value (the message names it).
     """
-    report = report or {}
-    outcome = report.get("outcome")
-    if not isinstance(outcome, str) or outcome not in {o.value for o in Outcome} or \
-            outcome == Outcome.IN_TRAINER:
+    if isinstance(report, Mapping):
+        if report.get("outcome") is None:
+            return None
+        try:
+            report = api.WarmStartDecision.model_validate(report)
+        except pydantic.ValidationError as exc:
+            raise ValueError("warm-start decision: " + "; ".join(api.problems_of(exc))) from None
+    if report is None or report.outcome in (api.WarmStartOutcome.IN_TRAINER,
+                                            api.WarmStartOutcome.INIT_STATE):
         return None
-    return Decision.from_json({
-        **{name: report.get(name) for name in REPORTED_FIELDS},
-        "parent_id": report.get("parent"), "reason": str(report.get("reason") or ""),
-        "outcome": outcome, "candidates_considered": 0})
+    return report
 
 
 def choose_parent(
@@ -253,7 +130,7 @@ def choose_parent(
     task: str,
     min_similarity: float,
     dataset_fingerprint: str | None = None,
-) -> Decision:
+) -> api.WarmStartDecision:
     """Pick the parent for a child by ModelKeeper's bucketed policy (see the comment at the top).
 
     Args:
@@ -265,7 +142,7 @@ def choose_parent(
             candidates trained on the same data are preferred (None: no preference).
 
     Returns:
-        The `Decision`; `parent_id` is None for a cold start, and `reason` says why.
+        The decision; `parent` is None for a cold start, and `reason` says why.
 
     Raises:
         ValueError: min_similarity is not in [0, 1].
@@ -273,11 +150,11 @@ def choose_parent(
     if not 0.0 <= min_similarity <= 1.0:
         raise ValueError(f"min_similarity must be in [0, 1] (got {min_similarity})")
     if not candidates:
-        return cold_start(Outcome.COLD_EMPTY, "cold start: the model zoo is empty", considered=0)
+        return cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: the model zoo is empty")
     compatible = [c for c in candidates if c.modality == modality and c.task == task]
     incompatible = len(candidates) - len(compatible)
     if not compatible:
-        return cold_start(Outcome.COLD_INCOMPATIBLE,
+        return cold_start(api.WarmStartOutcome.COLD_INCOMPATIBLE,
                      f"cold start: none of the {len(candidates)} zoo models is "
                      f"{_a(modality)} {modality} {task} model", considered=0,
                      incompatible=incompatible)
@@ -285,20 +162,19 @@ def choose_parent(
     outliers = len(compatible) - len(kept)
     dropped = _dropped_phrase(incompatible, outliers)
     if not kept:
-        return cold_start(Outcome.COLD_INCOMPATIBLE,
+        return cold_start(api.WarmStartOutcome.COLD_INCOMPATIBLE,
                      f"cold start: all {len(compatible)} compatible zoo models have unusable "
                      f"metrics{dropped}", considered=0, incompatible=incompatible,
                      outliers=outliers)
     kept.sort(key=lambda c: c.model_id)  # `max` keeps the first maximum: ties -> smaller id
     best = max(kept, key=lambda c: c.similarity)
     if best.similarity < min_similarity:
-        return dataclasses.replace(
-            cold_start(Outcome.COLD_BELOW_MIN_SIMILARITY,
-                  f"cold start: best zoo match {best.model_id} has similarity "
-                  f"{best.similarity:.2f} < minSimilarity {min_similarity:.2f}"
-                  f" ({_count(len(kept), 'candidate')}{dropped})", considered=len(kept),
-                  incompatible=incompatible, outliers=outliers),
-            similarity=best.similarity)
+        return cold_start(api.WarmStartOutcome.COLD_BELOW_MIN_SIMILARITY,
+                          f"cold start: best zoo match {best.model_id} has similarity "
+                          f"{best.similarity:.2f} < minSimilarity {min_similarity:.2f}"
+                          f" ({_count(len(kept), 'candidate')}{dropped})",
+                          considered=len(kept), incompatible=incompatible,
+                          outliers=outliers).model_copy(update={"similarity": best.similarity})
     eligible = [c for c in kept if c.similarity >= min_similarity]
     top = max(bucket_of(c.similarity) for c in eligible)
     in_bucket = [c for c in eligible if bucket_of(c.similarity) == top]
@@ -322,11 +198,12 @@ def choose_parent(
     reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
               f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")
-    return Decision(parent_id=parent.model_id, similarity=parent.similarity,
-                    parent_metric=parent.metric_value, metric_name=parent.metric_name,
-                    matched_tensors=parent.matched_tensors, total_tensors=parent.total_tensors,
-                    reason=reason, candidates_considered=len(kept), outcome=Outcome.WARM,
-                    dropped_incompatible=incompatible, dropped_outliers=outliers)
+    return api.WarmStartDecision(
+        parent=parent.model_id, similarity=parent.similarity, parent_metric=parent.metric_value,
+        metric_name=parent.metric_name, matched_tensors=parent.matched_tensors,
+        total_tensors=parent.total_tensors, reason=reason, candidates_considered=len(kept),
+        outcome=api.WarmStartOutcome.WARM, dropped_incompatible=incompatible,
+        dropped_outliers=outliers)
 
 
 def pinned(
@@ -335,7 +212,7 @@ def pinned(
     modality: str,
     task: str,
     min_similarity: float,
-) -> Decision:
+) -> api.WarmStartDecision:
     """The decision for a parent pinned by `spec.warmStart.parent`: always that parent.
 
     The policy (compatibility, outliers, threshold) is not applied: the user chose. The reason
@@ -349,7 +226,7 @@ def pinned(
         min_similarity: `spec.warmStart.minSimilarity`, reported only.
 
     Returns:
-        A `Decision` with outcome PINNED.
+        A decision with outcome PINNED.
     """
     notes = []
     if candidate.similarity < min_similarity:
@@ -358,16 +235,17 @@ def pinned(
         notes.append(f"it is {_a(candidate.modality)} {candidate.modality} {candidate.task} "
                      f"model, the job {_a(modality)} {modality} {task} one")
     extra = f" ({'; '.join(notes)})" if notes else ""
-    return Decision(parent_id=candidate.model_id, similarity=candidate.similarity,
-                    parent_metric=candidate.metric_value, metric_name=candidate.metric_name,
-                    matched_tensors=candidate.matched_tensors,
-                    total_tensors=candidate.total_tensors,
-                    reason=(f"warm start from pinned parent {candidate.model_id}: similarity "
-                            f"{candidate.similarity:.2f}{extra}"),
-                    candidates_considered=1, outcome=Outcome.PINNED)
+    return api.WarmStartDecision(
+        parent=candidate.model_id, similarity=candidate.similarity,
+        parent_metric=candidate.metric_value, metric_name=candidate.metric_name,
+        matched_tensors=candidate.matched_tensors, total_tensors=candidate.total_tensors,
+        reason=(f"warm start from pinned parent {candidate.model_id}: similarity "
+                f"{candidate.similarity:.2f}{extra}"),
+        candidates_considered=1, outcome=api.WarmStartOutcome.PINNED)
 
 
-def finalize(decision: Decision, matched: int, total: int) -> Decision:
+def finalize(decision: api.WarmStartDecision, matched: int,
+             total: int) -> api.WarmStartDecision:
     """Apply the 10% rule once the weight transform has counted what transfers.
 
     Args:
@@ -377,7 +255,7 @@ def finalize(decision: Decision, matched: int, total: int) -> Decision:
         total: the child's weight tensors (`TransformResult.total_tensors`).
 
     Returns:
-        A cold start (outcome COLD_FEW_TENSORS, parent_id None) if matched < 10% of total;
+        A cold start (outcome COLD_FEW_TENSORS, parent None) if matched < 10% of total;
         otherwise the decision with the counts filled in and appended to the reason. A cold
         decision is returned with the counts only.
 
@@ -386,18 +264,19 @@ def finalize(decision: Decision, matched: int, total: int) -> Decision:
     """
     if matched < 0 or total < 0 or matched > total:
         raise ValueError(f"need 0 <= matched <= total (got matched={matched}, total={total})")
-    counted = dataclasses.replace(decision, matched_tensors=matched, total_tensors=total)
+    counted = decision.model_copy(update={"matched_tensors": matched, "total_tensors": total})
     if decision.cold_start:
         return counted
     share = matched / total if total else 0.0
     amount = f"{matched} of {total} weight tensors ({100 * share:.1f}%)"
     if total == 0 or share < MIN_TRANSFER_FRACTION:
-        return dataclasses.replace(
-            counted, parent_id=None, parent_metric=None, outcome=Outcome.COLD_FEW_TENSORS,
-            reason=(f"cold start: only {amount} of the child transfer from {decision.parent_id} "
-                    f"(similarity {_fmt(decision.similarity)}), below the "
-                    f"{100 * MIN_TRANSFER_FRACTION:.0f}% minimum"))
-    return dataclasses.replace(counted, reason=f"{decision.reason}; {amount} transfer")
+        return counted.model_copy(update={
+            "parent": None, "parent_metric": None,
+            "outcome": api.WarmStartOutcome.COLD_FEW_TENSORS,
+            "reason": (f"cold start: only {amount} of the child transfer from {decision.parent} "
+                       f"(similarity {_fmt(decision.similarity)}), below the "
+                       f"{100 * MIN_TRANSFER_FRACTION:.0f}% minimum")})
+    return counted.model_copy(update={"reason": f"{decision.reason}; {amount} transfer"})
 
 
 def bucket_of(similarity: float) -> int:
@@ -467,13 +346,11 @@ def _dropped_phrase(incompatible: int, outliers: int) -> str:
     return "".join(f", {p}" for p in parts)
 
 
-def cold_start(outcome: Outcome, reason: str, *, considered: int = 0, incompatible: int = 0,
-               outliers: int = 0) -> Decision:
+def cold_start(outcome: api.WarmStartOutcome, reason: str, *, considered: int = 0,
+               incompatible: int = 0, outliers: int = 0) -> api.WarmStartDecision:
     """A cold-start decision with its outcome and reason (one sentence with numbers)."""
-    return Decision(parent_id=None, similarity=None, parent_metric=None, matched_tensors=None,
-                    total_tensors=None, reason=reason, candidates_considered=considered,
-                    outcome=outcome, dropped_incompatible=incompatible,
-                    dropped_outliers=outliers)
+    return api.WarmStartDecision(reason=reason, outcome=outcome, candidates_considered=considered,
+                                 dropped_incompatible=incompatible, dropped_outliers=outliers)
 
 
 def _count(n: int, noun: str) -> str:

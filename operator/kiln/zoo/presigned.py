@@ -15,12 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from urllib.parse import unquote
 from xml.etree import ElementTree
 
 import certifi
 import urllib3
 import urllib3.exceptions
 
+from kiln import contract
 from kiln.zoo import store
 
 VERBS = ("get", "put", "delete", "head")
@@ -32,6 +34,23 @@ MIN_LIFETIME = datetime.timedelta(minutes=1)  # shorter URLs would die before a 
 #    "record": "<the record id reserved for the job's model, or null>",
 #    "objects": {"<key>": {"get": "<url>", "put": "<url>", ...}, ...}}
 # An object lists only the verbs granted.
+
+
+def open_zoo(uri: str, *, env: Mapping[str, str] | None = None) -> store.ObjectStore:
+    """The store a zoo URI names: ``presigned:/path/manifest.json`` gives a `PresignedStore`
+    (a pod's access to its job's objects, minted by the operator), any other URI what
+    `store.open_store` gives. Nothing is contacted yet.
+
+    Raises:
+        ValueError: a presigned URI without a path, or one `store.open_store` refuses.
+    """
+    if not uri.startswith(f"{contract.ZOO_ACCESS_SCHEME}:"):
+        return store.open_store(uri, env=env)
+    path = unquote(uri.partition(":")[2])
+    if not path:
+        raise ValueError(f"zoo URI {uri!r}: name the manifest file, as in "
+                         "presigned:/var/run/kiln/zoo-access/manifest.json")
+    return PresignedStore(path)
 
 
 class NotGranted(store.StoreMisconfigured):

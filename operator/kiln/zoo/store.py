@@ -614,8 +614,7 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
     """Open the store a zoo URI names.
 
     ``/some/dir``, ``./rel/dir`` or ``file:///some/dir`` give a `DirStore`;
-    ``presigned:/path/manifest.json`` gives a `presigned.PresignedStore` (a pod's access to
-    its job's objects, minted by the operator); ``s3://bucket[/prefix]`` gives an `S3Store` whose endpoint comes from ``KILN_ZOO_ENDPOINT``
+    ``s3://bucket[/prefix]`` gives an `S3Store` whose endpoint comes from ``KILN_ZOO_ENDPOINT``
     (``host:port`` or ``http(s)://host:port``), credentials from ``KILN_ZOO_ACCESS_KEY`` and
     ``KILN_ZOO_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``; neither
     pair: anonymous) with an optional session token, or from the cloud's identity with
@@ -628,19 +627,15 @@ def open_store(uri: str, *, env: Mapping[str, str] | None = None) -> ObjectStore
 
     Raises:
         ValueError: empty URI, unknown scheme, ``file://`` with a host, ``s3://`` without a
-            bucket or without ``KILN_ZOO_ENDPOINT``, or unusable credential settings.
+            bucket or without ``KILN_ZOO_ENDPOINT``, unusable credential settings, or a
+            pod's ``presigned:`` access (`presigned.open_zoo` opens that).
     """
     env = os.environ if env is None else env
     if not uri.strip():
         raise ValueError(f"zoo URI is empty; use a directory, e.g. {DEFAULT_ZOO_URI}")
     if uri.startswith(f"{contract.ZOO_ACCESS_SCHEME}:"):
-        from kiln.zoo import presigned  # it builds on this module
-
-        path = unquote(uri.partition(":")[2])
-        if not path:
-            raise ValueError(f"zoo URI {uri!r}: name the manifest file, as in "
-                             "presigned:/var/run/kiln/zoo-access/manifest.json")
-        return presigned.PresignedStore(path)
+        raise ValueError(f"zoo URI {uri!r} is a trainer pod's presigned access, which only "
+                         "the trainer opens; use a directory, file:///path or s3://bucket")
     if "://" not in uri:
         return DirStore(Path(uri))
     parts = urlsplit(uri)

@@ -8,11 +8,13 @@ import pytest
 
 from kiln import api, contract
 from kiln.controller import cluster, gang, pods
+from kiln.controller import settings as operator_settings
 from kiln.placement import planner, types
 from kiln.warmstart import select
 
-SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo")
-COLD = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
+SETTINGS = operator_settings.pod_settings(operator_settings.Options(
+    default_image="kiln/trainer:test", zoo_uri="s3://zoo", zoo_pod_access="credentials"))
+COLD = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: the model zoo is empty")
 
 
 def _job(name: str = "digits", **spec: Any) -> tuple[dict[str, Any], api.TrainingJob]:
@@ -43,7 +45,7 @@ def test_each_node_gets_one_pinned_pod_that_joins_rank_0s_rendezvous() -> None:
     endpoint = "trainer-000.digits-trainers.team-a.svc:29400"
     for rank, (pod, node) in enumerate(zip(built, ("gpu-1", "gpu-2", "gpu-3"), strict=True)):
         spec, container = pod["spec"], pod["spec"]["containers"][0]
-        assert pod["metadata"]["labels"][gang.RANK_LABEL] == str(rank)
+        assert pod["metadata"]["labels"][pods.RANK_LABEL] == str(rank)
         assert pod["metadata"]["labels"][pods.ATTEMPT_LABEL] == "2"
         assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -79,7 +81,7 @@ def test_a_one_node_launch_builds_the_ordinary_pod() -> None:
     owner, job = _job(resources={"gpus": 2})
     (pod,) = gang.build_pods(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
     assert pod == pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
-    assert "subdomain" not in pod["spec"] and gang.rank_of(pod) == 0
+    assert "subdomain" not in pod["spec"] and pods.rank_of(pod) == 0
 
 
 def test_an_own_command_keeps_running_and_finds_the_rendezvous_in_torchruns_env() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kiln import api
-from kiln.controller import jobs, kueue, placement_loop, pods, settings
+from kiln.controller import gates, jobs, kueue, placement_loop, pods, settings
 from kiln.warmstart import select
 
 
@@ -148,23 +148,29 @@ def test_finish_marks_the_workload_finished_with_the_jobs_outcome() -> None:
 
 
 def test_only_labelled_jobs_under_kueue_are_held_until_granted() -> None:
-    on, off = settings.Options(kueue=True), settings.Options()
+    on: gates.Gate = kueue.Kueue(client=None, jobs=None, placement=None,  # type: ignore[arg-type]
+                                 options=settings.Options(kueue=True), clock=lambda: 0.0)
+    off: gates.Gate = gates.Open()
     _, labelled = _job()
     _, plain = _job(labels={})
     entry = placement_loop.Queued(
         ref=jobs.JobRef("team-a", "digits"), job=labelled,
-        warm_start=select.cold_start(select.Outcome.COLD_EMPTY, "cold"), since=0.0)
-    assert kueue.held(on, entry)
-    assert not kueue.held(on, dataclasses.replace(entry, grant=placement_loop.Grant()))
-    assert not kueue.held(off, entry)
-    assert not kueue.held(on, dataclasses.replace(entry, job=plain))
+        warm_start=select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold"), since=0.0)
+    assert on.holds(entry) and on.manages(labelled)
+    assert not on.holds(dataclasses.replace(entry, grant=placement_loop.Grant()))
+    assert not off.holds(entry) and not off.manages(labelled)
+    assert not on.holds(dataclasses.replace(entry, job=plain)) and not on.manages(plain)
+    assert on.waiting(plain, "u-1") is None and off.waiting(labelled, "u-1") is None
+    reason, message = on.waiting(labelled, "u-1") or (None, "")
+    assert reason == api.Reason.WAITING_FOR_KUEUE
+    assert kueue.workload_name("digits", "u-1") in message
     assert kueue.owner_of(_workload()) == jobs.JobRef("team-a", "digits")
 
 
 def test_under_kueue_trainer_pods_do_not_carry_the_queue_label() -> None:
     owner, job = _job()
     launch = pods.Launch(node="n", devices=1, parallelism="single", device="cpu",
-                         warm_start=select.cold_start(select.Outcome.COLD_EMPTY, "cold"),
+                         warm_start=select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold"),
                          estimated_seconds=1.0, started=1.0)
     plain = settings.pod_settings(settings.Options())
     managed = settings.pod_settings(settings.Options(kueue=True))

@@ -46,7 +46,7 @@ def test_placement_lists_kiln_pods_by_label_and_other_pods_per_gpu_node() -> Non
             client = kube.Client(kopf.ConnectionInfo(server=api_server.url))
             try:
                 nodes = await client.list(kube.Paths.nodes())
-                return nodes, await listing.placement_pods(client, nodes)
+                return nodes, await listing.placement_pods(client, cluster.gpu_node_names(nodes))
             finally:
                 await client.close()
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from kiln import api
-from kiln.controller import housekeeping, jobs, lifecycle, parents
+from kiln.controller import housekeeping, jobs, lifecycle
 from kiln.warmstart import select
 
-ADMITTED = select.Decision(
-    parent_id="bad-1", similarity=0.9, parent_metric=0.97, matched_tensors=6, total_tensors=6,
+ADMITTED = api.WarmStartDecision(
+    parent="bad-1", similarity=0.9, parent_metric=0.97, matched_tensors=6, total_tensors=6,
     reason="warm start from bad-1: similarity 0.90", candidates_considered=2,
-    outcome=select.Outcome.WARM, alternatives=("other-2",))
+    outcome=api.WarmStartOutcome.WARM, alternatives=("other-2",))
 REFUSED = {"outcome": "cold_guard", "parent": None,
            "reason": "warm start from bad-1 (similarity 0.90) rejected: probe loss 9.100 vs "
                      "2.300 cold on 256 training samples; cold start",
@@ -26,7 +26,7 @@ def _edit(warm_start: dict[str, Any]) -> jobs.Edit:
 
 
 def test_a_live_cold_guard_verdict_is_recorded_with_one_guarded_event() -> None:
-    edit = _edit(parents.to_status(ADMITTED))
+    edit = _edit(api.to_wire(ADMITTED))
     live = housekeeping._with_admission(edit.status["warmStart"], REFUSED)
     lifecycle.record_trainer_decision(edit, live, now=10.0)
     warm = edit.status["warmStart"]
@@ -53,7 +53,7 @@ def test_a_live_cold_guard_verdict_is_recorded_with_one_guarded_event() -> None:
 
 
 def test_a_switch_to_an_alternative_parent_is_guarded_and_a_kept_parent_is_not() -> None:
-    edit = _edit(parents.to_status(ADMITTED))
+    edit = _edit(api.to_wire(ADMITTED))
     switched = {**REFUSED, "outcome": "warm", "parent": "other-2",
                 "reason": "warm start from other-2 after bad-1 was rejected", "probe_loss": 1.0}
     lifecycle.record_trainer_decision(
@@ -63,7 +63,7 @@ def test_a_switch_to_an_alternative_parent_is_guarded_and_a_kept_parent_is_not()
     assert "similarity" not in warm  # the admitted parent's, not this one's
     assert [e.reason for e in edit.events] == [api.Reason.WARM_START_GUARDED]
 
-    kept = _edit(parents.to_status(ADMITTED))
+    kept = _edit(api.to_wire(ADMITTED))
     passed = {**REFUSED, "outcome": "warm", "parent": "bad-1", "reason": "kept bad-1",
               "probe_loss": 0.5}
     lifecycle.record_trainer_decision(
@@ -74,9 +74,9 @@ def test_a_switch_to_an_alternative_parent_is_guarded_and_a_kept_parent_is_not()
 
 
 def test_a_cold_start_without_a_probe_changes_nothing() -> None:
-    cold = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
-    edit = _edit(parents.to_status(cold))
+    cold = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: the model zoo is empty")
+    edit = _edit(api.to_wire(cold))
     live = {"outcome": "cold_empty", "parent": None, "reason": cold.reason}
     lifecycle.record_trainer_decision(
         edit, housekeeping._with_admission(edit.status["warmStart"], live), now=1.0)
-    assert edit.status == {"warmStart": parents.to_status(cold)} and edit.events == []
+    assert edit.status == {"warmStart": api.to_wire(cold)} and edit.events == []

@@ -1,5 +1,5 @@
 """kiln.controller.main: every option has a flag; bad flags are usage errors naming the flag
-(exit 2); an unreachable API server is one message (exit 1); what services make of options."""
+(exit 2); an unreachable API server is one message (exit 1); what the operator builds from options."""
 
 from __future__ import annotations
 
@@ -181,21 +181,21 @@ def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
     monkeypatch.setenv("KILN_ZOO_SECRET_KEY", "s")
     options = main.options_from_args(main.build_parser().parse_args(["--zoo-uri", "s3://zoo"]))
     assert options.zoo_endpoint is None
-    svc = main.build_services(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
-    assert svc.pod_settings.zoo_endpoint == "minio.example:9000"
+    operator = main.build(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    assert operator.deps.pod_settings.zoo_endpoint == "minio.example:9000"
 
 
 def test_the_operators_start_warms_up_a_graph_worker_in_the_background(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = main.options_from_args(main.build_parser().parse_args([
         "--zoo-uri", str(tmp_path)]))
-    svc = main.build_services(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+    operator = main.build(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
     warmed: list[bool] = []
-    monkeypatch.setattr(svc.parents, "warm_up", lambda: warmed.append(True))
+    monkeypatch.setattr(operator.deps.parents, "warm_up", lambda: warmed.append(True))
 
     async def start_and_stop() -> None:
-        await svc.start()
-        await svc.stop()
+        await operator.start()
+        await operator.stop()
 
     asyncio.run(start_and_stop())
     assert warmed == [True]

@@ -9,7 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kiln import api
 from kiln.controller import handlers, metrics
-from kiln.warmstart import select
 
 
 def _families(reporter: metrics.OperatorMetrics) -> dict[str, str]:
@@ -55,7 +54,7 @@ def test_warm_start_similarity_is_a_histogram_over_zero_to_one() -> None:
 
 def test_known_outcomes_and_handlers_exist_at_zero_before_anything_happens() -> None:
     reporter = metrics.OperatorMetrics()
-    for outcome in [*select.Outcome, metrics.ZOO_UNAVAILABLE_OUTCOME]:
+    for outcome in [*api.WarmStartOutcome, metrics.ZOO_UNAVAILABLE_OUTCOME]:
         assert _value(reporter, "kiln_warm_start_total", {"outcome": str(outcome)}) == 0.0
     for handler in metrics.HANDLERS:
         assert _value(reporter, "kiln_reconcile_errors_total", {"handler": handler}) == 0.0

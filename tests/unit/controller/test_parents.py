@@ -13,30 +13,52 @@ from kiln.controller import metrics, parents
 from kiln.warmstart import decision, graph, select
 from kiln.zoo import records, store
 
-WARM = select.Decision(parent_id="small_cnn-1234abcd", similarity=0.75, parent_metric=0.9,
-                       matched_tensors=4, total_tensors=5, reason="warm start from it; 4 of 5",
-                       candidates_considered=3, outcome=select.Outcome.PINNED)
+WARM = api.WarmStartDecision(
+    parent="small_cnn-1234abcd", similarity=0.75, parent_metric=0.9,
+    metric_name="validation_accuracy", matched_tensors=4, total_tensors=5,
+    reason="warm start from it; 4 of 5", candidates_considered=3,
+    outcome=api.WarmStartOutcome.PINNED, alternatives=("small_cnn-5678abcd",))
 
 
 @pytest.mark.parametrize("decided", [
     pytest.param(WARM, id="warm"),
-    pytest.param(select.cold_start(select.Outcome.COLD_FEW_TENSORS, "cold start: 0 of 5"),
+    pytest.param(select.cold_start(api.WarmStartOutcome.COLD_FEW_TENSORS, "cold start: 0 of 5"),
                  id="cold"),
 ])
 def test_a_decision_reads_back_from_status_as_the_trainer_needs_it(
-    decided: select.Decision,
+    decided: api.WarmStartDecision,
 ) -> None:
-    wire = parents.to_status(decided)
-    api.WarmStartStatus.model_validate(wire)  # every field is declared in the CRD
-    back = parents.from_status(wire)
-    for field in ("parent_id", "similarity", "parent_metric", "matched_tensors",
-                  "total_tensors", "reason", "outcome"):
-        assert getattr(back, field) == getattr(decided, field)
+    wire = api.to_wire(decided)  # status.warmStart: the same type, by alias
+    problems = api.check_schema({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                                 "metadata": {"name": "j"}, "spec": {},
+                                 "status": {"warmStart": wire}})
+    assert [p for p in problems if p.startswith("status")] == []  # the CRD declares it all
+    assert api.TrainingJobStatus.model_validate({"warmStart": wire}).warm_start == decided
+    if decided.parent is not None:
+        assert (wire["parentMetric"], wire["candidatesConsidered"]) == (0.9, 3)
 
 
 def test_a_status_without_outcome_reads_as_warm_or_cold_by_its_parent() -> None:
-    assert parents.from_status({"parent": "p-1", "reason": "r"}).outcome == select.Outcome.WARM
-    assert parents.from_status(None).cold_start
+    older = api.WarmStartDecision.model_validate({"parent": "p-1", "similarity": 0.8,
+                                                  "reason": "r"})
+    assert older.outcome == api.WarmStartOutcome.WARM and not older.cold_start
+    cold = api.WarmStartDecision.model_validate({"similarity": 0.1, "reason": "cold start: r"})
+    assert cold.outcome == api.WarmStartOutcome.COLD_EMPTY and cold.cold_start
+    assert api.WarmStartDecision.model_validate({}).cold_start
+
+
+@pytest.mark.parametrize(("wire", "field"), [
+    pytest.param({"parent": 7, "outcome": "warm"}, "parent", id="number-as-id"),
+    pytest.param({"similarity": "0.5", "outcome": "warm"}, "similarity", id="text-as-number"),
+    pytest.param({"similarity": 1.5, "outcome": "warm"}, "similarity", id="beyond-1"),
+    pytest.param({"matchedTensors": True, "outcome": "warm"}, "matchedTensors", id="bool"),
+    pytest.param({"alternatives": [1], "outcome": "warm"}, "alternatives", id="id-as-number"),
+    pytest.param({"outcome": "lukewarm"}, "outcome", id="unknown-outcome"),
+])
+def test_a_malformed_decision_is_refused_naming_the_field(wire: dict[str, Any],
+                                                          field: str) -> None:
+    with pytest.raises(ValueError, match=f"warm-start decision: {field}"):
+        select.from_report(wire)
 
 
 def test_the_operator_leaves_an_entrypoint_models_decision_to_the_trainer(
@@ -48,7 +70,7 @@ def test_the_operator_leaves_an_entrypoint_models_decision_to_the_trainer(
     chooser = parents.ParentChooser(store.DirStore(tmp_path), metrics=metrics.OperatorMetrics(),
                                     refresh_seconds=60.0, query_timeout_seconds=5.0)
     decided = asyncio.run(chooser.decide(job))
-    assert (decided.outcome, decided.parent_id) == (select.Outcome.IN_TRAINER, None)
+    assert (decided.outcome, decided.parent) == (api.WarmStartOutcome.IN_TRAINER, None)
     assert "made in the trainer pod, before its first step" in decided.reason
 
 
@@ -69,10 +91,11 @@ def test_the_trainers_own_decision_reads_back_for_status() -> None:
               "reason": "warm start from mixer-1a2b3c4d"}
     decided = select.from_report(report)
     assert decided is not None
-    assert parents.to_status(decided) == {
+    assert api.to_wire(decided) == {
         "parent": "mixer-1a2b3c4d", "similarity": 0.49, "parentMetric": 0.9,
         "matchedTensors": 30, "totalTensors": 54, "reason": "warm start from mixer-1a2b3c4d",
-        "outcome": "warm"}
+        "outcome": "warm", "candidatesConsidered": 0, "droppedIncompatible": 0,
+        "droppedOutliers": 0, "alternatives": []}
     assert select.from_report({"outcome": "in_trainer"}) is None
     assert select.from_report({}) is None
 
@@ -120,8 +143,8 @@ def test_a_job_with_warm_start_disabled_never_touches_the_zoo() -> None:
     try:
         job = _job("small_cnn", {}, enabled=False)
         decided = asyncio.run(chooser.decide(job))
-        assert decided.outcome == select.Outcome.DISABLED
-        assert chooser.decide_now(job).outcome == select.Outcome.DISABLED
+        assert decided.outcome == api.WarmStartOutcome.DISABLED
+        assert chooser.decide_now(job).outcome == api.WarmStartOutcome.DISABLED
         assert _DownStore.calls == 0
     finally:
         chooser.close()
@@ -137,7 +160,8 @@ def test_a_model_too_slow_to_trace_cold_starts_without_holding_other_decisions(
     # 12 s of CPU to trace here: past the 1 s deadline on a machine many times faster
     slow = _job("vit", {"depth": 1000, "width": 8, "heads": 1})
 
-    async def scenario() -> tuple[select.Decision, select.Decision, bool, select.Decision]:
+    async def scenario() -> tuple[api.WarmStartDecision, api.WarmStartDecision, bool,
+                                  api.WarmStartDecision]:
         first = await chooser.decide(ordinary)  # cached from now on
         slow_task = asyncio.create_task(chooser.decide(slow))
         await asyncio.sleep(0)
@@ -147,13 +171,13 @@ def test_a_model_too_slow_to_trace_cold_starts_without_holding_other_decisions(
 
     try:
         first, again, overtaken, slow_decided = asyncio.run(scenario())
-        assert first.parent_id is not None and again == first
+        assert first.parent is not None and again == first
         assert overtaken  # the cached decision did not wait for the slow one
-        assert slow_decided.outcome == select.Outcome.COLD_UNTRACEABLE
+        assert slow_decided.outcome == api.WarmStartOutcome.COLD_UNTRACEABLE
         assert "tracing its graph took longer than 1 s" in slow_decided.reason
         # The killed worker is replaced: a new model is traced and matched as usual.
         deeper = chooser.decide_now(_job("small_cnn", {"depth": 4, "width": 8}))
-        assert deeper.parent_id == first.parent_id
+        assert deeper.parent == first.parent
     finally:
         chooser.close()
 
@@ -173,11 +197,10 @@ def _trained(record_id: str, train_seconds: float | None) -> records.ZooRecord:
 
 def test_a_warm_start_saves_its_parents_training_in_the_share_transferred() -> None:
     known = [_trained("small_cnn-1234abcd", 600.0), _trained("imported-00000000", None)]
-    warm = parents.to_status(WARM)  # 4 of 5 tensors from small_cnn-1234abcd
-    assert parents.seconds_saved(known, warm) == pytest.approx(480.0)
-    assert parents.seconds_saved(known, {**warm, "parent": "imported-00000000"}) == 0.0
-    assert parents.seconds_saved(known, {**warm, "parent": "gone-00000000"}) == 0.0
-    cold = parents.to_status(select.cold_start(select.Outcome.COLD_EMPTY, "cold start: empty"))
+    assert parents.seconds_saved(known, WARM) == pytest.approx(480.0)  # 4 of 5 tensors
+    for other in ("imported-00000000", "gone-00000000"):
+        assert parents.seconds_saved(known, WARM.model_copy(update={"parent": other})) == 0.0
+    cold = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: empty")
     assert parents.seconds_saved(known, cold) == parents.seconds_saved(known, None) == 0.0
 
 

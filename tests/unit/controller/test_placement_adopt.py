@@ -9,8 +9,10 @@ from typing import Any
 from kubesim import selection
 from unit.controller import resize_cases
 
-from kiln.controller import jobs, kube, metrics, placement_loop, pods
-from kiln.placement import introspect, types
+from kiln import api
+from kiln.controller import jobs, kube, main, metrics, placement_loop, pods
+from kiln.controller import settings as operator_settings
+from kiln.placement import introspect
 from kiln.warmstart import select
 
 
@@ -53,10 +55,10 @@ async def _nothing(*_: Any) -> None:
 
 
 def _loop(state: _Cluster) -> placement_loop.PlacementLoop:
-    settings = placement_loop.LoopSettings(
-        interval_seconds=1.0, cpu_slots=1, max_gpus=2, planner=types.Settings(use_milp=False),
-        resize=introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
-                                 default_restart_seconds=60.0))
+    settings = main.loop_settings(operator_settings.Options(
+        placement_interval_seconds=1.0, cpu_slots_per_node=1, max_gpus_per_job=2,
+        placement_use_milp=False, resize_min_gain=2.0, resize_min_interval_seconds=300.0,
+        resize_restart_seconds=60.0))
     return placement_loop.PlacementLoop(
         client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
         settings=settings, launch=state.launch, publish=_nothing, unplaceable=_nothing,
@@ -65,7 +67,7 @@ def _loop(state: _Cluster) -> placement_loop.PlacementLoop:
 
 
 def _entry() -> placement_loop.Queued:
-    decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
+    decision = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "no zoo models")
     return placement_loop.Queued(jobs.JobRef("ns", "a"), resize_cases.heavy_job("a"), decision, since=0.0)
 
 

@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 from kiln import api
-from kiln.controller import jobs, kube, metrics, placement_loop
+from kiln.controller import jobs, kube, main, metrics, placement_loop
+from kiln.controller import settings as operator_settings
 from kiln.placement import types
 from kiln.warmstart import select
 
@@ -55,7 +56,7 @@ def _entry(name: str, *, gpus: int | None = None, **template: Any) -> placement_
         "metadata": {"name": name, "namespace": "ns"},
         "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
                  "resources": {"gpus": gpus}, "template": template}})
-    decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
+    decision = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "no zoo models")
     return placement_loop.Queued(jobs.JobRef("ns", name), job, decision, since=0.0)
 
 
@@ -63,10 +64,10 @@ def _run(*entries: placement_loop.Queued) -> tuple[_Cluster, placement_loop.Plac
     state = _Cluster()
     loop = placement_loop.PlacementLoop(
         client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
-        settings=placement_loop.LoopSettings(
-            interval_seconds=1.0, cpu_slots=1, max_gpus=2,
-            planner=types.Settings(use_milp=False),
-            gpu_resources=("nvidia.com/gpu", "amd.com/gpu")),
+        settings=main.loop_settings(operator_settings.Options(
+            placement_interval_seconds=1.0, cpu_slots_per_node=1, max_gpus_per_job=2,
+            placement_use_milp=False, resize=False,
+            gpu_resources=("nvidia.com/gpu", "amd.com/gpu"))),
         launch=state.launch, publish=_nothing, unplaceable=state.report, zoo_records=list,
         metrics=metrics.OperatorMetrics(), clock=lambda: 1000.0, eta_seconds={})
 

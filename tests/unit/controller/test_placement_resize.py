@@ -8,7 +8,9 @@ from typing import Any
 from kubesim import selection
 from unit.controller import resize_cases
 
-from kiln.controller import cluster, jobs, kube, metrics, placement_loop, pods
+from kiln import api
+from kiln.controller import cluster, jobs, kube, main, metrics, placement_loop, pods
+from kiln.controller import settings as operator_settings
 from kiln.placement import introspect, types
 from kiln.warmstart import select
 
@@ -60,11 +62,10 @@ async def _nothing(*_: Any) -> None:
 
 def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
           eta: dict[str, float], max_gpus: int = 2) -> placement_loop.PlacementLoop:
-    settings = placement_loop.LoopSettings(
-        interval_seconds=1.0, cpu_slots=1, max_gpus=max_gpus,
-        planner=types.Settings(use_milp=False),
-        resize=introspect.Policy(min_gain=2.0, min_interval_seconds=min_interval,
-                                 default_restart_seconds=60.0))
+    settings = main.loop_settings(operator_settings.Options(
+        placement_interval_seconds=1.0, cpu_slots_per_node=1, max_gpus_per_job=max_gpus,
+        placement_use_milp=False, resize_min_gain=2.0, resize_min_interval_seconds=min_interval,
+        resize_restart_seconds=60.0))
     return placement_loop.PlacementLoop(
         client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
         settings=settings, launch=state.launch, publish=_nothing, unplaceable=_nothing,
@@ -73,7 +74,7 @@ def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
 
 
 def _queue(loop: placement_loop.PlacementLoop, name: str, now: float) -> None:
-    decision = select.cold_start(select.Outcome.COLD_EMPTY, "no zoo models")
+    decision = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "no zoo models")
     loop.add(placement_loop.Queued(jobs.JobRef("ns", name), resize_cases.heavy_job(name), decision, since=now))
 
 

@@ -8,15 +8,18 @@ from typing import Any
 
 from kiln import api
 from kiln.controller import pods, profiling
+from kiln.controller import settings as operator_settings
 from kiln.warmstart import select
 
-WARM = select.Decision(parent_id="small_cnn-1234abcd", similarity=0.8, parent_metric=0.9,
-                       matched_tensors=4, total_tensors=5, reason="warm start from it",
-                       candidates_considered=1, outcome=select.Outcome.WARM)
-COLD = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
+WARM = api.WarmStartDecision(
+    parent="small_cnn-1234abcd", similarity=0.8, parent_metric=0.9, matched_tensors=4,
+    total_tensors=5, reason="warm start from it", candidates_considered=1,
+    outcome=api.WarmStartOutcome.WARM)
+COLD = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: the model zoo is empty")
 
-SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
-                            zoo_endpoint="minio:9000", zoo_secret="zoo-creds")
+SETTINGS = operator_settings.pod_settings(operator_settings.Options(
+    default_image="kiln/trainer:test", zoo_uri="s3://zoo", zoo_endpoint="minio:9000",
+    zoo_secret="zoo-creds", zoo_pod_access="credentials"))
 
 
 def _job(**spec: Any) -> tuple[dict[str, Any], api.TrainingJob]:
@@ -60,7 +63,7 @@ def test_zoo_credentials_come_from_a_secret_reference_never_a_value() -> None:
     for name in ("KILN_ZOO_ACCESS_KEY", "KILN_ZOO_SECRET_KEY"):
         assert "value" not in env[name]
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "zoo-creds"
-    assert json.loads(env["KILN_WARM_START"]["value"]) == WARM.to_json()
+    assert json.loads(env["KILN_WARM_START"]["value"]) == WARM.model_dump(mode="json")
     assert env["KILN_ZOO_ENDPOINT"]["value"] == "minio:9000"
     token = env["KILN_ZOO_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]  # temporary keys only
     assert token == {"name": "zoo-creds", "key": "sessionToken", "optional": True}
@@ -119,7 +122,7 @@ def test_a_cpu_pod_asks_for_no_gpu_and_runs_one_process() -> None:
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
     assert container["command"] == ["python", "-m", "kiln_trainer"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert select.Decision.from_json(json.loads(env["KILN_WARM_START"])) == COLD
+    assert api.WarmStartDecision.model_validate(json.loads(env["KILN_WARM_START"])) == COLD
 
 
 def test_the_template_overrides_image_and_env_and_adds_scheduling() -> None:
@@ -241,10 +244,11 @@ def test_trainer_pods_run_as_non_root_without_a_fixed_uid_by_default() -> None:
 
 
 def test_security_contexts_come_from_the_operator_then_the_job() -> None:
-    settings = pods.PodSettings(
-        default_image="kiln/trainer:test", zoo_uri="s3://zoo",
-        pod_security_context={"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
-        container_security_context={"readOnlyRootFilesystem": True})
+    settings = operator_settings.pod_settings(operator_settings.Options(
+        default_image="kiln/trainer:test", zoo_uri="s3://zoo", zoo_pod_access="credentials",
+        pod_security_context=json.dumps(
+            {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000}),
+        container_security_context=json.dumps({"readOnlyRootFilesystem": True})))
     owner, job = _job()
     pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=settings)
     assert pod["spec"]["securityContext"]["fsGroup"] == 1000

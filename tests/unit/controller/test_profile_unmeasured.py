@@ -7,10 +7,12 @@ import dataclasses
 from typing import Any
 
 from kiln import api, contract
-from kiln.controller import cluster, pods, profiling
+from kiln.controller import cluster, profiling
+from kiln.controller import settings as operator_settings
 
-SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
-                            zoo_endpoint="minio:9000", zoo_secret="zoo-creds")
+SETTINGS = operator_settings.pod_settings(operator_settings.Options(
+    default_image="kiln/trainer:test", zoo_uri="s3://zoo", zoo_endpoint="minio:9000",
+    zoo_secret="zoo-creds", zoo_pod_access="credentials"))
 A100, T4 = "cuda:NVIDIA-A100-SXM4-40GB", "cuda:Tesla-T4"
 
 

@@ -10,10 +10,12 @@ import pytest
 
 from kiln import api, contract
 from kiln.controller import cluster, pods, profiling
+from kiln.controller import settings as operator_settings
 from kiln.placement import estimate
 
-SETTINGS = pods.PodSettings(default_image="kiln/trainer:test", zoo_uri="s3://zoo",
-                            zoo_endpoint="minio:9000", zoo_secret="zoo-creds")
+SETTINGS = operator_settings.pod_settings(operator_settings.Options(
+    default_image="kiln/trainer:test", zoo_uri="s3://zoo", zoo_endpoint="minio:9000",
+    zoo_secret="zoo-creds", zoo_pod_access="credentials"))
 
 
 def _job(gpus: int | None = None, **template: Any) -> tuple[dict[str, Any], api.TrainingJob]:
@@ -141,9 +143,8 @@ def test_the_report_round_trips_through_the_termination_message_and_status() -> 
         "phase": "Succeeded", "containerStatuses": [{"name": "trainer", "state": {
             "terminated": {"exitCode": 0, "message": message}}}]}})
     assert profiling.read(state) == report
-    wire = profiling.to_status(report)
-    api.ProfileStatus.model_validate(wire)
-    measured = profiling.measurement(wire)
+    wire = api.to_wire(profiling.to_status(report))  # as status.profile holds it
+    measured = profiling.measurement(api.ProfileStatus.model_validate(wire))
     assert measured == estimate.ModelMeasurement(
         parameters=12_345, flops_per_sample=2.5e6, device_type="cuda:NVIDIA H200",
         batch_size=32, step_seconds=0.004)
@@ -155,7 +156,8 @@ def test_the_report_round_trips_through_the_termination_message_and_status() -> 
 def test_a_malformed_report_is_an_error_naming_the_field() -> None:
     bad_decision = _profile(warm_start_decision={"outcome": "warm", "parent": 7})
     for report, field in ((_profile(parameters="12345"), "'parameters'"),
-                          (bad_decision, "parent_id must be str")):
+                          (bad_decision, ("'warm_start_decision.parent': input should be a "
+                                          "valid string; got int 7"))):
         state = pods.pod_state({"metadata": {"name": "mixer-profile"}, "status": {
             "phase": "Succeeded", "containerStatuses": [{"name": "trainer", "state": {
                 "terminated": {"exitCode": 0,

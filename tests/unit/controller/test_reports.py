@@ -13,7 +13,7 @@ import pytest
 from zoofactory import add
 
 from kiln import api
-from kiln.controller import jobs, lifecycle, parents, reports
+from kiln.controller import cache, jobs, lifecycle, parents, reports
 from kiln.warmstart import select
 from kiln.zoo import records, store
 
@@ -70,8 +70,8 @@ def test_parents_a_pod_decided_must_be_visible_and_admitted_ones_granted(tmp_pat
         f"{shared.id} is not among the parents granted to the job ({own.id})"
 
 
-def _edit(warm: select.Decision) -> jobs.Edit:
-    return jobs.Edit(body=OWNER, status={"warmStart": parents.to_status(warm)},
+def _edit(warm: api.WarmStartDecision) -> jobs.Edit:
+    return jobs.Edit(body=OWNER, status={"warmStart": api.to_wire(warm)},
                      jobs=None)  # type: ignore[arg-type]  # condition() does not write
 
 
@@ -85,21 +85,21 @@ def test_a_trainers_decision_naming_a_parent_it_was_not_granted_is_refused_once(
         tmp_path: Path) -> None:
     zoo = store.DirStore(tmp_path)
     private = add(zoo, "small_cnn-00000003", floats=4, namespace="team-a")
-    svc: Any = types.SimpleNamespace(parents=types.SimpleNamespace(zoo=zoo),
-                                     refused_reports=set())
-    left = select.cold_start(select.Outcome.IN_TRAINER, parents.IN_TRAINER_REASON)
+    deps: Any = types.SimpleNamespace(parents=types.SimpleNamespace(zoo=zoo),
+                                      caches=cache.Caches())
+    left = select.cold_start(api.WarmStartOutcome.IN_TRAINER, parents.IN_TRAINER_REASON)
     edit = _edit(left)
     for now in (1.0, 2.0):  # a live report, then the result repeating it
-        asyncio.run(lifecycle.take_trainer_decision(svc, edit, _report(private.id),
+        asyncio.run(lifecycle.take_trainer_decision(deps, edit, _report(private.id),
                                                     pod="digits-trainer-0", now=now))
-    assert edit.status["warmStart"] == parents.to_status(left)
+    assert edit.status["warmStart"] == api.to_wire(left)
     assert "conditions" not in edit.status
     (event,) = edit.events
     assert (event.type, event.reason) == ("Warning", api.Reason.REPORT_REFUSED)
     assert private.id in event.message and "Pod digits-trainer-0 reported" in event.message
 
     own = add(zoo, "small_cnn-00000001", floats=4, namespace="team-b")
-    asyncio.run(lifecycle.take_trainer_decision(svc, edit, _report(own.id),
+    asyncio.run(lifecycle.take_trainer_decision(deps, edit, _report(own.id),
                                                 pod="digits-trainer-0", now=3.0))
     assert edit.status["warmStart"]["parent"] == own.id
 
@@ -107,20 +107,20 @@ def test_a_trainers_decision_naming_a_parent_it_was_not_granted_is_refused_once(
 def test_an_admitted_decision_keeps_its_parent_when_the_trainer_names_another(
         tmp_path: Path) -> None:
     zoo = store.DirStore(tmp_path)
-    admitted = select.Decision(
-        parent_id="small_cnn-00000001", similarity=0.9, parent_metric=0.9, matched_tensors=4,
+    admitted = api.WarmStartDecision(
+        parent="small_cnn-00000001", similarity=0.9, parent_metric=0.9, matched_tensors=4,
         total_tensors=4, reason="warm start", candidates_considered=2,
-        outcome=select.Outcome.WARM, alternatives=("small_cnn-00000002",))
-    svc: Any = types.SimpleNamespace(parents=types.SimpleNamespace(zoo=zoo),
-                                     refused_reports=set())
+        outcome=api.WarmStartOutcome.WARM, alternatives=("small_cnn-00000002",))
+    deps: Any = types.SimpleNamespace(parents=types.SimpleNamespace(zoo=zoo),
+                                      caches=cache.Caches())
     edit = _edit(admitted)
-    asyncio.run(lifecycle.take_trainer_decision(svc, edit, _report("small_cnn-00000009"),
+    asyncio.run(lifecycle.take_trainer_decision(deps, edit, _report("small_cnn-00000009"),
                                                 pod="digits-trainer-0", now=1.0))
-    assert edit.status["warmStart"] == parents.to_status(admitted)
+    assert edit.status["warmStart"] == api.to_wire(admitted)
     assert [e.reason for e in edit.events] == [api.Reason.REPORT_REFUSED]
     assert "not among the parents granted" in edit.events[0].message
     edit.events.clear()
-    asyncio.run(lifecycle.take_trainer_decision(svc, edit, _report("small_cnn-00000002"),
+    asyncio.run(lifecycle.take_trainer_decision(deps, edit, _report("small_cnn-00000002"),
                                                 pod="digits-trainer-0", now=2.0))
     assert edit.status["warmStart"]["parent"] == "small_cnn-00000002"  # the guard's switch
     assert [e.reason for e in edit.events] == [api.Reason.WARM_START_GUARDED]

@@ -12,18 +12,24 @@ from kiln.controller import status
 C, R = api.ConditionType, api.Reason
 
 
+def _condition(st: dict[str, Any], type_: api.ConditionType) -> api.Condition:
+    found = status.condition(st, type_)
+    assert found is not None
+    return found
+
+
 def test_set_condition_moves_the_transition_time_only_when_the_status_flips() -> None:
     st: dict[str, Any] = {}
     assert status.set_condition(st, C.RUNNING, True, R.TRAINER_STARTED, "a", now=100.0,
                                 generation=1)
     first = status.condition(st, C.RUNNING)
-    assert first is not None and first["lastTransitionTime"] == status.rfc3339(100.0)
+    assert first is not None and first.last_transition_time == status.rfc3339(100.0)
     assert status.set_condition(st, C.RUNNING, True, R.TRAINER_STARTED, "b", now=200.0,
                                 generation=1)
-    assert status.condition(st, C.RUNNING)["lastTransitionTime"] == status.rfc3339(100.0)
+    assert _condition(st, C.RUNNING).last_transition_time == status.rfc3339(100.0)
     assert status.set_condition(st, C.RUNNING, False, R.TRAINING_COMPLETED, "c", now=300.0,
                                 generation=1)
-    assert status.condition(st, C.RUNNING)["lastTransitionTime"] == status.rfc3339(300.0)
+    assert _condition(st, C.RUNNING).last_transition_time == status.rfc3339(300.0)
 
 
 def test_setting_the_same_condition_again_reports_no_change() -> None:
@@ -32,14 +38,28 @@ def test_setting_the_same_condition_again_reports_no_change() -> None:
                          generation=2)
     assert not status.set_condition(st, C.QUEUED, True, R.WAITING_FOR_PLACEMENT, "m", now=9.0,
                                     generation=2)
-    assert status.condition(st, C.QUEUED)["observedGeneration"] == 2
+    assert _condition(st, C.QUEUED).observed_generation == 2
+    assert st["conditions"] == [{  # the wire form: camelCase, nulls left out
+        "type": "Queued", "status": "True", "reason": "WaitingForPlacement", "message": "m",
+        "lastTransitionTime": status.rfc3339(1.0), "observedGeneration": 2}]
+
+
+def test_a_condition_outside_the_schema_is_not_read_and_kept_as_it_is() -> None:
+    odd = {"type": "Ready", "status": "True"}  # another type than Kiln's: never read
+    st: dict[str, Any] = {"conditions": [odd, {"type": "Running", "status": "Maybe"}]}
+    assert status.condition(st, C.RUNNING) is None and not status.is_true(st, C.RUNNING)
+    assert status.set_condition(st, C.RUNNING, True, R.TRAINER_STARTED, "a", now=1.0,
+                                generation=None)
+    assert st["conditions"] == [odd, {
+        "type": "Running", "status": "True", "reason": "TrainerStarted", "message": "a",
+        "lastTransitionTime": status.rfc3339(1.0)}]
 
 
 def test_condition_messages_are_capped() -> None:
     st: dict[str, Any] = {}
     status.set_condition(st, C.FAILED, True, R.INVALID_SPEC, "x" * 100_000, now=0.0,
                          generation=None)
-    message = status.condition(st, C.FAILED)["message"]
+    message = _condition(st, C.FAILED).message
     assert len(message.encode()) <= status.CONDITION_MESSAGE_MAX_BYTES
     assert message.endswith("...")
 

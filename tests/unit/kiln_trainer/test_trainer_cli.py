@@ -12,7 +12,7 @@ import torch
 
 import kiln_trainer
 from kiln import api, contract
-from kiln_trainer import cli, data, loop
+from kiln_trainer import cli, data, loop, runtime
 
 JOB = {
     "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "cli-job"},
@@ -79,7 +79,7 @@ def test_a_file_with_two_jobs_is_refused(tmp_path: Path) -> None:
     one = json.dumps(JOB)
     job.write_text(f"{one}\n---\n{one}\n", encoding="utf-8")
     with pytest.raises(api.InvalidSpec, match="holds 2 jobs; the trainer runs exactly one"):
-        cli.load_job(str(job), None)
+        runtime.load_job(str(job), None)
 
 
 @pytest.mark.process

@@ -1,18 +1,20 @@
 """kiln_trainer.jobcontext in one process: the job from the contract's environment, checkpoints
-that carry an own loop's position, scaler and extra values, and calls made out of order.
+that carry an own loop's position, scaler and extra values (and every key Kiln's own loop's
+checkpoint has), and calls made out of order.
 (The example own loop runs as a process in tests/integration/test_own_loop.py.)"""
 
 from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from kiln import contract
-from kiln_trainer import jobcontext
+from kiln import api, contract, models
+from kiln_trainer import checkpoint, jobcontext, loop
 
 JOB = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "mine"},
        "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
@@ -164,3 +166,46 @@ def test_a_nan_training_loss_exits_invalid_naming_the_step_without_a_checkpoint(
             "spec.training.optimizer.lr") in capsys.readouterr().err
     assert ctx.state.step == 1 and not list(tmp_path.rglob("checkpoint.pt"))
     ctx.close()
+
+
+def test_an_own_loop_checkpoint_carries_every_key_of_the_default_loops(tmp_path: Path) -> None:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "same"},
+           "spec": {"model": {"architecture": "small_cnn", "args": {"depth": 2, "width": 8},
+                              "inputShape": [1, 8, 8]},
+                    "dataset": {"name": "digits", "maxSamples": 200},
+                    "training": {"epochs": 1, "batchSize": 32, "device": "cpu"}}}
+    job = api.parse_job(doc)
+    stop = threading.Event()
+    stop.set()  # Kiln's loop checkpoints after its first step, then stops
+    with pytest.raises(jobcontext.Interrupted):
+        loop.main(job, checkpoint_dir=tmp_path / "default", stop=stop, out=io.StringIO(),
+                  termination_log=None, register=False)
+    default = checkpoint.load_checkpoint(
+        checkpoint.locate(job, checkpoint_dir=tmp_path / "default", zoo=None))
+
+    env = {contract.Env.JOB.value: json.dumps(doc),
+           contract.Env.CHECKPOINTS.value: str(tmp_path / "own")}
+    ctx = jobcontext.job_context(environ=env, out=io.StringIO(), handle_signals=False)
+    model = models.build(ctx.job.spec.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.warm_start(model)
+    ctx.resume(model, optimizer, steps_per_epoch=2)
+    loss = torch.nn.functional.cross_entropy(model(torch.rand(4, 1, 8, 8)),
+                                             torch.tensor([0, 1, 2, 3]))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    ctx.trained(loss, samples=4)
+    ctx.checkpoint(extra={"note": "mine"})
+    ctx.close()
+    own = checkpoint.load_checkpoint(ctx.location)
+
+    assert default is not None and own is not None
+    assert sorted(own) == sorted(default)
+    for saved in (own, default):  # what an own loop's checkpoint used to lack
+        assert saved[checkpoint.WORLD_SIZE_KEY] == 1 and saved[checkpoint.PARALLELISM_KEY] == "single"
+        assert len(saved[checkpoint.RANK_RNG_KEY]) == 1 and saved[checkpoint.STEP_KEY] == 1
+        assert checkpoint.ZOO_RECORD_KEY in saved
+    assert own[checkpoint.OPTIMIZER_NAME_KEY] == jobcontext.OWN_OPTIMIZER
+    assert default[checkpoint.OPTIMIZER_NAME_KEY] == job.spec.training.optimizer.name.value
+    assert own[checkpoint.USER_KEY] == {"note": "mine"} and default[checkpoint.USER_KEY] == {}

@@ -15,7 +15,7 @@ import torch
 
 from kiln import api
 from kiln.zoo import records, store
-from kiln_trainer import checkpoint, loop, runtime
+from kiln_trainer import checkpoint, jobcontext, loop, runtime
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +99,7 @@ def test_stop_request_checkpoints_mid_epoch_and_resume_matches_an_uninterrupted_
     straight, _ = _run(_job(), tmp_path / "a")
     stop = threading.Event()
     stop.set()  # stop after the first step
-    with pytest.raises(loop.Interrupted):
+    with pytest.raises(jobcontext.Interrupted):
         _run(_job(), tmp_path / "b", stop=stop)
     saved = checkpoint.load_checkpoint(checkpoint.locate(
         _job(), checkpoint_dir=tmp_path / "b" / "checkpoints", zoo=None))
@@ -127,7 +127,7 @@ class _StopAfterFirstEvaluation(io.StringIO):
 
 def test_resume_after_a_finished_epoch_reports_that_epoch(tmp_path: Path) -> None:
     stop = threading.Event()
-    with pytest.raises(loop.Interrupted):
+    with pytest.raises(jobcontext.Interrupted):
         loop.main(_job(), out=_StopAfterFirstEvaluation(stop), termination_log=None, stop=stop,
                   checkpoint_dir=tmp_path / "checkpoints")
     result, _ = _run(_job(), tmp_path)
@@ -137,7 +137,7 @@ def test_resume_after_a_finished_epoch_reports_that_epoch(tmp_path: Path) -> Non
 def test_a_checkpoint_of_another_model_is_refused_with_the_fix(tmp_path: Path) -> None:
     stop = threading.Event()
     stop.set()
-    with pytest.raises(loop.Interrupted):
+    with pytest.raises(jobcontext.Interrupted):
         _run(_job(), tmp_path, stop=stop)
     other = _job(model={"args": {"depth": 2, "width": 16}})
     with pytest.raises(checkpoint.CheckpointError, match="spec.model.args.depth.*delete it"):
@@ -149,7 +149,7 @@ def test_changed_training_settings_on_resume_warn_and_the_job_wins(
 ) -> None:
     stop = threading.Event()
     stop.set()
-    with pytest.raises(loop.Interrupted):
+    with pytest.raises(jobcontext.Interrupted):
         _run(_job(), tmp_path, stop=stop)
     result, _ = _run(_job(training={"epochs": 1}), tmp_path)
     assert "spec.training.epochs: checkpoint 2, job 1" in caplog.text

@@ -122,16 +122,12 @@ def test_a_model_is_measured_timed_and_stored_in_the_zoo_with_its_graph(
     assert measured.step_seconds is not None and measured.step_seconds > 0
     assert (measured.device, measured.batch_size) == (_DEVICE, 32)
     assert measured.warm_start_decision is not None
-    assert measured.warm_start_decision["outcome"] == select.Outcome.COLD_EMPTY
-    assert set(measured.warm_start_decision) == {
-        "parent", "similarity", "parent_metric", "matched_tensors", "total_tensors", "outcome",
-        "reason", "alternatives", "probe_loss", "cold_probe_loss", "probe_accuracy",
-        "cold_probe_accuracy"}
+    assert measured.warm_start_decision.outcome == api.WarmStartOutcome.COLD_EMPTY
     assert measured.zoo_key == "profiles/team/prof.json"
     doc = _stored(zoo, measured.zoo_key)
     assert len(doc["graph"]["nodes"]) == measured.graph_nodes
     assert doc["parameters"] == measured.parameters and doc["zoo_key"] == measured.zoo_key
-    assert select.Decision.from_json(doc["decision"]).outcome == select.Outcome.COLD_EMPTY
+    assert api.WarmStartDecision.model_validate(doc["decision"]) == measured.warm_start_decision
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a profile is no half-written model record
         assert records.list_records(store.DirStore(zoo)) == []
@@ -149,7 +145,7 @@ def test_an_untraceable_model_is_reported_so_and_still_counted_and_timed(
     assert measured.parameters == _parameters(job)
     assert measured.zoo_key is None
     assert measured.warm_start_decision is not None
-    assert measured.warm_start_decision["outcome"] == select.Outcome.COLD_EMPTY
+    assert measured.warm_start_decision.outcome == api.WarmStartOutcome.COLD_EMPTY
 
 
 def test_a_step_that_raises_is_the_models_problem_named_with_the_users_line(
@@ -168,19 +164,19 @@ def test_warm_start_disabled_gives_the_trainers_disabled_decision(tmp_path: Path
                 "inputShape": [1, 8, 8]}, warm_start={"enabled": False})
     measured = profiling.profile(job, zoo_uri=str(tmp_path / "zoo"))
     assert measured.warm_start_decision is not None
-    assert measured.warm_start_decision["outcome"] == select.Outcome.DISABLED
+    assert measured.warm_start_decision.outcome == api.WarmStartOutcome.DISABLED
 
 
 def test_a_decision_made_upstream_is_reported_unchanged(tmp_path: Path) -> None:
-    upstream = select.cold_start(select.Outcome.COLD_BELOW_MIN_SIMILARITY, "cold start: decided above")
+    upstream = select.cold_start(api.WarmStartOutcome.COLD_BELOW_MIN_SIMILARITY,
+                                 "cold start: decided above")
     job = _job({"architecture": "small_cnn", "args": {"depth": 1, "width": 4},
                 "inputShape": [1, 8, 8]})
     measured = profiling.profile(job, zoo_uri=str(tmp_path / "zoo"),
-                                 warm_decision_text=json.dumps(upstream.to_json()))
-    assert measured.warm_start_decision is not None
-    assert measured.warm_start_decision["reason"] == "cold start: decided above"
+                                 warm_decision_text=upstream.model_dump_json())
+    assert measured.warm_start_decision == upstream
     stored = _stored(tmp_path / "zoo", "profiles/team/prof.json")["decision"]
-    assert select.Decision.from_json(stored) == upstream
+    assert api.WarmStartDecision.model_validate(stored) == upstream
 
 
 def test_a_zoo_that_cannot_take_the_profile_leaves_no_key_and_warns(

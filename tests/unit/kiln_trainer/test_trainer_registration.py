@@ -11,9 +11,10 @@ from zoofactory import add
 
 from kiln import api, contract
 from kiln.zoo import records, store
-from kiln_trainer import registration, tracking, warm
+from kiln_trainer import registration, tracking
 
-COLD = warm.WarmStart(None, None, None, None, None, 1.0, "cold_empty", "cold start: empty zoo")
+COLD = api.WarmStartDecision(outcome=api.WarmStartOutcome.COLD_EMPTY,
+                             reason="cold start: empty zoo")
 
 
 def _job(name: str = "sweep-a", *, every: int | None = 1, epochs: int = 5) -> api.TrainingJob:

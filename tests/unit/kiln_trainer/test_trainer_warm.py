@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ def test_a_cold_decision_from_upstream_stays_cold_though_the_zoo_has_a_parent(
 ) -> None:
     _register(zoo, _job(SMALL))
     job = _job(DEEPER)
-    cold = select.cold_start(select.Outcome.COLD_EMPTY, "cold start: the model zoo is empty")
+    cold = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "cold start: the model zoo is empty")
     model = models.build(job.spec.model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     done = warm.warm_start(job, model, zoo, decided=cold)
@@ -63,13 +62,14 @@ def test_a_warm_decision_from_upstream_is_applied_with_its_numbers(zoo: store.Di
     parent = _register(zoo, _job(SMALL))
     job = _job(DEEPER)
     decided = decision.decide(job, zoo)
-    assert decided.parent_id == parent.id
-    passed = warm.parse_decision(json.dumps(decided.to_json()))
+    assert decided.parent == parent.id
+    passed = warm.parse_decision(decided.model_dump_json())
+    assert passed == decided
     done = warm.warm_start(job, models.build(job.spec.model), zoo, decided=passed)
     assert (done.parent, done.similarity, done.reason) == (
         parent.id, decided.similarity, decided.reason)
     assert done.matched_tensors == decided.matched_tensors
-    assert 0.0 < done.untransferred_fraction < 1.0
+    assert 0.0 < warm.untransferred_fraction(done) < 1.0
 
 
 def test_without_a_decision_the_trainer_decides_with_the_same_function(
@@ -84,18 +84,24 @@ def test_without_a_decision_the_trainer_decides_with_the_same_function(
 @pytest.mark.parametrize("text", [
     pytest.param("{not json", id="not-json"),
     pytest.param("[1, 2]", id="not-an-object"),
-    pytest.param('{"parent_id": null}', id="missing-fields"),
+    pytest.param('{"parent": null}', id="no-outcome"),
+    pytest.param('{"outcome": "lukewarm"}', id="unknown-outcome"),
+    pytest.param('{"outcome": "warm", "parent": "p-1", "similarity": "0.9"}', id="text-number"),
 ])
 def test_a_malformed_decision_is_an_invalid_setting_naming_the_flag(text: str) -> None:
-    with pytest.raises(api.InvalidSpec, match="--warm-start"):
+    with pytest.raises(api.InvalidSpec, match="--warm-start") as caught:
         warm.parse_decision(text)
+    if "lukewarm" in text:
+        assert "outcome: Input should be 'warm', 'pinned'" in str(caught.value)
+    if "0.9" in text:
+        assert "similarity: Input should be a valid number (got '0.9')" in str(caught.value)
 
 
 def test_a_decision_left_to_the_trainer_reads_as_none_so_the_trainer_decides() -> None:
-    deferred = select.cold_start(select.Outcome.IN_TRAINER, "decided in the trainer pod")
-    assert warm.parse_decision(json.dumps(deferred.to_json())) is None
-    cold = select.cold_start(select.Outcome.COLD_EMPTY, "the zoo is empty")
-    assert warm.parse_decision(json.dumps(cold.to_json())) == cold
+    deferred = select.cold_start(api.WarmStartOutcome.IN_TRAINER, "decided in the trainer pod")
+    assert warm.parse_decision(deferred.model_dump_json()) is None
+    cold = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "the zoo is empty")
+    assert warm.parse_decision(cold.model_dump_json()) == cold
 
 
 def _unreachable_zoo(waits: list[float]) -> store.S3Store:
@@ -109,11 +115,12 @@ def _unreachable_zoo(waits: list[float]) -> store.S3Store:
 
 @pytest.mark.parametrize(("job", "decided"), [
     pytest.param(_job(SMALL, enabled=False), None, id="disabled"),
-    pytest.param(_job(SMALL), select.cold_start(select.Outcome.COLD_EMPTY, "the zoo is empty"),
+    pytest.param(_job(SMALL),
+                 select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "the zoo is empty"),
                  id="cold-decision-from-upstream"),
 ])
 def test_a_cold_start_never_contacts_the_zoo(
-    job: api.TrainingJob, decided: select.Decision | None
+    job: api.TrainingJob, decided: api.WarmStartDecision | None
 ) -> None:
     waits: list[float] = []
     assert not warm.needs_zoo(job, decided)

@@ -3,7 +3,6 @@ training batch; else the decision's alternatives are tried in order, then the ru
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from kiln import api, contract, models
-from kiln.controller import jobs, lifecycle, parents
+from kiln.controller import jobs, lifecycle
 from kiln.warmstart import decision, graph, select, transform
 from kiln.zoo import records, store
 from kiln_trainer import data, jobcontext, loop, warm
@@ -116,15 +115,19 @@ def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count
     assert transform.transfer_quality(3.0, 2.0) == 0.0
     assert transform.transfer_quality(float("nan"), 2.0) == 0.0
     # all tensors transferred, but the probe says little of the function was kept: gentle damping
-    record = warm.WarmStart("p", 0.9, 0.9, 54, 54, 0.0, "warm", "r", probe_loss=1.8,
-                            cold_probe_loss=2.0)
-    assert record.lr_damping(0) == pytest.approx(0.9)  # 1 - clip(1 - 1.8 / 2.0, 0, 1)
-    assert record.lr_damping(2) == 1.0
-    kept = warm.WarmStart("p", 0.9, 0.9, 30, 54, 0.44, "warm", "r", probe_loss=0.2,
-                          cold_probe_loss=2.0)
-    assert kept.lr_damping(0) == pytest.approx(0.3)  # quality 0.9 -> the floor
-    unprobed = warm.WarmStart("p", 0.9, 0.9, 30, 54, 0.44, "warm", "r")
-    assert unprobed.lr_damping(0) == pytest.approx(0.44)
+    record = api.WarmStartDecision(parent="p", similarity=0.9, matched_tensors=54,
+                                   total_tensors=54, outcome=api.WarmStartOutcome.WARM,
+                                   reason="r", probe_loss=1.8, cold_probe_loss=2.0)
+    assert warm.lr_damping(record, 0) == pytest.approx(0.9)  # 1 - clip(1 - 1.8 / 2.0, 0, 1)
+    assert warm.lr_damping(record, 2) == 1.0
+    partial = record.model_copy(update={"matched_tensors": 30})
+    kept = partial.model_copy(update={"probe_loss": 0.2})
+    assert warm.lr_damping(kept, 0) == pytest.approx(0.3)  # quality 0.9 -> the floor
+    unprobed = partial.model_copy(update={"probe_loss": None, "cold_probe_loss": None})
+    assert warm.lr_damping(unprobed, 0) == pytest.approx(24 / 54)  # the untransferred share
+    cold = select.cold_start(api.WarmStartOutcome.COLD_FEW_TENSORS, "cold start: 1 of 54")
+    assert warm.lr_damping(cold.model_copy(update={"matched_tensors": 1, "total_tensors": 54}),
+                           0) == 1.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,40 +135,35 @@ def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count
 
 
 def test_alternatives_and_probe_results_travel_through_json_report_and_status() -> None:
-    decided = select.Decision(
-        parent_id="a", similarity=0.6, parent_metric=0.9, matched_tensors=3, total_tensors=5,
-        reason="r", candidates_considered=3, outcome=select.Outcome.WARM, alternatives=("b", "c"),
-        probe_loss=0.4, cold_probe_loss=2.3, probe_accuracy=0.8, cold_probe_accuracy=0.1)
-    doc = json.loads(json.dumps(decided.to_json()))
-    assert select.Decision.from_json(doc) == decided
-    status = parents.to_status(decided)
+    decided = api.WarmStartDecision(
+        parent="a", similarity=0.6, parent_metric=0.9, matched_tensors=3, total_tensors=5,
+        reason="r", candidates_considered=3, outcome=api.WarmStartOutcome.WARM,
+        alternatives=("b", "c"), probe_loss=0.4, cold_probe_loss=2.3, probe_accuracy=0.8,
+        cold_probe_accuracy=0.1)
+    doc = json.loads(decided.model_dump_json())  # --warm-start, the report, the checkpoint
+    assert doc["parent"] == "a" and doc["alternatives"] == ["b", "c"]
+    assert warm.parse_decision(json.dumps(doc)) == select.from_report(doc) == decided
+    status = api.to_wire(decided)
     assert status["alternatives"] == ["b", "c"]
     assert (status["probeLoss"], status["coldProbeLoss"]) == (0.4, 2.3)
-    api.WarmStartStatus.model_validate(status)
-    assert parents.from_status(status).alternatives == ("b", "c")
-    record = warm.WarmStart.of(decided, untransferred_fraction=0.4)
-    report = select.from_report(json.loads(json.dumps(record.decision_fields())))
-    assert report is not None
-    assert (report.probe_loss, report.cold_probe_accuracy, report.alternatives) == (
-        0.4, 0.1, ("b", "c"))
-    assert warm.WarmStart.from_json(json.loads(json.dumps(record.to_json()))) == record
-    with pytest.raises(ValueError, match="alternatives must be zoo ids"):
-        select.Decision.from_json({**doc, "alternatives": [1]})
+    assert api.TrainingJobStatus.model_validate({"warmStart": status}).warm_start == decided
+    with pytest.raises(ValueError, match=r"alternatives\[0\]: Input should be a valid string"):
+        select.from_report({**doc, "alternatives": [1]})
 
 
 def test_the_operator_records_the_guard_verdict_of_a_decision_it_made() -> None:
-    admitted = select.Decision(
-        parent_id="bad", similarity=0.45, parent_metric=0.9, matched_tensors=54,
+    admitted = api.WarmStartDecision(
+        parent="bad", similarity=0.45, parent_metric=0.9, matched_tensors=54,
         total_tensors=54, reason="warm start from bad: similarity 0.45", candidates_considered=1,
-        outcome=select.Outcome.WARM)
-    probed = warm.WarmStart.of(dataclasses.replace(
-        admitted, parent_id=None, parent_metric=None, outcome=select.Outcome.COLD_GUARD,
-        reason="warm start from bad (similarity 0.45) rejected: probe loss 2.410 vs 2.300 cold "
-               "on 256 training samples; cold start", probe_loss=2.41, cold_probe_loss=2.3),
-        untransferred_fraction=1.0)
-    edit = jobs.Edit(body={}, status={"warmStart": parents.to_status(admitted)},
+        outcome=api.WarmStartOutcome.WARM)
+    probed = admitted.model_copy(update={
+        "parent": None, "parent_metric": None, "outcome": api.WarmStartOutcome.COLD_GUARD,
+        "reason": "warm start from bad (similarity 0.45) rejected: probe loss 2.410 vs 2.300 "
+                  "cold on 256 training samples; cold start",
+        "probe_loss": 2.41, "cold_probe_loss": 2.3})
+    edit = jobs.Edit(body={}, status={"warmStart": api.to_wire(admitted)},
                      jobs=None)  # type: ignore[arg-type]  # condition() does not write
-    lifecycle.record_trainer_decision(edit, probed.decision_fields(), now=0.0)
+    lifecycle.record_trainer_decision(edit, probed, now=0.0)
     recorded = edit.status["warmStart"]
     assert (recorded["outcome"], recorded["probeLoss"], recorded["coldProbeLoss"]) == (
         "cold_guard", 2.41, 2.3)
@@ -179,8 +177,11 @@ def test_an_old_record_without_probe_fields_still_reads() -> None:
     old = {"parent": None, "similarity": None, "parent_metric": None, "matched_tensors": None,
            "total_tensors": None, "untransferred_fraction": 1.0, "outcome": "cold_empty",
            "reason": "cold start"}
-    record = warm.WarmStart.from_json(old)
-    assert record.alternatives == () and record.probe_loss is None
+    record = api.WarmStartDecision.model_validate(old)  # an older trainer's checkpoint
+    assert record.alternatives == [] and record.probe_loss is None
+    assert record.outcome is api.WarmStartOutcome.COLD_EMPTY
+    own = api.WarmStartDecision.model_validate({**old, "outcome": "init_state"})
+    assert own.cold_start and select.from_report(own) is None  # no decision to record
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def test_decide_records_the_next_parents_in_selection_order(trained_zoo: Path,
     best = _register_scaled(zoo, _job("x"), metric=0.99)
     second = _register_scaled(zoo, _job("x"), metric=0.98)
     decided = decision.decide(_job("child"), zoo)
-    assert decided.parent_id == best and decided.alternatives == (second, good)
+    assert decided.parent == best and decided.alternatives == [second, good]
 
 
 def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
@@ -205,7 +206,7 @@ def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
     job = _job("child")
     result = _run(job, tmp_path, tmp_path / "zoo", register=False)
     decided = result["warm_start_decision"]
-    assert result["parent"] is None and decided["outcome"] == select.Outcome.COLD_GUARD
+    assert result["parent"] is None and decided["outcome"] == api.WarmStartOutcome.COLD_GUARD
     assert decided["reason"].startswith(f"warm start from {bad} (similarity 1.00) rejected: "
                                         "probe loss ")
     assert " cold on 256 training samples" in decided["reason"]
@@ -226,7 +227,7 @@ def test_a_good_parent_passes_and_the_report_leads_with_the_probe(
     result = loop.main(_job("child"), out=out, termination_log=None, zoo_uri=str(zoo_dir),
                        checkpoint_dir=tmp_path / "ckpt", register=False)
     decided = result["warm_start_decision"]
-    assert result["parent"] == good and decided["outcome"] == select.Outcome.WARM
+    assert result["parent"] == good and decided["outcome"] == api.WarmStartOutcome.WARM
     assert decided["probe_loss"] < warm.MAX_LOSS_RATIO * decided["cold_probe_loss"]
     assert decided["probe_accuracy"] >= decided["cold_probe_accuracy"]
     lead = (f"Warm start from {good} (similarity 1.00): probe loss "
@@ -245,13 +246,13 @@ def test_alternatives_are_tried_in_order_when_the_first_parent_fails(
     bad = _register_scaled(zoo, _job("x"), metric=0.99)
     job = _job("child")
     decided = decision.decide(job, zoo)
-    assert (decided.parent_id, decided.alternatives) == (bad, (good,))
+    assert (decided.parent, decided.alternatives) == (bad, [good])
     splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
                        model=job.spec.model)
     model = models.build(job.spec.model)
     done = warm.warm_start(job, model, zoo, decided=decided,
                            probe=warm.training_probe(splits.train, accuracy=True))
-    assert done.parent == good and done.outcome == select.Outcome.WARM
+    assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
     assert done.reason.startswith(f"warm start from {good} (similarity 1.00): probe loss")
     assert f"; warm start from {bad} (similarity 1.00) rejected: probe loss" in done.reason
     parent_state = records.load_weights(zoo, records.read_record(zoo, good))
@@ -265,7 +266,7 @@ def test_a_cross_family_parent_transfers_with_lower_loss_or_is_refused_with_the_
     job = _job("cnn-child", warmStart={"parent": resnet})
     result = _run(job, tmp_path, zoo_dir, register=False)
     decided = result["warm_start_decision"]
-    if decided["outcome"] == select.Outcome.COLD_GUARD:
+    if decided["outcome"] == api.WarmStartOutcome.COLD_GUARD:
         assert f"warm start from {resnet}" in decided["reason"]
         assert "rejected: probe loss" in decided["reason"]
     else:
@@ -289,6 +290,6 @@ def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
     model = models.build(job.spec.model)
     done = ctx.warm_start(model, (inputs, targets), torch.nn.functional.cross_entropy)
     ctx.close()
-    assert done.outcome == select.Outcome.COLD_GUARD and done.parent is None
+    assert done.outcome == api.WarmStartOutcome.COLD_GUARD and done.parent is None
     assert done.reason.startswith(f"warm start from {bad} (similarity 1.00) rejected: probe "
                                   "loss") and "on 128 training samples" in done.reason

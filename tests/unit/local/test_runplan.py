@@ -19,7 +19,6 @@ from rich.console import Console
 from kiln import api, contract
 from kiln.local import machine, runner, runplan
 from kiln.placement import profilecache, types
-from kiln.warmstart import select
 from kiln_trainer import warm
 
 PROGRESS = contract.Progress(
@@ -243,9 +242,9 @@ def test_more_cpu_slots_than_cores_is_refused(monkeypatch: pytest.MonkeyPatch) -
 
 # ---- profiling entrypoint models before planning ---------------------------------------------
 
-DECISION = {"parent": "mixer-1a2b", "similarity": 0.8, "parent_metric": 0.9,
-            "matched_tensors": 6, "total_tensors": 8, "outcome": "warm",
-            "reason": "warm start from mixer-1a2b: similarity 0.80"}
+DECISION = api.WarmStartDecision(
+    parent="mixer-1a2b", similarity=0.8, parent_metric=0.9, matched_tensors=6, total_tensors=8,
+    outcome=api.WarmStartOutcome.WARM, reason="warm start from mixer-1a2b: similarity 0.80")
 PROFILE = contract.Profile(parameters=12345, flops_per_sample=4.0e5, graph_nodes=20,
                            untraceable=None, device="cpu", batch_size=64, step_seconds=0.0081,
                            step_status="ok", warm_start_decision=DECISION)
@@ -308,8 +307,8 @@ def test_entrypoint_jobs_are_profiled_into_the_cache_plan_and_warm_start_decisio
 
     # The trainer reads the decision as one made upstream: it applies it, deciding nothing.
     decided = warm.parse_decision(profiled["m"].warm_start)
-    assert decided is not None and decided.parent_id == "mixer-1a2b"
-    assert decided.outcome is select.Outcome.WARM and decided.matched_tensors == 6
+    assert decided is not None and decided.parent == "mixer-1a2b"
+    assert decided.outcome is api.WarmStartOutcome.WARM and decided.matched_tensors == 6
 
     devices = machine.Devices("cpu", 2, 1, None)
     _, configs = runplan.make_plan([jobs[0]], devices=devices, zoo=None, profile_cache=None,
@@ -376,9 +375,8 @@ def test_a_profiled_decision_reaches_its_trainer_until_a_job_of_the_run_register
         return real_popen([sys.executable, "-c", ok_registered], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
-    text = json.dumps({"parent_id": None, "similarity": None, "parent_metric": None,
-                       "matched_tensors": None, "total_tensors": None, "reason": "empty zoo",
-                       "candidates_considered": 0, "outcome": "cold_empty"})
+    text = api.WarmStartDecision(outcome=api.WarmStartOutcome.COLD_EMPTY,
+                                 reason="empty zoo").model_dump_json()
     measurement = runplan.measurement_of(PROFILE)
     profiled = {n: runplan.Profiled(measurement, text) for n in "abc"}
     runplan.run_planned(

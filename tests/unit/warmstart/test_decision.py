@@ -59,8 +59,8 @@ def test_the_most_similar_compatible_model_becomes_the_parent(zoo: store.DirStor
     _register(zoo, _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16]),
               accuracy=0.5)
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.parent_id == small.id
-    assert decided.outcome == select.Outcome.WARM
+    assert decided.parent == small.id
+    assert decided.outcome == api.WarmStartOutcome.WARM
     assert decided.similarity is not None and decided.similarity > 0.3
     assert small.id in decided.reason
 
@@ -74,7 +74,7 @@ def test_a_zoo_of_other_modalities_means_a_cold_start_naming_them(zoo: store.Dir
     _register(zoo, _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16]),
               accuracy=0.5)
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.outcome == select.Outcome.COLD_INCOMPATIBLE
+    assert decided.outcome == api.WarmStartOutcome.COLD_INCOMPATIBLE
     assert ("none of the 1 zoo models visible to namespace default is a image classification "
             "model") in decided.reason
 
@@ -82,14 +82,14 @@ def test_a_zoo_of_other_modalities_means_a_cold_start_naming_them(zoo: store.Dir
 def test_below_min_similarity_the_job_starts_cold_with_the_numbers(zoo: store.DirStore) -> None:
     _register(zoo, _job(*SMALL), accuracy=0.95)
     decided = decision.decide(_job(*DEEPER, minSimilarity=0.99), zoo)
-    assert decided.outcome == select.Outcome.COLD_BELOW_MIN_SIMILARITY
+    assert decided.outcome == api.WarmStartOutcome.COLD_BELOW_MIN_SIMILARITY
     assert "< minSimilarity 0.99" in decided.reason
 
 
 def test_disabled_warm_start_never_reads_the_zoo(tmp_path: Path) -> None:
     unreadable = store.DirStore(tmp_path / "missing")
     decided = decision.decide(_job(*DEEPER, enabled=False), unreadable)
-    assert decided.outcome == select.Outcome.DISABLED
+    assert decided.outcome == api.WarmStartOutcome.DISABLED
     assert decided.condition_reason == api.Reason.WARM_START_DISABLED
 
 
@@ -103,7 +103,7 @@ def test_a_missing_pinned_parent_is_an_invalid_spec_naming_the_field(
 def test_a_pinned_parent_is_used_even_below_min_similarity(zoo: store.DirStore) -> None:
     small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
     decided = decision.decide(_job(*DEEPER, parent=small.id, minSimilarity=0.99), zoo)
-    assert decided.parent_id == small.id and decided.outcome == select.Outcome.PINNED
+    assert decided.parent == small.id and decided.outcome == api.WarmStartOutcome.PINNED
     assert "pinned" in decided.reason
 
 
@@ -133,7 +133,7 @@ def test_a_corrupted_parent_is_decided_a_cold_start_not_a_crash(zoo: store.DirSt
     weights = tmp_path / "zoo" / "models" / small.id / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10] + b"0123456789")
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    assert decided.cold_start and decided.outcome == api.WarmStartOutcome.COLD_UNREADABLE_PARENT
     assert small.id in decided.reason
 
 
@@ -147,10 +147,10 @@ def test_a_damaged_best_parent_is_skipped_for_the_next_one_saying_why(
 ) -> None:
     damaged, _ = _register(zoo, _job(*SMALL), accuracy=0.99, seed=0)
     sound, _ = _register(zoo, _job(*SMALL), accuracy=0.90, seed=1)
-    assert decision.decide(_job(*DEEPER), zoo).parent_id == damaged.id  # the policy's first
+    assert decision.decide(_job(*DEEPER), zoo).parent == damaged.id  # the policy's first
     _damage(tmp_path / "zoo" / "models" / damaged.id / "weights.safetensors")
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.parent_id == sound.id and decided.outcome == select.Outcome.WARM
+    assert decided.parent == sound.id and decided.outcome == api.WarmStartOutcome.WARM
     assert f"skipped unusable parent {damaged.id}" in decided.reason
     assert "sha256" in decided.reason  # why it was skipped
 
@@ -160,7 +160,7 @@ def test_parents_tried_are_bounded_and_all_named(zoo: store.DirStore, tmp_path: 
     for model_id in ids:
         _damage(tmp_path / "zoo" / "models" / model_id / "weights.safetensors")
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    assert decided.cold_start and decided.outcome == api.WarmStartOutcome.COLD_UNREADABLE_PARENT
     named = [model_id for model_id in ids if model_id in decided.reason]
     assert len(named) == decision.MAX_PARENT_TRIES
 
@@ -171,7 +171,7 @@ def test_a_damaged_only_candidate_is_a_cold_start_naming_it(
     small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
     _damage(tmp_path / "zoo" / "models" / small.id / "weights.safetensors")
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert decided.cold_start and decided.outcome == select.Outcome.COLD_UNREADABLE_PARENT
+    assert decided.cold_start and decided.outcome == api.WarmStartOutcome.COLD_UNREADABLE_PARENT
     assert "no other candidate" in decided.reason and small.id in decided.reason
 
 
@@ -180,7 +180,7 @@ def test_the_ten_percent_rule_is_part_of_the_decision(zoo: store.DirStore) -> No
     other = _job("char_transformer", {"depth": 1, "width": 32, "heads": 2}, [16],
                  parent=small.id)
     decided = decision.decide(other, zoo)
-    assert decided.outcome == select.Outcome.COLD_FEW_TENSORS and decided.cold_start
+    assert decided.outcome == api.WarmStartOutcome.COLD_FEW_TENSORS and decided.cold_start
     assert decided.total_tensors and "below the 10% minimum" in decided.reason
 
 
@@ -203,11 +203,12 @@ def test_a_decision_is_applied_as_decided_even_if_the_zoo_changed_since(
 def test_a_decision_round_trips_through_json(zoo: store.DirStore) -> None:
     _register(zoo, _job(*SMALL), accuracy=0.95)
     decided = decision.decide(_job(*DEEPER), zoo)
-    assert select.Decision.from_json(json.loads(json.dumps(decided.to_json()))) == decided
-    with pytest.raises(ValueError, match="unknown outcome"):
-        select.Decision.from_json({**decided.to_json(), "outcome": "lukewarm"})
-    with pytest.raises(ValueError, match="without reason"):
-        select.Decision.from_json({k: v for k, v in decided.to_json().items() if k != "reason"})
+    doc = json.loads(decided.model_dump_json())
+    assert api.WarmStartDecision.model_validate(doc) == decided
+    with pytest.raises(ValueError, match="warm-start decision: outcome: Input should be 'warm'"):
+        select.from_report({**doc, "outcome": "lukewarm"})
+    with pytest.raises(ValueError, match="similarity: Input should be less than or equal to 1"):
+        select.from_report({**doc, "similarity": 1.5})
 
 
 PLAIN = ("small_cnn", {"depth": 3, "width": 8}, [1, 8, 8])
@@ -219,7 +220,7 @@ def test_a_plain_child_passes_over_residual_parents_for_a_plain_one(zoo: store.D
     plain, _ = _register(zoo, _job("small_cnn", {"depth": 2, "width": 8}, [1, 8, 8]),
                          accuracy=0.90)
     decided = decision.decide(_job(*PLAIN), zoo)
-    assert decided.parent_id == plain.id and decided.outcome == select.Outcome.WARM
+    assert decided.parent == plain.id and decided.outcome == api.WarmStartOutcome.WARM
     assert f"passed over {resnet.id} (another family: the parent merges branches" in \
         decided.reason
     assert resnet.id not in decided.alternatives
@@ -229,12 +230,12 @@ def test_only_parents_of_another_family_mean_a_cold_start_saying_why(
         zoo: store.DirStore) -> None:
     resnet, _ = _register(zoo, _job(*TWO_STAGES), accuracy=0.99)
     decided = decision.decide(_job(*PLAIN), zoo)
-    assert decided.cold_start and decided.outcome == select.Outcome.COLD_OTHER_FAMILY
+    assert decided.cold_start and decided.outcome == api.WarmStartOutcome.COLD_OTHER_FAMILY
     assert decided.reason.startswith(f"cold start: passed over {resnet.id} (another family")
     assert "the child is a plain stack" in decided.reason
     # The converse: a residual child refuses a plain parent too.
     zoo_cold = decision.decide(_job(*TWO_STAGES), _only(zoo, "small_cnn", PLAIN))
-    assert zoo_cold.outcome == select.Outcome.COLD_OTHER_FAMILY
+    assert zoo_cold.outcome == api.WarmStartOutcome.COLD_OTHER_FAMILY
     assert "the child merges branches" in zoo_cold.reason
 
 
@@ -249,7 +250,7 @@ def _only(zoo: store.DirStore, architecture: str, shape: tuple[str, dict[str, An
 def test_a_pinned_parent_of_another_family_is_still_used(zoo: store.DirStore) -> None:
     resnet, _ = _register(zoo, _job(*SMALL), accuracy=0.99)
     decided = decision.decide(_job(*PLAIN, parent=resnet.id), zoo)
-    assert decided.parent_id == resnet.id and decided.outcome == select.Outcome.PINNED
+    assert decided.parent == resnet.id and decided.outcome == api.WarmStartOutcome.PINNED
 
 
 def test_merges_count_residual_joins_with_and_without_projection() -> None:
@@ -281,9 +282,9 @@ def test_a_job_never_warm_starts_from_another_namespaces_private_model(
         zoo: store.DirStore) -> None:
     theirs, _ = _register(zoo, _in(_job(*SMALL), "team-a"), accuracy=0.95)
     _owned(zoo, theirs, "team-a", api.ZooShare.PRIVATE)
-    assert decision.decide(_in(_job(*DEEPER), "team-a"), zoo).parent_id == theirs.id
+    assert decision.decide(_in(_job(*DEEPER), "team-a"), zoo).parent == theirs.id
     decided = decision.decide(_in(_job(*DEEPER), "team-b"), zoo)
-    assert decided.cold_start and decided.outcome == select.Outcome.COLD_EMPTY
+    assert decided.cold_start and decided.outcome == api.WarmStartOutcome.COLD_EMPTY
     with pytest.raises(api.InvalidSpec, match=f"{theirs.id}' is private to namespace team-a, "
                        "and this job runs in team-b"):
         decision.decide(_in(_job(*DEEPER, parent=theirs.id), "team-b"), zoo)
@@ -292,9 +293,9 @@ def test_a_job_never_warm_starts_from_another_namespaces_private_model(
 def test_a_shared_model_seeds_jobs_of_every_namespace(zoo: store.DirStore) -> None:
     theirs, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
     _owned(zoo, theirs, "team-a", api.ZooShare.SHARED)
-    assert decision.decide(_in(_job(*DEEPER), "team-b"), zoo).parent_id == theirs.id
+    assert decision.decide(_in(_job(*DEEPER), "team-b"), zoo).parent == theirs.id
     pinned = decision.decide(_in(_job(*DEEPER, parent=theirs.id), "team-b"), zoo)
-    assert pinned.outcome == select.Outcome.PINNED
+    assert pinned.outcome == api.WarmStartOutcome.PINNED
 
 
 def test_within_a_bucket_a_parent_trained_on_the_same_data_wins(zoo: store.DirStore) -> None:
@@ -307,7 +308,7 @@ def test_within_a_bucket_a_parent_trained_on_the_same_data_wins(zoo: store.DirSt
     same = records.write_record(zoo, dataclasses.replace(same, dataset_fingerprint=fingerprint),
                                 weights, parent_graph)
     decided = decision.decide(child, zoo)
-    assert decided.parent_id == same.id
+    assert decided.parent == same.id
     assert f"trained on the same dataset (spec fingerprint {fingerprint}; 1 of 2 were)" in (
         decided.reason)
 
@@ -331,6 +332,6 @@ def test_a_parent_with_the_same_content_as_a_same_spec_model_counts_as_same_data
     moved, _ = _register(zoo, _job(*SMALL), accuracy=0.90, seed=3)  # the files elsewhere
     moved = rewrite(moved, dataset_fingerprint="spec-" + "cd" * 8, content_fingerprint=content)
     decided = decision.decide(child, zoo)
-    assert decided.parent_id == moved.id  # the better of the two trained on this data
+    assert decided.parent == moved.id  # the better of the two trained on this data
     assert "the same content, content:sha256:abababababab…" in decided.reason
     assert "2 of 3 were" in decided.reason
