@@ -240,10 +240,11 @@ async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
     return chosen
 
 
-async def live_zoo_use(deps: lifecycle.Deps) -> tuple[dict[str, str], set[str]]:
+async def live_zoo_use(deps: lifecycle.Deps
+                       ) -> tuple[dict[str, str], set[tuple[str, str]]]:
     """What unfinished jobs use: record id -> why it stays (their parents, decided or pinned,
-    and the alternatives their trainer may fall back to), and their names (their provisional
-    records stay).
+    and the alternatives their trainer may fall back to), and their (namespace, name) pairs
+    (their provisional records stay).
 
     Raises:
         kube.ApiError: the jobs could not be listed.
@@ -255,13 +256,13 @@ async def live_zoo_use(deps: lifecycle.Deps) -> tuple[dict[str, str], set[str]]:
     for namespace in namespaces or (None,):
         listed += await deps.client.list(kube.Paths.jobs(namespace))
     protect: dict[str, str] = {}
-    running: set[str] = set()
+    running: set[tuple[str, str]] = set()
     for body in listed:
         if status.is_terminal(body.get("status") or {}):
             continue
         meta = body.get("metadata") or {}
         name = str(meta.get("name") or "")
-        running.add(name)
+        running.add((str(meta.get("namespace") or ""), name))
         warm = (body.get("status") or {}).get("warmStart") or {}
         # A pinned parent until admission decided (then status holds what was checked: a
         # spec edited later, or a pod's report, protects nothing).

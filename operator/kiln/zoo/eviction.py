@@ -170,7 +170,7 @@ def survey(
     now: datetime.datetime,
     half_life_seconds: float = DEFAULT_HALF_LIFE_SECONDS,
     protect: Mapping[str, str] = {},
-    live_jobs: Iterable[str] = (),
+    live_jobs: Iterable[tuple[str, str]] = (),
 ) -> list[Entry]:
     """Every usable record with its size, hits and value.
 
@@ -179,9 +179,10 @@ def survey(
         now: the current time (UTC).
         half_life_seconds: how fast a hit loses its weight.
         protect: record id -> why it must stay (the operator: its live jobs' parents).
-        live_jobs: names of jobs still training, as records hold them (``job_name``): their
-            provisional records stay. A provisional record of any other job was abandoned (the
-            job failed or was deleted) and counts no registration hit.
+        live_jobs: (namespace, name) of each job still training, as records hold them
+            (``namespace``, ``job_name``): their provisional records stay. A provisional record
+            of any other job was abandoned (the job failed or was deleted) and counts no
+            registration hit; a job of the same name in another namespace keeps none alive.
 
     Raises:
         StoreUnavailable: the store failed.
@@ -197,10 +198,10 @@ def survey(
             continue  # deleted while surveyed
         created = datetime.datetime.fromisoformat(record.created_time)
         created = created if created.tzinfo else created.replace(tzinfo=datetime.UTC)
-        abandoned = record.provisional and record.job_name not in running
+        abandoned = record.provisional and (record.namespace, record.job_name) not in running
         why = protect.get(record.id, "")
         if not why and record.provisional and not abandoned:
-            why = f"provisional record of running job {record.job_name}"
+            why = f"provisional record of running job {record.namespace}/{record.job_name}"
         found = hits.get(record.id, [])
         entries.append(Entry(
             record=record, size_bytes=size, hits=len(found), protected=why,

@@ -69,15 +69,26 @@ def test_never_evicts_a_live_parent_even_over_capacity(zoo: store.DirStore) -> N
 
 def test_keeps_a_running_jobs_provisional_record_and_evicts_an_abandoned_one_first(
         zoo: store.DirStore) -> None:
-    add(zoo, "running-00000001", floats=1000, provisional=True, days_old=0)
-    add(zoo, "abandoned-00000002", floats=1000, provisional=True, days_old=0)
+    add(zoo, "running-00000001", floats=1000, provisional=True, days_old=0, namespace="team-a")
+    add(zoo, "abandoned-00000002", floats=1000, provisional=True, days_old=0, namespace="team-a")
     add(zoo, "final-00000003", floats=1000, days_old=0)
     total = sum(sizes(zoo).values())
-    entries = eviction.survey(zoo, now=NOW, live_jobs={"job-running-00000001"})
+    entries = eviction.survey(zoo, now=NOW, live_jobs={("team-a", "job-running-00000001")})
     chosen = eviction.plan(entries, capacity_bytes=total - 1)
     assert [e.record.id for e in chosen.evict] == ["abandoned-00000002"]
     protected = {e.record.id: e.protected for e in entries}
-    assert "running job" in protected["running-00000001"]
+    assert "running job team-a/job-running-00000001" in protected["running-00000001"]
+
+
+def test_a_job_of_the_same_name_in_another_namespace_keeps_no_provisional_record_alive(
+        zoo: store.DirStore) -> None:
+    add(zoo, "abandoned-00000001", floats=1000, provisional=True, days_old=0, namespace="team-a")
+    add(zoo, "final-00000002", floats=1000, days_old=0)
+    total = sum(sizes(zoo).values())
+    entries = eviction.survey(zoo, now=NOW, live_jobs={("team-b", "job-abandoned-00000001")})
+    assert [e.protected for e in entries if e.record.id == "abandoned-00000001"] == [""]
+    chosen = eviction.plan(entries, capacity_bytes=total - 1)
+    assert [e.record.id for e in chosen.evict] == ["abandoned-00000001"]
 
 
 def test_carry_out_deletes_records_and_their_hits(zoo: store.DirStore) -> None:
