@@ -39,6 +39,25 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` on an xdist worker: end a grouped test's id with ``@group``.
+
+    xdist's scheduler sends the tests whose ids share that suffix to one worker, so a module's
+    fixtures are built once. xdist 3.8 sets the suffix on ``item._nodeid``, which pytest 9 no
+    longer reads: every group was split over the workers and each built the fixtures again.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId  # pytest 9's id type; earlier ones read _nodeid
+
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Server:
     """A running S3-compatible server.

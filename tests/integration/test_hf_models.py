@@ -289,6 +289,7 @@ spec:
     entrypoint: corpus:code_or_prose
     args: {{code: {code}, prose: {prose}, length: {length}, per_class: 150}}
   training: {{epochs: {epochs}, batchSize: 32, seed: 0, optimizer: {{name: adamw, lr: 0.003}}}}
+  freezing: {{enabled: false}}  # no reference process (transformers imported again) per job
 """
 
 

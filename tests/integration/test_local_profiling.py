@@ -27,10 +27,12 @@ def _kiln(*args: str, cwd: Path) -> clirun.Done:
 
 
 def _small(source: str, target: Path, **model: object) -> Path:
-    """The example job with few samples and one epoch (and `model` fields replaced)."""
+    """The example job with few samples, one epoch and no freezing (and `model` fields
+    replaced)."""
     doc = yaml.safe_load((EXAMPLE / source).read_text(encoding="utf-8"))
     doc["spec"]["dataset"]["maxSamples"] = 256
     doc["spec"]["training"]["epochs"] = 1
+    doc["spec"]["freezing"] = {"enabled": False}  # no reference process beside each trainer
     doc["spec"]["model"].update(model)
     target.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return target

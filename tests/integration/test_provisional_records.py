@@ -41,6 +41,7 @@ def _job(path: Path, name: str, *, epochs: int) -> Path:
             "training": {"epochs": epochs, "batchSize": 64,
                          "optimizer": {"name": "adam", "lr": 0.01, "weightDecay": 0.0}},
             "zoo": {"provisionalEveryEvaluations": 1},
+            "freezing": {"enabled": False},  # no reference process beside each run
         }}), encoding="utf-8")
     return path
 

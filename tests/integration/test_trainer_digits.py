@@ -24,6 +24,7 @@ def test_short_digits_run_reaches_target_and_registers_in_the_zoo(tmp_path: Path
             "training": {"epochs": 4, "batchSize": 64,
                          "optimizer": {"name": "adam", "lr": 0.01, "weightDecay": 0.0}},
             "target": {"metric": "validation_accuracy", "value": 0.9, "stopAtTarget": False},
+            "freezing": {"enabled": False},  # no reference process beside the trainer
         },
     }
     job_file = tmp_path / "job.yaml"

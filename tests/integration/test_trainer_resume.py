@@ -31,6 +31,7 @@ def _write_job(path: Path, name: str, *, epochs: int) -> Path:
             "dataset": {"name": "digits"},
             "training": {"epochs": epochs, "batchSize": 32,
                          "optimizer": {"name": "adam", "lr": 0.005, "weightDecay": 0.0}},
+            "freezing": {"enabled": False},  # no reference process beside each trainer
         },
     }
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
