@@ -43,7 +43,10 @@ def test_operator_eviction_keeps_live_parents_and_running_provisional_records(
                       "spare-00000004"):
         add(zoo, record_id, floats=3000, days_old=400)  # old and never chosen: worth least
     add(zoo, "provisional-00000005", floats=3000, days_old=400, provisional=True,
-        job_name="running")
+        job_name="running", namespace="team-a")
+    # Job "running" of team-b is gone: a live job of that name in team-a keeps this one no more.
+    add(zoo, "provisional-00000007", floats=3000, days_old=400, provisional=True,
+        job_name="running", namespace="team-b")
     add(zoo, "popular-00000006", floats=3000)
     hit(zoo, "popular-00000006", days_ago=0, times=5)
     with emulator.Emulator() as cluster:
