@@ -32,10 +32,8 @@ fill every fleet series; every PromQL expression of the dashboard must parse and
 
 from __future__ import annotations
 
-import http.server
 import json
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,27 +69,9 @@ class FakeDcgmExporter:
 
     def __init__(self) -> None:
         self.pods: list[tuple[str, str]] = []  # (namespace, pod) with GPUs allocated
-        exporter = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server's name
-                body = exporter.exposition().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = client.serve_text(lambda _path: (200, self.exposition().encode()),
+                                        name="fake-dcgm-exporter")
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def start(self) -> FakeDcgmExporter:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -188,7 +168,7 @@ def prometheus_server(tmp_path: Path) -> Iterator[prometheus.Prometheus]:
 
 @pytest.fixture
 def dcgm() -> Iterator[FakeDcgmExporter]:
-    exporter = FakeDcgmExporter().start()
+    exporter = FakeDcgmExporter()
     yield exporter
     exporter.stop()
 

@@ -7,8 +7,10 @@ User-Agent tells its requests apart in the emulator's log. No watches, no authen
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -181,3 +183,27 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def serve_text(answer: Callable[[str], tuple[int, bytes]], *, name: str
+               ) -> http.server.ThreadingHTTPServer:
+    """A plain-text (Prometheus exposition) endpoint on 127.0.0.1 at a free port, serving from
+    a daemon thread: each GET answers with `answer(path)`'s status and body. Stop it with
+    ``shutdown()`` then ``server_close()``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name
+            status, body = answer(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server

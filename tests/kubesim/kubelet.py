@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
-import http.server
 import os
 import re
 import signal
@@ -115,25 +114,8 @@ class MetricsProxy:
         self.trainer_port = trainer_port
         self.hold = hold
         self.snapshot: bytes | None = None
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server's name
-                status, body = proxy.answer(self.path)
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = client.serve_text(self.answer, name="kubesim-metrics-proxy")
         self.port: int = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, name="kubesim-metrics-proxy",
-                         daemon=True).start()
 
     def answer(self, path: str) -> tuple[int, bytes]:
         if self.hold.holding():
