@@ -1,4 +1,4 @@
-"""The TrainingJob API (kiln.dev/v1alpha1): spec and status types, defaults, validation.
+"""The TrainingJob and TrainingSweep API (kiln.dev/v1alpha1): types, defaults, validation.
 
 The single source of truth for the job format: `kiln.crd` generates the CRD from these types.
 Callers use the package's names (`api.TrainingJob`, `api.parse_job`), never its modules; `jobfile`
@@ -8,7 +8,8 @@ reads job files. Never imports torch or kopf.
 from __future__ import annotations
 
 # The package's public face, gathered from its modules (which import downwards only:
-# admitted -> validation -> bounds -> status -> spec -> names).
+# sweep -> admitted -> validation -> bounds -> status -> spec -> names).
+from kiln.api import sweep
 from kiln.api.admitted import (
     ADMITTED_SPEC_STATUS,
     MUTABLE_TEMPLATE_KEYS,
@@ -172,6 +173,7 @@ __all__ = [
     "ZooShare",
     "ZooSpec",
     "accelerator_problems",
+    "sweep",
     "admitted_spec",
     "check_schema",
     "edited_parts",

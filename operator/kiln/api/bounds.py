@@ -103,7 +103,7 @@ def field_of(path: Path) -> str:
         field = fields.get(key)
         if field is None:
             break
-        model = next(iter(_model_types(field.annotation)), None)
+        model = next(iter(model_types(field.annotation)), None)
         listed = _is_list(field.annotation)
         if model is None:
             break
@@ -145,7 +145,8 @@ def _is_list(annotation: Any) -> bool:
         _is_list(arg) for arg in typing.get_args(annotation))
 
 
-def _model_types(annotation: Any) -> list[type[BaseModel]]:
+def model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (`X`, `X | None`, `list[X]`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [t for arg in typing.get_args(annotation) for t in _model_types(arg)]
+    return [t for arg in typing.get_args(annotation) for t in model_types(arg)]

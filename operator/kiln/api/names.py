@@ -70,16 +70,18 @@ class InvalidSpec(ValueError):
             default, so the checks that do not read those fields can still run; None when even
             that does not parse (or nothing was parsed).
         rejected: the field paths the schema rejected (an unknown key's parent object).
+        kind: the document's kind, named in the message (TrainingJob or TrainingSweep).
     """
 
     def __init__(self, problems: list[str], *, source: str = "", job: Any = None,
-                 rejected: tuple[str, ...] = ()) -> None:
+                 rejected: tuple[str, ...] = (), kind: str = KIND) -> None:
         self.problems = problems
         self.source = source
         self.job = job
         self.rejected = rejected
         where = f"{source}: " if source else ""
-        super().__init__(where + "invalid TrainingJob:\n  " + "\n  ".join(problems))
+        self.kind = kind
+        super().__init__(where + f"invalid {kind}:\n  " + "\n  ".join(problems))
 
 
 class Phase(enum.StrEnum):

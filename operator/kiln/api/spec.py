@@ -230,6 +230,16 @@ class WarmStartSpec(names.ApiModel):
         le=1.0,
         description="minSimilarity: below this architectural similarity, cold start.",
     )
+    probe_steps: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description="probeSteps: when the warm model's step-0 loss is not clearly below a "
+        "cold one's, the trainer's guard trains both this many steps side by side on the "
+        "same batches and keeps the parent only if the warm loss is then lower (a new layer "
+        "starts random, so step 0 undersells a parent); costs up to this many steps per "
+        "parent tried plus as many for the cold twin; 0: judge on step-0 loss alone.",
+    )
 
 
 class FreezingSpec(names.ApiModel):

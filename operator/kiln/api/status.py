@@ -77,6 +77,15 @@ class WarmStartDecision(names.ApiModel):
     cold_probe_accuracy: StrictFloat | None = Field(
         default=None, ge=0.0, le=1.0,
         description="coldProbeAccuracy: a cold model's probe accuracy.")
+    trained_probe_loss: StrictFloat | None = Field(
+        default=None, description="trainedProbeLoss: the warm model's mean training loss "
+        "over the last probe steps, when the guard trained it (spec.warmStart.probeSteps).")
+    cold_trained_probe_loss: StrictFloat | None = Field(
+        default=None, description="coldTrainedProbeLoss: the cold twin's, on the same batches.")
+    guard_steps: StrictInt = Field(
+        default=0, ge=0, description="guardSteps: training steps the guard spent before the "
+        "job's first step (warm and cold, every parent tried); a batch of spec.training."
+        "batchSize each.")
 
     @model_validator(mode="before")
     @classmethod

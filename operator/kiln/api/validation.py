@@ -167,7 +167,7 @@ def _check_schema_errors(doc: Any
     the types' errors (None when the document could not even be offered to them)."""
     if not isinstance(doc, dict):
         return None, [f"<document>: expected a mapping, got {type(doc).__name__}"], None
-    problems = _unknown_fields(status.TrainingJob, doc, "")
+    problems = unknown_fields(status.TrainingJob, doc, "")
     number_problems: list[str] = []
     wire = _as_kubectl_sends(doc, "", number_problems)
     if number_problems:
@@ -582,7 +582,7 @@ def to_wire(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def _unknown_fields(model: type[BaseModel], data: Any, path: str) -> list[str]:
+def unknown_fields(model: type[BaseModel], data: Any, path: str = "") -> list[str]:
     """Unknown keys anywhere under `data`, each with the closest known wire name."""
     if not isinstance(data, dict) or model.model_config.get("extra") == "allow":
         return []
@@ -596,12 +596,12 @@ def _unknown_fields(model: type[BaseModel], data: Any, path: str) -> list[str]:
             hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(fields)}"
             problems.append(f"{where}: unknown field{hint}")
             continue
-        for sub in _model_types(field.annotation):
+        for sub in bounds.model_types(field.annotation):
             if isinstance(value, list):
                 for i, item in enumerate(value):
-                    problems += _unknown_fields(sub, item, f"{where}[{i}]")
+                    problems += unknown_fields(sub, item, f"{where}[{i}]")
             else:
-                problems += _unknown_fields(sub, value, where)
+                problems += unknown_fields(sub, value, where)
     return problems
 
 
@@ -634,12 +634,6 @@ def _did_you_mean(value: str, choices: typing.Sequence[str]) -> str:
     by_lower = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
     return f"did you mean {by_lower[close[0]]!r}? " if close else ""
-
-
-def _model_types(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [t for arg in getattr(annotation, "__args__", ()) for t in _model_types(arg)]
 
 
 def _format_error(error: Any) -> str:

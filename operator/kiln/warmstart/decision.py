@@ -136,7 +136,8 @@ def decide(
     finally:
         if owned:
             zoo_index.close()
-    # Tenancy: a job sees its own namespace's models and shared ones, nothing else.
+    # Tenancy: a job sees its own namespace's models and shared ones, nothing else; the
+    # policy (and spec.warmStart.preferred) only ranks these.
     candidates = [_candidate(c.record, c.similarity) for c in found.candidates
                   if c.record.visible_to(job.namespace)]
     visible = sum(r.visible_to(job.namespace) for r in zoo_index.all_records())
@@ -190,7 +191,8 @@ def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api
     while len(skipped) < MAX_PARENT_TRIES:
         chosen = select.choose_parent(
             candidates, modality=modality, task=task, min_similarity=spec.min_similarity,
-            dataset_fingerprint=records.dataset_fingerprint(job.spec.dataset))
+            dataset_fingerprint=records.dataset_fingerprint(job.spec.dataset),
+            preferred=spec.preferred)
         parent = chosen.parent
         if parent is None:
             break

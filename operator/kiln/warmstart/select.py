@@ -57,6 +57,9 @@ MIN_GROUP_FOR_OUTLIERS = 3
 """Smallest (task, dataset, metric) group in which outliers are looked for."""
 MIN_TRANSFER_FRACTION = 0.1
 """Below this fraction of the child's weight tensors transferred, cold start (ModelKeeper)."""
+PREFERRED_SLACK = 0.05
+"""A `spec.warmStart.preferred` model wins when its similarity is at most this far below the
+best match's: a sweep's own trials, nearly as close, beat a stranger's model."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,6 +133,7 @@ def choose_parent(
     task: str,
     min_similarity: float,
     dataset_fingerprint: str | None = None,
+    preferred: Sequence[str] = (),
 ) -> api.WarmStartDecision:
     """Pick the parent for a child by ModelKeeper's bucketed policy (see the comment at the top).
 
@@ -140,6 +144,10 @@ def choose_parent(
         min_similarity: `spec.warmStart.minSimilarity` in [0, 1].
         dataset_fingerprint: the child's dataset fingerprint; within the chosen bucket,
             candidates trained on the same data are preferred (None: no preference).
+        preferred: `spec.warmStart.preferred`: among the eligible candidates within
+            `PREFERRED_SLACK` similarity of the best match, the first of these ids present
+            wins over the policy's choice; ids not among `candidates` are ignored (the caller
+            passes only what the job may see).
 
     Returns:
         The decision; `parent` is None for a cold start, and `reason` says why.
@@ -195,9 +203,21 @@ def choose_parent(
         mixed += (f", trained on the same dataset (the same content, "
                   f"{(parent.content_fingerprint or '')[:27]}…, as a model with this job's "
                   f"dataset fingerprint; {len(same_data)} of {len(compared)} were)")
-    reason = (f"warm start from {parent.model_id}: similarity {parent.similarity:.2f} "
+    # A candidate until the trainer's probe guard accepts it (kiln_trainer.warm).
+    reason = (f"candidate parent {parent.model_id}: similarity {parent.similarity:.2f} "
               f"(bucket {low:.1f}-{high:.1f}, best {metric} {parent.metric_value:.4g} of "
               f"{len(in_bucket)} in the bucket{mixed}; {_count(len(kept), 'candidate')}{dropped})")
+    near = {c.model_id: c for c in eligible
+            if c.similarity >= best.similarity - PREFERRED_SLACK - 1e-9}
+    favoured = next((near[i] for i in preferred if i in near), None)
+    if favoured is not None and favoured is not parent:
+        reason = (f"candidate parent {favoured.model_id}: similarity "
+                  f"{favoured.similarity:.2f}, {favoured.metric_name} "
+                  f"{favoured.metric_value:.4g}; listed in spec.warmStart.preferred and within "
+                  f"{PREFERRED_SLACK} of the best match {best.model_id} "
+                  f"({best.similarity:.2f}), so chosen over {parent.model_id}; "
+                  f"{_count(len(kept), 'candidate')}{dropped}")
+        parent = favoured
     return api.WarmStartDecision(
         parent=parent.model_id, similarity=parent.similarity, parent_metric=parent.metric_value,
         metric_name=parent.metric_name, matched_tensors=parent.matched_tensors,
@@ -239,7 +259,7 @@ def pinned(
         parent=candidate.model_id, similarity=candidate.similarity,
         parent_metric=candidate.metric_value, metric_name=candidate.metric_name,
         matched_tensors=candidate.matched_tensors, total_tensors=candidate.total_tensors,
-        reason=(f"warm start from pinned parent {candidate.model_id}: similarity "
+        reason=(f"candidate parent {candidate.model_id} (pinned): similarity "
                 f"{candidate.similarity:.2f}{extra}"),
         candidates_considered=1, outcome=api.WarmStartOutcome.PINNED)
 

@@ -1,0 +1,56 @@
+"""A trial as a TrainingJob: the template with the trial's values, labelled and owned by its
+sweep, cold in independent mode, preferring the sweep's own models in chain mode."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from kiln import api
+
+
+def trial_job(sweep: api.sweep.TrainingSweep, index: int, params: dict[str, Any], *,
+              preferred: Sequence[str] = ()) -> dict[str, Any]:
+    """The TrainingJob document of trial `index` (a dict, as `kubectl apply` sends it).
+
+    Args:
+        sweep: the sweep (its uid, when set, becomes the trial's controller ownerReference).
+        index: the trial's index; the job is named `api.sweep.trial_name(sweep, index)`.
+        params: path -> value, applied to the template.
+        preferred: zoo model ids of the sweep's own trials, best first; in chain mode the trial
+            warm-starts from them before other zoo models of equal similarity.
+
+    A template without a target gets the objective's target (stopping at it), so the trial that
+    reaches it ends, and with it the sweep, without training its remaining epochs.
+    """
+    spec = api.sweep.apply(api.to_wire(sweep.spec.template), params)
+    template = sweep.spec.template
+    objective = sweep.spec.objective
+    if objective.target is not None and template.target is None:
+        spec["target"] = {"metric": objective.metric.value, "value": objective.target,
+                          "stopAtTarget": True}
+    warm = spec.setdefault("warmStart", {})
+    if sweep.spec.warm_start is api.sweep.SweepWarmStart.INDEPENDENT:
+        warm["enabled"] = False
+        warm.pop("preferred", None)
+    else:
+        zoo = spec.setdefault("zoo", {})
+        if zoo.get("provisionalEveryEvaluations") is None:
+            # Each trial registers its best so far at every evaluation: later trials (and
+            # pruned ones' successors) can warm-start from it before it ends.
+            zoo["provisionalEveryEvaluations"] = 1
+        warm["preferred"] = list(dict.fromkeys(preferred))[:api.MAX_PREFERRED_PARENTS]
+    metadata: dict[str, Any] = {
+        "name": api.sweep.trial_name(sweep.name, index),
+        "labels": {api.sweep.SWEEP_LABEL: sweep.name, api.sweep.TRIAL_LABEL: str(index)},
+        "annotations": {api.sweep.PARAMS_ANNOTATION: json.dumps(params)},
+    }
+    if sweep.metadata.namespace:
+        metadata["namespace"] = sweep.metadata.namespace
+    if sweep.metadata.uid:
+        metadata["ownerReferences"] = [{
+            "apiVersion": api.API_VERSION, "kind": api.sweep.SWEEP_KIND, "name": sweep.name,
+            "uid": sweep.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+        }]
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
