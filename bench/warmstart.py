@@ -52,8 +52,10 @@ from kiln_trainer import loop
 #    evaluations), the trainer's seconds to target, and the final accuracy. A warm arm that meets
 #    the target at its first evaluation has a ratio capped by that evaluation (counted in
 #    `warm_at_first_evaluation`). An arm that never meets it counts at its whole budget; a child
-#    the guard sent cold counts with the steps it really took. The guard's step-0 probe losses
-#    (warm and cold) come from the result's warm-start decision when the trainer reports them.
+#    the guard sent cold counts with the steps it really took. The guard's probe steps (warm
+#    and cold copies trained side by side when step 0 is inconclusive, `guard_steps`) count
+#    in the warm arm's steps and FLOPs to target; its step-0 probe losses (warm and cold) come
+#    from the result's warm-start decision when the trainer reports them.
 #
 # Ratios are cold / warm per seed (paired), median over seeds per child, then median (or minimum)
 # over children. The final-metric delta is warm minus cold in accuracy points, median over seeds,
@@ -245,13 +247,15 @@ def train(job: api.TrainingJob, *, zoo_uri: str | None, workdir: Path,
 
 def to_target(run: dict[str, Any], *, steps_per_epoch: int, n_train: int, n_val: int,
               forward_flops: int) -> dict[str, Any]:
-    """Steps, seconds and FLOPs to target; unreached: the whole budget, flagged."""
+    """Steps, seconds and FLOPs to target, the guard's probe steps included; unreached: the
+    whole budget, flagged."""
     reached = run["steps_to_target"] is not None
     steps = run["steps_to_target"] if reached else run["steps"]
     evals = run["evals_to_target"] if reached else len(run["curve"])
+    guard = (run.get("warm_start_decision") or {}).get("guard_steps") or 0
     samples = ((steps // steps_per_epoch) * n_train
-               + min((steps % steps_per_epoch) * BATCH_SIZE, n_train))
-    return {"reached": reached, "steps": steps,
+               + min((steps % steps_per_epoch) * BATCH_SIZE, n_train) + guard * BATCH_SIZE)
+    return {"reached": reached, "steps": steps + guard, "guard_steps": guard,
             "seconds": run["time_to_target_seconds"] if reached else run["wall_seconds"],
             "flops": 3 * forward_flops * samples + evals * n_val * forward_flops}
 

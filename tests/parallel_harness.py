@@ -8,6 +8,7 @@ so the tests compare one process with W on identical work.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import tempfile
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kubesim import client
+from torch import distributed as dist
 from torch import multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
@@ -42,20 +43,27 @@ def run_ranks(
     """Run ``target(ctx, *args)`` in `world_size` gloo processes; their results by rank.
 
     Each process gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT on a free port; OMP_NUM_THREADS=1) and calls `parallel.setup(parallelism,
-    "cpu")`. `target` must live in this module: spawned children import it by name (``tests``
-    is on sys.path through pytest's ``pythonpath``).
+    MASTER_PORT; OMP_NUM_THREADS=1) and calls `parallel.setup(parallelism, "cpu")`. As under
+    torchrun, this process (the agent) hosts the rendezvous store on a port the kernel assigns
+    as it binds, and the ranks join it as clients (TORCHELASTIC_USE_AGENT_STORE): a port
+    picked first and bound later by rank 0 could be taken meanwhile, or picked by two
+    concurrent runs whose ranks then met in one store. `target` must live in this module:
+    spawned children import it by name (``tests`` is on sys.path through pytest's
+    ``pythonpath``).
 
     Raises:
         torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
         TimeoutError: the ranks did not finish in `timeout_seconds` (then they are killed).
     """
-    port, previous = client.free_port(), os.environ.get("OMP_NUM_THREADS")
+    previous = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch loads
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_seconds))
     try:
         with tempfile.TemporaryDirectory() as out:
             processes = mp.start_processes(
-                _entry, args=(world_size, port, out, parallelism, target, args),
+                _entry, args=(world_size, store.port, out, parallelism, target, args),
                 nprocs=world_size, join=False, start_method="spawn")
             deadline = time.monotonic() + timeout_seconds
             while not processes.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -67,6 +75,7 @@ def run_ranks(
             return [torch.load(Path(out) / f"{rank}.pt", weights_only=True)
                     for rank in range(world_size)]
     finally:
+        del store  # the server stops with its last reference
         if previous is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
@@ -76,7 +85,8 @@ def run_ranks(
 def _entry(rank: int, world_size: int, port: int, out: str, parallelism: str,
            target: Callable[..., Any], args: tuple[Any, ...]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(1)
     ctx = parallel.setup(parallelism, "cpu", timeout_seconds=120)
     try:

@@ -116,6 +116,29 @@ def _parser() -> argparse.ArgumentParser:
     output.add_option(run)
     run.set_defaults(func=_cmd_run)
 
+    sweep = sub.add_parser("sweep", help="run a TrainingSweep here, or show a sweep's "
+                           "leaderboard")
+    sweep_sub = sweep.add_subparsers(dest="sweep_command", required=True, metavar="ACTION")
+    sweep_run = sweep_sub.add_parser(
+        "run", help="run a sweep's trials here (a rerun resumes it)",
+        description="Run a TrainingSweep's trials on this machine as `kiln run` runs jobs, at "
+        "most min(spec.parallelTrials, --slots) at once. Its state is kept in "
+        ".kiln/runs/NAME.sweep.json: after Ctrl-C, the same command resumes it.")
+    sweep_run.add_argument("file", type=Path, metavar="SWEEP.yaml")
+    sweep_run.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+                           help="trials at once, at most spec.parallelTrials: CPU worker slots "
+                           "(default: half the cores), or at most N GPUs")
+    _zoo_options(sweep_run)
+    output.add_option(sweep_run)
+    sweep_run.set_defaults(func=_cmd_sweep_run)
+    sweep_show = sweep_sub.add_parser(
+        "show", help="a sweep's leaderboard, best values and best zoo model",
+        description="Show a sweep: a name run here (.kiln/runs/NAME.sweep.json), a "
+        "TrainingSweep file, or - for stdin (kubectl get tsw NAME -o yaml | kiln sweep show -).")
+    sweep_show.add_argument("sweep", metavar="NAME|FILE|-")
+    output.add_option(sweep_show)
+    sweep_show.set_defaults(func=_cmd_sweep_show)
+
     prof = sub.add_parser("profile", help="time one training step per config (for the planner)")
     prof.add_argument("file", type=Path, metavar="FILE")
     prof.add_argument("--configs", type=_configs, default=None, metavar="P:K,...",
@@ -251,17 +274,20 @@ def _parser() -> argparse.ArgumentParser:
     # Developer commands, left out of the user's help (a subcommand without help= is not
     # listed): they print by default (`kiln crd | kubectl apply -f -`); --write regenerates
     # the repository's copies.
-    crd_cmd = sub.add_parser("crd",
-                             description="Print the TrainingJob CRD generated from kiln.api.")
+    crd_cmd = sub.add_parser("crd", description="Print the TrainingJob and TrainingSweep CRDs "
+                             "generated from kiln.api (one YAML stream).")
+    crd_cmd.add_argument("--kind", choices=("TrainingJob", "TrainingSweep"),
+                         help="only this kind's CRD (and reference page)")
     crd_where = crd_cmd.add_mutually_exclusive_group()
     crd_where.add_argument("--out", action="append", type=Path, metavar="PATH",
                            help="write it here instead (repeatable; - is stdout)")
     crd_where.add_argument("--write", action="store_true",
-                           help="in the repository root: regenerate crds/trainingjob.yaml, the "
-                           "Helm chart's copy, the zoo record schema and the field reference")
+                           help="in the repository root: regenerate crds/<kind>.yaml, the Helm "
+                           "chart's copies, the zoo record schema and the field references")
     crd_cmd.add_argument("--reference", type=Path, metavar="PATH",
-                         help="the field reference page to regenerate (default with --write: "
-                              "docs/reference/trainingjob.md where it exists)")
+                         help="the field reference page to regenerate, of --kind (default "
+                              "TrainingJob); default with --write: docs/reference/<kind>.md "
+                              "where it exists")
     crd_cmd.set_defaults(func=_cmd_crd)
 
     dash = sub.add_parser("dashboard",
@@ -282,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--plan", type=Path, metavar="PLAN.json",
                       help="draw this plan as a Gantt chart instead (`kiln run --slots` "
                       "writes .kiln/runs/run.json)")
+    plot.add_argument("--sweep", metavar="NAME|FILE|-",
+                      help="draw every trial of a sweep instead: its objective per epoch, "
+                      "pruned trials dashed (a name run here, a TrainingSweep file, or -)")
     plot.add_argument("--x", choices=("time", "step"), default="time",
                       help="x axis of the curves: training seconds or optimizer steps")
     plot.add_argument("--out", type=Path, required=True, metavar="FILE.png",
@@ -291,18 +320,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
-    if bool(args.runs) == (args.plan is not None):
-        raise UsageError("kiln plot: give either RUN files (training curves) or --plan "
-                         "PLAN.json (a Gantt chart), not both or neither")
+    if [bool(args.runs), args.plan is not None, args.sweep is not None].count(True) != 1:
+        raise UsageError("kiln plot: give one of RUN files (training curves), --plan "
+                         "PLAN.json (a Gantt chart) or --sweep NAME (a sweep's trials)")
     try:  # matplotlib is an extra: `kiln run` never needs it
         from kiln.local import plots
     except ImportError as exc:
         raise UsageError(f"kiln plot needs matplotlib ({exc}); pip install "
                          "'kiln-operator[plot]'") from None
     try:
-        figure = (plots.plan_figure(plots.load_plan(args.plan)) if args.plan is not None else
-                  plots.runs_figure(plots.load_runs(args.runs),
-                                    x_key="elapsed_seconds" if args.x == "time" else "step"))
+        if args.sweep is not None:
+            figure = plots.sweep_figure(_load_sweep(args.sweep))
+        elif args.plan is not None:
+            figure = plots.plan_figure(plots.load_plan(args.plan))
+        else:
+            figure = plots.runs_figure(plots.load_runs(args.runs),
+                                       x_key="elapsed_seconds" if args.x == "time" else "step")
         plots.save(figure, args.out)
     except plots.PlotError as exc:
         raise UsageError(str(exc)) from None
@@ -364,11 +397,51 @@ def _read_jobs(path: Path) -> list[api.TrainingJob]:
     """
     if path != STDIN:
         return jobfile.load_jobs(path)
+    return jobfile.parse_jobs(_stdin_text(), source="<stdin>")
+
+
+def _read_documents(path: Path) -> list[api.TrainingJob | api.sweep.TrainingSweep]:
+    """The jobs and sweeps of one file, or of stdin for -.
+
+    Raises:
+        api.InvalidSpec: as `jobfile.load_documents`.
+    """
+    if path != STDIN:
+        return jobfile.load_documents(path)
+    return jobfile.parse_documents(_stdin_text(), source="<stdin>")
+
+
+def _stdin_text() -> str:
     try:
-        text = sys.stdin.read()
+        return sys.stdin.read()
     except UnicodeDecodeError:
         raise api.InvalidSpec(["stdin is not UTF-8 text"], source="<stdin>") from None
-    return jobfile.parse_jobs(text, source="<stdin>")
+
+
+def _checked_documents(path: Path) -> list[api.TrainingJob | api.sweep.TrainingSweep]:
+    """The jobs and sweeps of one file (- for stdin), each checked against the model registry
+    as the operator's admission checks it: a job as `kiln run` runs it, a sweep at every trial
+    value (`models.check_sweep`).
+
+    Raises:
+        UsageError: every problem of the file's first invalid document, naming its fields.
+    """
+    from kiln import models
+
+    try:
+        found = _read_documents(path)
+        for i, doc in enumerate(found):
+            source = ("<stdin>" if path == STDIN else str(path)) + (
+                f"[{i}]" if len(found) > 1 else "")  # as the parser names it
+            more = (models.check_sweep(doc) if isinstance(doc, api.sweep.TrainingSweep)
+                    else models.check_job(doc))
+            if more:
+                raise api.InvalidSpec(more, source=source, kind=doc.kind)
+    except api.InvalidSpec as exc:  # a job that did not parse: add what can be told
+        problems = models.check_job(exc) if exc.kind == api.KIND else exc.problems
+        raise UsageError(str(api.InvalidSpec(problems, source=exc.source, kind=exc.kind))
+                         ) from None
+    return found
 
 
 def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
@@ -394,31 +467,43 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    invalid, names, rows = [], [], []
+    invalid: list[str] = []
+    names: list[tuple[str, str]] = []
+    rows: list[dict[str, Any]] = []
     for path in _job_files(args.files):  # each file on its own: the valid ones are said valid
         source = "<stdin>" if path == STDIN else str(path)
         try:
-            jobs = _load_all([path])
+            found = _checked_documents(path)
         except UsageError as exc:
             invalid.append(str(exc))
             lines = str(exc).splitlines()  # "FILE: invalid TrainingJob:", then "  problem"s
             rows.append({"source": source, "name": None, "valid": False,
                          "problems": [ln.strip() for ln in lines if ln.startswith("  ")] or lines})
             continue
-        for job in jobs:
-            names.append(job.name)
-            rows.append({"source": source, "name": job.name, "valid": True, "problems": [],
-                         "model": job.spec.model.label, "dataset": job.spec.dataset.source})
+        for doc in found:
+            spec = doc.spec.template if isinstance(doc, api.sweep.TrainingSweep) else doc.spec
+            names.append((doc.kind, doc.name))
+            row: dict[str, Any] = {
+                "source": source, "kind": doc.kind, "name": doc.name, "valid": True,
+                "problems": [], "model": spec.model.label, "dataset": spec.dataset.source}
+            what = f"{escape(spec.model.label)} on {spec.dataset.source}"
+            if isinstance(doc, api.sweep.TrainingSweep):
+                paths = [p.path for p in doc.spec.parameters]
+                row |= {"parameters": paths, "maxTrials": doc.spec.trial_budget}
+                what = (f"sweep of {doc.spec.trial_budget} trials over {escape(', '.join(paths))}"
+                        f"; {what}")
+            rows.append(row)
             if args.output == "table":
-                console.print(f"[green]valid[/]: {escape(job.name)} "
-                              f"({escape(job.spec.model.label)} on {job.spec.dataset.source})")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        invalid.append(f"metadata.name: each job needs its own name; repeated: {repeated}")
-        for row in rows:
-            if row["name"] in repeated:
-                row["valid"] = False
-                row["problems"] = ["metadata.name: another job has this name"]
+                console.print(f"[green]valid[/]: {escape(doc.name)} ({what})")
+    repeated = sorted({key for key in names if names.count(key) > 1})  # a name per kind
+    nouns = {api.KIND: "job", api.sweep.SWEEP_KIND: "sweep"}
+    for kind, noun in nouns.items():
+        if same := [name for k, name in repeated if k == kind]:
+            invalid.append(f"metadata.name: each {noun} needs its own name; repeated: {same}")
+    for row in rows:
+        if (row.get("kind"), row["name"]) in repeated:
+            row["valid"] = False
+            row["problems"] = [f"metadata.name: another {nouns[row['kind']]} has this name"]
     if args.output != "table":  # every file's verdict on stdout; the problems on stderr too
         output.show(console, args.output, rows)
     if invalid:
@@ -473,6 +558,80 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             for o in outcomes]
     output.show(results_console, args.output, rows, tables.results(outcomes))
     return EXIT_OK
+
+
+def _cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
+    from kiln import models
+    from kiln.local import sweep as local_sweep
+
+    results_console = console  # with -o json/yaml stdout carries only the sweep's document
+    if args.output != "table":
+        console = output.stderr_console()
+    given = local_sweep.read_sweep(args.file)
+    problems = models.check_sweep(given)
+    if problems:
+        raise api.InvalidSpec(problems, source=str(args.file), kind=api.sweep.SWEEP_KIND)
+    path = given.spec.template.dataset.path
+    if path and not path.startswith("s3://") and not Path(path).exists():
+        raise UsageError(f"{args.file}: spec.template.dataset.path: {path} does not exist here; "
+                         "point it at the data (paths are relative to the current directory)")
+    zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
+    work_dir = runner.default_work_dir()
+    try:
+        devices = local_sweep.devices_for(given.spec, args.slots)
+        swept = local_sweep.resumed(given, local_sweep.state_path(work_dir, given.name))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    run = local_sweep.SweepRun(swept, devices=devices, zoo_uri=args.zoo, zoo=zoo,
+                               work_dir=work_dir, console=console,
+                               env={**_zoo_env(args), **runner.python_path([args.file],
+                                                                           os.environ)})
+    done = run.run()
+    _show_sweep(results_console, args.output, done, wall_seconds=run.wall_seconds)
+    return EXIT_FAILED if done.status and done.status.phase is api.sweep.SweepPhase.FAILED \
+        else EXIT_OK
+
+
+def _cmd_sweep_show(args: argparse.Namespace, console: Console) -> int:
+    _show_sweep(console, args.output, _load_sweep(args.sweep))
+    return EXIT_OK
+
+
+def _load_sweep(given: str) -> api.sweep.TrainingSweep:
+    """A sweep by name (run here), TrainingSweep file, or - (stdin).
+
+    Raises:
+        UsageError: none of these.
+        api.InvalidSpec: the document is not a valid TrainingSweep.
+    """
+    from kiln.local import sweep as local_sweep
+
+    if given == "-":
+        try:
+            return local_sweep.read_sweep(Path("<stdin>"), sys.stdin.read())
+        except UnicodeDecodeError:
+            raise api.InvalidSpec(["stdin is not UTF-8 text"], source="<stdin>") from None
+    path = Path(given)
+    if path.is_file():
+        return local_sweep.read_sweep(path)
+    state = local_sweep.state_path(runner.default_work_dir(), given)
+    if state.is_file():
+        return local_sweep.read_sweep(state)
+    raise UsageError(f"{given}: no such file, and no sweep of that name was run here ({state}); "
+                     "give a sweep's name, a TrainingSweep file, or - to read one from stdin "
+                     "(kubectl get tsw NAME -o yaml | kiln sweep show -)")
+
+
+def _show_sweep(console: Console, fmt: str, swept: api.sweep.TrainingSweep, *,
+                wall_seconds: float | None = None) -> None:
+    from kiln.local import sweep as local_sweep
+
+    if fmt != "table":  # the TrainingSweep document with its status
+        output.show(console, fmt, api.to_wire(swept))
+        return
+    output.print_table(console, tables.leaderboard(swept))
+    for line in local_sweep.summary(swept, wall_seconds=wall_seconds):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
@@ -628,10 +787,16 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
     found = dataclasses.replace(found, candidates=tuple(  # what the job's namespace sees
         c for c in found.candidates if c.record.visible_to(job.namespace)))
     reason = chosen.reason[:1].upper() + chosen.reason[1:]
+    # A candidate, not yet a parent: the trainer's guard may still refuse it.
+    guard = (f"the trainer warm-starts from {chosen.parent} only if its guard accepts it "
+             f"(step-0 probe, else {job.spec.warm_start.probe_steps} training steps beside a "
+             "cold start); else it tries the alternatives, then starts cold"
+             if chosen.parent is not None else "")
     if args.output != "table":
         output.show(console, args.output, {
             "job": job.name, "zoo_models": len(index), "search": str(found.mode),
-            "parent": chosen.parent, "reason": reason,
+            "candidate": chosen.parent, "alternatives": list(chosen.alternatives),
+            "reason": reason, "guard": guard or None,
             "candidates": [{"rank": rank, "id": cand.id, "architecture": cand.record.builder,
                             "similarity": cand.similarity,
                             "metric_name": cand.record.metric_name,
@@ -641,6 +806,8 @@ def _cmd_zoo_query(args: argparse.Namespace, console: Console) -> int:
     output.print_table(console, tables.warm_start_candidates(job, found, len(index),
                                                              chosen.parent, top=args.top))
     console.print(reason, markup=False, highlight=False)
+    if guard:
+        console.print(guard[:1].upper() + guard[1:] + ".", markup=False, highlight=False)
     return EXIT_OK
 
 
@@ -937,21 +1104,29 @@ def _generated_outs(args: argparse.Namespace, repository_copies: list[Path],
 def _cmd_crd(args: argparse.Namespace, console: Console) -> int:
     from kiln import crd, reference
 
-    chart_copy = Path("helm/kiln/crds/trainingjob.yaml")
-    outs, notes = _generated_outs(args, [
-        Path("crds/trainingjob.yaml"), *([chart_copy] if chart_copy.parent.is_dir() else [])],
-        console)
-    _write_generated(crd.render(), outs, notes)
+    chosen = [r for r in crd.RESOURCES if args.kind in (None, r.kind)]
+    if args.write:  # each CRD to its own file, and the Helm chart's copy
+        notes = console
+        for resource in chosen:
+            chart_copy = Path("helm/kiln") / resource.file
+            _write_generated(crd.render(resource), [
+                Path(resource.file), *([chart_copy] if chart_copy.parent.is_dir() else [])],
+                notes)
+    else:
+        outs, notes = _generated_outs(args, [], console)
+        _write_generated("---\n".join(crd.render(r) for r in chosen), outs, notes)
     schema_file = Path("docs/reference/zoo-record.schema.json")
     if args.write and schema_file.parent.is_dir():  # the zoo's meta.json, for tools
         _write_generated(json.dumps(records.json_schema(), indent=2) + "\n", [schema_file],
                          notes)
-    page = args.reference
-    if page is None and args.write and reference.PAGE.is_file():
-        page = reference.PAGE
-    if page is not None:
+    if args.reference is not None:
+        pages = [(args.reference, chosen[0])]
+    else:
+        pages = [(reference.PAGES[r], r) for r in chosen
+                 if args.write and reference.PAGES[r].is_file()]
+    for page, resource in pages:
         try:
-            changed = reference.update(page)
+            changed = reference.update(page, resource)
         except (OSError, ValueError) as error:
             raise UsageError(str(error)) from error
         notes.print(f"{'updated' if changed else 'unchanged'}: {page}", markup=False,

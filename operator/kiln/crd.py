@@ -1,25 +1,27 @@
-"""The TrainingJob CustomResourceDefinition, generated from `kiln.api`.
+"""The TrainingJob and TrainingSweep CustomResourceDefinitions, generated from `kiln.api`.
 
-Role: turn the pydantic types of `kiln.api` (the single source of truth) into an
-`apiextensions.k8s.io/v1` CRD whose `openAPIV3Schema` is *structural*: every node has a `type`,
+Role: turn the pydantic types of `kiln.api` (the single source of truth) into
+`apiextensions.k8s.io/v1` CRDs (one `Resource` each: `JOB`, `SWEEP`) whose `openAPIV3Schema` is *structural*: every node has a `type`,
 every object lists its `properties`, no `$ref`/`anyOf`/`oneOf`/`allOf`; optional fields are
 `nullable`, bounds use OpenAPI v3's boolean `exclusiveMinimum`/`exclusiveMaximum`, defaults are
 declared so the API server applies them, and only the free-form maps (`spec.model.args`,
 `spec.template`) keep unknown fields. Every status field is declared, because a structural schema
 silently prunes what it does not declare.
 
-Callers: `kiln crd` (prints it; `--write` regenerates `crds/trainingjob.yaml` and the Helm
-chart's copy) and the tests, which regenerate and compare byte for byte and check that the
-schema and `api.check_schema` agree on a corpus of documents.
+Callers: `kiln crd` (prints them; `--write` regenerates `crds/<kind>.yaml` and the Helm chart's
+copies) and the tests, which regenerate and compare byte for byte and check that the schemas
+agree with `api.check_schema` and `api.sweep.parse_sweep` on corpora of documents.
 
-The API server also checks the cross-field rules of `api.validate` that CEL can say, and
-refuses changes to the spec parts a running job cannot take (`VALIDATIONS`). No cluster
-access; never imports kopf or kubernetes.
+The API server also checks the cross-field rules that CEL can say (`VALIDATIONS`,
+`SWEEP_VALIDATIONS`), and refuses changes to the spec parts a running job or sweep cannot take.
+No cluster access; never imports kopf or kubernetes.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 import typing
 from typing import Any
 
@@ -35,7 +37,10 @@ PRESERVE_UNKNOWN = "x-kubernetes-preserve-unknown-fields"
 # (column name, JSON path, description, priority); the type is read from the schema at that
 # path, except for timestamps (`_DATES`), which kubectl shows as an age. Priority 1 columns
 # show with `kubectl get -o wide` only.
-PRINTER_COLUMNS = (
+Column = tuple[str, str, str, int]
+# (schema node, CEL rule, message, fieldPath); the node is a dotted path of properties.
+Validation = tuple[str, str, str, str]
+PRINTER_COLUMNS: tuple[Column, ...] = (
     ("Phase", ".status.phase", "Coarse job state, derived from conditions.", 0),
     ("Epoch", ".status.progress.epoch", "Epoch in progress (1-based).", 0),
     ("ETA", ".status.progress.etaSeconds", "Estimated seconds left for the remaining epochs.",
@@ -46,6 +51,16 @@ PRINTER_COLUMNS = (
     ("Accuracy", ".status.result.validationAccuracy", "Final validation accuracy.", 0),
     ("Progress-Read", ".status.progress.lastUpdatedTime",
      "When the operator last read the trainer's progress (old: stale).", 1),
+    ("Age", ".metadata.creationTimestamp", "", 0),
+)
+SWEEP_PRINTER_COLUMNS: tuple[Column, ...] = (
+    ("Phase", ".status.phase", "Pending, Running, Succeeded or Failed.", 0),
+    ("Done", ".status.trials.succeeded", "Trials that finished.", 0),
+    ("Running", ".status.trials.running", "Trials running now.", 0),
+    ("Pruned", ".status.trials.pruned", "Trials stopped early, behind the others.", 0),
+    ("Failed", ".status.trials.failed", "Trials that failed.", 0),
+    ("Best", ".status.best.metric", "The best trial's objective so far.", 0),
+    ("Best-Trial", ".status.best.trial", "The best trial's TrainingJob.", 0),
     ("Age", ".metadata.creationTimestamp", "", 0),
 )
 _DATES = (".metadata.creationTimestamp", ".status.progress.lastUpdatedTime")
@@ -60,34 +75,66 @@ _KEY_ORDER = (
 # JSON-schema keywords pydantic may emit that carry no meaning for the API server.
 _DROPPED = ("title", "$defs")
 _NULL = {"type": "null"}
+_JSON_SCALARS = ("boolean", "integer", "number", "string")
 
 
 class UnsupportedSchema(ValueError):
     """A type in `kiln.api` has no structural-schema form (e.g. a union of two types)."""
 
 
-def build() -> dict[str, Any]:
-    """The CRD as a dict, ready to dump as YAML or send to the API server.
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """What one CRD is generated from: its root type in `kiln.api`, names, columns, rules.
+
+    Attributes:
+        model: the pydantic type of a whole object (apiVersion, kind, metadata, spec, status).
+        kind, plural, singular, short_names: its names.
+        columns: `kubectl get` columns.
+        validations: CEL rules, each at the schema node its path names.
+        name_max_length: metadata.name's bound (a sweep's leaves room for its trials' names).
+    """
+
+    model: type[BaseModel]
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    columns: tuple[Column, ...]
+    validations: tuple[Validation, ...]
+    name_max_length: int = api.NAME_MAX_LENGTH
+
+    @property
+    def file(self) -> str:
+        """Its CRD file, from the repository root (the Helm chart keeps a copy of each)."""
+        return f"crds/{self.singular}.yaml"
+
+
+def build(resource: Resource | None = None) -> dict[str, Any]:
+    """A CRD as a dict, ready to dump as YAML or send to the API server.
+
+    Args:
+        resource: `JOB` (the default) or `SWEEP`.
 
     Returns:
-        An `apiextensions.k8s.io/v1` CustomResourceDefinition for kiln.dev/v1alpha1 TrainingJob.
+        An `apiextensions.k8s.io/v1` CustomResourceDefinition for its kiln.dev/v1alpha1 kind.
 
     Raises:
         UnsupportedSchema: a type in `kiln.api` cannot be written as a structural schema.
     """
-    schema = openapi_schema()
+    resource = resource or JOB
+    schema = openapi_schema(resource)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{resource.plural}.{api.GROUP}"},
         "spec": {
             "group": api.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
+                "kind": resource.kind,
+                "listKind": f"{resource.kind}List",
+                "plural": resource.plural,
+                "singular": resource.singular,
+                "shortNames": list(resource.short_names),
                 "categories": list(api.CATEGORIES),
             },
             "scope": "Namespaced",
@@ -97,7 +144,7 @@ def build() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": _printer_columns(schema),
+                    "additionalPrinterColumns": _printer_columns(schema, resource.columns),
                     "schema": {"openAPIV3Schema": schema},
                 }
             ],
@@ -105,24 +152,30 @@ def build() -> dict[str, Any]:
     }
 
 
-def openapi_schema() -> dict[str, Any]:
-    """The structural `openAPIV3Schema` of a TrainingJob, derived from `api.TrainingJob`.
+def openapi_schema(resource: Resource | None = None) -> dict[str, Any]:
+    """The structural `openAPIV3Schema` of `resource` (default `JOB`), from its `kiln.api` type.
 
     Raises:
         UnsupportedSchema: a type in `kiln.api` cannot be written as a structural schema.
     """
-    raw = api.TrainingJob.model_json_schema(by_alias=True, mode="validation")
+    resource = resource or JOB
+    raw = resource.model.model_json_schema(by_alias=True, mode="validation")
     schema = _structural(_inline_refs(raw, raw.get("$defs", {})), "")
-    _add_factory_defaults(api.TrainingJob, schema)
+    _add_factory_defaults(resource.model, schema)
     props = schema["properties"]
     # The server routes on apiVersion and kind and owns metadata: only metadata.name may be
     # restricted (no description on metadata itself, or the CRD is refused).
     for key in ("apiVersion", "kind"):
         props[key] = {"description": props[key]["description"], "type": "string"}
     name = props["metadata"]["properties"]["name"]
+    if resource.name_max_length != name["maxLength"]:
+        name["maxLength"] = resource.name_max_length
+        name["description"] = re.sub(r"at most \d+ characters",
+                                     f"at most {resource.name_max_length} characters",
+                                     name["description"])
     props["metadata"] = {"type": "object", "properties": {"name": name}}
     schema["required"] = ["spec"]
-    for path, rule, message, field_path in VALIDATIONS:
+    for path, rule, message, field_path in resource.validations:
         node = schema
         for part in path.split("."):
             node = node["properties"][part]
@@ -163,7 +216,9 @@ _SEVERAL = ("ddp", "fsdp")
 # (status.admittedSpec, `api.running_doc`) whatever they say later, bar the template's
 # scheduling directives (so a queueing system may set node selectors).
 _IMMUTABLE = ("model", "dataset", "training", "warmStart", "freezing", "resources", "zoo")
-VALIDATIONS: tuple[tuple[str, str, str, str], ...] = (
+_JOB_FIXED = "cannot change once the job exists; create a new TrainingJob instead"
+_SWEEP_FIXED = "cannot change once the sweep exists; create a new TrainingSweep instead"
+VALIDATIONS: tuple[Validation, ...] = (
     ("spec.model", f"{_set('architecture')} != {_set('entrypoint')}",
      ("spec.model: set exactly one of architecture (a registry name, `kiln models` lists them) "
      "or entrypoint (your model as package.module:callable)"), ""),
@@ -236,19 +291,94 @@ VALIDATIONS: tuple[tuple[str, str, str, str], ...] = (
      f"!{_TEXT} || !has(self.dataset.augmentation) || self.dataset.augmentation == 'none'",
      "spec.dataset.augmentation: text has no augmentation; use none", ".dataset.augmentation"),
     *((f"spec.{field}", "self == oldSelf",
-       f"spec.{field} cannot change once the job exists; create a new TrainingJob instead", "")
-      for field in _IMMUTABLE),
+       f"spec.{field} {_JOB_FIXED}", "") for field in _IMMUTABLE),
     ("spec",
      ("has(self.target) == has(oldSelf.target) && "
       "(!has(self.target) || self.target == oldSelf.target)"),
-     "spec.target cannot change once the job exists; create a new TrainingJob instead",
+     f"spec.target {_JOB_FIXED}",
      ".target"),
 )
 
 
-def render() -> str:
-    """The CRD as YAML text with the generated-file header; same input, same bytes."""
-    body: str = yaml.safe_dump(build(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def _in_template(rules: tuple[Validation, ...]) -> tuple[Validation, ...]:
+    """A TrainingJob's rules on its spec, moved to a sweep's spec.template (every trial's spec
+    starts from it). What a running job's spec cannot change, the template cannot either (its
+    trials so far were made from it), and the message says so of the sweep."""
+    return tuple((path.replace("spec", "spec.template", 1), rule,
+                  re.sub(r"\bspec\.", "spec.template.", message).replace(_JOB_FIXED, _SWEEP_FIXED),
+                  field_path)
+                 for path, rule, message, field_path in rules)
+
+
+def _each_parameter(condition: str) -> str:
+    """CEL over spec.parameters: `condition` (on ``p``) holds for every parameter."""
+    return f"self.all(p, {condition})"
+
+
+# The cross-field rules of `api.sweep.problems` that CEL can say. Not here: paths (CEL cannot
+# read the TrainingJob schema), a value's effect on the trial's spec, grid size, and anything of
+# `categorical` (a list of any scalars has no declared type, so the API server hides it from
+# CEL: a parameter with none of categorical, int or float passes the CRD). What the trials so far were drawn and judged by
+# cannot change once the sweep exists; the budget (maxTrials, parallelTrials, maxFailedTrials)
+# may. The parameters are left out of that: CEL cannot see their categorical values.
+_SEARCH = ("objective", "algorithm", "earlyStopping", "warmStart")
+SWEEP_VALIDATIONS: tuple[Validation, ...] = (
+    ("spec.parameters", _each_parameter("!(has(p.int) && has(p.float))"),
+     "spec.parameters: each parameter sets exactly one of categorical, int or float", ""),
+    ("spec.parameters", "self.all(p, self.exists_one(q, q.path == p.path))",
+     "spec.parameters: each path may be set by one parameter only", ""),
+    ("spec.parameters", _each_parameter("!has(p.int) || p.int.max >= p.int.min"),
+     "spec.parameters: an int range is empty: max is below min", ""),
+    ("spec.parameters", _each_parameter("!has(p.float) || p.float.max > p.float.min"),
+     "spec.parameters: a float range is empty: max is not above min", ""),
+    ("spec.parameters",
+     _each_parameter("!has(p.float) || !has(p.float.log) || !p.float.log || p.float.min > 0.0"),
+     "spec.parameters: a float range on a log scale needs min above 0", ""),
+    ("spec.parameters",
+     _each_parameter("!has(p.int) || !has(p.int.log) || !p.int.log || p.int.min >= 1"),
+     "spec.parameters: an int range on a log scale needs min at least 1", ""),
+    ("spec.parameters",
+     _each_parameter("!has(p.int) || !has(p.int.log) || !p.int.log || !has(p.int.step) || "
+                     "p.int.step == 1"),
+     "spec.parameters: an int range takes step or log, not both", ""),
+    ("spec", ("!has(self.algorithm) || !has(self.algorithm.name) || self.algorithm.name != "
+     "'grid' || self.parameters.all(p, !has(p.float))"),
+     ("spec.algorithm.name: grid needs a finite set per parameter; a float range has none "
+     "(give categorical values, or use random or tpe)"), ".algorithm.name"),
+    ("spec", ("!has(self.earlyStopping) || !has(self.earlyStopping.name) || "
+     "self.earlyStopping.name == 'none' || !has(self.earlyStopping.minEpochs) || "
+     "!has(self.template.training) || !has(self.template.training.epochs) || "
+     "self.earlyStopping.minEpochs < self.template.training.epochs"),
+     ("spec.earlyStopping.minEpochs: must be below spec.template.training.epochs, or nothing "
+     "is left to stop"), ".earlyStopping.minEpochs"),
+    ("spec.objective", ("!has(self.goal) || !has(self.metric) || "
+     "(self.goal == 'maximize') == (self.metric == 'validation_accuracy')"),
+     "spec.objective.goal: maximize an accuracy, minimize a loss", ".goal"),
+    ("spec.objective", ("!has(self.target) || !has(self.metric) || "
+     "self.metric != 'validation_accuracy' || (self.target > 0.0 && self.target <= 1.0)"),
+     "spec.objective.target: an accuracy is a fraction in (0, 1], e.g. 0.92", ".target"),
+    ("spec.objective", ("!has(self.target) || !has(self.metric) || "
+     "self.metric != 'validation_loss' || self.target > 0.0"),
+     "spec.objective.target: a loss target must be > 0", ".target"),
+    *_in_template(VALIDATIONS),
+    *((f"spec.{field}", "self == oldSelf",
+       f"spec.{field} {_SWEEP_FIXED}", "") for field in _SEARCH),
+)
+
+JOB = Resource(api.TrainingJob, api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NAMES, PRINTER_COLUMNS,
+               VALIDATIONS)
+SWEEP = Resource(api.sweep.TrainingSweep, api.sweep.SWEEP_KIND, api.sweep.SWEEP_PLURAL, api.sweep.SWEEP_SINGULAR,
+                 api.sweep.SWEEP_SHORT_NAMES, SWEEP_PRINTER_COLUMNS, SWEEP_VALIDATIONS,
+                 name_max_length=api.sweep.SWEEP_NAME_MAX_LENGTH)
+RESOURCES = (JOB, SWEEP)
+
+
+def render(resource: Resource | None = None) -> str:
+    """A CRD (default `JOB`) as YAML text with the generated-file header; same input, same
+    bytes."""
+    body: str = yaml.safe_dump(build(resource), sort_keys=False, width=100, allow_unicode=True)
     return HEADER + body
 
 
@@ -300,6 +430,11 @@ def _structural(node: dict[str, Any], where: str) -> dict[str, Any]:
         del node["default"]  # absent and null mean the same to kiln.api
     if node.get("type") == "object":
         _structural_object(node, out, where)
+    elif node.get("type") == "array" and _scalars(node["items"]):
+        # A list of any scalars (categorical values): no one type, so the items keep what they
+        # hold. The API server hides such a list from CEL; `kiln.api` refuses maps and lists.
+        del node["items"]
+        out["items"] = {PRESERVE_UNKNOWN: True}
     elif node.get("type") == "array":
         out["items"] = _structural(node.pop("items"), f"{where}[]")
     elif "type" not in node:
@@ -311,6 +446,13 @@ def _structural(node: dict[str, Any], where: str) -> dict[str, Any]:
             raise UnsupportedSchema(f"{where or '<root>'}: keyword {key!r} has no structural form")
         out[key] = value
     return {k: out[k] for k in _KEY_ORDER if k in out}
+
+
+def _scalars(node: dict[str, Any]) -> bool:
+    """Whether a JSON-schema node is a union of two or more scalar types (and nothing else)."""
+    options = node.get("anyOf", [])
+    return len(options) > 1 and all(set(o) == {"type"} and o["type"] in _JSON_SCALARS
+                                    for o in options)
 
 
 def _structural_object(node: dict[str, Any], out: dict[str, Any], where: str) -> None:
@@ -357,10 +499,11 @@ def _model_types(annotation: Any) -> list[type[BaseModel]]:
     return [t for arg in typing.get_args(annotation) for t in _model_types(arg)]
 
 
-def _printer_columns(schema: dict[str, Any]) -> list[dict[str, Any]]:
+def _printer_columns(schema: dict[str, Any], wanted: tuple[Column, ...]
+                     ) -> list[dict[str, Any]]:
     """`kubectl get` columns; each column's type comes from the schema node at its path."""
     columns = []
-    for name, path, description, priority in PRINTER_COLUMNS:
+    for name, path, description, priority in wanted:
         node = schema
         if path != ".metadata.creationTimestamp":  # metadata's schema is the API server's
             for part in path.strip(".").split("."):

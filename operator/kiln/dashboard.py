@@ -42,6 +42,8 @@ QUEUE_WAIT = "kiln_queue_wait_seconds"
 PLACEMENT_SOLVE = "kiln_placement_solve_seconds"
 WARM_STARTS = "kiln_warm_start_total"
 WARM_START_SIMILARITY = "kiln_warm_start_similarity_ratio"
+SWEEP_TRIALS = "kiln_sweep_trials"
+SWEEP_BEST = "kiln_sweep_best_metric"
 # Trainer metrics (kiln_trainer.metrics), labelled with job_namespace and training_job.
 TRAIN_LOSS = "kiln_trainer_train_loss"
 VALIDATION_LOSS = "kiln_trainer_validation_loss"
@@ -238,6 +240,17 @@ ROWS = (
              width=8, unit="short", decimals=0),
     ),
     row(
+        "Sweeps",
+        timeseries("Sweep trials by state", f"Each TrainingSweep's trials: Running, Succeeded, "
+                   f"Pruned (stopped early, behind the others) and Failed ({SWEEP_TRIALS}).",
+                   Target(f"sum by (sweep, state) ({SWEEP_TRIALS}{IN_NAMESPACE})",
+                          "{{sweep}} {{state}}"), width=12, unit="short", stacked=True),
+        timeseries("Best metric per sweep", f"Each sweep's best trial's objective over time, "
+                   f"in its spec.objective.metric ({SWEEP_BEST}).",
+                   Target(f"max by (job_namespace, sweep) ({SWEEP_BEST}{IN_NAMESPACE})",
+                          "{{sweep}}"), width=12, unit="none"),
+    ),
+    row(
         "Job $job",
         timeseries("Loss", f"Mean training loss since the trainer's previous report "
                    f"({TRAIN_LOSS}) and validation cross-entropy in nats ({VALIDATION_LOSS}).",
@@ -299,7 +312,8 @@ def build() -> dict[str, Any]:
     it."""
     dashboard = {
         "uid": "kiln-training", "title": "Kiln training",
-        "description": "Kiln operator fleet, one TrainingJob's training curves and freezing, "
+        "description": "Kiln operator fleet, sweeps, one TrainingJob's training curves and "
+        "freezing, "
         "and its GPUs (DCGM exporter). Metrics: kiln_* (operator), kiln_trainer_* (trainer pods), "
         "DCGM_FI_* (dcgm-exporter, scraped with honor_labels). Generated from "
         "operator/kiln/dashboard.py by `kiln dashboard`; do not edit.",

@@ -1,7 +1,7 @@
-"""The TrainingJob field reference of the docs site, generated from the CRD schema.
+"""The TrainingJob and TrainingSweep field references of the docs site, from the CRD schemas.
 
-The page's table and the CRD both come from `kiln.api` through `kiln.crd.openapi_schema()`, so
-they cannot drift. `kiln crd` rewrites the table between the page's markers; the only I/O is
+Each page's table and its CRD both come from `kiln.api` through `kiln.crd.openapi_schema()`, so
+they cannot drift. `kiln crd` rewrites the table between a page's markers; the only I/O is
 `update`.
 """
 
@@ -13,13 +13,18 @@ from typing import Any
 
 from kiln import crd
 
-PAGE = Path("docs/reference/trainingjob.md")  # from the repository root, as `kiln crd --write` runs
+# From the repository root, as `kiln crd --write` runs.
+PAGES = {crd.JOB: Path("docs/reference/trainingjob.md"),
+         crd.SWEEP: Path("docs/reference/trainingsweep.md")}
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
+# A sweep's template is a whole TrainingJob spec: one row, its fields are on the job's page.
+_NOT_EXPANDED = ("spec.template",)
 
 
-def markdown() -> str:
-    """One table row per spec field: path, type, default, bounds/values and description."""
-    spec = crd.openapi_schema()["properties"]["spec"]
+def markdown(resource: crd.Resource | None = None) -> str:
+    """One table row per spec field of `resource` (default `crd.JOB`): path, type, default,
+    bounds/values and description."""
+    spec = crd.openapi_schema(resource)["properties"]["spec"]
     rows = ["| field | type | default | allowed | description |", "|---|---|---|---|---|"]
     for path, node in _walk(spec, "spec"):
         description = node.get("description", "")
@@ -31,11 +36,12 @@ def markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def update(path: str | Path = PAGE) -> bool:
-    """Replace the text between the markers in `path` with `markdown()`.
+def update(path: str | Path, resource: crd.Resource | None = None) -> bool:
+    """Replace the text between the markers in `path` with `markdown(resource)`.
 
     Args:
         path: the Markdown page holding the markers.
+        resource: whose fields (default `crd.JOB`).
 
     Returns:
         True when the file changed.
@@ -49,7 +55,7 @@ def update(path: str | Path = PAGE) -> bool:
         raise ValueError(f"{path}: add the lines {START} and {END} where the reference goes")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{markdown()}{END}{tail}"
+    new = f"{head}{START}\n{markdown(resource)}{END}{tail}"
     if new != text:
         path.write_text(new, encoding="utf-8")
     return new != text
@@ -62,6 +68,8 @@ def _walk(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
         child_path = f"{path}.{name}"
         marked = dict(child, _required=name in required)
         out.append((child_path, marked))
+        if child_path in _NOT_EXPANDED:
+            continue
         if child.get("type") == "object" and "properties" in child:
             out.extend(_walk(child, child_path))
         elif child.get("type") == "array" and "properties" in child.get("items", {}):
@@ -91,11 +99,16 @@ def _allowed(node: dict[str, Any]) -> str:
         return ", ".join(f"`{v}`" for v in node["enum"] if v is not None)
     parts = []
     if "minimum" in node:
-        parts.append(("> " if node.get("exclusiveMinimum") else "≥ ") + f"{node['minimum']:g}")
+        parts.append(("> " if node.get("exclusiveMinimum") else "≥ ") + _number(node["minimum"]))
     if "maximum" in node:
-        parts.append(("< " if node.get("exclusiveMaximum") else "≤ ") + f"{node['maximum']:g}")
+        parts.append(("< " if node.get("exclusiveMaximum") else "≤ ") + _number(node["maximum"]))
     if "minItems" in node or "maxItems" in node:
         parts.append(f"{node.get('minItems', 0)}–{node.get('maxItems', '∞')} items")
     if "pattern" in node:
         parts.append(f"pattern `{node['pattern']}`")
     return ", ".join(parts)
+
+
+def _number(value: float) -> str:
+    """A bound as written: integers in full (2147483647, not 2.14748e+09)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"

@@ -42,6 +42,7 @@ import grafana_model  # tests/ is on sys.path (pytest pythonpath)
 import pytest
 from kubesim import client, emulator, kubelet, operator_process, prometheus, scenario
 
+from kiln import api
 from kiln.controller import status
 from kiln.zoo import records
 
@@ -53,6 +54,7 @@ QUERIES_SECONDS = 120.0
 OPERATOR_NAMESPACE = "kiln-system"
 OPERATOR_POD = "kiln-7c9d8f6b5-q2x8m"
 PARENT, FLAKY, CHILD = "dash-parent", "dash-flaky", "dash-child"
+SWEEP = "dash-sweep"  # one trial: the sweep panels' series
 # What the fake dcgm-exporter reports for every GPU (percent, ratio, MiB, watts, Celsius).
 DCGM_VALUES = {"DCGM_FI_DEV_GPU_UTIL": 87.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83,
                "DCGM_FI_DEV_FB_USED": 30512.0, "DCGM_FI_DEV_POWER_USAGE": 412.5,
@@ -190,6 +192,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         container="nvidia-dcgm-exporter")])
 
     cluster.client.create_job(namespace, scenario.tiny_job(PARENT))
+    cluster.client.create(_sweeps_path(namespace), _one_trial_sweep(namespace))
     # The namespace's failure and restart counters exist at 0 from its first job on; once
     # Prometheus has seen them, increase() counts the failure to come.
     client.wait_until(lambda: server.query(
@@ -243,6 +246,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                    for label in s["metric"] if label.startswith("exported_")}
         assert not renamed, f"labels a scrape renamed: {sorted(renamed)}"
     finally:
+        cluster.client.delete(f"{_sweeps_path(namespace)}/{SWEEP}")
+        cluster.client.delete(cluster.client.jobs_path(namespace, f"{SWEEP}-t0"))  # no GC here
         cluster.client.delete(cluster.client.jobs_path(namespace, CHILD))
         client.wait_until(lambda: cluster.client.job(namespace, CHILD) is None,
                           timeout_seconds=60, what=f"{CHILD} to be deleted",
@@ -251,6 +256,22 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         for record in records.list_records(zoo.store):
             if record.job_name in (PARENT, CHILD):
                 records.delete_record(zoo.store, record.id)
+
+
+def _sweeps_path(namespace: str) -> str:
+    return f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.sweep.SWEEP_PLURAL}"
+
+
+def _one_trial_sweep(namespace: str) -> dict[str, Any]:
+    """A sweep of one tiny trial that registers nothing: its trial counts and, once the trial
+    has succeeded, its best metric."""
+    template = scenario.tiny_job(SWEEP)["spec"]
+    template["zoo"] = {"register": False}
+    return {"apiVersion": api.API_VERSION, "kind": api.sweep.SWEEP_KIND,
+            "metadata": {"name": SWEEP, "namespace": namespace},
+            "spec": {"template": template, "maxTrials": 1, "parallelTrials": 1,
+                     "warmStart": "independent",
+                     "parameters": [{"path": "training.optimizer.lr", "categorical": [0.005]}]}}
 
 
 def _running_pod(cluster: emulator.Emulator, namespace: str, job: str) -> dict[str, Any] | None:

@@ -97,10 +97,11 @@ def test_helm_lint_catches_a_broken_template(tmp_path: Path) -> None:
         result)
 
 
-def test_chart_crd_is_the_repository_crd() -> None:
-    assert ((helm.CHART / "crds" / "trainingjob.yaml").read_bytes()
-            == (REPO / "crds" / "trainingjob.yaml").read_bytes()), (
-        "helm/kiln/crds/trainingjob.yaml differs from crds/trainingjob.yaml: regenerate both "
+@pytest.mark.parametrize("crd_file", ["trainingjob.yaml", "trainingsweep.yaml"])
+def test_chart_crd_is_the_repository_crd(crd_file: str) -> None:
+    assert ((helm.CHART / "crds" / crd_file).read_bytes()
+            == (REPO / "crds" / crd_file).read_bytes()), (
+        f"helm/kiln/crds/{crd_file} differs from crds/{crd_file}: regenerate both "
         "(`kiln crd --write` in the repository root)")
 
 
@@ -129,7 +130,8 @@ def test_defaults_install_the_operator_and_nothing_optional(
     # crds/ cannot be conditional: kopf's peering kinds (used with replicaCount above 1) come
     # along, unused; Helm skips CRDs that already exist, e.g. from another kopf operator.
     assert sorted(c["metadata"]["name"] for c in default_release.crds) == [
-        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "trainingjobs.kiln.dev"]
+        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "trainingjobs.kiln.dev",
+        "trainingsweeps.kiln.dev"]
 
 
 def test_operator_deployment_is_one_locked_down_replica(full_release: helm.Release) -> None:

@@ -88,7 +88,11 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     assert all(r.id in listing.stdout for r in saved.values()), listing.stdout
     query = clirun.kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)
     assert query.returncode == 0, query.stderr
-    assert "1.000" in query.stdout and "Warm start from" in query.stdout
+    assert "1.000" in query.stdout and "Candidate parent" in query.stdout
+    assert "only if its guard accepts it" in query.stdout  # a candidate, not yet a parent
+    as_json = json.loads(clirun.kiln("zoo", "query", str(first), "--zoo", "zoo", "-o", "json",
+                                     cwd=tmp_path).stdout)
+    assert as_json["candidate"] in {r.id for r in saved.values()} and "parent" not in as_json
 
 
 def test_run_registers_in_an_s3_zoo_over_http(tmp_path: Path, s3_server: object,
@@ -168,7 +172,7 @@ def test_ctrl_c_or_sigterm_checkpoints_the_running_job_and_stops(
     assert "trainer exited with code" not in said
     assert checkpoint.exists()
     assert "Traceback" not in err
-    with runner._job_lock(tmp_path / ".kiln" / "runs" / "digits-long.lock", "digits-long"):
+    with runner.lock(tmp_path / ".kiln" / "runs" / "digits-long.lock", "digits-long"):
         pass  # kiln released the job's lock when it exited: a rerun may start
 
 

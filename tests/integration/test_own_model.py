@@ -50,7 +50,7 @@ def test_example_trains_then_bigger_variant_warm_starts_and_a_longer_run_freezes
     assert parent.entrypoint == "mynets.mixer:mixer" and parent.architecture is None
     assert child.parent == parent.id and child.similarity is not None and child.similarity > 0.3
     out = " ".join(done.stdout.split())  # rich wraps long lines
-    assert f"Warm start from {parent.id} (similarity {child.similarity:.2f}): probe loss" in out, out
+    assert f"Warm start from {parent.id} (similarity {child.similarity:.2f}): guard: step-0 probe loss" in out, out
     assert "tensors transferred" in out, out
 
     # A longer run of the bigger variant, from a job file elsewhere: PYTHONPATH given by the

@@ -119,7 +119,7 @@ def test_a_fine_tuning_run_warm_starts_from_the_imported_weights(
     tuned = next(r for r in records.list_records(store.DirStore(tmp_path / "zoo"))
                  if r.job_name == "finetune")
     assert tuned.parent == imported.id and tuned.similarity == 1.0
-    assert f"Warm start from {imported.id} (similarity 1.00): probe loss" in out, out
+    assert f"Warm start from {imported.id} (similarity 1.00): guard: step-0 probe loss" in out, out
 
 
 def test_import_adds_or_drops_a_wrapper_prefix_and_accepts_a_tied_key(tmp_path: Path) -> None:

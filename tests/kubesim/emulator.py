@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 START_SECONDS = 30.0
 TRAININGJOBS = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
+TRAININGSWEEPS = f"{api.GROUP}/{api.VERSION}/{api.sweep.SWEEP_PLURAL}"
 DEFAULT_POD_GRACE_SECONDS = 30  # the API server's default terminationGracePeriodSeconds
 
 
@@ -370,6 +371,11 @@ class Emulator:
             verbs={"list", "watch", "get", "patch", "create", "delete", "update"},
             shortnames=set(api.SHORT_NAMES), categories=set(api.CATEGORIES),
             subresources={"status"},
+        )
+        handler.resources[TRAININGSWEEPS] = kmock.ResourceInfo(
+            kind=api.sweep.SWEEP_KIND, singular=api.sweep.SWEEP_SINGULAR, namespaced=True,
+            verbs={"list", "watch", "get", "patch", "create", "delete", "update"},
+            shortnames=set(api.sweep.SWEEP_SHORT_NAMES), subresources={"status"},
         )
         for path, info in self._extra_resources.items():
             handler.resources[path] = info

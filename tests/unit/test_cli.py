@@ -283,7 +283,7 @@ def test_run_refuses_a_job_another_run_in_this_directory_holds(
     path = _write(tmp_path, VALID)
     runs = tmp_path / ".kiln" / "runs"
     runs.mkdir(parents=True)
-    with runner._job_lock(runs / "digits-small.lock", "digits-small"):
+    with runner.lock(runs / "digits-small.lock", "digits-small"):
         assert cli.main(["run", str(path), "--zoo", "zoo"]) == cli.EXIT_USAGE
     err = " ".join(capsys.readouterr().err.split())
     assert f"job digits-small is already running (pid {os.getpid()})" in err

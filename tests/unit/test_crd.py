@@ -1,4 +1,5 @@
-"""`kiln.crd`: the committed CRD is regenerated from `kiln.api`, is structural, and agrees with it.
+"""`kiln.crd`: the committed CRDs are regenerated from `kiln.api`, are structural, and agree with
+it (the TrainingSweep's own agreement corpus is in test_crd_sweep.py).
 
 The agreement corpus (tests/data/jobs/{valid,invalid,crossfield}/) runs every document through
 (a) the CRD's schema as an API server with fieldValidation=Strict applies it, emulated below with
@@ -28,9 +29,10 @@ from kiln import api, cli, crd
 from kiln.api import jobfile, validation
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "crds" / "trainingjob.yaml"
-CHART_COPY = REPO / "helm" / "kiln" / "crds" / "trainingjob.yaml"
+COMMITTED = REPO / crd.JOB.file
+CHART_COPY = REPO / "helm" / "kiln" / crd.JOB.file
 PRESERVE = crd.PRESERVE_UNKNOWN
+KINDS = [pytest.param(r, id=r.kind) for r in crd.RESOURCES]
 REGENERATE = "run `kiln crd --write` in the repository root to regenerate it and the Helm chart's copy"
 
 
@@ -152,24 +154,35 @@ def server() -> StrictApiServer:
 # the generated file
 
 
-@pytest.mark.parametrize("committed", [COMMITTED, CHART_COPY], ids=["crds", "helm-chart"])
-def test_committed_crd_is_regenerated_from_api(committed: Path) -> None:
+@pytest.mark.parametrize("resource", KINDS)
+@pytest.mark.parametrize("where", [REPO, REPO / "helm" / "kiln"], ids=["crds", "helm-chart"])
+def test_committed_crd_is_regenerated_from_api(resource: crd.Resource, where: Path) -> None:
+    committed = where / resource.file
     assert committed.exists(), f"{committed} is missing; {REGENERATE}"
-    assert crd.render() == committed.read_text(encoding="utf-8"), (
+    assert crd.render(resource) == committed.read_text(encoding="utf-8"), (
         f"{committed} is stale; {REGENERATE}")
 
 
-def test_render_starts_with_the_generated_header_and_is_stable() -> None:
-    text = crd.render()
+@pytest.mark.parametrize("resource", KINDS)
+def test_render_starts_with_the_generated_header_and_is_stable(resource: crd.Resource) -> None:
+    text = crd.render(resource)
     assert text.startswith("# Generated from operator/kiln/api/ by `kiln crd`; do not edit.\n")
-    assert text == crd.render()
-    assert yaml.safe_load(text) == crd.build()
+    assert text == crd.render(resource)
+    assert yaml.safe_load(text) == crd.build(resource)
 
 
-def test_kiln_crd_writes_the_same_bytes_to_every_path(tmp_path: Path) -> None:
-    paths = [tmp_path / "crds" / "trainingjob.yaml", tmp_path / "helm" / "crds" / "tj.yaml"]
+def test_kiln_crd_writes_every_crd_as_one_stream_to_every_path(tmp_path: Path) -> None:
+    paths = [tmp_path / "crds" / "all.yaml", tmp_path / "helm" / "crds" / "kiln.yaml"]
     assert cli.main(["crd", *(f"--out={p}" for p in paths)]) == cli.EXIT_OK
-    assert [p.read_text(encoding="utf-8") for p in paths] == [crd.render()] * 2
+    texts = [p.read_text(encoding="utf-8") for p in paths]
+    assert texts == ["---\n".join(crd.render(r) for r in crd.RESOURCES)] * 2
+    assert list(yaml.safe_load_all(texts[0])) == [crd.build(r) for r in crd.RESOURCES]
+
+
+def test_kiln_crd_kind_writes_that_kinds_crd_alone(tmp_path: Path) -> None:
+    out = tmp_path / "tsw.yaml"
+    assert cli.main(["crd", "--kind", "TrainingSweep", f"--out={out}"]) == cli.EXIT_OK
+    assert out.read_text(encoding="utf-8") == crd.render(crd.SWEEP)
 
 
 def test_kiln_crd_write_regenerates_the_helm_charts_copy_where_the_chart_is(
@@ -177,16 +190,18 @@ def test_kiln_crd_write_regenerates_the_helm_charts_copy_where_the_chart_is(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "helm" / "kiln" / "crds").mkdir(parents=True)
     assert cli.main(["crd", "--write"]) == cli.EXIT_OK
-    for written in ("crds/trainingjob.yaml", "helm/kiln/crds/trainingjob.yaml"):
-        assert (tmp_path / written).read_text(encoding="utf-8") == crd.render()
+    for resource in crd.RESOURCES:
+        for written in (resource.file, f"helm/kiln/{resource.file}"):
+            assert (tmp_path / written).read_text(encoding="utf-8") == crd.render(resource)
 
 
-def test_crd_is_a_valid_apiextensions_v1_object() -> None:
+@pytest.mark.parametrize("resource", KINDS)
+def test_crd_is_a_valid_apiextensions_v1_object(resource: crd.Resource) -> None:
     """Kubernetes' own schema for CustomResourceDefinition (boolean exclusiveMinimum, etc.)."""
     kubernetes_validate = pytest.importorskip(
         "kubernetes_validate", reason="pip install -e '.[test]' installs kubernetes-validate")
     version = kubernetes_validate.latest_version()
-    kubernetes_validate.validate(crd.build(), version, strict=True)
+    kubernetes_validate.validate(crd.build(resource), version, strict=True)
 
 
 def test_crd_names_scope_and_version_come_from_api() -> None:
@@ -248,11 +263,14 @@ def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str
         yield from _nodes(node["additionalProperties"], f"{path}.*")
 
 
-def test_schema_is_structural() -> None:
-    for path, node in _nodes(crd.openapi_schema()):
+@pytest.mark.parametrize("resource", KINDS)
+def test_schema_is_structural(resource: crd.Resource) -> None:
+    for path, node in _nodes(crd.openapi_schema(resource)):
         where = path or "<root>"
         assert not {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "const", "title"} & set(
             node), f"{where}: {sorted(node)}"
+        if node.get(PRESERVE) and path.endswith("[]") and set(node) == {PRESERVE}:
+            continue  # list items of any scalar (a sweep's categorical values): no one type
         assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), (
             f"{where}: no type")
         if node["type"] == "object":
@@ -279,8 +297,9 @@ def test_metadata_restricts_only_the_name() -> None:
     assert (name["maxLength"], name["pattern"]) == (api.NAME_MAX_LENGTH, api.NAME_PATTERN)
 
 
-def test_every_property_description_starts_with_its_wire_name() -> None:
-    for path, node in _nodes(crd.openapi_schema()):
+@pytest.mark.parametrize("resource", KINDS)
+def test_every_property_description_starts_with_its_wire_name(resource: crd.Resource) -> None:
+    for path, node in _nodes(crd.openapi_schema(resource)):
         wire = path.rsplit(".", 1)[-1]
         if not path or path == "metadata" or wire.endswith("[]") or wire == "*":
             continue  # the root, server-owned metadata (no description allowed) and list items
@@ -301,14 +320,17 @@ def _declared(model: type[BaseModel], node: dict[str, Any], path: str) -> Iterat
                                  f"{path}.{wire}")
 
 
-@pytest.mark.parametrize(("model", "path"), [
-    pytest.param(api.TrainingJobSpec, "spec", id="spec"),
-    pytest.param(api.TrainingJobStatus, "status", id="status"),
+@pytest.mark.parametrize(("resource", "model", "path"), [
+    pytest.param(crd.JOB, api.TrainingJobSpec, "spec", id="spec"),
+    pytest.param(crd.JOB, api.TrainingJobStatus, "status", id="status"),
+    pytest.param(crd.SWEEP, api.sweep.TrainingSweepSpec, "spec", id="sweep-spec"),
+    pytest.param(crd.SWEEP, api.sweep.TrainingSweepStatus, "status", id="sweep-status"),
 ])
 def test_every_api_field_is_declared_so_nothing_is_pruned(
-    model: type[BaseModel], path: str
+    resource: crd.Resource, model: type[BaseModel], path: str
 ) -> None:
-    assert list(_declared(model, crd.openapi_schema()["properties"][path], path)) == []
+    schema = crd.openapi_schema(resource)["properties"][path]
+    assert list(_declared(model, schema, path)) == []
 
 
 def test_spec_requires_model_and_a_target_requires_its_value() -> None:
@@ -319,8 +341,9 @@ def test_spec_requires_model_and_a_target_requires_its_value() -> None:
     assert spec["properties"]["target"]["required"] == ["value"]
 
 
-def test_every_default_is_valid_against_its_own_schema() -> None:
-    for path, node in _nodes(crd.openapi_schema()):
+@pytest.mark.parametrize("resource", KINDS)
+def test_every_default_is_valid_against_its_own_schema(resource: crd.Resource) -> None:
+    for path, node in _nodes(crd.openapi_schema(resource)):
         if "default" in node:
             errors = list(jsonschema.Draft202012Validator(_json_schema(node)).iter_errors(
                 node["default"]))
@@ -388,10 +411,11 @@ EXAMPLES = sorted((REPO / "examples").glob("**/*.yaml"))
 
 @pytest.mark.parametrize("path", EXAMPLES or [pytest.param(None, marks=pytest.mark.skip(
     reason="examples/ holds no job yet"))], ids=[p.stem for p in EXAMPLES] or ["none"])
-def test_every_example_passes_the_crd_and_api(server: StrictApiServer, path: Path) -> None:
+def test_every_example_passes_the_crd_and_api(path: Path) -> None:
+    servers = {r.kind: StrictApiServer(crd.build(r)) for r in crd.RESOURCES}
     for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-        assert server.admit(doc)[1] == [], path.name
-    assert jobfile.load_jobs(path)
+        assert servers[doc["kind"]].admit(doc)[1] == [], path.name
+    assert jobfile.load_documents(path)
 
 
 def test_strict_server_emulation_rejects_what_a_server_rejects(server: StrictApiServer) -> None:

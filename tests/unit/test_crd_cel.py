@@ -29,16 +29,25 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = celpy.Environment()
 
 
+def _exposed(node: dict[str, Any]) -> bool:
+    """Whether the API server shows a field of this schema to CEL: not when it has no type
+    (a list of any scalars), nor a list of such items."""
+    if node.get("type") == "array":
+        return _exposed(node.get("items", {}))
+    return "type" in node
+
+
 def _typed(value: Any, node: dict[str, Any]) -> Any:
     """`value` as the API server hands it to CEL: numbers of a ``number`` field are doubles,
-    null fields are absent, and a free-form map's unknown fields are not visible."""
+    null fields are absent, a free-form map's unknown fields are not visible, nor are fields of
+    no declared type."""
     if node.get(crd.PRESERVE_UNKNOWN) and "properties" not in node:
         return {}
     if node.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, dict) and "properties" in node:
-        return {k: _typed(v, node["properties"].get(k, {})) for k, v in value.items()
-                if v is not None}
+        return {k: _typed(v, node["properties"][k]) for k, v in value.items()
+                if v is not None and k in node["properties"] and _exposed(node["properties"][k])}
     if isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
         return {k: _typed(v, node["additionalProperties"]) for k, v in value.items()}
     if isinstance(value, list) and "items" in node:
@@ -48,13 +57,17 @@ def _typed(value: Any, node: dict[str, Any]) -> Any:
 
 def _nodes(node: dict[str, Any], value: Any, old: Any, path: str
            ) -> Iterator[tuple[str, dict[str, Any], Any, Any]]:
-    """(path, schema node, value, old value) for every object node present in `value`."""
+    """(path, schema node, value, old value) for every node present in `value`, list items
+    included (an item has no old value: the API server pairs items only in keyed lists)."""
     yield path, node, value, old
     if isinstance(value, dict) and "properties" in node:
         for key, sub in node["properties"].items():
             if value.get(key) is not None:
                 before = old.get(key) if isinstance(old, dict) else None
                 yield from _nodes(sub, value[key], before, f"{path}.{key}".lstrip("."))
+    if isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value):
+            yield from _nodes(node["items"], item, None, f"{path}[{i}]")
 
 
 @functools.cache
@@ -67,9 +80,11 @@ def _program(rule: str) -> Any:
     return ENV.program(ENV.compile(rule))
 
 
-def rejections(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
-    """The messages of the rules `obj` fails (an update from `old` when given)."""
-    schema = _schema()
+def rejections(obj: dict[str, Any], old: dict[str, Any] | None = None,
+               schema: dict[str, Any] | None = None) -> list[str]:
+    """The messages of the rules `obj` fails (an update from `old` when given), under the CRD
+    schema `schema` (default: the TrainingJob's)."""
+    schema = schema or _schema()
     failed = []
     for _, node, value, before in _nodes(schema, obj, old, ""):
         for rule in node.get(crd.VALIDATIONS_KEY, []):

@@ -1,4 +1,5 @@
-"""The docs' TrainingJob reference is generated from the CRD schema and kept current."""
+"""The docs' TrainingJob and TrainingSweep references are generated from the CRD schemas and
+kept current."""
 
 from __future__ import annotations
 
@@ -6,15 +7,28 @@ from pathlib import Path
 
 import pytest
 
-from kiln import cli, reference
+from kiln import cli, crd, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_docs_reference_matches_the_generated_one() -> None:
-    text = (ROOT / reference.PAGE).read_text(encoding="utf-8")
+@pytest.mark.parametrize("resource", [pytest.param(r, id=r.kind) for r in crd.RESOURCES])
+def test_docs_reference_matches_the_generated_one(resource: crd.Resource) -> None:
+    text = (ROOT / reference.PAGES[resource]).read_text(encoding="utf-8")
     section = text.split(reference.START, 1)[1].split(reference.END, 1)[0]
-    assert section == "\n" + reference.markdown(), "run `kiln crd --write` in the repository root"
+    assert section == "\n" + reference.markdown(resource), (
+        "run `kiln crd --write` in the repository root")
+
+
+def test_sweep_reference_lists_the_search_and_leaves_the_template_to_the_jobs_page() -> None:
+    table = reference.markdown(crd.SWEEP)
+    assert "| `spec.template` | object, **required** |" in table
+    assert "`spec.template." not in table  # its fields are the TrainingJob page's
+    assert "| `spec.parameters[].int.step` | integer | `1` | ≥ 1 |" in table
+    assert "| `spec.algorithm.seed` | integer | `0` | ≥ 0, ≤ 2147483647 |" in table
+    assert "`spec.warmStart` | string | `\"chain\"` | `chain`, `independent` |" in table
+    page = (ROOT / reference.PAGES[crd.SWEEP]).read_text(encoding="utf-8")
+    assert "](trainingjob.md" in page
 
 
 def test_reference_lists_every_spec_field_with_its_bounds() -> None:
@@ -43,13 +57,15 @@ def test_update_names_the_missing_markers(tmp_path: Path) -> None:
         reference.update(page)
 
 
-def test_kiln_crd_regenerates_the_reference_page_it_is_given(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", [[], ["--kind", "TrainingSweep"]], ids=["default", "sweep"])
+def test_kiln_crd_regenerates_the_reference_page_it_is_given(tmp_path: Path,
+                                                            kind: list[str]) -> None:
     page = tmp_path / "trainingjob.md"
     page.write_text(f"{reference.START}\n{reference.END}\n", encoding="utf-8")
     out = tmp_path / "crd.yaml"
-    assert cli.main(["crd", f"--out={out}", f"--reference={page}"]) == cli.EXIT_OK
-    expected = f"{reference.START}\n{reference.markdown()}{reference.END}\n"
-    assert page.read_text(encoding="utf-8") == expected
+    assert cli.main(["crd", *kind, f"--out={out}", f"--reference={page}"]) == cli.EXIT_OK
+    table = reference.markdown(crd.SWEEP if kind else crd.JOB)
+    assert page.read_text(encoding="utf-8") == f"{reference.START}\n{table}{reference.END}\n"
 
 
 def test_kiln_crd_refuses_a_reference_page_without_markers(tmp_path: Path) -> None:

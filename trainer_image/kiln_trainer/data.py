@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -400,11 +402,9 @@ def _download(client: minio.Minio, bucket: str, prefix: str, objects: list[Any],
 
 
 def _digits(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
-    from sklearn import datasets as sk_datasets  # scikit-learn is slow to import; only here
-
-    bunch = sk_datasets.load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32) / 16.0  # [N, 8, 8] in [0, 1]
-    labels = torch.tensor(bunch.target, dtype=torch.long)
+    pixels, targets = digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32) / 16.0  # [N, 8, 8] in [0, 1]
+    labels = torch.tensor(targets, dtype=torch.long)
     channels, height, width = shape
     images = resize_images(images.unsqueeze(1), (height, width)).expand(-1, channels, -1, -1)
     train_idx, val_idx = split_indices(len(images), spec=spec, seed=seed)
@@ -414,7 +414,21 @@ def _digits(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
     train = _TensorImages((train_images - mean) / std, labels[train_idx], augment=augment)
     validation = _TensorImages((images[val_idx] - mean) / std, labels[val_idx], augment=False)
     return Splits(train, validation, "image", 10, "digits",
-                  fingerprint=fingerprint.of_arrays(bunch.images, bunch.target))
+                  fingerprint=fingerprint.of_arrays(pixels, targets))
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as `sklearn.datasets.load_digits` gives them: images float64
+    [1797, 8, 8] in 0..16 and labels int64 [1797], read from the file it ships. Importing
+    scikit-learn (it imports SciPy) costs a trainer about 1 s of CPU, more than training on it.
+    """
+    found = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError("dataset digits needs scikit-learn; pip install scikit-learn")
+    path = Path(found.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        table = np.loadtxt(lines, delimiter=",")  # 64 pixels, then the label
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
 def resize_images(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

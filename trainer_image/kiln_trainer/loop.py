@@ -419,11 +419,14 @@ def evaluate(
 def _probe(job: api.TrainingJob, decided: api.WarmStartDecision | None, splits: data.Splits,
            device: torch.device) -> warm.Probe | None:
     """The warm-start guard's probe: the training split's first samples, scored with the
-    loop's loss (and accuracy, for classification); None when no parent will be loaded."""
+    loop's loss (and accuracy, for classification), enough for a batch per probe step; None
+    when no parent will be loaded."""
     if decided.parent is None if decided is not None else not job.spec.warm_start.enabled:
         return None
     classification = models.task_of(job.spec.model) is models.Task.CLASSIFICATION
-    return warm.training_probe(splits.train, accuracy=classification, device=device)
+    return warm.training_probe(
+        splits.train, accuracy=classification, device=device,
+        train_samples=job.spec.warm_start.probe_steps * job.spec.training.batch_size)
 
 
 def finite(evaluation: tracking.Evaluation, step: int,

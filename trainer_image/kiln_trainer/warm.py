@@ -1,18 +1,19 @@
 """Warm start inside the trainer: apply the warm-start decision to the freshly built model.
 
 The decision comes from upstream (the operator, as JSON) or, when none was passed, from the
-same `kiln.warmstart.decision.decide` run here. The probe guard then keeps the warm weights only
-if they beat a cold start on a fixed training batch; else it tries the decision's alternatives,
-then starts cold.
+same `kiln.warmstart.decision.decide` run here. The probe guard then keeps the warm weights if
+they clearly beat a cold start at step 0, or else beat it after a few training steps taken side
+by side on the same batches; otherwise it tries the decision's alternatives, then starts cold.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic
@@ -24,7 +25,7 @@ from torch.utils import data as torch_data
 from kiln import api, contract
 from kiln.warmstart import decision, select, transform
 from kiln.zoo import store
-from kiln_trainer import fingerprint
+from kiln_trainer import fingerprint, optim
 
 _log = logging.getLogger(__name__)
 
@@ -32,12 +33,22 @@ PROBE_SAMPLES = 256
 """Training samples in the probe batch: the first ones of the training split (all if fewer)."""
 PROBE_CHUNK = 64
 """Samples per forward pass of the probe (bounds its memory)."""
+MAX_TRAINING_SAMPLES = 2048
+"""At most this many training samples feed the guard's probe steps (their batches cycle)."""
 MAX_LOSS_RATIO = 0.95
-"""The guard keeps warm weights only if their probe loss is at most this times the cold one's
-(and, for classification, their probe accuracy at least the cold one's): clearly better, not
-better by noise. Measured on held-out children, warm starts that began at chance trained up to
-3.5x slower than cold; the guard costs two forward passes per parent tried, so no switch skips
-it."""
+"""At step 0 the guard keeps warm weights at once if their probe loss is at most this times the
+cold one's (and, for classification, their probe accuracy at least the cold one's): clearly
+better, not better by noise; it costs two forward passes per parent tried."""
+LAST_STEPS_FRACTION = 0.25
+"""Otherwise warm and cold train ``spec.warmStart.probeSteps`` steps side by side, and the
+guard compares their mean training loss over this last fraction of the steps (at least one).
+
+Why training loss, on the very batches both arms took: the two differ only in their initial
+weights (same batches, optimizer, learning rate and random draws), so the paired difference is
+the transfer's alone; averaging a few steps smooths one batch's noise, costs no extra forward
+pass, and in train mode is free of the lag of batch-norm running statistics that an evaluation
+after so few steps would show. A new stage starts random, so a parent whose features help
+looks no better than cold at step 0 yet is clearly ahead a few steps in."""
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -53,11 +64,14 @@ class Probe:
     """A fixed batch of training data, and how the guard scores a model on it.
 
     Attributes:
-        inputs: Tensor[n, ...] the probe's inputs.
+        inputs: Tensor[n, ...] the probe's inputs, scored at step 0.
         targets: Tensor[n, ...] their targets.
         loss: (outputs, targets) -> mean loss, the training loop's own.
         accuracy: also compare accuracies (argmax of the last output dimension; classification).
         device: where to evaluate (the model is moved there and back); None: where it is.
+        train_inputs: Tensor[m, ...] the samples the probe steps train on, in batches of the
+            job's batch size that cycle; None: `inputs`.
+        train_targets: Tensor[m, ...] their targets.
     """
 
     inputs: Tensor
@@ -65,10 +79,20 @@ class Probe:
     loss: LossFn = cross_entropy
     accuracy: bool = False
     device: torch.device | None = None
+    train_inputs: Tensor | None = None
+    train_targets: Tensor | None = None
 
     @property
     def samples(self) -> int:
         return len(self.inputs)
+
+    def batch(self, step: int, size: int) -> tuple[Tensor, Tensor]:
+        """The training batch of probe step `step` (0-based): `size` consecutive samples,
+        wrapping around; the same for every model trained on this probe."""
+        inputs = self.inputs if self.train_inputs is None else self.train_inputs
+        targets = self.targets if self.train_targets is None else self.train_targets
+        index = (torch.arange(size) + step * size) % len(inputs)
+        return inputs[index], targets[index]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,17 +104,24 @@ class Score:
 
 
 def training_probe(dataset: torch_data.Dataset[Any], *, accuracy: bool,
-                   device: torch.device | None = None, loss: LossFn = cross_entropy) -> Probe:
-    """The probe of Kiln's loop: the first `PROBE_SAMPLES` samples of the training split.
+                   device: torch.device | None = None, loss: LossFn = cross_entropy,
+                   train_samples: int = 0) -> Probe:
+    """The probe of Kiln's loop: the first `PROBE_SAMPLES` samples of the training split,
+    scored at step 0; its probe steps train on the first `train_samples` (at most
+    `MAX_TRAINING_SAMPLES`; at least the scored ones).
 
     Reading them leaves the random state as it was (augmentation may draw from it), so a run
     the guard turns cold trains exactly as a cold start would.
     """
-    count = min(PROBE_SAMPLES, len(dataset))  # type: ignore[arg-type]
+    length = len(dataset)  # type: ignore[arg-type]
+    scored = min(PROBE_SAMPLES, length)
+    count = max(scored, min(train_samples, MAX_TRAINING_SAMPLES, length))
     with torch.random.fork_rng(devices=[]):
         samples = [dataset[i] for i in range(count)]
     inputs, targets = torch_data.default_collate([(s[0], s[1]) for s in samples])
-    return Probe(inputs, torch.as_tensor(targets), loss=loss, accuracy=accuracy, device=device)
+    targets = torch.as_tensor(targets)
+    return Probe(inputs[:scored], targets[:scored], loss=loss, accuracy=accuracy, device=device,
+                 train_inputs=inputs, train_targets=targets)
 
 
 def score(model: nn.Module, probe: Probe) -> Score:
@@ -132,8 +163,9 @@ def passes(warm: Score, cold: Score) -> bool:
 
 
 def comparison(warm: Score, cold: Score, samples: int) -> str:
-    """"probe loss 0.412 vs 2.303 cold on 256 training samples, accuracy 0.86 vs 0.09"."""
-    text = f"probe loss {warm.loss:.3f} vs {cold.loss:.3f} cold on {samples} training samples"
+    """"step-0 probe loss 0.412 vs 2.303 cold on 256 training samples, accuracy 0.86 vs 0.09"."""
+    text = (f"step-0 probe loss {warm.loss:.3f} vs {cold.loss:.3f} cold on {samples} training "
+            "samples")
     if warm.accuracy is not None and cold.accuracy is not None:
         text += f", accuracy {warm.accuracy:.2f} vs {cold.accuracy:.2f}"
     return text
@@ -145,6 +177,63 @@ def rule(warm: Score, cold: Score) -> str:
     if warm.accuracy is not None and cold.accuracy is not None:
         text += " and accuracy ≥ cold"
     return text
+
+
+def window(steps: int) -> int:
+    """How many of `steps` probe steps the trained comparison averages: the last quarter."""
+    return max(1, round(steps * LAST_STEPS_FRACTION))
+
+
+def trained_loss(model: nn.Module, probe: Probe, training: api.TrainingSpec, steps: int, *,
+                 start: Mapping[str, Tensor] | None = None) -> float:
+    """Train a copy of `model` (with the weights `start`, if given) `steps` optimizer steps on
+    `probe`'s batches and return its mean training loss over the last `window(steps)` of them
+    (inf once one is not finite).
+
+    Every model trained here takes the same batches, the job's optimizer at its base learning
+    rate, its gradient clipping and the same random draws (seeded with the job's seed), so two
+    such losses differ by the initial weights alone. `model` and the random state are left as
+    they were.
+    """
+    twin = copy.deepcopy(model)
+    if start is not None:
+        twin.load_state_dict(start)
+    first = next(iter(twin.parameters()), None)
+    device = probe.device or (first.device if first is not None else torch.device("cpu"))
+    if probe.device is not None:
+        twin.to(device)
+    twin.train()
+    optimizer = optim.build_optimizer(twin.parameters(), training.optimizer)
+    losses: list[float] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(training.seed)
+        for step in range(steps):
+            inputs, targets = probe.batch(step, training.batch_size)
+            loss = probe.loss(twin(inputs.to(device)), targets.to(device))
+            losses.append(float(loss.detach()))
+            if not math.isfinite(losses[-1]):
+                return math.inf
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            if training.grad_clip_norm:
+                nn.utils.clip_grad_norm_(twin.parameters(), training.grad_clip_norm)
+            optimizer.step()
+    last = losses[-window(steps):]
+    return sum(last) / len(last) if last else math.inf
+
+
+def trained_passes(warm_loss: float, cold_loss: float) -> bool:
+    """The verdict after the probe steps: the warm copy's loss is finite and below the cold
+    twin's on the same batches."""
+    return math.isfinite(warm_loss) and warm_loss < cold_loss
+
+
+def trained_comparison(warm_loss: float, cold_loss: float, steps: int) -> str:
+    """"after 10 steps warm loss 1.920 ≥ cold 1.850 (mean of the last 2 on the same
+    batches)"."""
+    sign = "<" if trained_passes(warm_loss, cold_loss) else "≥"
+    return (f"after {steps} steps warm loss {warm_loss:.3f} {sign} cold {cold_loss:.3f} (mean "
+            f"of the last {window(steps)} on the same batches)")
 
 
 def untransferred_fraction(applied: api.WarmStartDecision) -> float:
@@ -209,11 +298,14 @@ def warm_start(
 ) -> api.WarmStartDecision:
     """Apply the warm-start decision: load the parent's transformed weights into `raw_model`.
 
-    With a `probe`, the guard scores the cold `raw_model` and each warm start on it, and keeps
-    the first parent (the decided one, then its alternatives, in order) that `passes`; when
-    none does, `raw_model` keeps its cold weights (outcome COLD_GUARD, both losses in the
-    reason). A pinned parent is guarded too. With `data_fingerprint`, a warm start's reason
-    also says whether the parent was trained on the same data (`data_note`).
+    With a `probe`, the guard scores the cold `raw_model` and each warm start on it at step 0
+    and keeps the first parent (the decided one, then its alternatives, in order) that
+    `passes`, or that, trained ``spec.warmStart.probeSteps`` steps beside a cold twin on the
+    same batches (`trained_loss`), `trained_passes`; a kept parent's weights are the
+    transferred ones, untrained (the copies are discarded). When none is kept, `raw_model`
+    keeps its cold weights (outcome COLD_GUARD, the refusing test in the reason). A pinned
+    parent is guarded too. With `data_fingerprint`, a warm start's reason also says whether
+    the parent was trained on the same data (`data_note`).
 
     Args:
         job: the job; `spec.warmStart` controls it.
@@ -236,14 +328,19 @@ def warm_start(
     if decided is None:
         decided = decide(job, zoo)
     if probe is None or decided.parent is None:
-        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint)
+        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint,
+                           "no probe guard")
     cold_state = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
     try:
         cold = score(raw_model, probe)
     except (RuntimeError, ValueError, IndexError) as exc:  # the model's own checks say why
         _log.warning("warm-start guard skipped: the cold model cannot score the probe (%s)", exc)
-        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint)
+        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint,
+                           "guard skipped: the cold model cannot score the probe")
     _log.info("warm start: %s", decided.reason)
+    steps, training = job.spec.warm_start.probe_steps, job.spec.training
+    cold_trained: float | None = None
+    spent = 0  # the guard's training steps
     rejected: list[str] = []
     first: tuple[api.WarmStartDecision, Score] | None = None
     for parent in (decided.parent, *decided.alternatives):
@@ -262,24 +359,40 @@ def warm_start(
             "similarity": applied.similarity, "parent_metric": applied.parent_metric,
             "metric_name": applied.metric_name, "matched_tensors": applied.matched_tensors,
             "total_tensors": applied.total_tensors}), warm, cold)
+        verdict = comparison(warm, cold, probe.samples)
+        kept = passes(warm, cold)
+        if not kept and steps and math.isfinite(warm.loss):
+            if cold_trained is None:  # one cold twin for every parent tried
+                cold_trained = trained_loss(raw_model, probe, training, steps, start=cold_state)
+                spent += steps
+            warm_trained = trained_loss(raw_model, probe, training, steps)
+            spent += steps
+            trial = trial.model_copy(update={
+                "trained_probe_loss": _finite(warm_trained),
+                "cold_trained_probe_loss": _finite(cold_trained)})
+            kept = trained_passes(warm_trained, cold_trained)
+            verdict = f"{trained_comparison(warm_trained, cold_trained, steps)}; {verdict}"
+        elif not kept:
+            verdict += f" ({rule(warm, cold)})"
+        trial = trial.model_copy(update={"guard_steps": spent})
         first = first or (trial, warm)
-        if passes(warm, cold):
-            lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): "
-                    f"{comparison(warm, cold, probe.samples)}; {applied.matched_tensors} of "
-                    f"{applied.total_tensors} tensors transferred")
+        if kept:
+            lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): guard: "
+                    f"{verdict}; {applied.matched_tensors} of {applied.total_tensors} tensors "
+                    "transferred")
             if applied.parent_provisional:
                 lead += f"; {parent} is a provisional record (its job is still training)"
             note = data_note(applied.parent_data, data_fingerprint)
             return trial.model_copy(update={
                 "reason": "; ".join([lead, *([note] if note else []), *rejected])})
-        rejected.append(f"warm start from {parent} (similarity {_fmt(trial.similarity)}) "
-                        f"rejected: {comparison(warm, cold, probe.samples)} ({rule(warm, cold)})")
+        rejected.append(f"candidate {parent} (similarity {_fmt(trial.similarity)}) "
+                        f"rejected by the guard: {verdict}")
         raw_model.load_state_dict(cold_state)
     assert first is not None  # the decided parent was applied or raised
-    reason = "; ".join(rejected) + "; cold start"
+    reason = "; ".join(rejected) + "; cold start (guard)"
     return first[0].model_copy(update={"parent": None, "parent_metric": None,
                                        "outcome": api.WarmStartOutcome.COLD_GUARD,
-                                       "reason": reason})
+                                       "reason": reason, "guard_steps": spent})
 
 
 def data_note(parent: str | None, child: str | None) -> str:
@@ -306,15 +419,17 @@ def data_note(parent: str | None, child: str | None) -> str:
 
 
 def _as_applied(decided: api.WarmStartDecision, applied: decision.Applied,
-                data_fingerprint: str | None) -> api.WarmStartDecision:
-    """`decided` once applied: when a parent was loaded, with the tensor counts transferred
-    and `data_note` added to its reason."""
+                data_fingerprint: str | None, unguarded: str) -> api.WarmStartDecision:
+    """`decided` once applied without the guard (`unguarded` says why): when a parent was
+    loaded, its reason leads with the warm start and ends with `data_note`, and the tensor
+    counts are those transferred."""
     if decided.parent is None:
         return decided
     note = data_note(applied.parent_data, data_fingerprint)
+    reason = f"warm start from {decided.parent} ({unguarded}): {decided.reason}"
     return decided.model_copy(update={
         "matched_tensors": applied.matched_tensors, "total_tensors": applied.total_tensors,
-        "reason": f"{decided.reason}; {note}" if note else decided.reason})
+        "reason": f"{reason}; {note}" if note else reason})
 
 
 def _apply(job: api.TrainingJob, decided: api.WarmStartDecision, zoo: store.ObjectStore | None,
@@ -331,12 +446,15 @@ def _apply(job: api.TrainingJob, decided: api.WarmStartDecision, zoo: store.Obje
 
 def _measured(trial: api.WarmStartDecision, warm: Score,
               cold: Score) -> api.WarmStartDecision:
-    """`trial` with the probe's scores (a non-finite loss is left out: JSON has no NaN)."""
-    def finite(value: float) -> float | None:
-        return value if math.isfinite(value) else None
+    """`trial` with the step-0 probe's scores."""
     return trial.model_copy(update={
-        "probe_loss": finite(warm.loss), "cold_probe_loss": finite(cold.loss),
+        "probe_loss": _finite(warm.loss), "cold_probe_loss": _finite(cold.loss),
         "probe_accuracy": warm.accuracy, "cold_probe_accuracy": cold.accuracy})
+
+
+def _finite(value: float) -> float | None:
+    """`value`, or None when not finite (JSON has no NaN)."""
+    return value if math.isfinite(value) else None
 
 
 def _fmt(value: float | None) -> str:

@@ -70,6 +70,7 @@ from kiln.api.scheduling import (
     scheduling_of,
 )
 from kiln.api.spec import (
+    MAX_PREFERRED_PARENTS,
     DatasetSpec,
     FreezingSpec,
     InputDim,
@@ -117,6 +118,7 @@ __all__ = [
     "INPUT_DIM_MAX",
     "KIND",
     "MAX_DEPTH",
+    "MAX_PREFERRED_PARENTS",
     "MAX_SPEC_BYTES",
     "MUTABLE_TEMPLATE_KEYS",
     "NAME_MAX_LENGTH",
@@ -173,7 +175,6 @@ __all__ = [
     "ZooShare",
     "ZooSpec",
     "accelerator_problems",
-    "sweep",
     "admitted_spec",
     "check_schema",
     "edited_parts",
@@ -186,6 +187,7 @@ __all__ = [
     "problems_of",
     "running_doc",
     "scheduling_of",
+    "sweep",
     "to_wire",
     "unaffected",
     "validate",

@@ -1,7 +1,8 @@
-"""Job files: read TrainingJob documents from YAML, strictly.
+"""Job files: read TrainingJob (and TrainingSweep) documents from YAML, strictly.
 
 Refuses what only hurts in job files (anchors and aliases, repeated keys) and parses each
-document with `kiln.api.parse_job`; no validation of its own.
+document with `kiln.api.parse_job` (or, by its kind, `kiln.api.sweep.parse_sweep`); no
+validation of its own.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 
 from kiln import api
-from kiln.api import bounds
+from kiln.api import bounds, sweep
 
 
 def load_jobs(path: str | Path) -> list[api.TrainingJob]:
@@ -27,15 +28,39 @@ def load_jobs(path: str | Path) -> list[api.TrainingJob]:
         InvalidSpec: the file is missing, unreadable, not YAML, empty, uses anchors or aliases,
             repeats a key, or a document is invalid.
     """
+    return parse_jobs(_read(path), source=str(path))
+
+
+def load_documents(path: str | Path) -> list[api.TrainingJob | sweep.TrainingSweep]:
+    """Every TrainingJob and TrainingSweep document of a YAML file, in order, each parsed as its
+    kind says, read as `load_jobs` reads.
+
+    Raises:
+        InvalidSpec: as `load_jobs`; a sweep's with kind TrainingSweep.
+    """
+    return parse_documents(_read(path), source=str(path))
+
+
+def parse_documents(text: str, *, source: str) -> list[api.TrainingJob | sweep.TrainingSweep]:
+    """Every TrainingJob and TrainingSweep document of YAML `text`, as `load_documents` reads.
+
+    Raises:
+        InvalidSpec: as `parse_jobs`.
+    """
+    docs = _documents(text, source)
+    return [sweep.parse_sweep(d, source=where) if sweep.is_sweep(d)
+            else api.parse_job(d, source=where) for where, d in _sourced(docs, source)]
+
+
+def _read(path: str | Path) -> str:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise api.InvalidSpec([f"cannot read the file: {exc.strerror or exc}"],
                               source=str(path)) from None
     except UnicodeDecodeError:
         raise api.InvalidSpec(["the file is not UTF-8 text"], source=str(path)) from None
-    return parse_jobs(text, source=str(path))
 
 
 def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
@@ -48,6 +73,21 @@ def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
     Raises:
         InvalidSpec: as `load_jobs`, except for reading the file.
     """
+    jobs = []
+    for where, doc in _sourced(_documents(text, source), source):
+        if sweep.is_sweep(doc):
+            raise api.InvalidSpec([(f"kind: {sweep.SWEEP_KIND} is a search over jobs, not a job; "
+                                   "run it with `kiln sweep run`")], source=where)
+        jobs.append(api.parse_job(doc, source=where))
+    return jobs
+
+
+def _documents(text: str, source: str) -> list[Any]:
+    """The non-empty documents of YAML `text`, decoded by `_JobLoader`.
+
+    Raises:
+        InvalidSpec: not YAML, anchors or aliases, repeated keys, too deep, or no document.
+    """
     try:
         docs = [d for d in yaml.load_all(text, Loader=_JobLoader) if d is not None]
     except yaml.YAMLError as exc:
@@ -59,8 +99,12 @@ def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
         raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=source) from None
     if not docs:
         raise api.InvalidSpec(["the file holds no YAML document"], source=source)
-    return [api.parse_job(d, source=source + (f"[{i}]" if len(docs) > 1 else ""))
-            for i, d in enumerate(docs)]
+    return docs
+
+
+def _sourced(docs: list[Any], source: str) -> list[tuple[str, Any]]:
+    """Each document with where it came from: `source`, indexed when the file holds several."""
+    return [(source + (f"[{i}]" if len(docs) > 1 else ""), d) for i, d in enumerate(docs)]
 
 
 class _UnsupportedYaml(yaml.MarkedYAMLError):  # type: ignore[misc]

@@ -14,6 +14,9 @@ from kiln.api import names
 
 PositiveInt = Annotated[int, Field(ge=1)]
 InputDim = Annotated[int, Field(ge=1, le=names.INPUT_DIM_MAX)]
+ParentId = Annotated[str, Field(min_length=1, max_length=names.PARENT_MAX_LENGTH,
+                                pattern=names.PARENT_PATTERN)]
+MAX_PREFERRED_PARENTS = 32
 
 
 class ModelSpec(names.ApiModel):
@@ -229,6 +232,13 @@ class WarmStartSpec(names.ApiModel):
         ge=0.0,
         le=1.0,
         description="minSimilarity: below this architectural similarity, cold start.",
+    )
+    preferred: list[ParentId] = Field(
+        default_factory=list,
+        max_length=MAX_PREFERRED_PARENTS,
+        description="preferred: zoo model ids, best first, favoured when parent is auto: "
+        "among the candidates within 0.05 similarity of the best match, the first one listed "
+        "wins (a sweep lists its own trials' models); ids this job cannot see are ignored.",
     )
     probe_steps: int = Field(
         default=10,

@@ -82,10 +82,10 @@ class WarmStartDecision(names.ApiModel):
         "over the last probe steps, when the guard trained it (spec.warmStart.probeSteps).")
     cold_trained_probe_loss: StrictFloat | None = Field(
         default=None, description="coldTrainedProbeLoss: the cold twin's, on the same batches.")
-    guard_steps: StrictInt = Field(
-        default=0, ge=0, description="guardSteps: training steps the guard spent before the "
-        "job's first step (warm and cold, every parent tried); a batch of spec.training."
-        "batchSize each.")
+    guard_steps: StrictInt | None = Field(
+        default=None, ge=0, description="guardSteps: training steps the guard spent before "
+        "the job's first step (warm and cold, every parent tried; a batch of "
+        "spec.training.batchSize each); null: no guard ran.")
 
     @model_validator(mode="before")
     @classmethod

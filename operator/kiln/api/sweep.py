@@ -12,9 +12,18 @@ import itertools
 import json
 import math
 import typing
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from kiln.api import bounds, names, validation
 from kiln.api import spec as spec_mod
@@ -30,6 +39,9 @@ PARAMS_ANNOTATION = "kiln.dev/trial-params"
 MAX_TRIALS = 200  # each trial's history lives in the sweep's status, which etcd caps at 1.5 MiB
 MAX_PARAMETERS = 20
 MAX_CATEGORIES = 64
+# A grid search lists every combination (Optuna's GridSampler does), so it is bounded even when
+# maxTrials runs only a part of it.
+MAX_GRID_POINTS = 100_000
 # Trials are named <sweep>-t<index>; the sweep's name leaves room for "-t199" in 63 characters.
 SWEEP_NAME_MAX_LENGTH = names.NAME_MAX_LENGTH - len(f"-t{MAX_TRIALS - 1}")
 # Paths below these spec fields are free-form (builder and dataset keyword arguments).
@@ -101,7 +113,8 @@ class IntRange(names.ApiModel):
 class Parameter(names.ApiModel):
     path: str = Field(
         min_length=1, max_length=256, pattern=PATH_PATTERN,
-        description="path: a dotted field path in the TrainingJob spec, e.g. training.lr, "
+        description="path: a dotted field path in the TrainingJob spec, e.g. "
+        "training.optimizer.lr, "
         "model.args.depth (below model.args and dataset.args any key).",
     )
     categorical: list[Scalar] | None = Field(
@@ -231,7 +244,8 @@ class Trial(names.ApiModel):
     state: TrialState = Field(description="state: Running, Succeeded, Pruned or Failed.")
     evaluations: list[list[float]] = Field(
         default_factory=list,
-        description="evaluations: [epoch, objective] at each evaluation so far.")
+        description="evaluations: [epoch, objective, seconds since the sweep started] at each "
+        "evaluation so far.")
     metric: float | None = Field(default=None,
                                  description="metric: its final (or last) objective.")
     parent: StrictStr | None = Field(default=None,
@@ -295,20 +309,25 @@ def grid_size(parameters: list[Parameter]) -> int | None:
     """How many combinations a grid over `parameters` has; None if a float range is open."""
     size = 1
     for p in parameters:
-        values = finite_values(p)
-        if values is None:
+        if p.categorical is not None:
+            size *= len(p.categorical)
+        elif p.int_range is not None:  # counted, not listed (len() of a range stops at 2**63)
+            r = p.int_range
+            size *= max(0, (r.max - r.min) // r.step + 1)
+        else:
             return None
-        size *= len(values)
     return size
 
 
-def finite_values(p: Parameter) -> list[Any] | None:
-    """Every value `p` may take, in order, or None for a float range (no finite set)."""
+def finite_values(p: Parameter) -> Sequence[Any] | None:
+    """Every value `p` may take, in order, or None for a float range (no finite set). An int
+    range's values are a `range`: its length and membership cost nothing, and it is never
+    listed (it may hold billions)."""
     if p.categorical is not None:
         return list(p.categorical)
     if p.int_range is not None:
         r = p.int_range
-        return list(range(r.min, r.max + 1, r.step))
+        return range(r.min, r.max + 1, r.step)
     return None
 
 
@@ -397,8 +416,8 @@ def _parameter_problems(sweep: TrainingSweep, template: dict[str, Any], param: P
     kinds = [k for k, v in (("categorical", param.categorical), ("int", param.int_range),
                             ("float", param.float_range)) if v is not None]
     if len(kinds) != 1:
-        return [f"{at}: set exactly one of categorical, int or float (got "
-                f"{', '.join(kinds) or 'none'})"]
+        return [(f"{at}: set exactly one of categorical, int or float (got "
+                f"{', '.join(kinds) or 'none'})")]
     path_problem = path_problem_of(param.path)
     if path_problem:
         return [f"{at}.path: {path_problem}"]
@@ -414,13 +433,13 @@ def _parameter_problems(sweep: TrainingSweep, template: dict[str, Any], param: P
         if r.log and r.step != 1:
             out.append(f"{at}.int: step and log cannot be combined; drop one")
     if param.float_range is not None:
-        r = param.float_range
-        if not (math.isfinite(r.min) and math.isfinite(r.max)):
+        f = param.float_range
+        if not (math.isfinite(f.min) and math.isfinite(f.max)):
             out.append(f"{at}.float: min and max must be finite numbers")
-        elif r.max <= r.min:
-            out.append(f"{at}.float: empty range: max {r.max} is not above min {r.min}")
-        elif r.log and r.min <= 0:
-            out.append(f"{at}.float.log: a log scale needs min above 0 (got {r.min})")
+        elif f.max <= f.min:
+            out.append(f"{at}.float: empty range: max {f.max} is not above min {f.min}")
+        elif f.log and f.min <= 0:
+            out.append(f"{at}.float.log: a log scale needs min above 0 (got {f.min})")
     if param.categorical is not None:
         keys = [json.dumps(v) for v in param.categorical]
         if len(set(keys)) != len(keys):
@@ -428,7 +447,7 @@ def _parameter_problems(sweep: TrainingSweep, template: dict[str, Any], param: P
     if out:
         return out
     # Every trial is a TrainingJob: each value (each end of a range) must make a valid one.
-    for value in _probe_values(param):
+    for value in probe_values(param):
         bad = _job_problems(sweep, apply(template, {param.path: value}))
         if bad:
             out.append(f"{at}: {param.path}={json.dumps(value)} makes an invalid trial: "
@@ -436,11 +455,13 @@ def _parameter_problems(sweep: TrainingSweep, template: dict[str, Any], param: P
     return out
 
 
-def _probe_values(param: Parameter) -> list[Any]:
+def probe_values(param: Parameter) -> list[Any]:
+    """The values a trial's spec is checked at for `param`: each categorical value, or a range's
+    two ends (an int range's last value on its step)."""
     if param.categorical is not None:
         return list(param.categorical)
     if param.int_range is not None:
-        values = finite_values(param) or []
+        values = finite_values(param) or [param.int_range.min]
         return sorted({values[0], values[-1]})
     assert param.float_range is not None
     return [param.float_range.min, param.float_range.max]
@@ -508,13 +529,16 @@ def _algorithm_problems(spec: TrainingSweepSpec) -> list[str]:
         return []
     open_ = [p.path for p in spec.parameters if finite_values(p) is None]
     if open_:
-        return [f"spec.algorithm.name: grid needs a finite set per parameter; "
+        return [(f"spec.algorithm.name: grid needs a finite set per parameter; "
                 f"{', '.join(open_)} is a float range (give categorical values, or use random "
-                "or tpe)"]
+                "or tpe)")]
     size = grid_size(spec.parameters) or 0
+    if size > MAX_GRID_POINTS:
+        return [(f"spec.parameters: the grid has {size} combinations, above {MAX_GRID_POINTS}; "
+                "narrow the parameters, or use random or tpe")]
     if size > MAX_TRIALS and spec.max_trials is None:
-        return [f"spec.maxTrials: the grid has {size} combinations, above {MAX_TRIALS}; set "
-                "maxTrials to run a part of it, or narrow the parameters"]
+        return [(f"spec.maxTrials: the grid has {size} combinations, above {MAX_TRIALS}; set "
+                "maxTrials to run a part of it, or narrow the parameters")]
     return []
 
 

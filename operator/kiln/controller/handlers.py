@@ -28,6 +28,7 @@ from kiln.controller import (
     profiling,
     status,
     sweeper,
+    sweeps,
 )
 from kiln.controller import settings as operator_settings
 
@@ -106,6 +107,8 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     jobs, swept by `sweeper.run` | `housekeeping.tick` |
     | the gate's | as `gate` registers them (Kueue: Workload events, the end of
     queue-labelled jobs) | `gate`'s (`kueue.Kueue.observe`, `finish`) |
+    | sweeps / sweep-trials | any event of a TrainingSweep, or of a job labelled
+    kiln.dev/sweep | `sweeps.reconcile` (also every few seconds: `sweeps.resync_forever`) |
 
     Each job handler is wrapped by `_surfaced`; the timer's interval comes from `options`.
     """
@@ -139,6 +142,7 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
         kopf.index(*JOBS, registry=registry, id=sweeper.INDEX_ID, when=housekeeping.needed)(
             sweeper.index_job)
     gate.register(registry, _surfaced)
+    sweeps.register(registry)
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -172,6 +176,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
             interval_seconds=options.housekeeping_interval_seconds), name="kiln housekeeping")
     if options.zoo_capacity is not None:
         op.run_in_background(housekeeping.collect_zoo_forever(op.deps), name="kiln zoo eviction")
+    op.run_in_background(sweeps.resync_forever(op.deps), name="kiln sweeps")
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -177,6 +177,11 @@ class Jobs:
         placement loop is not one. Events are named ``<job>.<random hex>`` (kubectl's
         convention) and carry the condition's reason.
         """
+        await self.post(body, event.type, event.reason.value, event.message)
+
+    async def post(self, body: kube.Object, type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about `body`, a TrainingJob or a TrainingSweep (its kind is
+        the involved object's), best effort."""
         meta = body.get("metadata") or {}
         ref = JobRef.of(body)
         now = job_status.rfc3339(self.clock())
@@ -185,12 +190,13 @@ class Jobs:
             "kind": "Event",
             "metadata": {"name": f"{ref.name}.{uuid.uuid4().hex[:16]}",
                          "namespace": ref.namespace},
-            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "involvedObject": {"apiVersion": body.get("apiVersion") or api.API_VERSION,
+                               "kind": body.get("kind") or api.KIND,
                                "name": ref.name, "namespace": ref.namespace,
                                "uid": meta.get("uid")},
-            "type": event.type,
-            "reason": event.reason.value,
-            "message": job_status.cap(event.message, job_status.EVENT_MESSAGE_MAX_BYTES),
+            "type": type_,
+            "reason": reason,
+            "message": job_status.cap(message, job_status.EVENT_MESSAGE_MAX_BYTES),
             "source": {"component": "kiln-operator"},
             "reportingComponent": "kiln.dev/operator",
             "reportingInstance": self._instance,
@@ -201,4 +207,4 @@ class Jobs:
         try:
             await self.client.create(kube.Paths.events(ref.namespace), manifest)
         except kube.ApiError as exc:
-            _log.warning("%s: could not post event %s (%s)", ref.key, event.reason.value, exc)
+            _log.warning("%s: could not post event %s (%s)", ref.key, reason, exc)

@@ -123,6 +123,12 @@ class Paths:
         return f"/apis/{api.GROUP}/{api.VERSION}{where}/{api.PLURAL}"
 
     @staticmethod
+    def sweep(namespace: str, name: str, *, status: bool = False) -> str:
+        path = (f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/"
+                f"{api.sweep.SWEEP_PLURAL}/{name}")
+        return path + "/status" if status else path
+
+    @staticmethod
     def pods(namespace: str | None = None) -> str:
         return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
 

@@ -1,12 +1,14 @@
 """Prometheus metrics of the operator process, in the operator's own registry.
 
 Named ``kiln_<what>_<base unit>`` (seconds, ratios in [0, 1], counters ending ``_total``), with
-bounded labels only (job_namespace, phase, handler, outcome, solver, result): no per-job
-labels. The process_* and python_* collectors ride along; ``_created`` series are off.
+bounded labels only (job_namespace, phase, handler, outcome, solver, result, state): no per-job
+labels; a sweep's two series live as long as the sweep. The process_* and python_* collectors
+ride along; ``_created`` series are off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 
 import prometheus_client
@@ -22,7 +24,7 @@ _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # Values of the `handler` label: kiln.controller.handlers' wrapped handlers and the placement
 # loop (a test checks handlers.py names no other).
 HANDLERS = ("admit", "resume", "suspend", "spec-edit", "cleanup", "pods", "housekeeping",
-            "placement", "kueue")
+            "placement", "kueue", "sweeps")
 # `outcome` values beyond api.WarmStartOutcome (kiln.controller.admission).
 ZOO_UNAVAILABLE_OUTCOME = "zoo_unavailable"
 RESULTS = ("succeeded", "failed")
@@ -51,6 +53,8 @@ NAMESPACE_LABEL = "job_namespace"
 # | kiln_placement_solve_seconds | histogram | solver | one (re)plan |
 # | kiln_queue_wait_seconds | histogram | | from Queued to the trainer pod's creation |
 # | kiln_queued_jobs | gauge | | jobs waiting in the operator's placement queue |
+# | kiln_sweep_trials | gauge | job_namespace, sweep, state | a TrainingSweep's trials by state |
+# | kiln_sweep_best_metric | gauge | job_namespace, sweep | its best trial's objective so far |
 class OperatorMetrics:
     """The operator's metrics in a private `CollectorRegistry` (`main` serves it over HTTP).
 
@@ -124,6 +128,14 @@ class OperatorMetrics:
             buckets=_WAIT_BUCKETS, registry=r)
         self.queued_jobs = prometheus_client.Gauge(
             "kiln_queued_jobs", "Jobs waiting in the operator's placement queue.", registry=r)
+        self.sweep_trials = prometheus_client.Gauge(
+            "kiln_sweep_trials", "A TrainingSweep's trials by state. Labels: job_namespace, "
+            "sweep, state (Running, Succeeded, Pruned, Failed).",
+            [NAMESPACE_LABEL, "sweep", "state"], registry=r)
+        self.sweep_best_metric = prometheus_client.Gauge(
+            "kiln_sweep_best_metric", "A TrainingSweep's best trial's objective so far (its "
+            "spec.objective.metric). Labels: job_namespace, sweep.", [NAMESPACE_LABEL, "sweep"],
+            registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         self._namespaces: set[str] = set()
 
@@ -152,6 +164,23 @@ class OperatorMetrics:
         """Count a trainer restart of a job in `namespace`."""
         self._see(namespace)
         self.restarts.labels(namespace).inc()
+
+    def set_sweep(self, namespace: str, sweep: str, counts: api.sweep.TrialCounts,
+                  best: float | None) -> None:
+        """Record sweep `namespace/sweep`'s trial counts and best objective (None: none yet)."""
+        for state in api.sweep.TrialState:
+            self.sweep_trials.labels(namespace, sweep, state.value).set(
+                getattr(counts, state.value.lower()))
+        if best is not None:
+            self.sweep_best_metric.labels(namespace, sweep).set(best)
+
+    def forget_sweep(self, namespace: str, sweep: str) -> None:
+        """Drop a deleted sweep's series."""
+        for state in api.sweep.TrialState:
+            with contextlib.suppress(KeyError):
+                self.sweep_trials.remove(namespace, sweep, state.value)
+        with contextlib.suppress(KeyError):
+            self.sweep_best_metric.remove(namespace, sweep)
 
     def _see(self, namespace: str) -> None:
         """Create `namespace`'s phase, result and restart series at 0 the first time."""

@@ -25,8 +25,12 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     # kopf watches and patches (finalizer, progress annotations); the status writer reads;
     # the TTL deletes.
-    Rule(api.GROUP, api.PLURAL, ("get", "list", "watch", "patch", "delete")),
+    Rule(api.GROUP, api.PLURAL, ("get", "list", "watch", "create", "patch", "delete")),
     Rule(api.GROUP, f"{api.PLURAL}/status", ("patch",)),  # every status change
+    # TrainingSweeps (`kiln.controller.sweeps`): kopf watches them, the reconcile reads one and
+    # writes its status; it creates the trial jobs (above) and suspends pruned ones (patch).
+    Rule(api.GROUP, api.sweep.SWEEP_PLURAL, ("get", "list", "watch")),
+    Rule(api.GROUP, f"{api.sweep.SWEEP_PLURAL}/status", ("patch",)),
     # Trainer pods; the placement loop lists all namespaces' pods for free GPUs; a pod kept by
     # cleanPodPolicy is stopped by patching its spec.activeDeadlineSeconds.
     Rule("", "pods", ("get", "list", "watch", "create", "patch", "delete")),

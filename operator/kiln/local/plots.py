@@ -20,6 +20,7 @@ from matplotlib import pyplot
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from kiln import api
 from kiln.local import runner
 
 # (history key, axis label) of each curve panel, left to right.
@@ -224,3 +225,40 @@ def _once(unused: set[str], label: str) -> str | None:
 def _number(value: Any) -> float:
     """A plotted value: a number, or NaN (a gap in the line) for None."""
     return float(value) if isinstance(value, int | float) else math.nan
+
+
+def sweep_figure(sweep: api.sweep.TrainingSweep) -> Figure:
+    """Every trial of a sweep: its objective at each evaluated epoch, one line per trial,
+    pruned trials dashed and ending in an x, the best one thicker. Drawn from the sweep's
+    status, so a cluster's sweep (`kubectl get tsw NAME -o yaml`) plots as a local one does.
+
+    Raises:
+        PlotError: no trial has evaluated yet.
+    """
+    status = sweep.status or api.sweep.TrainingSweepStatus()
+    trials = [t for t in status.history if t.evaluations]
+    if not trials:
+        raise PlotError(f"sweep {sweep.name}: no trial has evaluated yet; a trial adds a point "
+                        "at each epoch's evaluation")
+    metric = sweep.spec.objective.metric.value
+    best = status.best.index if status.best is not None else None
+    figure = pyplot.figure(figsize=(8.0, 5.0), layout="constrained")
+    ax = figure.add_subplot()
+    for t in trials:
+        epochs = [e[0] for e in t.evaluations]
+        values = [e[1] for e in t.evaluations]
+        pruned = t.state is api.sweep.TrialState.PRUNED
+        (line,) = ax.plot(epochs, values, linestyle="--" if pruned else "-",
+                          marker="o" if len(epochs) == 1 else ".",
+                          linewidth=3.0 if t.index == best else 1.5,
+                          label=f"{t.name} ({t.state.value.lower()})")
+        if pruned:
+            ax.plot(epochs[-1:], values[-1:], marker="x", markersize=9, color=line.get_color())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.set_title(f"sweep {sweep.name}: {len(status.history)} trials, "
+                 f"{status.trials.pruned} pruned (dashed)")
+    ax.legend(loc="best", fontsize="small", ncols=2 if len(trials) > 8 else 1)
+    return figure

@@ -149,7 +149,7 @@ def run_jobs(
 
 @contextlib.contextmanager
 def job_locks(jobs: list[api.TrainingJob], work_dir: Path) -> Iterator[None]:
-    """Hold every job's lock (`_job_lock`) while in the block; all are taken before any
+    """Hold every job's lock (`lock`) while in the block; all are taken before any
     training, so a clash wastes no work.
 
     Raises:
@@ -157,14 +157,14 @@ def job_locks(jobs: list[api.TrainingJob], work_dir: Path) -> Iterator[None]:
     """
     with contextlib.ExitStack() as locks:
         for job in jobs:
-            locks.enter_context(_job_lock(work_dir / f"{job.name}.lock", job.name))
+            locks.enter_context(lock(work_dir / f"{job.name}.lock", job.name))
         yield
 
 
 @contextlib.contextmanager
-def _job_lock(path: Path, job_name: str) -> Iterator[None]:
-    """Hold an exclusive lock on `path` while in the block, without waiting; `<path>.pid`
-    names the holder.
+def lock(path: Path, name: str, *, kind: str = "job") -> Iterator[None]:
+    """Hold an exclusive lock on `path` for the `kind` (job, sweep) `name` while in the block,
+    without waiting; `<path>.pid` names the holder.
 
     `filelock` takes an OS lock (flock on Unix, msvcrt on Windows; a marker file where the file
     system has no flock), which the OS drops when the process ends, however it ends, so a crash
@@ -173,28 +173,28 @@ def _job_lock(path: Path, job_name: str) -> Iterator[None]:
     Raises:
         JobBusy: another process holds the lock; the message names its pid.
     """
-    lock, pid_file = filelock.FileLock(path, timeout=0), path.with_suffix(".pid")
+    held, pid_file = filelock.FileLock(path, timeout=0), path.with_suffix(".pid")
     try:
-        lock.acquire()
+        held.acquire()
     except filelock.Timeout:
         try:
             holder = pid_file.read_text(encoding="ascii", errors="replace").strip() or "unknown"
         except OSError:  # between the holder's lock and its pid: rare, and only for the message
             holder = "unknown"
         raise JobBusy(
-            f"job {job_name} is already running (pid {holder}) from this directory; wait "
+            f"{kind} {name} is already running (pid {holder}) from this directory; wait "
             f"for it to finish or stop it (its lock: {path})"
         ) from None
     except OSError as exc:  # a file system that refuses locks altogether: run unguarded
-        warnings.warn(f"cannot lock {path} ({exc.strerror or exc}); a second `kiln run` of "
-                      f"job {job_name} would not be refused", stacklevel=3)
+        warnings.warn(f"cannot lock {path} ({exc.strerror or exc}); a second run of "
+                      f"{kind} {name} would not be refused", stacklevel=3)
         yield
         return
     try:
         pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
         yield
     finally:
-        lock.release()
+        held.release()
 
 
 def _run_one(

@@ -122,7 +122,7 @@ def _profile_one(job: api.TrainingJob, *, devices: machine.Devices, zoo_uri: str
     """Run one job's profiling trainer; its Profile event, or None after a warning."""
     args = contract.TrainerArgs(job_file=str(runner.write_job_file(job, work_dir)),
                                 zoo=zoo_uri, profile=True)
-    extra = {**env, **({"CUDA_VISIBLE_DEVICES": _visible_devices((0,))} if devices.gpu else {})}
+    extra = {**env, **({"CUDA_VISIBLE_DEVICES": visible_devices((0,))} if devices.gpu else {})}
     log_path = work_dir / f"{job.name}.profile.log"
     console.print(f"[bold]{escape(job.name)}[/]: profiling {escape(job.spec.model.label)} "
                   f"(log: {escape(str(log_path))})")
@@ -213,7 +213,7 @@ def _cache_entry(job: api.TrainingJob, found: contract.Profile) -> dict[str, Any
             "measured_time": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def _visible_devices(held: Sequence[int]) -> str:
+def visible_devices(held: Sequence[int]) -> str:
     """CUDA_VISIBLE_DEVICES for our device indices, which count the GPUs visible to us."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     return ",".join(visible[d] if len(visible) > d and visible[d] else str(d) for d in held)
@@ -420,7 +420,7 @@ class _Run:
             command = contract.trainer_command(1, args.to_argv())
         extra = {**self.env, **(own[1] if own is not None else {})}
         if self.devices.gpu:
-            extra["CUDA_VISIBLE_DEVICES"] = _visible_devices(held)
+            extra["CUDA_VISIBLE_DEVICES"] = visible_devices(held)
         log_path = self.work_dir / f"{a.job}.log"
         log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in `ended`)
         try:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
+from kiln import api
 from kiln.warmstart import select
 
 # Annotations only. The torch-backed modules (models, runplan, estimate) are imported by the
 # tables that call them, so `kiln zoo ls` starts without torch.
 if TYPE_CHECKING:
-    from kiln import api
     from kiln.local import machine, runner
     from kiln.placement import profilecache, types
     from kiln.warmstart import index
@@ -52,7 +52,7 @@ def results(outcomes: Sequence[runner.JobOutcome]) -> Table:
     for o in outcomes:
         r = o.result
         parent = (f"{r['parent']} ({r['similarity']:.2f})" if r.get("parent")
-                  else "cold start")
+                  else _cold(r.get("warm_start_decision")))
         metric = f"{SHORT.get(r.get('metric_name', ''), '')} {fmt(r.get('metric'))}"
         reached = fmt(r.get("time_to_target_seconds"), digits=1) if r.get("target_reached") \
             else "not reached" if o.has_target else "no target"
@@ -61,6 +61,18 @@ def results(outcomes: Sequence[runner.JobOutcome]) -> Table:
                 fmt(r.get("samples_per_second"), digits=0), _frozen(r.get("freezing")),
                 str(r.get("zoo_model") or "-"), *(_placement(o.placement) if planned else ()))
     return table
+
+
+def _cold(decided: dict[str, Any] | None) -> str:
+    """How a run without a parent started: "cold (guard)" when the trainer's guard refused
+    every candidate, "cold (no match)" when the zoo offered no usable one, "cold (disabled)"."""
+    outcome = (decided or {}).get("outcome")
+    return _COLD.get(str(outcome), "cold (no match)" if outcome else "cold")
+
+
+_COLD = {api.WarmStartOutcome.COLD_GUARD.value: "cold (guard)",
+         api.WarmStartOutcome.DISABLED.value: "cold (disabled)",
+         api.WarmStartOutcome.INIT_STATE.value: "caller's weights"}
 
 
 def _placement(p: runner.Placement | None) -> tuple[str, ...]:
@@ -137,7 +149,7 @@ def warm_start_candidates(job: api.TrainingJob, found: index.QueryResult, zoo_si
     table = Table(title=f"Warm-start candidates for {job.name} ({job.spec.model.label}) "
                         f"among {zoo_size} zoo models, {found.mode} search")
     for column in ("rank", "zoo model", "architecture", "similarity", "bucket", "metric",
-                   "chosen"):
+                   "candidate"):
         table.add_column(column)
     for rank, cand in enumerate(found.candidates[:top], start=1):
         bucket = select.bucket_of(cand.similarity)
@@ -155,3 +167,55 @@ def architecture_rows() -> list[dict[str, str]]:
     return [{"name": name, "family": info.family, "modality": str(info.modality),
              "task": str(info.task)}
             for name, info in ((name, models.get_info(name)) for name in models.list_models())]
+
+
+def leaderboard(sweep: api.sweep.TrainingSweep, *, ranked: bool = True) -> Table:
+    """A sweep's trials: values, state, last evaluated epoch, objective, warm or cold, pruned
+    at; best first (`ranked`), else in trial order (the live view: rows stay put)."""
+    spec, status = sweep.spec, sweep.status or api.sweep.TrainingSweepStatus()
+    metric = spec.objective.metric.value
+    paths = [p.path for p in spec.parameters]
+    leaves = [path.rsplit(".", 1)[-1] for path in paths]
+    heads = [leaf if leaves.count(leaf) == 1 else path for leaf, path in zip(leaves, paths,
+                                                                             strict=True)]
+    phase = status.phase.value if status.phase else "Pending"
+    c = status.trials
+    table = Table(title=f"Sweep {sweep.name}: {phase}, {c.total} trials ({c.running} running, "
+                        f"{c.pruned} pruned, {c.failed} failed)")
+    for column in ("trial", *heads, "state", "epoch", SHORT.get(metric, metric), "start",
+                   "zoo model", "pruned at / why"):
+        table.add_column(column, overflow="fold")
+    trials = list(status.history)
+    if ranked:
+        sign = -1.0 if spec.objective.maximize else 1.0
+        trials.sort(key=lambda t: (t.metric is None, sign * (t.metric or 0.0), t.index))
+    best = status.best.index if status.best is not None else None
+    for t in trials:
+        epochs = t.params.get("training.epochs", spec.template.training.epochs)
+        epoch = f"{int(t.evaluations[-1][0])}/{epochs}" if t.evaluations else f"-/{epochs}"
+        value = t.metric if t.metric is not None else (
+            t.evaluations[-1][1] if t.evaluations else None)
+        pruned = (f"epoch {t.pruned_at.epoch} ({t.pruned_at.value:.4f}): {t.pruned_at.against}"
+                  if t.pruned_at is not None else t.message or "-")
+        add_row(table, t.name + (" *" if t.index == best else ""),
+                *(_value(t.params.get(path)) for path in paths), t.state.value, epoch,
+                fmt(value, digits=4), _start_of(sweep, t), t.zoo_model or "-", pruned)
+    return table
+
+
+def _value(value: Any) -> str:
+    """A parameter's value in a cell: 4 significant digits for a float."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _start_of(sweep: api.sweep.TrainingSweep, trial: api.sweep.Trial) -> str:
+    """"warm: <parent>", "cold", or "-" while unknown: a trial's parent is known from its
+    result, or from its zoo record (a running trial's first provisional one)."""
+    if trial.parent:
+        return f"warm: {trial.parent}"
+    independent = sweep.spec.warm_start is api.sweep.SweepWarmStart.INDEPENDENT
+    known = trial.state is api.sweep.TrialState.SUCCEEDED or (
+        trial.zoo_model is not None and trial.state is not api.sweep.TrialState.RUNNING)
+    return "cold" if independent or known else "-"

@@ -8,10 +8,12 @@ LongTensor[B, T] to Tensor[B, T, V]. Input shapes exclude the batch. Never downl
 from kiln.models import small_cnn, small_resnet, torchvision_models, transformers  # noqa: F401
 
 # The package's public face, torchvision style: `models.get_model(name, ...)`,
-# `models.list_models()`, `models.build(spec)`, `models.check_job(job)`.
+# `models.list_models()`, `models.build(spec)`, `models.check_job(job)`,
+# `models.check_sweep(sweep)`.
 from kiln.models.checks import (
     build,
     check_job,
+    check_sweep,
     example_batch,
     modality_of,
     task_name,
@@ -42,6 +44,7 @@ __all__ = [
     "UnknownArchitecture",
     "build",
     "check_job",
+    "check_sweep",
     "declare_blocks",
     "example_batch",
     "example_input",

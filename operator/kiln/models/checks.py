@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import torch
 from torch import nn
@@ -140,6 +141,39 @@ def check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
         more = api.unaffected(_model_problems(parsed), job.rejected)
         return list(job.problems) + [p for p in more if p not in job.problems]
     return api.validate(job) + _model_problems(job)
+
+
+def check_sweep(sweep: api.sweep.TrainingSweep) -> list[str]:
+    """`check_job`'s registry checks for every trial a parsed sweep may make; [] when each can
+    run. `kiln validate` and the operator's admission of a sweep both run this after
+    `api.sweep.parse_sweep` (which checked the rest): the template as a trial's spec, then
+    each parameter alone at each of its values (each category, each end of a range).
+
+    Returns:
+        Problems, one line each, naming spec.template or spec.parameters[i].
+    """
+    template = api.to_wire(sweep.spec.template)
+    found = [f"spec.template.{p.removeprefix('spec.')}" for p in _trial_problems(sweep, template)]
+    if found:  # every parameter's trials would repeat them
+        return found
+    for i, param in enumerate(sweep.spec.parameters):
+        for value in api.sweep.probe_values(param):
+            bad = _trial_problems(sweep, api.sweep.apply(template, {param.path: value}))
+            if bad:
+                found.append(f"spec.parameters[{i}]: {param.path}={json.dumps(value)} makes an "
+                             "invalid trial: " + "; ".join(bad))
+    return found
+
+
+def _trial_problems(sweep: api.sweep.TrainingSweep, spec: dict[str, Any]) -> list[str]:
+    """`check_job`'s problems of a trial TrainingJob of `sweep` with `spec`."""
+    name = api.sweep.trial_name(sweep.name[:api.sweep.SWEEP_NAME_MAX_LENGTH], 0)
+    doc = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+           "metadata": {"name": name, "namespace": sweep.namespace}, "spec": spec}
+    try:
+        return check_job(api.parse_job(doc))
+    except api.InvalidSpec as exc:
+        return check_job(exc)
 
 
 def _model_problems(job: api.TrainingJob) -> list[str]:

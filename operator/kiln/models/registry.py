@@ -88,7 +88,7 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {}
-_BLOCKS: dict[type[nn.Module], BlocksFn] = {}
+_BLOCKS: dict[str, BlocksFn] = {}  # by the class's dotted name (`_class_name`)
 
 # Third parties add names through this entry-point group: each entry point is a builder
 # (keyword-only, taking input_shape) registered under the entry point's name, unless its module
@@ -279,17 +279,20 @@ def example_input(
 
 
 def declare_blocks(
-    model_type: type[ModuleT],
+    model_type: type[ModuleT] | str,
 ) -> Callable[[Callable[[ModuleT], list[str]]], Callable[[ModuleT], list[str]]]:
     """Declare how to list the natural blocks of every instance of `model_type` (decorator).
 
+    `model_type` is the class or its dotted name ("torchvision.models.resnet.ResNet"): by name,
+    a family declares classes of a library it imports only when it builds a model.
     The decorated function gets the model and returns dotted submodule names in forward order:
     stem, blocks or stages or transformer layers, head last. Together the blocks must own every
     parameter of the model exactly once (the tests check this for every registered model).
     """
+    name = model_type if isinstance(model_type, str) else _class_name(model_type)
 
     def decorate(blocks_fn: Callable[[ModuleT], list[str]]) -> Callable[[ModuleT], list[str]]:
-        _BLOCKS[model_type] = blocks_fn
+        _BLOCKS[name] = blocks_fn
         return blocks_fn
 
     return decorate
@@ -310,10 +313,14 @@ def natural_blocks(model: nn.Module) -> list[str]:
         Block names; never empty for a model with parameters.
     """
     for cls in type(model).__mro__:
-        blocks_fn = _BLOCKS.get(cls)
+        blocks_fn = _BLOCKS.get(_class_name(cls))
         if blocks_fn is not None:
             return blocks_fn(model)
     return layer_stack_blocks(model)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def layer_stack_blocks(model: nn.Module) -> list[str]:

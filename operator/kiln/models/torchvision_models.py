@@ -3,6 +3,7 @@
 ResNet, VGG-BN, MobileNet and DenseNet with `num_classes` (default 10) and any (C, H, W) input;
 always `weights=None` (warm starts come from the zoo). Module names stay torchvision's, and
 every model traces with `torch.fx`. Shapes: B batch, C channels, H height, W width, K classes.
+torchvision is imported by the first build: importing it imports torch's compiler (about 1 s).
 """
 
 from __future__ import annotations
@@ -10,18 +11,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torchvision.models as tvm
 from torch import nn
-from torchvision.models import densenet as tv_densenet
-from torchvision.models import mobilenetv2 as tv_mobilenetv2
-from torchvision.models import mobilenetv3 as tv_mobilenetv3
-from torchvision.models import resnet as tv_resnet
-from torchvision.models import vgg as tv_vgg
 
 from kiln.models import registry
+
+if TYPE_CHECKING:
+    from torchvision.models import densenet as tv_densenet
+    from torchvision.models import mobilenetv2 as tv_mobilenetv2
+    from torchvision.models import mobilenetv3 as tv_mobilenetv3
+    from torchvision.models import resnet as tv_resnet
+    from torchvision.models import vgg as tv_vgg
 
 # What differs from torchvision, and why:
 #   * C != 3 (e.g. grey digits): the first conv takes C input channels; kernel, stride, padding
@@ -83,32 +85,30 @@ def _register(
 @_register("resnet18", "resnet", RESNET_PAPER)
 def resnet18(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """ResNet-18: BasicBlocks [2, 2, 2, 2], 11M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _resnet(tvm.resnet18, input_shape, num_classes)
+    return _resnet("resnet18", input_shape, num_classes)
 
 
 @_register("resnet34", "resnet", RESNET_PAPER)
 def resnet34(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """ResNet-34: BasicBlocks [3, 4, 6, 3], 21M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _resnet(tvm.resnet34, input_shape, num_classes)
+    return _resnet("resnet34", input_shape, num_classes)
 
 
 @_register("resnet50", "resnet", RESNET_PAPER)
 def resnet50(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """ResNet-50: Bottlenecks [3, 4, 6, 3], 24M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _resnet(tvm.resnet50, input_shape, num_classes)
+    return _resnet("resnet50", input_shape, num_classes)
 
 
 @_register("resnet101", "resnet", RESNET_PAPER)
 def resnet101(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """ResNet-101: Bottlenecks [3, 4, 23, 3], 43M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _resnet(tvm.resnet101, input_shape, num_classes)
+    return _resnet("resnet101", input_shape, num_classes)
 
 
-def _resnet(
-    factory: Callable[..., Any], input_shape: tuple[int, ...], num_classes: int
-) -> nn.Module:
+def _resnet(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     channels, height, width = registry.image_shape(input_shape)
-    model = factory(weights=None, num_classes=_classes(num_classes))
+    model = _torchvision_model(name, num_classes)
     if min(height, width) < SMALL_IMAGE_SIZE:
         model.conv1 = _conv_like(
             model.conv1, in_channels=channels, kernel_size=3, stride=1, padding=1
@@ -119,7 +119,7 @@ def _resnet(
     return cast(nn.Module, model)
 
 
-@registry.declare_blocks(tv_resnet.ResNet)
+@registry.declare_blocks("torchvision.models.resnet.ResNet")
 def _resnet_blocks(model: tv_resnet.ResNet) -> list[str]:
     # conv1, bn1, layer1.0, ..., layer4.N, fc
     return _expanded(model, lambda name: re.fullmatch(r"layer\d+", name) is not None)
@@ -132,22 +132,22 @@ def _resnet_blocks(model: tv_resnet.ResNet) -> list[str]:
 @_register("vgg11_bn", "vgg", VGG_PAPER)
 def vgg11_bn(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """VGG-11 (configuration A) with batch norm; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _vgg("A", tvm.vgg11_bn, input_shape, num_classes)
+    return _vgg("A", "vgg11_bn", input_shape, num_classes)
 
 
 @_register("vgg16_bn", "vgg", VGG_PAPER)
 def vgg16_bn(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """VGG-16 (configuration D) with batch norm; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _vgg("D", tvm.vgg16_bn, input_shape, num_classes)
+    return _vgg("D", "vgg16_bn", input_shape, num_classes)
 
 
-def _vgg(
-    config: str, factory: Callable[..., Any], input_shape: tuple[int, ...], num_classes: int
-) -> nn.Module:
+def _vgg(config: str, name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from torchvision.models import vgg as tv_vgg
+
     channels, height, width = registry.image_shape(input_shape)
     num_classes = _classes(num_classes)
     if min(height, width) >= SMALL_IMAGE_SIZE:
-        model = factory(weights=None, num_classes=num_classes)
+        model = _torchvision_model(name, num_classes)
     else:
         # Keep as many 2x2 max-pools as halvings the image allows; drop the last ones.
         layers: list[str | int] = list(tv_vgg.cfgs[config])
@@ -179,7 +179,7 @@ def _vgg(
     return cast(nn.Module, model)
 
 
-@registry.declare_blocks(tv_vgg.VGG)
+@registry.declare_blocks("torchvision.models.vgg.VGG")
 def _vgg_blocks(model: tv_vgg.VGG) -> list[str]:
     # features.0 (conv), features.1 (bn), features.3, ..., classifier
     return _expanded(model, lambda name: name == "features")
@@ -192,24 +192,22 @@ def _vgg_blocks(model: tv_vgg.VGG) -> list[str]:
 @_register("mobilenet_v2", "mobilenet_v2", MOBILENET_V2_PAPER)
 def mobilenet_v2(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """MobileNetV2 (width 1.0), 2.2M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    return _mobilenet(tvm.mobilenet_v2, input_shape, num_classes)
+    return _mobilenet("mobilenet_v2", input_shape, num_classes)
 
 
 @_register("mobilenet_v3_small", "mobilenet_v3", MOBILENET_V3_PAPER)
 def mobilenet_v3_small(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """MobileNetV3-Small, 1.5M parameters; Tensor[B, C, H, W] -> Tensor[B, K]."""
-    model = _mobilenet(tvm.mobilenet_v3_small, input_shape, num_classes)
+    model = _mobilenet("mobilenet_v3_small", input_shape, num_classes)
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
             module.momentum = MOBILENET_V3_BATCH_NORM_MOMENTUM
     return model
 
 
-def _mobilenet(
-    factory: Callable[..., Any], input_shape: tuple[int, ...], num_classes: int
-) -> nn.Module:
+def _mobilenet(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     channels, height, width = registry.image_shape(input_shape)
-    model = factory(weights=None, num_classes=_classes(num_classes))
+    model = _torchvision_model(name, num_classes)
     small = min(height, width) < SMALL_IMAGE_SIZE
     if small or channels != 3:
         stem = model.features[0]  # Conv2dNormActivation: conv, norm, activation
@@ -217,13 +215,13 @@ def _mobilenet(
     return cast(nn.Module, model)
 
 
-@registry.declare_blocks(tv_mobilenetv2.MobileNetV2)
+@registry.declare_blocks("torchvision.models.mobilenetv2.MobileNetV2")
 def _mobilenet_v2_blocks(model: tv_mobilenetv2.MobileNetV2) -> list[str]:
     # features.0 (stem), features.1..17 (inverted residuals), features.18 (1x1 conv), classifier
     return _expanded(model, lambda name: name == "features")
 
 
-@registry.declare_blocks(tv_mobilenetv3.MobileNetV3)
+@registry.declare_blocks("torchvision.models.mobilenetv3.MobileNetV3")
 def _mobilenet_v3_blocks(model: tv_mobilenetv3.MobileNetV3) -> list[str]:
     # features.0 (stem), features.1..11 (inverted residuals), features.12, classifier
     return _expanded(model, lambda name: name == "features")
@@ -237,7 +235,7 @@ def _mobilenet_v3_blocks(model: tv_mobilenetv3.MobileNetV3) -> list[str]:
 def densenet121(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Module:
     """DenseNet-121 (growth 32, blocks [6, 12, 24, 16]); Tensor[B, C, H, W] -> Tensor[B, K]."""
     channels, height, width = registry.image_shape(input_shape)
-    model: Any = tvm.densenet121(weights=None, num_classes=_classes(num_classes))
+    model = _torchvision_model("densenet121", num_classes)
     if min(height, width) < SMALL_IMAGE_SIZE:
         model.features.conv0 = _conv_like(
             model.features.conv0, in_channels=channels, kernel_size=3, stride=1, padding=1
@@ -248,7 +246,7 @@ def densenet121(*, input_shape: tuple[int, ...], num_classes: int = 10) -> nn.Mo
     return cast(nn.Module, model)
 
 
-@registry.declare_blocks(tv_densenet.DenseNet)
+@registry.declare_blocks("torchvision.models.densenet.DenseNet")
 def _densenet_blocks(model: tv_densenet.DenseNet) -> list[str]:
     # features.conv0, features.norm0, features.denseblock1.denselayer1, ..., features.transition1,
     # ..., features.norm5, classifier
@@ -259,6 +257,14 @@ def _densenet_blocks(model: tv_densenet.DenseNet) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------
 # helpers
+
+
+def _torchvision_model(name: str, num_classes: Any) -> Any:
+    """torchvision's builder `name`, without weights."""
+    import torchvision.models
+
+    builder = getattr(torchvision.models, name)
+    return builder(weights=None, num_classes=_classes(num_classes))
 
 
 def _classes(num_classes: Any) -> int:

@@ -155,7 +155,7 @@ class Search:
         self._next = max(self._next, index + 1)
         cut = recorded.pruned_at.epoch if recorded.pruned_at is not None else None
         for evaluation in recorded.evaluations:
-            if len(evaluation) != 2 or not all(_finite(x) for x in evaluation):
+            if len(evaluation) < 2 or not all(_finite(x) for x in evaluation[:2]):
                 continue
             epoch, value = int(evaluation[0]), float(evaluation[1])
             if epoch in self._epochs[index] or (cut is not None and epoch > cut):
@@ -169,7 +169,7 @@ class Search:
     def _told_state(self, index: int, recorded: api.sweep.Trial) -> None:
         metric = recorded.metric
         if recorded.state is api.sweep.TrialState.SUCCEEDED and metric is None:
-            values = [e[1] for e in recorded.evaluations if len(e) == 2 and _finite(e[1])]
+            values = [e[1] for e in recorded.evaluations if len(e) >= 2 and _finite(e[1])]
             metric = values[-1] if values else None
         self.tell(index, recorded.state, metric)
 

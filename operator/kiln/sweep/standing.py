@@ -75,7 +75,7 @@ def standing(spec: api.sweep.TrainingSweepSpec, history: Sequence[api.sweep.Tria
                         f"{summary}.", 0)
 
     waiting = any(t.state is state.RUNNING and any(_meets(e[1], objective)
-                                                   for e in t.evaluations if len(e) == 2)
+                                                   for e in t.evaluations if len(e) >= 2)
                   for t in history)
     to_start = 0
     if not exhausted and not waiting:
@@ -95,7 +95,7 @@ def _best(history: Sequence[api.sweep.Trial], maximize: bool) -> api.sweep.BestT
               if t.state is api.sweep.TrialState.SUCCEEDED and _finite(t.metric)]
     if not scored:
         scored = [(e[1], t) for t in history for e in t.evaluations
-                  if len(e) == 2 and _finite(e[1])]
+                  if len(e) >= 2 and _finite(e[1])]
     if not scored:
         return None
     sign = -1.0 if maximize else 1.0

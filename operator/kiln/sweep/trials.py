@@ -49,8 +49,11 @@ def trial_job(sweep: api.sweep.TrainingSweep, index: int, params: dict[str, Any]
     if sweep.metadata.namespace:
         metadata["namespace"] = sweep.metadata.namespace
     if sweep.metadata.uid:
+        # No blockOwnerDeletion: setting it needs update on trainingsweeps/finalizers where
+        # OwnerReferencesPermissionEnforcement is on, and garbage collection of the trials when
+        # the sweep is deleted works without it.
         metadata["ownerReferences"] = [{
             "apiVersion": api.API_VERSION, "kind": api.sweep.SWEEP_KIND, "name": sweep.name,
-            "uid": sweep.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+            "uid": sweep.metadata.uid, "controller": True,
         }]
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}

@@ -66,8 +66,11 @@ def test_a_warm_decision_from_upstream_is_applied_with_its_numbers(zoo: store.Di
     passed = warm.parse_decision(decided.model_dump_json())
     assert passed == decided
     done = warm.warm_start(job, models.build(job.spec.model), zoo, decided=passed)
+    # no probe: applied as decided, and the reason says the candidate went unguarded
     assert (done.parent, done.similarity, done.reason) == (
-        parent.id, decided.similarity, decided.reason)
+        parent.id, decided.similarity,
+        f"warm start from {parent.id} (no probe guard): {decided.reason}")
+    assert decided.reason.startswith(f"candidate parent {parent.id}: similarity")
     assert done.matched_tensors == decided.matched_tensors
     assert 0.0 < warm.untransferred_fraction(done) < 1.0
 
@@ -78,7 +81,8 @@ def test_without_a_decision_the_trainer_decides_with_the_same_function(
     parent = _register(zoo, _job(SMALL))
     job = _job(DEEPER)
     done = warm.warm_start(job, models.build(job.spec.model), zoo)
-    assert done.parent == parent.id and done.reason == decision.decide(job, zoo).reason
+    assert done.parent == parent.id and done.reason == (
+        f"warm start from {parent.id} (no probe guard): {decision.decide(job, zoo).reason}")
 
 
 @pytest.mark.parametrize("text", [

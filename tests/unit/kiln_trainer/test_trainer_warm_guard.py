@@ -1,5 +1,6 @@
-"""The warm-start probe guard: warm weights are kept only when they beat a cold start on a fixed
-training batch; else the decision's alternatives are tried in order, then the run starts cold."""
+"""The warm-start probe guard: warm weights are kept when they clearly beat a cold start at step
+0, or beat it after a few training steps side by side on the same batches; else the decision's
+alternatives are tried in order, then the run starts cold."""
 
 from __future__ import annotations
 
@@ -110,6 +111,40 @@ def test_the_guard_keeps_only_a_clearly_better_warm_start(
     assert warm.passes(warm_score, cold_score) is kept
 
 
+@pytest.mark.parametrize(("warm_loss", "cold_loss", "kept"), [
+    pytest.param(1.10, 1.30, True, id="ahead"),
+    pytest.param(1.30, 1.30, False, id="level"),
+    pytest.param(1.92, 1.85, False, id="behind"),
+    pytest.param(float("inf"), float("inf"), False, id="both-diverged"),
+    pytest.param(1.0, float("inf"), True, id="cold-diverged"),
+    pytest.param(float("nan"), 1.0, False, id="nan"),
+])
+def test_after_the_probe_steps_the_guard_keeps_a_warm_start_only_if_it_is_ahead(
+        warm_loss: float, cold_loss: float, kept: bool) -> None:
+    assert warm.trained_passes(warm_loss, cold_loss) is kept
+    said = warm.trained_comparison(warm_loss, cold_loss, 30)
+    assert said.startswith(f"after 30 steps warm loss {warm_loss:.3f} {'<' if kept else '≥'} "
+                           f"cold {cold_loss:.3f} (mean of the last 8 on the same batches)")
+
+
+def test_probe_steps_give_every_model_the_same_batches_and_draws_and_change_nothing() -> None:
+    job = _job("p")
+    torch.manual_seed(0)
+    inputs, targets = torch.randn(100, 1, 8, 8), torch.randint(0, 10, (100,))
+    probe = warm.Probe(inputs[:40], targets[:40], train_inputs=inputs, train_targets=targets)
+    assert torch.equal(probe.batch(1, 64)[0], inputs[torch.arange(64, 128) % 100])  # cycles
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 10))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    state = torch.get_rng_state()
+    first = warm.trained_loss(net, probe, job.spec.training, 12)
+    assert warm.trained_loss(net, probe, job.spec.training, 12) == first  # same batches, masks
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), state)
+    other = {k: v + 1 for k, v in before.items()}
+    assert warm.trained_loss(net, probe, job.spec.training, 12, start=other) != first
+    assert torch.equal(net.state_dict()["2.weight"], before["2.weight"])
+
+
 def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count() -> None:
     assert transform.transfer_quality(0.5, 2.0) == pytest.approx(0.75)
     assert transform.transfer_quality(3.0, 2.0) == 0.0
@@ -207,11 +242,13 @@ def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
     result = _run(job, tmp_path, tmp_path / "zoo", register=False)
     decided = result["warm_start_decision"]
     assert result["parent"] is None and decided["outcome"] == api.WarmStartOutcome.COLD_GUARD
-    assert decided["reason"].startswith(f"warm start from {bad} (similarity 1.00) rejected: "
-                                        "probe loss ")
+    assert decided["reason"].startswith(f"candidate {bad} (similarity 1.00) rejected by the "
+                                        "guard: after 10 steps warm loss ")
+    assert "; step-0 probe loss " in decided["reason"]
     assert " cold on 256 training samples" in decided["reason"]
-    assert f"(needs loss ≤ {warm.MAX_LOSS_RATIO:g} × cold" in decided["reason"]  # the rule
-    assert decided["reason"].endswith("; cold start")
+    assert decided["reason"].endswith("; cold start (guard)")
+    assert decided["guard_steps"] == 20  # the cold twin and the one parent, 10 steps each
+    assert decided["trained_probe_loss"] >= decided["cold_trained_probe_loss"]
     assert decided["cold_probe_loss"] is not None and (
         decided["probe_loss"] is None or decided["probe_loss"] > decided["cold_probe_loss"])
     # the guard leaves the cold initialisation exactly as a cold start would
@@ -230,7 +267,8 @@ def test_a_good_parent_passes_and_the_report_leads_with_the_probe(
     assert result["parent"] == good and decided["outcome"] == api.WarmStartOutcome.WARM
     assert decided["probe_loss"] < warm.MAX_LOSS_RATIO * decided["cold_probe_loss"]
     assert decided["probe_accuracy"] >= decided["cold_probe_accuracy"]
-    lead = (f"Warm start from {good} (similarity 1.00): probe loss "
+    assert decided["guard_steps"] == 0  # clearly better at step 0: no probe steps
+    lead = (f"Warm start from {good} (similarity 1.00): guard: step-0 probe loss "
             f"{decided['probe_loss']:.3f} vs {decided['cold_probe_loss']:.3f} cold on 256 "
             "training samples")
     infos = [json.loads(line)["message"] for line in out.getvalue().splitlines()
@@ -253,8 +291,11 @@ def test_alternatives_are_tried_in_order_when_the_first_parent_fails(
     done = warm.warm_start(job, model, zoo, decided=decided,
                            probe=warm.training_probe(splits.train, accuracy=True))
     assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
-    assert done.reason.startswith(f"warm start from {good} (similarity 1.00): probe loss")
-    assert f"; warm start from {bad} (similarity 1.00) rejected: probe loss" in done.reason
+    assert done.reason.startswith(f"warm start from {good} (similarity 1.00): guard: step-0 "
+                                  "probe loss")
+    assert (f"; candidate {bad} (similarity 1.00) rejected by the guard: after 10 steps warm "
+            "loss") in done.reason
+    assert done.guard_steps == 20
     parent_state = records.load_weights(zoo, records.read_record(zoo, good))
     assert all(torch.equal(v, parent_state[k]) for k, v in model.state_dict().items())
 
@@ -267,8 +308,10 @@ def test_a_cross_family_parent_transfers_with_lower_loss_or_is_refused_with_the_
     result = _run(job, tmp_path, zoo_dir, register=False)
     decided = result["warm_start_decision"]
     if decided["outcome"] == api.WarmStartOutcome.COLD_GUARD:
-        assert f"warm start from {resnet}" in decided["reason"]
-        assert "rejected: probe loss" in decided["reason"]
+        assert f"candidate {resnet}" in decided["reason"]
+        assert "rejected by the guard: " in decided["reason"]
+    elif decided["guard_steps"]:
+        assert decided["trained_probe_loss"] < decided["cold_trained_probe_loss"]
     else:
         assert decided["probe_loss"] < warm.MAX_LOSS_RATIO * decided["cold_probe_loss"]
 
@@ -291,5 +334,39 @@ def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
     done = ctx.warm_start(model, (inputs, targets), torch.nn.functional.cross_entropy)
     ctx.close()
     assert done.outcome == api.WarmStartOutcome.COLD_GUARD and done.parent is None
-    assert done.reason.startswith(f"warm start from {bad} (similarity 1.00) rejected: probe "
-                                  "loss") and "on 128 training samples" in done.reason
+    assert done.reason.startswith(f"candidate {bad} (similarity 1.00) rejected by the guard: "
+                                  "after 10 steps") and "on 128 training samples" in done.reason
+
+
+def test_a_new_stage_looks_no_better_at_step_0_but_is_kept_after_the_probe_steps(
+        trained_zoo: Path, tmp_path: Path) -> None:
+    """A fourth stage starts random: the step-0 probe refuses the parent, the probe steps keep
+    it, and the run starts from the transferred weights, not the probe-trained copy."""
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_resnet")
+    zoo = store.DirStore(zoo_dir)
+    (parent,) = [r.id for r in records.list_records(zoo)]
+    child = {"blocks": [1, 1, 1, 1], "width": 8}
+    verdicts = {}
+    for steps in (0, 10):
+        job = _job("child", "small_resnet", child, warmStart={"probeSteps": steps})
+        splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
+                           model=job.spec.model)
+        torch.manual_seed(job.spec.training.seed)
+        model = models.build(job.spec.model)
+        verdicts[steps] = warm.warm_start(
+            job, model, zoo, decided=decision.decide(job, zoo),
+            probe=warm.training_probe(splits.train, accuracy=True, train_samples=steps * 64))
+    step_zero, trained = verdicts[0], verdicts[10]
+    assert step_zero.outcome == api.WarmStartOutcome.COLD_GUARD and step_zero.guard_steps == 0
+    assert step_zero.probe_loss > warm.MAX_LOSS_RATIO * step_zero.cold_probe_loss  # premise
+    assert "rejected by the guard: step-0 probe loss" in step_zero.reason
+    assert trained.parent == parent and trained.outcome == api.WarmStartOutcome.WARM
+    assert trained.trained_probe_loss < trained.cold_trained_probe_loss  # type: ignore[operator]
+    assert trained.guard_steps == 20
+    assert trained.reason.startswith(f"warm start from {parent} (similarity 0.72): guard: after "
+                                     "10 steps warm loss")
+    torch.manual_seed(job.spec.training.seed)  # the same cold initialisation as above
+    transferred = decision.apply(trained, zoo, models.build(job.spec.model),
+                                 job.spec.model.input_shape, seed=job.spec.training.seed)
+    assert transferred.state_dict is not None
+    assert all(torch.equal(v, transferred.state_dict[k]) for k, v in model.state_dict().items())

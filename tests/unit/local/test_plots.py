@@ -134,7 +134,7 @@ def test_kiln_plot_finds_a_bare_job_name_in_kiln_runs(
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["plot", "--out", "x.png"], "give either RUN files"),
+    (["plot", "--out", "x.png"], "give one of RUN files"),
     (["plot", "missing.metrics.jsonl", "--out", "x.png"],
      "cannot read .kiln/runs/missing.metrics.jsonl"),
     (["plot", "run.json", "--out", "x.png"], "give --plan run.json"),

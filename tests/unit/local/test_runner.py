@@ -115,10 +115,10 @@ def test_the_job_lock_refuses_a_second_holder_naming_the_first_and_is_released_a
 ) -> None:
     lock = tmp_path / "job.lock"
     busy = rf"job job is already running \(pid {os.getpid()}\)"
-    with (runner._job_lock(lock, "job"), pytest.raises(runner.JobBusy, match=busy),
-          runner._job_lock(lock, "job")):
+    with (runner.lock(lock, "job"), pytest.raises(runner.JobBusy, match=busy),
+          runner.lock(lock, "job")):
         pass
-    with runner._job_lock(lock, "job"):  # released on exit
+    with runner.lock(lock, "job"):  # released on exit
         pass
 
 
@@ -129,7 +129,7 @@ def test_a_held_job_lock_stops_run_jobs_before_any_trainer_starts(
         raise AssertionError("no trainer may start")
 
     monkeypatch.setattr(subprocess, "Popen", no_trainer)
-    with runner._job_lock(tmp_path / "fake.lock", "fake"), pytest.raises(runner.JobBusy):
+    with runner.lock(tmp_path / "fake.lock", "fake"), pytest.raises(runner.JobBusy):
         runner.run_jobs([JOB], zoo_uri="zoo", work_dir=tmp_path, console=Console())
 
 

@@ -196,7 +196,7 @@ def test_every_lock_is_taken_before_any_trainer_starts(
     monkeypatch.setattr(subprocess, "Popen", no_trainer)
     the_plan = _plan(("a", 1, 0.0, 5.0), ("b", 1, 0.0, 5.0))
     devices = machine.Devices("cpu", 2, 1, None)
-    with runner._job_lock(tmp_path / "b.lock", "b"), pytest.raises(runner.JobBusy):
+    with runner.lock(tmp_path / "b.lock", "b"), pytest.raises(runner.JobBusy):
         runplan.run_planned([_job("a"), _job("b")], the_plan=the_plan, configs={},
                             devices=devices, zoo_uri="zoo", work_dir=tmp_path,
                             console=Console(file=io.StringIO()))

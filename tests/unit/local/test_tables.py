@@ -33,6 +33,18 @@ def test_a_job_without_a_target_says_so_instead_of_not_reached() -> None:
     assert "not reached" in _text(tables.results([runner.JobOutcome("a", "small_cnn", RESULT)]))
 
 
+def test_a_cold_run_says_whether_the_guard_refused_a_candidate_or_none_matched() -> None:
+    def cell(outcome: str | None) -> str:
+        result = {**RESULT, "warm_start_decision": {"outcome": outcome} if outcome else None}
+        return _text(tables.results([runner.JobOutcome("a", "small_cnn", result)]))
+    assert "cold (guard)" in cell("cold_guard")
+    assert "cold (no match)" in cell("cold_below_min_similarity")
+    assert "cold (no match)" in cell("cold_empty") and "cold (disabled)" in cell("disabled")
+    assert "cold start" not in cell("cold_guard") + cell("cold_empty")
+    warm = {**RESULT, "parent": "p-1", "similarity": 0.7}
+    assert "p-1 (0.70)" in _text(tables.results([runner.JobOutcome("a", "small_cnn", warm)]))
+
+
 def test_results_of_a_planned_run_show_config_and_planned_vs_actual() -> None:
     placed = runner.Placement("ddp", 2, (0, 1), "zoo", 0.0, 30.4, 1.2, 41.0)
     text = _text(tables.results([runner.JobOutcome("a", "small_cnn", RESULT, placed)]))

@@ -335,3 +335,27 @@ def test_a_parent_with_the_same_content_as_a_same_spec_model_counts_as_same_data
     assert decided.parent == moved.id  # the better of the two trained on this data
     assert "the same content, content:sha256:abababababab…" in decided.reason
     assert "2 of 3 were" in decided.reason
+
+
+def test_a_preferred_id_never_reaches_another_namespaces_private_model(
+        zoo: store.DirStore) -> None:
+    """spec.warmStart.preferred ranks the models the job may see; it opens no other."""
+    theirs, _ = _register(zoo, _job(*DEEPER), accuracy=0.99, seed=1)  # the closest match
+    theirs = _owned(zoo, theirs, "team-a", api.ZooShare.PRIVATE)
+    ours, _ = _register(zoo, _job(*SMALL), accuracy=0.80, seed=2)
+    ours = _owned(zoo, ours, "team-b", api.ZooShare.PRIVATE)
+    child = _in(_job(*DEEPER, preferred=[theirs.id, ours.id]), "team-b")
+    decided = decision.decide(child, zoo)
+    assert decided.parent == ours.id
+    assert theirs.id not in decided.reason and theirs.id not in decided.alternatives
+    # In team-a, the same list: its own model is visible, the best match and preferred first.
+    assert decision.decide(_in(child, "team-a"), zoo).parent == theirs.id
+
+
+def test_a_preferred_visible_model_near_the_best_match_is_chosen(zoo: store.DirStore) -> None:
+    best, _ = _register(zoo, _job(*SMALL), accuracy=0.99, seed=1)
+    sibling, _ = _register(zoo, _job(*SMALL), accuracy=0.50, seed=2)  # as similar, worse
+    assert decision.decide(_job(*DEEPER), zoo).parent == best.id
+    decided = decision.decide(_job(*DEEPER, preferred=[sibling.id]), zoo)
+    assert decided.parent == sibling.id
+    assert "listed in spec.warmStart.preferred" in decided.reason

@@ -189,7 +189,7 @@ def test_pinned_parent_reports_similarity_and_threshold() -> None:
     decision = select.pinned(_cand("pin-1", 0.12), modality="image", task="classification",
                              min_similarity=0.3)
     assert decision.parent == "pin-1" and decision.outcome is api.WarmStartOutcome.PINNED
-    assert decision.reason == ("warm start from pinned parent pin-1: similarity 0.12 (below "
+    assert decision.reason == ("candidate parent pin-1 (pinned): similarity 0.12 (below "
                                "minSimilarity 0.30, used because it is pinned)")
     assert select.finalize(decision, 1, 50).cold_start  # the 10% rule still applies
 
@@ -199,3 +199,39 @@ def test_pinned_parent_of_another_modality_is_flagged() -> None:
                              modality="image", task="classification", min_similarity=0.3)
     assert "it is a text language_modeling model, the job an image classification one" in (
         decision.reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.warmStart.preferred
+# ---------------------------------------------------------------------------------------------
+
+def _prefer(*candidates: select.Candidate, preferred: list[str]) -> api.WarmStartDecision:
+    return select.choose_parent(candidates, modality="image", task="classification",
+                                min_similarity=0.3, preferred=preferred)
+
+
+def test_a_preferred_model_within_005_of_the_best_match_wins() -> None:
+    cands = (_cand("stranger", 0.95, 0.99), _cand("trial-3", 0.91, 0.70),
+             _cand("trial-1", 0.90, 0.80), _cand("far", 0.50, 1.0))
+    assert _choose(*cands).parent == "stranger"  # the policy alone
+    decision = _prefer(*cands, preferred=["gone", "trial-3", "trial-1"])
+    assert decision.parent == "trial-3"  # the first preferred id present, not the better one
+    assert decision.similarity == 0.91 and decision.parent_metric == 0.70
+    assert decision.outcome is api.WarmStartOutcome.WARM
+    assert ("listed in spec.warmStart.preferred and within 0.05 of the best match stranger "
+            "(0.95), so chosen over stranger") in decision.reason
+    assert _prefer(*cands, preferred=["trial-1", "trial-3"]).parent == "trial-1"
+
+
+def test_a_preferred_model_further_than_005_from_the_best_match_does_not_win() -> None:
+    cands = (_cand("stranger", 0.96, 0.99), _cand("trial-0", 0.90, 0.99))
+    assert _prefer(*cands, preferred=["trial-0"]).parent == "stranger"
+    assert _prefer(*cands, preferred=["far", "unknown"]).parent == "stranger"
+
+
+def test_preference_never_lifts_a_model_the_policy_drops() -> None:
+    # Below minSimilarity, or of another task: preferred or not, it is no candidate.
+    low = (_cand("only", 0.32), _cand("trial-0", 0.29))
+    assert _prefer(*low, preferred=["trial-0"]).parent == "only"
+    text = _cand("trial-0", 0.95, task="language_modeling")
+    assert _prefer(_cand("img", 0.94), text, preferred=["trial-0"]).parent == "img"

@@ -1,0 +1,69 @@
+"""`kiln run` of a child with an added stage: its warm start looks no better than cold at step 0
+(the new stage starts random), and the trainer's guard keeps the parent only after training
+warm and cold side by side; the results table tells a guard's cold start from a missing match."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.zoo import records, store
+
+KILN = [sys.executable, "-m", "kiln.cli"]
+
+
+def _job(path: Path, name: str, blocks: list[int], register: bool = True,
+         **warm_start: Any) -> Path:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+           "spec": {
+               "model": {"architecture": "small_resnet",
+                         "args": {"blocks": blocks, "width": 8}, "inputShape": [1, 8, 8]},
+               "dataset": {"name": "digits", "maxSamples": 600},
+               "training": {"epochs": 2, "batchSize": 64,
+                            "optimizer": {"name": "adam", "lr": 0.01, "weightDecay": 0.0}},
+               "warmStart": warm_start, "freezing": {"enabled": False},
+               "zoo": {"register": register}}}
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def _kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("KILN_ZOO", None)
+    done = subprocess.run([*KILN, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_an_added_stage_is_kept_after_the_probe_steps_where_step_0_refused_it(
+        tmp_path: Path) -> None:
+    first = _kiln("run", str(_job(tmp_path / "p.yaml", "parent", [1, 1, 1])), "--zoo", "zoo",
+                  cwd=tmp_path)
+    assert "cold (no match)" in first.stdout  # an empty zoo: nothing to start from
+    (parent,) = [r.id for r in records.list_records(store.DirStore(tmp_path / "zoo"))]
+
+    child = _job(tmp_path / "c.yaml", "child", [1, 1, 1, 1])
+    query = _kiln("zoo", "query", str(child), "--zoo", "zoo", cwd=tmp_path)
+    assert f"Candidate parent {parent}: similarity" in query.stdout, query.stdout
+    assert "only if its guard accepts it" in query.stdout
+
+    # judged on step-0 loss alone, the parent is refused, and the table says by whom
+    alone = _kiln("run", str(_job(tmp_path / "c0.yaml", "step-zero", [1, 1, 1, 1],
+                                  register=False, probeSteps=0)), "--zoo", "zoo", cwd=tmp_path)
+    assert (f"Candidate {parent} (similarity 0.72) rejected by the guard: step-0 probe loss"
+            in alone.stdout), alone.stdout
+    assert "cold (guard)" in alone.stdout and "cold (no match)" not in alone.stdout
+
+    # trained side by side for the default 10 steps, the warm start is ahead and kept
+    done = _kiln("run", str(child), "--zoo", "zoo", cwd=tmp_path)
+    assert (f"Warm start from {parent} (similarity 0.72): guard: after 10 steps warm loss "
+            in done.stdout), done.stdout
+    assert "(mean of the last 2 on the same batches); step-0 probe loss" in done.stdout
+    saved = {r.job_name: r for r in records.list_records(store.DirStore(tmp_path / "zoo"))}
+    assert saved["child"].parent == parent
