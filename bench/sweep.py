@@ -3,7 +3,7 @@
 Writes bench/results/sweep.json and .png, sweep_quick.* with ``--quick``, or sweep_partial.* for
 some ``--searches`` or ``--seeds`` (method below the imports).
 
-    python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--slots 4]
+    python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--slots N]
 """
 
 from __future__ import annotations
@@ -73,8 +73,10 @@ class Search:
     trials: int
 
 
-def searches(*, quick: bool, fashion_root: Path) -> list[Search]:
-    epochs = 2 if quick else 6
+def searches(*, quick: bool, fashion_root: Path, trials: int | None = None,
+             epochs: int | None = None) -> list[Search]:
+    epochs = epochs or (2 if quick else 6)
+    trials = trials or (6 if quick else 32)
     fashion = Search(
         "fashion",
         {"model": {"architecture": "small_resnet", "args": {"blocks": 1, "width": 16},
@@ -90,7 +92,7 @@ def searches(*, quick: bool, fashion_root: Path) -> list[Search]:
          {"path": "training.optimizer.lr", "float": {"min": 3e-4, "max": 3e-2, "log": True}},
          {"path": "training.optimizer.weightDecay",
           "float": {"min": 1e-6, "max": 1e-2, "log": True}}],
-        "validation_accuracy", 6 if quick else 32)
+        "validation_accuracy", trials)
     text = Search(
         "text",
         {"model": {"architecture": "char_transformer", "args": {"depth": 2, "width": 64,
@@ -104,7 +106,7 @@ def searches(*, quick: bool, fashion_root: Path) -> list[Search]:
         [{"path": "model.args.depth", "int": {"min": 1, "max": 3}},
          {"path": "model.args.width", "categorical": [32, 64, 96]},
          {"path": "training.optimizer.lr", "float": {"min": 3e-4, "max": 1e-2, "log": True}}],
-        "validation_loss", 6 if quick else 32)
+        "validation_loss", trials)
     return [fashion, text]
 
 
@@ -288,16 +290,23 @@ def main() -> None:
     parser = common.arguments(__doc__, "small smoke run: 6 trials of 2 epochs, one seed")
     parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
     parser.add_argument("--searches", default=None, help="comma-separated: fashion,text")
-    parser.add_argument("--slots", type=int, default=4, help="parallel trials (default 4)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="trials per sweep (default 32; quick 6): fewer is a partial run")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per trial (default 6; quick 2): fewer is a partial run")
+    parser.add_argument("--slots", type=int, default=min(4, os.cpu_count() or 1),
+                        help="parallel trials (default 4, at most the CPU cores: `kiln sweep "
+                             "run` gives each CPU trial a core)")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="Fashion-MNIST root (prepared with npm when absent)")
     args = parser.parse_args()
     quick = args.quick
-    name = NAME + ("_quick" if quick else "") + ("_partial" if args.searches or args.seeds
-                                                 else "")
+    partial = bool(args.searches or args.seeds or args.trials or args.epochs)
+    name = NAME + ("_quick" if quick else "") + ("_partial" if partial else "")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if quick
                                                                        else [0, 1, 2])
-    chosen = searches(quick=quick, fashion_root=args.fashion_root)
+    chosen = searches(quick=quick, fashion_root=args.fashion_root, trials=args.trials,
+                      epochs=args.epochs)
     if args.searches:
         chosen = [s for s in chosen if s.label in args.searches.split(",")]
     if any(s.label == "fashion" for s in chosen):
@@ -320,6 +329,7 @@ def main() -> None:
     summary.update({"quick": quick, "seeds": seeds, "slots": args.slots,
                     "searches": [s.label for s in chosen],
                     "trials": {s.label: s.trials for s in chosen},
+                    "epochs": chosen[0].template["training"]["epochs"] if chosen else None,
                     "bench_seconds": round(time.perf_counter() - began, 1),
                     "load_average_before_after": [round(load_before[0], 2),
                                                   round(os.getloadavg()[0], 2)]})

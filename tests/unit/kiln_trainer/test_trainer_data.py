@@ -69,6 +69,20 @@ def test_digits_at_native_size_are_the_bundled_pixels_standardised() -> None:
     assert torch.allclose(splits.validation[0][0][0], (pixels[val_idx[0]] - mean) / std, atol=1e-5)
 
 
+def test_digits_are_scikit_learns_arrays_with_their_fingerprint() -> None:
+    from sklearn import datasets as sk_datasets
+
+    from kiln_trainer import fingerprint
+
+    bunch = sk_datasets.load_digits()
+    pixels, labels = data.digits_arrays()
+    assert (pixels.dtype, labels.dtype) == (bunch.images.dtype, bunch.target.dtype)
+    assert np.array_equal(pixels, bunch.images) and np.array_equal(labels, bunch.target)
+    # the zoo matches datasets by this value: it stays what scikit-learn's arrays give
+    splits = data.load(_spec(name="digits"), input_shape=[1, 8, 8], seed=0)
+    assert splits.fingerprint == fingerprint.of_arrays(bunch.images, bunch.target)
+
+
 def test_split_is_deterministic_by_seed_and_disjoint() -> None:
     spec = _spec(name="digits", validationFraction=0.25)
     train_a, val_a = data.split_indices(1797, spec=spec, seed=7)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln import models
+from kiln.models import registry
 
 NUM_CLASSES = 7  # not the default 10, so the tests see that num_classes is honoured
 SEQUENCE_LENGTH = 16
@@ -25,6 +26,7 @@ IMAGE_CASES = [
 ]
 TEXT_MODELS = [n for n in models.list_models() if models.get_info(n).modality == "text"]
 SMALL_FAMILIES = ["small_cnn", "small_resnet", "vit", "char_transformer"]
+TORCHVISION_FAMILIES = {"resnet", "vgg", "mobilenet_v2", "mobilenet_v3", "densenet"}
 # Training steps of the big torchvision models cost seconds each on 2 cores; these cover every
 # kind of adapted stem (resnet conv1 + no maxpool, vgg pools, mobilenet stride) cheaply.
 TRAINED_IMAGE_MODELS = [
@@ -172,6 +174,15 @@ def test_natural_blocks_own_every_parameter_once_in_forward_order_head_last(name
     head = model.get_submodule(blocks[-1])
     outputs = NUM_CLASSES if name in IMAGE_MODELS else 256
     assert any(isinstance(m, nn.Linear) and m.out_features == outputs for m in head.modules())
+
+
+@pytest.mark.parametrize("name", [n for n in models.list_models()
+                                  if models.get_info(n).family in TORCHVISION_FAMILIES])
+def test_a_torchvision_model_has_its_family_s_blocks_not_the_fallback(name: str) -> None:
+    # The families declare torchvision's classes by name; a wrong name would fall back silently.
+    with torch.device("meta"):
+        model = models.get_model(name, input_shape=(3, 32, 32))
+    assert models.natural_blocks(model) != registry.layer_stack_blocks(model)
 
 
 def test_natural_blocks_of_an_unregistered_model_are_its_children_with_parameters() -> None:

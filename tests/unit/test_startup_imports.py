@@ -1,0 +1,41 @@
+"""Processes that start often (the operator, `kiln validate` and `kiln run`, a digits trainer)
+leave out libraries they need only sometimes, each about a second of CPU per process:
+torchvision (its import imports torch's compiler) and scikit-learn (it imports SciPy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.process
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_the_operator_and_the_cli_import_no_torchvision() -> None:
+    loaded = _modules_after("import kiln.controller.main, kiln.cli, kiln.models")
+    assert "torchvision" not in loaded
+
+
+def test_a_torchvision_architecture_imports_torchvision_when_built() -> None:
+    loaded = _modules_after(
+        "import torch\nfrom kiln import models\n"
+        "with torch.device('meta'): models.get_model('resnet18', input_shape=(3, 32, 32))")
+    assert "torchvision" in loaded
+
+
+def test_digits_load_without_scikit_learn() -> None:
+    loaded = _modules_after(
+        "from kiln import api\nfrom kiln_trainer import data\n"
+        "data.load(api.DatasetSpec.model_validate({'name': 'digits'}), input_shape=[1, 8, 8],"
+        " seed=0)")
+    assert "sklearn" not in loaded
