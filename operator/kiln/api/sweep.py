@@ -13,7 +13,7 @@ import json
 import math
 import typing
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -42,6 +42,14 @@ MAX_CATEGORIES = 64
 # A grid search lists every combination (Optuna's GridSampler does), so it is bounded even when
 # maxTrials runs only a part of it.
 MAX_GRID_POINTS = 100_000
+# status.history holds every trial's values and an evaluation per epoch; etcd stores an object
+# of at most 1.5 MiB, the spec (at most about 100 KiB), metadata and conditions included. A
+# sweep whose history could outgrow this is refused (each part's bytes as compact JSON, at most).
+MAX_HISTORY_BYTES = 1152 * 1024
+TRIAL_BYTES = 1024  # a trial's name, state, metric, zoo ids, prunedAt and a capped message
+EVALUATION_BYTES = 40  # [epoch, value, seconds]
+TRIAL_MESSAGE_MAX_BYTES = 256  # a failed trial's message as the history keeps it
+MAX_VALUE_CHARS = 256  # a categorical string value
 # Trials are named <sweep>-t<index>; the sweep's name leaves room for "-t199" in 63 characters.
 SWEEP_NAME_MAX_LENGTH = names.NAME_MAX_LENGTH - len(f"-t{MAX_TRIALS - 1}")
 # Paths below these spec fields are free-form (builder and dataset keyword arguments).
@@ -52,7 +60,7 @@ Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
 
 
 class Algorithm(enum.StrEnum):
-    GRID = "grid"  # every combination, in order
+    GRID = "grid"  # every combination once, in an order drawn from the seed
     RANDOM = "random"  # independent uniform (or log-uniform) draws
     TPE = "tpe"  # tree-structured Parzen estimator: draws near the good trials so far
 
@@ -237,12 +245,12 @@ class PrunedAt(names.ApiModel):
 
 
 class Trial(names.ApiModel):
-    index: StrictInt = Field(description="index: 0-based order of creation.")
+    index: StrictInt = Field(ge=0, description="index: 0-based order of creation.")
     name: StrictStr = Field(description="name: its TrainingJob.")
     params: dict[str, Any] = Field(default_factory=dict,
                                    description="params: path -> value for this trial.")
     state: TrialState = Field(description="state: Running, Succeeded, Pruned or Failed.")
-    evaluations: list[list[float]] = Field(
+    evaluations: list[Annotated[list[float], Field(min_length=2, max_length=3)]] = Field(
         default_factory=list,
         description="evaluations: [epoch, objective, seconds since the sweep started] at each "
         "evaluation so far.")
@@ -394,6 +402,9 @@ def problems(sweep: TrainingSweep) -> list[str]:
                    f"(<name>-t<index>) stay within {names.NAME_MAX_LENGTH}")
     template = validation.to_wire(spec.template)
     out += [f"spec.template.{p.removeprefix('spec.')}" for p in _job_problems(sweep, template)]
+    if spec.template.run_policy.suspend:
+        out.append("spec.template.runPolicy.suspend: trials would be created suspended and "
+                   "never run; leave it false (the sweep suspends a trial to prune it)")
     seen: set[str] = set()
     for i, param in enumerate(spec.parameters):
         at = f"spec.parameters[{i}]"
@@ -403,6 +414,7 @@ def problems(sweep: TrainingSweep) -> list[str]:
         out += _parameter_problems(sweep, template, param, at)
     out += _algorithm_problems(spec)
     out += _objective_problems(spec)
+    out += _history_problems(spec)
     epochs = spec.template.training.epochs
     stopping = spec.early_stopping
     if stopping.name is not EarlyStoppingName.NONE and stopping.min_epochs >= epochs:
@@ -441,9 +453,15 @@ def _parameter_problems(sweep: TrainingSweep, template: dict[str, Any], param: P
         elif f.log and f.min <= 0:
             out.append(f"{at}.float.log: a log scale needs min above 0 (got {f.min})")
     if param.categorical is not None:
-        keys = [json.dumps(v) for v in param.categorical]
+        # 1 and 1.0 are one value: JSON (and a status read back) may give either for both.
+        keys = [json.dumps(float(v) if type(v) is int else v) for v in param.categorical]
         if len(set(keys)) != len(keys):
-            out.append(f"{at}.categorical: a value is listed twice")
+            out.append(f"{at}.categorical: a value is listed twice (1 and 1.0 are the same "
+                       "number)")
+        long = [v for v in param.categorical if isinstance(v, str) and len(v) > MAX_VALUE_CHARS]
+        if long:
+            out.append(f"{at}.categorical: a string value has at most {MAX_VALUE_CHARS} "
+                       f"characters (got {len(long[0])}); keep long settings in the template")
     if out:
         return out
     # Every trial is a TrainingJob: each value (each end of a range) must make a valid one.
@@ -483,6 +501,9 @@ def path_problem_of(path: str) -> str | None:
         here = ".".join(walked)
         if here == "template":
             return "spec.template (the pod template) cannot be searched; set it in the template"
+        if here == "runPolicy.suspend":
+            return ("runPolicy.suspend cannot be searched: the sweep suspends a trial to stop "
+                    "it (a suspended trial holds its place among parallelTrials)")
         nested = bounds.model_types(field.annotation)
         if here in FREE_FORM_PATHS:
             if i == len(parts) - 1:
@@ -551,12 +572,40 @@ def _objective_problems(spec: TrainingSweepSpec) -> list[str]:
                    f"the search prefer worse models; use "
                    f"{'maximize' if accuracy else 'minimize'}")
     target = objective.target
-    if target is not None:
+    if target is not None and not math.isfinite(target):
+        out.append(f"spec.objective.target: must be a finite number (got {target})")
+    elif target is not None:
         if accuracy and not 0 < target <= 1:
             out.append(f"spec.objective.target: an accuracy is in (0, 1] (got {target})")
         if not accuracy and not target > 0:
             out.append(f"spec.objective.target: a loss target is above 0 (got {target})")
     return out
+
+
+def _history_problems(spec: TrainingSweepSpec) -> list[str]:
+    """Whether every trial's history fits the sweep's status (`MAX_HISTORY_BYTES`)."""
+    epochs = spec.template.training.epochs
+    values = 0
+    for p in spec.parameters:
+        if p.path == "training.epochs":
+            epochs = max([epochs, *(v for v in probe_values(p) if type(v) is int)])
+        if p.float_range is not None:
+            widest = 24  # repr of a float
+        elif p.int_range is not None:
+            widest = max(len(str(p.int_range.min)), len(str(p.int_range.max)))
+        else:
+            widest = max(len(json.dumps(v)) for v in p.categorical or [""])
+        values += len(p.path) + widest + 4  # "path":value,
+    per_trial = TRIAL_BYTES + values + epochs * EVALUATION_BYTES
+    budget = spec.trial_budget
+    if budget * per_trial <= MAX_HISTORY_BYTES:
+        return []
+    fit = MAX_HISTORY_BYTES // per_trial
+    return [(f"spec.maxTrials: {budget} trials of up to {epochs} epochs would record about "
+             f"{budget * per_trial // 1024} KiB in the sweep's status (each trial's values and "
+             f"an evaluation per epoch), above the {MAX_HISTORY_BYTES // 1024} KiB it may hold; "
+             + (f"run at most {fit} trials of {epochs} epochs, or fewer epochs" if fit
+                else "train fewer epochs per trial"))]
 
 
 def all_grid_points(parameters: list[Parameter]) -> list[dict[str, Any]]:

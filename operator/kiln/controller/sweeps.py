@@ -33,6 +33,7 @@ JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 HANDLER = "sweeps"  # the handler label of its errors (kiln_reconcile_errors_total)
 RESYNC_SECONDS = 5.0
 ACCEPTED = "Accepted"
+HISTORY_CONFLICT = "HistoryConflict"  # the recorded trials do not fit the sweep's spec now
 _log = logging.getLogger(__name__)
 
 
@@ -132,19 +133,26 @@ async def _reconcile(deps: lifecycle.Deps, ref: jobs.JobRef) -> None:
                                     label_selector=f"{S.SWEEP_LABEL}={ref.name}")
     owned = trials.owned(uid, ref.name, listed)
     history = trials.history_of(old)
-    known = {t.index for t in history}
-    adopted = [S.Trial(index=i, name=job["metadata"]["name"], params=trials.params_of(job),
-                       state=S.TrialState.RUNNING) for i, job in owned.items() if i not in known]
-    if adopted:  # a job of the sweep that status lacks: the search must include it
-        history = sorted(history + adopted, key=lambda t: t.index)
-        deps.caches.sweep_searches.pop(uid, None)
     new = dict(old)
     plan = _Plan()
     now = deps.clock()
     parsed: S.TrainingSweep | None = None
+    problems: list[str] = []
     if not ended:  # an ended sweep: only its pruned trials' stops are made sure of, below
         parsed, problems = await _validate(
             body, checked=trials.is_true(old, S.SweepConditionType.CREATED))
+    known = {t.index for t in history}
+    # A job of the sweep that status lacks: the search must include it, if its annotation
+    # gives values of the sweep's parameters (a copied or hand-made job may not). One that
+    # does not is left alone, its index never reused.
+    adopted = [S.Trial(index=i, name=job["metadata"]["name"], params=trials.params_of(job),
+                       state=S.TrialState.RUNNING) for i, job in owned.items() if i not in known]
+    if parsed is not None:
+        adopted = [t for t in adopted if sweep.misfit_of(parsed.spec, t.params) is None]
+    if adopted:
+        history = sorted(history + adopted, key=lambda t: t.index)
+        deps.caches.sweep_searches.pop(uid, None)
+    if not ended:
         if parsed is None or problems:
             _invalid(new, history, owned, plan, problems, now=now)
         else:
@@ -201,14 +209,23 @@ def _invalid(new: dict[str, Any], history: list[S.Trial], owned: Mapping[int, An
     message = ("Invalid TrainingSweep: " + "; ".join(problems)
                + ". Fix the spec and create the sweep again.")
     reason = api.Reason.INVALID_SPEC.value
-    _stop_running(history, owned, plan, "InvalidSpec")
     trials.set_condition(new, S.SweepConditionType.CREATED, False, reason, message, now=now)
+    _fail(new, history, owned, plan, reason, message, now=now)
+
+
+def _fail(new: dict[str, Any], history: list[S.Trial], owned: Mapping[int, Any], plan: _Plan,
+          reason: str, message: str, *, now: float) -> None:
+    """Phase Failed for `reason` (and a Warning event); the trials still running stop."""
+    _stop_running(history, owned, plan, reason)
     trials.set_condition(new, S.SweepConditionType.RUNNING, False, reason, message, now=now)
     trials.set_condition(new, S.SweepConditionType.FAILED, True, reason, message, now=now)
     new["phase"] = S.SweepPhase.FAILED.value
     new["completionTime"] = status.rfc3339(now)
     if history:
         new["history"] = [api.to_wire(t) for t in history]
+        states = [t.state for t in history]
+        new["trials"] = api.to_wire(S.TrialCounts(
+            total=len(states), **{s.value.lower(): states.count(s) for s in S.TrialState}))
     plan.events.append(("Warning", reason, message))
 
 
@@ -229,7 +246,16 @@ async def _advance(deps: lifecycle.Deps, parsed: S.TrainingSweep, new: dict[str,
     objective = spec.objective
     search = deps.caches.sweep_searches.get(uid)
     if search is None:
-        search = deps.caches.sweep_searches[uid] = sweep.Search(spec, history)
+        try:
+            search = sweep.Search(spec, history)
+        except ValueError as exc:
+            # The recorded trials do not fit the spec (its parameters were edited, or the
+            # history was): no later reconcile can rebuild the search, so the sweep ends.
+            _fail(new, history, owned, plan, HISTORY_CONFLICT, (
+                f"The search cannot be rebuilt from status.history: {exc}. Create the sweep "
+                "again under a new name (its trials' zoo records stay)."), now=now)
+            return
+        deps.caches.sweep_searches[uid] = search
     zoo_ids = {record.id for record in deps.parents.records()}
     for i, trial in enumerate(history):
         job = owned.get(trial.index)
@@ -261,14 +287,15 @@ async def _advance(deps: lifecycle.Deps, parsed: S.TrainingSweep, new: dict[str,
         if reading.state is not S.TrialState.RUNNING:
             metric = reading.metric if reading.metric is not None else trial.metric
             history[i] = trial.model_copy(update={
-                "state": reading.state, "metric": metric, "message": reading.message})
+                "state": reading.state, "metric": metric,
+                "message": status.cap(reading.message, S.TRIAL_MESSAGE_MAX_BYTES)})
             search.tell(trial.index, reading.state, metric)
     standing = sweep.standing(spec, history, exhausted=search.exhausted)
     for _ in range(0 if standing.ended else standing.to_start):
         params = search.ask()
         if params is None:
             break
-        index = trials.next_index(history)
+        index = max(trials.next_index(history), max(owned, default=-1) + 1)
         history.append(S.Trial(index=index, name=S.trial_name(parsed.name, index),
                                params=params, state=S.TrialState.RUNNING))
     standing = sweep.standing(spec, history, exhausted=search.exhausted)
@@ -286,9 +313,17 @@ async def _advance(deps: lifecycle.Deps, parsed: S.TrainingSweep, new: dict[str,
 
 async def _claim(deps: lifecycle.Deps, parsed: S.TrainingSweep, trial: S.Trial,
                  history: list[S.Trial], search: sweep.Search) -> None:
-    """A trial about to be created whose name another job holds fails, saying so."""
+    """A trial about to be created whose name another job holds fails, saying so; its own
+    job, unlisted because its labels were edited, gets them back (and is read once listed)."""
     existing = await deps.client.get(kube.Paths.job(parsed.namespace, trial.name))
-    if existing is None or trials.owner_uid(existing) == parsed.metadata.uid:
+    if existing is None:
+        return
+    if trials.owner_uid(existing) == parsed.metadata.uid:
+        labels = {S.SWEEP_LABEL: parsed.name, S.TRIAL_LABEL: str(trial.index)}
+        have = (existing.get("metadata") or {}).get("labels") or {}
+        if any(have.get(k) != v for k, v in labels.items()):
+            await deps.client.merge_patch(kube.Paths.job(parsed.namespace, trial.name),
+                                          {"metadata": {"labels": labels}})
         return
     message = (f"TrainingJob {trial.name} already exists and is not this sweep's trial; the "
                "trial could not start (delete or rename that job).")

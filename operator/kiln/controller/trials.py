@@ -172,6 +172,7 @@ def preferred(history: Iterable[S.Trial], *, maximize: bool) -> list[str]:
 def stopped(trial: S.Trial, why: str) -> S.Trial:
     """A running trial stopped because the sweep ended (`why`), recorded as pruned."""
     last = trial.evaluations[-1] if trial.evaluations else None
+    why = status.cap(why, S.TRIAL_MESSAGE_MAX_BYTES // 2)  # twice in every stopped trial
     pruned_at = S.PrunedAt(epoch=int(last[0]), value=float(last[1]),
                            against=f"the sweep ended: {why}") if last else None
     return trial.model_copy(update={"state": S.TrialState.PRUNED, "pruned_at": pruned_at,

@@ -91,7 +91,12 @@ def resumed(given: _Sweep, path: Path) -> _Sweep:
     if not path.exists():
         meta = given.metadata.model_copy(update={"uid": given.metadata.uid or str(uuid.uuid4())})
         return given.model_copy(update={"metadata": meta, "status": None})
-    stored = read_sweep(path)
+    over = "; delete that file to start the sweep over (its trials' zoo records stay)"
+    try:
+        stored = read_sweep(path)
+    except api.InvalidSpec as exc:
+        raise SweepError(f"sweep {given.name}: its recorded state {path} cannot be read ("
+                         + "; ".join(exc.problems) + ")" + over) from None
     was, now = api.to_wire(stored.spec), api.to_wire(given.spec)
     changed = sorted(k for k in was.keys() | now.keys()
                      if k not in RESUMABLE_CHANGES and was.get(k) != now.get(k))
@@ -101,6 +106,15 @@ def resumed(given: _Sweep, path: Path) -> _Sweep:
             f"in {path}, whose trials ran with them; give the sweep a new metadata.name, or "
             "delete that file to start over (only maxTrials, parallelTrials and "
             "maxFailedTrials may change between runs)")
+    from kiln import sweep
+
+    # The driver keeps trial i at history[i]: a state edited by hand may not.
+    for i, trial in enumerate(stored.status.history if stored.status else []):
+        misfit = sweep.misfit_of(given.spec, trial.params)
+        if (trial.index, trial.name) != (i, api.sweep.trial_name(given.name, i)) or misfit:
+            raise SweepError(
+                f"sweep {given.name}: {path}: status.history[{i}] is not trial {i} of this "
+                f"sweep (" + (misfit or f"index {trial.index}, name {trial.name}") + ")" + over)
     return given.model_copy(update={"metadata": stored.metadata, "status": stored.status})
 
 

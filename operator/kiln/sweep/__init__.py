@@ -7,8 +7,8 @@ operator) use only these names; neither imports Optuna.
 
 from __future__ import annotations
 
-from kiln.sweep.search import Search, Verdict
+from kiln.sweep.search import Search, Verdict, misfit_of
 from kiln.sweep.standing import Standing, standing
 from kiln.sweep.trials import trial_job
 
-__all__ = ["Search", "Standing", "Verdict", "standing", "trial_job"]
+__all__ = ["Search", "Standing", "Verdict", "misfit_of", "standing", "trial_job"]

@@ -191,21 +191,10 @@ class Search:
     def _recorded(self, recorded: api.sweep.Trial) -> dict[str, Any]:
         """The recorded trial's values as Optuna parameters, checked against the spec."""
         where = f"trial {recorded.index} ({recorded.name})"
-        paths = [p.path for p in self._spec.parameters]
-        if set(recorded.params) != set(paths):
-            raise ValueError(f"{where}: recorded values for {sorted(recorded.params)} but the "
-                             f"sweep's parameters are {sorted(paths)}; the parameters changed "
-                             "after the sweep began (recreate the sweep to change them)")
-        fixed: dict[str, Any] = {}
-        for p in self._spec.parameters:
-            value = recorded.params[p.path]
-            internal = _internal(p, value)
-            if internal is None:
-                raise ValueError(f"{where}: recorded {p.path}={value!r} is not among the "
-                                 "parameter's values now; the parameters changed after the "
-                                 "sweep began (recreate the sweep to change them)")
-            fixed[p.path] = internal
-        return fixed
+        misfit = misfit_of(self._spec, recorded.params)
+        if misfit:
+            raise ValueError(f"{where}: {misfit}")
+        return {p.path: _internal(p, recorded.params[p.path]) for p in self._spec.parameters}
 
     # ------------------------------------------------------------------ helpers
 
@@ -271,6 +260,21 @@ class Search:
         median = statistics.median(v for v in finished if _finite(v))
         return (f"median {median:.4g} at epoch {step} of {len(finished)} finished trials; "
                 f"its best so far {best:.4g}")
+
+
+def misfit_of(spec: api.sweep.TrainingSweepSpec, params: Mapping[str, Any]) -> str | None:
+    """Why `params` (a trial's recorded values) cannot be a trial of `spec` now, or None."""
+    paths = [p.path for p in spec.parameters]
+    if set(params) != set(paths):
+        return (f"recorded values for {sorted(params)} but the sweep's parameters are "
+                f"{sorted(paths)}; the parameters changed after the sweep began (recreate the "
+                "sweep to change them)")
+    for p in spec.parameters:
+        if _internal(p, params[p.path]) is None:
+            return (f"recorded {p.path}={params[p.path]!r} is not among the parameter's values "
+                    "now; the parameters changed after the sweep began (recreate the sweep to "
+                    "change them)")
+    return None
 
 
 class _Grid(optuna.samplers.GridSampler):

@@ -90,6 +90,39 @@ def test_a_rerun_that_changes_the_search_is_refused_naming_the_fields(tmp_path: 
     assert "new metadata.name" in message and "delete that file" in message
 
 
+def test_a_damaged_or_hand_edited_state_is_refused_naming_the_file_and_the_fix(
+        tmp_path: Path) -> None:
+    state = local_sweep.state_path(tmp_path, "search")
+    state.write_text('{"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingSw', encoding="utf-8")
+    given = api.sweep.parse_sweep(_doc())
+    with pytest.raises(local_sweep.SweepError) as caught:
+        local_sweep.resumed(given, state)
+    assert f"sweep search: its recorded state {state} cannot be read" in str(caught.value)
+    assert "delete that file to start the sweep over" in str(caught.value)
+    params = {"training.optimizer.lr": 0.01, "model.args.width": 8}
+    for history, why in (
+            ([_Trial(index=1, name="search-t1", state=_State.RUNNING, params=params)],
+             "index 1, name search-t1"),
+            ([_Trial(index=0, name="search-t0", state=_State.RUNNING,
+                     params={**params, "model.args.width": 64})],
+             "recorded model.args.width=64 is not among the parameter's values")):
+        local_sweep.write_state(state, given.model_copy(update={
+            "status": api.sweep.TrainingSweepStatus(history=history)}))
+        with pytest.raises(local_sweep.SweepError) as caught:
+            local_sweep.resumed(given, state)
+        assert "status.history[0] is not trial 0 of this sweep" in str(caught.value)
+        assert why in str(caught.value) and "delete that file" in str(caught.value)
+
+
+def test_a_trials_evaluation_without_an_epoch_and_a_value_is_refused_by_name() -> None:
+    doc = {**CLUSTER_SWEEP, "status": {"history": [
+        {"index": 0, "name": "search-t0", "state": "Running", "evaluations": [[], [1]]}]}}
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.sweep.parse_sweep(doc)
+    assert [p.split(":")[0] for p in caught.value.problems] == [
+        "status.history[0].evaluations[0]", "status.history[0].evaluations[1]"]
+
+
 def test_conditions_keep_their_transition_time_while_their_status_holds() -> None:
     counts = api.sweep.TrialCounts(total=1, running=1)
     running = sweep.Standing(counts, None, api.sweep.SweepPhase.RUNNING, "TrialsRunning",
