@@ -174,6 +174,22 @@ def test_asha_prunes_a_trial_behind_the_rung_and_says_against_what() -> None:
     assert driver.report(1, 4, 0.99) is None  # already stopped: later reports are ignored
 
 
+def test_a_trials_last_epoch_is_never_pruned_since_it_ends_there_anyway() -> None:
+    # Rung 1 falls at epoch 3, a 3-epoch trial's last: being behind there stops nothing.
+    spec = _spec(GRID, earlyStopping={"name": "asha", "minEpochs": 1, "reductionFactor": 3},
+                 algorithm={"name": "grid"})
+    spec = spec.model_copy(update={"template": spec.template.model_copy(update={
+        "training": spec.template.training.model_copy(update={"epochs": 3})})})
+    driver = Driver(spec)
+    for _ in range(3):
+        driver.ask()
+    for index, value in enumerate((0.90, 0.95, 0.97)):
+        assert driver.report(index, 1, value) is None
+    assert driver.report(0, 3, 0.96) is None
+    assert driver.report(2, 3, 0.98) is None
+    assert driver.report(1, 3, 0.50) is None  # behind both, but at its last epoch
+
+
 def test_asha_minimising_a_loss_cuts_from_below() -> None:
     spec = _spec(GRID, objective={"metric": "validation_loss"},
                  earlyStopping={"name": "asha", "minEpochs": 2, "reductionFactor": 2})

@@ -102,7 +102,7 @@ def resumed(given: _Sweep, path: Path) -> _Sweep:
                      if k not in RESUMABLE_CHANGES and was.get(k) != now.get(k))
     if changed:
         raise SweepError(
-            f"sweep {given.name}: spec.{', spec.'.join(changed)} differ from the sweep recorded "
+            f"sweep {given.name}: spec.{', spec.'.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the sweep recorded "
             f"in {path}, whose trials ran with them; give the sweep a new metadata.name, or "
             "delete that file to start over (only maxTrials, parallelTrials and "
             "maxFailedTrials may change between runs)")
@@ -313,6 +313,9 @@ class SweepRun:
         with runner.lock(self.work_dir / f"{self.sweep.name}.sweep.lock", self.sweep.name,
                          kind="sweep"):
             pending = [t.index for t in self.history if t.state is _State.RUNNING]
+            if self.history and not pending and self.update().phase in _ENDED:
+                self.say(f"sweep {self.sweep.name} had already ended; raise spec.maxTrials to "
+                         "search further, or give it a new metadata.name to start over")
             began = time.monotonic()
             with self._display():
                 try:
@@ -463,6 +466,10 @@ class SweepRun:
 
         doc = sweep.trial_job(self.sweep, index, self.trial(index).params,
                               preferred=self.preferred())
+        if self.sweep.metadata.uid:
+            # Checkpoints are keyed by a job's uid: a trial of a sweep started over under the
+            # same name never resumes the old sweep's trial of that index.
+            doc["metadata"]["uid"] = f"{self.sweep.metadata.uid}-t{index}"
         job = api.parse_job(doc, source=f"trial {index}")
         problems = models.check_job(job)
         if problems:

@@ -114,7 +114,10 @@ class Search:
             return None
         self._epochs[index].add(epoch)
         trial.report(float(value), epoch)
-        if not trial.should_prune():
+        # The last epoch's evaluation ends the trial anyway: nothing is left to save.
+        budget = self._values(trial.params).get("training.epochs",
+                                                self._spec.template.training.epochs)
+        if epoch >= int(budget) or not trial.should_prune():
             return None
         self._stopped.add(index)
         return Verdict(epoch=epoch, value=float(value), against=self._against(trial))
