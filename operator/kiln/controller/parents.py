@@ -333,6 +333,9 @@ class _GraphWorker:
 
 def _serve_graphs(conn: multiprocessing.connection.Connection) -> None:
     """A graph worker's main: model specs in, ("graph", JSON) or ("error", message) out."""
+    # One tiny trace first: its lazy imports (torch's compiler, about a second of CPU) are paid
+    # before "ready", not inside the first job's tracing deadline.
+    decision.model_graph(api.ModelSpec(architecture="small_cnn", input_shape=[1, 8, 8]))
     conn.send(("ready", None))
     while True:
         try:
