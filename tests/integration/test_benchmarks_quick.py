@@ -31,12 +31,16 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
         pytest.param("admission.py", "admission_quick", "with_poison_p99_ratio", id="admission"),
         pytest.param("hf_lm.py", "hf_lm_quick", "median_steps_ratio", id="hf-lm"),
+        # Three `kiln sweep run` arms: the text search alone, two trials each, keeps it cheap.
+        pytest.param("sweep.py --searches text --trials 2", "sweep_quick_partial", "kiln",
+                     id="sweep"),
     ],
 )
 def test_benchmark_quick_run_writes_its_summary(script: str, result: str,
                                                 summary_key: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(BENCH / script), "--quick"], env=env,
+    name, *extra = script.split()
+    done = subprocess.run([sys.executable, str(BENCH / name), "--quick", *extra], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     payload = json.loads((BENCH / "results" / f"{result}.json").read_text(encoding="utf-8"))

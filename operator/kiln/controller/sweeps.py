@@ -175,7 +175,7 @@ async def _reconcile(deps: lifecycle.Deps, ref: jobs.JobRef) -> None:
     for type_, reason, message in plan.events:
         await deps.jobs.post(body, type_, reason, message)
     if plan.create and parsed is not None:
-        preferred = trials.preferred(history, maximize=parsed.spec.objective.maximize)
+        preferred = sweep.own_models(parsed.spec.objective, history)
         for trial in plan.create:
             doc = sweep.trial_job(parsed, trial.index, trial.params, preferred=preferred)
             await deps.client.create(kube.Paths.jobs(ref.namespace), doc)  # 409: made before

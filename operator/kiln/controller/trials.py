@@ -161,14 +161,6 @@ def next_index(history: Sequence[S.Trial]) -> int:
     return max((t.index for t in history), default=-1) + 1
 
 
-def preferred(history: Iterable[S.Trial], *, maximize: bool) -> list[str]:
-    """The zoo models of the sweep's trials that have one and a metric, best first."""
-    scored = [(t.metric, t.zoo_model) for t in history
-              if t.zoo_model and t.metric is not None and t.state is not S.TrialState.FAILED]
-    scored.sort(key=lambda pair: -pair[0] if maximize else pair[0])
-    return list(dict.fromkeys(model for _, model in scored))
-
-
 def stopped(trial: S.Trial, why: str) -> S.Trial:
     """A running trial stopped because the sweep ended (`why`), recorded as pruned."""
     last = trial.evaluations[-1] if trial.evaluations else None

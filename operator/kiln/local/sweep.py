@@ -149,19 +149,6 @@ def objective_of(spec: api.sweep.TrainingSweepSpec, values: dict[str, Any]) -> f
     return float(value) if isinstance(value, int | float) else None
 
 
-def ranked(spec: api.sweep.TrainingSweepSpec, trials: Sequence[_Trial]) -> list[_Trial]:
-    """Trials best first by their metric (else their last evaluation); those with neither last,
-    ties by index."""
-    sign = -1.0 if spec.objective.maximize else 1.0
-
-    def key(t: _Trial) -> tuple[int, float, int]:
-        value = t.metric if t.metric is not None else (
-            t.evaluations[-1][1] if t.evaluations else None)
-        return (value is None, sign * (value or 0.0), t.index)
-
-    return sorted(trials, key=key)
-
-
 def conditions(old: Sequence[api.sweep.SweepCondition], standing: sweep.Standing,
                at: str) -> list[api.sweep.SweepCondition]:
     """Kubernetes-style conditions for `standing`: Created, Running, and Succeeded or Failed
@@ -289,15 +276,15 @@ class SweepRun:
     def preferred(self) -> list[str]:
         """The sweep's own zoo models, best trial first: finished trials' and, in the zoo
         already, running trials' provisional ones."""
-        out = []
-        for t in ranked(self.spec, self.history):
-            if t.zoo_model:
-                out.append(t.zoo_model)
-            elif t.state is _State.RUNNING and t.evaluations:
+        from kiln import sweep
+
+        provisional = {}
+        for t in self.history:
+            if not t.zoo_model and t.state is _State.RUNNING and t.evaluations:
                 found = self.own_record(t.index)
                 if found is not None:
-                    out.append(found.id)
-        return out
+                    provisional[t.index] = found.id
+        return sweep.own_models(self.spec.objective, self.history, provisional=provisional)
 
     # ------------------------------------------------------------------ the loop
 

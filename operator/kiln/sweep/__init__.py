@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kiln.sweep.search import Search, Verdict, misfit_of
 from kiln.sweep.standing import Standing, standing
-from kiln.sweep.trials import trial_job
+from kiln.sweep.trials import own_models, ranked, trial_job
 
-__all__ = ["Search", "Standing", "Verdict", "misfit_of", "standing", "trial_job"]
+__all__ = ["Search", "Standing", "Verdict", "misfit_of", "own_models", "ranked", "standing",
+           "trial_job"]

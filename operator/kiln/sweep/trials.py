@@ -4,7 +4,7 @@ sweep, cold in independent mode, preferring the sweep's own models in chain mode
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln import api
@@ -57,3 +57,32 @@ def trial_job(sweep: api.sweep.TrainingSweep, index: int, params: dict[str, Any]
             "uid": sweep.metadata.uid, "controller": True,
         }]
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
+
+
+def ranked(objective: api.sweep.Objective,
+           history: Sequence[api.sweep.Trial]) -> list[api.sweep.Trial]:
+    """Trials best first by their metric (else their last evaluation); those with neither
+    last; ties by index."""
+    sign = -1.0 if objective.maximize else 1.0
+
+    def key(t: api.sweep.Trial) -> tuple[bool, float, int]:
+        value = t.metric if t.metric is not None else (
+            t.evaluations[-1][1] if t.evaluations else None)
+        return (value is None, sign * (value or 0.0), t.index)
+
+    return sorted(history, key=key)
+
+
+def own_models(objective: api.sweep.Objective, history: Sequence[api.sweep.Trial], *,
+               provisional: Mapping[int, str] | None = None) -> list[str]:
+    """The sweep's own zoo models, best trial first (`trial_job`'s `preferred`): each
+    non-failed trial's registered model, or a running trial's provisional record where the
+    driver knows it is in the zoo (`provisional`: trial index -> record id)."""
+    out: list[str] = []
+    for t in ranked(objective, history):
+        if t.state is api.sweep.TrialState.FAILED:
+            continue
+        model = t.zoo_model or (provisional or {}).get(t.index)
+        if model and model not in out:
+            out.append(model)
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln import api
+from kiln import api, sweep
 from kiln.controller import trials
 
 S = api.sweep
@@ -70,14 +70,18 @@ def test_a_running_trials_model_is_its_reserved_record_only_once_the_zoo_holds_i
     assert trials.read(job, S.Objective(), zoo_ids={reserved}).zoo_model == reserved
 
 
-def test_preferred_models_are_the_trials_best_first_and_a_stopped_trial_says_why() -> None:
+def test_own_models_are_the_trials_best_first_and_a_stopped_trial_says_why() -> None:
     history = [S.Trial(index=i, name=f"sw-t{i}", state=state, metric=metric, zoo_model=model,
                        evaluations=[[1.0, metric]] if metric is not None else [])
                for i, (state, metric, model) in enumerate([
                    (S.TrialState.SUCCEEDED, 0.7, "m-a"), (S.TrialState.PRUNED, 0.9, "m-b"),
                    (S.TrialState.FAILED, 0.95, "m-c"), (S.TrialState.RUNNING, None, "m-d")])]
-    assert trials.preferred(history, maximize=True) == ["m-b", "m-a"]
-    assert trials.preferred(history, maximize=False) == ["m-a", "m-b"]
+    # One rule for both drivers (kiln.sweep): never a failed trial's model; unranked ones last.
+    assert sweep.own_models(S.Objective(), history) == ["m-b", "m-a", "m-d"]
+    loss = S.Objective(metric=api.TargetMetric.VALIDATION_LOSS)
+    assert sweep.own_models(loss, history) == ["m-a", "m-b", "m-d"]
+    assert sweep.own_models(loss, history[:2] + [history[3].model_copy(
+        update={"zoo_model": None})], provisional={3: "m-p"}) == ["m-a", "m-b", "m-p"]
     stopped = trials.stopped(history[0].model_copy(update={"state": S.TrialState.RUNNING}),
                              "trial sw-t1 reached the target")
     assert stopped.state is S.TrialState.PRUNED and stopped.pruned_at is not None

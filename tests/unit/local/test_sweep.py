@@ -149,7 +149,7 @@ def test_trials_rank_best_first_by_metric_else_last_evaluation(metric: str,
               _Trial(index=1, name="t1", state=_State.SUCCEEDED, metric=0.9),
               _Trial(index=2, name="t2", state=_State.RUNNING, evaluations=[[1, 0.5, 3.0]]),
               _Trial(index=3, name="t3", state=_State.RUNNING)]
-    assert [t.index for t in local_sweep.ranked(spec, trials)] == order
+    assert [t.index for t in sweep.ranked(spec.objective, trials)] == order
 
 
 def test_sweep_show_reads_a_clusters_sweep_from_stdin(monkeypatch: pytest.MonkeyPatch,
