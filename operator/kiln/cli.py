@@ -29,6 +29,9 @@ from rich.markup import escape
 import kiln
 from kiln import api, contract, dashboard
 from kiln.api import jobfile
+from kiln.cluster import client as cluster_client
+from kiln.cluster import errors as cluster_errors
+from kiln.cluster import views
 from kiln.local import output, runner, tables
 from kiln.placement import profilecache, types
 from kiln.zoo import records, store
@@ -47,6 +50,7 @@ SORT_KEYS: dict[str, Callable[[records.ZooRecord], Any]] = {
     "params": lambda rec: -rec.num_params,
 }
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_TIMEOUT = 124  # `kiln wait --timeout` ran out, as timeout(1) exits
 
 
 class UsageError(Exception):
@@ -74,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args, console)
         return code
     except (UsageError, api.InvalidSpec, store.StoreUnavailable, store.StoreMisconfigured,
-            runner.JobBusy, profilecache.ProfileCacheError) as exc:
+            runner.JobBusy, profilecache.ProfileCacheError, cluster_errors.ClusterError) as exc:
         errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except runner.TrainerFailed as exc:
@@ -316,6 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, required=True, metavar="FILE.png",
                       help="image to write; its suffix picks the format: .png, .svg or .pdf")
     plot.set_defaults(func=_cmd_plot)
+    _cluster_commands(sub)
     return parser
 
 
@@ -1142,3 +1147,120 @@ def _cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- cluster commands: kiln.Client on the user's kubeconfig -----------------------------------
+
+
+def _cluster_commands(sub: Any) -> None:
+    submit = sub.add_parser("submit", help="validate a TrainingJob or TrainingSweep file and "
+                            "create it on the cluster (updates one that exists, as kubectl apply)")
+    submit.add_argument("file", type=Path, metavar="FILE")
+    submit.set_defaults(func=_cmd_submit)
+    ls = sub.add_parser("ls", help="list the cluster's jobs and sweeps: phase, epoch, ETA, "
+                        "warm start, placement, accuracy")
+    ls.add_argument("-A", "--all-namespaces", action="store_true",
+                    help="every namespace's jobs")
+    ls.set_defaults(func=_cmd_ls)
+    get = sub.add_parser("get", help="one job: conditions, recent events, progress, and its "
+                         "warm-start and freezing story")
+    get.add_argument("name", metavar="JOB")
+    get.set_defaults(func=_cmd_get)
+    logs = sub.add_parser("logs", help="the trainer's log of a job (its latest attempt)")
+    logs.add_argument("name", metavar="JOB")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="stream new lines until the trainer ends")
+    logs.add_argument("--rank", type=int, default=0, metavar="N",
+                      help="the pod of rank N of a multi-node job (default 0)")
+    logs.set_defaults(func=_cmd_logs)
+    wait = sub.add_parser("wait", help="wait for a job's phase; exit 0 when reached, 1 when it "
+                          f"ended otherwise (Failed), {EXIT_TIMEOUT} on --timeout")
+    wait.add_argument("name", metavar="JOB")
+    wait.add_argument("--for", dest="phase", default=api.Phase.SUCCEEDED.value, metavar="PHASE",
+                      help="the phase to wait for: Succeeded (default), Running, Failed, ...")
+    wait.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                      help="give up after this long (default: wait as long as it takes)")
+    wait.set_defaults(func=_cmd_wait)
+    delete = sub.add_parser("delete", help="delete a job or sweep (its pods go with it)")
+    delete.add_argument("name", metavar="JOB")
+    delete.set_defaults(func=_cmd_delete)
+    for command in (submit, ls, get, logs, wait, delete):
+        command.add_argument("-n", "--namespace", default=None,
+                             help="the namespace (default: the context's, else default)")
+        command.add_argument("--context", default=None,
+                             help="the kubeconfig context (default: the current one)")
+        command.add_argument("--kubeconfig", type=Path, default=None, metavar="FILE",
+                             help="the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+        if command is not logs:
+            output.add_option(command)
+
+
+def _cluster(args: argparse.Namespace) -> cluster_client.Client:
+    return cluster_client.Client(namespace=args.namespace, context=args.context,
+                                 kubeconfig=args.kubeconfig)
+
+
+def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    docs = _checked_documents(args.file)  # kiln validate's checks and messages, first
+    client = _cluster(args)
+    rows = [client.submit(api.to_wire(doc))[0] for doc in docs]
+    _show_actions(console, args.output, rows)
+    return EXIT_OK
+
+
+def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    rows = _cluster(args).list(all_namespaces=args.all_namespaces)
+    output.show(console, args.output, rows, views.summary_table(rows))
+    return EXIT_OK
+
+
+def _cmd_get(args: argparse.Namespace, console: Console) -> int:
+    view = _cluster(args).get(args.name)
+    if args.output == "table":
+        console.out("\n".join(views.detail_lines(view)), highlight=False)
+    else:
+        output.show(console, args.output, view)
+    return EXIT_OK
+
+
+def _cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    for line in _cluster(args).logs(args.name, rank=args.rank, follow=args.follow):
+        console.file.write(line + "\n")
+        console.file.flush()  # -f: each line as it comes
+    return EXIT_OK
+
+
+def _cmd_wait(args: argparse.Namespace, console: Console) -> int:
+    errors = output.stderr_console()
+    try:
+        view = _cluster(args).wait(args.name, phase=args.phase, timeout=args.timeout)
+    except cluster_errors.WaitFailed as exc:
+        errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        if exc.view and args.output != "table":
+            output.show(console, args.output, exc.view)
+        return EXIT_FAILED
+    except cluster_errors.WaitTimeout as exc:
+        errors.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        if args.output != "table":
+            output.show(console, args.output, exc.view)
+        return EXIT_TIMEOUT
+    if args.output == "table":
+        console.out(f"{view['name']}: {view['phase']}", highlight=False)
+    else:
+        output.show(console, args.output, view)
+    return EXIT_OK
+
+
+def _cmd_delete(args: argparse.Namespace, console: Console) -> int:
+    _show_actions(console, args.output, [_cluster(args).delete(args.name)])
+    return EXIT_OK
+
+
+def _show_actions(console: Console, fmt: str, rows: list[dict[str, Any]]) -> None:
+    """'created TrainingJob NS/NAME', one line each, or the rows as JSON/YAML."""
+    if fmt != "table":
+        output.show(console, fmt, rows)
+        return
+    for row in rows:
+        console.out(f"{row['action']} {row['kind']} {row['namespace']}/{row['name']}",
+                    highlight=False)

@@ -151,11 +151,55 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
             params=dict(request.params or {}),
         ))
         self._refuse_over_quota(request)
+        if _is_pod(request) and request.subresource == "log":
+            return await self._serve_log(request)
         if await self._serve_terminating(request):
             # kmock would delete an object with a deletionTimestamp and no finalizers at once:
             # the change is made above; only the answer is left to serve.
             return await kmock.RawHandler._handle(self, request)
         return await super()._handle(request)
+
+    async def _serve_log(self, request: kmock.Request) -> Any:
+        """A pod's container log, as the kubelet behind `serve_pod_logs` wrote it; with
+        ?follow=true, streamed until the pod has ended (or is gone)."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            raise kmock.KubernetesError(status=404, reason="NotFound",
+                                        message=f'pods "{request.name}" not found')
+        reader: Callable[[str, str], Path | None] | None = getattr(self, "_kubesim_logs", None)
+        path = reader(str(request.namespace), str(request.name)) if reader else None
+
+        def read(offset: int) -> bytes:
+            if path is None or not path.exists():
+                return b""
+            with path.open("rb") as log:
+                log.seek(offset)
+                return log.read()
+
+        # As the API server parses booleans (Go's ParseBool): the Python client sends "True".
+        if str((request.params or {}).get("follow", "")).lower() not in ("1", "t", "true"):
+            return await kmock.Response(payload=read(0))(request)
+
+        def ended() -> bool:
+            if key not in self._objects or self._objects[key].deleted:
+                return True
+            return (self._objects[key].get("status") or {}).get("phase") in (
+                "Succeeded", "Failed")
+
+        async def stream() -> Any:
+            offset = 0
+            while True:
+                done = ended()  # before reading: what the pod wrote before it ended is sent
+                chunk = read(offset)
+                if chunk:
+                    offset += len(chunk)
+                    yield chunk
+                elif done:
+                    return
+                else:
+                    await asyncio.sleep(0.1)
+
+        return await kmock.Response(payload=stream())(request)
 
     def _refuse_too_deep(self, request: kmock.Request) -> None:
         """Refuse a body nested deeper than the API server decodes (`api.API_SERVER_MAX_DEPTH`),
@@ -394,6 +438,13 @@ class Emulator:
 
         future = asyncio.run_coroutine_threadsafe(run(), self._loop)
         return future.result(timeout_seconds)
+
+    def serve_pod_logs(self, reader: Callable[[str, str], Path | None]) -> None:
+        """Answer GET pods/NAME/log with the file `reader(namespace, pod)` names (a kubelet's
+        `pod_log_path`); without a reader, logs are empty."""
+        assert self._handler is not None
+        handler = self._handler
+        self.call(lambda: setattr(handler, "_kubesim_logs", reader))
 
     def refuse_pods(self, refusal: QuotaRefusal) -> QuotaRefusal:
         """Refuse matching pod creations with 403 "exceeded quota" until `allow_pods`;
