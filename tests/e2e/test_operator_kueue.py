@@ -2,8 +2,10 @@
 
 No Kueue runs here. The test plays Kueue's part on the emulator: it serves Kueue's Workload and
 ResourceFlavor kinds, and patches a Workload's status as Kueue's scheduler would (QuotaReserved
-and Admitted with status.admission naming a flavor; Evicted). Everything Kiln does is real: the
-operator process, its Workload, its pods run by the test kubelet, the zoo checkpoint.
+and Admitted with status.admission naming a flavor; Evicted), with waitForPodsReady on: it
+evicts with PodsReadyTimeout a Workload whose PodsReady is not True when it looks. Everything
+Kiln does is real: the operator process, its Workload, its pods run by the test kubelet, the zoo
+checkpoint.
 """
 
 from __future__ import annotations
@@ -70,12 +72,24 @@ def _admit(cluster: emulator.Emulator, workload: dict[str, Any]) -> None:
             "resourceUsage": {"cpu": "1"}}]}}})
 
 
-def _evict(cluster: emulator.Emulator, workload: dict[str, Any]) -> None:
-    """What Kueue writes when a higher-priority Workload preempts this one."""
+def _evict(cluster: emulator.Emulator, workload: dict[str, Any], reason: str) -> None:
+    """What Kueue writes when it evicts the Workload: Preempted (a higher-priority Workload
+    needs the quota) or PodsReadyTimeout (waitForPodsReady's timeout passed without
+    PodsReady=True)."""
     path = f"/apis/{WORKLOADS.rsplit('/', 1)[0]}/namespaces/{workload['metadata']['namespace']}" \
            f"/workloads/{workload['metadata']['name']}/status"
     cluster.client.patch(path, {"status": {
-        "conditions": _set_conditions(workload, Evicted=("True", "Preempted"))}})
+        "conditions": _set_conditions(workload, Evicted=("True", reason))}})
+
+
+def _wait_pods_ready(cluster: emulator.Emulator, namespace: str, wanted: tuple[str, str],
+                     details: Any) -> dict[str, Any]:
+    """The job's Workload once its PodsReady condition is (status, reason) `wanted`."""
+    return client.wait_until(
+        lambda: next((w for w in _workloads(cluster, namespace)
+                      if (_workload_condition(w, "PodsReady").get("status"),
+                          _workload_condition(w, "PodsReady").get("reason")) == wanted), None),
+        timeout_seconds=60, what=f"the Workload's PodsReady to be {wanted}", details=details)
 
 
 def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
@@ -154,30 +168,32 @@ def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
     assert pod["spec"]["nodeName"] == "cpu-node-b"
     assert not any(k.startswith("kueue.x-k8s.io/") for k in pod["metadata"]["labels"])
     assert scenario.wait_event(cluster, namespace, name, "AdmittedByKueue")["type"] == "Normal"
+    # Its trainer pod is Ready: Kiln says so, so waitForPodsReady has no cause to evict it.
+    _wait_pods_ready(cluster, namespace, ("True", "Started"), details)
 
-    # Evicted: the trainer stops, the job waits again, the admission goes back to Kueue.
-    _evict(cluster, _workloads(cluster, namespace)[0])
-    evicted = scenario.wait_job(
-        cluster, namespace, name,
-        lambda job: (scenario.condition(job, "Queued") or {}).get("reason") == "EvictedByKueue",
-        what="requeued by the eviction", details=details)
-    assert scenario.phase(evicted) == "Queued"
-    assert "Preempted" in scenario.condition(evicted, "Queued")["message"]
-    client.wait_until(lambda: not cluster.client.pods(namespace, name), timeout_seconds=60,
-                      what="the evicted trainer pod to be deleted")
-    released = client.wait_until(
-        lambda: next((w for w in _workloads(cluster, namespace)
-                      if _workload_condition(w, "QuotaReserved").get("status") == "False"),
-                     None), timeout_seconds=30, what="the admission to be cleared")
-    assert not released["status"].get("admission")
-    assert _workload_condition(released, "Requeued")["status"] == "True"
+    # Evicted anyway, as Kueue does for PodsReadyTimeout (e.g. PodsReady came too late): the
+    # trainer stops with its checkpoint, the job waits again, the admission goes back to Kueue,
+    # which decides when to requeue it.
+    _evict(cluster, _workloads(cluster, namespace)[0], "PodsReadyTimeout")
+    released = _released(cluster, namespace, name, "PodsReadyTimeout", details)
+    assert _workload_condition(released, "Requeued")["status"] == "False"
+    assert zoo.store.exists(checkpoint)
     assert scenario.pod_creations(cluster, namespace, name) == [f"{name}-trainer-0"]
+
+    # Admitted again: a new trainer resumes (held as it starts), its PodsReady is written
+    # anew; then preempted: Kueue requeues it at once.
+    node.hold(kubelet.Hold(namespace, f"{name}-trainer-1"))
+    _admit(cluster, released)
+    _wait_pods_ready(cluster, namespace, ("True", "Started"), details)
+    _evict(cluster, _workloads(cluster, namespace)[0], "Preempted")
+    released = _released(cluster, namespace, name, "Preempted", details)
+    assert _workload_condition(released, "Requeued")["status"] == "True"
 
     # Admitted again: it resumes from its checkpoint, ends, and its Workload is Finished.
     _admit(cluster, released)
     done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
-    assert done["status"]["attempts"] == 2 and done["status"].get("restarts", 0) == 0
-    assert scenario.termination_result(cluster, namespace, f"{name}-trainer-1")[
+    assert done["status"]["attempts"] == 3 and done["status"].get("restarts", 0) == 0
+    assert scenario.termination_result(cluster, namespace, f"{name}-trainer-2")[
         "resumed_from_epoch"] >= 1
     finished = client.wait_until(
         lambda: next((w for w in _workloads(cluster, namespace)
@@ -188,3 +204,27 @@ def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
     # The unlabelled job ran as ever: no Workload of its own.
     scenario.wait_phase(cluster, namespace, plain, "Succeeded", details=details)
     assert len(_workloads(cluster, namespace)) == 1
+
+
+def _released(cluster: emulator.Emulator, namespace: str, name: str, reason: str,
+              details: Any) -> dict[str, Any]:
+    """After Kueue evicted the job's Workload for `reason`: the job is queued again with its
+    pods deleted, and then the Workload has no admission and PodsReady=False."""
+    evicted = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: (scenario.condition(job, "Queued") or {}).get("reason") == "EvictedByKueue"
+        and reason in scenario.condition(job, "Queued")["message"],
+        what=f"requeued by the eviction ({reason})", details=details)
+    assert scenario.phase(evicted) == "Queued"
+    client.wait_until(lambda: not cluster.client.pods(namespace, name), timeout_seconds=60,
+                      what="the evicted trainer pod to be deleted", details=details)
+    released: dict[str, Any] = client.wait_until(
+        lambda: next((w for w in _workloads(cluster, namespace)
+                      if _workload_condition(w, "QuotaReserved").get("status") == "False"),
+                     None), timeout_seconds=30, what="the admission to be cleared",
+        details=details)
+    assert not released["status"].get("admission")
+    assert _workload_condition(released, "Requeued")["reason"] == reason
+    assert (_workload_condition(released, "PodsReady")["status"],
+            _workload_condition(released, "PodsReady")["reason"]) == ("False", "WaitForStart")
+    return released

@@ -199,3 +199,42 @@ def test_a_resumed_job_starts_its_new_trainer_only_once_the_old_one_has_stopped(
                and r.resource == "pods" and r.namespace == namespace
                and (r.body or {}).get("metadata", {}).get("name") == f"{name}-trainer-1"]
     assert removed and created and removed[-1] < created[0]
+
+
+def test_a_disrupted_pod_resumes_from_its_checkpoint_without_spending_the_backoff_limit(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+    node_kubelet: kubelet.Kubelet, zoo: scenario.Zoo, namespace: str,
+) -> None:
+    name = "digits-evicted"
+    # Held once it has a checkpoint, until the eviction stops it; backoffLimit 0: a trainer
+    # exit that counted would fail the job.
+    node_kubelet.hold(kubelet.Hold(namespace, f"{name}-trainer-0",
+                                   when=scenario.checkpointed(zoo, namespace, name)))
+    created = cluster.client.create_job(namespace, scenario.tiny_job(
+        name, epochs=30, max_samples=None, run_policy={"backoffLimit": 0}))
+    checkpoint = records.checkpoint_key(namespace, name, created["metadata"]["uid"])
+    scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: scenario.phase(job) == "Running" and zoo.store.exists(checkpoint),
+        what="running with a checkpoint", details=operator.log_tail)
+
+    # What the Eviction API (and a node drain) does: DisruptionTarget on the pod, then a
+    # graceful deletion; the trainer checkpoints on SIGTERM and exits 143.
+    pod = client.Client.pods_path(namespace, f"{name}-trainer-0")
+    conditions = [*((cluster.client.get(pod) or {}).get("status") or {}).get("conditions", []),
+                  {"type": "DisruptionTarget", "status": "True",
+                   "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}]
+    cluster.client.patch(pod + "/status", {"status": {"conditions": conditions}})
+    cluster.client.delete(pod)
+
+    disrupted = scenario.wait_event(cluster, namespace, name, "PodDisrupted")
+    assert disrupted["type"] == "Warning"
+    assert "EvictionByEvictionAPI" in disrupted["message"]
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
+    assert done["status"].get("restarts", 0) == 0  # what backoffLimit counts
+    assert done["status"]["attempts"] == 2
+    assert "BackoffLimitExceeded" not in scenario.event_reasons(cluster, namespace, name)
+    assert scenario.pod_creations(cluster, namespace, name) == [
+        f"{name}-trainer-0", f"{name}-trainer-1"]
+    assert scenario.termination_result(cluster, namespace, f"{name}-trainer-1")[
+        "resumed_from_epoch"] >= 1

@@ -5,6 +5,8 @@ what the real operator sent to the API emulator over the whole e2e suite, and co
 chart's default grants with those recorded calls. Here the rendered roles are compared with
 the declared rules in both install modes: all namespaces (one ClusterRole) and listed
 namespaces (a Role in each, plus a ClusterRole for what only cluster-wide calls can read).
+Besides the calls, the roles grant the finalizers updates that owner references with
+blockOwnerDeletion need (`rbac.OWNER_REFERENCE_RULES`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from kubesim import helm
 from kiln.controller import rbac
 
 pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
+GRANTED = rbac.RULES + rbac.OWNER_REFERENCE_RULES
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def _subject_is_operator(binding: dict[str, Any], release: helm.Release) -> None
 def test_all_namespaces_one_cluster_role_with_exactly_the_operator_rules(
         cluster_release: helm.Release) -> None:
     (role,) = cluster_release.of_kind("ClusterRole")
-    assert helm.rule_grants(role["rules"]) == rbac.triples()
+    assert helm.rule_grants(role["rules"]) == rbac.triples(GRANTED)
     assert not cluster_release.of_kind("Role")
     (binding,) = cluster_release.of_kind("ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
@@ -53,8 +56,8 @@ def test_listed_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_wid
     assert helm.rule_grants(cluster_role["rules"]) == rbac.triples(rbac.CLUSTER_WIDE_RULES)
     roles = namespaced_release.of_kind("Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    namespaced = rbac.triples() - {t for t in rbac.triples(rbac.CLUSTER_WIDE_RULES)
-                                   if t[1] == "nodes"}
+    namespaced = rbac.triples(GRANTED) - {t for t in rbac.triples(rbac.CLUSTER_WIDE_RULES)
+                                          if t[1] == "nodes"}
     for role in roles:
         assert helm.rule_grants(role["rules"]) == namespaced
     bindings = namespaced_release.of_kind("RoleBinding")
@@ -62,7 +65,7 @@ def test_listed_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_wid
         ("team-a", roles[0]["metadata"]["name"]), ("team-b", roles[0]["metadata"]["name"])]
     for binding in bindings + namespaced_release.of_kind("ClusterRoleBinding"):
         _subject_is_operator(binding, namespaced_release)
-    assert namespaced_release.grants() == rbac.triples()
+    assert namespaced_release.grants() == rbac.triples(GRANTED)
 
 
 def test_rbac_and_service_account_can_be_left_to_the_platform() -> None:
@@ -80,9 +83,27 @@ def test_kueue_enabled_adds_the_flag_and_exactly_the_kueue_rules(watch: list[str
                             "operator": {"watchNamespaces": watch}})
     args = release.one("Deployment", "kiln")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--kueue" in args
-    assert release.grants() == rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
+    assert release.grants() == rbac.triples(GRANTED + rbac.KUEUE_RULES)
     (cluster_role,) = release.of_kind("ClusterRole")
     assert rbac.triples(rbac.KUEUE_CLUSTER_RULES) <= helm.rule_grants(cluster_role["rules"])
     for role in release.of_kind("Role"):  # Workloads live in the jobs' namespaces
         assert helm.rule_grants(role["rules"]) >= rbac.triples(
             rbac.KUEUE_RULES[:2])
+
+
+@pytest.mark.parametrize("watch", [pytest.param([], id="all-namespaces"),
+                                   pytest.param(["team-a"], id="listed-namespaces")])
+def test_every_role_that_lets_the_operator_create_owned_objects_grants_finalizers_update(
+        watch: list[str]) -> None:
+    # Trainer pods, Services, Secrets and Workloads name their TrainingJob, and trial jobs
+    # their TrainingSweep, with blockOwnerDeletion: true; OwnerReferencesPermissionEnforcement
+    # then refuses the creation unless the creator may update the owner's finalizers.
+    release = helm.install({"kueue": {"enabled": True}, "operator": {"watchNamespaces": watch}})
+    roles = release.of_kind("Role") if watch else release.of_kind("ClusterRole")
+    assert roles
+    for role in roles:
+        grants = helm.rule_grants(role["rules"])
+        assert {("", "pods", "create"), ("kueue.x-k8s.io", "workloads", "create"),
+                ("kiln.dev", "trainingjobs", "create")} <= grants
+        assert {("kiln.dev", "trainingjobs/finalizers", "update"),
+                ("kiln.dev", "trainingsweeps/finalizers", "update")} <= grants

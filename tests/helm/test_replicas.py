@@ -57,7 +57,8 @@ def test_two_replicas_elect_a_leader_through_one_cluster_peering(
         container["env"])
     assert ("kopf.dev/v1/ClusterKopfPeering", "", peering["metadata"]["name"]) in (
         two_replicas.created)
-    assert two_replicas.grants() == rbac.triples(rbac.RULES + rbac.PEERING_CLUSTER_RULES)
+    assert two_replicas.grants() == rbac.triples(
+        rbac.RULES + rbac.OWNER_REFERENCE_RULES + rbac.PEERING_CLUSTER_RULES)
     for document in [deployment, *two_replicas.crds]:
         kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
     kinds = {c["spec"]["names"]["kind"] for c in two_replicas.crds}

@@ -296,6 +296,11 @@ class Kubelet:
             self.holds.append(hold)
         return hold
 
+    def pod_log_path(self, namespace: str, name: str) -> Path | None:
+        """Where the latest pod of that name writes its container log; None when none ran."""
+        scratch = self._scratch.get((namespace, name))
+        return scratch / "container.log" if scratch is not None else None
+
     def pod_log(self, namespace: str, name: str) -> str:
         """The container log (stdout and stderr) of the latest pod of that name, "" when none
         ran."""
@@ -482,7 +487,8 @@ class Kubelet:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
-            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Ready", "status": "True"}],
             "containerStatuses": [{
                 "name": container["name"], "ready": True, "started": True, "restartCount": 0,
                 "image": container.get("image", ""), "state": {"running": {"startedAt": now}},
@@ -578,9 +584,19 @@ class Kubelet:
             message = "\n".join(lines)[-LOG_TAIL_BYTES:]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         pod_reason = _DEADLINE_STATUS if running.deadline_exceeded else {}
+        path = client.Client.pods_path(running.namespace, running.name)
+        pod = self.client.get(path)
+        if pod is None:
+            return
+        # Not Ready any more; the other conditions (a DisruptionTarget the test set) stay, as
+        # the kubelet patches conditions by type.
+        conditions = [c for c in (pod.get("status") or {}).get("conditions") or []
+                      if c.get("type") != "Ready"]
         self._patch(
-            client.Client.pods_path(running.namespace, running.name) + "/status", {"status": {
+            path + "/status", {"status": {
                 "phase": "Succeeded" if exit_code == 0 and not pod_reason else "Failed",
+                "conditions": [*conditions, {"type": "Ready", "status": "False",
+                                             "reason": "PodCompleted"}],
                 **pod_reason,
                 "containerStatuses": [{
                     "name": "trainer", "ready": False, "started": False, "restartCount": 0,

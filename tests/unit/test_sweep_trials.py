@@ -38,7 +38,7 @@ def test_a_chained_trial_is_a_valid_owned_labelled_job_with_its_values() -> None
     assert json.loads(job.metadata.annotations["kiln.dev/trial-params"]) == PARAMS
     assert job.metadata.owner_references == [{
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingSweep", "name": "fm",
-        "uid": "sweep-uid-1", "controller": True}]
+        "uid": "sweep-uid-1", "controller": True, "blockOwnerDeletion": True}]
     assert job.spec.training.optimizer.lr == 0.01
     assert job.spec.model.args == {"depth": 3, "width": 16}
     assert job.spec.warm_start.enabled

@@ -117,7 +117,9 @@ app.kubernetes.io/part-of: kiln
 {{- default (include "kiln.zooSecret" .) .Values.zoo.trainerSecret -}}
 {{- end -}}
 
-{{/* RBAC rules of the namespaced resources the operator uses (kiln.controller.rbac.RULES). */}}
+{{/* RBAC rules of the namespaced resources the operator uses (kiln.controller.rbac.RULES), and
+the finalizers updates that owner references with blockOwnerDeletion need
+(kiln.controller.rbac.OWNER_REFERENCE_RULES). */}}
 {{- define "kiln.namespacedRules" -}}
 - apiGroups: ["kiln.dev"]
   resources: ["trainingjobs"]
@@ -125,6 +127,9 @@ app.kubernetes.io/part-of: kiln
 - apiGroups: ["kiln.dev"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
+- apiGroups: ["kiln.dev"]
+  resources: ["trainingjobs/finalizers", "trainingsweeps/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["kiln.dev"]
   resources: ["trainingsweeps"]
   verbs: ["get", "list", "watch"]

@@ -137,6 +137,7 @@ class Reason(enum.StrEnum):
     # Running / Restarting
     TRAINER_STARTED = "TrainerStarted"
     TRAINER_EXITED = "TrainerExited"
+    POD_DISRUPTED = "PodDisrupted"  # Restarting: preempted, evicted or drained (no backoff)
     POD_PENDING = "PodPending"  # False: a container of the pod is stuck waiting (image, config)
     UNSCHEDULABLE = "Unschedulable"  # False: the scheduler cannot bind the pod
     RESIZED = "Resized"  # Restarting: checkpoint-restart at another device count or node

@@ -377,7 +377,9 @@ class ZooSpec(names.ApiModel):
 
 class RunPolicySpec(names.ApiModel):
     backoff_limit: int = Field(
-        default=3, ge=0, le=100, description="backoffLimit: retries after retryable failures."
+        default=3, ge=0, le=100,
+        description=("backoffLimit: retries after retryable failures (a disrupted pod, its "
+                     "DisruptionTarget condition set, spends none).")
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="activeDeadlineSeconds: fail the job after this long."

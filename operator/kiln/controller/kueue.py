@@ -2,7 +2,8 @@
 places it within that admission.
 
 Kiln acts as a Kueue external framework: one Workload per job, no placement before Kueue's
-admission, Finished at the end, pods stopped on eviction. It never writes Kueue's decisions.
+admission, PodsReady as its pods become Ready, Finished at the end, pods stopped on eviction.
+It never writes Kueue's decisions.
 """
 
 # A Workload moves through Kueue's conditions: QuotaReserved and Admitted (Kueue's scheduler
@@ -11,7 +12,9 @@ admission, Finished at the end, pods stopped on eviction. It never writes Kueue'
 # job ended, and Kueue releases the quota). After an eviction the job's controller stops the
 # job and then clears the admission (QuotaReserved=False, no status.admission), which requeues
 # the Workload in Kueue. Kiln does each of these steps as Kueue's job reconciler does for its
-# built-in integrations.
+# built-in integrations. PodsReady (the job's controller says whether all its pods are Ready) is
+# what Kueue's waitForPodsReady times: an admitted Workload without PodsReady=True in time is
+# evicted with PodsReadyTimeout, and an absent condition counts as not ready.
 
 from __future__ import annotations
 
@@ -53,8 +56,13 @@ POD_SET = "trainer"
 POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
 WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 # Kueue's Workload condition types.
-QUOTA_RESERVED, ADMITTED, EVICTED, REQUEUED, FINISHED = (
-    "QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished")
+QUOTA_RESERVED, ADMITTED, EVICTED, REQUEUED, FINISHED, PODS_READY = (
+    "QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
+# PodsReady's reasons: False before the pods were first all Ready (WaitForStart) or after one
+# stopped being Ready (WaitForRecovery, which Kueue times with its recoveryTimeout); True the
+# first time (Started) and after a recovery (Recovered).
+WAIT_FOR_START, WAIT_FOR_RECOVERY, STARTED, RECOVERED = (
+    "WaitForStart", "WaitForRecovery", "Started", "Recovered")
 # Evictions after which Kueue requeues the Workload at once (Requeued=True); after the others
 # (an inactive Workload, a stopped queue, a pods-ready timeout) Kueue decides when.
 REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
@@ -268,6 +276,46 @@ def _set(conditions: list[dict[str, Any]], type_: str, value: bool, reason: str,
         conditions[conditions.index(old)] = new
 
 
+def pods_ready(workload: Mapping[str, Any], ready: bool) -> tuple[bool, str, str]:
+    """The Workload's PodsReady condition (status, reason, message) when every pod of its job's
+    current attempt is Ready (`ready`) or not, moving from the condition it has as Kueue's job
+    reconciler moves it: not admitted -> WaitForStart; ready -> Started, or Recovered after a
+    WaitForRecovery; not ready -> WaitForRecovery once it was ready, else WaitForStart."""
+    old = _condition(workload, PODS_READY)
+    if state_of(workload) is not State.ADMITTED:
+        return False, WAIT_FOR_START, "The job is not admitted, so none of its pods runs."
+    if ready:
+        recovered = old is not None and old.get("reason") in (WAIT_FOR_RECOVERY, RECOVERED)
+        return True, RECOVERED if recovered else STARTED, (
+            "Every pod of the job is Ready; the job is running.")
+    if old is not None and (old.get("status") == "True" or old.get("reason") == WAIT_FOR_RECOVERY):
+        return False, WAIT_FOR_RECOVERY, (
+            "A pod of the job stopped being Ready; waiting for all to be Ready again.")
+    return False, WAIT_FOR_START, "Not every pod of the job is Ready yet."
+
+
+def gang_ready(st: Mapping[str, Any], current: Sequence[pods.PodState]) -> bool:
+    """Whether every pod of a placed job's current attempt (`current`: one per node of its
+    placement) is Ready, or has succeeded."""
+    expected = len(status.part(st, "placement", api.PlacementStatus).nodes or []) or 1
+    return (not lifecycle.waiting(st) and len(current) >= expected
+            and all(p.phase == "Succeeded" or (p.ready and not p.deleting) for p in current))
+
+
+def pods_ready_patch(workload: Mapping[str, Any], *, ready: bool,
+                     now: float) -> dict[str, Any] | None:
+    """The status patch that sets PodsReady (`pods_ready`), or None when it says so already."""
+    value, reason, message = pods_ready(workload, ready)
+    old = _condition(workload, PODS_READY) or {}
+    if old.get("status") == ("True" if value else "False") and old.get("reason") == reason:
+        return None
+    generation = (workload.get("metadata") or {}).get("generation")
+    conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    _set(conditions, PODS_READY, value, reason, message, now=now,
+         generation=generation if isinstance(generation, int) else None)
+    return _status_patch(workload, conditions)
+
+
 def _status_patch(workload: Mapping[str, Any], conditions: list[dict[str, Any]],
                   **status_fields: Any) -> dict[str, Any]:
     """A merge patch of the Workload's status, guarded by its resourceVersion (a write Kueue
@@ -293,6 +341,8 @@ def release_patch(workload: Mapping[str, Any], *, now: float) -> dict[str, Any]:
     _set(conditions, QUOTA_RESERVED, False, "Pending", message, now=now, generation=generation)
     _set(conditions, ADMITTED, False, "NoReservation", "The workload has no reservation",
          now=now, generation=generation)
+    _set(conditions, PODS_READY, False, WAIT_FOR_START,
+         "The job is not admitted, so none of its pods runs.", now=now, generation=generation)
     return _status_patch(workload, conditions, admission=None)
 
 
@@ -477,6 +527,7 @@ class Kueue:
         if state is State.ADMITTED:
             if lifecycle.waiting(st):  # else placed already, or not queued yet (admission ends
                 await self._admitted(ref, job, workload)  # with `ensure_workload`: it comes back)
+            await self.pods_ready(body, workload)
         elif state is State.EVICTED:
             evicted = _condition(workload, EVICTED) or {}
             await self._stop(ref, job, (
@@ -570,19 +621,48 @@ class Kueue:
 
 
     async def pod_event(self, pod: dict[str, Any], event_type: str | None) -> None:
-        """A trainer pod of a Kueue-managed job stopped or vanished: hand its evicted Workload
-        back to Kueue if it was the last active one."""
+        """A trainer pod of a Kueue-managed job changed: write its admitted Workload's PodsReady
+        (`pods_ready`); if the pod stopped or vanished, hand its evicted Workload back to Kueue
+        if it was the last active one."""
         state = pods.pod_state(pod)
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-        if not state.job or not namespace or not (event_type == "DELETED" or state.finished):
+        if not state.job or not namespace:
             return
-        workload = await self._workload_of(jobs.JobRef(namespace, state.job))
-        if workload is not None:
-            await self.release(jobs.JobRef(namespace, state.job), workload)
+        ref = jobs.JobRef(namespace, state.job)
+        found = await self._managed(ref)
+        if found is None:
+            return
+        body, workload = found
+        await self.pods_ready(body, workload)  # only while admitted: `release` only once evicted
+        if event_type == "DELETED" or state.finished:
+            await self.release(ref, workload)
 
 
-    async def _workload_of(self, ref: jobs.JobRef) -> dict[str, Any] | None:
-        """The Workload of a Kueue-managed job (None: the job is gone, unmanaged or has none)."""
+    async def pods_ready(self, body: dict[str, Any], workload: dict[str, Any]) -> None:
+        """Write an admitted Workload's PodsReady condition as its job's current pods stand."""
+        st = body.get("status") or {}
+        if state_of(workload) is not State.ADMITTED or status.is_terminal(st):
+            return  # Kueue reads PodsReady of admitted Workloads only; Finished follows the end
+        ready = not lifecycle.waiting(st) and gang_ready(
+            st, await lifecycle.current_pods(self.client, body))
+        patch = pods_ready_patch(workload, ready=ready, now=self.clock())
+        if patch is None:
+            return
+        name = workload["metadata"]["name"]
+        try:
+            await self.client.merge_patch(
+                Paths.workload(str(workload["metadata"].get("namespace") or "default"), name,
+                               status=True), patch)
+        except kube.ApiError as exc:
+            if exc.status != 409:
+                raise
+            _log.info("kueue: Workload %s changed meanwhile; its next event writes PodsReady",
+                      name)
+
+
+    async def _managed(self, ref: jobs.JobRef) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """A Kueue-managed job and its Workload (None: the job is gone, unmanaged or has
+        none)."""
         body = await self.jobs.fetch(ref)
         if body is None:
             return None
@@ -593,7 +673,15 @@ class Kueue:
         if not self.manages(job):
             return None
         uid = str((body.get("metadata") or {}).get("uid") or "")
-        return await self.client.get(Paths.workload(ref.namespace, workload_name(job.name, uid)))
+        workload = await self.client.get(
+            Paths.workload(ref.namespace, workload_name(job.name, uid)))
+        return None if workload is None else (body, workload)
+
+
+    async def _workload_of(self, ref: jobs.JobRef) -> dict[str, Any] | None:
+        """The Workload of a Kueue-managed job (None: the job is gone, unmanaged or has none)."""
+        found = await self._managed(ref)
+        return None if found is None else found[1]
 
 
     async def finish(self, body: dict[str, Any]) -> None:

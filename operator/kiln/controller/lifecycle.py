@@ -259,7 +259,9 @@ async def observe_pod(deps: Deps, pod: kube.Object, event_type: str | None) -> N
     a zoo model or warm-start parent it was not granted is left out, `reports`);
     a retryable exit with restarts left -> Restarting and a new pod on the same placement (the
     trainer resumes from its checkpoint); otherwise Failed (`policy.after_exit`). A pod deleted
-    under a running job counts as a retryable exit. A zoo model that a trainer registered
+    under a running job counts as a retryable exit; a pod Kubernetes disrupted (its
+    DisruptionTarget condition: preemption, eviction, drain) that did not succeed restarts
+    without spending backoffLimit (`policy.after_disruption`). A zoo model that a trainer registered
     after its job failed is deleted: a failed job never registers a model. When a pod of an
     earlier attempt, or of a deleted job of the same name, is gone, the current attempt's pods
     may start (`_start_attempt`); when a deleted job's last pod is gone, so is its checkpoint.
@@ -292,7 +294,16 @@ async def observe_pod(deps: Deps, pod: kube.Object, event_type: str | None) -> N
         if waiting(st):  # stopped to wait again (Kueue evicted it): its pod's end is no exit
             return
         now = deps.clock()
-        if gone or state.deleting:
+        if state.disruption is not None and (gone or state.deleting or (
+                state.finished and state.phase != "Succeeded")):
+            verdict = policy.after_disruption(
+                state.name, state.disruption,
+                "deleted before the trainer finished" if gone or not state.finished else
+                policy.describe_exit(state.exit_code if state.exit_code is not None else 1,
+                                     state.container_reason),
+                restarts=int(st.get("restarts") or 0),
+                backoff_limit=parse(e.body or {}).spec.run_policy.backoff_limit)
+        elif gone or state.deleting:
             verdict = policy.after_exit(
                 143, "Deleted", f"pod {state.name} was deleted before the trainer finished",
                 restarts=int(st.get("restarts") or 0),
@@ -330,7 +341,8 @@ async def _apply(deps: Deps, e: jobs.Edit, state: pods.PodState, verdict: policy
     job = parse(e.body or {})
     if verdict.action is policy.Action.RESTART:
         attempt = int(e.status.get("attempts") or 0)
-        e.status["restarts"] = int(e.status.get("restarts") or 0) + 1
+        if verdict.spends_restart:
+            e.status["restarts"] = int(e.status.get("restarts") or 0) + 1
         e.status["attempts"] = attempt + 1
         e.condition(C.RESTARTING, True, verdict.reason, verdict.message, now=now,
                     event="Warning")

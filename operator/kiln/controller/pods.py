@@ -38,6 +38,9 @@ ZOO_ACCESS_URI = (f"{contract.ZOO_ACCESS_SCHEME}:{contract.ZOO_ACCESS_DIR}/"
 SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+# The pod condition Kubernetes adds before it ends a pod for a reason outside the pod:
+# preemption, an eviction (API or node pressure), a taint or a drain, pod garbage collection.
+DISRUPTION_TARGET = "DisruptionTarget"
 # Waiting reasons of a container that is still being set up (not stuck, unless for too long).
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 # spec.activeDeadlineSeconds the operator sets to stop a pod it keeps: the kubelet then stops
@@ -188,6 +191,9 @@ class PodState:
         owner_uid: the uid of the TrainingJob that controls it (its controller
             ownerReference), or None: tells a pod of a deleted job from one of a new job of
             the same name.
+        ready: its Ready condition is True.
+        disruption: "<reason>: <message>" of its DisruptionTarget=True condition (the pod was
+            preempted, evicted or drained), or None.
     """
 
     name: str
@@ -211,6 +217,8 @@ class PodState:
     unschedulable: str | None = None
     pod_reason: str | None = None
     owner_uid: str | None = None
+    ready: bool = False
+    disruption: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -474,6 +482,12 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
         pod_reason=status.get("reason") or None,
         owner_uid=next((str(o["uid"]) for o in meta.get("ownerReferences") or []
                         if isinstance(o, dict) and o.get("controller") and o.get("uid")), None),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True"
+                  for c in _conditions(status)),
+        disruption=next((f"{c.get('reason') or DISRUPTION_TARGET}: {c.get('message') or ''}"
+                         .rstrip(": ") for c in _conditions(status)
+                         if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True"),
+                        None),
     )
 
 
@@ -502,8 +516,12 @@ def _waiting(pod: Mapping[str, Any]) -> list[Waiting]:
     return found
 
 
+def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+
+
 def _unschedulable(status: Mapping[str, Any]) -> str | None:
-    for condition in status.get("conditions") or []:
+    for condition in _conditions(status):
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                 and condition.get("reason") == "Unschedulable"):
             return str(condition.get("message") or "no node fits the pod")

@@ -58,11 +58,14 @@ class Verdict:
         action: succeed, restart, or fail.
         reason: the condition reason to record.
         message: one sentence with the exit code, restarts used and the next step.
+        spends_restart: whether a restart spends one of spec.runPolicy.backoffLimit (not
+            after a disruption).
     """
 
     action: Action
     reason: api.Reason
     message: str
+    spends_restart: bool = True
 
 
 def classify_exit(exit_code: int, container_reason: str | None) -> ExitKind:
@@ -141,6 +144,26 @@ def after_exit(
     return Verdict(Action.RESTART, api.Reason.TRAINER_EXITED,
                    f"Trainer exited with retryable {how}{said}; restart {restarts + 1} of "
                    f"{backoff_limit}, resuming from the last checkpoint.")
+
+
+def after_disruption(pod: str, disruption: str, how: str, *, restarts: int,
+                     backoff_limit: int) -> Verdict:
+    """The verdict on a trainer pod that Kubernetes ended for a reason outside it (its
+    DisruptionTarget condition: preemption, eviction, node drain): restart from the checkpoint,
+    spending no restart of the backoff limit, as the Job controller's podFailurePolicy `Ignore`
+    on DisruptionTarget does.
+
+    Args:
+        pod: the pod's name.
+        disruption: its DisruptionTarget condition's "reason: message".
+        how: how the trainer ended (`describe_exit`, or that the pod was deleted).
+        restarts: restarts already used by the job.
+        backoff_limit: spec.runPolicy.backoffLimit.
+    """
+    return Verdict(Action.RESTART, api.Reason.POD_DISRUPTED,
+                   f"Trainer pod {pod} was disrupted ({disruption}; {how}); it resumes from "
+                   f"the last checkpoint, and a disruption spends no restart of backoffLimit "
+                   f"({restarts} of {backoff_limit} used).", spends_restart=False)
 
 
 def deadline_passed(start_seconds: float | None, deadline_seconds: int | None,

@@ -43,6 +43,15 @@ RULES: tuple[Rule, ...] = (
     # patched when signed again; owned by the job, so the garbage collector deletes it.
     Rule("", "secrets", ("create", "patch")),
 )
+# Not calls: what the API server's OwnerReferencesPermissionEnforcement admission plugin (on in
+# OpenShift) checks when an object the operator creates names its owner with
+# blockOwnerDeletion: true, as `kopf.adopt` sets for trainer pods, Services and Secrets, and
+# the operator for Workloads (owned by their TrainingJob) and trial jobs (by their
+# TrainingSweep). The chart grants them with `RULES`.
+OWNER_REFERENCE_RULES: tuple[Rule, ...] = (
+    Rule(api.GROUP, f"{api.PLURAL}/finalizers", ("update",)),
+    Rule(api.GROUP, f"{api.sweep.SWEEP_PLURAL}/finalizers", ("update",)),
+)
 # Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
 # and the placement loop lists Kiln's pods (by label) and other pods on each GPU node (by
 # field selector) in all namespaces to know which GPUs are free (`kiln.controller.listing`).
@@ -81,8 +90,9 @@ def triples(rules: tuple[Rule, ...] = RULES) -> set[tuple[str, str, str]]:
 
 def cluster_role(name: str = "kiln-operator", *, namespace_globs: bool = False
                  ) -> dict[str, Any]:
-    """A ClusterRole manifest granting exactly `RULES` (plus namespace scanning if asked)."""
-    rules = RULES + (NAMESPACE_SCANNING_RULES if namespace_globs else ())
+    """A ClusterRole manifest granting exactly `RULES` and `OWNER_REFERENCE_RULES` (plus
+    namespace scanning if asked)."""
+    rules = RULES + OWNER_REFERENCE_RULES + (NAMESPACE_SCANNING_RULES if namespace_globs else ())
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",

@@ -49,12 +49,13 @@ def trial_job(sweep: api.sweep.TrainingSweep, index: int, params: dict[str, Any]
     if sweep.metadata.namespace:
         metadata["namespace"] = sweep.metadata.namespace
     if sweep.metadata.uid:
-        # No blockOwnerDeletion: setting it needs update on trainingsweeps/finalizers where
-        # OwnerReferencesPermissionEnforcement is on, and garbage collection of the trials when
-        # the sweep is deleted works without it.
+        # blockOwnerDeletion, as for every object the operator owns (`kopf.adopt`): a
+        # foreground deletion of the sweep waits for its trials. Where
+        # OwnerReferencesPermissionEnforcement is on, setting it needs update on
+        # trainingsweeps/finalizers (`kiln.controller.rbac.OWNER_REFERENCE_RULES`).
         metadata["ownerReferences"] = [{
             "apiVersion": api.API_VERSION, "kind": api.sweep.SWEEP_KIND, "name": sweep.name,
-            "uid": sweep.metadata.uid, "controller": True,
+            "uid": sweep.metadata.uid, "controller": True, "blockOwnerDeletion": True,
         }]
     return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
 

@@ -137,6 +137,77 @@ def test_release_after_deactivation_leaves_requeueing_to_kueue() -> None:
     assert by_type["Requeued"]["status"] == "False"
 
 
+def _pods_ready(workload: dict[str, Any]) -> tuple[str, str] | None:
+    found = next((c for c in workload["status"]["conditions"] if c["type"] == "PodsReady"),
+                 None)
+    return None if found is None else (found["status"], found["reason"])
+
+
+def test_pods_ready_moves_as_kueues_job_reconciler_moves_it() -> None:
+    workload = _workload(*ADMITTED, flavors={"cpu": "f"})
+    steps = [(False, ("False", "WaitForStart")), (True, ("True", "Started")),
+             (False, ("False", "WaitForRecovery")), (False, ("False", "WaitForRecovery")),
+             (True, ("True", "Recovered")), (False, ("False", "WaitForRecovery"))]
+    for ready, wanted in steps:
+        patch = kueue.pods_ready_patch(workload, ready=ready, now=1_800_000_000.0)
+        if patch is None:  # written already: nothing to send
+            assert _pods_ready(workload) == wanted
+            continue
+        assert patch["metadata"] == {"resourceVersion": "7"}
+        assert set(patch["status"]) == {"conditions"}  # a merge patch: the admission stays
+        workload = {**workload, "status": {**workload["status"], **patch["status"]}}
+        assert _pods_ready(workload) == wanted
+    assert kueue.state_of(workload) is kueue.State.ADMITTED  # PodsReady changes nothing else
+
+
+def test_pods_ready_is_false_for_a_workload_without_admission() -> None:
+    assert kueue.pods_ready(_workload(), ready=True)[:2] == (False, "WaitForStart")
+    evicted = _workload(*ADMITTED, ("Evicted", "True", "PodsReadyTimeout"),
+                        ("PodsReady", "False", "WaitForStart"), flavors={"cpu": "f"})
+    patch = kueue.release_patch(evicted, now=1.0)
+    by_type = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert (by_type["PodsReady"]["status"], by_type["PodsReady"]["reason"]) == (
+        "False", "WaitForStart")
+    # Kueue decides when a Workload evicted for PodsReadyTimeout comes back (its backoff).
+    assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == (
+        "False", "PodsReadyTimeout")
+
+
+def _pod(attempt: int, *, ready: bool = True, phase: str = "Running",
+         deleting: bool = False) -> pods.PodState:
+    return pods.PodState(
+        name=f"digits-trainer-{attempt}", job="digits", attempt=attempt, phase=phase,
+        node="n", pod_ip=None, devices=1, device="gpu", parallelism="single",
+        estimated_seconds=0.0, started=None, exit_code=None, container_reason=None, message="",
+        metrics_port=None, deleting=deleting, ready=ready)
+
+
+@pytest.mark.parametrize(("placement", "current", "ready"), [
+    pytest.param({"node": "n"}, [_pod(0)], True, id="one-ready"),
+    pytest.param({"node": "n"}, [_pod(0, ready=False)], False, id="one-not-ready"),
+    pytest.param({"node": "n"}, [], False, id="not-created-yet"),
+    pytest.param({"node": "n"}, [_pod(0, deleting=True)], False, id="terminating"),
+    pytest.param({"node": "n"}, [_pod(0, ready=False, phase="Succeeded")], True,
+                 id="succeeded"),
+    pytest.param({"node": "a", "nodes": ["a", "b"]}, [_pod(0)], False, id="gang-missing-one"),
+    pytest.param({"node": "a", "nodes": ["a", "b"]}, [_pod(0), _pod(0, ready=False)], False,
+                 id="gang-one-not-ready"),
+    pytest.param({"node": "a", "nodes": ["a", "b"]}, [_pod(0), _pod(0)], True,
+                 id="gang-all-ready"),
+])
+def test_the_gang_is_ready_when_every_pod_of_its_placement_is(
+        placement: dict[str, Any], current: list[pods.PodState], ready: bool) -> None:
+    st = {"attempts": 1, "placement": placement,
+          "conditions": [{"type": "Running", "status": "True"}]}
+    assert kueue.gang_ready(st, current) is ready
+
+
+def test_a_job_waiting_for_kueue_again_has_no_ready_gang() -> None:
+    st = {"attempts": 1, "placement": {"node": "n"},
+          "conditions": [{"type": "Queued", "status": "True", "reason": "EvictedByKueue"}]}
+    assert not kueue.gang_ready(st, [_pod(0)])
+
+
 def test_finish_marks_the_workload_finished_with_the_jobs_outcome() -> None:
     workload = _workload(*ADMITTED, flavors={"cpu": "f"})
     patch = kueue.finish_patch(workload, succeeded=False, message="Backoff limit reached.",

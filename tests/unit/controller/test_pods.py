@@ -192,6 +192,27 @@ def test_pod_state_reads_the_terminated_trainer() -> None:
     assert state.metrics_port == SETTINGS.metrics_port
 
 
+def test_pod_state_reads_readiness_and_a_disruption() -> None:
+    owner, job = _job()
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    pod["status"] = {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+    state = pods.pod_state(pod)
+    assert state.ready and state.disruption is None
+
+    pod["status"] = {"phase": "Failed", "conditions": [
+        {"type": "Ready", "status": "False", "reason": "PodCompleted"},
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+         "message": "Preempted in order to admit critical pod"}]}
+    state = pods.pod_state(pod)
+    assert not state.ready
+    assert state.disruption == (
+        "PreemptionByScheduler: Preempted in order to admit critical pod")
+
+    pod["status"]["conditions"][1]["status"] = "False"  # the disruption was called off
+    assert pods.pod_state(pod).disruption is None
+
+
 def test_pod_state_reads_waiting_containers_init_first_and_the_scheduler() -> None:
     owner, job = _job(template={"image": "reg.example/own:1", "initContainers": [
         {"name": "fetch", "image": "reg.example/fetch:2"}]})

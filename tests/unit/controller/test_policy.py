@@ -23,6 +23,19 @@ def test_exit_codes_are_classified(code: int, reason: str, kind: policy.ExitKind
     assert policy.classify_exit(code, reason) == kind
 
 
+def test_a_disruption_restarts_without_spending_the_backoff_limit() -> None:
+    verdict = policy.after_disruption(
+        "digits-trainer-0", "EvictionByEvictionAPI: Eviction API: evicting",
+        policy.describe_exit(143, "Error"), restarts=0, backoff_limit=0)
+    assert (verdict.action, verdict.reason) == (policy.Action.RESTART,
+                                                api.Reason.POD_DISRUPTED)
+    assert not verdict.spends_restart
+    assert "EvictionByEvictionAPI" in verdict.message and "SIGTERM" in verdict.message
+    # The same exit without the DisruptionTarget condition spends the last restart.
+    counted = policy.after_exit(143, "Error", "", restarts=0, backoff_limit=0)
+    assert counted.action == policy.Action.FAIL and counted.spends_restart
+
+
 def test_a_retryable_exit_restarts_while_restarts_are_left() -> None:
     verdict = policy.after_exit(137, "Error", "", restarts=1, backoff_limit=3)
     assert verdict.action == policy.Action.RESTART
