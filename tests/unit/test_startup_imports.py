@@ -1,6 +1,6 @@
 """Processes that start often (the operator, `kiln validate` and `kiln run`, a digits trainer)
 leave out libraries they need only sometimes, each about a second of CPU per process:
-torchvision (its import imports torch's compiler) and scikit-learn (it imports SciPy)."""
+torchvision (its import imports torch's compiler), FSDP and scikit-learn (it imports SciPy)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def _modules_after(code: str) -> set[str]:
 def test_the_operator_and_the_cli_import_no_torchvision() -> None:
     loaded = _modules_after("import kiln.controller.main, kiln.cli, kiln.models")
     assert "torchvision" not in loaded
+
+
+def test_the_trainer_imports_neither_torchvision_nor_fsdp_before_a_job_needs_them() -> None:
+    loaded = _modules_after("import kiln_trainer.loop")
+    assert not {"torchvision", "torch.distributed.fsdp"} & loaded
 
 
 def test_a_torchvision_architecture_imports_torchvision_when_built() -> None:

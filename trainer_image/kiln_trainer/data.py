@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -28,7 +29,6 @@ import minio.error
 import numpy as np
 import PIL
 import torch
-import torchvision
 import urllib3.exceptions
 from torch.nn import functional as F
 from torch.utils import data as torch_data
@@ -515,48 +515,54 @@ def real_paths(files: Sequence[str | Path]) -> frozenset[str]:
     return frozenset(os.path.realpath(file) for file in files)
 
 
-class _ImageFolder(torchvision.datasets.ImageFolder):  # type: ignore[misc]  # untyped base
+@functools.cache
+def _image_folder() -> type[Any]:
     """torchvision's `ImageFolder` walked by `unique_files`: no symlink loops, no file twice
     (within a class or across classes), and none whose real path is in `exclude`. Hidden
     entries (a name starting with '.') are neither classes nor images, as the text loader and
-    the data's fingerprint skip them too (a ``.trash`` folder is no class)."""
+    the data's fingerprint skip them too (a ``.trash`` folder is no class). Made on first use:
+    importing torchvision costs every trainer about half a second of CPU."""
+    import torchvision
 
-    def __init__(self, root: str, *, exclude: frozenset[str]) -> None:
-        self._exclude = exclude
-        super().__init__(root)
+    class ImageFolder(torchvision.datasets.ImageFolder):  # type: ignore[misc]  # untyped base
+        def __init__(self, root: str, *, exclude: frozenset[str]) -> None:
+            self._exclude = exclude
+            super().__init__(root)
 
-    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
-        classes, _ = super().find_classes(directory)
-        visible = [name for name in classes if not name.startswith(".")]
-        if not visible:
-            raise FileNotFoundError(f"found no class folder in {directory}")
-        return visible, {name: i for i, name in enumerate(visible)}
+        def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+            classes, _ = super().find_classes(directory)
+            visible = [name for name in classes if not name.startswith(".")]
+            if not visible:
+                raise FileNotFoundError(f"found no class folder in {directory}")
+            return visible, {name: i for i, name in enumerate(visible)}
 
-    def make_dataset(  # an instance method: it needs `exclude`, torchvision calls it on self
-        self, directory: str | Path, class_to_idx: dict[str, int],
-        extensions: tuple[str, ...] | None = None,
-        is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
-    ) -> list[tuple[str, int]]:
-        seen = set(self._exclude)
-        instances = []
-        for name in sorted(class_to_idx):
-            found = False
-            for path in unique_files(Path(directory) / name):
-                if fingerprint.skipped(path.relative_to(Path(directory) / name).as_posix()):
-                    continue
-                valid = (is_valid_file(str(path)) if is_valid_file is not None else
-                         extensions is not None and path.name.lower().endswith(extensions))
-                if not valid:
-                    continue
-                found = True
-                real = os.path.realpath(path)
-                if real not in seen:
-                    seen.add(real)
-                    instances.append((str(path), class_to_idx[name]))
-            if not found and not allow_empty:
-                raise FileNotFoundError(f"found no image file for the class {name}; supported "
-                                        f"extensions are {', '.join(extensions or ())}")
-        return instances
+        def make_dataset(  # an instance method: it needs `exclude`, torchvision calls it on self
+            self, directory: str | Path, class_to_idx: dict[str, int],
+            extensions: tuple[str, ...] | None = None,
+            is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
+        ) -> list[tuple[str, int]]:
+            seen = set(self._exclude)
+            instances = []
+            for name in sorted(class_to_idx):
+                found = False
+                for path in unique_files(Path(directory) / name):
+                    if fingerprint.skipped(path.relative_to(Path(directory) / name).as_posix()):
+                        continue
+                    valid = (is_valid_file(str(path)) if is_valid_file is not None else
+                             extensions is not None and path.name.lower().endswith(extensions))
+                    if not valid:
+                        continue
+                    found = True
+                    real = os.path.realpath(path)
+                    if real not in seen:
+                        seen.add(real)
+                        instances.append((str(path), class_to_idx[name]))
+                if not found and not allow_empty:
+                    raise FileNotFoundError(f"found no image file for the class {name}; supported "
+                                            f"extensions are {', '.join(extensions or ())}")
+            return instances
+
+    return ImageFolder
 
 
 # ----------------------------------------------------------------------------------------------
@@ -578,7 +584,7 @@ def _file_images(spec: api.DatasetSpec, *, validation: bool = False,
                 "sub-folder per class holding its images (e.g. cats/1.png, dogs/2.png)"
             )
         try:
-            folder = _ImageFolder(str(path), exclude=exclude)
+            folder = _image_folder()(str(path), exclude=exclude)
         except FileNotFoundError as exc:
             raise DatasetError(
                 f"{field}: {path} holds no class folders with images ({exc}); put "
@@ -598,6 +604,8 @@ def _file_images(spec: api.DatasetSpec, *, validation: bool = False,
             f"spec.dataset.path: {path} does not exist, so torchvision {name} has no data "
             "(download is off); put the dataset there or set spec.dataset.download: true"
         )
+    import torchvision  # here: see `_image_folder`
+
     split_kwargs, num_classes = TORCHVISION_CLASSES[name]
     dataset = _construct(getattr(torchvision.datasets, name), path, download=spec.download,
                          split_kwargs=split_kwargs)
@@ -633,8 +641,10 @@ def _file_image_transform(shape: tuple[int, ...], *, augment: bool) -> Transform
             if pixels.ndim == 2:
                 pixels = pixels.unsqueeze(0)
         else:  # PIL image (ImageFolder and most torchvision classes)
+            from torchvision.transforms import functional as vision_functional
+
             image = image.convert("L" if channels == 1 else "RGB")
-            pixels = torchvision.transforms.functional.pil_to_tensor(image).float() / 255.0
+            pixels = vision_functional.pil_to_tensor(image).float() / 255.0
         pixels = _match_channels(pixels, channels)
         pixels = resize_images(pixels.unsqueeze(0), (height, width))[0]
         pixels = (pixels - _FILE_IMAGE_MEAN) / _FILE_IMAGE_STD

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import sharded_grad_scaler
 
 from kiln import api
 
@@ -44,7 +43,9 @@ class MixedPrecision:
         self.dtype = _DTYPES.get(self.precision)
         self.scaler: torch.amp.GradScaler | None = None
         if self.precision == api.Precision.FP16:
-            if sharded:
+            if sharded:  # imported here: FSDP's import costs every trainer half a second
+                from torch.distributed.fsdp import sharded_grad_scaler
+
                 self.scaler = sharded_grad_scaler.ShardedGradScaler(self.device_type)
             else:
                 self.scaler = torch.amp.GradScaler(self.device_type)

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils import flop_counter
-from torchvision.models import feature_extraction
 
 from kiln import models
 
@@ -114,6 +113,10 @@ def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
             model.get_submodule(block)
         except AttributeError as error:
             raise Unpartitionable(name, f"block {block!r} is no submodule ({error})") from error
+    # Imported here: torchvision's import costs a trainer half a second, and a job without
+    # freezing never partitions.
+    from torchvision.models import feature_extraction
+
     saved_modes = modes(model)
     try:
         module: nn.Module = feature_extraction.create_feature_extractor(
