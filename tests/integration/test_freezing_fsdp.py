@@ -105,7 +105,7 @@ def test_the_default_trainer_freezes_under_fsdp_and_completes(tmp_path: Path) ->
             "model": {"architecture": "small_cnn", "inputShape": [1, 8, 8],
                       "args": {"depth": 3, "width": 8}},
             "dataset": {"name": "digits", "maxSamples": 400},  # 10 steps per epoch
-            "training": {"epochs": 40, "batchSize": 32, "seed": 5,
+            "training": {"epochs": 20, "batchSize": 32, "seed": 5,
                          "optimizer": {"name": "adam", "lr": 0.005}},
             "freezing": {"checkEverySteps": 1, "window": 3, "patience": 1, "tolerance": 10,
                          "peakFraction": 1, "reference": "fp32"},
