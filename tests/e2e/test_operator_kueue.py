@@ -3,7 +3,9 @@
 No Kueue runs here. The test plays Kueue's part on the emulator: it serves Kueue's Workload and
 ResourceFlavor kinds, and patches a Workload's status as Kueue's scheduler would (QuotaReserved
 and Admitted with status.admission naming a flavor; Evicted), with waitForPodsReady on: it
-evicts with PodsReadyTimeout a Workload whose PodsReady is not True when it looks. Everything
+evicts with PodsReadyTimeout a Workload whose PodsReady is not True when it looks. It serves
+one Workload API version, v1beta2 (Kueue's current) or v1beta1 (older releases): the operator
+discovers which and speaks it. Everything
 Kiln does is real: the operator process, its Workload, its pods run by the test kubelet, the zoo
 checkpoint.
 """
@@ -17,27 +19,31 @@ from pathlib import Path
 from typing import Any
 
 import kmock
+import pytest
 from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 
 from kiln.controller import kueue, rbac
 from kiln.zoo import records
 
-WORKLOADS = f"{kueue.GROUP}/{kueue.VERSION}/{kueue.WORKLOADS}"
-FLAVORS = f"{kueue.GROUP}/{kueue.VERSION}/resourceflavors"
-KUEUE_RESOURCES = {
-    WORKLOADS: kmock.ResourceInfo(
-        kind="Workload", singular="workload", namespaced=True, subresources={"status"},
-        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}),
-    FLAVORS: kmock.ResourceInfo(
-        kind="ResourceFlavor", singular="resourceflavor", namespaced=False,
-        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}),
-}
+
+def _kueue_resources(version: str) -> dict[str, kmock.ResourceInfo]:
+    """Kueue's Workload and ResourceFlavor kinds, served in API `version` only."""
+    verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+    return {
+        f"{kueue.GROUP}/{version}/{kueue.WORKLOADS}": kmock.ResourceInfo(
+            kind="Workload", singular="workload", namespaced=True, subresources={"status"},
+            verbs=verbs),
+        f"{kueue.GROUP}/{version}/resourceflavors": kmock.ResourceInfo(
+            kind="ResourceFlavor", singular="resourceflavor", namespaced=False, verbs=verbs),
+    }
+
 POOL_LABEL = "e2e.kiln.dev/pool"
 FLAVOR = "on-demand"
 
 
 def _workloads(cluster: emulator.Emulator, namespace: str) -> list[dict[str, Any]]:
-    return [w for w in cluster.objects(WORKLOADS)
+    return [w for version in kueue.VERSIONS
+            for w in cluster.objects(f"{kueue.GROUP}/{version}/{kueue.WORKLOADS}")
             if w["metadata"].get("namespace") == namespace]
 
 
@@ -61,7 +67,7 @@ def _set_conditions(workload: dict[str, Any], **statuses: tuple[str, str]) -> li
 
 def _admit(cluster: emulator.Emulator, workload: dict[str, Any]) -> None:
     """What Kueue's scheduler writes when it admits the Workload to flavor FLAVOR."""
-    path = f"/apis/{WORKLOADS.rsplit('/', 1)[0]}/namespaces/{workload['metadata']['namespace']}" \
+    path = f"/apis/{workload['apiVersion']}/namespaces/{workload['metadata']['namespace']}" \
            f"/workloads/{workload['metadata']['name']}/status"
     cluster.client.patch(path, {"status": {
         "conditions": _set_conditions(workload, QuotaReserved=("True", "QuotaReserved"),
@@ -76,7 +82,7 @@ def _evict(cluster: emulator.Emulator, workload: dict[str, Any], reason: str) ->
     """What Kueue writes when it evicts the Workload: Preempted (a higher-priority Workload
     needs the quota) or PodsReadyTimeout (waitForPodsReady's timeout passed without
     PodsReady=True)."""
-    path = f"/apis/{WORKLOADS.rsplit('/', 1)[0]}/namespaces/{workload['metadata']['namespace']}" \
+    path = f"/apis/{workload['apiVersion']}/namespaces/{workload['metadata']['namespace']}" \
            f"/workloads/{workload['metadata']['name']}/status"
     cluster.client.patch(path, {"status": {
         "conditions": _set_conditions(workload, Evicted=("True", reason))}})
@@ -92,31 +98,33 @@ def _wait_pods_ready(cluster: emulator.Emulator, namespace: str, wanted: tuple[s
         timeout_seconds=60, what=f"the Workload's PodsReady to be {wanted}", details=details)
 
 
+@pytest.mark.parametrize("version", kueue.VERSIONS)
 def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
     zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
-    tmp_path: Path,
+    tmp_path: Path, version: str,
 ) -> None:
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
-    with emulator.Emulator(extra_resources=KUEUE_RESOURCES) as cluster:
+    with emulator.Emulator(extra_resources=_kueue_resources(version)) as cluster:
         # Two nodes: the planner's first choice is node a; the flavor allows only node b.
         for node, pool in (("cpu-node-a", "spot"), ("cpu-node-b", FLAVOR)):
             cluster.client.create_node(node)
             cluster.client.patch(f"/api/v1/nodes/{node}",
                                  {"metadata": {"labels": {POOL_LABEL: pool}}})
-        cluster.client.create(f"/apis/{FLAVORS}", {
-            "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", "kind": "ResourceFlavor",
+        cluster.client.create(f"/apis/{kueue.GROUP}/{version}/resourceflavors", {
+            "apiVersion": f"{kueue.GROUP}/{version}", "kind": "ResourceFlavor",
             "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
         cluster.client.create_secret(namespace, *zoo_secret)
         with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
                                args=[*operator_args, "--kueue"]) as (node, operator):
-            _run(cluster, node, operator, zoo, namespace)
+            _run(cluster, node, operator, zoo, namespace, version)
         calls = usage.api_calls(cluster.requests)
     granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
     assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
 
 
 def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
-         operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str) -> None:
+         operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str,
+         version: str) -> None:
     name, plain = "digits-kueue", "digits-plain"
 
     def details() -> str:
@@ -143,6 +151,7 @@ def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
     assert scenario.phase(waiting) == "Queued"
     (workload,) = client.wait_until(lambda: _workloads(cluster, namespace), timeout_seconds=30,
                                     what="the job's Workload")
+    assert workload["apiVersion"] == f"{kueue.GROUP}/{version}"  # the version served
     assert workload["metadata"]["name"] == kueue.workload_name(
         name, waiting["metadata"]["uid"])
     assert workload["metadata"]["ownerReferences"][0]["kind"] == "TrainingJob"

@@ -102,6 +102,31 @@ def test_validate_rejects_two_jobs_with_one_name(tmp_path: Path,
     assert "repeated" in capsys.readouterr().err
 
 
+def test_validate_names_unknown_keys_and_a_bad_toleration_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, VALID + """\
+  traning: {epochs: 3}
+  template:
+    nodeAfinity: {}
+    affinity: {nodeAfinity: {}}
+    tolerations: [{key: gpu, operator: Exists, effect: NoSchedle, efect: NoSchedule}]
+""")
+    assert cli.main(["validate", str(path)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    expected = [
+        "spec.traning: unknown field; did you mean 'training'?",
+        ("spec.template.nodeAfinity: not a pod setting Kiln passes through; did you mean "
+         "'affinity'?"),
+        ("spec.template.affinity.nodeAfinity: unknown field of a Kubernetes Affinity; did you "
+         "mean 'nodeAffinity'?"),
+        ("spec.template.tolerations[0].effect: must be one of NoSchedule, PreferNoSchedule, "
+         "NoExecute"),
+        ("spec.template.tolerations[0].efect: unknown field of a Kubernetes Toleration; did you "
+         "mean 'effect'?"),
+    ]
+    assert [e for e in expected if e not in err] == [], err
+
+
 def test_run_rejects_a_missing_data_path_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

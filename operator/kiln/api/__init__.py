@@ -8,7 +8,7 @@ reads job files. Never imports torch or kopf.
 from __future__ import annotations
 
 # The package's public face, gathered from its modules (which import downwards only:
-# sweep -> admitted -> validation -> bounds -> status -> spec -> names).
+# sweep -> admitted -> validation -> podschema, bounds -> status -> spec -> names).
 from kiln.api import sweep
 from kiln.api.admitted import (
     ADMITTED_SPEC_STATUS,
@@ -61,6 +61,10 @@ from kiln.api.names import (
     ZooShare,
     non_ascii,
 )
+from kiln.api.podschema import (
+    pod_schema_problems,
+    template_pod_types,
+)
 from kiln.api.scheduling import (
     REQUESTED_RESOURCES,
     Requirement,
@@ -98,6 +102,7 @@ from kiln.api.status import (
     WarmStartDecision,
 )
 from kiln.api.validation import (
+    TEMPLATE_KEYS,
     accelerator_problems,
     check_schema,
     parse_job,
@@ -129,6 +134,7 @@ __all__ = [
     "REQUESTED_RESOURCES",
     "SHORT_NAMES",
     "SINGULAR",
+    "TEMPLATE_KEYS",
     "TORCHVISION_CLASSES",
     "VERSION",
     "Augmentation",
@@ -184,10 +190,12 @@ __all__ = [
     "parse_job",
     "parse_quantity",
     "parse_running",
+    "pod_schema_problems",
     "problems_of",
     "running_doc",
     "scheduling_of",
     "sweep",
+    "template_pod_types",
     "to_wire",
     "unaffected",
     "validate",

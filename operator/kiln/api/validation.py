@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kiln.api import bounds, names, scheduling, status
+from kiln.api import bounds, names, podschema, scheduling, status
 from kiln.api import spec as spec_types
 
 
@@ -391,22 +391,28 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
     volumes named, unique and not Kiln's dshm; every volumeMount (the trainer's or an init
     container's) naming one of those volumes at an absolute, unique mountPath; init containers
     with a unique name and an image; scheduling keys and resource quantities in Kubernetes'
-    shapes (`scheduling.scheduling_problems`).
+    shapes (`scheduling.scheduling_problems`); and every key at any depth one Kubernetes' pod
+    schema knows (`podschema`). A rejected key leaves the others checked: all show at once.
     """
     where = "spec.template"
     problems = []
+    rejected: set[str] = set()
     for key, value in template.items():
         if key not in TEMPLATE_KEYS:
-            problems.append(f"{where}.{key}: not a pod setting Kiln passes through; use one of "
+            problems.append(f"{where}.{key}: not a pod setting Kiln passes through; "
+                            f"{_did_you_mean(str(key), TEMPLATE_KEYS)}use one of "
                             f"{', '.join(TEMPLATE_KEYS)}")
+            rejected.add(key)
             continue
         kind, fits = (("a non-empty string", isinstance(value, str) and bool(value))
                       if key in _STRINGS else ("a list", isinstance(value, list))
                       if key in _LISTS else ("a mapping", isinstance(value, dict)))
         if not fits:
             problems.append(f"{where}.{key}: must be {kind} (got {value!r})")
-    if problems:
-        return problems
+            rejected.add(key)
+    # The rest is checked without the rejected keys, so that every problem shows at once.
+    template = {k: v for k, v in template.items() if k not in rejected}
+    schema = _schema_problems(template)
     for key in ("command", "args"):
         value = template.get(key)
         if value is not None and not all(isinstance(v, str) for v in value):
@@ -451,7 +457,26 @@ def _template_problems(template: dict[str, Any]) -> list[str]:
             problems += _mount_problems(f"{at}.volumeMounts", mounts, volumes, trainer=False)
         else:
             problems.append(f"{at}.volumeMounts: must be a list (got {type(mounts).__name__})")
-    return problems
+    # Kiln's own message wins where both speak of one field, or of a value's shape above or
+    # below it; a misspelt key is news unless Kiln named that very key.
+    said = [p.split(":", 1)[0] for p in problems]
+
+    def news(problem: str) -> bool:
+        at, misspelt = problem.split(":", 1)[0], ": unknown field" in problem
+        return not any(field == at or (not misspelt and _nested(field, at)) for field in said)
+
+    return problems + [p for p in schema if news(p)]
+
+
+def _schema_problems(template: dict[str, Any]) -> list[str]:
+    """spec.template against the Kubernetes pod schema (`podschema`): unknown keys at any
+    depth (``affinity.nodeAfinity``, ``tolerations[0].efect``) and values of the wrong shape."""
+    if not template:
+        return []
+    types = podschema.template_pod_types()
+    return [problem for key, value in template.items()
+            for problem in podschema.pod_schema_problems(value, types[key],
+                                                              f"spec.template.{key}")]
 
 
 def accelerator_problems(template: dict[str, Any], extra: typing.Sequence[str] = ()

@@ -45,7 +45,10 @@ C, R = api.ConditionType, api.Reason
 _log = logging.getLogger(__name__)
 
 GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta1"  # served by every Kueue release that has external frameworks
+# The Workload API versions Kiln speaks, preferred first: v1beta2 (Kueue's storage version from
+# v0.16, where v1beta1 is deprecated) and v1beta1 (every release with external frameworks).
+VERSIONS = ("v1beta2", "v1beta1")
+AUTO = "auto"  # the operator's --kueue-api-version default: the first of VERSIONS served
 WORKLOADS = "workloads"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass
@@ -55,6 +58,9 @@ FRAMEWORK = f"{api.KIND}.{api.VERSION}.{api.GROUP}"
 POD_SET = "trainer"
 POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
 WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+# v1beta2 names the class by group and kind (priorityClassRef) where v1beta1 had one source.
+PRIORITY_CLASS_REFS = {POD_PRIORITY_SOURCE: ("scheduling.k8s.io", "PriorityClass"),
+                       WORKLOAD_PRIORITY_SOURCE: (GROUP, "WorkloadPriorityClass")}
 # Kueue's Workload condition types.
 QUOTA_RESERVED, ADMITTED, EVICTED, REQUEUED, FINISHED, PODS_READY = (
     "QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
@@ -87,25 +93,58 @@ class Priority:
     value: int
 
 
+def choose_version(served: Sequence[str], setting: str = AUTO) -> tuple[str, str]:
+    """The Workload API version to speak, and a warning ("" when none).
+
+    Args:
+        served: the versions the API server serves of kueue.x-k8s.io (`served_versions`).
+        setting: a version of VERSIONS, or AUTO for the first of them the server serves.
+    """
+    if setting != AUTO:
+        return setting, "" if setting in served else (
+            f"{GROUP}/{setting} is not served (served: {', '.join(served) or 'none'}); "
+            "Kiln's Workloads are refused until it is")
+    found = next((v for v in VERSIONS if v in served), None)
+    if found is not None:
+        return found, ""
+    return VERSIONS[0], (
+        f"the API server serves no Workload API of {GROUP} ({' or '.join(VERSIONS)}): is Kueue "
+        f"installed? Kiln uses {VERSIONS[0]}; restart the operator once Kueue is installed, "
+        "or set --kueue-api-version")
+
+
+async def served_versions(connection: kopf.ConnectionInfo) -> list[str]:
+    """The versions of kueue.x-k8s.io the API server serves (its API group discovery, which
+    every authenticated user may read); [] when it serves none or does not say."""
+    client = kube.Client(connection)
+    try:
+        found = await client.get(f"/apis/{GROUP}")
+    except kube.ApiError as exc:
+        _log.warning("kueue: API discovery of %s failed (%s)", GROUP, exc)
+        found = None
+    finally:
+        await client.close()
+    return [str(v.get("version")) for v in (found or {}).get("versions") or []]
+
+
+@dataclasses.dataclass(frozen=True)
 class Paths:
-    """URL paths of Kueue's objects (and of PriorityClasses)."""
+    """URL paths of Kueue's objects in one API `version` (and of PriorityClasses)."""
 
-    @staticmethod
-    def workloads(namespace: str) -> str:
-        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{WORKLOADS}"
+    version: str
 
-    @staticmethod
-    def workload(namespace: str, name: str, *, status: bool = False) -> str:
-        path = f"{Paths.workloads(namespace)}/{name}"
+    def workloads(self, namespace: str) -> str:
+        return f"/apis/{GROUP}/{self.version}/namespaces/{namespace}/{WORKLOADS}"
+
+    def workload(self, namespace: str, name: str, *, status: bool = False) -> str:
+        path = f"{self.workloads(namespace)}/{name}"
         return path + "/status" if status else path
 
-    @staticmethod
-    def flavor(name: str) -> str:
-        return f"/apis/{GROUP}/{VERSION}/resourceflavors/{name}"
+    def flavor(self, name: str) -> str:
+        return f"/apis/{GROUP}/{self.version}/resourceflavors/{name}"
 
-    @staticmethod
-    def workload_priority_class(name: str) -> str:
-        return f"/apis/{GROUP}/{VERSION}/workloadpriorityclasses/{name}"
+    def workload_priority_class(self, name: str) -> str:
+        return f"/apis/{GROUP}/{self.version}/workloadpriorityclasses/{name}"
 
     @staticmethod
     def priority_class(name: str) -> str:
@@ -141,6 +180,7 @@ def requests(job: api.TrainingJob, *, gpus: int,
 
 def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
                    image: str, priority: Priority | None, active: bool,
+                   version: str = VERSIONS[0],
                    gpu_resource: str = pods.GPU_RESOURCE) -> dict[str, Any]:
     """The Workload of `job`: one pod set of its trainer pods (one per node: spec.resources.
     nodes, else one), owned by the job.
@@ -152,11 +192,13 @@ def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
         image: the trainer image (Kueue ignores it; it keeps the pod template complete).
         priority: the Workload's priority, or None.
         active: False keeps Kueue from admitting it (a suspended job).
+        version: the Workload API version (VERSIONS): v1beta2 names the priority class in
+            priorityClassRef, v1beta1 in priorityClassName and priorityClassSource.
         gpu_resource: the extended resource the GPUs are requested as (the operator's first
             --gpu-resource).
 
     Returns:
-        A kueue.x-k8s.io/v1beta1 Workload manifest.
+        A kueue.x-k8s.io/`version` Workload manifest.
     """
     count = job.spec.resources.nodes or 1
     meta = owner.get("metadata") or {}
@@ -179,11 +221,15 @@ def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
                      "template": {"metadata": {"labels": {pods.JOB_NAME_LABEL: job.name}},
                                   "spec": pod_spec}}],
     }
-    if priority is not None:
+    if priority is not None and version == "v1beta1":
         spec.update(priorityClassName=priority.name, priorityClassSource=priority.source,
                     priority=priority.value)
+    elif priority is not None:
+        group, kind = PRIORITY_CLASS_REFS[priority.source]
+        spec.update(priorityClassRef={"group": group, "kind": kind, "name": priority.name},
+                    priority=priority.value)
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": f"{GROUP}/{version}",
         "kind": "Workload",
         "metadata": {
             "name": workload_name(job.name, uid),
@@ -393,6 +439,10 @@ class Kueue:
         self.placement = placement
         self.options = options
         self.clock = clock
+        # `run` resolved AUTO by discovery already; a Kueue built without it speaks the newest.
+        self.version = (options.kueue_api_version if options.kueue_api_version in VERSIONS
+                        else VERSIONS[0])
+        self.paths = Paths(self.version)
 
     def manages(self, job: api.TrainingJob) -> bool:
         """Whether Kueue admits this job: it names a LocalQueue."""
@@ -430,7 +480,7 @@ class Kueue:
         def ended(body: kopf.Body, **_: Any) -> bool:
             return status.is_terminal(dict(body.get("status") or {}))
 
-        kopf.on.event(GROUP, VERSION, WORKLOADS, registry=registry, id="kueue-workloads")(
+        kopf.on.event(GROUP, self.version, WORKLOADS, registry=registry, id="kueue-workloads")(
             wrap("kueue", workload_event))
         kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id="kueue-finish",
                       labels={QUEUE_LABEL: kopf.PRESENT}, when=ended)(
@@ -445,7 +495,7 @@ class Kueue:
         meta = body.get("metadata") or {}
         ref = jobs.JobRef.of(body)
         name = workload_name(job.name, str(meta.get("uid") or ""))
-        found = await self.client.get(Paths.workload(ref.namespace, name))
+        found = await self.client.get(self.paths.workload(ref.namespace, name))
         if found is not None:
             await self.observe(found, None)
             return
@@ -459,15 +509,15 @@ class Kueue:
         manifest = build_workload(
             body, job, gpus=gpus, image=str(job.spec.template.get("image")
                                              or self.options.default_image),
-            priority=priority, active=not status.is_true(st, C.SUSPENDED),
+            priority=priority, active=not status.is_true(st, C.SUSPENDED), version=self.version,
             gpu_resource=self.options.gpu_resources[0])
         try:
-            await self.client.create(Paths.workloads(ref.namespace), manifest)
+            await self.client.create(self.paths.workloads(ref.namespace), manifest)
         except kube.ApiError as exc:
             if exc.status not in (404, 400, 422):
                 raise
             problem = (f"the API server refused Workload {name} ({exc}); "
-                       + ("install Kueue (its Workload API kueue.x-k8s.io/v1beta1) or run the "
+                       + (f"install Kueue (its Workload API {GROUP}/{self.version}) or run the "
                           "operator without --kueue" if exc.status == 404 else
                           "check the job's kueue.x-k8s.io labels and spec.template"))
         if problem:
@@ -483,7 +533,7 @@ class Kueue:
         missing."""
         label = job.metadata.labels.get(PRIORITY_CLASS_LABEL)
         name, source, path = (
-            (label, WORKLOAD_PRIORITY_SOURCE, Paths.workload_priority_class(label)) if label else
+            (label, WORKLOAD_PRIORITY_SOURCE, self.paths.workload_priority_class(label)) if label else
             (job.spec.run_policy.priority_class_name, POD_PRIORITY_SOURCE,
              Paths.priority_class(job.spec.run_policy.priority_class_name or "")))
         if not name:
@@ -551,7 +601,7 @@ class Kueue:
         flavors = sorted(set((assigned.get("flavors") or {}).values()))
         labels: dict[str, dict[str, str]] = {}
         for flavor in flavors:
-            found = await self.client.get(Paths.flavor(flavor))
+            found = await self.client.get(self.paths.flavor(flavor))
             labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
         grant = grant_of(workload, labels, self.options.gpu_resources)
         cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
@@ -611,7 +661,7 @@ class Kueue:
             return  # `pod_event` comes back when they are gone
         name = workload["metadata"]["name"]
         try:
-            await self.client.merge_patch(Paths.workload(ref.namespace, name, status=True),
+            await self.client.merge_patch(self.paths.workload(ref.namespace, name, status=True),
                                           release_patch(workload, now=self.clock()))
         except kube.ApiError as exc:
             if exc.status != 409:
@@ -651,7 +701,7 @@ class Kueue:
         name = workload["metadata"]["name"]
         try:
             await self.client.merge_patch(
-                Paths.workload(str(workload["metadata"].get("namespace") or "default"), name,
+                self.paths.workload(str(workload["metadata"].get("namespace") or "default"), name,
                                status=True), patch)
         except kube.ApiError as exc:
             if exc.status != 409:
@@ -674,7 +724,7 @@ class Kueue:
             return None
         uid = str((body.get("metadata") or {}).get("uid") or "")
         workload = await self.client.get(
-            Paths.workload(ref.namespace, workload_name(job.name, uid)))
+            self.paths.workload(ref.namespace, workload_name(job.name, uid)))
         return None if workload is None else (body, workload)
 
 
@@ -697,7 +747,7 @@ class Kueue:
         ended = status.condition(st, C.SUCCEEDED if succeeded else C.FAILED)
         try:
             await self.client.merge_patch(
-                Paths.workload(ref.namespace, workload["metadata"]["name"], status=True),
+                self.paths.workload(ref.namespace, workload["metadata"]["name"], status=True),
                 finish_patch(workload, succeeded=succeeded, message=ended.message if ended else "",
                              now=self.clock()))
         except kube.ApiError as exc:
@@ -711,5 +761,5 @@ class Kueue:
         workload = await self._workload_of(ref)
         if workload is not None and (workload.get("spec") or {}).get("active", True) != active:
             await self.client.merge_patch(
-                Paths.workload(ref.namespace, workload["metadata"]["name"]),
+                self.paths.workload(ref.namespace, workload["metadata"]["name"]),
                 {"spec": {"active": active}})

@@ -144,6 +144,8 @@ _HELP: tuple[tuple[str, str], ...] = (
                                     "(spec.template.securityContext keys win)")),
     ("kueue", ("Kueue admits jobs labelled kueue.x-k8s.io/queue-name (a Workload each); Kiln "
                "places them within Kueue's admission")),
+    ("kueue_api_version", ("Kueue's Workload API version: auto (v1beta2 when the API server "
+                           "serves it, else v1beta1), v1beta2 or v1beta1")),
     ("verbose", "debug logging"),
 )
 
@@ -393,7 +395,8 @@ def build_parser(prog: str = "kiln operator", *,
             choices = (PULL_POLICIES if name == "image_pull_policy" else
                        types.OBJECTIVES if name == "placement_objective" else
                        [str(v) for v in api.ZooShare] if name == "zoo_share" else
-                       ZOO_POD_ACCESS if name == "zoo_pod_access" else None)
+                       ZOO_POD_ACCESS if name == "zoo_pod_access" else
+                       (kueue.AUTO, *kueue.VERSIONS) if name == "kueue_api_version" else None)
             parser.add_argument(flag, dest=name, type=kind, default=default, help=text,
                                 choices=choices)
         assert name in fields, name
@@ -511,6 +514,12 @@ def run(options: settings.Options) -> None:
     problem = asyncio.run(kube.unreachable(connection))
     if problem:
         raise ApiUnreachable(f"{problem}; check --kubeconfig (or KUBECONFIG) and the cluster")
+    if options.kueue:  # the Workload API version, before the handlers watch it
+        version, warning = kueue.choose_version(asyncio.run(kueue.served_versions(connection)),
+                                                options.kueue_api_version)
+        if warning:
+            _log.warning("Kueue: %s", warning)
+        options = dataclasses.replace(options, kueue_api_version=version)
     # Peering (--peering): the oldest replica leads; the others wait, paused by kopf.
     priority = leadership.start_priority(time.time())
     operator = build(options, connection, peering_priority=priority)

@@ -130,6 +130,8 @@ class Options:
         kueue: Kueue admits jobs labelled kueue.x-k8s.io/queue-name: each gets a Workload,
             and Kiln places it only once Kueue admitted it, within the admission
             (`kiln.controller.kueue`); False: the label is passed to trainer pods, nothing more.
+        kueue_api_version: the Workload API version Kiln speaks to Kueue: "auto" (v1beta2 if
+            the API server serves it, else v1beta1), "v1beta2" or "v1beta1".
         verbose: debug logging.
     """
 
@@ -191,6 +193,7 @@ class Options:
     pod_security_context: str = DEFAULT_POD_SECURITY_CONTEXT
     container_security_context: str = DEFAULT_CONTAINER_SECURITY_CONTEXT
     kueue: bool = False
+    kueue_api_version: str = "auto"
     verbose: bool = False
 
     def zoo_retry_delay(self, attempt: int) -> float:

@@ -48,7 +48,8 @@ def test_the_workload_asks_for_one_trainer_pod_with_the_jobs_gpus_cpu_and_priori
                                 "nodeSelector": {"zone": "a"}})
     workload = kueue.build_workload(
         owner, job, gpus=4, image="kiln/trainer:test",
-        priority=kueue.Priority("high", kueue.POD_PRIORITY_SOURCE, 1000), active=True)
+        priority=kueue.Priority("high", kueue.POD_PRIORITY_SOURCE, 1000), active=True,
+        version="v1beta1")
     meta, spec = workload["metadata"], workload["spec"]
     assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta1" and workload["kind"] == "Workload"
     assert meta["name"] == kueue.workload_name("digits", "u-1")
@@ -65,6 +66,107 @@ def test_the_workload_asks_for_one_trainer_pod_with_the_jobs_gpus_cpu_and_priori
     assert pod_spec["containers"][0]["resources"]["requests"] == {
         "memory": "8Gi", "cpu": "6", pods.GPU_RESOURCE: "4"}
     assert pod_spec["nodeSelector"] == {"zone": "a"}
+
+
+# The JSON field names of Kueue's Workload API types, as its Go types define them (Kueue's
+# apis/kueue/v1beta1 and apis/kueue/v1beta2 packages, workload_types.go, release 0.19): the
+# Workload, its spec, a pod set, v1beta2's priority class reference, the status, and the
+# conditions (Kubernetes' metav1.Condition).
+WORKLOAD_FIELDS = {"apiVersion", "kind", "metadata", "spec", "status"}
+SPEC_FIELDS = {
+    "v1beta1": {"podSets", "queueName", "priorityClassName", "priority", "priorityClassSource",
+                "active", "maximumExecutionTimeSeconds"},
+    "v1beta2": {"podSets", "queueName", "priorityClassRef", "priority", "active",
+                "maximumExecutionTimeSeconds", "preemptionGates"},
+}
+POD_SET_FIELDS = {"name", "template", "count", "minCount", "topologyRequest"}
+PRIORITY_CLASS_REF_FIELDS = {"group", "kind", "name"}
+# The kinds each group allows in a priorityClassRef (its CEL rules).
+PRIORITY_CLASS_REF_KINDS = {"scheduling.k8s.io": "PriorityClass",
+                            "kueue.x-k8s.io": "WorkloadPriorityClass"}
+STATUS_FIELDS = {
+    "v1beta1": {"conditions", "admission", "requeueState", "reclaimablePods", "admissionChecks",
+                "resourceRequests", "accumulatedPastExexcutionTimeSeconds", "schedulingStats",
+                "nominatedClusterNames", "clusterName", "unhealthyNodes"},
+    "v1beta2": {"conditions", "admission", "requeueState", "reclaimablePods", "admissionChecks",
+                "resourceRequests", "accumulatedPastExecutionTimeSeconds", "schedulingStats",
+                "nominatedClusterNames", "clusterName", "unhealthyNodes", "preemptionGates"},
+}
+CONDITION_FIELDS = {"type", "status", "observedGeneration", "lastTransitionTime", "reason",
+                    "message"}
+CONDITION_REQUIRED = CONDITION_FIELDS - {"observedGeneration"}
+
+
+@pytest.mark.parametrize("version", kueue.VERSIONS)
+@pytest.mark.parametrize("source", [None, kueue.POD_PRIORITY_SOURCE,
+                                    kueue.WORKLOAD_PRIORITY_SOURCE])
+def test_the_workload_has_exactly_the_fields_of_its_api_version(version: str,
+                                                                source: str | None) -> None:
+    owner, job = _job(resources={"gpus": 2, "nodes": 2},
+                      template={"tolerations": [{"key": "gpu", "operator": "Exists"}],
+                                "affinity": {"nodeAffinity": {}}, "nodeSelector": {"a": "b"},
+                                "priorityClassName": "high"})
+    priority = None if source is None else kueue.Priority("high", source, 1000)
+    workload = kueue.build_workload(owner, job, gpus=2, image="kiln/trainer:test",
+                                    priority=priority, active=True, version=version)
+    assert workload["apiVersion"] == f"kueue.x-k8s.io/{version}"
+    assert set(workload) <= WORKLOAD_FIELDS
+    spec = workload["spec"]
+    assert {"podSets", "queueName", "active"} <= set(spec) <= SPEC_FIELDS[version]
+    for pod_set in spec["podSets"]:
+        assert {"name", "count"} <= set(pod_set) <= POD_SET_FIELDS
+        assert api.pod_schema_problems(pod_set["template"], "V1PodTemplateSpec", "template") == []
+    if source is None:
+        assert not {"priorityClassRef", "priorityClassName", "priorityClassSource",
+                    "priority"} & set(spec)
+    elif version == "v1beta2":
+        ref = spec["priorityClassRef"]
+        assert set(ref) == PRIORITY_CLASS_REF_FIELDS and ref["name"] == "high"
+        assert PRIORITY_CLASS_REF_KINDS[ref["group"]] == ref["kind"]
+        assert ref["kind"] == ("PriorityClass" if source == kueue.POD_PRIORITY_SOURCE
+                               else "WorkloadPriorityClass")
+        assert spec["priority"] == 1000  # required with priorityClassRef (its CEL rule)
+        assert "priorityClassName" not in spec and "priorityClassSource" not in spec
+    else:
+        assert (spec["priorityClassName"], spec["priorityClassSource"], spec["priority"]) == (
+            "high", source, 1000)
+        assert "priorityClassRef" not in spec
+
+
+@pytest.mark.parametrize("version", kueue.VERSIONS)
+def test_the_status_patches_have_only_fields_of_either_api_version(version: str) -> None:
+    admitted = _workload(*ADMITTED, flavors={"cpu": "f"})
+    evicted = _workload(*ADMITTED, ("Evicted", "True", "Preempted"), flavors={"cpu": "f"})
+    patches = [kueue.pods_ready_patch(admitted, ready=True, now=1.0),
+               kueue.release_patch(evicted, now=1.0),
+               kueue.finish_patch(admitted, succeeded=True, message="", now=1.0)]
+    for patch in patches:
+        assert patch is not None and set(patch) <= {"metadata", "status"}
+        assert set(patch["status"]) <= STATUS_FIELDS[version]
+        for condition in patch["status"]["conditions"]:
+            assert CONDITION_REQUIRED <= set(condition) <= CONDITION_FIELDS
+
+
+@pytest.mark.parametrize(("served", "setting", "version", "warns"), [
+    pytest.param(["v1beta1", "v1beta2"], kueue.AUTO, "v1beta2", False, id="both-served"),
+    pytest.param(["v1beta1"], kueue.AUTO, "v1beta1", False, id="older-kueue"),
+    pytest.param(["v1beta2"], kueue.AUTO, "v1beta2", False, id="v1beta1-removed"),
+    pytest.param([], kueue.AUTO, "v1beta2", True, id="no-kueue"),
+    pytest.param(["v1beta1", "v1beta2"], "v1beta1", "v1beta1", False, id="forced"),
+    pytest.param(["v1beta2"], "v1beta1", "v1beta1", True, id="forced-not-served"),
+])
+def test_kiln_speaks_the_newest_workload_api_the_server_serves(
+        served: list[str], setting: str, version: str, warns: bool) -> None:
+    chosen, warning = kueue.choose_version(served, setting)
+    assert chosen == version and bool(warning) is warns
+
+
+def test_the_gate_speaks_the_version_it_was_given() -> None:
+    gate = kueue.Kueue(client=None, jobs=None, placement=None,  # type: ignore[arg-type]
+                       options=settings.Options(kueue=True, kueue_api_version="v1beta1"),
+                       clock=lambda: 0.0)
+    assert gate.paths.workloads("a") == "/apis/kueue.x-k8s.io/v1beta1/namespaces/a/workloads"
+    assert gate.paths.flavor("f") == "/apis/kueue.x-k8s.io/v1beta1/resourceflavors/f"
 
 
 def test_workload_names_are_deterministic_per_job_and_fit_an_object_name() -> None:
