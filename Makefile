@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# The Helm chart's tests use the Helm library bundled by helm-sdkpy: it declares
 	# Python >= 3.12, but its library loads on 3.11 (no pure-Python part needs 3.12).
 	$(PY) -m pip install --quiet --ignore-requires-python 'helm-sdkpy==0.1.32'
+	# Bytecode for what every Kiln process imports, written once here: otherwise the first
+	# processes of a parallel test run each compile torch's modules (5 s of CPU apiece).
+	$(PY) -c 'import kiln.cli, kiln.controller.main, kiln_trainer.loop'
 	touch $(STAMP)
 
 # Debian's Prometheus server for the dashboard tests, which start it on 127.0.0.1 themselves.
