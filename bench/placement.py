@@ -10,29 +10,36 @@ durations by exp(N(0, 0.1)) per job and config (profiles carry +-5-10% error); t
 
 Policies, side by side on the same jobs and noise: whole-node FIFO ("current practice" in
 Saturn, VLDB'24), fixed-k FIFO (k = FIXED_K; the best of FIXED_KS in hindsight too), the
-heuristic (min-area/knee + longest-first), the MILP (time-indexed, heuristic warm start, HiGHS)
-planned once, and MILP + re-planning (`planner.replan` on every wake-up and periodically,
-threshold and freeze window; its first plan is the MILP policy's, reused). Reports simulated
-makespan and its ratio to whole-node FIFO, mean completion time, GPU utilisation, the planned
-makespan's gap to the lower bound (area / longest job, on the estimates the planner saw), and
-planning seconds (worker process start and model build included; one HiGHS thread).
+heuristic (min-area/knee + longest-first), the MILP (time-indexed, heuristic warm start, HiGHS;
+opt-in, measured here opted in) planned once, MILP + re-planning (its first plan is the MILP
+policy's, reused), and Kiln as it runs by default (heuristic + `planner.replan` on every
+wake-up and periodically). Reports simulated makespan and its ratio to whole-node FIFO, mean
+completion time, GPU utilisation, the planned makespan's gap to the lower bound (area /
+longest job, on the estimates the planner saw), and planning seconds (worker process start
+and model build included; one HiGHS thread).
 
-Arrivals: trace-shaped workloads (placement_workload.trace: heavy-tailed durations, mostly
-1-GPU asks, jobs that scale well / barely / need >= 2 GPUs, Poisson and bursty arrivals, 2-4
-nodes of mixed sizes) at noise sigma 0.1 and 0.25, against the best simple baseline per replay
-(lowest mean JCT of whole-node FIFO, best fixed-k FIFO in hindsight, fair-share SJF). Every
-policy runs under the same strict simulator rules (re-plan on each arrival, completion and
-start; queue heads only; running jobs seen as estimate minus elapsed). "Kiln + moves" adds
-introspection's checkpoint-restart moves of running jobs (RESTART_SECONDS each), reported
-beside Kiln (`arrivals_moves_*`).
+Arrivals: trace-shaped workloads (placement_workload.trace: 100-150 jobs, heavy-tailed
+durations, 40 possible owners (at least 20 per trace), mostly 1-GPU asks, jobs that scale
+well / barely / need >= 2 GPUs, Poisson and bursty arrivals, 2-4 nodes of mixed sizes) at
+noise sigma 0.1 and 0.25. The reported replays use ARRIVAL_SEEDS (held out); settings were
+tuned only on TUNING_SEEDS (`--tuning`). Baselines: whole-node FIFO, FIFO k=1/2/4/8, SJF and
+SJF with a per-owner GPU cap (asked counts), least attained service per owner. Each metric
+compares Kiln with the best baseline *on that metric* in that replay: mean JCT, p95 slowdown
+(JCT / the job's true duration alone at its fastest feasible config), Jain's index of
+slowdowns over jobs, and over owners' mean slowdowns (beside it). Every policy runs under the
+same strict simulator rules (re-plan on each arrival, completion and start; queue heads only;
+running jobs seen as estimate minus elapsed). "Kiln + moves" adds introspection's
+checkpoint-restart moves of running jobs (RESTART_SECONDS each), reported beside Kiln
+(`arrivals_moves_*`).
 
 Writes bench/results/placement.json (`summary.makespan_reduction_vs_whole_node`: median
 over the Saturn-like cases (jobs ~ 1.5x GPUs: 12 on 1x8, 24 on 2x8, 50 on 4x8) of
-1 - MILP+re-planning / whole-node FIFO; `worst_gap_to_lower_bound`; `solve_seconds_50`,
-`solve_seconds_200`: Kiln's planning seconds for 50 and 200 jobs, worst case;
-`makespan_reduction_vs_best_fixed_k`; `milp_win_fraction`; the `arrivals_*` ratios of Kiln to
-the best baseline, medians over replays; the replays Kiln loses) and
-bench/results/placement.png; `--quick` (CI smoke, under a minute) writes placement_quick.*.
+1 - Kiln / whole-node FIFO; `worst_gap_to_lower_bound`; `solve_seconds_50`,
+`solve_seconds_200`: the MILP's planning seconds for 50 and 200 jobs, worst case;
+`makespan_reduction_vs_best_fixed_k`; `milp_win_fraction` (opted in) and `milp_default`; the
+`arrivals_*` ratios of Kiln to the best baseline per metric, medians over held-out replays;
+the replays and metrics where Kiln loses) and bench/results/placement.png; `--quick` (CI
+smoke, under a minute) writes placement_quick.*; `--only sweeps|arrivals` runs one part.
 
     OMP_NUM_THREADS=1 python bench/placement.py [--quick] [--seeds 0]
 """
@@ -67,8 +74,8 @@ ARRIVAL_SIGMAS = (0.1, 0.25)
 ARRIVAL_SEEDS = (0, 1)  # workload and noise seeds of the arrival replays (full run)
 RESTART_SECONDS = 120.0  # what moving a running job costs it (checkpoint, pods, reload)
 POLICIES = ("whole-node FIFO", f"fixed-k FIFO (k={FIXED_K})", "heuristic", "MILP",
-            "MILP+re-planning")
-KILN = "MILP+re-planning"
+            "MILP+re-planning", "Kiln")
+KILN = "Kiln"  # the default: heuristic + re-planning (the MILP is opt-in)
 ARRIVAL_KILN = "Kiln"  # planner.replan with the default objective, on every wake-up
 ARRIVAL_MOVES = "Kiln + moves"  # the same, plus introspection's moves of running jobs
 SLOTS = 32
@@ -92,14 +99,18 @@ FULL = (Case(1, 12, saturn_like=True), Case(1, 24), Case(2, 24, saturn_like=True
         Case(2, 50), Case(4, 50, saturn_like=True), Case(2, 200), Case(4, 200),
         Case(2, 50, online=True), Case(4, 200, online=True))
 QUICK = (Case(1, 12, saturn_like=True), Case(1, 12, online=True))
-ARRIVALS = (workload.TraceShape("lognormal", "poisson", (8, 8), 40),
-            workload.TraceShape("pareto", "bursty", (8, 8), 40),
-            workload.TraceShape("lognormal", "bursty", (8, 8, 8, 8), 60),
-            workload.TraceShape("pareto", "poisson", (8, 8, 8, 8), 60),
-            workload.TraceShape("lognormal", "poisson", (8, 8, 4, 4), 50),
-            workload.TraceShape("pareto", "bursty", (8, 4), 30))
+# Held-out arrival traces: the numbers reported. Settings were tuned on TUNING_SEEDS only
+# (`--tuning`), which draw other jobs, durations, owners and arrivals from the same shapes.
+ARRIVALS = (workload.TraceShape("lognormal", "poisson", (8, 8), 100),
+            workload.TraceShape("pareto", "bursty", (8, 8, 8, 8), 150),
+            workload.TraceShape("lognormal", "bursty", (8, 8, 4, 4), 120),
+            workload.TraceShape("pareto", "poisson", (8, 8, 8, 8), 150))
 ARRIVALS_QUICK = (workload.TraceShape("lognormal", "bursty", (8, 4), 16),)
-BASELINES = ("whole-node FIFO", "best fixed-k FIFO", "fair-share SJF")
+TUNING_SEEDS = (100, 101)
+# (summary key, metric, which is better): each is compared with the best baseline on it
+METRICS = (("mean_jct", "mean_jct_seconds", "lower"), ("p95_slowdown", "p95_slowdown", "lower"),
+           ("fairness", "fairness_jain", "higher"),
+           ("owner_fairness", "owner_fairness_jain", "higher"))
 
 
 def with_waves(jobs: list[simulate.SimJob], nodes: int, waves: int) -> list[simulate.SimJob]:
@@ -131,10 +142,14 @@ def policy_functions(settings: types.Settings, replan_settings: types.Settings
             return first.pop("plan")
         return planner.replan(current, snapshot, replan_settings)
 
+    default = dataclasses.replace(settings, use_milp=types.Settings().use_milp)
+
     return {POLICIES[0]: simulate.whole_node_fifo(), POLICIES[1]: simulate.fixed_k_fifo(FIXED_K),
             POLICIES[2]: simulate.kiln_policy(dataclasses.replace(settings, use_milp=False),
                                               replanning=False),
-            POLICIES[3]: milp, POLICIES[4]: milp_replanning}
+            POLICIES[3]: milp, POLICIES[4]: milp_replanning,
+            POLICIES[5]: lambda snapshot, current: planner.replan(
+                current, snapshot, default if current is None else replan_settings)}
 
 
 def run_case(case: Case, profiles: dict[str, workload.Profile], *, seed: int,
@@ -151,7 +166,7 @@ def run_case(case: Case, profiles: dict[str, workload.Profile], *, seed: int,
     out: dict[str, Any] = {"true_lower_bound_seconds": round(true_lb, 1), "policies": {}}
     period = None
     for name, policy in policy_functions(settings, replan_settings).items():
-        replanning = name == KILN
+        replanning = name in (KILN, "MILP+re-planning")
         began = time.perf_counter()
         result = simulate.run(jobs, nodes, policy, name=name,
                               period_seconds=period if replanning else None,
@@ -222,24 +237,28 @@ def kiln_with_moves(settings: types.Settings, jobs: list[simulate.SimJob]) -> si
 
 def run_arrivals(shape: workload.TraceShape, *, sigma: float, seed: int,
                  settings: types.Settings) -> dict[str, Any]:
-    """The baselines and Kiln on one trace-shaped replay; per policy its JCT metrics."""
+    """Every baseline and Kiln on one trace-shaped replay; per policy its metrics, and Kiln
+    against the best baseline on each metric."""
     jobs = list(simulate.with_noise(workload.trace(shape, seed=seed), sigma=sigma, seed=seed))
     nodes = tuple(types.Node(f"node-{i}", g) for i, g in enumerate(shape.node_gpus))
     runs = {"whole-node FIFO": simulate.whole_node_fifo(),
             **{f"fixed-k FIFO (k={k})": simulate.fixed_k_fifo(k) for k in FIXED_KS
                if k <= max(shape.node_gpus)},
+            "SJF": simulate.sjf_fair_share(cap=False),
             "fair-share SJF": simulate.sjf_fair_share(),
+            "least attained service": simulate.least_attained_service(),
             ARRIVAL_KILN: simulate.kiln_policy(settings, replanning=True),
             ARRIVAL_MOVES: kiln_with_moves(settings, jobs)}
     out: dict[str, Any] = {}
     for name, policy in runs.items():
         began = time.perf_counter()
         result = simulate.run(jobs, nodes, policy, name=name, restart_seconds=RESTART_SECONDS)
-        slow = list(simulate.slowdowns(result, jobs).values())
+        slow = list(simulate.slowdowns(result, jobs, nodes).values())
         out[name] = {
             "mean_jct_seconds": round(result.mean_completion_seconds, 1),
             "p95_slowdown": round(simulate.percentile(slow, 95), 3),
-            "fairness_jain": round(simulate.owner_fairness(result, jobs), 4),
+            "fairness_jain": round(simulate.jain_index(slow), 4),
+            "owner_fairness_jain": round(simulate.owner_fairness(result, jobs, nodes), 4),
             "makespan_seconds": round(result.makespan_seconds, 1),
             "gpu_hours": round(sum(r.gpu_seconds for r in result.jobs) / 3600, 2),
             "max_wait_seconds": round(max(r.wait_seconds for r in result.jobs), 1),
@@ -250,77 +269,77 @@ def run_arrivals(shape: workload.TraceShape, *, sigma: float, seed: int,
             "gpus_used": _histogram([r.gpus for r in result.jobs]),
             "milp_attempts_won": _milp_attempts(result),
             "wall_seconds": round(time.perf_counter() - began, 2)}
-    fixed = [n for n in out if n.startswith("fixed-k")]
-    best_k = min(fixed, key=lambda n: out[n]["mean_jct_seconds"])
-    out["best fixed-k FIFO"] = {**out[best_k], "k": best_k}
-    best = min(BASELINES, key=lambda n: out[n]["mean_jct_seconds"])
-    kiln, base = out[ARRIVAL_KILN], out[best]
-    out["vs_best_baseline"] = {
-        "best_baseline": best if best != "best fixed-k FIFO" else best_k,
-        "mean_jct_ratio": round(kiln["mean_jct_seconds"] / base["mean_jct_seconds"], 4),
-        "p95_slowdown_ratio": round(kiln["p95_slowdown"] / base["p95_slowdown"], 4),
-        "fairness_ratio": round(kiln["fairness_jain"] / base["fairness_jain"], 4),
-        "gpu_hours_ratio": round(kiln["gpu_hours"] / base["gpu_hours"], 4),
-        "max_wait_ratio": round(kiln["max_wait_seconds"] / max(base["max_wait_seconds"], 1.0),
-                                4),
-        "mean_jct_reduction_vs_whole_node": round(
-            1 - kiln["mean_jct_seconds"] / out["whole-node FIFO"]["mean_jct_seconds"], 4),
-        "moves_mean_jct_ratio": round(out[ARRIVAL_MOVES]["mean_jct_seconds"]
-                                      / base["mean_jct_seconds"], 4),
-        "moves_mean_jct_ratio_vs_kiln": round(out[ARRIVAL_MOVES]["mean_jct_seconds"]
-                                              / kiln["mean_jct_seconds"], 4),
-        "moves_p95_slowdown_ratio_vs_kiln": round(out[ARRIVAL_MOVES]["p95_slowdown"]
-                                                  / kiln["p95_slowdown"], 4)}
+    baselines = [n for n in out if n not in (ARRIVAL_KILN, ARRIVAL_MOVES)]
+    vs: dict[str, Any] = {"owners": len({j.owner for j in jobs}), "jobs": len(jobs)}
+    for key, metric, better in METRICS:
+        pick = min if better == "lower" else max
+        best = pick(baselines, key=lambda n, metric=metric: out[n][metric])
+        vs[f"{key}_best_baseline"] = best
+        vs[f"{key}_ratio"] = round(out[ARRIVAL_KILN][metric] / out[best][metric], 4)
+        vs[f"moves_{key}_ratio"] = round(out[ARRIVAL_MOVES][metric] / out[best][metric], 4)
+    vs["mean_jct_reduction_vs_whole_node"] = round(
+        1 - out[ARRIVAL_KILN]["mean_jct_seconds"] / out["whole-node FIFO"]["mean_jct_seconds"], 4)
+    vs["gpu_hours_ratio_vs_mean_jct_best"] = round(
+        out[ARRIVAL_KILN]["gpu_hours"] / out[vs["mean_jct_best_baseline"]]["gpu_hours"], 4)
+    vs["max_wait_ratio_vs_mean_jct_best"] = round(
+        out[ARRIVAL_KILN]["max_wait_seconds"]
+        / max(out[vs["mean_jct_best_baseline"]]["max_wait_seconds"], 1.0), 4)
+    out["vs_best_baseline"] = vs
     return out
 
 
 def summarize_arrivals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Medians over arrival replays (case x sigma x seed) of Kiln vs the best baseline."""
+    """Medians over the held-out arrival replays (shape x sigma x seed) of Kiln against the
+    best baseline on each metric."""
     rows = [r["vs_best_baseline"] for r in results.values()]
 
     def med(key: str) -> float:
         return round(float(statistics.median(r[key] for r in rows)), 4)
 
     kiln = [r[ARRIVAL_KILN] for r in results.values()]
-    return {
-        "arrivals_mean_jct_ratio_vs_best_baseline": med("mean_jct_ratio"),
+    out: dict[str, Any] = {
+        f"arrivals_{key}_ratio_vs_best_baseline": med(f"{key}_ratio") for key, _, _ in METRICS}
+    out.update({
+        f"arrivals_moves_{key}_ratio_vs_best_baseline": med(f"moves_{key}_ratio")
+        for key, _, _ in METRICS})
+    out.update({
         "arrivals_mean_jct_reduction_vs_whole_node": med("mean_jct_reduction_vs_whole_node"),
-        "arrivals_p95_slowdown_ratio_vs_best_baseline": med("p95_slowdown_ratio"),
-        "arrivals_fairness_ratio_vs_best_baseline": med("fairness_ratio"),
-        "arrivals_gpu_hours_ratio_vs_best_baseline": med("gpu_hours_ratio"),
-        "arrivals_max_wait_ratio_vs_best_baseline": med("max_wait_ratio"),
-        "arrivals_moves_mean_jct_ratio_vs_best_baseline": med("moves_mean_jct_ratio"),
-        "arrivals_moves_mean_jct_ratio_vs_kiln": med("moves_mean_jct_ratio_vs_kiln"),
-        "arrivals_moves_p95_slowdown_ratio_vs_kiln": med("moves_p95_slowdown_ratio_vs_kiln"),
+        "arrivals_gpu_hours_ratio_vs_mean_jct_best": med("gpu_hours_ratio_vs_mean_jct_best"),
+        "arrivals_max_wait_ratio_vs_mean_jct_best": med("max_wait_ratio_vs_mean_jct_best"),
         "arrivals_moves_restarts": sum(r[ARRIVAL_MOVES]["restarts"] for r in results.values()),
         "arrivals_solve_seconds_max": max(r["solve_seconds_max"] for r in kiln),
         "arrivals_solve_seconds_mean": round(
             sum(r["solve_seconds_total"] for r in kiln) / max(1, sum(
                 r["decisions"] for r in kiln)), 4),
         "arrivals_best_baseline_counts": {
-            b: sum(r["best_baseline"] == b for r in rows)
-            for b in sorted({r["best_baseline"] for r in rows})},
+            key: {b: sum(r[f"{key}_best_baseline"] == b for r in rows)
+                  for b in sorted({r[f"{key}_best_baseline"] for r in rows})}
+            for key, _, _ in METRICS},
+        "arrivals_jobs_min": min(r["jobs"] for r in rows),
+        "arrivals_owners_min": min(r["owners"] for r in rows),
         "arrivals_kiln_loses": sorted(
-            f"{label}: mean JCT x{r['vs_best_baseline']['mean_jct_ratio']:.3f} vs "
-            f"{r['vs_best_baseline']['best_baseline']}" for label, r in results.items()
-            if r["vs_best_baseline"]["mean_jct_ratio"] > 1.0),
-    }
+            f"{label}: {key} x{r['vs_best_baseline'][f'{key}_ratio']:.3f} vs "
+            f"{r['vs_best_baseline'][f'{key}_best_baseline']}"
+            for label, r in results.items() for key, _, better in METRICS
+            if (r["vs_best_baseline"][f"{key}_ratio"] > 1.0) == (better == "lower")
+            and r["vs_best_baseline"][f"{key}_ratio"] != 1.0),
+    })
+    return out
 
 
 def print_arrivals(results: dict[str, dict[str, Any]]) -> None:
     table = Table(title="Placement with arrivals: Kiln vs baselines (per replay)")
-    for column in ("replay", "policy", "mean JCT h", "p95 slowdown", "Jain", "GPU-h",
-                   "max wait h", "plan s max"):
+    for column in ("replay", "policy", "mean JCT h", "p95 slowdown", "Jain jobs", "Jain owners",
+                   "GPU-h", "max wait h", "plan s max"):
         table.add_column(column, justify="left" if column in ("replay", "policy") else "right")
     for label, r in results.items():
-        policies = (*BASELINES, ARRIVAL_KILN, ARRIVAL_MOVES)
+        policies = [p for p in r if p != "vs_best_baseline"]
         for policy in policies:
             row = r[policy]
-            table.add_row(label if policy == policies[0] else "",
-                          row.get("k", policy) if policy == "best fixed-k FIFO" else policy,
+            table.add_row(label if policy == policies[0] else "", policy,
                           f"{row['mean_jct_seconds'] / 3600:.2f}", f"{row['p95_slowdown']:.2f}",
-                          f"{row['fairness_jain']:.3f}", f"{row['gpu_hours']:.1f}",
-                          f"{row['max_wait_seconds'] / 3600:.2f}",
+                          f"{row['fairness_jain']:.3f}", f"{row['owner_fairness_jain']:.3f}",
+                          f"{row['gpu_hours']:.1f}", f"{row['max_wait_seconds'] / 3600:.2f}",
                           f"{row['solve_seconds_max']:.2f}", end_section=policy == policies[-1])
     Console(width=160).print(table)
 
@@ -355,7 +374,7 @@ def summarize(cases: tuple[Case, ...], results: dict[str, dict[int, Any]]) -> di
             for r in results[case.label].values()))
 
     attempts = [won for case in results.values() for r in case.values()
-                for p in ("MILP", KILN) for won in r["policies"][p]["milp_attempts_won"]]
+                for p in ("MILP", "MILP+re-planning") for won in r["policies"][p]["milp_attempts_won"]]
     return {
         "makespan_reduction_vs_whole_node": reduction[KILN],
         "makespan_reduction_vs_best_fixed_k": round(statistics.median(
@@ -379,11 +398,12 @@ def summarize(cases: tuple[Case, ...], results: dict[str, dict[int, Any]]) -> di
             for case in results.values() for r in case.values()),
         "goal": {"makespan_reduction_at_least": 0.45, "gap_to_lower_bound_at_most": 0.05,
                  "solve_seconds_50_at_most": 10.0, "solve_seconds_200_at_most": 60.0,
-                 "makespan_reduction_vs_best_fixed_k_at_least": 0.10,
-                 "arrivals_mean_jct_ratio_vs_best_baseline_at_most": 1.0,
+                 "makespan_reduction_vs_best_fixed_k_at_least": 0.15,
+                 "milp_win_fraction_at_least_or_milp_default_false": 0.5,
+                 "arrivals_mean_jct_ratio_vs_best_baseline_at_most": 0.85,
                  "arrivals_mean_jct_reduction_vs_whole_node_at_least": 0.5,
                  "arrivals_p95_slowdown_ratio_vs_best_baseline_at_most": 1.0,
-                 "arrivals_fairness_ratio_vs_best_baseline_at_least": 1.0},
+                 "arrivals_fairness_ratio_vs_best_baseline_at_least": 0.98},
     }
 
 
@@ -465,15 +485,22 @@ def plot(cases: tuple[Case, ...], results: dict[str, dict[int, Any]],
 def main() -> None:
     parser = common.arguments(__doc__, "CI smoke run (under a minute)")
     parser.add_argument("--seeds", default="0", help="comma-separated noise seeds (default 0)")
+    parser.add_argument("--only", choices=("sweeps", "arrivals"), default=None,
+                        help="run one part (default both)")
+    parser.add_argument("--tuning", action="store_true",
+                        help="arrivals on the tuning seeds, never the held-out ones (writes "
+                             "placement_tuning.json)")
     args = parser.parse_args()
     common.one_thread(logging.ERROR)
     quick = args.quick
-    name = NAME + ("_quick" if quick else "")
+    name = NAME + ("_quick" if quick else "_tuning" if args.tuning else "")
     seeds = [int(s) for s in args.seeds.split(",")]
-    cases = QUICK if quick else FULL
+    cases = () if args.only == "arrivals" or args.tuning else QUICK if quick else FULL
     # 32 slots, not the default 48: on this 2-core machine with a 10 s limit the smaller
     # model reached better plans (measured on the 12-50 job grids; see the report).
-    settings = types.Settings(time_limit_seconds=1.0 if quick else 10.0, slots=SLOTS)
+    # The MILP is opt-in (off by default): the sweeps measure it opted in, beside the default.
+    settings = types.Settings(time_limit_seconds=1.0 if quick else 10.0, slots=SLOTS,
+                              use_milp=True)
     # The simulator re-plans on every arrival, completion and start, as the operator does:
     # hundreds of calls per grid, so a re-plan gets 1 s, the heuristic only: in that budget
     # the MILP worker (Pyomo import, model build) was killed or lost in every re-plan of the
@@ -481,7 +508,7 @@ def main() -> None:
     replan_settings = dataclasses.replace(settings, time_limit_seconds=0.5 if quick else 1.0,
                                           use_milp=False)
     began, load_before = time.perf_counter(), os.getloadavg()[0]
-    archs = workload.ARCHS[:2] if quick else workload.ARCHS
+    archs = () if not cases else workload.ARCHS[:2] if quick else workload.ARCHS
     profiles = {}
     for arch in archs:
         profiles[arch.label] = workload.profile(arch, steps=2 if quick else 5)
@@ -499,25 +526,28 @@ def main() -> None:
                 f"{p} {row[p]['makespan_ratio_vs_whole_node']:.3f}" for p in POLICIES[1:]),
                 flush=True)
     arrival_settings = types.Settings(time_limit_seconds=0.5 if quick else 1.0, slots=SLOTS)
-    shapes = ARRIVALS_QUICK if quick else ARRIVALS
+    shapes = () if args.only == "sweeps" else ARRIVALS_QUICK if quick else ARRIVALS
     sigmas = ARRIVAL_SIGMAS[-1:] if quick else ARRIVAL_SIGMAS
+    arrival_seeds = seeds if quick else TUNING_SEEDS if args.tuning else ARRIVAL_SEEDS
     arrivals: dict[str, dict[str, Any]] = {}
     for shape in shapes:
         for sigma in sigmas:
-            for seed in seeds if quick else ARRIVAL_SEEDS:
+            for seed in arrival_seeds:
                 label = f"{shape.label} sigma {sigma} seed {seed}"
                 arrivals[label] = run_arrivals(shape, sigma=sigma, seed=seed,
                                                settings=arrival_settings)
                 vs = arrivals[label]["vs_best_baseline"]
-                print(f"{label:48s}: Kiln mean JCT x{vs['mean_jct_ratio']:.3f} vs "
-                      f"{vs['best_baseline']}, p95 slowdown x{vs['p95_slowdown_ratio']:.3f}",
-                      flush=True)
-    summary = summarize(cases, results)
-    summary.update(summarize_arrivals(arrivals))
+                print(f"{label:52s}: Kiln " + ", ".join(
+                    f"{key} x{vs[f'{key}_ratio']:.3f} vs {vs[f'{key}_best_baseline']}"
+                    for key, _, _ in METRICS), flush=True)
+    summary = summarize(cases, results) if cases else {}
+    summary.update(summarize_arrivals(arrivals) if arrivals else {})
+    summary["milp_default"] = types.Settings().use_milp
     summary.update({"milp_skipped_above_jobs": settings.milp_max_jobs,
                     "duration_model": workload.FORMULA, "noise_sigma": NOISE_SIGMA,
                     "fixed_k": FIXED_K, "fixed_ks": FIXED_KS, "seeds": seeds, "quick": quick,
-                    "arrival_sigmas": sigmas, "arrival_seeds": seeds if quick else ARRIVAL_SEEDS,
+                    "arrival_sigmas": sigmas, "arrival_seeds": arrival_seeds,
+                    "arrivals_held_out": not quick and not args.tuning,
                     "restart_seconds": RESTART_SECONDS,
                     "arrival_settings": dataclasses.asdict(arrival_settings),
                     "trace_model": {"lognormal_median_seconds": workload.LOGNORMAL_MEDIAN_SECONDS,
@@ -540,21 +570,23 @@ def main() -> None:
     print()
     print_table(cases, results)
     print_arrivals(arrivals)
-    print(f"\nmakespan reduction vs whole-node FIFO (median, Saturn-like cases): "
-          f"{summary['makespan_reduction_vs_whole_node']:.1%}; worst planned gap to the lower "
-          f"bound {summary['worst_gap_to_lower_bound']:.1%}; planning seconds: 50 jobs "
-          f"{summary['solve_seconds_50']}, 200 jobs {summary['solve_seconds_200']}; vs best "
-          f"fixed-k {summary['makespan_reduction_vs_best_fixed_k']:.1%}")
-    print(f"arrivals: Kiln mean JCT / best baseline "
-          f"{summary['arrivals_mean_jct_ratio_vs_best_baseline']:.3f}, reduction vs whole-node "
-          f"{summary['arrivals_mean_jct_reduction_vs_whole_node']:.1%}, p95 slowdown ratio "
-          f"{summary['arrivals_p95_slowdown_ratio_vs_best_baseline']:.3f}, fairness ratio "
-          f"{summary['arrivals_fairness_ratio_vs_best_baseline']:.3f}; MILP won "
-          f"{summary['milp_win_fraction']} of {summary['milp_attempts']} attempts")
+    if cases:
+        print(f"\nmakespan reduction vs whole-node FIFO (median, Saturn-like cases): "
+              f"{summary['makespan_reduction_vs_whole_node']:.1%}; worst planned gap to the "
+              f"lower bound {summary['worst_gap_to_lower_bound']:.1%}; planning seconds: 50 "
+              f"jobs {summary['solve_seconds_50']}, 200 jobs {summary['solve_seconds_200']}; "
+              f"vs best fixed-k {summary['makespan_reduction_vs_best_fixed_k']:.1%}; MILP "
+              f"(opted in) won {summary['milp_win_fraction']} of {summary['milp_attempts']}")
+    if arrivals:
+        print("arrivals (Kiln / best baseline on each metric, medians): " + ", ".join(
+            f"{key} {summary[f'arrivals_{key}_ratio_vs_best_baseline']:.3f}"
+            for key, _, _ in METRICS) + ", mean JCT reduction vs whole-node "
+            f"{summary['arrivals_mean_jct_reduction_vs_whole_node']:.1%}")
     print(f"wrote {common.write_results(name, summary, details)}")
-    plot(cases, results, arrivals, common.plot_path(name),
-         f"Kiln placement, {len(seeds)} seed(s), noise sigma {NOISE_SIGMA}; durations from "
-         f"CPU profiles scaled to GPU-like speed-up curves")
+    if cases and arrivals:
+        plot(cases, results, arrivals, common.plot_path(name),
+             f"Kiln placement, {len(seeds)} seed(s), noise sigma {NOISE_SIGMA}; durations "
+             "from CPU profiles scaled to GPU-like speed-up curves")
     failures = [f for case in results.values() for r in case.values()
                 for f in r["milp_failures"]]
     if failures:

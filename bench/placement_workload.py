@@ -19,7 +19,8 @@
 4. Trace-shaped arrivals (`trace`): heavy-tailed 1-GPU durations (log-normal or Pareto), kinds
    of jobs that scale well, barely, or need >= 2 GPUs for memory (Amdahl serial fraction per
    kind), most users asking for 1 GPU, a few heavy owners, Poisson or bursty arrivals at a
-   target load (module constants below; shapes after the Philly and Helios cluster traces).
+   target load, OWNERS owners (module constants below; shapes after the Philly and Helios
+   cluster traces).
 Callers: bench/placement.py. Non-goals: no GPU, no planning.
 """
 
@@ -168,8 +169,9 @@ MAX_SECONDS = 24 * 3600.0  # ... both cut at one day (trace jobs are killed ther
 KINDS = {"scales-well": (0.3, 0.03, 1, 0.5, (2, 4, 8)),
          "scales-barely": (0.55, 0.6, 1, 0.95, (2,)),
          "memory-bound": (0.15, 0.1, 2, 0.0, (2, 4))}
-OWNER_WEIGHTS = (0.5, 0.25, 0.15, 0.1)  # one heavy user, a long tail
-BURST_MEAN_JOBS = 6  # bursty: a user submits a sweep of ~6 jobs at once
+OWNERS = 40  # Zipf-like: owner i submits in proportion to 1 / sqrt(i + 1): heavy users
+OWNER_WEIGHTS = tuple(round((i + 1) ** -0.5, 4) for i in range(OWNERS))  # and a long tail
+BURST_MEAN_JOBS = 3  # bursty: a user submits a sweep of ~3 jobs at once
 LOAD = 0.9  # offered GPU-seconds (at asked counts) / cluster GPU-seconds
 
 

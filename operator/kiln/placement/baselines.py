@@ -1,16 +1,18 @@
-"""Baseline placements for benchmarks: whole-node FIFO, fixed-k FIFO and fair-share SJF.
+"""Baseline placements for benchmarks: whole-node FIFO, fixed-k FIFO, SJF (with or without a
+per-owner GPU cap) and least attained service.
 
 "Current DL practice" in Saturn's evaluation (VLDB'24): one parallelism, a fixed or whole-node
 GPU allocation, strict FIFO (no job starts before an earlier arrival), each job on the node
-where it starts earliest; plus shortest-job-first under a per-owner GPU cap, the strongest
-simple queue policy. Running jobs are pinned as in the planner. No optimisation, no I/O.
+where it starts earliest; plus shortest-job-first (with and without a per-owner GPU cap) and
+least attained service per owner (Tiresias-like, without preemption), the strongest simple
+queue policies. Running jobs are pinned as in the planner. No optimisation, no I/O.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kiln.placement import heuristic, timeline, types
 
@@ -105,8 +107,10 @@ def _fifo(snapshot: types.Snapshot,
                       time.perf_counter() - began, heuristic.lower_bound(problem))
 
 
-def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None) -> types.Plan:
-    """Shortest job first (by estimate), no namespace above its GPU share while others wait.
+def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None,
+                   cap: bool = True) -> types.Plan:
+    """Shortest job first (by estimate), no namespace above its GPU share while others wait
+    (`cap` False: plain SJF, no share).
 
     Each job uses its asked GPU count (`JobRequest.asked_gpus`, else 1) or `k` when given,
     through `fixed_k_config`. Jobs are list-scheduled shortest first (ties: arrival, name),
@@ -129,7 +133,7 @@ def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None) -> types.P
     owner.update({r.job: r.namespace for r in snapshot.running})
     waiting = {j.namespace for j in snapshot.queued}
     total = sum(n.gpus for n in snapshot.nodes)
-    share = math.ceil(total / len(waiting)) if len(waiting) > 1 else total
+    share = math.ceil(total / len(waiting)) if len(waiting) > 1 and cap else total
     usage = {o: timeline.Timeline(share) for o in set(owner.values())}
     for r in snapshot.running:
         usage[owner[r.job]].add(snapshot.now, snapshot.now + max(0.0, r.remaining_seconds),
@@ -146,15 +150,15 @@ def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None) -> types.P
 
     out: list[types.Assignment] = []
     for job in sorted(snapshot.queued, key=length):
-        cap = usage[owner[job.name]]
+        held = usage[owner[job.name]]
         best: tuple[float, float, int, types.Node, types.Config] | None = None
         for i, (node, config) in enumerate(picks[job.name]):
             # A job wider than the share may still run, alone within its namespace's usage.
-            cap.capacity = max(share, config.gpus)
+            held.capacity = max(share, config.gpus)
             start = problem.release[job.name]
             while True:  # both step functions only move the start later: this converges
                 start = lines[node.name].earliest(config.gpus, config.seconds, start)
-                fair = cap.earliest(config.gpus, config.seconds, start)
+                fair = held.earliest(config.gpus, config.seconds, start)
                 if fair == start:
                     break
                 start = fair
@@ -164,9 +168,51 @@ def sjf_fair_share(snapshot: types.Snapshot, *, k: int | None = None) -> types.P
         assert best is not None  # problem_of raised Unplaceable otherwise
         start, end, _, node, config = best
         lines[node.name].add(start, end, config.gpus)
-        cap.add(start, end, config.gpus)
+        held.add(start, end, config.gpus)
         out.append(types.Assignment(job.name, node.name, config.gpus, config.parallelism,
                                     start, config.seconds))
-    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "sjf-fair-share",
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out),
+                      "sjf-fair-share" if cap else "sjf",
                       f"baseline: shortest first, namespace share {share} GPUs",
+                      time.perf_counter() - began, heuristic.lower_bound(problem))
+
+
+def least_attained_service(snapshot: types.Snapshot,
+                           attained: Mapping[str, float]) -> types.Plan:
+    """Least attained service: the next job is the oldest of the namespace that has received
+    the fewest GPU-seconds (`attained`, plus what this plan gives it), on its asked count.
+
+    Jobs are list-scheduled in that order on the node where they start first, filling gaps.
+    Nothing is preempted (a simple baseline; Tiresias also preempts).
+
+    Raises:
+        types.Unplaceable: a job has no config that fits any node.
+    """
+    began = time.perf_counter()
+    problem = heuristic.problem_of(snapshot)
+    lines = heuristic.timelines(problem)
+    given = dict(attained)
+    left = sorted(snapshot.queued, key=lambda j: (j.arrival, j.name))
+    out: list[types.Assignment] = []
+    while left:
+        job = min(left, key=lambda j: given.get(j.namespace, 0.0))
+        left.remove(job)
+        best: tuple[float, int, types.Node, types.Config] | None = None
+        for i, node in enumerate(snapshot.nodes):
+            config = fixed_k_config(job, job.asked_gpus or 1, node.gpus, node.device_type)
+            if config is None:
+                continue
+            start = lines[node.name].earliest(config.gpus, config.seconds,
+                                              problem.release[job.name])
+            if best is None or (start + config.seconds, i) < (best[0] + best[3].seconds,
+                                                              best[1]):
+                best = (start, i, node, config)
+        assert best is not None  # problem_of raised Unplaceable otherwise
+        start, _, node, config = best
+        lines[node.name].add(start, start + config.seconds, config.gpus)
+        given[job.namespace] = given.get(job.namespace, 0.0) + config.gpus * config.seconds
+        out.append(types.Assignment(job.name, node.name, config.gpus, config.parallelism,
+                                    start, config.seconds))
+    return types.Plan(tuple(out), heuristic.makespan_of(problem, out), "least-attained-service",
+                      "baseline: least attained service per namespace",
                       time.perf_counter() - began, heuristic.lower_bound(problem))

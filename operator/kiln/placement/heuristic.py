@@ -1,8 +1,8 @@
-"""The placement heuristic: GPU count per job, then list scheduling, for either objective.
+"""The placement heuristic: GPU count per job and list scheduling, for either objective.
 
-Makespan: longest first; completion time: weighted shortest first with a GPU-second price.
-Its plan always comes first (the MILP's horizon, warm start and fallback). Also the shared
-`Problem`, per-node `timelines`, plan `cost` and the `lower_bound`. No solver, no I/O.
+Makespan: longest first; completion time: weighted shortest first, each job's config by its
+earliest finish plus a GPU-second price. Its plan always comes first (the MILP's horizon, warm
+start, fallback). Also `Problem`, per-node `timelines`, plan `cost`, `lower_bound`. No I/O.
 """
 
 from __future__ import annotations
@@ -379,8 +379,69 @@ def priced_config(problem: Problem, name: str, factor: float = 1.0) -> types.Con
     return min(problem.options[name], key=priced)
 
 
-# Multiples of the GPU-second price tried under completion time (0: fastest config).
-PRICE_FACTORS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+# Multiples of the GPU-second price tried under completion time.
+PRICE_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def earliest_finish_schedule(problem: Problem, order: Sequence[str],
+                             factor: float = 1.0) -> list[types.Assignment]:
+    """List scheduling that chooses each job's config when it places it (completion time).
+
+    Jobs in `order` (highest priority first) each take the (config, node, start) with the
+    least weight x (end - now) + factor x price x GPU-seconds, given the GPUs that the jobs
+    before it hold. A config wider than the job's narrowest is a candidate only where it can
+    start at the job's release (now, on what is free): a job never waits to gather more GPUs,
+    which would hold them idle meanwhile, and it waits only for its narrowest config. A wider
+    config wins only when its earlier end pays for its GPU-seconds. A job placed later never
+    moves an earlier one (conservative backfilling: it fills gaps that delay no reserved
+    start of a job ahead of it). Ties: fewer GPUs, earlier node. Namespace quotas apply as in
+    `list_schedule`; a job with only multi-node configs is placed by its gang rule.
+    """
+    lines, quotas = timelines(problem), quota_timelines(problem)
+    out = list(problem.fixed)
+    for name in order:
+        release, w = problem.release[name], problem.weights.get(name, 1.0)
+        narrowest = min(c.devices for c in problem.options[name])
+        price = factor * problem.gpu_price.get(name, 0.0)
+        quota = quotas.get(problem.namespace_of.get(name, "")) if quotas else None
+        best: tuple[float, int, int, str, types.Config, float] | None = None
+        for config in problem.options[name]:
+            if config.node_count > 1:
+                continue
+            for i, node in enumerate(problem.nodes):
+                if not types.fits(config, node):
+                    continue
+                start = _earliest(lines[node.name], quota, config, release)
+                if config.devices > narrowest and start > release:
+                    continue  # gathering extra GPUs would hold them idle meanwhile
+                value = (w * (start + config.seconds - problem.now)
+                         + price * config.devices * config.seconds)
+                candidate = (value, config.devices, i, node.name, config, start)
+                if best is None or candidate[:3] < best[:3]:
+                    best = candidate
+        if best is None:  # only multi-node configs: the gang rule
+            gang = min(problem.options[name], key=lambda c: (c.seconds, c.devices))
+            out.append(_place_gang(problem, lines, quota, name, gang, release))
+            continue
+        _, _, _, node_name, config, start = best
+        lines[node_name].add(start, start + config.seconds, config.gpus)
+        if quota is not None:
+            quota.add(start, start + config.seconds, config.gpus)
+        out.append(types.Assignment(name, node_name, config.gpus, config.parallelism, start,
+                                    config.seconds))
+    return out
+
+
+def priority_order(problem: Problem, key: str) -> list[str]:
+    """Queued jobs by priority for `earliest_finish_schedule`, highest first: weight over the
+    job's least GPU-area ("weighted-area", Smith's rule on what it takes from others) or over
+    its shortest duration ("weighted-duration"); ties: name."""
+    def rank(name: str) -> float:
+        options = problem.options[name]
+        size = (min(c.devices * c.seconds for c in options) if key == "weighted-area"
+                else min(c.seconds for c in options))
+        return -problem.weights.get(name, 1.0) / max(size, 1e-9)
+    return sorted((j.name for j in problem.jobs), key=lambda n: (rank(n), n))
 
 
 def _choices(problem: Problem, settings: types.Settings, bound: float
@@ -390,14 +451,7 @@ def _choices(problem: Problem, settings: types.Settings, bound: float
     Besides `choose_k`'s policies, "best" tries deadlines: for a makespan target C (a
     multiple of the lower bound), each job takes its minimum-area config that ends by C
     (the configs the deadline-aware area bound charges; the fastest if none does).
-    Under completion time each job takes the config minimising weight x seconds plus
-    price x GPUs x seconds, at several multiples of its price, or the minimum-area one.
     """
-    if problem.objective == "completion-time":
-        priced = [(f"price {f:g}x", {j.name: priced_config(problem, j.name, f)
-                                     for j in problem.jobs}) for f in PRICE_FACTORS]
-        return [*priced, ("area", {j.name: choose_k(problem.options[j.name], "area")
-                                   for j in problem.jobs})]
     out = [(policy, {j.name: choose_k(problem.options[j.name], policy,
                                       knee_efficiency=settings.knee_efficiency)
                      for j in problem.jobs})
@@ -456,13 +510,14 @@ def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
     best of several policies (with `k_policy` "best" also every fixed k, and "deadline"
     choices: the cheapest config that ends by a multiple of the lower bound), then change one
     job's config at a time while the makespan drops. Saturn (VLDB'24) uses such heuristics
-    only as baselines; here the plan is always built first. Completion time: k by the
-    GPU-second price, weighted-shortest-first order (Smith's rule), the same local search on
-    `cost`.
+    only as baselines; here the plan is always built first. Completion time: each job's
+    config, node and start by `earliest_finish_schedule`, in weighted-shortest-first order
+    (Smith's rule), the cheapest over orders and GPU-price multiples.
 
     Returns:
-        A plan with solver "heuristic"; `reason` names the policy, order and local-search
-        moves; `lower_bound` is `lower_bound(problem)`; `objective` and `cost` are set.
+        A plan with solver "heuristic"; `reason` names the policy and order (and, under
+        makespan, the local-search moves); `lower_bound` is `lower_bound(problem)`;
+        `objective` and `cost` are set.
 
     Raises:
         ValueError: unknown `settings.k_policy`.
@@ -470,6 +525,8 @@ def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
     bound = lower_bound(problem)
     if not problem.jobs:
         return _plan(problem, list(problem.fixed), "heuristic", "nothing to place", bound)
+    if problem.objective == "completion-time":
+        return _best_earliest_finish(problem, bound)
     best: tuple[tuple[float, float], str, dict[str, types.Config], str] | None = None
     for policy, choice in _choices(problem, settings, bound):
         for key in _orders(problem):
@@ -485,6 +542,26 @@ def schedule(problem: Problem, settings: types.Settings) -> types.Plan:
     reason = (f"heuristic ({problem.objective}): k by {policy}, list order {key}, {moves} "
               "local-search move(s)")
     return _plan(problem, assignments, "heuristic", reason, bound)
+
+
+def _best_earliest_finish(problem: Problem, bound: float) -> types.Plan:
+    """The cheapest `earliest_finish_schedule` over priority orders and GPU-price multiples.
+
+    Configs chosen per job beforehand (by price, as under makespan) were measured too: every
+    such plan that beat these on cost held GPUs idle to gather a wider config.
+    """
+    best: tuple[tuple[float, float], str, list[types.Assignment]] | None = None
+    for key in WEIGHTED_ORDERS:
+        order = priority_order(problem, key)
+        for factor in PRICE_FACTORS:
+            assignments = earliest_finish_schedule(problem, order, factor)
+            score = _score(problem, assignments)
+            if best is None or score < best[0]:
+                best = (score, f"priority {key}, GPU price {factor:g}x", assignments)
+    assert best is not None
+    _, how, assignments = best
+    return _plan(problem, assignments, "heuristic",
+                 f"heuristic (completion-time): earliest finish per job, {how}", bound)
 
 
 def _plan(problem: Problem, assignments: Sequence[types.Assignment], solver: str, reason: str,

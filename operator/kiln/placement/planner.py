@@ -143,11 +143,12 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
     The current plan is first brought up to date (`extend`: finished and started jobs
     dropped, frozen assignments kept, the rest re-timed in their order with current
     estimates, new jobs inserted). A fresh plan (`plan`, with the same frozen assignments)
-    is planned for `objective_of` and both are judged on that objective (`heuristic.cost`):
-    the fresh one replaces the kept one only when its cost is lower by the fraction
-    `settings.replan_threshold`; under makespan also when its makespan is no longer and its
-    sum of remaining ends is lower by that fraction (a long job that fixes the makespan must
-    not freeze the order of everything else).
+    is planned for `objective_of`. Under completion time the fresh plan is taken: queued
+    jobs are not pinned to the plan in force. Under makespan both are judged on it
+    (`heuristic.cost`): the fresh one replaces the kept one only when its makespan is lower
+    by the fraction `settings.replan_threshold`, or when it is no longer and its sum of
+    remaining ends is lower by that fraction (a long job that fixes the makespan must not
+    freeze the order of everything else).
 
     Args:
         current: the plan in force, or None (then this is `plan`).
@@ -168,6 +169,13 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
     problem, kept = _kept(current, snapshot, settings)
     fresh = _best(problem, _fresh_settings(problem, current, settings), began)
     elapsed = time.perf_counter() - began
+    if problem.objective == "completion-time":
+        # Queued jobs are not pinned to the plan in force: re-planning jobs that have not
+        # started costs nothing, and a kept plan would tie them to a node's queue. The freeze
+        # window still holds the starts whose pods are being created.
+        return dataclasses.replace(fresh, solve_seconds=elapsed, reason=(
+            f"re-planned (queued jobs are not pinned under completion time; the plan in "
+            f"force would cost {kept.cost:.1f}): {fresh.reason}"))
     keep = 1.0 - settings.replan_threshold
     what = ("remaining makespan" if problem.objective == "makespan" else
             "weighted completion cost")

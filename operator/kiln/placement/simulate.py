@@ -333,18 +333,18 @@ def _result(name: str, jobs: list[SimJob], done: list[JobRecord], decisions: lis
 
 # Metrics -----------------------------------------------------------------------------------
 
-def slowdowns(result: Result, jobs: Sequence[SimJob]) -> dict[str, float]:
-    """Per job, completion time / its true duration alone on what its user asked for
-    (`asked_gpus`, else 1, as `baselines.fixed_k_config` picks on the largest node)."""
-    largest = max((r.gpus for r in result.jobs), default=1)
+def slowdowns(result: Result, jobs: Sequence[SimJob],
+              nodes: Sequence[types.Node] = ()) -> dict[str, float]:
+    """Per job, completion time / its true duration alone at its fastest feasible config
+    (the fastest that fits one of `nodes`; every config when `nodes` is empty): more GPUs
+    than asked never lower a job's own slowdown."""
     by_name = {j.name: j for j in jobs}
     out = {}
     for r in result.jobs:
         job = by_name[r.name]
-        request = types.JobRequest(job.name, job.true_configs)
-        config = baselines.fixed_k_config(request, job.asked_gpus or 1, max(largest, 8))
-        alone = config.seconds if config is not None else min(
-            c.seconds for c in job.true_configs)
+        fitting = [c.seconds for c in job.true_configs
+                   if not nodes or any(types.fits(c, n) for n in nodes)]
+        alone = min(fitting or [c.seconds for c in job.true_configs])
         out[r.name] = (r.end - r.arrival) / alone
     return out
 
@@ -361,9 +361,16 @@ def jain_index(values: Sequence[float]) -> float:
     return sum(values) ** 2 / (len(values) * squares) if squares > 0 else 1.0
 
 
-def owner_fairness(result: Result, jobs: Sequence[SimJob]) -> float:
+def job_fairness(result: Result, jobs: Sequence[SimJob],
+                 nodes: Sequence[types.Node] = ()) -> float:
+    """Jain's index over jobs of their slowdowns (1: every job slowed alike)."""
+    return jain_index(list(slowdowns(result, jobs, nodes).values()))
+
+
+def owner_fairness(result: Result, jobs: Sequence[SimJob],
+                   nodes: Sequence[types.Node] = ()) -> float:
     """Jain's index over owners of their jobs' mean slowdown (1: every owner slowed alike)."""
-    slow = slowdowns(result, jobs)
+    slow = slowdowns(result, jobs, nodes)
     per_owner: dict[str, list[float]] = {}
     for r in result.jobs:
         per_owner.setdefault(r.owner, []).append(slow[r.name])
@@ -382,9 +389,27 @@ def fixed_k_fifo(k: int) -> Policy:
     return lambda snapshot, _current: baselines.fixed_k_fifo(snapshot, k)
 
 
-def sjf_fair_share(k: int | None = None) -> Policy:
-    """Shortest job first by estimate, a GPU share per owner (`baselines.sjf_fair_share`)."""
-    return lambda snapshot, _current: baselines.sjf_fair_share(snapshot, k=k)
+def sjf_fair_share(k: int | None = None, *, cap: bool = True) -> Policy:
+    """Shortest job first by estimate, a GPU share per owner unless `cap` is False
+    (`baselines.sjf_fair_share`)."""
+    return lambda snapshot, _current: baselines.sjf_fair_share(snapshot, k=k, cap=cap)
+
+
+def least_attained_service() -> Policy:
+    """Least attained service per owner (`baselines.least_attained_service`): the GPU-seconds
+    each owner's running jobs held, summed between calls (the simulator calls on every start
+    and completion, so the running set is constant between calls)."""
+    attained: dict[str, float] = {}
+    last: list[types.Snapshot] = []
+
+    def decide(snapshot: types.Snapshot, _current: types.Plan | None) -> types.Plan:
+        if last:
+            for r in last[0].running:
+                attained[r.namespace] = (attained.get(r.namespace, 0.0)
+                                         + r.gpus * (snapshot.now - last[0].now))
+        last[:] = [snapshot]
+        return baselines.least_attained_service(snapshot, attained)
+    return decide
 
 
 def kiln_policy(settings: types.Settings, *, replanning: bool) -> Policy:

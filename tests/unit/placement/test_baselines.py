@@ -95,3 +95,27 @@ def test_sjf_lifts_the_share_when_no_other_namespace_waits() -> None:
         _job(f"a{i}", 30.0, namespace="a", asked=1) for i in range(7)), running)
     plan = baselines.sjf_fair_share(snapshot)
     assert [a.start for a in plan.assignments] == [0.0] * 7  # b runs but does not wait
+
+
+def test_plain_sjf_has_no_share_and_says_so() -> None:
+    heavy = [_job(f"a{i}", 30.0, namespace="a", asked=4) for i in range(3)]
+    light = _job("b0", 300.0, namespace="b", asked=4)
+    plan = baselines.sjf_fair_share(types.Snapshot(0.0, (types.Node("n0", 8),),
+                                                   (*heavy, light)), cap=False)
+    start = {a.job: a.start for a in plan.assignments}
+    assert sorted(start[f"a{i}"] for i in range(3)) == [0.0, 0.0, 10.0]
+    assert start["b0"] == 10.0 and plan.solver == "sjf"
+
+
+def test_least_attained_service_serves_the_namespace_that_has_had_least() -> None:
+    queued = (_job("a1", 10.0, namespace="a"), _job("a2", 10.0, namespace="a", arrival=1.0),
+              _job("b1", 10.0, namespace="b", arrival=2.0))
+    snapshot = types.Snapshot(5.0, (types.Node("n0", 1),), queued)
+    plan = baselines.least_attained_service(snapshot, {"a": 100.0, "b": 0.0})
+    order = [a.job for a in sorted(plan.assignments, key=lambda a: a.start)]
+    assert order == ["b1", "a1", "a2"]  # b has had least; then a's oldest first
+    fresh = baselines.least_attained_service(snapshot, {})
+    # a1 first (oldest); a has then been given 10 GPU-seconds, so b1 comes before a2
+    assert [a.job for a in sorted(fresh.assignments, key=lambda a: a.start)] == [
+        "a1", "b1", "a2"]
+    assert plan.solver == "least-attained-service"

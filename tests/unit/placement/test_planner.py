@@ -10,7 +10,7 @@ from unit.placement import cases
 
 from kiln.placement import heuristic, planner, types, worker
 
-FAST = types.Settings(time_limit_seconds=2.0, objective="makespan")
+FAST = types.Settings(time_limit_seconds=2.0, objective="makespan", use_milp=True)
 
 
 def _issue_case() -> types.Snapshot:
@@ -34,7 +34,7 @@ def test_plan_is_near_the_brute_force_optimum_and_never_worse_than_the_heuristic
     snapshot = cases.random_snapshot(seed, jobs=3 + seed % 3, nodes=nodes, integer=True,
                                      scale=30.0, running=seed % 2)
     result = planner.plan(snapshot, types.Settings(time_limit_seconds=5.0, slots=24,
-                                                   objective="makespan"))
+                                                   objective="makespan", use_milp=True))
     heuristic_plan = heuristic.schedule(heuristic.problem_of(snapshot), FAST)
     cases.check_plan(snapshot, result)
     assert result.makespan <= heuristic_plan.makespan
@@ -56,7 +56,7 @@ def test_plans_with_the_milp_are_valid_on_random_instances(seed: int) -> None:
 def test_a_tiny_time_limit_on_a_big_instance_returns_the_heuristic_with_a_reason() -> None:
     snapshot = cases.random_snapshot(1, jobs=60, nodes=(8, 8, 8, 8))
     result = planner.plan(snapshot, types.Settings(time_limit_seconds=0.05, milp_max_jobs=120,
-                                                   objective="makespan"))
+                                                   objective="makespan", use_milp=True))
     assert result.solver == "heuristic"
     assert "MILP skipped: 0.00 s of the 0.05 s budget left after the heuristic" in result.reason
     cases.check_plan(snapshot, result)
@@ -73,7 +73,7 @@ def test_a_failed_milp_falls_back_to_the_heuristic_and_logs_why(
     crashing.write_text("#!/bin/sh\necho 'RuntimeError: solver crashed' >&2\nexit 3\n")
     crashing.chmod(0o755)
     monkeypatch.setattr(worker.sys, "executable", str(crashing))
-    result = planner.plan(snapshot, types.Settings(time_limit_seconds=60.0))
+    result = planner.plan(snapshot, types.Settings(time_limit_seconds=60.0, use_milp=True))
     assert result.solver == "heuristic" and result.milp == "failed"
     assert ("fallback: milp: solver worker exited with code 3: RuntimeError: solver crashed"
             in result.reason)
@@ -83,7 +83,9 @@ def test_a_failed_milp_falls_back_to_the_heuristic_and_logs_why(
 
 @pytest.mark.parametrize(("settings", "why"), [
     pytest.param(types.Settings(use_milp=False), "MILP off", id="off"),
-    pytest.param(types.Settings(milp_max_jobs=5), "MILP skipped: 6 jobs", id="too-many"),
+    pytest.param(types.Settings(), "MILP off", id="opt-in: off by default"),
+    pytest.param(types.Settings(milp_max_jobs=5, use_milp=True), "MILP skipped: 6 jobs",
+                 id="too-many"),
 ])
 def test_milp_skips_say_why(settings: types.Settings, why: str) -> None:
     snapshot = cases.random_snapshot(4, jobs=6, nodes=(8,))

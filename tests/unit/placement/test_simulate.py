@@ -208,3 +208,13 @@ def test_metrics_slowdown_percentile_and_jain() -> None:
     assert slow["y"] == pytest.approx(16.0 / 10.0)  # waited 6 s behind x
     assert simulate.owner_fairness(result, jobs) == pytest.approx(
         simulate.jain_index([1.0, 1.6]))
+
+
+def test_slowdown_divides_by_the_fastest_feasible_config_not_the_asked_one() -> None:
+    job = simulate.SimJob("z", (types.Config("single", 1, 10.0), types.Config("ddp", 2, 5.0),
+                                types.Config("ddp", 8, 2.0)), asked_gpus=1)
+    nodes = (types.Node("n0", 2),)
+    result = simulate.run([job], nodes, simulate.fixed_k_fifo(1))
+    # ran 10 s on the 1 GPU it asked for; alone on 2 GPUs (the most that fit) it takes 5 s
+    assert simulate.slowdowns(result, [job], nodes) == {"z": pytest.approx(2.0)}
+    assert simulate.slowdowns(result, [job]) == {"z": pytest.approx(5.0)}  # any node size

@@ -43,7 +43,7 @@ def test_trace_has_the_documented_shape(durations: str, arrivals: str) -> None:
         counts = sorted(c.gpus for c in job.true_configs)
         assert counts[-1] <= 8 and (counts[0] >= 2) == job.name.startswith("memory-bound")
         assert job.asked_gpus in counts
-    assert len({j.owner for j in jobs}) == len(workload.OWNER_WEIGHTS)
+    assert len({j.owner for j in jobs}) >= 20  # many owners, as a shared cluster has
     times = [j.arrival for j in jobs]
     assert times == sorted(times) and times[0] == 0.0
     if arrivals == "bursty":  # a burst is one user's sweep, 5 s apart
@@ -57,10 +57,13 @@ def test_a_trace_replays_under_every_baseline_and_kiln() -> None:
     jobs = simulate.with_noise(workload.trace(shape, seed=1), sigma=0.25, seed=1)
     nodes = (types.Node("a", 8), types.Node("b", 4))
     for policy in (simulate.whole_node_fifo(), simulate.fixed_k_fifo(1),
-                   simulate.sjf_fair_share(),
-                   simulate.kiln_policy(types.Settings(use_milp=False), replanning=True)):
+                   simulate.sjf_fair_share(), simulate.sjf_fair_share(cap=False),
+                   simulate.least_attained_service(),
+                   simulate.kiln_policy(types.Settings(), replanning=True)):
         result = simulate.run(jobs, nodes, policy, restart_seconds=60.0)
         assert sorted(r.name for r in result.jobs) == sorted(j.name for j in jobs)
         assert all(r.start >= r.arrival for r in result.jobs)
-        slow = simulate.slowdowns(result, jobs)
-        assert min(slow.values()) > 0.1 and 0.0 < simulate.owner_fairness(result, jobs) <= 1.0
+        slow = simulate.slowdowns(result, jobs, nodes)
+        assert min(slow.values()) >= 1.0 - 1e-9  # never faster than alone at its fastest
+        assert 0.0 < simulate.owner_fairness(result, jobs, nodes) <= 1.0
+        assert 0.0 < simulate.job_fairness(result, jobs, nodes) <= 1.0
