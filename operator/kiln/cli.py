@@ -159,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("files", nargs="+", type=Path, metavar="FILE",
                           help=f"a job file, a folder (its {', '.join(JOB_FILE_SUFFIXES)} files) "
                           "or - for stdin")
+    validate.add_argument("--runtime", action="append", type=Path, default=[], metavar="FILE",
+                          help="a file of TrainingRuntime or ClusterTrainingRuntime documents "
+                          "that jobs name in spec.runtimeRef (repeatable; a job file may hold "
+                          "its runtime too)")
     output.add_option(validate)
     validate.set_defaults(func=_cmd_validate)
 
@@ -278,9 +282,10 @@ def _parser() -> argparse.ArgumentParser:
     # Developer commands, left out of the user's help (a subcommand without help= is not
     # listed): they print by default (`kiln crd | kubectl apply -f -`); --write regenerates
     # the repository's copies.
-    crd_cmd = sub.add_parser("crd", description="Print the TrainingJob and TrainingSweep CRDs "
+    crd_cmd = sub.add_parser("crd", description="Print Kiln's CRDs (jobs, sweeps, runtimes) "
                              "generated from kiln.api (one YAML stream).")
-    crd_cmd.add_argument("--kind", choices=("TrainingJob", "TrainingSweep"),
+    crd_cmd.add_argument("--kind", choices=("TrainingJob", "TrainingSweep", "TrainingRuntime",
+                                            "ClusterTrainingRuntime"),
                          help="only this kind's CRD (and reference page)")
     crd_where = crd_cmd.add_mutually_exclusive_group()
     crd_where.add_argument("--out", action="append", type=Path, metavar="PATH",
@@ -405,15 +410,16 @@ def _read_jobs(path: Path) -> list[api.TrainingJob]:
     return jobfile.parse_jobs(_stdin_text(), source="<stdin>")
 
 
-def _read_documents(path: Path) -> list[api.TrainingJob | api.sweep.TrainingSweep]:
-    """The jobs and sweeps of one file, or of stdin for -.
+def _read_documents(path: Path, runtimes: Sequence[api.runtime.AnyRuntime] = ()
+                    ) -> list[jobfile.Document]:
+    """The jobs, sweeps and runtimes of one file, or of stdin for -.
 
     Raises:
-        api.InvalidSpec: as `jobfile.load_documents`.
+        api.InvalidSpec: as `jobfile.parse_all`.
     """
     if path != STDIN:
-        return jobfile.load_documents(path)
-    return jobfile.parse_documents(_stdin_text(), source="<stdin>")
+        return jobfile.load_all(path, runtimes=runtimes)
+    return jobfile.parse_all(_stdin_text(), source="<stdin>", runtimes=runtimes)
 
 
 def _stdin_text() -> str:
@@ -423,7 +429,8 @@ def _stdin_text() -> str:
         raise api.InvalidSpec(["stdin is not UTF-8 text"], source="<stdin>") from None
 
 
-def _checked_documents(path: Path) -> list[api.TrainingJob | api.sweep.TrainingSweep]:
+def _checked_documents(path: Path, runtimes: Sequence[api.runtime.AnyRuntime] = ()
+                       ) -> list[jobfile.Document]:
     """The jobs and sweeps of one file (- for stdin), each checked against the model registry
     as the operator's admission checks it: a job as `kiln run` runs it, a sweep at every trial
     value (`models.check_sweep`).
@@ -434,12 +441,19 @@ def _checked_documents(path: Path) -> list[api.TrainingJob | api.sweep.TrainingS
     from kiln import models
 
     try:
-        found = _read_documents(path)
+        found = _read_documents(path, runtimes)
+        known = [*runtimes, *(d for d in found if isinstance(d, api.runtime.AnyRuntime))]
         for i, doc in enumerate(found):
             source = ("<stdin>" if path == STDIN else str(path)) + (
                 f"[{i}]" if len(found) > 1 else "")  # as the parser names it
-            more = (models.check_sweep(doc) if isinstance(doc, api.sweep.TrainingSweep)
-                    else models.check_job(doc))
+            if isinstance(doc, api.runtime.AnyRuntime):
+                continue  # its template is all there is to check, and was
+            if isinstance(doc, api.sweep.TrainingSweep):
+                more = models.check_sweep(doc)
+            else:  # on its runtime, when given, as the operator runs it
+                named = api.runtime.find(doc.spec.runtime_ref, known)
+                more = models.check_job(api.runtime.on(doc, api.runtime.record(named))
+                                        if named else doc)
             if more:
                 raise api.InvalidSpec(more, source=source, kind=doc.kind)
     except api.InvalidSpec as exc:  # a job that did not parse: add what can be told
@@ -475,17 +489,29 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     invalid: list[str] = []
     names: list[tuple[str, str]] = []
     rows: list[dict[str, Any]] = []
+    try:
+        runtimes = [r for path in args.runtime for r in jobfile.load_runtimes(path)]
+    except api.InvalidSpec as exc:
+        raise UsageError(str(exc)) from None
     for path in _job_files(args.files):  # each file on its own: the valid ones are said valid
         source = "<stdin>" if path == STDIN else str(path)
         try:
-            found = _checked_documents(path)
+            found = _checked_documents(path, runtimes)
         except UsageError as exc:
             invalid.append(str(exc))
             lines = str(exc).splitlines()  # "FILE: invalid TrainingJob:", then "  problem"s
             rows.append({"source": source, "name": None, "valid": False,
                          "problems": [ln.strip() for ln in lines if ln.startswith("  ")] or lines})
             continue
+        known = [*runtimes, *(d for d in found if isinstance(d, api.runtime.AnyRuntime))]
         for doc in found:
+            if not isinstance(doc, (api.TrainingJob, api.sweep.TrainingSweep)):
+                names.append((doc.kind, doc.metadata.name))
+                rows.append({"source": source, "kind": doc.kind, "name": doc.metadata.name,
+                             "valid": True, "problems": [], "locked": doc.spec.locked})
+                if args.output == "table":
+                    console.print(f"[green]valid[/]: {escape(doc.metadata.name)} ({doc.kind})")
+                continue
             spec = doc.spec.template if isinstance(doc, api.sweep.TrainingSweep) else doc.spec
             names.append((doc.kind, doc.name))
             row: dict[str, Any] = {
@@ -497,11 +523,19 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                 row |= {"parameters": paths, "maxTrials": doc.spec.trial_budget}
                 what = (f"sweep of {doc.spec.trial_budget} trials over {escape(', '.join(paths))}"
                         f"; {what}")
+            ref = spec.runtime_ref
+            if ref is not None:
+                given = api.runtime.find(ref, known) is not None
+                row["runtime"] = {"kind": ref.kind, "name": ref.name, "checked": given}
+                what += (f"; on {ref.kind} {escape(ref.name)}" if given else
+                         f"; {ref.kind} {escape(ref.name)} not given, so its settings were "
+                         "not checked (--runtime FILE)")
             rows.append(row)
             if args.output == "table":
                 console.print(f"[green]valid[/]: {escape(doc.name)} ({what})")
     repeated = sorted({key for key in names if names.count(key) > 1})  # a name per kind
-    nouns = {api.KIND: "job", api.sweep.SWEEP_KIND: "sweep"}
+    nouns = {api.KIND: "job", api.sweep.SWEEP_KIND: "sweep",
+             api.runtime.RUNTIME_KIND: "runtime", api.runtime.CLUSTER_RUNTIME_KIND: "runtime"}
     for kind, noun in nouns.items():
         if same := [name for k, name in repeated if k == kind]:
             invalid.append(f"metadata.name: each {noun} needs its own name; repeated: {same}")
@@ -1145,10 +1179,6 @@ def _cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # -- cluster commands: kiln.Client on the user's kubeconfig -----------------------------------
 
 
@@ -1178,8 +1208,9 @@ def _cluster_commands(sub: Any) -> None:
     wait.add_argument("name", metavar="JOB")
     wait.add_argument("--for", dest="phase", default=api.Phase.SUCCEEDED.value, metavar="PHASE",
                       help="the phase to wait for: Succeeded (default), Running, Failed, ...")
-    wait.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
-                      help="give up after this long (default: wait as long as it takes)")
+    wait.add_argument("--timeout", type=_timeout_seconds, default=None, metavar="SECONDS",
+                      help="give up after this long; 0 checks once, as kubectl wait "
+                      "(default: wait as long as it takes)")
     wait.set_defaults(func=_cmd_wait)
     delete = sub.add_parser("delete", help="delete a job or sweep (its pods go with it)")
     delete.add_argument("name", metavar="JOB")
@@ -1195,6 +1226,17 @@ def _cluster_commands(sub: Any) -> None:
             output.add_option(command)
 
 
+def _timeout_seconds(text: str) -> float:
+    """`kiln wait --timeout`: a finite number of seconds >= 0 (0: check once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (got {text})")
+    return value
+
+
 def _cluster(args: argparse.Namespace) -> cluster_client.Client:
     return cluster_client.Client(namespace=args.namespace, context=args.context,
                                  kubeconfig=args.kubeconfig)
@@ -1203,7 +1245,8 @@ def _cluster(args: argparse.Namespace) -> cluster_client.Client:
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     docs = _checked_documents(args.file)  # kiln validate's checks and messages, first
     client = _cluster(args)
-    rows = [client.submit(api.to_wire(doc))[0] for doc in docs]
+    rows = [client.submit(api.to_wire(doc))[0] for doc in docs
+            if not isinstance(doc, api.runtime.AnyRuntime)]  # runtimes are the platform's
     _show_actions(console, args.output, rows)
     return EXIT_OK
 
@@ -1264,3 +1307,7 @@ def _show_actions(console: Console, fmt: str, rows: list[dict[str, Any]]) -> Non
     for row in rows:
         console.out(f"{row['action']} {row['kind']} {row['namespace']}/{row['name']}",
                     highlight=False)
+
+
+if __name__ == "__main__":  # last: every command is defined by now
+    sys.exit(main())

@@ -1,7 +1,7 @@
-"""The TrainingJob and TrainingSweep CustomResourceDefinitions, generated from `kiln.api`.
+"""Kiln's CustomResourceDefinitions (jobs, sweeps, runtimes), generated from `kiln.api`.
 
 Role: turn the pydantic types of `kiln.api` (the single source of truth) into
-`apiextensions.k8s.io/v1` CRDs (one `Resource` each: `JOB`, `SWEEP`) whose `openAPIV3Schema` is *structural*: every node has a `type`,
+`apiextensions.k8s.io/v1` CRDs (one `Resource` each: `JOB`, `SWEEP`, `RUNTIME`, `CLUSTER_RUNTIME`) whose `openAPIV3Schema` is *structural*: every node has a `type`,
 every object lists its `properties`, no `$ref`/`anyOf`/`oneOf`/`allOf`; optional fields are
 `nullable`, bounds use OpenAPI v3's boolean `exclusiveMinimum`/`exclusiveMaximum`, defaults are
 declared so the API server applies them, and only the free-form maps (`spec.model.args`,
@@ -92,6 +92,7 @@ class Resource:
         columns: `kubectl get` columns.
         validations: CEL rules, each at the schema node its path names.
         name_max_length: metadata.name's bound (a sweep's leaves room for its trials' names).
+        scope: Namespaced or Cluster.
     """
 
     model: type[BaseModel]
@@ -102,6 +103,7 @@ class Resource:
     columns: tuple[Column, ...]
     validations: tuple[Validation, ...]
     name_max_length: int = api.NAME_MAX_LENGTH
+    scope: str = "Namespaced"
 
     @property
     def file(self) -> str:
@@ -137,13 +139,14 @@ def build(resource: Resource | None = None) -> dict[str, Any]:
                 "shortNames": list(resource.short_names),
                 "categories": list(api.CATEGORIES),
             },
-            "scope": "Namespaced",
+            "scope": resource.scope,
             "versions": [
                 {
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    **({"subresources": {"status": {}}}
+                       if "status" in schema["properties"] else {}),
                     "additionalPrinterColumns": _printer_columns(schema, resource.columns),
                     "schema": {"openAPIV3Schema": schema},
                 }
@@ -297,6 +300,11 @@ VALIDATIONS: tuple[Validation, ...] = (
       "(!has(self.target) || self.target == oldSelf.target)"),
      f"spec.target {_JOB_FIXED}",
      ".target"),
+    ("spec",
+     ("has(self.runtimeRef) == has(oldSelf.runtimeRef) && "
+      "(!has(self.runtimeRef) || self.runtimeRef == oldSelf.runtimeRef)"),
+     f"spec.runtimeRef {_JOB_FIXED}",
+     ".runtimeRef"),
 )
 
 
@@ -372,7 +380,16 @@ JOB = Resource(api.TrainingJob, api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NA
 SWEEP = Resource(api.sweep.TrainingSweep, api.sweep.SWEEP_KIND, api.sweep.SWEEP_PLURAL, api.sweep.SWEEP_SINGULAR,
                  api.sweep.SWEEP_SHORT_NAMES, SWEEP_PRINTER_COLUMNS, SWEEP_VALIDATIONS,
                  name_max_length=api.sweep.SWEEP_NAME_MAX_LENGTH)
-RESOURCES = (JOB, SWEEP)
+_RUNTIME_COLUMNS: tuple[Column, ...] = (("Age", ".metadata.creationTimestamp", "", 0),)
+RUNTIME = Resource(api.runtime.TrainingRuntime, api.runtime.RUNTIME_KIND,
+                   api.runtime.RUNTIME_PLURAL, api.runtime.RUNTIME_SINGULAR,
+                   api.runtime.RUNTIME_SHORT_NAMES, _RUNTIME_COLUMNS, ())
+CLUSTER_RUNTIME = Resource(api.runtime.ClusterTrainingRuntime, api.runtime.CLUSTER_RUNTIME_KIND,
+                           api.runtime.CLUSTER_RUNTIME_PLURAL,
+                           api.runtime.CLUSTER_RUNTIME_SINGULAR,
+                           api.runtime.CLUSTER_RUNTIME_SHORT_NAMES, _RUNTIME_COLUMNS, (),
+                           scope="Cluster")
+RESOURCES = (JOB, SWEEP, RUNTIME, CLUSTER_RUNTIME)
 
 
 def render(resource: Resource | None = None) -> str:

@@ -15,7 +15,9 @@ from kiln import crd
 
 # From the repository root, as `kiln crd --write` runs.
 PAGES = {crd.JOB: Path("docs/reference/trainingjob.md"),
-         crd.SWEEP: Path("docs/reference/trainingsweep.md")}
+         crd.SWEEP: Path("docs/reference/trainingsweep.md"),
+         crd.RUNTIME: Path("docs/reference/trainingruntime.md"),
+         crd.CLUSTER_RUNTIME: Path("docs/reference/trainingruntime.md")}
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 # A sweep's template is a whole TrainingJob spec: one row, its fields are on the job's page.
 _NOT_EXPANDED = ("spec.template",)

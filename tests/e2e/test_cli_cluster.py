@@ -87,6 +87,9 @@ def test_submit_follow_wait_get_ls_and_delete_a_job(
 
     code, out, err = kiln(capsys, "logs", name, *where)
     assert code == 0 and out == streamed, err
+    code, out, err = kiln(capsys, "logs", name, *where, "--rank", "3")
+    assert code == 2 and "has no trainer pod of rank 3" in err
+    assert "its pods have rank 0: check --rank" in err
 
     code, out, err = kiln(capsys, "get", name, *where, "-o", "json")
     assert code == 0, err
@@ -142,6 +145,12 @@ def test_submit_refuses_an_invalid_file_before_touching_the_cluster(
                            "--kubeconfig", str(kubeconfig))
     assert code == 2 and f"{missing}: " in err and "cannot read the file" in err
     assert cluster.client.job(namespace, "digits-typo") is None
+    elsewhere = scenario.tiny_job("digits-elsewhere")
+    elsewhere["metadata"]["namespace"] = f"{namespace}-b"
+    code, _out, err = kiln(capsys, "submit", str(job_file(tmp_path, elsewhere)), "-n", namespace,
+                           "--kubeconfig", str(kubeconfig))
+    assert code == 2 and f"names namespace {namespace}-b, not {namespace}" in err
+    assert cluster.client.job(f"{namespace}-b", "digits-elsewhere") is None
 
 
 def test_the_python_client_submits_waits_reads_logs_lists_and_deletes(

@@ -37,6 +37,7 @@ def _kueue_resources(version: str) -> dict[str, kmock.ResourceInfo]:
             kind="ResourceFlavor", singular="resourceflavor", namespaced=False, verbs=verbs),
     }
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-model"
 POOL_LABEL = "e2e.kiln.dev/pool"
 FLAVOR = "on-demand"
 
@@ -105,14 +106,7 @@ def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
 ) -> None:
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
     with emulator.Emulator(extra_resources=_kueue_resources(version)) as cluster:
-        # Two nodes: the planner's first choice is node a; the flavor allows only node b.
-        for node, pool in (("cpu-node-a", "spot"), ("cpu-node-b", FLAVOR)):
-            cluster.client.create_node(node)
-            cluster.client.patch(f"/api/v1/nodes/{node}",
-                                 {"metadata": {"labels": {POOL_LABEL: pool}}})
-        cluster.client.create(f"/apis/{kueue.GROUP}/{version}/resourceflavors", {
-            "apiVersion": f"{kueue.GROUP}/{version}", "kind": "ResourceFlavor",
-            "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
+        _two_pools(cluster, version)
         cluster.client.create_secret(namespace, *zoo_secret)
         with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
                                args=[*operator_args, "--kueue"]) as (node, operator):
@@ -120,6 +114,62 @@ def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
         calls = usage.api_calls(cluster.requests)
     granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
     assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
+
+
+def _two_pools(cluster: emulator.Emulator, version: str) -> None:
+    """Two nodes: the planner's first choice is node a; flavor FLAVOR allows only node b."""
+    for node, pool in (("cpu-node-a", "spot"), ("cpu-node-b", FLAVOR)):
+        cluster.client.create_node(node)
+        cluster.client.patch(f"/api/v1/nodes/{node}",
+                             {"metadata": {"labels": {POOL_LABEL: pool}}})
+    cluster.client.create(f"/apis/{kueue.GROUP}/{version}/resourceflavors", {
+        "apiVersion": f"{kueue.GROUP}/{version}", "kind": "ResourceFlavor",
+        "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
+
+
+def test_an_own_models_profiling_pod_runs_only_within_kueues_admission(
+    zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    namespace, name = f"kueue-{uuid.uuid4().hex[:6]}", "mixer-kueue"
+    job = scenario.tiny_job(name, model={
+        "entrypoint": "mynets.mixer:mixer", "args": {"dim": 8, "depth": 1},
+        "task": "classification", "inputShape": [1, 8, 8]})
+    job["spec"]["template"]["env"].append({"name": "PYTHONPATH", "value": str(EXAMPLE)})
+    with emulator.Emulator(extra_resources=_kueue_resources(kueue.VERSIONS[0])) as cluster:
+        _two_pools(cluster, kueue.VERSIONS[0])
+        cluster.client.create_secret(namespace, *zoo_secret)
+        with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
+                               args=[*operator_args, "--kueue"]) as (_node, operator):
+
+            def details() -> str:
+                return f"workloads: {_workloads(cluster, namespace)}\n" + str(
+                    operator.log_tail())
+
+            cluster.client.create_job(namespace, job)
+            # Before Kueue reserves quota: a Workload, the job waits to be profiled, no pod.
+            (workload,) = client.wait_until(lambda: _workloads(cluster, namespace),
+                                            timeout_seconds=30, what="the job's Workload",
+                                            details=details)
+            waiting = scenario.wait_job(
+                cluster, namespace, name,
+                lambda job: (scenario.condition(job, "Profiled") or {}).get("reason")
+                == "WaitingForKueueAdmission", what="profiling waiting for Kueue",
+                details=details)
+            assert scenario.condition(waiting, "Profiled")["status"] == "Unknown"
+            assert scenario.pod_creations(cluster, namespace, name) == []
+
+            # Admitted: profiled on the admitted flavor's node, then it runs there.
+            _admit(cluster, workload)
+            done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
+            assert scenario.condition(done, "Profiled")["reason"] == "ModelProfiled"
+            assert scenario.pod_creations(cluster, namespace, name) == [
+                f"{name}-profile", f"{name}-trainer-0"]
+            profile_pod = cluster.client.get(
+                f"/api/v1/namespaces/{namespace}/pods/{name}-profile")
+            assert profile_pod is not None and profile_pod["spec"]["nodeName"] == "cpu-node-b"
+            assert done["status"]["placement"]["node"] == "cpu-node-b"
+            assert len(_workloads(cluster, namespace)) == 1  # one Workload: the job's
 
 
 def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubesim import helm
 
+from kiln import api
 from kiln.controller import main, pods
 
 pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
@@ -97,7 +98,8 @@ def test_helm_lint_catches_a_broken_template(tmp_path: Path) -> None:
         result)
 
 
-@pytest.mark.parametrize("crd_file", ["trainingjob.yaml", "trainingsweep.yaml"])
+@pytest.mark.parametrize("crd_file", ["trainingjob.yaml", "trainingsweep.yaml",
+                                      "trainingruntime.yaml", "clustertrainingruntime.yaml"])
 def test_chart_crd_is_the_repository_crd(crd_file: str) -> None:
     assert ((helm.CHART / "crds" / crd_file).read_bytes()
             == (REPO / "crds" / crd_file).read_bytes()), (
@@ -110,27 +112,68 @@ def test_every_rendered_object_is_valid_kubernetes_and_reaches_the_api_server(
         name: str, request: pytest.FixtureRequest) -> None:
     release: helm.Release = request.getfixturevalue(name)
     for document in release.crds + release.manifests:
-        if document["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # no schema in kubernetes-validate: see the monitor tests below
-        try:
-            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{document['kind']} {document['metadata']['name']}: {exc.message} "
-                        f"at {'/'.join(map(str, exc.path))}")
+        if document["apiVersion"] == api.API_VERSION:  # Kiln's own kinds, checked by kiln.api
+            api.runtime.parse_runtime(document)
+        elif document["apiVersion"].startswith("monitoring.coreos.com/"):
+            pass  # no schema in kubernetes-validate: see the monitor tests below
+        else:
+            _kubernetes_valid(document)
         key = (f"{document['apiVersion']}/{document['kind']}",
                document["metadata"].get("namespace", ""), document["metadata"]["name"])
         assert key in release.created, f"Helm did not create {key}"
 
 
+def _kubernetes_valid(document: dict[str, Any]) -> None:
+    try:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{document['kind']} {document['metadata']['name']}: {exc.message} "
+                    f"at {'/'.join(map(str, exc.path))}")
+
+
+def test_default_runtime_renders_valid_and_carries_the_trainer_image(
+        default_release: helm.Release, tmp_path: Path) -> None:
+    document = default_release.one("ClusterTrainingRuntime", "default")
+    runtime = api.runtime.parse_runtime(document)
+    values = yaml.safe_load((helm.CHART / "values.yaml").read_text(encoding="utf-8"))
+    assert runtime.spec.template == {"image": values["trainer"]["image"],
+                                     "imagePullPolicy": values["trainer"]["imagePullPolicy"]}
+    # A job naming it validates on it, as `kiln validate --runtime` checks it.
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "on-default"},
+           "spec": {"runtimeRef": {"name": "default"},
+                    "model": {"architecture": "small_resnet", "inputShape": [1, 8, 8]}}}
+    assert api.runtime.parse_job_on(job, api.runtime.record(runtime)).name == "on-default"
+
+
+def test_runtime_values_set_the_template_and_what_is_locked() -> None:
+    release = helm.install({"runtime": {
+        "name": "gpu-team", "locked": ["podSecurityContext"],
+        "template": {"podSecurityContext": {"runAsNonRoot": True},
+                     "env": [{"name": "HF_HOME", "value": "/cache"}]}}})
+    runtime = api.runtime.parse_runtime(release.one("ClusterTrainingRuntime", "gpu-team"))
+    assert runtime.spec.locked == ["podSecurityContext"]
+    assert runtime.spec.template["env"] == [{"name": "HF_HOME", "value": "/cache"}]
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "mine"},
+           "spec": {"runtimeRef": {"name": "gpu-team"},
+                    "model": {"architecture": "small_resnet", "inputShape": [1, 8, 8]},
+                    "template": {"podSecurityContext": {"runAsUser": 0}}}}
+    with pytest.raises(api.InvalidSpec) as caught:
+        api.runtime.parse_job_on(job, api.runtime.record(runtime))
+    assert caught.value.problems == [
+        ("spec.template.podSecurityContext: locked by ClusterTrainingRuntime gpu-team; remove "
+        "it from the job (the runtime sets it)")]
+
+
 def test_defaults_install_the_operator_and_nothing_optional(
         default_release: helm.Release) -> None:
     kinds = sorted(m["kind"] for m in default_release.manifests)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-                     "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime",
+                     "Deployment", "Service", "ServiceAccount"]
     # crds/ cannot be conditional: kopf's peering kinds (used with replicaCount above 1) come
     # along, unused; Helm skips CRDs that already exist, e.g. from another kopf operator.
     assert sorted(c["metadata"]["name"] for c in default_release.crds) == [
-        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "trainingjobs.kiln.dev",
+        "clusterkopfpeerings.kopf.dev", "clustertrainingruntimes.kiln.dev",
+        "kopfpeerings.kopf.dev", "trainingjobs.kiln.dev", "trainingruntimes.kiln.dev",
         "trainingsweeps.kiln.dev"]
 
 

@@ -57,7 +57,7 @@ def test_listed_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_wid
     roles = namespaced_release.of_kind("Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     namespaced = rbac.triples(GRANTED) - {t for t in rbac.triples(rbac.CLUSTER_WIDE_RULES)
-                                          if t[1] == "nodes"}
+                                          if t[1] in ("nodes", "clustertrainingruntimes")}
     for role in roles:
         assert helm.rule_grants(role["rules"]) == namespaced
     bindings = namespaced_release.of_kind("RoleBinding")

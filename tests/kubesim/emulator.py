@@ -421,6 +421,14 @@ class Emulator:
             verbs={"list", "watch", "get", "patch", "create", "delete", "update"},
             shortnames=set(api.sweep.SWEEP_SHORT_NAMES), subresources={"status"},
         )
+        for plural, kind, singular, namespaced in (
+                (api.runtime.RUNTIME_PLURAL, api.runtime.RUNTIME_KIND,
+                 api.runtime.RUNTIME_SINGULAR, True),
+                (api.runtime.CLUSTER_RUNTIME_PLURAL, api.runtime.CLUSTER_RUNTIME_KIND,
+                 api.runtime.CLUSTER_RUNTIME_SINGULAR, False)):
+            handler.resources[f"{api.GROUP}/{api.VERSION}/{plural}"] = kmock.ResourceInfo(
+                kind=kind, singular=singular, namespaced=namespaced,
+                verbs={"list", "watch", "get", "patch", "create", "delete", "update"})
         for path, info in self._extra_resources.items():
             handler.resources[path] = info
         self._handler = handler

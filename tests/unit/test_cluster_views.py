@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import runpy
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +161,172 @@ def test_wait_refuses_an_unknown_phase_before_asking(tmp_path: Path) -> None:
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     with pytest.raises(errors.ClusterError, match="--for Done: not a phase"):
         Client(kubeconfig=config).wait("x", phase="Done")
+
+
+def _kubeconfig(tmp_path: Path, server: str) -> Path:
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u",
+                                               "namespace": "team"}}]}))
+    return config
+
+
+class _ApiServer(http.server.ThreadingHTTPServer):
+    """Answers GETs from `answers` (path -> JSON), else 404 as an API server does for a
+    resource it does not serve; stops once it has answered `last`."""
+
+    def __init__(self, answers: dict[str, Any], *, last: str | None = None) -> None:
+        self.answers, self.last = answers, last
+        super().__init__(("127.0.0.1", 0), _ApiHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ApiHandler(http.server.BaseHTTPRequestHandler):
+    server: _ApiServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        found = path in self.server.answers
+        body = (json.dumps(self.server.answers[path]) if found else "404 page not found")
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json" if found else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body.encode())
+        if path == self.server.last:
+            threading.Thread(target=self.server.shutdown).start()
+            self.server.server_close()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:'kiln.cli' found in sys.modules")
+def test_python_dash_m_kiln_cli_knows_the_cluster_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.argv", ["kiln", "ls", "--kubeconfig", str(tmp_path / "none")])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("kiln.cli", run_name="__main__")
+    assert exited.value.code == 2
+    assert f"kubeconfig {tmp_path / 'none'} does not exist" in capsys.readouterr().err
+
+
+def test_a_missing_kubeconfig_file_is_named_as_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    missing = tmp_path / "kubeconfig"
+    assert cli.main(["ls", "--kubeconfig", str(missing)]) == 2
+    assert f"kubeconfig {missing} does not exist; pass --kubeconfig" in capsys.readouterr().err
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+    with pytest.raises(errors.ClusterError, match="does not exist"):
+        Client()
+
+
+def test_a_cluster_without_kiln_says_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = _ApiServer({})
+    try:
+        config = _kubeconfig(tmp_path, server.url)
+        for command in (["ls"], ["get", "digits"], ["delete", "digits"]):
+            assert cli.main([*command, "--kubeconfig", str(config)]) == 2
+            err = capsys.readouterr().err
+            assert "does not serve trainingjobs.kiln.dev" in err, command
+            assert "install Kiln" in err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_wait_reports_a_cluster_that_goes_away_not_a_deleted_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client, "POLL_SECONDS", 0.01)
+    job = {**RUNNING, "metadata": {"name": "resnet-a", "namespace": "team"}}
+    events = "/api/v1/namespaces/team/events"
+    server = _ApiServer({"/apis/kiln.dev/v1alpha1/namespaces/team/trainingjobs/resnet-a": job,
+                         events: {"items": []}}, last=events)
+    config = _kubeconfig(tmp_path, server.url)
+    kiln_client = Client(kubeconfig=config)
+    with pytest.raises(errors.ClusterError, match="cannot reach") as raised:
+        kiln_client.wait("resnet-a")  # Running once, then a closed port
+    assert not isinstance(raised.value, errors.WaitFailed)
+
+
+@pytest.mark.process  # checking the file imports torch, which runs ldconfig
+def test_submit_refuses_a_file_of_another_namespace_than_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "digits", "namespace": "team-b"},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                    "dataset": {"name": "digits"}}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    config = _kubeconfig(tmp_path, "http://127.0.0.1:9")  # never asked
+    assert cli.main(["submit", str(job), "-n", "team-a", "--kubeconfig", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "names namespace team-b, not team-a" in err and "pass -n team-b" in err
+
+
+def test_logs_of_a_sweep_or_a_missing_rank_say_where_the_pods_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    apis, pods = "/apis/kiln.dev/v1alpha1/namespaces/team", "/api/v1/namespaces/team/pods"
+    server = _ApiServer({
+        f"{apis}/trainingsweeps/search": {"kind": "TrainingSweep",
+                                          "metadata": {"name": "search", "namespace": "team"}},
+        f"{apis}/trainingjobs/resnet-a": RUNNING,
+        pods: {"items": [{"metadata": {"name": "resnet-a-trainer-0", "namespace": "team",
+                                       "labels": {client.RANK_LABEL: "0"}}}]}})
+    try:
+        config = _kubeconfig(tmp_path, server.url)
+        assert cli.main(["logs", "search", "--kubeconfig", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert "search is a TrainingSweep" in err and "kiln ls -n team" in err
+        assert cli.main(["logs", "resnet-a", "--rank", "5", "--kubeconfig", str(config)]) == 2
+        assert "its pods have rank 0: check --rank" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_logs_of_an_unknown_job_raise_when_called_not_when_read(tmp_path: Path) -> None:
+    server = _ApiServer({"/apis/kiln.dev/v1alpha1/namespaces/team/trainingjobs": {"items": []}})
+    try:
+        kiln_client = Client(kubeconfig=_kubeconfig(tmp_path, server.url))
+        with pytest.raises(errors.ClusterError, match="no TrainingJob or TrainingSweep nope"):
+            kiln_client.logs("nope")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(errors.ClusterError, match="no local job nope"):
+        Client(local=True, work_dir=tmp_path / "runs").logs("nope")
+
+
+def test_wait_timeout_0_checks_once_as_kubectl_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = "/apis/kiln.dev/v1alpha1/namespaces/team/trainingjobs/resnet-a"
+    server = _ApiServer({job: RUNNING, "/api/v1/namespaces/team/events": {"items": []}})
+    try:
+        config = _kubeconfig(tmp_path, server.url)
+        assert cli.main(["wait", "resnet-a", "--timeout", "0", "--kubeconfig", str(config)]
+                        ) == cli.EXIT_TIMEOUT
+        assert "resnet-a: still Running after 0 s" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            cli.main(["wait", "resnet-a", "--timeout", bad, "--kubeconfig", str(config)])
+        assert "must be a finite number >= 0" in capsys.readouterr().err

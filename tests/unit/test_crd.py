@@ -285,9 +285,9 @@ def test_schema_is_structural(resource: crd.Resource) -> None:
 
 def test_only_the_free_form_maps_and_the_admitted_spec_keep_unknown_fields() -> None:
     kept = [path for path, node in _nodes(crd.openapi_schema()) if node.get(PRESERVE)]
-    # status.admittedSpec is a spec the operator validated before writing it
+    # status.runtime and status.admittedSpec are what the operator validated before writing
     assert kept == ["spec.model.args", "spec.dataset.args", "spec.template",
-                    "status.admittedSpec"]
+                    "status.runtime", "status.admittedSpec"]
 
 
 def test_metadata_restricts_only_the_name() -> None:

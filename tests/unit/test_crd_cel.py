@@ -174,6 +174,7 @@ def _job(**spec: Any) -> dict[str, Any]:
     ({"resources": {"gpus": 2}}, "spec.resources"),
     ({"target": {"metric": "validation_accuracy", "value": 0.8}}, "spec.target"),
     ({"target": None}, "spec.target"),
+    ({"runtimeRef": {"name": "other"}}, "spec.runtimeRef"),
 ])
 def test_a_running_jobs_spec_cannot_change(server: StrictApiServer, change: dict[str, Any],
                                            refused: str) -> None:

@@ -63,7 +63,7 @@ app.kubernetes.io/part-of: kiln
 {{- fail (printf "metrics.port and operator.livenessPort are both %d; the two endpoints need different ports" (int .Values.metrics.port)) -}}
 {{- end -}}
 {{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--zoo-share" "--zoo-pod-access" "--zoo-access-hours" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--gpu-resource" "--max-gpus-per-job" "--cpu-slots-per-node" "--kueue" "--no-kueue" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" "--peering" "--finalizer" "--no-finalizer" "--pod-security-context" "--container-security-context" -}}
-{{- $open := list "--zoo-secret-session-token" "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--zoo-capacity" "--zoo-gc-interval-seconds" "--zoo-hit-half-life-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" "--profile-timeout-seconds" "--placement-objective" "--namespace-gpu-quota" "--priority-weight" "--resize" "--no-resize" "--resize-min-gain" "--resize-min-interval-seconds" "--resize-restart-seconds" -}}
+{{- $open := list "--kueue-api-version" "--zoo-secret-session-token" "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--zoo-capacity" "--zoo-gc-interval-seconds" "--zoo-hit-half-life-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" "--profile-timeout-seconds" "--placement-objective" "--namespace-gpu-quota" "--priority-weight" "--resize" "--no-resize" "--resize-min-gain" "--resize-min-interval-seconds" "--resize-restart-seconds" -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
 {{- if has $flag $managed -}}
@@ -136,6 +136,9 @@ the finalizers updates that owner references with blockOwnerDeletion need
 - apiGroups: ["kiln.dev"]
   resources: ["trainingsweeps/status"]
   verbs: ["patch"]
+- apiGroups: ["kiln.dev"]
+  resources: ["trainingruntimes"]
+  verbs: ["get"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -1,4 +1,4 @@
-"""The TrainingJob and TrainingSweep API (kiln.dev/v1alpha1): types, defaults, validation.
+"""The TrainingJob, TrainingSweep and runtime API (kiln.dev/v1alpha1): types, defaults, checks.
 
 The single source of truth for the job format: `kiln.crd` generates the CRD from these types.
 Callers use the package's names (`api.TrainingJob`, `api.parse_job`), never its modules; `jobfile`
@@ -8,8 +8,8 @@ reads job files. Never imports torch or kopf.
 from __future__ import annotations
 
 # The package's public face, gathered from its modules (which import downwards only:
-# sweep -> admitted -> validation -> podschema, bounds -> status -> spec -> names).
-from kiln.api import sweep
+# sweep -> admitted -> runtime -> validation -> podschema, bounds -> status -> spec -> names).
+from kiln.api import runtime, sweep
 from kiln.api.admitted import (
     ADMITTED_SPEC_STATUS,
     MUTABLE_TEMPLATE_KEYS,
@@ -85,6 +85,7 @@ from kiln.api.spec import (
     PositiveInt,
     ResourcesSpec,
     RunPolicySpec,
+    RuntimeRef,
     TargetSpec,
     TrainingJobSpec,
     TrainingSpec,
@@ -166,6 +167,7 @@ __all__ = [
     "ResourcesSpec",
     "ResultStatus",
     "RunPolicySpec",
+    "RuntimeRef",
     "ScheduleName",
     "Scheduling",
     "TargetMetric",
@@ -193,6 +195,7 @@ __all__ = [
     "pod_schema_problems",
     "problems_of",
     "running_doc",
+    "runtime",
     "scheduling_of",
     "sweep",
     "template_pod_types",

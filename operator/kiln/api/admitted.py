@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kiln.api import bounds, names, spec, status, validation
+from kiln.api import bounds, names, runtime, spec, status, validation
 
 ADMITTED_SPEC_STATUS = "admittedSpec"  # its key in status
 MUTABLE_FIELDS = ("runPolicy",)
@@ -30,15 +30,17 @@ def running_doc(body: Mapping[str, Any], *, template_edits: bool = True) -> dict
 
     Once admitted: the admitted spec, with the current spec.runPolicy and (with
     `template_edits`) the current spec.template scheduling directives. Before: as it is.
+    Either way its spec.template is merged over the runtime recorded in status.runtime.
     """
     doc = {k: v for k, v in body.items() if k != "status"}
     meta = doc.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
         # The API server's bookkeeping, shaped like the spec; Kiln never reads it.
         doc["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    recorded = (body.get("status") or {}).get(runtime.RUNTIME_STATUS)
     admitted = (body.get("status") or {}).get(ADMITTED_SPEC_STATUS)
     if not isinstance(admitted, dict):
-        return doc
+        return runtime.resolve(doc, recorded)
     spec_now = doc.get("spec")
     current: dict[str, Any] = spec_now if isinstance(spec_now, dict) else {}
     running = {k: v for k, v in admitted.items() if k not in MUTABLE_FIELDS}
@@ -51,7 +53,7 @@ def running_doc(body: Mapping[str, Any], *, template_edits: bool = True) -> dict
     template.update({k: v for k, v in scheduling.items() if k in MUTABLE_TEMPLATE_KEYS})
     running["template"] = template
     doc["spec"] = running
-    return doc
+    return runtime.resolve(doc, recorded)
 
 
 def parse_running(body: Mapping[str, Any], *, source: str = "") -> status.TrainingJob:
@@ -78,6 +80,9 @@ def ignored_edits(body: Mapping[str, Any]) -> list[str]:
         return []
     if not isinstance(current, dict):
         return ["spec"]
+    # The admitted template holds the runtime's keys too; so must what it is compared with.
+    current = runtime.resolve({"spec": current},
+                              body["status"].get(runtime.RUNTIME_STATUS))["spec"]
     too_large = bounds.problems({"spec": current})
     if too_large:
         return sorted({p.split(":", 1)[0] for p in too_large})

@@ -1,8 +1,9 @@
-"""Job files: read TrainingJob (and TrainingSweep) documents from YAML, strictly.
+"""Job files: read TrainingJob (and TrainingSweep, TrainingRuntime) documents from YAML, strictly.
 
 Refuses what only hurts in job files (anchors and aliases, repeated keys) and parses each
-document with `kiln.api.parse_job` (or, by its kind, `kiln.api.sweep.parse_sweep`); no
-validation of its own.
+document with `kiln.api.parse_job` (or, by its kind, `kiln.api.sweep.parse_sweep`,
+`kiln.api.runtime.parse_runtime`); a job naming a runtime the file or the caller holds is
+checked on it too (`runtime.job_problems`). No validation of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from kiln import api
-from kiln.api import bounds, sweep
+from kiln.api import bounds, runtime, sweep
 
 
 def load_jobs(path: str | Path) -> list[api.TrainingJob]:
@@ -31,9 +32,13 @@ def load_jobs(path: str | Path) -> list[api.TrainingJob]:
     return parse_jobs(_read(path), source=str(path))
 
 
+Document = api.TrainingJob | sweep.TrainingSweep | runtime.AnyRuntime
+
+
 def load_documents(path: str | Path) -> list[api.TrainingJob | sweep.TrainingSweep]:
     """Every TrainingJob and TrainingSweep document of a YAML file, in order, each parsed as its
-    kind says, read as `load_jobs` reads.
+    kind says, read as `load_jobs` reads; a runtime document there is used (`parse_all`), not
+    returned.
 
     Raises:
         InvalidSpec: as `load_jobs`; a sweep's with kind TrainingSweep.
@@ -45,11 +50,60 @@ def parse_documents(text: str, *, source: str) -> list[api.TrainingJob | sweep.T
     """Every TrainingJob and TrainingSweep document of YAML `text`, as `load_documents` reads.
 
     Raises:
-        InvalidSpec: as `parse_jobs`.
+        InvalidSpec: as `parse_all`.
     """
-    docs = _documents(text, source)
-    return [sweep.parse_sweep(d, source=where) if sweep.is_sweep(d)
-            else api.parse_job(d, source=where) for where, d in _sourced(docs, source)]
+    return [d for d in parse_all(text, source=source)
+            if isinstance(d, (api.TrainingJob, sweep.TrainingSweep))]
+
+
+def load_all(path: str | Path, *, runtimes: typing.Sequence[runtime.AnyRuntime] = ()
+             ) -> list[Document]:
+    """Every document of a YAML file, runtimes included, as `parse_all` reads them."""
+    return parse_all(_read(path), source=str(path), runtimes=runtimes)
+
+
+def load_runtimes(path: str | Path) -> list[runtime.AnyRuntime]:
+    """The runtime documents of a YAML file (other kinds refused).
+
+    Raises:
+        InvalidSpec: as `load_jobs`, or a document that is not a runtime.
+    """
+    found = []
+    for where, doc in _sourced(_documents(_read(path), str(path)), str(path)):
+        if not runtime.is_runtime(doc):
+            raise api.InvalidSpec([f"kind: expected {runtime.RUNTIME_KIND} or "
+                                   f"{runtime.CLUSTER_RUNTIME_KIND} (got {doc.get('kind')!r})"
+                                   if isinstance(doc, dict) else "not a mapping"], source=where)
+        found.append(runtime.parse_runtime(doc, source=where))
+    return found
+
+
+def parse_all(text: str, *, source: str,
+              runtimes: typing.Sequence[runtime.AnyRuntime] = ()) -> list[Document]:
+    """Every TrainingJob, TrainingSweep and (Cluster)TrainingRuntime document of YAML `text`,
+    in order. A job whose spec.runtimeRef names a runtime of `text` or of `runtimes` is checked
+    on it; one naming neither is checked as written.
+
+    Raises:
+        InvalidSpec: as `parse_jobs`; a job on a runtime: the fields it sets that the runtime
+            locks, and its merged template's problems.
+    """
+    docs = _sourced(_documents(text, source), source)
+    own = {where: runtime.parse_runtime(d, source=where) for where, d in docs
+           if runtime.is_runtime(d)}
+    known = [*runtimes, *own.values()]
+    found: list[Document] = []
+    for where, d in docs:
+        if where in own:
+            found.append(own[where])
+            continue
+        if sweep.is_sweep(d):
+            found.append(sweep.parse_sweep(d, source=where))
+            continue
+        named = runtime.find(runtime.ref_of(d), known)
+        found.append(runtime.parse_job_on(d, runtime.record(named), source=where) if named
+                     else api.parse_job(d, source=where))
+    return found
 
 
 def _read(path: str | Path) -> str:

@@ -146,6 +146,7 @@ class Reason(enum.StrEnum):
     TRAINING_COMPLETED = "TrainingCompleted"
     # Failed
     INVALID_SPEC = "InvalidSpec"
+    RUNTIME_NOT_FOUND = "RuntimeNotFound"  # spec.runtimeRef names no runtime
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     PERMANENT_ERROR = "PermanentError"
     DEADLINE_EXCEEDED = "DeadlineExceeded"

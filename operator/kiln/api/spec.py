@@ -402,6 +402,20 @@ class RunPolicySpec(names.ApiModel):
     )
 
 
+class RuntimeRef(names.ApiModel):
+    kind: Literal["TrainingRuntime", "ClusterTrainingRuntime"] = Field(
+        default="ClusterTrainingRuntime",
+        description="kind: ClusterTrainingRuntime (cluster-wide, the default) or "
+        "TrainingRuntime (in the job's namespace).",
+    )
+    name: str = Field(
+        min_length=1,
+        max_length=253,  # a DNS subdomain, as Kubernetes names objects
+        pattern=names.SUBDOMAIN_PATTERN,
+        description="name: the runtime's metadata.name.",
+    )
+
+
 class TrainingJobSpec(names.ApiModel):
     model: ModelSpec = Field(description="model: architecture, builder arguments, input shape.")
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="dataset: data source.")
@@ -423,6 +437,12 @@ class TrainingJobSpec(names.ApiModel):
     zoo: ZooSpec = Field(default_factory=ZooSpec, description="zoo: registration of the result.")
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="runPolicy: restarts, deadline, TTL, cleanup."
+    )
+    runtime_ref: RuntimeRef | None = Field(
+        default=None,
+        description="runtimeRef: the TrainingRuntime or ClusterTrainingRuntime whose pod "
+        "template and defaults the job starts from; spec.template adds to it and overrides "
+        "what the runtime does not lock. Resolved once, at admission (status.runtime).",
     )
     template: dict[str, Any] = Field(
         default_factory=dict,

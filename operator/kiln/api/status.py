@@ -187,6 +187,12 @@ class TrainingJobStatus(names.ApiModel):
         "activeDeadlineSeconds counts from here.",
     )
     completion_time: str | None = Field(default=None, description="completionTime: terminal.")
+    runtime: dict[str, Any] | None = Field(
+        default=None,
+        description="runtime: the runtime spec.runtimeRef named, as resolved at admission "
+        "(kind, name, uid, resourceVersion, template, locked); the job runs on it, whatever "
+        "later edits of the runtime say.",
+    )
     admitted_spec: dict[str, Any] | None = Field(
         default=None,
         description="admittedSpec: the spec the job was admitted with (defaults filled in), "

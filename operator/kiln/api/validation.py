@@ -274,7 +274,7 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"{res.parallelism.value} splits the global batch evenly over 2, 4 or 8 GPUs; use "
             "an even batch size"
         )
-    return problems + _dataset_problems(ds) + _template_problems(spec.template)
+    return problems + _dataset_problems(ds) + template_problems(spec.template)
 
 
 def _nodes_problems(res: spec_types.ResourcesSpec) -> list[str]:
@@ -381,7 +381,7 @@ _MAPPINGS = ("resources", "nodeSelector", "affinity", "labels", "annotations",
              "securityContext", "podSecurityContext")
 
 
-def _template_problems(template: dict[str, Any]) -> list[str]:
+def template_problems(template: dict[str, Any]) -> list[str]:
     """Problems of spec.template, each ``spec.template.<path>: what is wrong; fix``.
 
     Known keys only (`TEMPLATE_KEYS`), each of its type; command and args lists of strings

@@ -70,6 +70,8 @@ class Client:
             self._local = None
             self._kube = _Kube(kubeconfig=kubeconfig, context=context)
             self.namespace = namespace or self._kube.default_namespace
+        # As kubectl: a file may name its namespace unless one was asked for explicitly.
+        self._namespace_given = namespace is not None
 
     def submit(self, job: JobFile) -> list[dict[str, Any]]:
         """Validate a TrainingJob/TrainingSweep file (or document) as `kiln validate` does, then
@@ -88,6 +90,12 @@ class Client:
         if self._local is not None:
             return self._local.run(docs)
         assert self._kube is not None
+        for doc in docs:
+            named = doc.metadata.namespace
+            if self._namespace_given and named and named != self.namespace:
+                raise ClusterError(
+                    f"{doc.kind} {doc.name} names namespace {named}, not {self.namespace} as "
+                    f"asked (-n); pass -n {named}, or drop metadata.namespace from the file")
         return [self._kube.apply(doc, self.namespace) for doc in docs]
 
     def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
@@ -110,13 +118,13 @@ class Client:
 
     def logs(self, name: str, *, rank: int = 0, follow: bool = False) -> Iterator[str]:
         """The trainer's log lines (latest attempt, pod of `rank`); with `follow`, until the
-        pod ends."""
+        pod ends. An unknown job or rank raises here, not at the first line."""
         if self._local is not None:
-            yield from self._local.log(name)
-            return
+            self._local.object(name)
+            return self._local.log(name)
         assert self._kube is not None
         pod = self._kube.trainer_pod(name, self.namespace, rank)
-        yield from self._kube.pod_log(pod, follow=follow)
+        return self._kube.pod_log(pod, follow=follow)
 
     def wait(self, name: str, *, phase: str = api.Phase.SUCCEEDED.value,
              timeout: float | None = None) -> dict[str, Any]:
@@ -145,10 +153,8 @@ class Client:
                        else max(0.0, min(POLL_SECONDS, deadline - time.monotonic())))
             try:
                 view = self.get(name)
-            except ClusterError:
-                if self._kube is not None and not self._kube.exists(name, self.namespace):
-                    raise WaitFailed(f"{name} was deleted before reaching {phase}", {}) from None
-                raise
+            except _NotFound:  # not an unreachable cluster: that stays a ClusterError
+                raise WaitFailed(f"{name} was deleted before reaching {phase}", {}) from None
 
     def delete(self, name: str) -> dict[str, Any]:
         """Delete the job or sweep (its pods go with it); returns {kind, name, namespace,
@@ -206,6 +212,11 @@ class _Kube:
         given = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
         path = given or str(DEFAULT_KUBECONFIG.expanduser())
         self.default_namespace = "default"
+        if given and not any(Path(p).expanduser().exists() for p in given.split(os.pathsep)
+                             if p):
+            raise ClusterError(
+                f"kubeconfig {given} does not exist; pass --kubeconfig FILE or set KUBECONFIG "
+                "to kubectl's file")
         if not given and not Path(path).exists():
             if not os.environ.get("KUBERNETES_SERVICE_HOST"):
                 raise ClusterError(
@@ -242,6 +253,11 @@ class _Kube:
                        .create_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
                                                         plural, body))
             return done | {"action": "created"}
+        except _NotFound as exc:
+            self.list_kind(doc.kind, namespace)  # a cluster without Kiln says so here
+            raise ClusterError(f"create {doc.kind} {name}: {exc}; create the namespace "
+                               f"(kubectl create namespace {namespace}) or pick another "
+                               "with -n") from None
         except _Conflict:
             patch = {"metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
                      "spec": body["spec"]}
@@ -251,13 +267,20 @@ class _Kube:
             return done | {"action": "configured"}
 
     def list_kind(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
-        if namespace is None:
-            found = self._call(f"list {kind}s", lambda: self._objects
-                               .list_cluster_custom_object(api.GROUP, api.VERSION, KINDS[kind]))
-        else:
-            found = self._call(f"list {kind}s", lambda: self._objects
-                               .list_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                              KINDS[kind]))
+        try:
+            if namespace is None:
+                found = self._call(f"list {kind}s", lambda: self._objects
+                                   .list_cluster_custom_object(api.GROUP, api.VERSION,
+                                                               KINDS[kind]))
+            else:
+                found = self._call(f"list {kind}s", lambda: self._objects
+                                   .list_namespaced_custom_object(api.GROUP, api.VERSION,
+                                                                  namespace, KINDS[kind]))
+        except _NotFound as exc:  # a list is never 404 for want of objects, or of a namespace
+            raise ClusterError(
+                f"list {kind}s: {self.where} does not serve {KINDS[kind]}.{api.GROUP} "
+                f"({exc}); install Kiln there (its Helm chart brings the CRDs), or pick the "
+                "cluster that runs it with --context") from None
         items: list[dict[str, Any]] = found.get("items") or []
         for item in items:  # a list's items carry no kind
             item.setdefault("kind", kind)
@@ -273,15 +296,9 @@ class _Kube:
                 return found
             except _NotFound:
                 continue
-        raise ClusterError(f"no TrainingJob or TrainingSweep {name} in namespace {namespace}; "
-                           f"list them with `kiln ls -n {namespace}`")
-
-    def exists(self, name: str, namespace: str) -> bool:
-        try:
-            self.find(name, namespace)
-        except ClusterError:
-            return False
-        return True
+        self.list_kind(api.KIND, namespace)  # a cluster without Kiln says so here
+        raise _NotFound(f"no TrainingJob or TrainingSweep {name} in namespace {namespace}; "
+                        f"list them with `kiln ls -n {namespace}`")
 
     def events(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The object's events, oldest first."""
@@ -297,15 +314,23 @@ class _Kube:
     def trainer_pod(self, name: str, namespace: str, rank: int) -> dict[str, Any]:
         """The pod of `rank` of the job's latest attempt."""
         job = self.find(name, namespace)
+        if job.get("kind") == api.sweep.SWEEP_KIND:
+            raise ClusterError(f"{name} is a TrainingSweep: its trial jobs have the pods; list "
+                               f"them with `kiln ls -n {namespace}`, then `kiln logs -n "
+                               f"{namespace} TRIAL`")
         found = self._raw(f"list the pods of {name}", lambda: self._core.list_namespaced_pod(
             namespace, label_selector=f"{JOB_NAME_LABEL}={name}", _preload_content=False))
         pods = [p for p in found.get("items") or []
                 if int((p["metadata"].get("labels") or {}).get(RANK_LABEL, 0)) == rank]
         if not pods:
             phase = (job.get("status") or {}).get("phase") or "no phase yet"
+            ranks = sorted({int((p["metadata"].get("labels") or {}).get(RANK_LABEL, 0))
+                            for p in found.get("items") or []})
             raise ClusterError(
-                f"{name} has no trainer pod of rank {rank} (phase {phase}); a queued job has "
-                f"none yet: `kiln wait {name} --for Running`, or check --rank")
+                f"{name} has no trainer pod of rank {rank} (phase {phase}); " + (
+                    f"its pods have rank {', '.join(map(str, ranks))}: check --rank" if ranks
+                    else f"a queued job has none yet: `kiln wait -n {namespace} {name} --for "
+                         "Running`"))
 
         def attempt(pod: Mapping[str, Any]) -> tuple[int, str]:
             meta = pod["metadata"]

@@ -8,6 +8,7 @@ its profiling pod back, or makes sure a placed one still has its trainer pod.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,10 +26,12 @@ from kiln.controller import (
     listing,
     metrics,
     parents,
+    placement_loop,
     pods,
     policy,
     profiling,
     reports,
+    runtimes,
     settings,
     status,
 )
@@ -82,6 +85,9 @@ def admitted(st: Mapping[str, Any]) -> bool:
 async def admit(deps: lifecycle.Deps, gate: gates.Gate, body: kube.Object, *, retry: int) -> None:
     """Admit a new job.
 
+    0. A spec.runtimeRef: `runtimes.resolve` records the runtime in status.runtime (the job
+       runs on it from then on), or fails the job (RuntimeNotFound, or InvalidSpec naming a
+       locked field).
     1. Validate: `api.parse_job` (schema and cross-field rules), `models.check_job` (registry:
        architecture, modality, builder arguments). Any problem ->
        Failed/InvalidSpec naming every problem, and a Warning event; nothing is retried.
@@ -117,17 +123,27 @@ async def admit(deps: lifecycle.Deps, gate: gates.Gate, body: kube.Object, *, re
         if not (lifecycle.waiting(st) and ref in deps.placement):
             await requeue(deps, gate, ref)
         return
+    body, refused, problems = await runtimes.resolve(deps, body)
+    if refused is not None:
+        await (reject(deps, ref, problems) if refused is R.INVALID_SPEC
+               else _fail(deps, ref, refused, f"{'; '.join(problems)}."))
+        return
     job, problems = await validate(body, gpu_resources=deps.options.gpu_resources)
     if job is None or problems:
         await reject(deps, ref, problems)
         return
     if deps.options.profile_entrypoint_models and profiling.needed(job):
-        await start_profiling(deps, ref, job)
+        if gate.manages(job):
+            await _profile_when_admitted(deps, gate, ref, job)
+        else:
+            await start_profiling(deps, ref, job)
         return
     reused: tuple[str, api.ProfileStatus] | None = None
     if deps.options.profile_unmeasured and profiling.builtin_on_gpus(job):
         missing, reused = await _unmeasured_type(deps, job)
-        if missing is not None and await start_profiling(deps, ref, job, device_type=missing):
+        # A gate's job has no quota for a pod of the cache's: it reuses a profile, if any.
+        if (missing is not None and not gate.manages(job)
+                and await start_profiling(deps, ref, job, device_type=missing)):
             return
     outcome_label = ""
     try:
@@ -200,8 +216,53 @@ async def _zoo_unavailable(deps: lifecycle.Deps, ref: jobs.JobRef, exc: Exceptio
     raise kopf.TemporaryError(message, delay=delay)
 
 
+async def _profile_when_admitted(deps: lifecycle.Deps, gate: gates.Gate, ref: jobs.JobRef,
+                                 job: api.TrainingJob) -> None:
+    """A job the gate manages is profiled within the gate's admission: Profiled=Unknown
+    (WaitingForKueueAdmission), and the gate asked for the job's admission; once it reserves
+    quota it calls `profile_admitted`."""
+    if await deps.client.get(kube.Paths.pod(ref.namespace, profiling.pod_name(ref.name))):
+        return  # a repeated create, or a restart: its pod reports through the watch
+    now = deps.clock()
+    async with deps.jobs.edit(ref) as e:
+        if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
+            return
+        uid = str((e.body.get("metadata") or {}).get("uid") or "")
+        waits = (gate.waiting(job, uid) or (R.WAITING_FOR_KUEUE, ""))[1]
+        e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
+        e.status.setdefault(api.ADMITTED_SPEC_STATUS, api.admitted_spec(job))
+        e.condition(C.PROFILED, None, R.WAITING_FOR_KUEUE,
+                    f"The model of {job.spec.model.label} is profiled once the job is "
+                    f"admitted, in a pod that runs within the job's quota. {waits}", now=now,
+                    event="Normal")
+        if job.spec.run_policy.suspend and not status.is_true(e.status, C.SUSPENDED):
+            e.condition(C.SUSPENDED, True, R.SUSPENDED_BY_USER,
+                        "Created suspended (spec.runPolicy.suspend): nothing is admitted or "
+                        "profiled; set it to false to start.", now=now, event="Normal")
+        await e.commit()
+        body = e.body
+    if body is not None:  # after the lock: the gate may edit the job too
+        await gate.queued(body, job)
+
+
+async def profile_admitted(deps: lifecycle.Deps, ref: jobs.JobRef,
+                           grant: placement_loop.Grant) -> None:
+    """The gate reserved quota for a job whose profiling waited for it
+    (`profiling.waits_for_quota`): start its profiling pod within `grant`."""
+    body = await deps.jobs.fetch(ref)
+    if body is None or lifecycle.deleting(body) or not profiling.waits_for_quota(
+            body.get("status") or {}):
+        return
+    try:
+        job = lifecycle.parse(body)
+    except api.InvalidSpec:
+        return  # its spec changed under it; admission already judged the original
+    await start_profiling(deps, ref, job, grant=grant)
+
+
 async def start_profiling(deps: lifecycle.Deps, ref: jobs.JobRef, job: api.TrainingJob, *,
-                          device_type: str | None = None) -> bool:
+                          device_type: str | None = None,
+                          grant: placement_loop.Grant | None = None) -> bool:
     """Create the job's profiling pod (Profiled=Unknown) unless it exists.
 
     It borrows one free device of the pool the job would run in (`profiling.choose_device`),
@@ -209,7 +270,9 @@ async def start_profiling(deps: lifecycle.Deps, ref: jobs.JobRef, job: api.Train
     only while the namespace's --namespace-gpu-quota has one left. A pod
     the API server refuses as invalid fails the job as InvalidSpec with the server's words.
     With `device_type` (a built-in model measured for the cluster's profile cache) the device
-    is a free GPU of that type, and with none free no pod is made.
+    is a free GPU of that type, and with none free no pod is made. With `grant` (what the
+    admission gate reserved for the job) the device is on a node the grant allows, a GPU only
+    if it grants one, and the job's profiling must still wait for it.
 
     Returns:
         False when no pod was made for want of a free GPU of `device_type` (admission goes on
@@ -234,18 +297,25 @@ async def start_profiling(deps: lifecycle.Deps, ref: jobs.JobRef, job: api.Train
         quota = dict(settings.placement_settings(options).namespace_gpu_quota).get(
             ref.namespace)
         left = None if quota is None else quota - pools.held_gpus(ref.namespace)
+        if grant is not None:  # within what the gate reserved for the job
+            allowed = frozenset(str((n.get("metadata") or {}).get("name")) for n in node_objects
+                                if grant.allows(n)) & allowed
+            granted = grant.gpus or 0
+            left = granted if left is None else min(left, granted)
         device = profiling.choose_device(pools, job, device_type, among=allowed, gpus_left=left)
         if device_type is not None and (device.devices < 1 or device.device != "gpu"):
             return False
         name = profiling.pod_name(ref.name)
-        none_left = (f"namespace {ref.namespace}'s --namespace-gpu-quota of {quota} GPU(s) is "
-                     "in use" if left is not None and left < 1 else "none free")
+        none_left = ("the job's admission grants no GPU" if grant is not None and not grant.gpus
+                     else f"namespace {ref.namespace}'s --namespace-gpu-quota of {quota} GPU(s) "
+                     "is in use" if left is not None and left < 1 else "none free")
         held = ("1 GPU" if device.device == "gpu" else "1 CPU slot") if device.devices else \
             f"no device held ({none_left}): the step is timed on a CPU"
         where = f"on node {device.node}, {held}" if device.node else held
         now = deps.clock()
         async with deps.jobs.edit(ref) as e:
-            if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None:
+            if lifecycle.deleting(e.body) or admitted(e.status) or e.body is None or (
+                    grant is not None and not profiling.waits_for_quota(e.status)):
                 return True
             e.condition(C.CREATED, True, R.JOB_CREATED, "Accepted: the spec is valid.", now=now)
             e.status.setdefault(api.ADMITTED_SPEC_STATUS, api.admitted_spec(job))
@@ -259,7 +329,8 @@ async def start_profiling(deps: lifecycle.Deps, ref: jobs.JobRef, job: api.Train
             await deps.zoo_access.prepare(e.body, job, decided=None)
             manifest = profiling.build_pod(e.body, job, device, settings=deps.pod_settings,
                                            timeout_seconds=options.profile_timeout_seconds,
-                                           now=now, device_type=device_type)
+                                           now=now, device_type=device_type,
+                                           node_labels=dict(grant.node_labels) if grant else None)
             try:
                 await deps.client.create(kube.Paths.pods(ref.namespace), manifest)
             except kube.ApiError as exc:
@@ -305,6 +376,11 @@ async def profiled(deps: lifecycle.Deps, gate: gates.Gate, pod: kube.Object,
     st = body.get("status") or {}
     profiling_now = status.condition(st, C.PROFILED)
     if profiling_now is None or profiling_now.status != "Unknown" or admitted(st):
+        return
+    if profiling.waits_for_quota(st):  # stopped by an eviction; profiled again when admitted
+        if gone:  # the gate may have admitted it again while the pod was going
+            with contextlib.suppress(api.InvalidSpec):
+                await gate.queued(body, lifecycle.parse(body))
         return
     try:
         job = lifecycle.parse(body)
@@ -374,7 +450,7 @@ async def _profiling_pending(deps: lifecycle.Deps, ref: jobs.JobRef,
     async with deps.jobs.edit(ref) as e:
         current = status.condition(e.status, C.PROFILED)
         if (lifecycle.deleting(e.body) or admitted(e.status) or current is None
-                or current.status != "Unknown"):
+                or not profiling.running(e.status)):
             return
         if timed_out:
             message = policy.start_timeout_message(state, timeout, role="Profiling")
@@ -565,11 +641,15 @@ async def _resume_profiling(deps: lifecycle.Deps, gate: gates.Gate, ref: jobs.Jo
     job, problems = await validate(body)
     if job is None or problems:
         return
+    if profiling.needed(job) and gate.manages(job):
+        await _profile_when_admitted(deps, gate, ref, job)  # admitted already: the gate says so
+        return
     if profiling.needed(job):
         await start_profiling(deps, ref, job)
         return
     missing, _ = await _unmeasured_type(deps, job)  # a built-in model's pod went missing
-    if missing is None or not await start_profiling(deps, ref, job, device_type=missing):
+    if missing is None or gate.manages(job) or not await start_profiling(
+            deps, ref, job, device_type=missing):
         warning = (f"Profiling pod {profiling.pod_name(ref.name)} went missing and no GPU of "
                    "an unprofiled type is free; the job is placed on its estimate and its "
                    "trainer decides its warm start itself.")

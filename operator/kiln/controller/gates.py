@@ -22,7 +22,9 @@ class Gate(Protocol):
     """An outside admission a queued job waits for."""
 
     def manages(self, job: api.TrainingJob) -> bool:
-        """Whether the gate admits this job (else it is placed as soon as it is queued)."""
+        """Whether the gate admits this job (else it is placed as soon as it is queued). A
+        managed job's profiling pod runs only within the gate's admission too: admission asks
+        for it (`queued`), and the gate starts the pod once it is given."""
         ...
 
     def holds(self, entry: placement_loop.Queued) -> bool:
@@ -43,7 +45,7 @@ class Gate(Protocol):
         ...
 
     async def pod_event(self, pod: dict[str, Any], event_type: str | None) -> None:
-        """A trainer pod changed or vanished."""
+        """A trainer or profiling pod changed or vanished."""
         ...
 
     def register(self, registry: kopf.OperatorRegistry, wrap: Wrap) -> None:

@@ -102,7 +102,7 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
     | cleanup-job | TrainingJob deleted: with --finalizer, before it goes; else its DELETED
     event (the garbage collector deletes its pods) | `lifecycle.forget` (delete its pods) |
     | pods | any event of a pod labelled kiln.dev/job-name | `lifecycle.observe_pod`; a
-    profiling pod's: `admission.profiled` |
+    profiling pod's: `admission.profiled`; then the gate's `pod_event` |
     | housekeeping | timer per placed or TTL-bound job (--finalizer); else an index of those
     jobs, swept by `sweeper.run` | `housekeeping.tick` |
     | the gate's | as `gate` registers them (Kueue: Workload events, the end of
@@ -234,7 +234,7 @@ async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
         await admission.profiled(op.deps, op.gate, dict(body), type)
     else:
         await lifecycle.observe_pod(op.deps, dict(body), type)
-        await op.gate.pod_event(dict(body), type)
+    await op.gate.pod_event(dict(body), type)  # a profiling pod runs within the gate's admission
 
 
 async def housekeeping_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

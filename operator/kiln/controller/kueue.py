@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -281,6 +281,15 @@ def assignment(workload: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def may_profile(st: Mapping[str, Any], workload: Mapping[str, Any]) -> bool:
+    """Whether a job's profiling pod may be made now: its profiling waits for quota
+    (`profiling.waits_for_quota`) and its Workload is admitted (quota reserved). Before that
+    no profiling pod exists, so none runs outside Kueue's quota. A suspended job waits for
+    its resumption too (its Workload is being deactivated)."""
+    return (profiling.waits_for_quota(st) and not status.is_true(st, C.SUSPENDED)
+            and state_of(workload) is State.ADMITTED)
+
+
 def grant_of(workload: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
              gpu_resources: Sequence[str] = (pods.GPU_RESOURCE,)) -> placement_loop.Grant:
     """Where and with how many GPUs Kiln may place the job Kueue admitted.
@@ -429,12 +438,17 @@ class Kueue:
         placement: the placement queue (admitted jobs enter it with their grant).
         options: the operator's settings.
         clock: epoch seconds.
+        profile: starts the profiling pod of an admitted job whose profiling waited for
+            Kueue, within the grant (`admission.profile_admitted`).
     """
 
     def __init__(self, *, client: kube.Client, jobs: jobs.Jobs,
                  placement: placement_loop.PlacementLoop, options: settings.Options,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 profile: Callable[[jobs.JobRef, placement_loop.Grant], Awaitable[None]]
+                 | None = None) -> None:
         self.client = client
+        self.profile = profile
         self.jobs = jobs
         self.placement = placement
         self.options = options
@@ -577,6 +591,8 @@ class Kueue:
         if state is State.ADMITTED:
             if lifecycle.waiting(st):  # else placed already, or not queued yet (admission ends
                 await self._admitted(ref, job, workload)  # with `ensure_workload`: it comes back)
+            elif may_profile(st, workload) and self.profile is not None:
+                await self.profile(ref, await self._grant(workload))
             await self.pods_ready(body, workload)
         elif state is State.EVICTED:
             evicted = _condition(workload, EVICTED) or {}
@@ -597,13 +613,8 @@ class Kueue:
         """Queue an admitted job for placement within its grant (once)."""
         if ref in self.placement:
             return
-        assigned = assignment(workload)
-        flavors = sorted(set((assigned.get("flavors") or {}).values()))
-        labels: dict[str, dict[str, str]] = {}
-        for flavor in flavors:
-            found = await self.client.get(self.paths.flavor(flavor))
-            labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
-        grant = grant_of(workload, labels, self.options.gpu_resources)
+        flavors = sorted(set((assignment(workload).get("flavors") or {}).values()))
+        grant = await self._grant(workload)
         cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         now = self.clock()
         async with self.jobs.edit(ref) as e:
@@ -622,6 +633,14 @@ class Kueue:
                     lifecycle.queued_entry(e.body, job, now=now), grant=grant))
 
 
+    async def _grant(self, workload: dict[str, Any]) -> placement_loop.Grant:
+        """The admitted Workload's grant (`grant_of`), its flavors read from the API."""
+        labels: dict[str, dict[str, str]] = {}
+        for flavor in sorted(set((assignment(workload).get("flavors") or {}).values())):
+            found = await self.client.get(self.paths.flavor(flavor))
+            labels[flavor] = dict(((found or {}).get("spec") or {}).get("nodeLabels") or {})
+        return grant_of(workload, labels, self.options.gpu_resources)
+
     async def _stop(self, ref: jobs.JobRef, job: api.TrainingJob, message: str,
                     *, evicted: bool) -> None:
         """Take the job out of placement and stop its trainer; it waits for Kueue again
@@ -634,18 +653,24 @@ class Kueue:
                 return
             self.placement.remove(ref)
             active = status.is_true(e.status, C.PLACED)
-            if not active and not status.is_true(e.status, C.QUEUED):
+            if profiling.running(e.status):  # within the admission: it waits for the next
+                e.condition(C.PROFILED, None, R.WAITING_FOR_KUEUE, message + (
+                    " Its profiling pod was stopped; it runs again once Kueue admits the job."),
+                    now=now, event="Warning" if evicted else None)
+            elif not active and not status.is_true(e.status, C.QUEUED):
                 return  # not admitted by Kiln yet: admission queues it, held for Kueue
-            for type_ in (C.RUNNING, C.PLACED, C.RESTARTING):
-                if status.is_true(e.status, type_):
-                    e.condition(type_, False, reason, message, now=now)
-            e.condition(C.QUEUED, True, reason, message, now=now,
-                        event="Warning" if evicted and active else None)
+            else:
+                for type_ in (C.RUNNING, C.PLACED, C.RESTARTING):
+                    if status.is_true(e.status, type_):
+                        e.condition(type_, False, reason, message, now=now)
+                e.condition(C.QUEUED, True, reason, message, now=now,
+                            event="Warning" if evicted and active else None)
             if active:
                 e.status.pop("startTime", None)  # the deadline clock stops while evicted
             await e.commit()
+            # The profiling pod too: it runs within the admission.
             names = [p.name for p in await lifecycle.job_pod_states(self.client, ref)
-                     if p.active and p.name != profiling.pod_name(ref.name)]
+                     if p.active]
             for name in names:
                 await self.client.delete(kube.Paths.pod(ref.namespace, name),
                                         grace_period_seconds=self.options.termination_grace_seconds)
@@ -656,8 +681,7 @@ class Kueue:
         being deleted still holds its devices while its trainer checkpoints)."""
         if state_of(workload) is not State.EVICTED or not reserved(workload):
             return
-        if any(not p.finished and p.name != profiling.pod_name(ref.name)
-               for p in await lifecycle.job_pod_states(self.client, ref)):
+        if any(not p.finished for p in await lifecycle.job_pod_states(self.client, ref)):
             return  # `pod_event` comes back when they are gone
         name = workload["metadata"]["name"]
         try:
@@ -671,9 +695,9 @@ class Kueue:
 
 
     async def pod_event(self, pod: dict[str, Any], event_type: str | None) -> None:
-        """A trainer pod of a Kueue-managed job changed: write its admitted Workload's PodsReady
-        (`pods_ready`); if the pod stopped or vanished, hand its evicted Workload back to Kueue
-        if it was the last active one."""
+        """A trainer or profiling pod of a Kueue-managed job changed: write its admitted
+        Workload's PodsReady (`pods_ready`); if the pod stopped or vanished, hand its evicted
+        Workload back to Kueue if it was the last active one."""
         state = pods.pod_state(pod)
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         if not state.job or not namespace:
@@ -693,8 +717,9 @@ class Kueue:
         st = body.get("status") or {}
         if state_of(workload) is not State.ADMITTED or status.is_terminal(st):
             return  # Kueue reads PodsReady of admitted Workloads only; Finished follows the end
-        ready = not lifecycle.waiting(st) and gang_ready(
-            st, await lifecycle.current_pods(self.client, body))
+        trainers = [p for p in await lifecycle.current_pods(self.client, body)
+                    if p.attempt >= 0]  # a profiling pod has no attempt: it is not the gang
+        ready = not lifecycle.waiting(st) and gang_ready(st, trainers)
         patch = pods_ready_patch(workload, ready=ready, now=self.clock())
         if patch is None:
             return

@@ -30,6 +30,7 @@ import yaml
 
 from kiln import api, contract
 from kiln.controller import (
+    admission,
     cache,
     gates,
     handlers,
@@ -466,7 +467,8 @@ def build(options: settings.Options, connection: kopf.ConnectionInfo, *,
     gate: gates.Gate = gates.Open()
     if options.kueue:
         gate = kueue.Kueue(client=client, jobs=job_store, placement=placement, options=options,
-                           clock=clock)
+                           clock=clock, profile=lambda ref, grant: admission.profile_admitted(
+                               deps, ref, grant))
     deps = lifecycle.Deps(
         options=options, pod_settings=pod_settings, client=client, jobs=job_store,
         placement=placement, caches=caches, parents=chooser,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kiln import api, contract
-from kiln.controller import cluster, pods
+from kiln.controller import cluster, pods, status
 from kiln.placement import estimate, profilecache
 from kiln.warmstart import select
 
@@ -52,6 +52,22 @@ def cacheable(profile: contract.Profile) -> bool:
     fact about the model: a busy or MIG-sliced GPU runs out too, so the next job measures
     again."""
     return profile.step_status == "ok" and profile.step_seconds is not None
+
+
+def waits_for_quota(st: Mapping[str, Any]) -> bool:
+    """Whether the job's profiling waits for its admission gate to reserve quota
+    (Profiled=Unknown, WaitingForKueueAdmission): no profiling pod may exist until it does."""
+    found = status.condition(st, api.ConditionType.PROFILED)
+    return (found is not None and found.status == "Unknown" and not status.is_terminal(st)
+            and found.reason == api.Reason.WAITING_FOR_KUEUE.value)
+
+
+def running(st: Mapping[str, Any]) -> bool:
+    """Whether the job's profiling pod was made and has not reported (Profiled=Unknown, not
+    waiting for quota)."""
+    found = status.condition(st, api.ConditionType.PROFILED)
+    return (found is not None and found.status == "Unknown" and not status.is_terminal(st)
+            and found.reason != api.Reason.WAITING_FOR_KUEUE.value)
 
 
 def pod_name(job_name: str) -> str:
@@ -106,12 +122,15 @@ def choose_device(pools: cluster.Pools, job: api.TrainingJob,
 
 def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
               settings: pods.PodSettings, timeout_seconds: float, now: float,
-              device_type: str | None = None) -> dict[str, Any]:
+              device_type: str | None = None,
+              node_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The profiling pod of `job`: the trainer pod's image, environment, volumes and security
     settings (`pods.build_pod`), running ``python -m kiln_trainer --profile`` instead of the
     trainer or an own command, under ``activeDeadlineSeconds`` = `timeout_seconds`, with no
     warm-start decision (it makes one), the kiln.dev/role=profile label and, when it measures
-    a GPU type for the cluster's profile cache, that type (`DEVICE_TYPE_ANNOTATION`)."""
+    a GPU type for the cluster's profile cache, that type (`DEVICE_TYPE_ANNOTATION`). Holding
+    nothing, it goes where the scheduler puts it among nodes with `node_labels` (an admission
+    gate's grant)."""
     launch = pods.Launch(node=device.node or "", devices=device.devices, parallelism="single",
                          device=device.device,
                          warm_start=select.cold_start(api.WarmStartOutcome.IN_TRAINER, ""),
@@ -132,6 +151,8 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
             spec["affinity"] = copy.deepcopy(affinity)
         else:
             spec.pop("affinity", None)
+        if node_labels:
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **node_labels}
     spec["activeDeadlineSeconds"] = max(1, int(timeout_seconds))
     container = spec["containers"][0]
     container["command"] = contract.trainer_command(1, [contract.Flag.PROFILE], python="python")

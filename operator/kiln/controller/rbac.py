@@ -31,6 +31,10 @@ RULES: tuple[Rule, ...] = (
     # writes its status; it creates the trial jobs (above) and suspends pruned ones (patch).
     Rule(api.GROUP, api.sweep.SWEEP_PLURAL, ("get", "list", "watch")),
     Rule(api.GROUP, f"{api.sweep.SWEEP_PLURAL}/status", ("patch",)),
+    # The runtime a new job's spec.runtimeRef names, read once at admission
+    # (`kiln.controller.runtimes`).
+    Rule(api.GROUP, api.runtime.RUNTIME_PLURAL, ("get",)),
+    Rule(api.GROUP, api.runtime.CLUSTER_RUNTIME_PLURAL, ("get",)),
     # Trainer pods; the placement loop lists all namespaces' pods for free GPUs; a pod kept by
     # cleanPodPolicy is stopped by patching its spec.activeDeadlineSeconds.
     Rule("", "pods", ("get", "list", "watch", "create", "patch", "delete")),
@@ -52,12 +56,14 @@ OWNER_REFERENCE_RULES: tuple[Rule, ...] = (
     Rule(api.GROUP, f"{api.PLURAL}/finalizers", ("update",)),
     Rule(api.GROUP, f"{api.sweep.SWEEP_PLURAL}/finalizers", ("update",)),
 )
-# Needed cluster-wide even when only some namespaces are watched: nodes are cluster-scoped,
+# Needed cluster-wide even when only some namespaces are watched: nodes and
+# ClusterTrainingRuntimes are cluster-scoped,
 # and the placement loop lists Kiln's pods (by label) and other pods on each GPU node (by
 # field selector) in all namespaces to know which GPUs are free (`kiln.controller.listing`).
 CLUSTER_WIDE_RULES: tuple[Rule, ...] = (
     Rule("", "nodes", ("list",)),
     Rule("", "pods", ("list",)),
+    Rule(api.GROUP, api.runtime.CLUSTER_RUNTIME_PLURAL, ("get",)),  # cluster-scoped
 )
 # Only with --kueue (`kiln.controller.kueue`): each Kueue-managed job's Workload (kopf watches
 # them; the status patch marks Finished or hands an evicted one back), and the cluster-scoped

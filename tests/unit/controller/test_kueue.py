@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kiln import api
-from kiln.controller import gates, jobs, kueue, placement_loop, pods, settings
+from kiln.controller import gates, jobs, kueue, placement_loop, pods, profiling, settings
 from kiln.warmstart import select
 
 
@@ -353,3 +353,63 @@ def test_under_kueue_trainer_pods_do_not_carry_the_queue_label() -> None:
     labels = pods.build_pod(owner, job, attempt=0, launch=launch, settings=managed)[
         "metadata"]["labels"]
     assert kueue.QUEUE_LABEL not in labels
+
+
+def _profiled(reason: str, status: str = "Unknown") -> dict[str, Any]:
+    """A job's status with its Profiled condition."""
+    return {"conditions": [{"type": "Profiled", "status": status, "reason": reason,
+                            "message": reason, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+
+WAITS = _profiled(api.Reason.WAITING_FOR_KUEUE.value)
+
+
+@pytest.mark.parametrize(("workload", "allowed"), [
+    pytest.param(_workload(), False, id="new"),
+    pytest.param(_workload(ADMITTED[0], flavors={"cpu": "f"}), False,
+                 id="quota-reserved-awaiting-admission-checks"),
+    pytest.param(_workload(*ADMITTED, ("Evicted", "True", "Preempted"), flavors={"cpu": "f"}),
+                 False, id="evicted"),
+    pytest.param(_workload(("Finished", "True", "Succeeded")), False, id="finished"),
+    pytest.param(_workload(*ADMITTED), False, id="conditions-without-an-admission"),
+    pytest.param(_workload(*ADMITTED, flavors={"cpu": "f"}), True, id="admitted"),
+])
+def test_a_profiling_pod_is_made_only_once_kueue_admitted_its_jobs_workload(
+        workload: dict[str, Any], allowed: bool) -> None:
+    assert kueue.may_profile(WAITS, workload) is allowed
+
+
+@pytest.mark.parametrize("st", [
+    pytest.param({}, id="not-admitted-by-kiln-yet"),
+    pytest.param(_profiled(api.Reason.PROFILING.value), id="its-pod-runs-already"),
+    pytest.param(_profiled(api.Reason.MODEL_PROFILED.value, "True"), id="profiled"),
+    pytest.param({**WAITS, "conditions": [*WAITS["conditions"], {
+        "type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}, id="failed"),
+])
+def test_an_admitted_workload_starts_no_profiling_pod_the_job_does_not_wait_for(
+        st: dict[str, Any]) -> None:
+    assert not kueue.may_profile(st, _workload(*ADMITTED, flavors={"cpu": "f"}))
+
+
+def test_profiling_waits_for_quota_or_runs_never_both() -> None:
+    running = _profiled(api.Reason.PROFILING.value)
+    assert profiling.waits_for_quota(WAITS) and not profiling.running(WAITS)
+    assert profiling.running(running) and not profiling.waits_for_quota(running)
+    done = _profiled(api.Reason.MODEL_PROFILED.value, "True")
+    assert not profiling.running(done) and not profiling.waits_for_quota(done)
+
+
+def test_the_profiling_pod_stays_within_the_grant_when_it_holds_no_device() -> None:
+    owner, job = _job()
+    pod = profiling.build_pod(owner, job, profiling.Device(None, "cpu", 0),
+                              settings=settings.pod_settings(settings.Options()),
+                              timeout_seconds=60, now=0.0, node_labels={"pool": "od"})
+    assert pod["spec"]["nodeSelector"]["pool"] == "od"
+
+
+def test_a_suspended_job_is_not_profiled_while_its_workload_is_still_admitted() -> None:
+    suspended = {"conditions": [*WAITS["conditions"], {
+        "type": "Suspended", "status": "True", "reason": "SuspendedByUser", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    assert not kueue.may_profile(suspended, _workload(*ADMITTED, flavors={"cpu": "f"}))
