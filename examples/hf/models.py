@@ -13,9 +13,10 @@ from torch import nn
 
 # The wrappers return logits only (Kiln's loop wants a tensor, not a `ModelOutput`) and call the
 # Hugging Face model's parts one by one, as its own forward does without padding, masks or a
-# key/value cache: torch.fx can then trace the forward with each layer as one call, which layer
-# freezing needs (it cannot trace into Hugging Face layers). The weights keep their Hugging Face
-# names under `model.`, so `save_pretrained` / `from_pretrained` files fit.
+# key/value cache: torch.fx can then trace the forward with each layer as one call, so layer
+# freezing can also cut the model at a layer and cache the frozen prefix's outputs (a plain
+# model freezes along the same layers but runs its frozen prefix every step). The weights keep
+# their Hugging Face names under `model.`, so `save_pretrained` / `from_pretrained` files fit.
 
 
 class CausalLM(nn.Module):

@@ -451,7 +451,7 @@ def _checked_documents(path: Path, runtimes: Sequence[api.runtime.AnyRuntime] = 
             if isinstance(doc, api.sweep.TrainingSweep):
                 more = models.check_sweep(doc)
             else:  # on its runtime, when given, as the operator runs it
-                named = api.runtime.find(doc.spec.runtime_ref, known)
+                named = api.runtime.find(doc.spec.runtime_ref, known, doc.metadata.namespace)
                 more = models.check_job(api.runtime.on(doc, api.runtime.record(named))
                                         if named else doc)
             if more:
@@ -525,7 +525,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                         f"; {what}")
             ref = spec.runtime_ref
             if ref is not None:
-                given = api.runtime.find(ref, known) is not None
+                given = api.runtime.find(ref, known, doc.metadata.namespace) is not None
                 row["runtime"] = {"kind": ref.kind, "name": ref.name, "checked": given}
                 what += (f"; on {ref.kind} {escape(ref.name)}" if given else
                          f"; {ref.kind} {escape(ref.name)} not given, so its settings were "
@@ -957,7 +957,7 @@ def _cmd_zoo_export(args: argparse.Namespace, console: Console) -> int:
     model_id = _model_id(args.model_id)
     zoo = _open_zoo(args)
     try:
-        rec = export.export_record(zoo, model_id, args.out)
+        rec = export.export_record(zoo, model_id, args.out, merge=_merge_adapter)
     except store.ObjectNotFound:
         raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
                          "`kiln zoo ls` lists them") from None
@@ -966,6 +966,19 @@ def _cmd_zoo_export(args: argparse.Namespace, console: Console) -> int:
     console.print(f"exported {rec.id} to {args.out} ({', '.join(export.FILES)}, "
                   f"{export.README_NAME})", markup=False, highlight=False)
     return EXIT_OK
+
+
+def _merge_adapter(record: records.ZooRecord, adapter: dict[str, Any],
+                   base: dict[str, Any]) -> dict[str, Any]:
+    """`kiln zoo export` of a LoRA adapter: its base's weights with the adapter merged in."""
+    from kiln import models
+    from kiln.models import lora
+
+    spec = api.TrainingJobSpec.model_validate(record.job_spec)  # the LoRA job's: its base's model
+    if record.adapter is None:
+        raise ValueError("the record holds no adapter settings")
+    model = models.build(spec.model)
+    return lora.merged(model, base, adapter, api.PeftSpec.model_validate(record.adapter))
 
 
 def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
@@ -1244,9 +1257,20 @@ def _cluster(args: argparse.Namespace) -> cluster_client.Client:
 
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     docs = _checked_documents(args.file)  # kiln validate's checks and messages, first
+    # Runtimes are the platform team's, applied with kubectl or the chart; a user's submit
+    # creates jobs and sweeps only, and says what it left.
+    runtimes = [doc for doc in docs if isinstance(doc, api.runtime.AnyRuntime)]
+    work = [doc for doc in docs if not isinstance(doc, api.runtime.AnyRuntime)]
+    errors = output.stderr_console()
+    for runtime in runtimes:
+        errors.print(f"note: {runtime.kind} {runtime.metadata.name} is not created: runtimes are the "
+                     f"platform's; kubectl apply -f {args.file} creates it", highlight=False)
+    if not work:
+        errors.print(f"[red]error:[/] {escape(str(args.file))} holds no TrainingJob or "
+                     "TrainingSweep to submit", highlight=False)
+        return EXIT_USAGE
     client = _cluster(args)
-    rows = [client.submit(api.to_wire(doc))[0] for doc in docs
-            if not isinstance(doc, api.runtime.AnyRuntime)]  # runtimes are the platform's
+    rows = [client.submit(api.to_wire(doc))[0] for doc in work]
     _show_actions(console, args.output, rows)
     return EXIT_OK
 

@@ -103,3 +103,26 @@ def test_a_job_naming_a_missing_runtime_fails_saying_so(
     assert condition["reason"] == "RuntimeNotFound"
     assert "ClusterTrainingRuntime 'no-such-runtime' not found" in condition["message"]
     assert scenario.pod_creations(cluster, namespace, name) == []
+
+
+def test_a_job_admitted_on_a_runtime_runs_on_it_after_the_runtime_is_deleted(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+) -> None:
+    kind = api.runtime.RUNTIME_KIND
+    cluster.client.create(_path(kind, "", namespace), _runtime(
+        kind, "gone", template={"env": [{"name": "TEAM", "value": "recorded"}]}))
+    name = "orphaned"
+    # Held suspended after admission (the runtime recorded), so the deletion lands before
+    # the pod exists.
+    cluster.client.create_job(namespace, _job(name, {"kind": kind, "name": "gone"},
+                                              runPolicy={"suspend": True}))
+    suspended = scenario.wait_phase(cluster, namespace, name, "Suspended",
+                                    details=operator.log_tail)
+    assert suspended["status"]["runtime"]["name"] == "gone"
+    cluster.client.delete(_path(kind, "gone", namespace))
+    cluster.client.patch(cluster.client.jobs_path(namespace, name),
+                         {"spec": {"runPolicy": {"suspend": False}}})
+    scenario.wait_phase(cluster, namespace, name, "Succeeded", details=operator.log_tail)
+    pod = _created_pod(cluster, namespace, f"{name}-trainer-0")
+    (trainer,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
+    assert {"name": "TEAM", "value": "recorded"} in trainer["env"]

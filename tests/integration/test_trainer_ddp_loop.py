@@ -247,3 +247,19 @@ def test_under_ddp_both_ranks_freeze_at_rank_0s_step_and_frozen_parameters_leave
     stopped_step = re.search(r"step (\d+);", lines[-1]["message"]).group(1)
     assert f"step {stopped_step}: the 2 DDP replicas hold identical weights" in log
     assert "differ from rank 0's" not in log
+
+
+def test_two_ddp_processes_accumulating_quarter_batches_match_one_process_on_whole_ones(
+    tmp_path: Path, uninterrupted: dict[int, dict[str, Any]]
+) -> None:
+    job = yaml.safe_load(_write_job(tmp_path / "job.yaml", "digits-vit", VIT, epochs=EPOCHS,
+                                    freezing={"enabled": False}).read_text())
+    job["spec"]["training"].update(batchSize=8, gradientAccumulationSteps=4)  # 2 x 4 x 4 = 32
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job), encoding="utf-8")
+    argv = ["--job", str(tmp_path / "job.yaml"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--zoo", str(tmp_path / "zoo")]
+    lines, log = _finish(_start(2, argv, tmp_path / "stderr"), tmp_path / "stderr")
+    assert lines[-1]["event"] == "result", log[-3000:]
+    one = uninterrupted[1]
+    assert lines[-1]["steps"] == one["result"]["steps"] == 10 * EPOCHS  # optimizer steps
+    assert _max_difference(_zoo_weights(tmp_path / "zoo"), one["weights"]) < TOLERANCE

@@ -114,3 +114,73 @@ def test_template_keys_have_their_types_in_a_pod() -> None:
     assert set(types) == set(api.TEMPLATE_KEYS)
     assert (types["tolerations"], types["affinity"], types["podSecurityContext"]) == (
         "list[V1Toleration]", "V1Affinity", "V1PodSecurityContext")
+
+
+@pytest.mark.parametrize(("template", "field"), [
+    pytest.param({"labels": {"version": 2}}, "spec.template.labels.version", id="label"),
+    pytest.param({"annotations": {"prometheus.io/port": 8080}},
+                 "spec.template.annotations.prometheus.io/port", id="annotation"),
+    pytest.param({"volumes": [{"name": "c", "configMap": {"name": 7}}],
+                  "volumeMounts": [{"name": "c", "mountPath": "/c"}]},
+                 "spec.template.volumes[0].configMap.name", id="configmap-name"),
+    pytest.param({"env": [{"name": "P", "valueFrom": {"fieldRef": {"fieldPath": 1}}}]},
+                 "spec.template.env[0].valueFrom.fieldRef.fieldPath", id="field-path"),
+])
+def test_a_number_where_kubernetes_wants_a_string_is_refused(template: dict[str, Any],
+                                                             field: str) -> None:
+    problems = _problems(**template)
+    assert [p for p in problems if p.startswith(f"{field}:")] == [
+        f"{field}: must be a string (got {next(_numbers(template))!r}); quote it"], problems
+
+
+def _numbers(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _numbers(item)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
+
+
+def test_a_realistic_template_kubernetes_accepts_passes() -> None:
+    """Quantities as numbers and strings, anti-affinity, capabilities, a sidecar, and volumes
+    of several kinds: nothing Kubernetes takes is refused."""
+    template = {
+        "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                      "limits": {"cpu": 8, "memory": 34359738368, "ephemeral-storage": 1.5e10}},
+        "env": [{"name": "MEM", "valueFrom": {"resourceFieldRef": {
+            "resource": "limits.memory", "divisor": 1}}}],
+        "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "podSecurityContext": {"fsGroup": 1000, "supplementalGroups": [2000],
+                               "sysctls": [{"name": "net.core.somaxconn", "value": "1024"}]},
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [
+                {"key": "app", "operator": "In", "values": ["train"]}]},
+             "topologyKey": "kubernetes.io/hostname", "matchLabelKeys": ["run"]}]}},
+        "volumes": [
+            {"name": "mem", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+            {"name": "cfg", "configMap": {"name": "cfg", "defaultMode": 0o644,
+                                          "items": [{"key": "a", "path": "a.yaml"}]}},
+            {"name": "proj", "projected": {"sources": [
+                {"serviceAccountToken": {"audience": "vault", "expirationSeconds": 3600,
+                                         "path": "token"}},
+                {"downwardAPI": {"items": [{"path": "labels",
+                                            "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+                {"secret": {"name": "s"}}]}},
+            {"name": "csi", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True,
+                                    "volumeAttributes": {"secretProviderClass": "x"}}},
+            {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+                "metadata": {"labels": {"type": "scratch"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                         "resources": {"requests": {"storage": 100}}}}}},
+        ],
+        "volumeMounts": [{"name": v, "mountPath": f"/{v}"}
+                         for v in ("mem", "cfg", "proj", "csi", "scratch")],
+        "initContainers": [{"name": "proxy", "image": "envoy:1", "restartPolicy": "Always",
+                            "startupProbe": {"tcpSocket": {"port": 9901}},
+                            "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}],
+    }
+    doc = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "x"},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+                    "template": template}}
+    assert api.parse_job(doc).spec.template == template

@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
-from kiln import api
-from kiln.api import runtime
+from kiln import api, crd
+from kiln.api import jobfile, runtime
 
 TOLERATION = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -143,3 +145,82 @@ def test_a_job_without_a_runtime_is_untouched() -> None:
     del doc["spec"]["runtimeRef"]
     assert api.running_doc(doc) == doc
     assert runtime.resolve(doc, None) is doc
+
+
+def test_a_job_mounting_a_runtime_volume_elsewhere_adds_a_mount() -> None:
+    # Kubernetes keys a mount by its path: the runtime's /cache stays, the job's path adds.
+    cache = {"name": "cache", "mountPath": "/cache"}
+    recorded = runtime.record(runtime.parse_runtime(_runtime(template={
+        "volumes": [{"name": "cache", "emptyDir": {}}], "volumeMounts": [cache]})))
+    also = {"name": "cache", "mountPath": "/also", "subPath": "x"}
+    job = runtime.on(runtime.parse_job_on(_job({"volumeMounts": [also]}), recorded), recorded)
+    assert job.spec.template["volumeMounts"] == [cache, also]
+    read_only = {**cache, "readOnly": True}  # the same path: the job's mount wins
+    assert runtime.merge(recorded["template"], [], {"volumeMounts": [read_only]})[
+        "volumeMounts"] == [read_only]
+
+
+def test_a_runtime_above_a_jobs_bounds_is_refused_as_a_runtime() -> None:
+    # Every job on it carries its template: refused once, by the runtime's name, not per job.
+    big = _runtime(template={"annotations": {f"a{i}": "x" * 1000 for i in range(200)}})
+    with pytest.raises(api.InvalidSpec) as caught:
+        runtime.parse_runtime(big, source="big.yaml")
+    assert caught.value.kind == "ClusterTrainingRuntime"
+    (problem,) = caught.value.problems
+    assert problem.startswith("ClusterTrainingRuntime team: spec.template: the spec is 197 KiB "
+                              "as JSON, above the 100 KiB")
+    assert str(caught.value).startswith("big.yaml: invalid ClusterTrainingRuntime:")
+
+
+def test_a_sweep_template_naming_a_runtime_is_checked_on_it() -> None:
+    # Each trial is a job on the runtime: a locked key in the template fails every trial.
+    text = yaml.safe_dump(RUNTIME) + "---\n" + yaml.safe_dump({
+        "apiVersion": api.API_VERSION, "kind": "TrainingSweep", "metadata": {"name": "sw"},
+        "spec": {"template": {**_job({"image": "mine:1"})["spec"],
+                              "dataset": {"name": "digits"}},
+                 "parameters": [{"path": "training.epochs", "categorical": [2, 3]}]}})
+    with pytest.raises(api.InvalidSpec) as caught:
+        jobfile.parse_all(text, source="s.yaml")
+    assert caught.value.kind == "TrainingSweep"
+    assert caught.value.problems == [
+        ("spec.template.template.image: locked by ClusterTrainingRuntime team; remove it from "
+         "the job (the runtime sets it)")]
+    fine = text.replace("image: mine:1", "env: [{name: OWN, value: '1'}]")
+    assert [d.kind for d in jobfile.parse_all(fine, source="s.yaml")] == [
+        "ClusterTrainingRuntime", "TrainingSweep"]
+
+
+@pytest.mark.parametrize("resource", [crd.RUNTIME, crd.CLUSTER_RUNTIME], ids=lambda r: r.kind)
+def test_the_crd_refuses_a_runtime_locking_no_template_key(resource: crd.Resource) -> None:
+    # Refused at kubectl apply, not later by failing every job on the runtime.
+    locked = crd.openapi_schema(resource)["properties"]["spec"]["properties"]["locked"]
+    assert locked["items"]["enum"] == list(api.TEMPLATE_KEYS)
+    validator = jsonschema.Draft202012Validator(locked)
+    assert [e.message for e in validator.iter_errors(["image", "nodeAfinity"])] == [
+        f"'nodeAfinity' is not one of {list(api.TEMPLATE_KEYS)}"]
+    assert list(validator.iter_errors(list(api.TEMPLATE_KEYS))) == []
+
+
+def test_a_training_runtime_of_another_namespace_is_not_the_jobs() -> None:
+    # The operator looks a TrainingRuntime up in the job's namespace: so does kiln validate.
+    other = _runtime("TrainingRuntime", locked=["image"])
+    other["metadata"]["namespace"] = "team-b"
+    found = [runtime.parse_runtime(other)]
+    ref = api.RuntimeRef(kind="TrainingRuntime", name="team")
+    assert runtime.find(ref, found, "team-a") is None
+    assert runtime.find(ref, found, "team-b") is found[0]
+    assert runtime.find(ref, found) is found[0]  # the job's namespace is kubectl's to pick
+    job = _job({"image": "mine:1"}, kind="TrainingRuntime")
+    job["metadata"]["namespace"] = "team-a"
+    text = yaml.safe_dump(other) + "---\n" + yaml.safe_dump(job)
+    (_, parsed) = jobfile.parse_all(text, source="f.yaml")  # not checked on team-b's
+    assert parsed.kind == api.KIND
+
+
+def test_an_unknown_runtime_field_is_named_as_a_jobs_is() -> None:
+    # A Kubeflow Trainer runtime's mlPolicy, or a misspelt locked: named with what is known.
+    with pytest.raises(api.InvalidSpec) as caught:
+        runtime.parse_runtime(_runtime(mlPolicy={"numNodes": 1}, lockd=["image"]))
+    assert caught.value.problems == [
+        "ClusterTrainingRuntime team: spec.mlPolicy: unknown field; known: template, locked",
+        "ClusterTrainingRuntime team: spec.lockd: unknown field; did you mean 'locked'?"]

@@ -91,3 +91,23 @@ def test_an_invalid_runtime_file_is_refused_naming_its_field(
     not_runtime = _write(tmp_path, "other.yaml", JOB)
     assert cli.main(["validate", str(job), "--runtime", str(not_runtime)]) == cli.EXIT_USAGE
     assert "kind: expected TrainingRuntime or ClusterTrainingRuntime" in capsys.readouterr().err
+
+
+def test_an_invalid_runtime_is_named_as_a_runtime_not_a_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runtime = _write(tmp_path, "runtime.yaml", RUNTIME.replace("emptyDir", "emptyDri"))
+    assert cli.main(["validate", str(runtime)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{runtime}: invalid ClusterTrainingRuntime:" in err
+    assert "invalid TrainingJob" not in err
+
+
+def test_submit_of_a_runtime_alone_says_it_creates_nothing_before_touching_a_cluster(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runtime = _write(tmp_path, "runtime.yaml", RUNTIME)
+    code = cli.main(["submit", str(runtime), "--kubeconfig", str(tmp_path / "no-kubeconfig")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == cli.EXIT_USAGE, err
+    assert "ClusterTrainingRuntime team is not created: runtimes are the platform's" in err
+    assert "holds no TrainingJob or TrainingSweep to submit" in err
+    assert "kubeconfig" not in err  # refused before any cluster is read

@@ -260,6 +260,7 @@ class JobContext:
         self.state = tracking.RunState()
         self.clock = tracking.Clock()
         self.warm: api.WarmStartDecision | None = None
+        self.lora_base: str | None = None  # a LoRA job's base record (`warm.lora_start`)
         self.data_fingerprint: str | None = None
         self.resumed_from = 0  # epochs done when this process started
         self._freezer: freezing.Freezer | None = None
@@ -292,6 +293,8 @@ class JobContext:
         With a `probe`, Kiln's guard applies: the warm weights are kept only if their mean
         `loss_fn` on the probe is at most `warm.MAX_LOSS_RATIO` times the cold model's; else
         the decision's alternative parents are tried, then `model` keeps its cold weights.
+        A LoRA job (``spec.training.peft``) instead loads its pinned base, wraps `model`'s
+        target modules with adapters in place (`warm.lora_start`), and has no guard.
 
         Args:
             model: the freshly built model (evaluated where it is).
@@ -308,7 +311,13 @@ class JobContext:
         be loaded or transformed.
         """
         saved = self._saved
-        if saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
+        if self.job.spec.training.peft is not None:  # its pinned base, then the adapters
+            with self._failing():
+                record, self.lora_base = warm.lora_start(
+                    self.job, model, self.zoo, load=saved is None and self.parallel.is_main)
+            if saved is None and self.parallel.is_main:
+                registration.record_parent_hit(self.zoo, record)
+        elif saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
             record = api.WarmStartDecision.model_validate(saved[checkpoint.WARM_START_KEY])
         elif self._init_state is not None and saved is None:
             model.load_state_dict(self._init_state, strict=False)
@@ -426,6 +435,11 @@ class JobContext:
         if self._reporter is None or self._optimizer is None:
             raise RuntimeError("call JobContext.resume(...) before JobContext.freezer(...)")
         spec, steps_per_epoch = self.job.spec, self._reporter.steps_per_epoch
+        if spec.training.peft is not None:
+            if spec.freezing.enabled:
+                self.emit.info("freezing off: a LoRA job trains only its adapter (the base is "
+                               "frozen by design)")
+            return None
         if self.own_loop and self.parallel.distributed and spec.freezing.enabled:
             self.emit.info("freezing off: an own loop under DDP trains every layer (its "
                            "wrapper expects a gradient for each parameter)")
@@ -659,7 +673,7 @@ class JobContext:
         if self.parallel.is_main:  # collective above under FSDP
             self.state.zoo_record_id = registration.register_provisional(
                 self.zoo, self.job, self._model, self.state, self._record(), weights=weights,
-                content_fingerprint=self.data_fingerprint)
+                content_fingerprint=self.data_fingerprint, base=self.lora_base)
 
     def _register(self, model: nn.Module, final: dict[str, Any]) -> records.ZooModelId | None:
         """The final zoo record (replacing the provisional one), when the job asks for one.
@@ -677,7 +691,7 @@ class JobContext:
                 zoo_model = registration.register_model(
                     self.zoo, self.job, model, self.state, final, self._record(),
                     weights=weights, record_id=self.state.zoo_record_id,
-                    content_fingerprint=self.data_fingerprint)
+                    content_fingerprint=self.data_fingerprint, base=self.lora_base)
             except zoo_store.StoreUnavailable as exc:  # the other ranks wait to hear
                 unavailable = str(exc)
         zoo_model, unavailable = self.parallel.broadcast_object(  # rank 0's on every rank

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import os
@@ -112,8 +113,9 @@ def main(
         ctx.local_batch_size(spec.training.batch_size)  # B must split evenly over the ranks
         splits = data.load(spec.dataset, input_shape=spec.model.input_shape,
                            seed=spec.dataset.split_seed, model=spec.model)
-        steps_per_epoch = batching.steps_per_epoch(splits.train, batch_size=spec.training.batch_size,
-                                                   world_size=ctx.world_size)
+        steps_per_epoch = -(-batching.steps_per_epoch(  # optimizer steps: groups of batches
+            splits.train, batch_size=spec.training.batch_size, world_size=ctx.world_size)
+            // spec.training.gradient_accumulation_steps)
         workers = 0 if splits.in_memory or device.type == "cpu" else min(4, os.cpu_count() or 1)
         _log.info("%s: %d train / %d validation samples, %d steps per epoch, device %s",
                   splits.description, len(splits.train), len(splits.validation),  # type: ignore[arg-type]
@@ -170,7 +172,8 @@ class _Recipe:
         run, state, spec = self.run, self.run.state, self.run.job.spec
         batches: Iterator[Any] = iter(batching.train_batches(
             self.splits.train, batch_size=spec.training.batch_size, seed=spec.training.seed,
-            epoch=state.epochs_done, start_batch=state.epoch_batch, num_workers=self.workers,
+            epoch=state.epochs_done, num_workers=self.workers,
+            start_batch=state.epoch_batch * spec.training.gradient_accumulation_steps,
             shard=run.parallel.shard, with_indices=self.freezer is not None))
         if self.freezer is not None and self.freezer.cache is not None:  # cache reads run ahead
             batches = cleanup.enter_context(activation_cache.Prefetcher(
@@ -198,7 +201,8 @@ class _Recipe:
             device=run.device, grad_clip_norm=spec.training.grad_clip_norm,
             max_steps=min(left, eval_every - state.step % eval_every) if eval_every else left,
             max_seconds=jobcontext.PROGRESS_INTERVAL_SECONDS, stop=run.stop,
-            freezer=self.freezer, first_step=state.step, ctx=ctx, amp=run.amp)
+            freezer=self.freezer, first_step=state.step, ctx=ctx, amp=run.amp,
+            accumulation=spec.training.gradient_accumulation_steps)
         loss_sum, samples, stops = ctx.all_reduce_sum(  # global numbers, any rank's stop
             [stats.loss_sum, stats.samples, float(run.stop.is_set())])
         if not math.isfinite(loss_sum):  # read once per stretch; before any checkpoint
@@ -267,6 +271,7 @@ def train_one_epoch(
     first_step: int = 0,
     ctx: parallel.Context | None = None,
     amp: precision.MixedPrecision | None = None,
+    accumulation: int = 1,
 ) -> tracking.StepStats:
     """Train on the epoch's next batches: until they run out, `max_steps` (evalEverySteps),
     `max_seconds` (a progress report is due), `stop` is set, or the frozen boundary moved.
@@ -279,8 +284,8 @@ def train_one_epoch(
         model: the (possibly wrapped) trainable module, put in train mode here.
         batches: iterator of (inputs, targets) from `batching.train_batches`, or of what a
             `cache.Prefetcher` over them serves (the cached prefix outputs, on `device`).
-        optimizer: steps once per batch.
-        scheduler: steps once per batch, after the optimizer.
+        optimizer: steps once per `accumulation` batches.
+        scheduler: steps once per optimizer step, after the optimizer.
         device: where the batches go.
         grad_clip_norm: clip the global gradient 2-norm to this, or None.
         max_steps: at most this many steps.
@@ -291,9 +296,14 @@ def train_one_epoch(
         first_step: optimizer steps taken before this call (the freezer's step count).
         ctx: the parallel context (default: one process).
         amp: autocast for the forward pass and loss, loss scaling (default: fp32, neither).
+        accumulation: batches whose gradients add up before each optimizer step
+            (``spec.training.gradientAccumulationSteps``; the epoch's last step may take
+            fewer). Each batch's loss counts by its share of the step's samples, so the step
+            computes the gradient of one batch that many times larger; DDP and FSDP
+            synchronise gradients on the step's last batch only.
 
     Returns:
-        This rank's steps, samples, summed per-batch mean loss and seconds, the boundary
+        This rank's optimizer steps, samples, summed per-step mean loss and seconds, the boundary
         change that ended the stretch (if any; the caller re-wraps), and the first step whose
         loss was not finite (if any; counted on the device, read only then).
     """
@@ -306,22 +316,18 @@ def train_one_epoch(
     event = None
     clean = torch.ones((), dtype=torch.bool, device=device)  # no NaN/inf loss yet: no sync
     clean_steps = torch.zeros((), dtype=torch.int64, device=device)
-    for batch in batches:
+    batches = iter(batches)  # islice must resume one iterator, not restart an iterable
+    while group := list(itertools.islice(batches, accumulation)):
         began = time.perf_counter()
-        inputs, cached, targets, indices = _parts(batch)
-        targets = targets.to(device)
-        with amp.autocast():
-            if cached is not None:  # the prefetcher read the frozen prefix's outputs
-                inputs = cached
-            else:
-                assert inputs is not None
-                inputs = inputs.to(device, non_blocking=True)
-                if freezer is not None:  # the frozen prefix runs without gradients, or is cached
-                    inputs = freezer.prefix(inputs, indices)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
-        amp.backward(loss)
+        sizes = [len(_parts(batch)[2]) for batch in group]
+        loss = torch.zeros((), device=device)
+        for i, batch in enumerate(group):
+            share = sizes[i] / sum(sizes)
+            with contextlib.nullcontext() if i == len(group) - 1 else _no_sync(model):
+                part = _batch_loss(model, batch, device=device, freezer=freezer, amp=amp)
+                amp.backward(part * share)
+            loss += part.detach() * share
         if grad_clip_norm is not None:
             amp.unscale(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
@@ -330,7 +336,7 @@ def train_one_epoch(
         loss_sum += loss.detach()
         clean &= torch.isfinite(loss.detach())
         clean_steps += clean
-        steps, samples = steps + 1, samples + len(targets)
+        steps, samples = steps + 1, samples + sum(sizes)
         proposal = freezer.propose(first_step + steps, lr=optimizer.param_groups[0]["lr"],
                                    seconds=time.perf_counter() - began) if freezer else 0
         time_up = max_seconds is not None and time.perf_counter() - start >= max_seconds
@@ -345,6 +351,44 @@ def train_one_epoch(
                               boundary_event=event, first_nonfinite_step=(
                                   None if math.isfinite(total)
                                   else first_step + int(clean_steps) + 1))
+
+
+def _batch_loss(model: nn.Module, batch: Sequence[Any], *, device: torch.device,
+                freezer: freezing.Freezer | None,
+                amp: precision.MixedPrecision) -> torch.Tensor:
+    """The mean cross-entropy of `model` on one training batch (see `_parts`), with autograd."""
+    inputs, cached, targets, indices = _parts(batch)
+    targets = targets.to(device)
+    with amp.autocast():
+        if cached is not None:  # the prefetcher read the frozen prefix's outputs
+            inputs = cached
+        else:
+            assert inputs is not None
+            inputs = inputs.to(device, non_blocking=True)
+            if freezer is not None:  # the frozen prefix runs without gradients, or is cached
+                inputs = freezer.prefix(inputs, indices)
+        logits = model(inputs)
+        loss: torch.Tensor = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+    return loss
+
+
+def _no_sync(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Keep a backward's gradients local (DDP's ``no_sync``, FSDP2's gradient sync off), for
+    every batch of an accumulated step but the last; nothing to do for a plain module."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's FSDPModule
+        return _gradient_sync_off(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(model: Any) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _parts(batch: Sequence[Any]) -> tuple[torch.Tensor | None, torch.Tensor | None,

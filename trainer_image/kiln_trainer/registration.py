@@ -17,6 +17,7 @@ from torch import nn
 
 import kiln
 from kiln import api, contract, models
+from kiln.models import lora
 from kiln.warmstart import decision, graph
 from kiln.zoo import eviction, presigned, records
 from kiln.zoo import store as zoo_store
@@ -70,6 +71,7 @@ def register_model(
     record_id: str | None = None,
     provisional: bool = False,
     content_fingerprint: str | None = None,
+    base: str | None = None,
 ) -> records.ZooModelId | None:
     """Write the trained model to the zoo; None (with a warning) when its metric is not finite.
 
@@ -92,6 +94,8 @@ def register_model(
         provisional: write the record as provisional (the job is still training).
         content_fingerprint: what the trainer loaded (`data.Splits.fingerprint`), or None
             when Kiln did not load the data (a library user's own loop).
+        base: a LoRA job's base record (``spec.training.peft``): the record then stores only
+            the adapter (`lora.adapter_state`) and names this base.
 
     Raises:
         zoo_store.StoreUnavailable: the store failed (the checkpoint is kept, so a rerun only
@@ -107,6 +111,11 @@ def register_model(
     # Under its reserved id a record of this job may be there already: an earlier attempt's
     # final record, when that attempt was stopped before it could say so.
     replace = own or _own_record(zoo, chosen, job)
+    weights = raw_model.state_dict() if weights is None else weights
+    peft = spec.training.peft if base is not None else None
+    if peft is not None:  # the adapter alone; its base's weights are in the base record
+        weights = lora.adapter_state(raw_model, weights)
+    trained = (p for p in raw_model.parameters() if p.requires_grad or peft is None)
     record = records.ZooRecord(
         id=chosen, architecture=spec.model.architecture,
         entrypoint=spec.model.entrypoint,
@@ -117,7 +126,7 @@ def register_model(
         validation_accuracy=final["validation_accuracy"],
         validation_loss=final["validation_loss"],
         samples_per_second=state.samples_per_second(),
-        num_params=sum(p.numel() for p in raw_model.parameters()),  # global, even for shards
+        num_params=sum(p.numel() for p in trained),  # global, even for shards
         created_time=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         job_name=job.name, job_spec=api.to_wire(spec),
         parent=records.ZooModelId(warm_start.parent) if warm_start.parent else None,
@@ -126,13 +135,14 @@ def register_model(
         dataset_fingerprint=records.dataset_fingerprint(spec.dataset),
         content_fingerprint=content_fingerprint,
         trainer_image=os.environ.get(contract.Env.TRAINER_IMAGE) or None,
-        kiln_version=kiln.__version__, train_seconds=state.train_seconds or None)
+        kiln_version=kiln.__version__, train_seconds=state.train_seconds or None,
+        base=records.ZooModelId(base) if peft is not None and base else None,
+        adapter=api.to_wire(peft) if peft is not None else None)
     try:
         architecture = graph.to_json(decision.model_graph(spec.model))
     except graph.GraphError as exc:  # kept, but no later job can match against it
         _log.warning("registering without an architecture graph: %s", exc)
         architecture = {"untraceable": str(exc)}
-    weights = raw_model.state_dict() if weights is None else weights
     if replace:
         records.delete_record(zoo, record.id)
     return records.write_record(zoo, record, weights, architecture).id
@@ -147,6 +157,7 @@ def register_provisional(
     *,
     weights: Mapping[str, torch.Tensor],
     content_fingerprint: str | None = None,
+    base: str | None = None,
 ) -> str | None:
     """Register the current weights as the job's provisional record (replacing the previous
     one); a store failure only warns, as training goes on.
@@ -157,7 +168,8 @@ def register_provisional(
     try:
         written = register_model(zoo, job, raw_model, state, state.history[-1], warm_start,
                                  weights=weights, record_id=state.zoo_record_id,
-                                 provisional=True, content_fingerprint=content_fingerprint)
+                                 provisional=True, content_fingerprint=content_fingerprint,
+                                 base=base)
     except (zoo_store.StoreUnavailable, zoo_store.StoreMisconfigured) as exc:
         _log.warning("could not register the provisional zoo record: %s", exc)
         return state.zoo_record_id

@@ -23,8 +23,9 @@ from torch.nn import functional as F
 from torch.utils import data as torch_data
 
 from kiln import api, contract
+from kiln.models import lora
 from kiln.warmstart import decision, select, transform
-from kiln.zoo import store
+from kiln.zoo import records, store
 from kiln_trainer import fingerprint, optim
 
 _log = logging.getLogger(__name__)
@@ -481,3 +482,67 @@ def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> api.WarmStart
         return select.cold_start(api.WarmStartOutcome.COLD_EMPTY,
                                  "cold start: no model zoo configured (--zoo)")
     return decision.decide(job, zoo)
+
+
+def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | None, *,
+               load: bool) -> tuple[api.WarmStartDecision, records.ZooModelId]:
+    """A LoRA job's start (``spec.training.peft``): its base's exact weights in `model`, then
+    the adapters attached (`lora.attach`); from a parent adapter on that base, its adapter too.
+
+    The pinned parent (``spec.warmStart.parent``) is the base itself, or an adapter whose
+    ``base`` record holds the weights. No probe guard: a LoRA job never starts cold.
+
+    Args:
+        job: the LoRA job.
+        model: the freshly built model (wrapped in place).
+        zoo: the zoo holding the parent.
+        load: load the weights (rank 0 of a fresh start); False only attaches, for the other
+            ranks (weights broadcast later) and for a resumed run (weights in the checkpoint).
+
+    Returns:
+        The decision (the pinned parent, similarity 1) and the base record's id.
+
+    Raises:
+        api.InvalidSpec: no zoo, a parent missing or private, a base of another model, an
+            adapter parent with other LoRA settings, or target modules that fit nothing.
+    """
+    peft = job.spec.training.peft
+    assert peft is not None
+    if zoo is None:
+        raise api.InvalidSpec([("spec.training.peft: LoRA needs the model zoo holding its "
+                               "base (spec.warmStart.parent); pass --zoo")],
+                              source=f"job {job.name}")
+    parent = decision.pinned_record(zoo, job.spec.warm_start.parent, namespace=job.namespace)
+    base = decision.pinned_record(zoo, parent.base, namespace=job.namespace) \
+        if parent.base is not None else parent
+    if parent.adapter is not None and {k: v for k, v in parent.adapter.items() if k != "dropout"} \
+            != {k: v for k, v in api.to_wire(peft).items() if k != "dropout"}:
+        raise api.InvalidSpec([(
+            f"spec.training.peft: the parent adapter {parent.id} has {parent.adapter}; a LoRA "
+            "job continues an adapter with the same method, rank, alpha and targetModules "
+            f"(or pin its base {base.id} to train a new one)")], source=f"job {job.name}")
+    if load:
+        try:
+            model.load_state_dict(records.load_weights(zoo, base))
+        except RuntimeError as exc:
+            raise api.InvalidSpec([(
+                f"spec.warmStart.parent: LoRA trains on its base's exact weights, and base "
+                f"{base.id} ({base.builder}) does not fit spec.model "
+                f"({str(exc).splitlines()[0]}); pin a base of the same architecture and args")],
+                source=f"job {job.name}") from None
+    try:
+        lora.attach(model, peft)
+        if load and parent.base is not None:
+            lora.load_adapter(model, records.load_weights(zoo, parent))
+    except ValueError as exc:
+        raise api.InvalidSpec([str(exc)], source=f"job {job.name}") from None
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    start = (f"continuing adapter {parent.id}" if parent.base is not None
+             else "a new adapter")
+    reason = (f"LoRA rank {peft.rank} on base {base.id}, {start}: {trained:,} of {total:,} "
+              "parameters train; the base is frozen, so layer freezing is off")
+    return api.WarmStartDecision(
+        outcome=api.WarmStartOutcome.PINNED, parent=parent.id, similarity=1.0,
+        parent_metric=parent.metric_value, metric_name=parent.metric_name,
+        reason=reason), base.id

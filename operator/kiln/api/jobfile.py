@@ -3,7 +3,7 @@
 Refuses what only hurts in job files (anchors and aliases, repeated keys) and parses each
 document with `kiln.api.parse_job` (or, by its kind, `kiln.api.sweep.parse_sweep`,
 `kiln.api.runtime.parse_runtime`); a job naming a runtime the file or the caller holds is
-checked on it too (`runtime.job_problems`). No validation of its own.
+checked on it too (`runtime.parse_job_on`, a sweep's template `runtime.template_problems_on`).
 """
 
 from __future__ import annotations
@@ -98,9 +98,19 @@ def parse_all(text: str, *, source: str,
             found.append(own[where])
             continue
         if sweep.is_sweep(d):
-            found.append(sweep.parse_sweep(d, source=where))
+            parsed = sweep.parse_sweep(d, source=where)
+            named = runtime.find(parsed.spec.template.runtime_ref, known,
+                                 parsed.metadata.namespace)
+            on_it = runtime.template_problems_on(api.to_wire(parsed.spec.template),
+                                                 runtime.record(named), parsed.name) \
+                if named else []
+            if on_it:  # every trial would be refused at admission
+                raise api.InvalidSpec(on_it, source=where, kind=sweep.SWEEP_KIND)
+            found.append(parsed)
             continue
-        named = runtime.find(runtime.ref_of(d), known)
+        meta = d.get("metadata") if isinstance(d, dict) else None
+        named = runtime.find(runtime.ref_of(d), known,
+                             meta.get("namespace") if isinstance(meta, dict) else None)
         found.append(runtime.parse_job_on(d, runtime.record(named), source=where) if named
                      else api.parse_job(d, source=where))
     return found

@@ -20,6 +20,12 @@ _LIST = re.compile(r"list\[(.+)\]")
 _MAP = re.compile(r"dict[(\[]str, (.+)[)\]]")
 _SCALARS: dict[str, type | tuple[type, ...]] = {"str": str, "int": int,
                                                  "float": (int, float), "bool": bool}
+# The pod's quantities, a str in the client: the API server takes a number there too (as
+# `sizeLimit: 1` or `cpu: 4`), and only there (`name: 7` is refused).
+_QUANTITIES = {("V1ResourceRequirements", "limits"), ("V1ResourceRequirements", "requests"),
+               ("V1VolumeResourceRequirements", "limits"),
+               ("V1VolumeResourceRequirements", "requests"),
+               ("V1EmptyDirVolumeSource", "sizeLimit"), ("V1ResourceFieldSelector", "divisor")}
 
 
 def template_pod_types() -> dict[str, str]:
@@ -49,7 +55,8 @@ def pod_schema_problems(value: Any, type_name: str, where: str) -> list[str]:
     return found
 
 
-def _check(value: Any, type_name: str, where: str, found: list[str]) -> None:
+def _check(value: Any, type_name: str, where: str, found: list[str],
+           quantity: bool = False) -> None:
     listed, mapped = _LIST.fullmatch(type_name), _MAP.fullmatch(type_name)
     if listed:
         if not isinstance(value, list):
@@ -62,26 +69,29 @@ def _check(value: Any, type_name: str, where: str, found: list[str]) -> None:
             found.append(f"{where}: must be a mapping (got {_kind(value)})")
             return
         for key, item in value.items():
-            _check(item, mapped[1], f"{where}.{key}", found)
+            _check(item, mapped[1], f"{where}.{key}", found, quantity)
     elif type_name in _SCALARS:
-        _check_scalar(value, type_name, where, found)
+        _check_scalar(value, type_name, where, found, quantity)
     else:  # a model; "object" (int-or-string, raw JSON) and dates are none: anything goes
         _check_model(value, type_name, where, found)
 
 
-def _check_scalar(value: Any, type_name: str, where: str, found: list[str]) -> None:
+def _check_scalar(value: Any, type_name: str, where: str, found: list[str],
+                  quantity: bool) -> None:
     if value is None:
         return
     if type_name == "str":
-        # A quantity ("sizeLimit: 1") is a str in the client but takes numbers too.
-        fits = isinstance(value, str | int | float) and not isinstance(value, bool)
+        fits = isinstance(value, str) or (
+            quantity and isinstance(value, int | float) and not isinstance(value, bool))
     else:
         fits = isinstance(value, _SCALARS[type_name]) and (
             type_name == "bool" or not isinstance(value, bool))
     if not fits:
         wanted = {"str": "a string", "int": "an integer", "float": "a number",
                   "bool": "true or false"}[type_name]
-        found.append(f"{where}: must be {wanted} (got {value!r})")
+        found.append(f"{where}: must be {wanted} (got {value!r})"
+                     + ("; quote it" if type_name == "str" and isinstance(value, int | float)
+                        else ""))
 
 
 def _check_model(value: Any, type_name: str, where: str, found: list[str]) -> None:
@@ -102,7 +112,8 @@ def _check_model(value: Any, type_name: str, where: str, found: list[str]) -> No
             found.append(f"{at}: unknown field of a Kubernetes {type_name.removeprefix('V1')}; "
                          f"{hint}")
             continue
-        _check(item, model.openapi_types[by_wire[key]], at, found)
+        _check(item, model.openapi_types[by_wire[key]], at, found,
+               (type_name, key) in _QUANTITIES)
 
 
 def _kind(value: Any) -> str:

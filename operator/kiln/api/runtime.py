@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from kiln.api import names, status, validation
+from kiln.api import bounds, names, status, validation
 from kiln.api import spec as spec_types
 
 RUNTIME_KIND, CLUSTER_RUNTIME_KIND = "TrainingRuntime", "ClusterTrainingRuntime"
@@ -20,10 +20,12 @@ RUNTIME_PLURAL, CLUSTER_RUNTIME_PLURAL = "trainingruntimes", "clustertrainingrun
 RUNTIME_SINGULAR, CLUSTER_RUNTIME_SINGULAR = "trainingruntime", "clustertrainingruntime"
 RUNTIME_SHORT_NAMES, CLUSTER_RUNTIME_SHORT_NAMES = ("trt",), ("ctrt",)
 RUNTIME_STATUS = "runtime"  # its key in a job's status
-# How a job's unlocked template key combines with the runtime's: lists of named entries by
-# name (the job's entry wins), lists of whole entries by adding the job's new ones, maps by key;
-# anything else is the job's whole value when it sets one.
-BY_NAME = ("env", "volumes", "volumeMounts", "initContainers")
+# How a job's unlocked template key combines with the runtime's: lists of keyed entries by
+# that key, as Kubernetes merges them (the job's entry wins; a mount is its path, so a job
+# mounting a runtime's volume elsewhere adds a mount), lists of whole entries by adding the
+# job's new ones, maps by key; anything else is the job's whole value when it sets one.
+BY_FIELD = {"env": "name", "volumes": "name", "volumeMounts": "mountPath",
+            "initContainers": "name"}
 ADDED = ("tolerations", "envFrom", "imagePullSecrets")
 BY_KEY = ("nodeSelector", "labels", "annotations")
 
@@ -32,18 +34,18 @@ class TrainingRuntimeSpec(names.ApiModel):
     template: dict[str, Any] = Field(
         default_factory=dict,
         description="template: the pod settings every job on this runtime starts from, with "
-        "the keys of a TrainingJob's spec.template: image, command, args, env, envFrom, "
-        "volumes, volumeMounts, initContainers, securityContext, podSecurityContext, "
-        "resources, nodeSelector, tolerations, affinity, serviceAccountName, "
-        "priorityClassName, schedulerName, labels, annotations, imagePullSecrets.",
+        f"the keys of a TrainingJob's spec.template: {', '.join(validation.TEMPLATE_KEYS)}.",
     )
     locked: list[str] = Field(
         default_factory=list,
         max_length=len(validation.TEMPLATE_KEYS),
+        # In the CRD too, so that kubectl refuses a runtime locking no key rather than every
+        # job on it failing at admission.
+        json_schema_extra={"items": {"type": "string", "enum": list(validation.TEMPLATE_KEYS)}},
         description="locked: spec.template keys a job on this runtime may not set, e.g. "
         "[image, securityContext]; the runtime's value (or none) holds. An unlocked key the "
-        "job sets: env, volumes, volumeMounts and initContainers merge by name (the job's "
-        "entry wins), tolerations, envFrom and imagePullSecrets add the job's entries, "
+        "job sets: env, volumes and initContainers merge by name, volumeMounts by mountPath "
+        "(the job's entry wins), tolerations, envFrom and imagePullSecrets add the job's entries, "
         "nodeSelector, labels and annotations merge by key; any other key is the job's value.",
     )
 
@@ -83,19 +85,30 @@ def parse_runtime(doc: Any, *, source: str = "") -> AnyRuntime:
     """
     given = doc if isinstance(doc, dict) else {}
     model = ClusterTrainingRuntime if given.get("kind") == CLUSTER_RUNTIME_KIND else TrainingRuntime
-    label = f"{model.__name__} {(given.get('metadata') or {}).get('name', '')}"
+    kind = model.__name__
+    label = f"{kind} {(given.get('metadata') or {}).get('name', '')}"
+    # Every job on it carries its template (status.runtime, the trainer pod's spec): a job's
+    # bounds hold for it too.
+    too_large = bounds.problems(doc)
+    if too_large:
+        raise names.InvalidSpec([f"{label.strip()}: {p}" for p in too_large], source=source,
+                                kind=kind)
     try:
         runtime = model.model_validate(doc)
     except ValidationError as exc:
-        raise names.InvalidSpec([f"{label.strip()}: {p}" for p in validation.problems_of(exc)],
-                                source=source) from None
+        # Unknown keys as a job's are named (with a did-you-mean), not as pydantic says them.
+        found = validation.unknown_fields(model, doc) + [
+            p for p in validation.problems_of(exc)
+            if "extra inputs are not permitted" not in p.lower()]
+        raise names.InvalidSpec([f"{label.strip()}: {p}" for p in found],
+                                source=source, kind=kind) from None
     found = validation.template_problems(runtime.spec.template)
     for i, key in enumerate(runtime.spec.locked):
         if key not in validation.TEMPLATE_KEYS:
             found.append(f"spec.locked[{i}]: {key!r} is not a spec.template key; use one of "
                          f"{', '.join(validation.TEMPLATE_KEYS)}")
     if found:
-        raise names.InvalidSpec([f"{label}: {p}" for p in found], source=source)
+        raise names.InvalidSpec([f"{label}: {p}" for p in found], source=source, kind=kind)
     return runtime
 
 
@@ -118,7 +131,7 @@ def lock_problems(job_template: Mapping[str, Any], recorded: Mapping[str, Any]) 
 
 def merge(runtime_template: Mapping[str, Any], locked: list[str],
           job_template: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod template a job runs with: the job's over the runtime's (see `BY_NAME`,
+    """The pod template a job runs with: the job's over the runtime's (see `BY_FIELD`,
     `ADDED`, `BY_KEY`); a locked key is the runtime's. Merging twice gives the same."""
     merged = dict(runtime_template)
     for key, value in job_template.items():
@@ -127,8 +140,8 @@ def merge(runtime_template: Mapping[str, Any], locked: list[str],
             continue
         if base is None:
             merged[key] = value
-        elif key in BY_NAME and isinstance(base, list) and isinstance(value, list):
-            merged[key] = _by_name(base, value)
+        elif key in BY_FIELD and isinstance(base, list) and isinstance(value, list):
+            merged[key] = _by_field(BY_FIELD[key], base, value)
         elif key in ADDED and isinstance(base, list) and isinstance(value, list):
             merged[key] = [*base, *(v for v in value if v not in base)]
         elif key in BY_KEY and isinstance(base, dict) and isinstance(value, dict):
@@ -138,10 +151,11 @@ def merge(runtime_template: Mapping[str, Any], locked: list[str],
     return merged
 
 
-def _by_name(base: list[Any], extra: list[Any]) -> list[Any]:
-    """`base` with each entry replaced by `extra`'s of the same name, then `extra`'s others."""
-    named = {e.get("name"): e for e in extra if isinstance(e, dict)}
-    kept = [named.get(e.get("name"), e) if isinstance(e, dict) else e for e in base]
+def _by_field(field: str, base: list[Any], extra: list[Any]) -> list[Any]:
+    """`base` with each entry replaced by `extra`'s of the same `field` value, then `extra`'s
+    others."""
+    named = {e.get(field): e for e in extra if isinstance(e, dict)}
+    kept = [named.get(e.get(field), e) if isinstance(e, dict) else e for e in base]
     return [*kept, *(e for e in extra if e not in kept)]
 
 
@@ -182,6 +196,20 @@ def parse_job_on(doc: Mapping[str, Any], recorded: Mapping[str, Any], *,
     return job.model_copy(update={"spec": job.spec.model_copy(update={"template": written})})
 
 
+def template_problems_on(job_spec: Mapping[str, Any], recorded: Mapping[str, Any],
+                         name: str) -> list[str]:
+    """The problems of a job spec (a sweep's spec.template, as the wire has it) on the
+    runtime `recorded`, each under the sweep's ``spec.template``: what every trial would be
+    refused for at admission."""
+    doc = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name},
+           "spec": dict(job_spec)}
+    try:
+        parse_job_on(doc, recorded)
+    except names.InvalidSpec as exc:
+        return [f"spec.template.{p.removeprefix('spec.')}" for p in exc.problems]
+    return []
+
+
 def on(job: status.TrainingJob, recorded: Mapping[str, Any]) -> status.TrainingJob:
     """`job` with its spec.template merged over the runtime `recorded`: the job as it runs."""
     merged = merge(recorded.get("template") or {}, list(recorded.get("locked") or []),
@@ -200,10 +228,13 @@ def ref_of(doc: Any) -> spec_types.RuntimeRef | None:
         return None
 
 
-def find(ref: spec_types.RuntimeRef | None, runtimes: Sequence[AnyRuntime]
-         ) -> AnyRuntime | None:
-    """The runtime of `runtimes` that `ref` names (by kind and name), or None."""
+def find(ref: spec_types.RuntimeRef | None, runtimes: Sequence[AnyRuntime],
+         namespace: str | None = None) -> AnyRuntime | None:
+    """The runtime of `runtimes` that `ref` names (by kind and name), or None. A
+    TrainingRuntime of another namespace than the job's (`namespace`, both set) is not the
+    one the operator finds."""
     if ref is None:
         return None
-    return next((r for r in runtimes if (r.kind, r.metadata.name) == (ref.kind, ref.name)),
-                None)
+    return next((r for r in runtimes if (r.kind, r.metadata.name) == (ref.kind, ref.name)
+                 and not (r.kind == RUNTIME_KIND and namespace and r.metadata.namespace
+                          and r.metadata.namespace != namespace)), None)

@@ -174,10 +174,40 @@ class LrScheduleSpec(names.ApiModel):
     )
 
 
+class PeftSpec(names.ApiModel):
+    """Parameter-efficient fine-tuning through the peft library: the base stays frozen and
+    only a small adapter trains; the zoo stores the adapter beside a reference to its base."""
+
+    method: Literal["lora"] = Field(
+        default="lora", description="method: lora (low-rank adapters, Hu et al. 2021).")
+    rank: int = Field(default=8, ge=1, le=1024,
+                      description="rank: the adapters' rank r (at least 1).")
+    alpha: float = Field(default=16.0, gt=0.0,
+                         description="alpha: scale; the update is (alpha / rank) B A x.")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0,
+                           description="dropout: dropout on the adapters' input, in [0, 1).")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        min_length=1, max_length=256,
+        description="targetModules: module names the adapters wrap, each a full name or the "
+        "end of one after a dot (head.2, or fc wraps every module called fc); each must be "
+        "a Linear, Conv or Embedding of the built model (`kiln validate` checks registry "
+        "models).",
+    )
+
+
 class TrainingSpec(names.ApiModel):
     epochs: int = Field(default=30, ge=1, le=100000, description="epochs: upper bound on epochs.")
     batch_size: int = Field(
         default=128, ge=1, le=65536, description="batchSize: global mini-batch size in samples."
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="gradientAccumulationSteps: mini-batches whose gradients add up before "
+        "each optimizer step; the effective batch is batchSize x this (batchSize need not "
+        "divide by it). Learning-rate schedule, evalEverySteps, freezing and progress count "
+        "optimizer steps.",
     )
     optimizer: OptimizerSpec = Field(
         default_factory=OptimizerSpec, description="optimizer: optimizer and its settings."
@@ -201,6 +231,12 @@ class TrainingSpec(names.ApiModel):
         default=names.Precision.FP32,
         description="precision: fp32 (no autocast), bf16 (autocast to bfloat16, CUDA or CPU) "
         "or fp16 (autocast to float16 with a gradient scaler).",
+    )
+    peft: PeftSpec | None = Field(
+        default=None,
+        description="peft: train a LoRA adapter on the pinned spec.warmStart.parent (a full "
+        "model, or an adapter on the same base, whose adapter is loaded) instead of every "
+        "weight; layer freezing is off (the base is frozen by design).",
     )
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from kiln import api
-from kiln.models import entrypoints, registry, tracing
+from kiln.models import entrypoints, lora, registry, tracing
 
 _DATASET_MODALITY = {
     api.DatasetName.DIGITS: registry.Modality.IMAGE,
@@ -123,7 +123,10 @@ def check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
       * the builder accepts the args and the input shape (errors of any kind while building
         name spec.model), the model has at most MAX_MODULES modules and MAX_PARAMETERS
         parameters, and one forward pass of a Tensor[2, *inputShape] works and costs at most
-        MAX_FLOPS_PER_SAMPLE per sample (all on the `meta` device).
+        MAX_FLOPS_PER_SAMPLE per sample (all on the `meta` device);
+      * a LoRA job (spec.training.peft) pins its base (spec.warmStart.parent), does not ask
+        for FSDP, and each of its targetModules names a Linear, Conv or Embedding of the
+        registry model (built on `meta`).
 
     The registry checks are cached per (model, dataset): a thousand jobs of a few
     architectures build a few models.
@@ -178,12 +181,45 @@ def _trial_problems(sweep: api.sweep.TrainingSweep, spec: dict[str, Any]) -> lis
 
 def _model_problems(job: api.TrainingJob) -> list[str]:
     """`check_job`'s checks beyond `api.validate`: the model against the registry."""
-    problems: list[str] = []
+    problems = _peft_problems(job)
     spec, dataset = job.spec.model, job.spec.dataset.loader
     if spec.architecture is None or spec.entrypoint is not None:
         return problems + _entrypoint_problems(spec, dataset)
     key = json.dumps([api.to_wire(spec), dataset], sort_keys=True)
-    return problems + list(_registry_problems(key))
+    problems += list(_registry_problems(key))
+    if job.spec.training.peft is not None and not problems:
+        problems += list(_lora_problems(json.dumps(
+            [api.to_wire(spec), api.to_wire(job.spec.training.peft)], sort_keys=True)))
+    return problems
+
+
+def _peft_problems(job: api.TrainingJob) -> list[str]:
+    """A LoRA job's rules beyond the schema: a pinned base, no FSDP."""
+    if job.spec.training.peft is None:
+        return []
+    problems = []
+    warm = job.spec.warm_start
+    if not warm.enabled or warm.parent == "auto":
+        problems.append("spec.training.peft: LoRA trains an adapter on a base model; set "
+                        "spec.warmStart.parent to its zoo id (a full model, or an adapter on "
+                        "that base) and keep spec.warmStart.enabled true")
+    if job.spec.resources.parallelism is api.Parallelism.FSDP:
+        problems.append("spec.training.peft: a LoRA adapter is small and trains with one "
+                        "process or under ddp; set spec.resources.parallelism to ddp or auto")
+    return problems
+
+
+@functools.lru_cache(maxsize=256)
+def _lora_problems(key: str) -> tuple[str, ...]:
+    """spec.training.peft.targetModules against the registry model, built on `meta`."""
+    wire, peft_wire = json.loads(key)
+    with torch.device("meta"):
+        model = build(api.ModelSpec.model_validate(wire))
+        try:
+            lora.attach(model, api.PeftSpec.model_validate(peft_wire))
+        except (ValueError, lora.PeftMissing) as exc:
+            return (str(exc),)
+    return ()
 
 
 @functools.lru_cache(maxsize=1024)

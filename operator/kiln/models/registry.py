@@ -326,18 +326,14 @@ def _class_name(cls: type) -> str:
 def layer_stack_blocks(model: nn.Module) -> list[str]:
     """Natural blocks of an undeclared model: its layer stack, split into layers.
 
-    The stack is the shallowest `nn.ModuleList` with at least two children that own parameters
-    (a Hugging Face GPT-2's ``transformer.h``, BERT's ``bert.encoder.layer``). What owns
-    parameters beside the path to it comes first when defined before it (embeddings) and last
-    when defined after it (final norm, head, innermost first). Without a stack: the direct
-    children that own parameters, in definition order.
+    The stack is `layer_stack`'s (a Hugging Face GPT-2's ``transformer.h``, BERT's
+    ``bert.encoder.layer``). What owns parameters beside the path to it comes first when
+    defined before it (embeddings) and last when defined after it (final norm, head, innermost
+    first). Without a stack: the direct children that own parameters, in definition order.
     """
-    stacks = [(name.count("."), name) for name, module in model.named_modules()
-              if name and isinstance(module, nn.ModuleList)
-              and len(children_with_parameters(module)) >= 2]
-    if not stacks:
+    path = layer_stack(model)
+    if path is None:
         return children_with_parameters(model)
-    path = min(stacks)[1]
     before: list[str] = []
     after: list[list[str]] = []
     module, prefix = model, ""
@@ -355,6 +351,20 @@ def layer_stack_blocks(model: nn.Module) -> list[str]:
         module, prefix = module.get_submodule(part), f"{prefix}{part}."
     layers = children_with_parameters(module, prefix)
     return before + layers + [name for level in reversed(after) for name in level]
+
+
+def layer_stack(model: nn.Module) -> str | None:
+    """The dotted name of `model`'s layer stack, or None: the shallowest `nn.ModuleList` with at
+    least two children that own parameters, one whose children all share a class (repeated
+    layers: ``model.layers``, ``encoder.layer``, ``transformer.h``, ``decoder.layers``) before
+    one that mixes classes; the first in definition order among equals."""
+    stacks = []
+    for order, (name, module) in enumerate(model.named_modules()):
+        owners = children_with_parameters(module) if isinstance(module, nn.ModuleList) else []
+        if name and len(owners) >= 2:
+            mixed = len({type(module.get_submodule(child)) for child in owners}) > 1
+            stacks.append((mixed, name.count("."), order, name))
+    return min(stacks)[3] if stacks else None
 
 
 def children_with_parameters(module: nn.Module, prefix: str = "") -> list[str]:

@@ -123,6 +123,16 @@ def decide(
         return select.cold_start(api.WarmStartOutcome.COLD_UNTRACEABLE, f"cold start: {exc}")
     if spec.parent != "auto":
         record = pinned_record(zoo, spec.parent, namespace=job.namespace)
+        if job.spec.training.peft is not None:  # the trainer loads base and adapter as pinned
+            return api.WarmStartDecision(
+                outcome=api.WarmStartOutcome.PINNED, parent=record.id, similarity=1.0,
+                reason=f"LoRA on {record.base or record.id} (pinned parent {record.id}); "
+                "layer freezing is off: the base is frozen by design")
+        if record.base is not None:
+            raise api.InvalidSpec([(
+                f"spec.warmStart.parent: zoo model {record.id} is a LoRA adapter on "
+                f"{record.base}; pin {record.base}, set spec.training.peft to continue the "
+                "adapter, or `kiln zoo export` it merged and import that")])
         parent = graph.from_json(records.load_graph(zoo, record))
         chosen = select.pinned(_candidate(record, match.similarity(parent, child)),
                                modality=modality, task=task, min_similarity=spec.min_similarity)
@@ -138,8 +148,9 @@ def decide(
             zoo_index.close()
     # Tenancy: a job sees its own namespace's models and shared ones, nothing else; the
     # policy (and spec.warmStart.preferred) only ranks these.
+    # An adapter's weights are no whole model: only a LoRA job that pins one starts from it.
     candidates = [_candidate(c.record, c.similarity) for c in found.candidates
-                  if c.record.visible_to(job.namespace)]
+                  if c.record.visible_to(job.namespace) and c.record.base is None]
     visible = sum(r.visible_to(job.namespace) for r in zoo_index.all_records())
     if not visible and len(zoo_index):
         return select.cold_start(api.WarmStartOutcome.COLD_EMPTY,

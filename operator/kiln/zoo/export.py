@@ -1,7 +1,8 @@
 """A zoo record as a portable folder: weights.safetensors, graph.json, meta.json and a README
 with a Python snippet that loads the model; and back into a zoo, bit for bit.
 
-The weights travel as the stored bytes, never re-serialized, so their SHA-256 is unchanged.
+The weights travel as the stored bytes, never re-serialized, so their SHA-256 is unchanged;
+a LoRA adapter travels merged into its base, as a whole model.
 """
 
 from __future__ import annotations
@@ -9,25 +10,37 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.zoo import records, store
+
+if TYPE_CHECKING:
+    import torch
 
 README_NAME = "README.md"
 FILES = (records.WEIGHTS_NAME, records.GRAPH_NAME, records.META_NAME)
 
 
-def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path) -> records.ZooRecord:
+Merge = Callable[[records.ZooRecord, dict[str, "torch.Tensor"], dict[str, "torch.Tensor"]],
+                 Mapping[str, "torch.Tensor"]]
+"""(adapter record, its weights, its base's weights) -> the merged full state dict."""
+
+
+def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path, *,
+                  merge: Merge | None = None) -> records.ZooRecord:
     """Write a record's files and a README into `out_dir` (created if missing).
 
     A folder that holds anything else is refused, so no file of the user's is overwritten;
     one holding an earlier export of the same record (and nothing more) is written again.
+    A LoRA adapter (a record with a ``base``) is exported merged into its base, as a whole
+    model: `merge` computes the weights (the zoo builds no models), the exported record names
+    no base and says in ``source`` what was merged.
 
     Raises:
         ValueError: an invalid id, or `out_dir` is a file, holds other files, or holds an
-            export of another record.
+            export of another record; an adapter without `merge`, or whose merge fails.
         ObjectNotFound: no such record.
         CorruptRecord: the record is damaged (the weights fail their checksum, ...).
         StoreUnavailable: the store failed.
@@ -41,13 +54,39 @@ def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path) -> reco
         raise ValueError(f"--out {out_dir} is not empty (it holds {', '.join(held[:5])}"
                          f"{', ...' if len(held) > 5 else ''}) and no earlier export of "
                          f"{record.id}; give an empty or new folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
     prefix = records.record_prefix(record.id)
-    for name in (records.WEIGHTS_NAME, records.GRAPH_NAME):  # meta.json last, as in the zoo
-        (out_dir / name).write_bytes(zoo.get_bytes(prefix + name))
+    weights = (zoo.get_bytes(prefix + records.WEIGHTS_NAME) if record.base is None
+               else _merged(zoo, record, merge))
+    if record.base is not None:
+        record = dataclasses.replace(
+            record, base=None, adapter=None, weights_sha256=hashlib.sha256(weights).hexdigest(),
+            num_params=records.read_record(zoo, record.base).num_params,
+            source=f"LoRA adapter {record.id} merged into its base {record.base}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / records.WEIGHTS_NAME).write_bytes(weights)  # meta.json last, as in the zoo
+    (out_dir / records.GRAPH_NAME).write_bytes(zoo.get_bytes(prefix + records.GRAPH_NAME))
     (out_dir / records.META_NAME).write_text(record.to_json(), encoding="utf-8")
     (out_dir / README_NAME).write_text(readme(record), encoding="utf-8")
     return record
+
+
+def _merged(zoo: store.ObjectStore, record: records.ZooRecord, merge: Merge | None) -> bytes:
+    """safetensors bytes of an adapter record merged into its (verified) base."""
+    assert record.base is not None
+    if merge is None:
+        raise ValueError(f"zoo record {record.id} is a LoRA adapter on {record.base}: exporting "
+                         "it merges it into its base, which needs a merge function")
+    try:
+        base = records.verify_record(zoo, record.base)
+    except store.ObjectNotFound:
+        raise ValueError(f"zoo record {record.id} is a LoRA adapter on {record.base}, which is "
+                         f"no longer in {zoo.describe()}: it cannot be merged") from None
+    try:
+        full = merge(record, records.load_weights(zoo, record), records.load_weights(zoo, base))
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"zoo record {record.id}: cannot merge the adapter into its base "
+                         f"{base.id}: {str(exc).splitlines()[0]}") from None
+    return records.serialize_weights(record.id, full)
 
 
 def _exported_id(meta: Path) -> str | None:

@@ -27,11 +27,12 @@ from kiln.zoo import store
 
 ZooModelId = NewType("ZooModelId", str)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the meta.json format; readers reject records from a newer version.
 
 Version 2 added ``entrypoint`` (a record may have no ``architecture``), ``source`` and
-``license``; version 3 ``namespace``, ``share`` and the provenance fields. A record is written
+``license``; version 3 ``namespace``, ``share`` and the provenance fields; version 4 ``base``
+and ``adapter`` (a LoRA adapter, whose weights are not a whole model). A record is written
 as the oldest version that reads it safely (`ZooRecord.to_json`).
 """
 
@@ -142,6 +143,11 @@ class ZooRecord:
             included), or None (imports, older records).
         provisional: True while its job still trains: its best weights so far, which the
             final record replaces under the same id (`kiln_trainer.registration`).
+        base: for a LoRA adapter, the full-weight record it adapts (its lineage: the weights
+            hold only the adapter's tensors and buffers, applied on that record's weights);
+            None for a whole model.
+        adapter: for a LoRA adapter, its settings (``spec.training.peft`` as written:
+            method, rank, alpha, dropout, targetModules); None for a whole model.
     """
 
     id: _Id
@@ -174,11 +180,18 @@ class ZooRecord:
     kiln_version: str | None = None
     train_seconds: _Number | None = None
     provisional: bool = False
+    base: _Id | None = None
+    adapter: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         problem = _builder_problem(self.architecture, self.entrypoint)
         if problem:
             raise ValueError(f"zoo record {self.id}: {problem}")
+        if (self.base is None) != (self.adapter is None):
+            raise ValueError(f"zoo record {self.id}: 'base' and 'adapter' go together (an "
+                             "adapter names its base record); set both or neither")
+        if self.base == self.id:
+            raise ValueError(f"zoo record {self.id}: an adapter cannot be its own base")
 
     @property
     def builder(self) -> str:
@@ -205,10 +218,12 @@ class ZooRecord:
     def to_json(self) -> str:
         """meta.json text: the fields plus ``schema_version``, with a trailing newline.
 
-        The version is the oldest that can read the record safely: 3 for a private record
-        (older Kiln knows no privacy, so it must refuse it), else 2 with an entrypoint, else 1.
+        The version is the oldest that can read the record safely: 4 for an adapter (older
+        Kiln would take its weights for a whole model), 3 for a private record (older Kiln
+        knows no privacy, so it must refuse it), else 2 with an entrypoint, else 1.
         """
-        version = (3 if self.share is api.ZooShare.PRIVATE else
+        version = (4 if self.base is not None else
+                   3 if self.share is api.ZooShare.PRIVATE else
                    2 if self.entrypoint is not None else 1)
         doc: dict[str, Any] = {"schema_version": version}
         doc.update(_ADAPTER.dump_python(self, mode="json"))
@@ -272,6 +287,7 @@ def json_schema() -> dict[str, Any]:
 _FORMATS = {
     "id": "a zoo model id such as small_resnet-7f3c2a1b",
     "parent": "a zoo model id such as small_resnet-7f3c2a1b",
+    "base": "a zoo model id such as small_resnet-7f3c2a1b",
     "entrypoint": "an entrypoint such as mypackage.models:build_net",
     "weights_sha256": "64 lowercase hex digits (SHA-256)",
     "namespace": "a Kubernetes namespace name such as team-a",
@@ -488,7 +504,7 @@ def write_record(
             readers skip.
     """
     prefix = record_prefix(record.id)
-    data = _serialize_weights(record.id, weights)
+    data = serialize_weights(record.id, weights)
     digest = hashlib.sha256(data).hexdigest()
     if record.weights_sha256 and record.weights_sha256 != digest:
         raise ValueError(
@@ -654,7 +670,7 @@ def _skip(record_id: str, why: str, zoo: store.ObjectStore) -> None:
     )
 
 
-def _serialize_weights(record_id: str, weights: Mapping[str, torch.Tensor]) -> bytes:
+def serialize_weights(record_id: str, weights: Mapping[str, torch.Tensor]) -> bytes:
     """safetensors bytes of a state dict, copied to CPU; tied tensors are stored twice."""
     import safetensors.torch
 

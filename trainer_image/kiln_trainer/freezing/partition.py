@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,11 @@ class Unpartitionable(ValueError):
         )
         self.model_name = model_name
         self.reason = reason
+
+
+class Untraceable(Unpartitionable):
+    """torch.fx cannot trace the model's forward (a model with a layer stack still partitions
+    along it, `Partition.of`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +106,11 @@ def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
         A module mapping the model's input to dict[block name, Tensor[b, ...]] for blocks[:-1],
         in block order.
 
+    A forward torch.fx cannot trace even with the blocks as leaves (a Hugging Face model's
+    own) gets a `HookExtractor` instead: the same outputs, taken by forward hooks.
+
     Raises:
-        Unpartitionable: fewer than 2 blocks, a name that is no submodule, or a forward that
-            torch.fx cannot trace.
+        Unpartitionable: fewer than 2 blocks or a name that is no submodule.
     """
     name = type(model).__name__
     if len(blocks) < 2:
@@ -123,11 +130,11 @@ def extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
             model, return_nodes={block: block for block in blocks[:-1]}
         )
         return module
-    except TRACE_ERRORS as error:
+    except TRACE_ERRORS:
         try:  # blocks fx cannot trace into (Hugging Face layers): their outputs, blocks as leaves
             return _leaf_extractor(model, blocks)
         except (*TRACE_ERRORS, Unpartitionable):
-            raise Unpartitionable(name, f"torch.fx cannot trace its forward ({error})") from error
+            return HookExtractor(model, blocks[:-1])
     finally:
         restore_modes(saved_modes)  # torchvision resets every layer to the root's mode
 
@@ -148,6 +155,54 @@ def _leaf_extractor(model: nn.Module, blocks: Sequence[str]) -> nn.Module:
     module.graph.eliminate_dead_code()
     module.recompile()
     return module
+
+
+class _Done(Exception):
+    """Raised by `HookExtractor`'s last hook: the rest of the forward is not needed."""
+
+
+class HookExtractor(nn.Module):
+    """`extractor` for a forward torch.fx cannot trace: runs the model with a forward hook on
+    each block, and stops it after the last one.
+
+    A block that returns a tuple gives its first tensor (a Hugging Face layer's hidden
+    states). The hooks live only during a call, so a copy (the reference's) works alike; the
+    model is a submodule, so `.train()` / `.eval()` switch its layers, as for the traced kind.
+    """
+
+    def __init__(self, model: nn.Module, blocks: Sequence[str]) -> None:
+        super().__init__()
+        self.model, self.blocks = model, tuple(blocks)
+
+    def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's inputs -> dict[block name, Tensor[b, ...]], in block order.
+
+        Raises:
+            RuntimeError: a block did not run (or returned no tensor).
+        """
+        found: dict[str, torch.Tensor] = {}
+
+        def keep(block: str) -> Callable[[nn.Module, object, object], None]:
+            def hook(module: nn.Module, args: object, output: object) -> None:
+                found[block] = next(_tensors(output))
+                if len(found) == len(self.blocks):
+                    raise _Done
+
+            return hook
+
+        handles = [self.model.get_submodule(block).register_forward_hook(keep(block))
+                   for block in self.blocks]
+        try:
+            self.model(*inputs)
+        except _Done:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        missing = [block for block in self.blocks if block not in found]
+        if missing:
+            raise RuntimeError(f"blocks {missing} of {type(self.model).__name__} did not run")
+        return {block: found[block] for block in self.blocks}
 
 
 def flatten(t: torch.Tensor) -> torch.Tensor:
@@ -206,7 +261,7 @@ class Partition:
         *,
         model: nn.Module,
         blocks: tuple[str, ...],
-        graph: fx.Graph,
+        graph: fx.Graph | None,
         block_nodes: tuple[fx.Node, ...],
         params: tuple[tuple[nn.Parameter, ...], ...],
         mode_dependent: bool,
@@ -231,7 +286,9 @@ class Partition:
         Traces the forward with torch.fx twice (train and eval mode, every block a leaf) and
         counts FLOPs on `example` with one forward and one backward in eval mode; neither
         changes the model (gradients go to `torch.autograd.grad`, not `.grad`; layer modes
-        and `requires_grad` flags are restored).
+        and `requires_grad` flags are restored). A forward torch.fx cannot trace (a Hugging
+        Face model's own) partitions along its layer stack (`models.layer_stack`: embeddings,
+        each layer, the head) when it has one: `layer_partition`.
 
         Args:
             model: the unwrapped model (not a DDP/FSDP wrapper).
@@ -242,9 +299,9 @@ class Partition:
 
         Raises:
             Unpartitionable: fewer than 2 blocks; blocks that are not submodules or nest; two
-                blocks sharing a parameter; a forward torch.fx cannot trace; a block that is
-                not called exactly once as a unit, blocks called out of order, or a block's
-                internals used outside it.
+                blocks sharing a parameter; a forward torch.fx cannot trace, of a model without
+                a layer stack; a block that is not called exactly once as a unit, blocks called
+                out of order, or a block's internals used outside it.
         """
         name = type(model).__name__
         blocks = tuple(models.natural_blocks(model))
@@ -258,7 +315,12 @@ class Partition:
             nested = [other for other in blocks if other.startswith(block + ".")]
             if nested:
                 raise Unpartitionable(name, f"blocks {nested} lie inside block {block!r}")
-        graph, mode_dependent = trace(model, blocks)
+        try:
+            graph, mode_dependent = trace(model, blocks)
+        except Untraceable:
+            if models.layer_stack(model) is None:
+                raise
+            return layer_partition(model, blocks, example, probe)
         block_nodes = block_calls(name, graph, blocks)
         params = assign_params(name, model, blocks, block_nodes, graph)
         return cls(
@@ -313,11 +375,16 @@ class Partition:
             ValueError: k out of range.
         """
         self._check(k, 1, len(self.blocks) - 1)
+        if k not in self._splits and self._graph is None:
+            self._splits[k] = (f"cannot cut after block {self.blocks[k - 1]!r}: torch.fx cannot "
+                               "trace the forward, so the frozen prefix runs there, without "
+                               "gradients")
         if k not in self._splits and _sharded(self._model):
             self._splits[k] = (f"cannot cut after block {self.blocks[k - 1]!r}: FSDP shards the "
                                "model, and only its own forward gathers each block's "
                                "parameters, so the frozen prefix runs there, without gradients")
         if k not in self._splits:
+            assert self._graph is not None
             self._splits[k] = cut(self._model, self._graph, self.blocks,
                                             self._block_nodes, k,
                                             mode_dependent=self._mode_dependent)
@@ -344,6 +411,7 @@ class Partition:
         if self.split(old) is None or self.split(new) is None:
             return None
         if (old, new) not in self._bridges:
+            assert self._graph is not None  # else no split
             self._bridges[old, new] = bridge(self._model, self._graph, self._block_nodes,
                                              old, new)
         return self._bridges[old, new]
@@ -358,6 +426,84 @@ class Partition:
             raise ValueError(
                 f"k must be in [{low}, {high}] for {len(self.blocks)} blocks (got {k})"
             )
+
+
+def layer_partition(model: nn.Module, blocks: Sequence[str], example: torch.Tensor,
+                    probe: nn.Module) -> Partition:
+    """The `Partition` of a model torch.fx cannot trace, along its natural blocks alone.
+
+    One eval-mode forward of `example` with hooks checks that every block runs once, in
+    order, and that nothing inside a block runs outside its call. Block i owns the parameters
+    of submodule `blocks[i]`; a parameter tied between blocks (GPT-2's token embedding and
+    head) counts with the last of them, and one of no block with the head: neither freezes
+    while something behind the frozen prefix uses it (a block may so own none). The model
+    never splits (`split` is
+    None): the frozen prefix runs in the model's own forward, without gradients.
+
+    Raises:
+        Unpartitionable: a block runs twice, out of order, or has internals used outside it.
+    """
+    _check_block_calls(model, blocks, example)
+    owner: dict[int, int] = {}
+    for i, block in enumerate(blocks):
+        for param in model.get_submodule(block).parameters():
+            owner[id(param)] = i  # the last block holding a tied parameter keeps it
+    groups: list[list[nn.Parameter]] = [[] for _ in blocks]
+    for param in model.parameters():
+        groups[owner.get(id(param), len(blocks) - 1)].append(param)
+    return Partition(model=model, blocks=tuple(blocks), graph=None, block_nodes=(),
+                     params=tuple(tuple(group) for group in groups), mode_dependent=False,
+                     probe_extractor=probe, example=example)
+
+
+def _check_block_calls(model: nn.Module, blocks: Sequence[str], example: torch.Tensor) -> None:
+    """Run `example` once (eval mode, no gradients) and check how the blocks are called, as
+    `block_calls` does on a graph.
+
+    Raises:
+        Unpartitionable: naming the block and what it did.
+    """
+    name, calls, active, strays = type(model).__name__, list[str](), list[str](), list[str]()
+
+    def enter(block: str) -> Callable[[nn.Module, object], None]:
+        def hook(module: nn.Module, args: object) -> None:
+            calls.append(block)
+            active.append(block)
+        return hook
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        active.pop()
+
+    def inner(block: str, path: str) -> Callable[[nn.Module, object], None]:
+        def hook(module: nn.Module, args: object) -> None:
+            if block not in active:
+                strays.append(f"{path!r} of block {block!r}")
+        return hook
+
+    handles = []
+    for block in blocks:
+        module = model.get_submodule(block)
+        handles += [module.register_forward_pre_hook(enter(block)),
+                    module.register_forward_hook(leave)]
+        handles += [sub.register_forward_pre_hook(inner(block, f"{block}.{path}"))
+                    for path, sub in module.named_modules() if path]
+    saved = modes(model)
+    try:
+        with torch.no_grad():
+            model.eval()(example)
+    finally:
+        restore_modes(saved)
+        for handle in handles:
+            handle.remove()
+    if strays:
+        raise Unpartitionable(name, f"{strays[0]} is used outside the block's forward")
+    for block in blocks:
+        if calls.count(block) != 1:
+            raise Unpartitionable(
+                name, f"block {block!r} is called {calls.count(block)} times as a unit "
+                "(needs exactly 1)")
+    if calls != list(blocks):
+        raise Unpartitionable(name, f"its forward runs the blocks in the order {calls}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,7 +616,7 @@ def trace(model: nn.Module, blocks: Sequence[str]) -> tuple[fx.Graph, bool]:
             model.train(training)
             graphs.append(_BlockTracer(blocks).trace(model))
     except TRACE_ERRORS as error:
-        raise Unpartitionable(
+        raise Untraceable(
             type(model).__name__, f"torch.fx cannot trace its forward ({error})"
         ) from error
     finally:
