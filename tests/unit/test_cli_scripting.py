@@ -181,10 +181,11 @@ def test_crd_and_dashboard_print_to_stdout_and_stay_out_of_the_help(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     printed = kiln("crd")
     assert printed.returncode == 0 and printed.stdout.startswith(crd.HEADER)
-    # Both CRDs, one YAML stream: `kiln crd | kubectl apply -f -` installs them.
+    # Every CRD, one YAML stream: `kiln crd | kubectl apply -f -` installs them.
     docs = list(yaml.safe_load_all(printed.stdout))
-    assert [d["kind"] for d in docs] == ["CustomResourceDefinition"] * 2
-    assert {d["spec"]["names"]["kind"] for d in docs} == {"TrainingJob", "TrainingSweep"}
+    assert [d["kind"] for d in docs] == ["CustomResourceDefinition"] * 4
+    assert {d["spec"]["names"]["kind"] for d in docs} == {
+        "TrainingJob", "TrainingSweep", "TrainingRuntime", "ClusterTrainingRuntime"}
     written = kiln("crd", "--out", str(tmp_path / "crd.yaml"), "--out", "-", cwd=tmp_path)
     assert written.stdout == printed.stdout and not (tmp_path / "-").exists()
     assert (tmp_path / "crd.yaml").read_text(encoding="utf-8") == printed.stdout
