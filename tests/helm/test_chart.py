@@ -264,7 +264,7 @@ def test_pod_monitor_scrapes_trainer_pods_and_lets_no_trainer_override_target_la
         full_release: helm.Release) -> None:
     monitor = full_release.one("PodMonitor")
     assert monitor["spec"]["selector"] == {"matchExpressions": [
-        {"key": pods.JOB_NAME_LABEL, "operator": "Exists"}]}
+        {"key": api.JOB_NAME_LABEL, "operator": "Exists"}]}
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] == pods.METRICS_PORT_NAME
     assert not endpoint.get("honorLabels")  # trainers run user code: namespace, pod stay true

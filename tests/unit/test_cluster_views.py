@@ -15,7 +15,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from kiln import Client, cli
+from kiln import Client, api, cli
 from kiln.cluster import client, errors, views
 from kiln.local import output
 
@@ -110,13 +110,6 @@ def test_a_sweep_row_counts_its_trials() -> None:
     assert views.summary(sweep)["placement"] == "5 trials"
     assert views.summary(sweep)["accuracy"] == 0.9
     assert views.story(sweep)[0].startswith("5 trials: 2 running")
-
-
-def test_pod_labels_are_the_operators() -> None:
-    pods = pytest.importorskip("kiln.controller.pods")
-    assert (client.JOB_NAME_LABEL, client.ATTEMPT_LABEL, client.RANK_LABEL,
-            client.CONTAINER_NAME) == (pods.JOB_NAME_LABEL, pods.ATTEMPT_LABEL, pods.RANK_LABEL,
-                                       pods.CONTAINER_NAME)
 
 
 def test_without_a_kubeconfig_the_commands_say_how_to_give_one(
@@ -287,7 +280,7 @@ def test_logs_of_a_sweep_or_a_missing_rank_say_where_the_pods_are(
                                           "metadata": {"name": "search", "namespace": "team"}},
         f"{apis}/trainingjobs/resnet-a": RUNNING,
         pods: {"items": [{"metadata": {"name": "resnet-a-trainer-0", "namespace": "team",
-                                       "labels": {client.RANK_LABEL: "0"}}}]}})
+                                       "labels": {api.RANK_LABEL: "0"}}}]}})
     try:
         config = _kubeconfig(tmp_path, server.url)
         assert cli.main(["logs", "search", "--kubeconfig", str(config)]) == 2

@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kiln.dev"
+# How the operator labels a job's trainer pods, which `kiln logs` selects by.
+JOB_NAME_LABEL = "kiln.dev/job-name"
+ATTEMPT_LABEL = "kiln.dev/attempt"
+RANK_LABEL = "kiln.dev/rank"  # of a multi-node job's pods
+CONTAINER_NAME = "trainer"  # the trainer pod's container
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainingJob"

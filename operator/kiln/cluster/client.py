@@ -21,13 +21,6 @@ from kiln.api import jobfile
 from kiln.cluster import views
 from kiln.cluster.errors import ClusterError, WaitFailed, WaitTimeout
 
-# As the operator labels its trainer pods (`kiln.controller.pods`, which needs kopf; a unit
-# test keeps these equal to its constants).
-JOB_NAME_LABEL = "kiln.dev/job-name"
-ATTEMPT_LABEL = "kiln.dev/attempt"
-RANK_LABEL = "kiln.dev/rank"
-CONTAINER_NAME = "trainer"
-
 KINDS = {api.KIND: api.PLURAL, api.sweep.SWEEP_KIND: api.sweep.SWEEP_PLURAL}
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 POLL_SECONDS = 1.0
@@ -319,12 +312,12 @@ class _Kube:
                                f"them with `kiln ls -n {namespace}`, then `kiln logs -n "
                                f"{namespace} TRIAL`")
         found = self._raw(f"list the pods of {name}", lambda: self._core.list_namespaced_pod(
-            namespace, label_selector=f"{JOB_NAME_LABEL}={name}", _preload_content=False))
+            namespace, label_selector=f"{api.JOB_NAME_LABEL}={name}", _preload_content=False))
         pods = [p for p in found.get("items") or []
-                if int((p["metadata"].get("labels") or {}).get(RANK_LABEL, 0)) == rank]
+                if int((p["metadata"].get("labels") or {}).get(api.RANK_LABEL, 0)) == rank]
         if not pods:
             phase = (job.get("status") or {}).get("phase") or "no phase yet"
-            ranks = sorted({int((p["metadata"].get("labels") or {}).get(RANK_LABEL, 0))
+            ranks = sorted({int((p["metadata"].get("labels") or {}).get(api.RANK_LABEL, 0))
                             for p in found.get("items") or []})
             raise ClusterError(
                 f"{name} has no trainer pod of rank {rank} (phase {phase}); " + (
@@ -334,7 +327,7 @@ class _Kube:
 
         def attempt(pod: Mapping[str, Any]) -> tuple[int, str]:
             meta = pod["metadata"]
-            return int((meta.get("labels") or {}).get(ATTEMPT_LABEL, 0)), str(
+            return int((meta.get("labels") or {}).get(api.ATTEMPT_LABEL, 0)), str(
                 meta.get("creationTimestamp") or "")
 
         return max(pods, key=attempt)
@@ -342,7 +335,7 @@ class _Kube:
     def pod_log(self, pod: Mapping[str, Any], *, follow: bool) -> Iterator[str]:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         names = [c.get("name") for c in spec.get("containers") or []]
-        container = CONTAINER_NAME if CONTAINER_NAME in names else None
+        container = api.CONTAINER_NAME if api.CONTAINER_NAME in names else None
         response = self._call(f"read the log of pod {meta['name']}", lambda: (
             self._core.read_namespaced_pod_log(meta["name"], meta["namespace"],
                                                container=container, follow=follow,

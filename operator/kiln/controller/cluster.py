@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kiln import api
 from kiln.controller import pods
 from kiln.placement import estimate, types
 
@@ -143,7 +144,7 @@ def pools(
         if ((pod.get("status") or {}).get("phase") in pods.FINISHED_PHASES
                 or meta.get("deletionTimestamp")):
             continue
-        if pods.JOB_NAME_LABEL not in labels:
+        if api.JOB_NAME_LABEL not in labels:
             bound = str((pod.get("spec") or {}).get("nodeName") or "")
             if bound in gpu_nodes:
                 foreign_gpus[bound] = foreign_gpus.get(bound, 0) + _requested_gpus(

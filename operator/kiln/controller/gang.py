@@ -60,12 +60,12 @@ def build_service(owner: Mapping[str, Any], job: api.TrainingJob) -> dict[str, A
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": service_name(job.name),
-                     "labels": {pods.JOB_NAME_LABEL: job.name,
+                     "labels": {api.JOB_NAME_LABEL: job.name,
                                 "app.kubernetes.io/managed-by": "kiln-operator"}},
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {pods.JOB_NAME_LABEL: job.name, "app.kubernetes.io/name": "kiln-trainer"},
+            "selector": {api.JOB_NAME_LABEL: job.name, "app.kubernetes.io/name": "kiln-trainer"},
             "ports": [{"name": RENDEZVOUS_PORT_NAME, "port": contract.RENDEZVOUS_PORT,
                        "protocol": "TCP"}],
         },
@@ -107,7 +107,7 @@ def build_pods(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int,
         pod = pods.build_pod(owner, job, attempt=attempt, settings=settings,
                              launch=dataclasses.replace(launch, node=node, peer_nodes=()))
         pod["metadata"]["name"] = pod_name(job.name, attempt, rank)
-        pod["metadata"]["labels"][pods.RANK_LABEL] = str(rank)
+        pod["metadata"]["labels"][api.RANK_LABEL] = str(rank)
         pod["spec"]["hostname"] = hostname(rank)
         pod["spec"]["subdomain"] = service_name(job.name)
         container = pod["spec"]["containers"][0]

@@ -24,7 +24,6 @@ from kiln.controller import (
     jobs,
     kube,
     lifecycle,
-    pods,
     profiling,
     status,
     sweeper,
@@ -133,7 +132,7 @@ def register(registry: kopf.OperatorRegistry, options: operator_settings.Options
         kopf.on.event(*JOBS, registry=registry, id="cleanup-job")(
             _surfaced("cleanup", deleted))
     kopf.on.event("v1", "pods", registry=registry, id="pods",
-                  labels={pods.JOB_NAME_LABEL: kopf.PRESENT})(_surfaced("pods", pod_event))
+                  labels={api.JOB_NAME_LABEL: kopf.PRESENT})(_surfaced("pods", pod_event))
     if options.finalizer:
         kopf.timer(*JOBS, registry=registry, id="housekeeping",
                    interval=options.housekeeping_interval_seconds, when=housekeeping.needed)(
@@ -164,7 +163,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.peering.standalone = options.peering is None
     # kopf filters handlers by label on its side; this makes the API server send only Kiln's
     # pods, instead of every pod of the cluster, to the pod watch.
-    settings.watching.label_selectors["v1", "pods"] = pods.JOB_NAME_LABEL
+    settings.watching.label_selectors["v1", "pods"] = api.JOB_NAME_LABEL
     settings.posting.enabled = False
     settings.scanning.disabled = not any(
         ch in ns for ns in options.namespaces for ch in "*?[!")

@@ -206,7 +206,7 @@ def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
     template = job.spec.template
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "containers": [{"name": pods.CONTAINER_NAME, "image": image,
+        "containers": [{"name": api.CONTAINER_NAME, "image": image,
                         "resources": {"requests": requests(job, gpus=gpus // count,
                                                            gpu_resource=gpu_resource)}}],
     }
@@ -218,7 +218,7 @@ def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
         "queueName": queue_name(job),
         "active": active,
         "podSets": [{"name": POD_SET, "count": count,
-                     "template": {"metadata": {"labels": {pods.JOB_NAME_LABEL: job.name}},
+                     "template": {"metadata": {"labels": {api.JOB_NAME_LABEL: job.name}},
                                   "spec": pod_spec}}],
     }
     if priority is not None and version == "v1beta1":
@@ -234,7 +234,7 @@ def build_workload(owner: Mapping[str, Any], job: api.TrainingJob, *, gpus: int,
         "metadata": {
             "name": workload_name(job.name, uid),
             "namespace": str(meta.get("namespace") or "default"),
-            "labels": {JOB_UID_LABEL: uid, pods.JOB_NAME_LABEL: job.name},
+            "labels": {JOB_UID_LABEL: uid, api.JOB_NAME_LABEL: job.name},
             "ownerReferences": [{"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
                                  "name": job.name, "uid": uid, "controller": True,
                                  "blockOwnerDeletion": True}],

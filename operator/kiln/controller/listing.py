@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from kiln.controller import kube, pods
+from kiln import api
+from kiln.controller import kube
 
 # Pods that may hold devices: not finished.
 ACTIVE = "status.phase!=Succeeded,status.phase!=Failed"
@@ -19,7 +20,7 @@ ACTIVE = "status.phase!=Succeeded,status.phase!=Failed"
 async def kiln_pods(client: kube.Client, namespace: str | None = None, *,
                     job: str | None = None) -> list[kube.Object]:
     """Kiln's trainer and profiling pods of `namespace` (None: all), of one `job` if given."""
-    selector = f"{pods.JOB_NAME_LABEL}={job}" if job else pods.JOB_NAME_LABEL
+    selector = f"{api.JOB_NAME_LABEL}={job}" if job else api.JOB_NAME_LABEL
     return await client.list(kube.Paths.pods(namespace), label_selector=selector)
 
 
@@ -32,7 +33,7 @@ async def placement_pods(client: kube.Client, gpu_nodes: Iterable[str]) -> list[
         kube.ApiError: a listing failed.
     """
     foreign = await asyncio.gather(*(
-        client.list(kube.Paths.pods(), label_selector=f"!{pods.JOB_NAME_LABEL}",
+        client.list(kube.Paths.pods(), label_selector=f"!{api.JOB_NAME_LABEL}",
                     field_selector=f"spec.nodeName={name},{ACTIVE}")
         for name in gpu_nodes))
     return [*await kiln_pods(client), *(pod for listed in foreign for pod in listed)]

@@ -16,9 +16,6 @@ import kopf
 from kiln import api, contract
 from kiln.zoo import records
 
-JOB_NAME_LABEL = "kiln.dev/job-name"
-ATTEMPT_LABEL = "kiln.dev/attempt"
-RANK_LABEL = "kiln.dev/rank"  # of a multi-node job's pods (`kiln.controller.gang`)
 NODE_ANNOTATION = "kiln.dev/node"
 GPUS_ANNOTATION = "kiln.dev/gpus"
 PARALLELISM_ANNOTATION = "kiln.dev/parallelism"
@@ -29,7 +26,6 @@ KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
 KILN_PREFIX = f"{api.GROUP}/"  # of the labels and annotations Kiln puts on its pods
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-CONTAINER_NAME = "trainer"
 METRICS_PORT_NAME = "metrics"
 # --zoo-pod-access presigned: the job's Secret of presigned URLs, mounted read-only.
 ZOO_ACCESS_VOLUME = "kiln-zoo-access"
@@ -271,14 +267,14 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
     """
     template = job.spec.template
     labels = {
-        JOB_NAME_LABEL: job.name,
-        ATTEMPT_LABEL: str(attempt),
+        api.JOB_NAME_LABEL: job.name,
+        api.ATTEMPT_LABEL: str(attempt),
         "app.kubernetes.io/name": "kiln-trainer",
         "app.kubernetes.io/managed-by": "kiln-operator",
         **{k: v for k, v in job.metadata.labels.items() if k.startswith(KUEUE_LABEL_PREFIX)},
         **_not_kilns(template.get("labels")),
     }
-    labels[JOB_NAME_LABEL], labels[ATTEMPT_LABEL] = job.name, str(attempt)
+    labels[api.JOB_NAME_LABEL], labels[api.ATTEMPT_LABEL] = job.name, str(attempt)
     annotations = {
         **_not_kilns(template.get("annotations")),
         "prometheus.io/scrape": "true",
@@ -330,7 +326,7 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
     # be added later); kueue.x-k8s.io/* ones not under --kueue.
     pod["metadata"]["labels"] = {
         k: v for k, v in pod["metadata"]["labels"].items()
-        if (k in (JOB_NAME_LABEL, ATTEMPT_LABEL) or not k.startswith(KILN_PREFIX))
+        if (k in (api.JOB_NAME_LABEL, api.ATTEMPT_LABEL) or not k.startswith(KILN_PREFIX))
         and (settings.kueue_labels or not k.startswith(KUEUE_LABEL_PREFIX))}
     return pod
 
@@ -346,7 +342,7 @@ def _container(job: api.TrainingJob, launch: Launch, settings: PodSettings) -> d
     if launch.device == "gpu":
         resources.setdefault("limits", {})[launch.gpu_resource] = str(launch.devices)
     container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
+        "name": api.CONTAINER_NAME,
         "image": template.get("image") or settings.default_image,
         "imagePullPolicy": template.get("imagePullPolicy") or settings.image_pull_policy,
         # An own command runs instead of Kiln's trainer, with the same environment, so a loop
@@ -446,7 +442,7 @@ def rank_of(pod: Mapping[str, Any]) -> int:
     unreadable labels."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     try:
-        return max(0, int(labels.get(RANK_LABEL, 0)))
+        return max(0, int(labels.get(api.RANK_LABEL, 0)))
     except (TypeError, ValueError):
         return 0
 
@@ -461,8 +457,8 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
     waiting = _waiting(pod)
     return PodState(
         name=str(meta.get("name", "")),
-        job=str(labels.get(JOB_NAME_LABEL, "")),
-        attempt=_int(labels.get(ATTEMPT_LABEL), -1),
+        job=str(labels.get(api.JOB_NAME_LABEL, "")),
+        attempt=_int(labels.get(api.ATTEMPT_LABEL), -1),
         phase=str(status.get("phase") or "Pending"),
         node=planned_node(pod),
         pod_ip=status.get("podIP") or None,
@@ -530,7 +526,7 @@ def _unschedulable(status: Mapping[str, Any]) -> str | None:
 
 def _terminated(status: Mapping[str, Any]) -> dict[str, Any]:
     for container in status.get("containerStatuses") or []:
-        if container.get("name") == CONTAINER_NAME:
+        if container.get("name") == api.CONTAINER_NAME:
             state = container.get("state") or {}
             return dict(state.get("terminated") or {})
     return {}

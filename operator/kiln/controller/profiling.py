@@ -139,7 +139,7 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, device: Device, *,
     pod = pods.build_pod(owner, job, attempt=0, launch=launch, settings=settings)
     meta, spec = pod["metadata"], pod["spec"]
     meta["name"] = pod_name(job.name)
-    meta["labels"].pop(pods.ATTEMPT_LABEL, None)
+    meta["labels"].pop(api.ATTEMPT_LABEL, None)
     meta["labels"][ROLE_LABEL] = ROLE
     meta["annotations"]["prometheus.io/scrape"] = "false"  # it serves no metrics
     if device_type is not None:

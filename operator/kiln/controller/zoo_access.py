@@ -197,5 +197,5 @@ def build_secret(owner: Mapping[str, Any], job: api.TrainingJob, manifest: presi
     kopf.adopt(secret, owner=cast(kopf.Body, dict(owner)))  # ownerReference and namespace
     # not the job's labels, which adopt copies
     secret["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "kiln-operator",
-                                    pods.JOB_NAME_LABEL: job.name}
+                                    api.JOB_NAME_LABEL: job.name}
     return secret

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln import api
 from kiln.controller import cluster, pods
 
 
@@ -16,7 +17,7 @@ def _node(name: str, gpus: int = 0, *, ready: bool = True) -> dict[str, Any]:
 def _kiln_pod(name: str, job: str, node: str, devices: int, *, phase: str = "Running",
               device: str = "gpu") -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "labels": {
-        pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"}, "annotations": {
+        api.JOB_NAME_LABEL: job, api.ATTEMPT_LABEL: "0"}, "annotations": {
         pods.NODE_ANNOTATION: node, pods.GPUS_ANNOTATION: str(devices),
         pods.DEVICE_ANNOTATION: device, pods.PARALLELISM_ANNOTATION: "ddp",
         pods.ESTIMATED_SECONDS_ANNOTATION: "100", pods.STARTED_ANNOTATION: "1000"}},

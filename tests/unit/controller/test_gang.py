@@ -45,8 +45,8 @@ def test_each_node_gets_one_pinned_pod_that_joins_rank_0s_rendezvous() -> None:
     endpoint = "trainer-000.digits-trainers.team-a.svc:29400"
     for rank, (pod, node) in enumerate(zip(built, ("gpu-1", "gpu-2", "gpu-3"), strict=True)):
         spec, container = pod["spec"], pod["spec"]["containers"][0]
-        assert pod["metadata"]["labels"][pods.RANK_LABEL] == str(rank)
-        assert pod["metadata"]["labels"][pods.ATTEMPT_LABEL] == "2"
+        assert pod["metadata"]["labels"][api.RANK_LABEL] == str(rank)
+        assert pod["metadata"]["labels"][api.ATTEMPT_LABEL] == "2"
         assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert terms["nodeSelectorTerms"][0]["matchExpressions"][-1]["values"] == [node]
@@ -101,7 +101,7 @@ def test_the_service_is_headless_owned_and_selects_the_jobs_trainer_pods() -> No
     assert service["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     spec = service["spec"]
     assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
-    assert spec["selector"][pods.JOB_NAME_LABEL] == "digits"
+    assert spec["selector"][api.JOB_NAME_LABEL] == "digits"
     built = gang.build_pods(owner, job, attempt=0, launch=_launch("gpu-2", "gpu-3"),
                             settings=SETTINGS)
     for pod in built:

@@ -13,12 +13,13 @@ import kopf
 import pytest
 from kubesim import emulator, selection
 
+from kiln import api
 from kiln.controller import cluster, kube, listing, pods
 
 
 def _pod(name: str, namespace: str, *, node: str, gpus: int = 0, phase: str = "Running",
          job: str | None = None) -> dict[str, Any]:
-    labels = {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"} if job else {"app": "other"}
+    labels = {api.JOB_NAME_LABEL: job, api.ATTEMPT_LABEL: "0"} if job else {"app": "other"}
     annotations = {pods.NODE_ANNOTATION: node, pods.GPUS_ANNOTATION: str(gpus),
                    pods.DEVICE_ANNOTATION: "gpu", pods.PARALLELISM_ANNOTATION: "single",
                    pods.ESTIMATED_SECONDS_ANNOTATION: "60"} if job else {}

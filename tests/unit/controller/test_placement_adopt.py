@@ -17,7 +17,7 @@ from kiln.warmstart import select
 
 
 def _pod(name: str, *, job: str | None, gpus: int) -> dict[str, Any]:
-    labels = {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"} if job else {}
+    labels = {api.JOB_NAME_LABEL: job, api.ATTEMPT_LABEL: "0"} if job else {}
     container = {"name": "c", "resources": {"limits": {pods.GPU_RESOURCE: str(gpus)}}}
     return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "annotations": {
         pods.NODE_ANNOTATION: resize_cases.NODE, pods.GPUS_ANNOTATION: str(gpus),

@@ -17,7 +17,7 @@ from kiln.warmstart import select
 
 def _pod(name: str, *, job: str | None, node: str, gpus: int, parallelism: str = "single",
          attempt: int = 0) -> dict[str, Any]:
-    labels = {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: str(attempt)} if job else {}
+    labels = {api.JOB_NAME_LABEL: job, api.ATTEMPT_LABEL: str(attempt)} if job else {}
     container: dict[str, Any] = {"name": "c", "resources": {
         "limits": {pods.GPU_RESOURCE: str(gpus)}}}
     return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "annotations": {

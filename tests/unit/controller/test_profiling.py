@@ -38,7 +38,7 @@ def _node(name: str, gpus: int) -> dict[str, Any]:
 
 def _trainer(job: str, node: str, devices: int) -> dict[str, Any]:
     return {"metadata": {"name": f"{job}-trainer-0", "namespace": "team-a",
-                         "labels": {pods.JOB_NAME_LABEL: job, pods.ATTEMPT_LABEL: "0"},
+                         "labels": {api.JOB_NAME_LABEL: job, api.ATTEMPT_LABEL: "0"},
                          "annotations": {pods.NODE_ANNOTATION: node,
                                          pods.GPUS_ANNOTATION: str(devices),
                                          pods.DEVICE_ANNOTATION: "gpu"}},
@@ -115,7 +115,7 @@ def test_the_pod_runs_the_profiling_step_in_the_jobs_image_with_its_mounts() -> 
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "mixer-profile"
     assert meta["labels"][profiling.ROLE_LABEL] == profiling.ROLE
-    assert pods.ATTEMPT_LABEL not in meta["labels"]
+    assert api.ATTEMPT_LABEL not in meta["labels"]
     assert profiling.is_profiling_pod(pod)
     assert spec["activeDeadlineSeconds"] == 120
     container = spec["containers"][0]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from kiln_trainer import checkpoint, jobcontext, loop
 
 TOLERANCE = 1e-5  # float32 sums in another order, over 20 steps
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _job(batch_size: int, accumulation: int | None) -> api.TrainingJob:

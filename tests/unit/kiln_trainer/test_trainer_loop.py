@@ -6,7 +6,6 @@ import copy
 import io
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,6 @@ import torch
 from kiln import api
 from kiln.zoo import records, store
 from kiln_trainer import checkpoint, jobcontext, loop, runtime
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models are fastest so, and steady on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _job(name: str = "digits-tiny", **spec: Any) -> api.TrainingJob:

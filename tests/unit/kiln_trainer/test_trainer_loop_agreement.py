@@ -24,13 +24,6 @@ SPEC = api.ModelSpec.model_validate(
     {"architecture": "small_cnn", "inputShape": [1, 8, 8], "args": {"depth": 3, "width": 4}})
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @dataclasses.dataclass
 class OtherRanks:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import io
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
 from kiln import api, contract
@@ -22,14 +20,6 @@ from kiln_trainer import checkpoint, cli, events, loop
 
 JOB_NAME = "digits-outage"
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models are fastest so, and steady on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

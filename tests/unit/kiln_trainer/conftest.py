@@ -1,4 +1,5 @@
-"""Freezing tests run torch on one thread: the reference process takes the other core."""
+"""The trainer's tests run torch on one intra-op thread: tiny models are fastest so, steady on a
+shared 2-core machine, and the freezing reference process takes the other core."""
 
 from __future__ import annotations
 
