@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import http.server
+import itertools
 import json
+import os
+import random
 import socket
 import threading
 import time
@@ -178,11 +181,28 @@ def wait_until(predicate: Callable[[], T], *, timeout_seconds: float, what: str,
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on now (the caller binds it soon after).
+
+    Drawn below the kernel's ephemeral range (32768-60999), where a port bound to 0 would land,
+    so no outgoing connection can take it between this check and the caller's bind; each pytest
+    worker draws from its own slice so two workers never hand out the same port.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    low = _PORT_BASE + (index % _PORT_SLICES) * _PORT_SLICE
+    for _ in range(_PORT_SLICE):
+        port = low + next(_port_turn) % _PORT_SLICE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: by a server of this worker still running, or another program
+            return port
+    raise AssertionError(f"no free port in {low}-{low + _PORT_SLICE - 1}")
+
+
+_PORT_BASE, _PORT_SLICE, _PORT_SLICES = 12000, 1250, 16  # 12000-31999
+_port_turn = itertools.count(random.randrange(_PORT_SLICE))  # a restarted worker starts elsewhere
 
 
 def serve_text(answer: Callable[[str], tuple[int, bytes]], *, name: str

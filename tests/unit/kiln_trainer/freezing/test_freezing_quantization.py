@@ -132,4 +132,6 @@ def test_torch_ao_deprecations_are_logged_once_and_other_warnings_pass_through(
             warnings.warn("an unrelated problem", UserWarning, stacklevel=1)
     notes = [r.getMessage() for r in caplog.records if "torch.ao deprecation" in r.getMessage()]
     assert notes and len(notes) == len(set(notes)) <= len(quantization.KNOWN_DEPRECATIONS)
-    assert [str(w.message) for w in passed] == ["an unrelated problem"]
+    # a ResourceWarning can come from the garbage collector finishing another test's objects
+    assert [str(w.message) for w in passed
+            if not issubclass(w.category, ResourceWarning)] == ["an unrelated problem"]
