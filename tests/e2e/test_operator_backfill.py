@@ -44,6 +44,8 @@ def backfill_operator(backfill_cluster: emulator.Emulator, zoo: scenario.Zoo,
 
 def _job(name: str, gpus: int | None, *, epochs: int = 1) -> dict[str, Any]:
     job: dict[str, Any] = scenario.tiny_job(name, epochs=epochs, max_samples=200)
+    # Met at the first evaluation: each job trains one epoch, whatever its estimate counts.
+    job["spec"]["target"] = {"metric": "validation_loss", "value": 1000.0}
     job["spec"]["warmStart"] = {"enabled": False}
     job["spec"]["zoo"] = {"register": False}
     if gpus is not None:
@@ -61,7 +63,7 @@ def test_a_short_job_starts_at_once_on_free_gpus_while_a_4_gpu_job_waits(
         "accessKey": zoo.access_key, "secretKey": zoo.secret_key})
     hold = node_kubelet.hold(kubelet.Hold(namespace, "holder-trainer-0"))
     # Many epochs: its estimate, not the hold, keeps the 4-GPU job's reserved start later
-    # than the short job's end.
+    # than the short job's end (the planner counts epochs; the target ends it after one).
     cluster.client.create_job(namespace, _job("holder", 2, epochs=100))
     client.wait_until(hold.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
                       what="the 2-GPU holder to be running (held)", details=operator.log_tail)

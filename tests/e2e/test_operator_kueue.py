@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,18 +100,38 @@ def _wait_pods_ready(cluster: emulator.Emulator, namespace: str, wanted: tuple[s
         timeout_seconds=60, what=f"the Workload's PodsReady to be {wanted}", details=details)
 
 
-@pytest.mark.parametrize("version", kueue.VERSIONS)
 def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
+    zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    _with_kueue(kueue.VERSIONS[0], zoo, operator_args, zoo_secret, tmp_path, _run)
+
+
+@pytest.mark.parametrize("version", kueue.VERSIONS[1:])
+def test_kiln_speaks_an_older_workload_api_through_admission_eviction_and_finish(
     zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
     tmp_path: Path, version: str,
 ) -> None:
+    # What differs between versions is only where the operator reads and writes Workloads:
+    # each kind of write it makes (create, PodsReady, release, Finished) once, in `version`.
+    _with_kueue(version, zoo, operator_args, zoo_secret, tmp_path, _run_briefly)
+
+
+Scenario = Callable[[emulator.Emulator, kubelet.Kubelet, operator_process.OperatorProcess,
+                     scenario.Zoo, str, str], None]
+
+
+def _with_kueue(version: str, zoo: scenario.Zoo, operator_args: list[str],
+                zoo_secret: tuple[str, dict[str, str]], tmp_path: Path, run: Scenario) -> None:
+    """`run` on an emulator serving Kueue's kinds in `version` only, with an operator started
+    with ``--kueue``; then every API call it made must be granted by the Kueue RBAC rules."""
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
     with emulator.Emulator(extra_resources=_kueue_resources(version)) as cluster:
         _two_pools(cluster, version)
         cluster.client.create_secret(namespace, *zoo_secret)
         with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
                                args=[*operator_args, "--kueue"]) as (node, operator):
-            _run(cluster, node, operator, zoo, namespace, version)
+            run(cluster, node, operator, zoo, namespace, version)
         calls = usage.api_calls(cluster.requests)
     granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
     assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
@@ -172,16 +193,68 @@ def test_an_own_models_profiling_pod_runs_only_within_kueues_admission(
             assert len(_workloads(cluster, namespace)) == 1  # one Workload: the job's
 
 
-def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
-         operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str,
-         version: str) -> None:
-    name, plain = "digits-kueue", "digits-plain"
+def _details(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
+             namespace: str) -> Callable[[], str]:
+    """What a timed-out wait shows: the namespace's pods and Workloads, the operator's log."""
 
     def details() -> str:
         shown = [(p["metadata"]["name"], p.get("spec", {}).get("nodeName"),
                   p.get("status", {}).get("phase")) for p in cluster.client.pods(namespace)]
         return f"pods: {shown}\nworkloads: {_workloads(cluster, namespace)}\n" + str(
             operator.log_tail())
+
+    return details
+
+
+def _run_briefly(cluster: emulator.Emulator, node: kubelet.Kubelet,
+                 operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str,
+                 version: str) -> None:
+    """The Workload's whole life in `version` at the least cost: its first trainer is held
+    from its start (it never trains) until Kueue preempts it; the second runs a tiny job."""
+    name = "digits-kueue"
+    details = _details(cluster, operator, namespace)
+    node.hold(kubelet.Hold(namespace, f"{name}-trainer-0"))
+    cluster.client.create_job(namespace, scenario.tiny_job(name))
+    waiting = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: (scenario.condition(job, "Queued") or {}).get("reason")
+        == "WaitingForKueueAdmission", what="waiting for Kueue admission",
+        details=details)
+    (workload,) = client.wait_until(lambda: _workloads(cluster, namespace), timeout_seconds=30,
+                                    what="the job's Workload")
+    assert workload["apiVersion"] == f"{kueue.GROUP}/{version}"  # the version served
+    assert workload["metadata"]["name"] == kueue.workload_name(
+        name, waiting["metadata"]["uid"])
+    assert workload["spec"]["queueName"] == "e2e"
+    assert scenario.pod_creations(cluster, namespace, name) == []
+
+    _admit(cluster, workload)
+    _wait_pods_ready(cluster, namespace, ("True", "Started"), details)
+    (pod,) = cluster.client.pods(namespace, name)
+    assert pod["spec"]["nodeName"] == "cpu-node-b"
+    assert scenario.wait_event(cluster, namespace, name, "AdmittedByKueue")["type"] == "Normal"
+    _evict(cluster, _workloads(cluster, namespace)[0], "Preempted")
+    released = _released(cluster, namespace, name, "Preempted", details)
+    assert _workload_condition(released, "Requeued")["status"] == "True"
+
+    _admit(cluster, released)
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
+    assert done["status"]["attempts"] == 2 and done["status"].get("restarts", 0) == 0
+    assert done["status"]["placement"]["node"] == "cpu-node-b"
+    finished = client.wait_until(
+        lambda: next((w for w in _workloads(cluster, namespace)
+                      if _workload_condition(w, "Finished").get("status") == "True"), None),
+        timeout_seconds=30, what="the Workload to be marked Finished")
+    assert _workload_condition(finished, "Finished")["reason"] == "Succeeded"
+    assert finished["apiVersion"] == f"{kueue.GROUP}/{version}"
+    assert len(_workloads(cluster, namespace)) == 1
+
+
+def _run(cluster: emulator.Emulator, node: kubelet.Kubelet,
+         operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str,
+         version: str) -> None:
+    name, plain = "digits-kueue", "digits-plain"
+    details = _details(cluster, operator, namespace)
 
     # Held once it has a checkpoint, until the eviction stops it; 30 epochs are far more than
     # it trains between two of the kubelet's checks.

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module f
 
 NODES = ("gpu-node-a", "gpu-node-b")
 GPUS_PER_NODE = 2
-START_TIMEOUT_SECONDS = 20  # the test kubelet starts a pod it can schedule at once
+START_TIMEOUT_SECONDS = 10  # the test kubelet starts a pod it can schedule at once
 # The killed gang's budget: far more epochs left after its first checkpoint than it trains
 # between two of the kubelet's checks (every poll), so the kill lands mid-run.
 EPOCHS = 12

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kubesim import client, emulator, kubelet, operator_process, scenario, usage
 
-START_TIMEOUT_SECONDS = 12  # several of the kubelet's ErrImagePull/ImagePullBackOff cycles
+START_TIMEOUT_SECONDS = 6  # several of the kubelet's ErrImagePull/ImagePullBackOff cycles
 
 
 def test_an_unpullable_image_is_reported_once_and_fails_the_job_after_the_start_timeout(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,8 +24,6 @@ from kiln import api, models
 from kiln.models import lora
 from kiln.zoo import records, store
 
-KILN = [sys.executable, "-m", "kiln.cli"]
-DEADLINE_SECONDS = 240.0
 MODEL: dict[str, Any] = {"architecture": "small_cnn", "args": {"depth": 2, "width": 32}, "inputShape": [1, 8, 8]}
 PEFT: dict[str, Any] = {"method": "lora", "rank": 2, "alpha": 4.0, "targetModules": ["blocks.0.0", "head.2"]}
 
@@ -49,11 +45,10 @@ def _lora_job(path: Path, name: str, parent: str) -> Path:
     return job
 
 
-def _run(job: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(job: Path, cwd: Path) -> clirun.Done:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run([*KILN, "run", str(job), "--zoo", "zoo"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
+    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=cwd, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 

@@ -5,16 +5,13 @@ warm and cold side by side; the results table tells a guard's cold start from a 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import clirun
 import yaml
 
 from kiln.zoo import records, store
-
-KILN = [sys.executable, "-m", "kiln.cli"]
 
 
 def _job(path: Path, name: str, blocks: list[int], register: bool = True,
@@ -32,12 +29,11 @@ def _job(path: Path, name: str, blocks: list[int], register: bool = True,
     return path
 
 
-def _kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _kiln(*args: str, cwd: Path) -> clirun.Done:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
-    done = subprocess.run([*KILN, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
+    done = clirun.kiln(*args, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 

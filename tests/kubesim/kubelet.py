@@ -37,9 +37,9 @@ ATTEMPT_LABEL = "kiln.dev/attempt"
 UNPULLABLE = "unpullable"
 # A real kubelet reports ErrImagePull on each failed pull and ImagePullBackOff while it waits
 # to try again; here each cycle of PULL_CYCLE_SECONDS starts with PULL_ERROR_SECONDS of the
-# former.
-PULL_CYCLE_SECONDS = 3.0
-PULL_ERROR_SECONDS = 1.0
+# former (short: a test sees several cycles before a short start timeout).
+PULL_CYCLE_SECONDS = 1.5
+PULL_ERROR_SECONDS = 0.5
 HELD = "held"  # the `pause.Gate` reason of a `Hold`
 METRICS_READ_SECONDS = 5.0
 

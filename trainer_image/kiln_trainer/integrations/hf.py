@@ -16,7 +16,8 @@ from kiln_trainer.integrations import common
 from kiln_trainer.jobcontext import JobContext, job_context
 
 
-class KilnCallback(transformers.TrainerCallback):
+# mypy does not analyse transformers (pyproject.toml: its cost), so the base class is Any.
+class KilnCallback(transformers.TrainerCallback):  # type: ignore[misc]
     """Add to ``Trainer(callbacks=[...])``; `training_arguments` gives the job's settings.
 
     * at the start of training: the zoo parent's weights into the model (`JobContext.warm_start`),
