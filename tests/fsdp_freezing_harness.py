@@ -5,6 +5,7 @@ Spawned by `parallel_harness.run_ranks` (the children import this module by name
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import parallel_harness as harness
@@ -69,6 +70,20 @@ POLICY_SETTINGS = controller.Settings(check_every_steps=1, window=3, tolerance=1
 POLICY_MAX_EPOCHS, POLICY_EPOCHS_AFTER = 400, 10
 
 
+def _let_the_reference_answer(freezer: controller.Freezer) -> None:
+    """Rank 0 waits for its reference worker's unanswered probe (the other rank waits at the
+    next collective): training never waits for it, so on a busy machine hundreds of steps
+    would pass before the first answer; this way the steps to a decision do not depend on the
+    machine's speed."""
+    worker, deadline = freezer.worker, time.monotonic() + REFERENCE_ANSWER_SECONDS
+    while worker is not None and worker.alive and not worker.ready:
+        if not worker.wait(max(0.0, deadline - time.monotonic())):
+            raise AssertionError(f"no answer from the reference in {REFERENCE_ANSWER_SECONDS} s")
+
+
+REFERENCE_ANSWER_SECONDS = 120.0
+
+
 def policy_under_fsdp(ctx: parallel.Context) -> dict[str, Any]:
     """Train small_cnn sharded by FSDP2 with the policy deciding (rank 0's reference process,
     every rank in the probes and refreshes) until a frozen prefix held for
@@ -106,6 +121,7 @@ def policy_under_fsdp(ctx: parallel.Context) -> dict[str, Any]:
                                       for name, p in raw.named_parameters() if id(p) in frozen})
             if frozen_from is not None and len(losses) - frozen_from >= POLICY_EPOCHS_AFTER:
                 break
+            _let_the_reference_answer(freezer)
         grads = [p.grad for p in freezer.partition.params(freezer.boundary)]
     return {"losses": losses, "frozen_from": frozen_from, "steps": steps,
             "events": [(e.kind, e.modules, e.step, e.boundary) for e in freezer.events],
