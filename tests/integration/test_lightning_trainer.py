@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import clirun
 import pytest
+import stopresume
 import yaml
 
 from kiln import contract
@@ -103,19 +103,9 @@ def test_a_lightning_script_checkpoints_on_sigterm_and_resumes_the_epochs_left(
     epochs = 10  # 230 steps: far more than any machine trains between two lines read
     job = _job(tmp_path, "pl-stop", training={"epochs": epochs}, freezing={"enabled": False},
                target={"value": 0.999, "stopAtTarget": False})
-    process = subprocess.Popen([sys.executable, "-m", "train_lightning"], cwd=tmp_path,
-                               env=_env(tmp_path, job), stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    for line in process.stdout:  # stop once the first epoch is evaluated and checkpointed
-        event = contract.from_line(line)
-        if isinstance(event, contract.Progress) and event.evaluated:
-            break
-    process.send_signal(signal.SIGTERM)
-    rest, _ = process.communicate(timeout=DEADLINE_SECONDS)
-    assert process.returncode == 128 + signal.SIGTERM
-    stopped = _infos(_events(rest))
-    assert stopped and stopped[-1].startswith(contract.STOPPED_PREFIX), rest[-2000:]
+    stopresume.stop_after_first_evaluation([sys.executable, "-m", "train_lightning"],
+                                           cwd=tmp_path, env=_env(tmp_path, job),
+                                           timeout=DEADLINE_SECONDS)
     assert (tmp_path / "checkpoints" / "default" / "pl-stop" / "checkpoint.pt").exists()
 
     done = subprocess.run([sys.executable, "-m", "train_lightning"], cwd=tmp_path,

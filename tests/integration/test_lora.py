@@ -1,6 +1,6 @@
-"""LoRA jobs through `kiln run` on the bundled digits: a base model, an adapter trained on it
-(only the adapter stored, naming its base), a second adapter job continuing the first, and
-`kiln zoo export` merging an adapter into its base.
+"""LoRA jobs through `kiln run` on the bundled digits: on a base model (trained by the trainer's
+loop in this process), an adapter (only the adapter stored, naming its base), a second adapter
+job continuing the first, and `kiln zoo export` merging an adapter into its base.
 
 Subprocesses get OMP_NUM_THREADS=1: tiny models train fastest on one thread on 2 cores.
 """
@@ -58,8 +58,12 @@ def _by_job(zoo: store.ObjectStore) -> dict[str, records.ZooRecord]:
 
 
 def test_lora_adapter_registers_on_its_base_continues_and_exports_merged(tmp_path: Path) -> None:
+    from kiln_trainer import loop
+
     zoo = store.DirStore(tmp_path / "zoo")
-    _run(_job(tmp_path / "base.yaml", "digits-base", freezing={"enabled": False}), tmp_path)
+    base_job = _job(tmp_path / "base.yaml", "digits-base", freezing={"enabled": False})
+    loop.main(api.parse_job(yaml.safe_load(base_job.read_text())), zoo_uri=str(zoo.root),
+              checkpoint_dir=tmp_path / "checkpoints", out=io.StringIO(), termination_log=None)
     base = _by_job(zoo)["digits-base"]
     assert base.base is None and base.adapter is None
 
