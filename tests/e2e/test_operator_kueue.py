@@ -4,18 +4,20 @@ No Kueue runs here. The test plays Kueue's part on the emulator: it serves Kueue
 ResourceFlavor kinds, and patches a Workload's status as Kueue's scheduler would (QuotaReserved
 and Admitted with status.admission naming a flavor; Evicted), with waitForPodsReady on: it
 evicts with PodsReadyTimeout a Workload whose PodsReady is not True when it looks. It serves
-one Workload API version, v1beta2 (Kueue's current) or v1beta1 (older releases): the operator
-discovers which and speaks it. Everything
-Kiln does is real: the operator process, its Workload, its pods run by the test kubelet, the zoo
+one Workload API version, v1beta2 (Kueue's current; one operator for two tests) or v1beta1
+(older releases; a briefer run): the operator discovers which and speaks it. Everything Kiln
+does is real: the operator process, its Workload, its pods run by the test kubelet, the zoo
 checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +102,59 @@ def _wait_pods_ready(cluster: emulator.Emulator, namespace: str, wanted: tuple[s
         timeout_seconds=60, what=f"the Workload's PodsReady to be {wanted}", details=details)
 
 
+@dataclasses.dataclass(frozen=True)
+class Kueue:
+    """An emulator serving Kueue's kinds in one API version, its kubelet, and the operator
+    with ``--kueue``."""
+
+    cluster: emulator.Emulator
+    node: kubelet.Kubelet
+    operator: operator_process.OperatorProcess
+    version: str
+
+    def namespace(self, zoo_secret: tuple[str, dict[str, str]]) -> str:
+        """A fresh namespace holding the zoo-credentials Secret."""
+        name = f"kueue-{uuid.uuid4().hex[:6]}"
+        self.cluster.client.create_secret(name, *zoo_secret)
+        return name
+
+
+@contextlib.contextmanager
+def _kueue(version: str, zoo: scenario.Zoo, operator_args: list[str],
+           workdir: Path) -> Iterator[Kueue]:
+    """Kueue's kinds served in `version` only, two pools (`_two_pools`), the operator; once it
+    has stopped, every API call it made must be granted by Kiln's RBAC rules with Kueue's."""
+    with emulator.Emulator(extra_resources=_kueue_resources(version)) as cluster:
+        _two_pools(cluster, version)
+        with scenario.operated(cluster, workdir, env=zoo.operator_env,
+                               args=[*operator_args, "--kueue"]) as (node, operator):
+            yield Kueue(cluster, node, operator, version)
+        _check_rbac(cluster)
+
+
+def _check_rbac(cluster: emulator.Emulator) -> None:
+    calls = usage.api_calls(cluster.requests)
+    granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
+    assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
+
+
+@pytest.fixture(scope="module")
+def current_kueue(zoo: scenario.Zoo, operator_args: list[str],
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue's current Workload API version, shared by this module's tests (a namespace each)."""
+    with _kueue(kueue.VERSIONS[0], zoo, operator_args,
+                tmp_path_factory.mktemp("kueue")) as running:
+        yield running
+
+
+# The tests on `current_kueue` run on one xdist worker, which builds it once.
+@pytest.mark.xdist_group(__name__)
 def test_kueue_admits_and_evicts_while_kiln_places_within_the_admission(
-    zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
-    tmp_path: Path,
+    current_kueue: Kueue, zoo: scenario.Zoo, zoo_secret: tuple[str, dict[str, str]],
 ) -> None:
-    _with_kueue(kueue.VERSIONS[0], zoo, operator_args, zoo_secret, tmp_path, _run)
+    k = current_kueue
+    _run(k.cluster, k.node, k.operator, zoo, k.namespace(zoo_secret), k.version)
+    _check_rbac(k.cluster)  # so far; the fixture checks the rest once the operator stops
 
 
 @pytest.mark.parametrize("version", kueue.VERSIONS[1:])
@@ -113,28 +163,9 @@ def test_kiln_speaks_an_older_workload_api_through_admission_eviction_and_finish
     tmp_path: Path, version: str,
 ) -> None:
     # What differs between versions is only where the operator reads and writes Workloads:
-    # each kind of write it makes (create, PodsReady, release, Finished) once, in `version`.
-    _with_kueue(version, zoo, operator_args, zoo_secret, tmp_path, _run_briefly)
-
-
-Scenario = Callable[[emulator.Emulator, kubelet.Kubelet, operator_process.OperatorProcess,
-                     scenario.Zoo, str, str], None]
-
-
-def _with_kueue(version: str, zoo: scenario.Zoo, operator_args: list[str],
-                zoo_secret: tuple[str, dict[str, str]], tmp_path: Path, run: Scenario) -> None:
-    """`run` on an emulator serving Kueue's kinds in `version` only, with an operator started
-    with ``--kueue``; then every API call it made must be granted by the Kueue RBAC rules."""
-    namespace = f"kueue-{uuid.uuid4().hex[:6]}"
-    with emulator.Emulator(extra_resources=_kueue_resources(version)) as cluster:
-        _two_pools(cluster, version)
-        cluster.client.create_secret(namespace, *zoo_secret)
-        with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
-                               args=[*operator_args, "--kueue"]) as (node, operator):
-            run(cluster, node, operator, zoo, namespace, version)
-        calls = usage.api_calls(cluster.requests)
-    granted = rbac.triples(rbac.RULES + rbac.KUEUE_RULES)
-    assert usage.rbac_pairs(calls) <= granted, sorted(usage.rbac_pairs(calls) - granted)
+    # each kind of call it makes on them (create, watch, PodsReady, release, Finished) once.
+    with _kueue(version, zoo, operator_args, tmp_path) as k:
+        _run_briefly(k.cluster, k.node, k.operator, k.namespace(zoo_secret), version)
 
 
 def _two_pools(cluster: emulator.Emulator, version: str) -> None:
@@ -148,49 +179,44 @@ def _two_pools(cluster: emulator.Emulator, version: str) -> None:
         "metadata": {"name": FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: FLAVOR}}})
 
 
+@pytest.mark.xdist_group(__name__)
 def test_an_own_models_profiling_pod_runs_only_within_kueues_admission(
-    zoo: scenario.Zoo, operator_args: list[str], zoo_secret: tuple[str, dict[str, str]],
-    tmp_path: Path,
+    current_kueue: Kueue, zoo_secret: tuple[str, dict[str, str]],
 ) -> None:
-    namespace, name = f"kueue-{uuid.uuid4().hex[:6]}", "mixer-kueue"
+    cluster, operator = current_kueue.cluster, current_kueue.operator
+    namespace, name = current_kueue.namespace(zoo_secret), "mixer-kueue"
     job = scenario.tiny_job(name, model={
         "entrypoint": "mynets.mixer:mixer", "args": {"dim": 8, "depth": 1},
         "task": "classification", "inputShape": [1, 8, 8]})
     job["spec"]["template"]["env"].append({"name": "PYTHONPATH", "value": str(EXAMPLE)})
-    with emulator.Emulator(extra_resources=_kueue_resources(kueue.VERSIONS[0])) as cluster:
-        _two_pools(cluster, kueue.VERSIONS[0])
-        cluster.client.create_secret(namespace, *zoo_secret)
-        with scenario.operated(cluster, tmp_path, env=zoo.operator_env,
-                               args=[*operator_args, "--kueue"]) as (_node, operator):
 
-            def details() -> str:
-                return f"workloads: {_workloads(cluster, namespace)}\n" + str(
-                    operator.log_tail())
+    def details() -> str:
+        return f"workloads: {_workloads(cluster, namespace)}\n" + str(operator.log_tail())
 
-            cluster.client.create_job(namespace, job)
-            # Before Kueue reserves quota: a Workload, the job waits to be profiled, no pod.
-            (workload,) = client.wait_until(lambda: _workloads(cluster, namespace),
-                                            timeout_seconds=30, what="the job's Workload",
-                                            details=details)
-            waiting = scenario.wait_job(
-                cluster, namespace, name,
-                lambda job: (scenario.condition(job, "Profiled") or {}).get("reason")
-                == "WaitingForKueueAdmission", what="profiling waiting for Kueue",
-                details=details)
-            assert scenario.condition(waiting, "Profiled")["status"] == "Unknown"
-            assert scenario.pod_creations(cluster, namespace, name) == []
+    cluster.client.create_job(namespace, job)
+    # Before Kueue reserves quota: a Workload, the job waits to be profiled, no pod.
+    (workload,) = client.wait_until(lambda: _workloads(cluster, namespace),
+                                    timeout_seconds=30, what="the job's Workload",
+                                    details=details)
+    waiting = scenario.wait_job(
+        cluster, namespace, name,
+        lambda job: (scenario.condition(job, "Profiled") or {}).get("reason")
+        == "WaitingForKueueAdmission", what="profiling waiting for Kueue",
+        details=details)
+    assert scenario.condition(waiting, "Profiled")["status"] == "Unknown"
+    assert scenario.pod_creations(cluster, namespace, name) == []
 
-            # Admitted: profiled on the admitted flavor's node, then it runs there.
-            _admit(cluster, workload)
-            done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
-            assert scenario.condition(done, "Profiled")["reason"] == "ModelProfiled"
-            assert scenario.pod_creations(cluster, namespace, name) == [
-                f"{name}-profile", f"{name}-trainer-0"]
-            profile_pod = cluster.client.get(
-                f"/api/v1/namespaces/{namespace}/pods/{name}-profile")
-            assert profile_pod is not None and profile_pod["spec"]["nodeName"] == "cpu-node-b"
-            assert done["status"]["placement"]["node"] == "cpu-node-b"
-            assert len(_workloads(cluster, namespace)) == 1  # one Workload: the job's
+    # Admitted: profiled on the admitted flavor's node, then it runs there.
+    _admit(cluster, workload)
+    done = scenario.wait_phase(cluster, namespace, name, "Succeeded", details=details)
+    assert scenario.condition(done, "Profiled")["reason"] == "ModelProfiled"
+    assert scenario.pod_creations(cluster, namespace, name) == [
+        f"{name}-profile", f"{name}-trainer-0"]
+    profile_pod = cluster.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}-profile")
+    assert profile_pod is not None and profile_pod["spec"]["nodeName"] == "cpu-node-b"
+    assert done["status"]["placement"]["node"] == "cpu-node-b"
+    assert len(_workloads(cluster, namespace)) == 1  # one Workload: the job's
+    _check_rbac(cluster)  # so far; the fixture checks the rest once the operator stops
 
 
 def _details(cluster: emulator.Emulator, operator: operator_process.OperatorProcess,
@@ -207,7 +233,7 @@ def _details(cluster: emulator.Emulator, operator: operator_process.OperatorProc
 
 
 def _run_briefly(cluster: emulator.Emulator, node: kubelet.Kubelet,
-                 operator: operator_process.OperatorProcess, zoo: scenario.Zoo, namespace: str,
+                 operator: operator_process.OperatorProcess, namespace: str,
                  version: str) -> None:
     """The Workload's whole life in `version` at the least cost: its first trainer is held
     from its start (it never trains) until Kueue preempts it; the second runs a tiny job."""

@@ -68,7 +68,7 @@ def test_pods_reach_only_their_jobs_objects_and_visible_parents(
         operator = operator_process.OperatorProcess(
             cluster, tmp_path / "operator",
             env={**zoo.operator_env, "KILN_OPERATOR_ZOO_POD_ACCESS": "presigned"},
-            args=[*operator_args, "--zoo-access-hours", "0.002"])  # re-signed every 3.6 s
+            args=[*operator_args, "--zoo-access-hours", "0.001"])  # re-signed every 1.8 s
         private = shared = None
         try:
             operator.start()
