@@ -367,6 +367,10 @@ def _serve(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], threads: in
             results.send(_Failed(f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
     finally:
         results.close()
+    # Skip the interpreter's teardown of torch's modules (a spawned child exits through it,
+    # a second and more of CPU while the trainer waits in `close`): nothing is left to flush.
+    logging.shutdown()
+    os._exit(0)
 
 
 def _die_with(trainer_pid: int) -> None:
