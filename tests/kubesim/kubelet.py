@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import contract
-from kubesim import client, pause
+from kubesim import client, pause, zygote
 
 KUBELET_USER_AGENT = "kubesim-kubelet"
 POLL_SECONDS = 0.1
@@ -149,7 +149,7 @@ class RunningPod:
     uid: str
     job: str
     attempt: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | zygote.Process
     log_path: Path
     termination_path: Path
     metrics_port: int
@@ -196,7 +196,8 @@ class Kubelet:
     * run: start the container's command + args as a local process (its own process group) with
       the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
       namespace, as the kubelet does; an optional key it lacks leaves the variable unset), ``fieldRef`` for metadata.name/namespace and status.podIP;
-      ``python`` resolves to this interpreter (its bin directory comes first on PATH);
+      ``python`` resolves to this interpreter (its bin directory comes first on PATH); a
+      ``python -m kiln_trainer`` container is forked from the zygote (`kubesim.zygote`);
     * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
       kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
       when that file is empty and the exit code is not 0;
@@ -244,10 +245,14 @@ class Kubelet:
         work_dir: scratch space; each pod gets ``<namespace>/<pod>/``.
         base_env: environment every container starts from (besides PATH and HOME).
         share: the share of the time pods run; None: ``KUBESIM_TRAINER_SHARE``, else 1.
+        fork_trainers: start ``python -m kiln_trainer`` pods by forking this test process's zygote
+            (`kubesim.zygote`: torch imported once), other commands as processes of their own;
+            None: unless ``KUBESIM_FORK_TRAINERS=0``.
     """
 
     def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None,
-                 share: float | None = None) -> None:
+                 share: float | None = None, fork_trainers: bool | None = None) -> None:
+        self.fork_trainers = zygote.enabled() if fork_trainers is None else fork_trainers
         self.client = client.Client(url, user_agent=KUBELET_USER_AGENT)
         self.work_dir = work_dir
         self.base_env = {"OMP_NUM_THREADS": "1", "LANG": "C.UTF-8", **(base_env or {})}
@@ -473,9 +478,13 @@ class Kubelet:
         mounts = _mount(spec, container, scratch)
         log_path = scratch / "container.log"
         with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+            process: subprocess.Popen[bytes] | zygote.Process
+            if self.fork_trainers and zygote.runs(command):
+                process = zygote.shared().start_pod(command, cwd=scratch, env=env, log=log)
+            else:
+                process = subprocess.Popen(
+                    command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
         gate = pause.Gate(process.pid)  # its process group: start_new_session
         self.throttle.add(gate)
         running = RunningPod(
@@ -757,7 +766,7 @@ def _affinity_node(spec: dict[str, Any]) -> str:
     return str(spec.get("nodeName") or "kubesim-node")
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+def _signal_group(process: subprocess.Popen[bytes] | zygote.Process, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except ProcessLookupError:
