@@ -13,9 +13,11 @@ NOW = datetime.datetime(2025, 3, 1, 12, 0, tzinfo=datetime.UTC)
 
 
 def add(zoo: store.ObjectStore, record_id: str, *, floats: int, days_old: float = 10.0,
-        seed: int | None = None, **changes: Any) -> records.ZooRecord:
+        seed: int | None = None, history: list[dict[str, Any]] | None = None,
+        **changes: Any) -> records.ZooRecord:
     """A record whose weights hold `floats` float32 values (zeros, or random from `seed`),
-    registered `days_old` days before `NOW`, produced by the job ``job-<record_id>``."""
+    registered `days_old` days before `NOW`, produced by the job ``job-<record_id>``, keeping
+    `history` (its run's evaluations) when given."""
     created = (NOW - datetime.timedelta(days=days_old)).strftime("%Y-%m-%dT%H:%M:%SZ")
     fields: dict[str, Any] = {
         "architecture": "small_cnn", "args": {}, "input_shape": (1, 8, 8), "modality": "image",
@@ -25,7 +27,7 @@ def add(zoo: store.ObjectStore, record_id: str, *, floats: int, days_old: float 
     record = records.ZooRecord(id=records.ZooModelId(record_id), **fields)
     weights = (torch.zeros(floats) if seed is None else
                torch.randn(floats, generator=torch.Generator().manual_seed(seed)))
-    return records.write_record(zoo, record, {"w": weights}, {"nodes": []})
+    return records.write_record(zoo, record, {"w": weights}, {"nodes": []}, history=history)
 
 
 def hit(zoo: store.ObjectStore, record_id: str, *, days_ago: float, times: int = 1) -> None:

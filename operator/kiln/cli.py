@@ -312,8 +312,9 @@ def _parser() -> argparse.ArgumentParser:
                           "(PNG, SVG or PDF, by the --out suffix)")
     plot.add_argument("runs", nargs="*", type=Path, metavar="RUN",
                       help="a run's history (.kiln/runs/JOB.metrics.jsonl, its log, or a bare "
-                      "JOB name, looked up in .kiln/runs/); several draw side by side, e.g. "
-                      "warm vs cold")
+                      "JOB name, looked up in .kiln/runs/), else a zoo model id or the job name "
+                      "of a zoo record (a cluster job's curves, stored with its model; see "
+                      "--zoo); several draw side by side, e.g. warm vs cold")
     plot.add_argument("--plan", type=Path, metavar="PLAN.json",
                       help="draw this plan as a Gantt chart instead (`kiln run --slots` "
                       "writes .kiln/runs/run.json)")
@@ -324,6 +325,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="x axis of the curves: training seconds or optimizer steps")
     plot.add_argument("--out", type=Path, required=True, metavar="FILE.png",
                       help="image to write; its suffix picks the format: .png, .svg or .pdf")
+    _zoo_options(plot)
     plot.set_defaults(func=_cmd_plot)
     _cluster_commands(sub)
     return parser
@@ -343,9 +345,11 @@ def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
             figure = plots.sweep_figure(_load_sweep(args.sweep))
         elif args.plan is not None:
             figure = plots.plan_figure(plots.load_plan(args.plan))
-        else:
-            figure = plots.runs_figure(plots.load_runs(args.runs),
-                                       x_key="elapsed_seconds" if args.x == "time" else "step")
+        else:  # the zoo, only for names that are no history file here
+            in_zoo = any(plots.zoo_name(run) is not None for run in args.runs)
+            figure = plots.runs_figure(
+                plots.load_runs(args.runs, zoo=_open_zoo(args) if in_zoo else None),
+                x_key="elapsed_seconds" if args.x == "time" else "step")
         plots.save(figure, args.out)
     except plots.PlotError as exc:
         raise UsageError(str(exc)) from None

@@ -1,6 +1,6 @@
 """`kiln run` as a user runs it: a real `kiln` process that launches real trainer processes on
-the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP), fails clearly,
-stops cleanly on Ctrl-C, and runs several jobs concurrently under a plan (`--slots`).
+the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP) with each run's curves,
+fails clearly, stops cleanly on Ctrl-C, and runs several jobs concurrently under a plan (`--slots`).
 
 Subprocesses get OMP_NUM_THREADS=1: tiny models train fastest on one thread on 2 cores.
 """
@@ -84,6 +84,15 @@ def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path
     plotted = clirun.kiln("plot", ".kiln/runs/digits-a.metrics.jsonl", ".kiln/runs/digits-b.log",
                           "--out", "curves.png", cwd=tmp_path)
     assert plotted.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, plotted.stderr
+    # each model keeps its run's evaluations in the zoo, drawn by model id (a cluster job's way)
+    for name, record in saved.items():
+        kept = records.read_history(store.DirStore(tmp_path / "zoo"), record)
+        ran = runner.read_history(tmp_path / ".kiln" / "runs" / f"{name}.metrics.jsonl")
+        assert [(h["step"], h["validation_accuracy"]) for h in kept] == [
+            (h["step"], pytest.approx(h["validation_accuracy"])) for h in ran]
+    from_zoo = clirun.kiln("plot", saved["digits-b"].id, "--zoo", "zoo", "--out", "zoo.png",
+                           cwd=tmp_path)
+    assert from_zoo.returncode == 0 and (tmp_path / "zoo.png").stat().st_size > 0, from_zoo.stderr
     listing = clirun.kiln("zoo", "ls", "--zoo", "zoo", cwd=tmp_path)
     assert all(r.id in listing.stdout for r in saved.values()), listing.stdout
     query = clirun.kiln("zoo", "query", str(first), "--zoo", "zoo", cwd=tmp_path)

@@ -266,8 +266,34 @@ def test_a_trainer_warm_starts_and_registers_through_its_presigned_access_alone(
     assert (result["parent"], result["zoo_model"]) == (parent.id, OWN), result["warm_start"]
     registered = records.read_record(operator_zoo, OWN)
     assert (registered.parent, registered.provisional) == (parent.id, False)
+    [evaluation] = records.read_history(operator_zoo, registered)  # `kiln plot`'s curve
+    assert evaluation["validation_accuracy"] == result["validation_accuracy"]
     assert list(eviction.hit_times(operator_zoo)) == [parent.id]
     assert operator_zoo.list_keys(records.CHECKPOINTS_PREFIX) == []
+
+
+def test_under_an_older_operators_grants_a_record_is_registered_without_its_history(
+    operator_zoo: store.S3Store, tmp_path: Path,
+) -> None:
+    from kiln import api, models
+    from kiln_trainer import registration, tracking
+
+    grants = access.job_grants("team-b", "digits", uid=UID, record=OWN, now=NOW)
+    older = presigned.Grants.of([(key, verbs) for key, verbs in grants.objects.items()
+                                 if not key.endswith(records.HISTORY_NAME)], record=OWN)
+    pod = _signed(operator_zoo, older, tmp_path / "manifest.json")
+    job = api.parse_job({"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+                         "metadata": {"name": "digits", "namespace": "team-b", "uid": UID},
+                         "spec": {"model": {"architecture": "small_cnn",
+                                            "inputShape": [1, 8, 8]}}})
+    state = tracking.RunState(history=[{"step": 5, "validation_accuracy": 0.5,
+                                        "validation_loss": 1.0}])
+    cold = api.WarmStartDecision(outcome=api.WarmStartOutcome.COLD_EMPTY, reason="empty zoo")
+    assert registration.register_model(pod, job, models.build(job.spec.model), state,
+                                       state.history[-1], cold) == OWN
+    registered = records.verify_record(operator_zoo, OWN)
+    with pytest.raises(store.ObjectNotFound):
+        records.read_history(operator_zoo, registered)
 
 
 def test_a_searching_pods_manifest_keeps_the_newest_records_that_fit_a_secret(

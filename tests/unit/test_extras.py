@@ -1,7 +1,7 @@
 """The base install (no extras) runs `kiln run` and the trainer: in a subprocess whose import
-system refuses the extras' packages (kopf, Pyomo, HiGHS, matplotlib, TensorBoard, jsonschema),
-as an environment without them, the trainer and the CLI import, a job validates, a run is planned
-by the heuristic, and `kiln operator` and `kiln plot` say which extra to install.
+system refuses the extras' packages (kopf, Pyomo, HiGHS, matplotlib, TensorBoard, jsonschema,
+MLflow), as an environment without them, the trainer and the CLI import, a job validates, a run
+is planned by the heuristic, and `kiln operator` and `kiln plot` say which extra to install.
 `make check-extras` does the real thing in clean virtual environments (too slow for CI)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.process
 
-EXTRAS_ONLY = ("kopf", "pyomo", "highspy", "matplotlib", "tensorboard", "jsonschema")
+EXTRAS_ONLY = ("kopf", "pyomo", "highspy", "matplotlib", "tensorboard", "jsonschema", "mlflow")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits-resnet.yaml"
 
 

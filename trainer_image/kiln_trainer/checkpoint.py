@@ -49,6 +49,7 @@ HISTORY_KEY = "history"  # list of evaluation dicts (epoch, step, elapsed_second
 SPEC_KEY = "spec"  # api.to_wire(job.spec) of the run that wrote the checkpoint
 WARM_START_KEY = "warm_start"  # dict: the warm start applied (api.WarmStartDecision)
 ZOO_RECORD_KEY = "zoo_record_id"  # str | None: the job's provisional zoo record
+MLFLOW_RUN_KEY = "mlflow_run_id"  # str | None: the job's MLflow run (absent: none)
 PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (absent: single)
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
@@ -321,6 +322,7 @@ def capture(
         SPEC_KEY: api.to_wire(job.spec),
         WARM_START_KEY: state.warm_start,
         ZOO_RECORD_KEY: state.zoo_record_id,
+        MLFLOW_RUN_KEY: state.mlflow_run_id,
         precision.CHECKPOINT_KEY: amp.state_dict() if amp is not None else {},
         freezing.CHECKPOINT_KEY: freezer.state_dict() if freezer is not None else None,
         USER_KEY: dict(user or {}),
@@ -435,6 +437,7 @@ def restore_training(
         history=list(saved[HISTORY_KEY]),
         warm_start=saved.get(WARM_START_KEY),
         zoo_record_id=saved.get(ZOO_RECORD_KEY),
+        mlflow_run_id=saved.get(MLFLOW_RUN_KEY),
     )
 
 

@@ -33,6 +33,7 @@ from kiln_trainer import (
     data,
     events,
     metrics,
+    mlflow_tracking,
     precision,
     registration,
     runtime,
@@ -130,6 +131,16 @@ def _exit(emit: events.EventWriter, message: str, code: int) -> NoReturn:
     raise SystemExit(code) from None
 
 
+def _failure(error: BaseException | None) -> str:
+    """Why a run ended without a result, in a sentence: the error (what an own loop's exit
+    stood for), or that it was closed before `JobContext.finish`."""
+    if isinstance(error, SystemExit) and error.__context__ is not None:
+        error = error.__context__  # `_exit_as_trainer` turned it into the exit
+    if error is None:
+        return "closed before JobContext.finish(...)"
+    return str(error) or type(error).__name__
+
+
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The module inside DDP (``module``) and ``torch.compile`` (``_orig_mod``) wrappers."""
     while True:
@@ -199,6 +210,7 @@ class JobContext:
         self.job, self.args, self.own_loop = job, args, own_loop
         self._resources = contextlib.ExitStack()  # process group, files, processes, endpoint
         self._previous_handlers: dict[int, Any] = {}
+        self._tracker: mlflow_tracking.Tracker | None = None  # the MLflow run, from `resume`
         try:
             self._set_up(out, termination_log, decided, init_state)
         except BaseException:
@@ -233,6 +245,8 @@ class JobContext:
             out = self._resources.enter_context(open(os.devnull, "w"))  # noqa: SIM115
             termination_log = None
         self.emit = events.EventWriter(out, termination_log=termination_log)
+        # checked now: a job asking for MLflow without the library fails before any work
+        self._mlflow = self.parallel.is_main and mlflow_tracking.enabled(os.environ)
         self.amp = precision.MixedPrecision(spec.training.precision, self.device,
                                             sharded=self.parallel.parallelism == "fsdp")
         if (note := self.amp.device_note()) is not None:
@@ -264,6 +278,7 @@ class JobContext:
         self.data_fingerprint: str | None = None
         self.resumed_from = 0  # epochs done when this process started
         self._freezer: freezing.Freezer | None = None
+        self._copied: list[str] = []  # keys a fresh warm start copied unchanged (for freezing)
         self._model: nn.Module | None = None  # unwrapped
         self._sharded: nn.Module | None = None  # the FSDP-sharded model (Kiln's recipe)
         self._optimizer: torch.optim.Optimizer | None = None
@@ -324,16 +339,19 @@ class JobContext:
             record = api.WarmStartDecision(outcome=api.WarmStartOutcome.INIT_STATE, reason=(
                 f"no warm start: {len(self._init_state)} initial tensors given by the caller"))
         else:  # rank 0 applies the decision and guards it
-            chosen = None
+            chosen, copied = None, set[str]()
             if self.parallel.is_main:
                 guard = (warm.Probe(probe[0], probe[1], loss=loss_fn)
                          if isinstance(probe, tuple) else probe)
                 with self._failing():
                     chosen = warm.warm_start(self.job, model, self.zoo, decided=self.decided,
-                                             probe=guard, data_fingerprint=self.data_fingerprint)
+                                             probe=guard, data_fingerprint=self.data_fingerprint,
+                                             copied=copied)
                 registration.record_parent_hit(self.zoo, chosen)
-            record = api.WarmStartDecision.model_validate(self.parallel.broadcast_object(
-                chosen.model_dump(mode="json") if chosen is not None else None))
+            # every rank's freezer starts from the same copied prefix
+            decided, self._copied = self.parallel.broadcast_object(
+                (chosen.model_dump(mode="json") if chosen is not None else None, sorted(copied)))
+            record = api.WarmStartDecision.model_validate(decided)
         self.warm = record
         self.state.warm_start = record.model_dump(mode="json")
         self.gauges.record_warm_start(record)
@@ -404,10 +422,15 @@ class JobContext:
             tensorboard = board.open_board(os.environ, self.job.name, step=self.state.step)
             if tensorboard is not None:
                 self._resources.callback(tensorboard.close)
+        if self._mlflow and self._tracker is None:
+            self._tracker = mlflow_tracking.open_run(
+                os.environ, self.job, run_id=self.state.mlflow_run_id, decision=self._record())
+            if self._tracker is not None:  # kept in checkpoints: a restart continues the run
+                self.state.mlflow_run_id = self._tracker.run_id
         self._reporter = tracking.Reporter(
             self.emit, self.gauges, self.clock, self.state,
             epochs=self.job.spec.training.epochs, steps_per_epoch=steps_per_epoch,
-            freezer=self._freezer, tensorboard=tensorboard)
+            freezer=self._freezer, tensorboard=tensorboard, mlflow=self._tracker)
         self.gauges.record_training(samples=self.state.samples, steps=self.state.step,
                                     train_loss=None, samples_per_second=0.0)
         self._last_step_seconds = time.perf_counter()
@@ -418,7 +441,9 @@ class JobContext:
         """Egeria's layer freezing for `model` (``spec.freezing``), after `resume`.
 
         The reference process starts from a copy of `model` itself. `trained` then drives the
-        freezer; frozen blocks stop receiving gradients, so backward ends at the boundary.
+        freezer; frozen blocks stop receiving gradients, so backward ends at the boundary. On a
+        fresh start, the front blocks `warm_start` copied unchanged from the parent start
+        frozen or may freeze early (``spec.freezing.transferred``).
 
         Args:
             model: the model being trained.
@@ -444,13 +469,16 @@ class JobContext:
             self.emit.info("freezing off: an own loop under DDP trains every layer (its "
                            "wrapper expects a gradient for each parameter)")
             return None
+        copied = self._copied if self._saved is None else []  # a resumed run keeps its own
         with self.clock.paused():
             if isinstance(probe, data.Splits):
                 self._freezer = freezing_setup.start(self.job, model, probe, self._optimizer,
-                                                     steps_per_epoch, self.emit, self.parallel)
+                                                     steps_per_epoch, self.emit, self.parallel,
+                                                     copied=copied)
             else:
                 self._freezer = freezing_setup.start_for_model(
-                    self.job, model, probe, self._optimizer, steps_per_epoch, self.emit)
+                    self.job, model, probe, self._optimizer, steps_per_epoch, self.emit,
+                    copied=copied)
         if self._freezer is None:
             return None
         self._resources.callback(self._freezer.close)
@@ -581,6 +609,8 @@ class JobContext:
         self.checkpoint()
         self.emit.info(f"{contract.STOPPED_PREFIX} at epoch {self.state.epochs_done + 1}, step "
                        f"{self.state.step}; checkpoint saved to {self.location.describe()}")
+        if self._tracker is not None:
+            self._tracker.stopped(self.location.describe())
         raise Interrupted(self.location.describe())
 
     @property
@@ -637,14 +667,24 @@ class JobContext:
             freezing=self._freezer.summary() if self._freezer is not None else None,
             warm_start_decision=warm_start)
         self.emit.result(result)
+        if self._tracker is not None:
+            self._tracker.succeeded(result.to_json())
         self._finished = True
         self.close()
         return result
 
-    def close(self) -> None:
+    def close(self, *, failure: str | None = None) -> None:
         """Stop the freezer's reference process and the metrics endpoint, close the TensorBoard
-        log, leave the process group, and give the stop signals back to their previous
-        handlers (idempotent)."""
+        log, end an MLflow run still open as failed, leave the process group, and give the stop
+        signals back to their previous handlers (idempotent).
+
+        Args:
+            failure: why the run ends without a result, for the MLflow run; default the error
+                being raised, if any.
+        """
+        if self._tracker is not None and self._tracker.live:
+            # closed while an error propagates (Kiln's recipe, `_failing`): that is the outcome
+            self._tracker.failed(failure or _failure(sys.exc_info()[1]))
         self._resources.close()
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
@@ -652,9 +692,19 @@ class JobContext:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _failing(self) -> contextlib.AbstractContextManager[None]:
-        """An own loop's process exits on what the user must fix; Kiln's recipe raises."""
-        return _exit_as_trainer(self.emit) if self.own_loop else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """An own loop's process exits on what the user must fix (closing the run first, as
+        its loop never will); Kiln's recipe raises."""
+        if not self.own_loop:
+            yield
+            return
+        try:
+            with _exit_as_trainer(self.emit):
+                yield
+        except SystemExit:
+            self.close()
+            raise
 
     def _optimizer_name(self) -> str | None:
         """What a checkpoint says built the optimizer: an own loop's, or the job's (None)."""

@@ -77,14 +77,15 @@ def register_model(
 
     With `record_id` naming this job's provisional record, the new record replaces it under
     the same id, so children that warm-started from it keep a valid parent: the old meta.json
-    is deleted first (the record vanishes at once), then weights, graph and meta.json are
-    written (`records.write_record`), so no reader ever sees a mix of the two.
+    is deleted first (the record vanishes at once), then weights, graph, the evaluation
+    history (`kiln plot MODEL`) and meta.json are written (`records.write_record`), so no
+    reader ever sees a mix of the two.
 
     Args:
         zoo: the zoo store.
         job: the job that trained it (its spec goes in the record).
         raw_model: the unwrapped model (parameter count; its weights unless `weights`).
-        state: the run's position (throughput).
+        state: the run's position (throughput) and evaluation history.
         final: the last evaluation (history entry).
         warm_start: the parent it started from, if any.
         weights: the full state dict to store (FSDP gathers it); default
@@ -145,7 +146,12 @@ def register_model(
         architecture = {"untraceable": str(exc)}
     if replace:
         records.delete_record(zoo, record.id)
-    return records.write_record(zoo, record, weights, architecture).id
+    history_key = records.record_prefix(record.id) + records.HISTORY_NAME
+    # An older operator's presigned grants have no history key: the record goes without it.
+    keep_history = (not isinstance(zoo, presigned.PresignedStore)
+                    or bool(zoo.granted(history_key, "put")))
+    return records.write_record(zoo, record, weights, architecture,
+                                history=state.history if keep_history else None).id
 
 
 def register_provisional(

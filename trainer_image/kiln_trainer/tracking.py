@@ -1,7 +1,8 @@
 """Run tracking: the run's position, the training clock, history and progress reports.
 
 `RunState` is the position a checkpoint carries; `Clock` the training clock; `Reporter` turns
-training stretches and evaluations into history, Prometheus metrics and progress events.
+training stretches and evaluations into history, Prometheus metrics, progress events and, when
+on, TensorBoard scalars and an MLflow run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kiln import api, contract
-from kiln_trainer import board, events, metrics
+from kiln_trainer import board, events, metrics, mlflow_tracking
 
 _log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class RunState:
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     warm_start: dict[str, Any] | None = None  # api.WarmStartDecision, by field name
     zoo_record_id: str | None = None  # its provisional zoo record; the final one reuses it
+    mlflow_run_id: str | None = None  # its MLflow run, continued after a restart
 
     def advance(self, stats: StepStats, *, steps_per_epoch: int) -> None:
         """Count a stretch of training steps; an empty one ends the epoch early."""
@@ -115,14 +117,16 @@ class Clock:
 
 class Reporter:
     """Turns training and evaluation outcomes into history, metrics and progress events (and
-    TensorBoard scalars when given a `board.Board`)."""
+    TensorBoard scalars when given a `board.Board`, an MLflow run's metrics and freezing events
+    when given a `mlflow_tracking.Tracker`)."""
 
     def __init__(self, emit: events.EventWriter, gauges: metrics.MetricsReporter, clock: Clock,
                  state: RunState, *, epochs: int, steps_per_epoch: int,
-                 freezer: Any = None, tensorboard: board.Board | None = None) -> None:
+                 freezer: Any = None, tensorboard: board.Board | None = None,
+                 mlflow: mlflow_tracking.Tracker | None = None) -> None:
         self.emit, self.gauges, self.clock, self.state = emit, gauges, clock, state
         self.freezer = freezer  # a freezing.controller.Freezer, or None
-        self.tensorboard = tensorboard
+        self.tensorboard, self.mlflow = tensorboard, mlflow
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
         self.train_loss: float | None = None
         self.samples_per_second: float | None = None
@@ -144,13 +148,14 @@ class Reporter:
         state.history.append({
             "epoch": state.epochs_done, "epoch_batch": state.epoch_batch, "step": state.step,
             "elapsed_seconds": now, "train_loss": self.train_loss,
-            "validation_accuracy": evaluation.accuracy, "validation_loss": evaluation.loss})
+            "validation_accuracy": evaluation.accuracy, "validation_loss": evaluation.loss,
+            "samples_per_second": self.samples_per_second,
+            "frozen_modules": self.freezer.boundary if self.freezer is not None else None})
         self.gauges.record_validation(accuracy=evaluation.accuracy, loss=evaluation.loss)
         if self.tensorboard is not None:
-            self.tensorboard.evaluation(
-                {**state.history[-1], "samples_per_second": self.samples_per_second,
-                 "frozen_modules": self.freezer.boundary if self.freezer is not None else None},
-                step=state.step)
+            self.tensorboard.evaluation(state.history[-1], step=state.step)
+        if self.mlflow is not None:
+            self.mlflow.evaluation(state.history[-1], step=state.step)
         _log.info("epoch %d step %d: validation accuracy %.4f, loss %.4f (%.1f s)",
                   state.epochs_done, state.step, evaluation.accuracy, evaluation.loss, now)
         if target and state.time_to_target_seconds is None and target_met(target, evaluation):
@@ -169,6 +174,9 @@ class Reporter:
             f"modules frozen, {_share(freezer.partition.backward_flops_fraction(freezer.boundary))}"
             " of backward FLOPs skipped from here")
         self._record_freezing()
+        if self.mlflow is not None:
+            self.mlflow.freezing([e.to_json() for e in freezer.events], freezer.frozen_modules,
+                                 boundary=freezer.boundary, step=event.step)
 
     def _record_freezing(self) -> None:
         if self.freezer is not None:

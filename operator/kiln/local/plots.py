@@ -1,4 +1,5 @@
-"""`kiln plot`: training curves from runs' metric histories, and a placement plan as a Gantt chart.
+"""`kiln plot`: training curves from runs' metric histories (a `kiln run` history file, or the
+one a zoo record keeps), and a placement plan as a Gantt chart.
 
 Figures are drawn off screen (matplotlib's Agg backend) and returned, so callers can save them
 or inspect their axes; this module never shows a window.
@@ -22,6 +23,7 @@ from matplotlib.ticker import MaxNLocator
 
 from kiln import api
 from kiln.local import runner
+from kiln.zoo import records, store
 
 # (history key, axis label) of each curve panel, left to right.
 CURVES = (("train_loss", "train loss"), ("validation_loss", "validation loss (nats)"),
@@ -35,33 +37,94 @@ class PlotError(ValueError):
     """A history or plan file that cannot be plotted; the message names the file and the fix."""
 
 
-def load_runs(paths: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+def load_runs(paths: Sequence[Path], *,
+              zoo: store.ObjectStore | None = None) -> dict[str, list[dict[str, Any]]]:
     """Read runs for `runs_figure`, each named by its file (`digits-a.metrics.jsonl`: digits-a).
 
     A path that is a job name or a job's log resolves to its history beside it, so
     `kiln plot .kiln/runs/digits-a.log` and `.kiln/runs/digits-a` both work; a bare job name
-    (`digits-a`) with no history in the working directory is looked up in `.kiln/runs/`.
+    (`digits-a`) with no history in the working directory is looked up in `.kiln/runs/`, then,
+    given a `zoo`, as a zoo model id or the job name of a zoo record (`zoo_history`): a
+    cluster job's curves are those its trainer stored with its record.
 
     Raises:
-        PlotError: a file is missing, unreadable, or holds no evaluations.
+        PlotError: a file is missing, unreadable, or holds no evaluations; or no zoo record
+            matches, or the one that does keeps no history.
+        store.StoreUnavailable: the zoo could not be read.
     """
     runs: dict[str, list[dict[str, Any]]] = {}
     for given in paths:
         path = history_file(given)
-        name = path.name.removesuffix(".metrics.jsonl")
-        try:
-            history = runner.read_history(path)
-        except OSError as exc:
-            plan = (f"; to draw the plan {given} as a Gantt chart, give --plan {given}"
-                    if given.name.endswith(".json") else "")
-            raise PlotError(f"{given}: cannot read {path} ({exc.strerror or exc}); give a "
-                            "`kiln run` history, e.g. .kiln/runs/JOB.metrics.jsonl, or a job "
-                            f"name{plan}") from None
-        if not history:
-            raise PlotError(f"{path}: holds no evaluations yet; a run writes one line per "
-                            "evaluation (each epoch, and every spec.training.evalEverySteps)")
+        if zoo is not None and (name := zoo_name(given)) is not None:
+            history = zoo_history(zoo, name)
+        else:
+            name, history = path.name.removesuffix(".metrics.jsonl"), _file_history(given, path)
         runs[name if name not in runs else str(path)] = history
     return runs
+
+
+def _file_history(given: Path, path: Path) -> list[dict[str, Any]]:
+    try:
+        history = runner.read_history(path)
+    except OSError as exc:
+        plan = (f"; to draw the plan {given} as a Gantt chart, give --plan {given}"
+                if given.name.endswith(".json") else "")
+        raise PlotError(f"{given}: cannot read {path} ({exc.strerror or exc}); give a "
+                        "`kiln run` history, e.g. .kiln/runs/JOB.metrics.jsonl, a job name or "
+                        f"a zoo model id{plan}") from None
+    if not history:
+        raise PlotError(f"{path}: holds no evaluations yet; a run writes one line per "
+                        "evaluation (each epoch, and every spec.training.evalEverySteps)")
+    return history
+
+
+def zoo_name(given: Path) -> str | None:
+    """`given` as a zoo model id or job name to look up, or None: a path with a folder, a file
+    name (a history, log or job file), or a name whose history is here, is read as a file."""
+    if (given.parent != Path() or given.name.endswith((".metrics.jsonl", ".log", ".json"))
+            or history_file(given).exists()):
+        return None
+    return given.name
+
+
+def zoo_history(zoo: store.ObjectStore, name: str) -> list[dict[str, Any]]:
+    """The evaluations stored with the zoo record `name` (a model id), else with the newest
+    record of the job called `name`.
+
+    Raises:
+        PlotError: no record matches; the job has records in several namespaces; the record
+            keeps no history, or an empty one.
+        store.StoreUnavailable: the zoo could not be read.
+    """
+    record = _find_record(zoo, name)
+    try:
+        history = records.read_history(zoo, record)
+    except store.ObjectNotFound:
+        raise PlotError(f"{name}: zoo model {record.id} keeps no training history (registered "
+                        "by an older trainer, or imported); plot the history its run left "
+                        "(`kiln run` writes .kiln/runs/JOB.metrics.jsonl), or train the job "
+                        "again with this Kiln") from None
+    if not history:
+        raise PlotError(f"{name}: zoo model {record.id} keeps a history without evaluations")
+    return history
+
+
+def _find_record(zoo: store.ObjectStore, name: str) -> records.ZooRecord:
+    try:
+        return records.read_record(zoo, name)
+    except (ValueError, store.ObjectNotFound):  # not an id, or no record of that id
+        pass
+    mine = [r for r in records.list_records(zoo) if r.job_name == name]
+    if not mine:
+        raise PlotError(f"{name}: no `kiln run` history here ({history_file(Path(name))}) and "
+                        f"no zoo model with this id or job name in {zoo.describe()}; give a "
+                        "history file, or a model id or job name from `kiln zoo ls` with the "
+                        "--zoo that holds it")
+    if len({r.namespace for r in mine}) > 1:
+        raise PlotError(f"{name}: jobs of this name in several namespaces registered models "
+                        f"({', '.join(f'{r.id} ({r.namespace})' for r in mine)}); give the "
+                        "model id instead")
+    return max(mine, key=lambda r: r.created_time)
 
 
 def history_file(path: Path) -> Path:

@@ -14,6 +14,7 @@ from kiln.zoo import eviction, presigned, records
 _OWN = ("get", "put", "delete", "head")
 _READ = ("get", "head")
 _FILES = (records.META_NAME, records.GRAPH_NAME, records.WEIGHTS_NAME)
+_OWN_FILES = (*_FILES, records.HISTORY_NAME)  # the history: only `kiln plot` reads it
 
 
 def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
@@ -44,7 +45,7 @@ def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
     entries: list[tuple[str, Iterable[str]]] = [
         (records.checkpoint_key(namespace, job_name, uid), _OWN),
         (records.profile_key(namespace, job_name), ("put",)),
-        *((prefix + name, _OWN) for name in _FILES),
+        *((prefix + name, _OWN) for name in _OWN_FILES),
     ]
     for parent in parents:
         entries += [(records.record_prefix(parent) + name, _READ) for name in _FILES]

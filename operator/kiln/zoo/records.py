@@ -15,7 +15,7 @@ import logging
 import re
 import secrets
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, NewType
 
 import pydantic
@@ -419,6 +419,7 @@ if TYPE_CHECKING:
 # Layout, one folder per model (ids look like ``small_resnet-7f3c2a1b``):
 #     models/<id>/weights.safetensors   the state dict, safetensors format (never pickle)
 #     models/<id>/graph.json            the model's architecture graph, as JSON
+#     models/<id>/history.jsonl         its evaluations, one JSON object a line (optional)
 #     models/<id>/meta.json             the `ZooRecord` as JSON, written LAST
 #     checkpoints/<namespace>/<job>/<uid>/checkpoint.pt   trainer checkpoints share the store
 #         (a job on the cluster, by its uid: a job created again under its name is a new job;
@@ -429,6 +430,7 @@ if TYPE_CHECKING:
 MODELS_PREFIX = "models/"
 WEIGHTS_NAME = "weights.safetensors"
 GRAPH_NAME = "graph.json"
+HISTORY_NAME = "history.jsonl"  # the trainer's evaluations: the curves `kiln plot` draws
 CHECKPOINTS_PREFIX = "checkpoints/"
 CHECKPOINT_NAME = "checkpoint.pt"
 PROFILES_PREFIX = "profiles/"
@@ -484,14 +486,18 @@ def write_record(
     record: ZooRecord,
     weights: Mapping[str, torch.Tensor],
     graph: Mapping[str, Any],
+    *,
+    history: Sequence[Mapping[str, Any]] | None = None,
 ) -> ZooRecord:
-    """Add a model to the zoo: weights, then graph, then meta.json last.
+    """Add a model to the zoo: weights, then graph (and history), then meta.json last.
 
     Args:
         zoo: the store.
         record: the metadata; `weights_sha256` may be empty (filled in here).
         weights: the state dict, name -> tensor (any device; copied to CPU).
         graph: the warm-start graph as a JSON-serializable dict.
+        history: the training run's evaluations (step, losses, accuracy, training seconds...),
+            kept as `HISTORY_NAME` for `read_history`; None: the record has none.
 
     Returns:
         The record as stored, with `weights_sha256` set.
@@ -520,10 +526,18 @@ def write_record(
         raise ValueError(f"refusing to write zoo record {record.id}: {exc.problem}") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"zoo record {record.id}: graph is not JSON-serializable: {exc}") from exc
+    try:
+        history_text = ("".join(json.dumps(dict(line)) + "\n" for line in history)
+                        if history is not None else None)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"zoo record {record.id}: history is not JSON-serializable: "
+                         f"{exc}") from exc
     if zoo.exists(prefix + META_NAME):
         raise ValueError(f"zoo record {record.id} already exists in {zoo.describe()}")
     zoo.put_bytes(prefix + WEIGHTS_NAME, data)
     zoo.put_bytes(prefix + GRAPH_NAME, graph_text.encode())
+    if history_text is not None:
+        zoo.put_bytes(prefix + HISTORY_NAME, history_text.encode())
     zoo.put_bytes(prefix + META_NAME, meta.encode())
     return record
 
@@ -572,6 +586,28 @@ def load_weights(zoo: store.ObjectStore, record: ZooRecord) -> dict[str, torch.T
         return safetensors.torch.load(data)
     except (safetensors.SafetensorError, ValueError, RuntimeError) as exc:
         raise CorruptRecord(record.id, f"{WEIGHTS_NAME} is not valid safetensors: {exc}") from exc
+
+
+def read_history(zoo: store.ObjectStore, record: ZooRecord) -> list[dict[str, Any]]:
+    """The evaluations of the run that trained the record (`HISTORY_NAME`), in step order.
+
+    Lines that are not JSON objects with an integer step are skipped.
+
+    Raises:
+        ObjectNotFound: the record keeps no history (registered by an older trainer, or
+            imported).
+        StoreUnavailable: the store failed.
+    """
+    text = zoo.get_bytes(record_prefix(record.id) + HISTORY_NAME).decode("utf-8", "replace")
+    lines = []
+    for row in text.splitlines():
+        try:
+            line = json.loads(row)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("step"), int):
+            lines.append(line)
+    return sorted(lines, key=lambda line: int(line["step"]))
 
 
 def load_graph(zoo: store.ObjectStore, record: ZooRecord) -> dict[str, Any]:

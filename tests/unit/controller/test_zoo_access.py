@@ -60,6 +60,8 @@ def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
         "get", "put", "delete", "head"}
     assert verbs["profiles/team-b/digits.json"] == {"put"}
     assert verbs["models/small_cnn-1f2e3d4c/meta.json"] == {"get", "put", "delete", "head"}
+    assert verbs["models/small_cnn-1f2e3d4c/history.jsonl"] == {"get", "put", "delete", "head"}
+    assert "models/small_cnn-0000aaaa/history.jsonl" not in verbs  # nothing a start reads
     assert verbs["models/small_cnn-0000aaaa/weights.safetensors"] == {"get", "head"}
     assert verbs["models/small_cnn-0000bbbb/graph.json"] == {"get", "head"}
     assert verbs["models/small_cnn-0000bbbb/weights.safetensors"] == {"get", "head"}
@@ -67,7 +69,7 @@ def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
     assert len(hits) == 1 and hits[0].startswith("hits/small_cnn-0000aaaa/20260102T030405Z-")
     assert {k.split("/")[1] for k in verbs if k.startswith(records.MODELS_PREFIX)} == {
         "small_cnn-1f2e3d4c", "small_cnn-0000aaaa", "small_cnn-0000bbbb"}
-    assert len(verbs) == 12  # 3 own files, checkpoint, profile, 3 + 1 hit, 3 visible
+    assert len(verbs) == 13  # 4 own files, checkpoint, profile, 3 + 1 hit, 3 visible
 
 
 def test_only_records_the_namespace_may_see_get_urls_whatever_the_status_names(

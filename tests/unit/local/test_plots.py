@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+import zoofactory
 from matplotlib import image
 from matplotlib.ticker import MaxNLocator
 from rich.console import Console
 
 from kiln import cli, contract
 from kiln.local import plots, runner
+from kiln.zoo import store
 
 
 def _progress(step: int, *, accuracy: float, evaluated: bool = True,
@@ -131,6 +133,44 @@ def test_kiln_plot_finds_a_bare_job_name_in_kiln_runs(
     _history(tmp_path / ".kiln" / "runs" / "digits-a.metrics.jsonl", [10, 20])
     code, said = _kiln("plot", "digits-a", "--out", "a.svg")
     assert code == 0 and (tmp_path / "a.svg").read_text(encoding="utf-8").startswith("<?xml"), said
+
+
+def test_kiln_plot_draws_the_history_a_zoo_record_keeps_by_model_id_or_job_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no .kiln/runs here: a cluster job's curves are in the zoo
+    history = runner.read_history(_history(tmp_path / "h.metrics.jsonl", [10, 20, 30], frozen=1))
+    zoo = store.DirStore(tmp_path / "zoo")
+    zoofactory.add(zoo, "small_cnn-0001", floats=4, history=history, job_name="digits-a")
+    assert plots.load_runs([Path("small_cnn-0001"), Path("digits-a")], zoo=zoo) == {
+        "small_cnn-0001": history, "digits-a": history}
+    code, said = _kiln("plot", "small_cnn-0001", "--zoo", "zoo", "--out", "a.png")
+    assert code == 0, said
+    assert image.imread(tmp_path / "a.png").shape[:2] == (400, 4 * 450)  # with the frozen panel
+    code, said = _kiln("plot", "digits-a", "--zoo", "zoo", "--out", "b.png")
+    assert code == 0 and (tmp_path / "b.png").stat().st_size > 0, said
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nothing-1234", ("nothing-1234: no `kiln run` history here (.kiln/runs/nothing-1234."
+                      "metrics.jsonl) and no zoo model with this id or job name in")),
+    ("old-0001", ("old-0001: zoo model old-0001 keeps no training history (registered by an "
+                  "older trainer, or imported)")),
+    ("job-twice", ("jobs of this name in several namespaces registered models (a-0001 "
+                   "(team-a), b-0001 (team-b)); give the model id instead")),
+])
+def test_kiln_plot_of_a_zoo_name_says_what_is_missing_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    zoo = store.DirStore(tmp_path / "zoo")
+    zoofactory.add(zoo, "old-0001", floats=4)  # registered without a history
+    for record_id, namespace in (("a-0001", "team-a"), ("b-0001", "team-b")):
+        zoofactory.add(zoo, record_id, floats=4, job_name="job-twice", namespace=namespace,
+                       history=[{"step": 1, "validation_accuracy": 0.5}])
+    code, said = _kiln("plot", name, "--zoo", "zoo", "--out", "x.png")
+    assert code == 2 and message in " ".join(said.split()), said
+    assert not (tmp_path / "x.png").exists()
 
 
 @pytest.mark.parametrize(("argv", "message"), [

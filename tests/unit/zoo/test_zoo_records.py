@@ -369,6 +369,23 @@ def test_writing_puts_weights_then_graph_then_meta_json_last(tmp_path: Path) -> 
     ]
 
 
+def test_a_history_is_written_before_meta_json_and_read_back_in_step_order(
+        tmp_path: Path) -> None:
+    zoo = RecordingStore(tmp_path)
+    history = [{"step": 20, "validation_accuracy": 0.75}, {"step": 10, "validation_accuracy": 0.5}]
+    written = records.write_record(zoo, _record(), _weights(), {"nodes": []}, history=history)
+    prefix = "models/small_resnet-0badc0de/"
+    assert [key for _, key in zoo.calls][-2:] == [prefix + "history.jsonl", prefix + "meta.json"]
+    zoo.inner.put_bytes(prefix + "history.jsonl", zoo.get_bytes(prefix + "history.jsonl")
+                        + b'{"step": 30, "valid')  # a torn line is skipped
+    assert records.read_history(zoo, written) == sorted(history, key=lambda h: h["step"])
+    records.delete_record(zoo, written.id)
+    assert zoo.list_keys("") == []  # the history goes with the record
+    without = records.write_record(zoo, _record(), _weights(), {})
+    with pytest.raises(store.ObjectNotFound):
+        records.read_history(zoo, without)
+
+
 def test_writing_fills_in_the_weights_checksum(tmp_path: Path) -> None:
     zoo = store.DirStore(tmp_path)
     written = records.write_record(zoo, _record(), _weights(), {})

@@ -46,7 +46,7 @@ def batch_size(batch: Any) -> int:
 def refuse(ctx: JobContext, message: str) -> NoReturn:
     """End the run as `JobContext` ends one the user must fix: `contract.EXIT_INVALID`, the
     message on stderr and as the failure event (the operator fails the job, no retry)."""
-    ctx.close()
+    ctx.close(failure=message)
     print(f"kiln_trainer: error: {message}", file=sys.stderr)
     ctx.emit.failure(message)
     raise SystemExit(contract.EXIT_INVALID)
