@@ -296,6 +296,7 @@ def warm_start(
     decided: api.WarmStartDecision | None = None,
     probe: Probe | None = None,
     data_fingerprint: str | None = None,
+    copied: set[str] | None = None,
 ) -> api.WarmStartDecision:
     """Apply the warm-start decision: load the parent's transformed weights into `raw_model`.
 
@@ -315,6 +316,9 @@ def warm_start(
         decided: the decision made upstream; None: decide here (`decision.decide`).
         probe: the guard's batch; None: no guard (the decision is applied as it is).
         data_fingerprint: what this job loaded (`data.Splits.fingerprint`), or None.
+        copied: if given, filled with the child's state_dict keys the kept warm start copied
+            unchanged from its parent (`decision.Applied.unchanged`; layer freezing starts
+            from them); left empty on a cold start.
 
     Returns:
         The decision as applied (its tensor counts those transferred), for the result, the
@@ -329,14 +333,19 @@ def warm_start(
     if decided is None:
         decided = decide(job, zoo)
     if probe is None or decided.parent is None:
-        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint,
-                           "no probe guard")
+        applied = _apply(job, decided, zoo, raw_model)
+        if copied is not None:
+            copied.update(applied.unchanged)
+        return _as_applied(decided, applied, data_fingerprint, "no probe guard")
     cold_state = {k: v.detach().clone() for k, v in raw_model.state_dict().items()}
     try:
         cold = score(raw_model, probe)
     except (RuntimeError, ValueError, IndexError) as exc:  # the model's own checks say why
         _log.warning("warm-start guard skipped: the cold model cannot score the probe (%s)", exc)
-        return _as_applied(decided, _apply(job, decided, zoo, raw_model), data_fingerprint,
+        applied = _apply(job, decided, zoo, raw_model)
+        if copied is not None:
+            copied.update(applied.unchanged)
+        return _as_applied(decided, applied, data_fingerprint,
                            "guard skipped: the cold model cannot score the probe")
     _log.info("warm start: %s", decided.reason)
     steps, training = job.spec.warm_start.probe_steps, job.spec.training
@@ -384,6 +393,8 @@ def warm_start(
             if applied.parent_provisional:
                 lead += f"; {parent} is a provisional record (its job is still training)"
             note = data_note(applied.parent_data, data_fingerprint)
+            if copied is not None:
+                copied.update(applied.unchanged)
             return trial.model_copy(update={
                 "reason": "; ".join([lead, *([note] if note else []), *rejected])})
         rejected.append(f"candidate {parent} (similarity {_fmt(trial.similarity)}) "

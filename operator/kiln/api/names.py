@@ -248,6 +248,12 @@ class CacheMode(enum.StrEnum):
     OFF = "off"
 
 
+class TransferredMode(enum.StrEnum):
+    JUDGE = "judge"  # copied modules may freeze from the first decision, no bootstrap wait
+    FREEZE = "freeze"  # copied modules start frozen at step 0 and thaw on a measured rise
+    IGNORE = "ignore"  # the warm start's copies are treated as any other module
+
+
 class ZooShare(enum.StrEnum):
     PRIVATE = "private"  # only jobs of the record's namespace see it
     SHARED = "shared"  # every namespace sees it

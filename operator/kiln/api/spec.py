@@ -369,6 +369,15 @@ class FreezingSpec(names.ApiModel):
         alias="cacheMemoryMiB",
         description="cacheMemoryMiB: RAM for the cache; beyond it, a memory-mapped file.",
     )
+    transferred: names.TransferredMode = Field(
+        default=names.TransferredMode.IGNORE,
+        description="transferred: what freezing makes of the front modules a warm start copied "
+        "unchanged from its parent (or from imported pretrained weights): ignore (the default: "
+        "as for a cold start), judge (they may freeze at the first decision, without the "
+        "bootstrap wait, judged against the parent's weights as the first reference) or "
+        "freeze (they start frozen at step 0 and thaw when the module behind them measurably "
+        "moves faster).",
+    )
 
 
 class ResourcesSpec(names.ApiModel):

@@ -53,6 +53,8 @@ class Applied:
         metric_name: its name.
         parent_provisional: the parent is a provisional record (its job is still training).
         parent_data: what the parent was trained on (`records.ZooRecord.data_fingerprint`).
+        unchanged: child state_dict keys holding their parent tensor exactly
+            (`transform.TransformResult.unchanged`).
     """
 
     state_dict: dict[str, Tensor] | None
@@ -65,6 +67,7 @@ class Applied:
     metric_name: str | None = None
     parent_provisional: bool = False
     parent_data: str | None = None
+    unchanged: frozenset[str] = frozenset()
 
 
 def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
@@ -318,7 +321,7 @@ def apply(
                    matched_tensors=result.matched_tensors, total_tensors=result.total_tensors,
                    similarity=result.similarity, parent_metric=record.metric_value,
                    metric_name=record.metric_name, parent_provisional=record.provisional,
-                   parent_data=record.data_fingerprint)
+                   parent_data=record.data_fingerprint, unchanged=frozenset(result.unchanged))
 
 
 def pinned_record(zoo: store.ObjectStore, model_id: str, *,

@@ -75,6 +75,8 @@ class TransformResult:
         identity_initialised: child keys (parameters and BN buffers) set to the identity.
         untransferred_fraction: 1 - matched_tensors / total_tensors (1.0 when total is 0).
         transferred_buffers: child buffer keys (BN statistics) copied from the parent.
+        unchanged: child keys (parameters and buffers) holding their parent tensor exactly: same
+            shape, not widened, truncated, padded or perturbed (layer freezing may start there).
         notes: one sentence per special case (head resized, identity skipped, bias dropped).
         similarity: the alignment's similarity in [0, 1].
     """
@@ -86,6 +88,7 @@ class TransformResult:
     identity_initialised: list[str]
     untransferred_fraction: float
     transferred_buffers: list[str] = dataclasses.field(default_factory=list)
+    unchanged: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     similarity: float = 0.0
 
@@ -146,7 +149,8 @@ def transform(
         state_dict=build.state_dict(), matched_tensors=len(matched), total_tensors=total,
         transferred_params=build.params, identity_initialised=build.identity_keys,
         untransferred_fraction=1.0 - len(matched) / total if total else 1.0,
-        transferred_buffers=build.buffers, notes=build.notes, similarity=alignment.similarity)
+        transferred_buffers=build.buffers, unchanged=build.unchanged, notes=build.notes,
+        similarity=alignment.similarity)
 
 
 def warm_start_state(
@@ -483,6 +487,7 @@ class Builder:
         self.params: list[str] = []
         self.buffers: list[str] = []
         self.identity_keys: list[str] = []
+        self.unchanged: list[str] = []
         self.notes: list[str] = []
         self.written: set[str] = set()
 
@@ -501,9 +506,11 @@ class Builder:
             p, c = self._parent(pk, ck), self.child[ck].detach()
             if kind == "norm" and out_map and c.ndim == 1 and len(c) == len(out_map.index) \
                     and len(p) == out_map.parent_width:
-                self._write(ck, p[list(out_map.index)], c_node)
+                self._write(ck, p[list(out_map.index)], c_node,
+                            unchanged=list(out_map.index) == list(range(len(p))))
             elif p.ndim == c.ndim:
-                self._write(ck, _paste(c, p, centre_from=c.ndim), c_node)
+                self._write(ck, _paste(c, p, centre_from=c.ndim), c_node,
+                            unchanged=c.shape == p.shape)
             else:
                 self.notes.append(f"{ck}: parent tensor {pk} has rank {p.ndim}, the child's "
                                   f"{c.ndim}; it keeps the child's init")
@@ -551,7 +558,8 @@ class Builder:
                 scale = weight[p_out:].flatten(1).std(dim=1, unbiased=False) * self.noise_std
                 noise = self._noise((c_out - p_out, *weight.shape[1:]), weight)
                 weight[p_out:] += noise * scale.reshape(-1, *[1] * (c.ndim - 1))
-        self._write(cw_key, weight, c_node)
+        # the parent's tensor itself: no kernel centring, column map or padding, no new rows
+        self._write(cw_key, weight, c_node, unchanged=block is p and c.shape == p.shape)
         if cb_key is not None:
             if pb_key is not None:
                 pb = self._parent(pb_key, cb_key)
@@ -562,7 +570,7 @@ class Builder:
                     bias[:rows] = pb[:rows]
                 else:
                     bias = pb[[k % p_out for k in range(c_out)]]
-                self._write(cb_key, bias, c_node)
+                self._write(cb_key, bias, c_node, unchanged=cb.shape == pb.shape)
             else:  # the parent computes no bias: zero it where the parent's units are
                 bias = self.child[cb_key].detach().clone()
                 bias[: c_out if not head else min(c_out, p_out)] = 0
@@ -605,11 +613,14 @@ class Builder:
         self.written.add(key)
         self.identity_keys.append(key)
 
-    def _write(self, key: str, value: Tensor, node: dict[str, Any]) -> None:
+    def _write(self, key: str, value: Tensor, node: dict[str, Any], *,
+               unchanged: bool) -> None:
         target = self.child[key]
         self.new[key] = value.to(device=target.device, dtype=target.dtype).contiguous()
         self.written.add(key)
         (self.params if key in node.get("params", []) else self.buffers).append(key)
+        if unchanged:  # the parent's tensor as it was (the caller knows from the shapes)
+            self.unchanged.append(key)
 
     def _parent(self, key: str, child_key: str) -> Tensor:
         like = self.child[child_key]

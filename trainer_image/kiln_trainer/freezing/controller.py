@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 import torch
@@ -69,6 +69,7 @@ class Settings:
     bootstrap_steps: int = 0
     phase_lr_ratio: float = 0.5
     plateau_ratio: float = 0.0
+    transferred: str = "ignore"
 
     @classmethod
     def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
@@ -97,7 +98,7 @@ class Settings:
             cache_memory_bytes=f.cache_memory_mib << 20,
             bootstrap_steps=max(schedule.warmup_epochs * steps_per_epoch,
                                 math.ceil(0.1 * training.epochs * steps_per_epoch)),
-            phase_lr_ratio=ratio)
+            phase_lr_ratio=ratio, transferred=f.transferred.value)
 
 
 def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch.Tensor:
@@ -143,7 +144,9 @@ class Freezer:
       the boundary (`partition.Partition.split`), trains only the suffix, feeding it the
       prefix's output computed under ``no_grad`` or read from the `cache.ActivationCache`.
     * Never the head, never more than ``max_frozen_fraction`` of the blocks, nothing before
-      the bootstrap steps (learning-rate warm-up or 10% of the budget) are over.
+      the bootstrap steps (learning-rate warm-up or 10% of the budget) are over but the
+      blocks a warm start copied unchanged (`start_from_transfer`), which may also start
+      frozen.
     * A learning-rate drop to ``phase_lr_ratio`` of the phase's rate starts a new phase (denser
       probes, a fresh reference, a new baseline for the rise test) and keeps the frozen
       prefix. Every block unfreezes only when the first active block's normalised plasticity
@@ -200,6 +203,8 @@ class Freezer:
         self._decision_reason: tuple[int, str] | None = None  # rank 0's last proposal, why
         self._refresh_owed = False  # a proposed change refreshes the reference once, in apply
         self._cycles_since_freeze = settings.patience  # closed cycles since the last freeze
+        # leading blocks a warm start copied unchanged: they may freeze during the bootstrap
+        self.copied = 0
         # Probes need the blocks that may still freeze and the one behind them, not the rest.
         probed = blocks[: self.max_frozen + 2]
         self._extractor = partitions.extractor(model, probed)
@@ -416,10 +421,12 @@ class Freezer:
                    f"{self.settings.patience} cycles")
             self._decision_reason = (0, why)
             return 0
-        if step < self.settings.bootstrap_steps or k >= self.max_frozen \
-                or self._cycles_since_freeze < self.settings.patience:
+        # during the bootstrap only the blocks a warm start copied may freeze: they start
+        # converged, the others still adapt to the new head
+        limit = self.max_frozen if step >= self.settings.bootstrap_steps else self.copied
+        if k >= limit or self._cycles_since_freeze < self.settings.patience:
             return k
-        proposal = self.convergence.prefix(k, self.max_frozen, self._near_free,
+        proposal = self.convergence.prefix(k, limit, self._near_free,
                                            self._shares, MAX_DECISION_SHARE)
         if proposal > k:
             self._decision_reason = (proposal, self.convergence.reason(proposal - 1) or "")
@@ -481,6 +488,37 @@ class Freezer:
             weights = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         if self.worker is not None:
             self.worker.refresh(self._version, weights, self.probe.cpu())
+
+    def start_from_transfer(self, copied: Collection[str]) -> str | None:
+        """Use what a warm start copied: `copied` names the child's state_dict keys that hold
+        their parent's tensor unchanged (`partition.Partition.copied_prefix` finds the leading
+        blocks made of them, at most ``max_frozen``). Per ``settings.transferred``: "freeze"
+        freezes them now (step 0; they thaw on a measured rise, as any frozen prefix), "judge"
+        lets them freeze at the first decision, before the bootstrap is over (the reference
+        of the first cycle is the warm weights, so the parent's); "ignore" does nothing.
+        Call it once, on a fresh start, on every rank alike.
+
+        Returns:
+            What was done, a sentence for the info event; None when nothing was copied or
+            the mode is "ignore".
+        """
+        if not copied or self.settings.transferred == "ignore":
+            return None
+        blocks = self.partition.blocks
+        # one block behind the prefix stays active: the rise test that thaws it watches that one
+        k = self.copied = min(self.partition.copied_prefix(copied), self.max_frozen,
+                              len(blocks) - 2)
+        if not k:
+            return (f"freezing: the warm start copied no front module unchanged ({blocks[0]} "
+                    "was widened, deepened or initialised); every module is judged as usual")
+        said = f"freezing: the warm start copied {', '.join(blocks[:k])} unchanged"
+        if self.settings.transferred == "freeze":
+            self.set_boundary(k, 0, "copied unchanged from the warm start's parent")
+            return (f"{said}: they start frozen, and thaw if {blocks[k]} moves "
+                    f"{convergence.RISE_FACTOR:g}x faster per unit of learning rate than in its "
+                    f"first reference cycle for {self.settings.patience} cycles")
+        return (f"{said}: they are judged from step 0 against the parent's weights and may "
+                f"freeze before the bootstrap ({self.settings.bootstrap_steps} steps) is over")
 
     def _reason(self, proposal: int) -> str:
         if self._decision_reason is not None and self._decision_reason[0] == proposal \
@@ -566,6 +604,8 @@ class Freezer:
             "saved_seconds": round(self.saved_seconds(), 2),
             "reference": str(self.worker.kind) if self.worker is not None else None,
             "reference_cpu_seconds": round(self.worker.cpu_seconds, 2) if self.worker else 0.0,
+            "transferred": {"mode": self.settings.transferred,
+                            "modules": list(self.partition.blocks[:self.copied])},
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -575,7 +615,7 @@ class Freezer:
                 "events": [e.to_json() for e in self.events],
                 "skipped_flops_sum": self._skipped_flops_sum, "steps": self._steps,
                 "phase_start": self.phase_start, "phase_lr": self.phase_lr,
-                "convergence": self.convergence.state_dict()}
+                "copied": self.copied, "convergence": self.convergence.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], *, step: int = 0) -> None:
         """Restore a checkpoint's frozen prefix, phase and convergence state.
@@ -594,6 +634,7 @@ class Freezer:
                              e["reason"]) for e in state.get("events", [])]
         self._skipped_flops_sum = float(state.get("skipped_flops_sum", 0.0))
         self._steps = int(state.get("steps", 0))
+        self.copied = min(int(state.get("copied", 0)), self.max_frozen)
         boundary = min(int(state.get("boundary", 0)), self.max_frozen)
         if boundary:
             self.set_boundary(boundary, step, "resumed from the checkpoint")

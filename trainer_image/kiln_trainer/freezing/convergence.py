@@ -164,10 +164,17 @@ class Convergence:
         Per unit of learning rate, a cycle at a tenth of the rate looks ten times as plastic,
         so a peak taken during a warm-up made every block pass the peak test the moment the
         warm-up ended (measured: a ResNet-20 froze 80% of its blocks at that step and ended
-        2.3 points below full training)."""
+        2.3 points below full training). For the same reason a rise baseline taken at the
+        lower rate is retaken (a prefix frozen at step 0 of a warm-up would otherwise be
+        measured against a baseline no later cycle can exceed threefold)."""
         self._peaks = [0.0 for _ in self.blocks]
         self._streaks = [0 for _ in self.blocks]
         self._phase = [[] for _ in self.blocks]
+        watched = next((i for i, b in enumerate(self._baselines) if b is not None),
+                       self._awaiting)
+        if watched is not None:
+            self._baselines[watched], self._rises[watched] = None, 0
+            self._awaiting = watched
 
     def mark_frozen(self, boundary: int) -> None:
         """A prefix of `boundary` blocks froze: the next block's normalised plasticity, in the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -338,6 +338,23 @@ class Partition:
         """The parameters of the first k blocks (what a frozen prefix of k blocks freezes)."""
         self._check(k, 0, len(self.blocks))
         return [p for group in self._params[:k] for p in group]
+
+    def copied_prefix(self, copied: Collection[str]) -> int:
+        """How many leading blocks (never the head) have every parameter named in `copied`
+        (state_dict keys a warm start copied unchanged from its parent; a tied parameter
+        counts under any of its names). Blocks without parameters carry a prefix on but
+        never end one."""
+        wanted = set(copied)
+        names: dict[int, set[str]] = {}
+        for name, p in self._model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), set()).add(name)
+        prefix = 0
+        for i, group in enumerate(self._params[:-1]):
+            if not all(names.get(id(p), set()) & wanted for p in group):
+                break
+            if group:
+                prefix = i + 1
+        return prefix
 
     def modules(self, k: int) -> list[nn.Module]:
         """The submodules of the first k blocks (to put in eval mode when frozen)."""

@@ -3,6 +3,8 @@ none."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 
@@ -20,12 +22,14 @@ def start(
     steps_per_epoch: int,
     emit: events.EventWriter,
     ctx: parallel.Context | None = None,
+    copied: Collection[str] = (),
 ) -> controller.Freezer | None:
     """The job's `Freezer`, or None, said in an info event: freezing disabled, a run too short
     for a decision, or a model that cannot be partitioned (it then trains unfrozen). Under DDP
     and FSDP rank 0 decides (and runs the reference process); the other ranks follow its
     boundary, and under FSDP take part in its probes and reference refreshes. Call it after
-    FSDP has sharded `raw_model`.
+    FSDP has sharded `raw_model`. `copied`: the state_dict keys a fresh start's warm start
+    copied unchanged (the same on every rank; `Freezer.start_from_transfer`).
     """
     spec, ctx = job.spec, ctx or parallel.Context()
     if not spec.freezing.enabled:
@@ -37,7 +41,8 @@ def start(
     probe = controller.probe_batch(splits.validation,  # type: ignore[arg-type]
                                  settings.probe_batch_size).to(device)
     return _started(job, raw_model, spec.model, probe, settings, optimizer, emit,
-                    num_samples=len(splits.train), ctx=ctx)  # type: ignore[arg-type]
+                    num_samples=len(splits.train), ctx=ctx,  # type: ignore[arg-type]
+                    copied=copied)
 
 
 def start_for_model(
@@ -47,6 +52,7 @@ def start_for_model(
     optimizer: torch.optim.Optimizer,
     steps_per_epoch: int,
     emit: events.EventWriter,
+    copied: Collection[str] = (),
 ) -> controller.Freezer | None:
     """The `Freezer` of an own loop's `model`, or None, said in an info event as for `start`.
 
@@ -60,6 +66,7 @@ def start_for_model(
         optimizer: whose state of re-activated parameters is cleared on unfreeze.
         steps_per_epoch: optimizer steps in one epoch.
         emit: where the info event goes.
+        copied: the state_dict keys a fresh start's warm start copied unchanged.
     """
     spec = job.spec
     if not spec.freezing.enabled:
@@ -69,7 +76,7 @@ def start_for_model(
         return None
     probe = probe[:settings.probe_batch_size].to(next(model.parameters()).device)
     return _started(job, model, None, probe, settings, optimizer, emit, num_samples=0,
-                    ctx=parallel.Context())
+                    ctx=parallel.Context(), copied=copied)
 
 
 def _settings(job: api.TrainingJob, steps_per_epoch: int,
@@ -90,8 +97,9 @@ def _settings(job: api.TrainingJob, steps_per_epoch: int,
 def _started(job: api.TrainingJob, model: nn.Module, model_spec: api.ModelSpec | None,
              probe: torch.Tensor, settings: controller.Settings,
              optimizer: torch.optim.Optimizer, emit: events.EventWriter, *, num_samples: int,
-             ctx: parallel.Context) -> controller.Freezer | None:
-    """The started `Freezer`, announced; None (announced) for a model without blocks."""
+             ctx: parallel.Context, copied: Collection[str]) -> controller.Freezer | None:
+    """The started `Freezer`, announced (and what it makes of the warm start's copies); None
+    (announced) for a model without blocks."""
     try:
         freezer = controller.Freezer(model, model_spec, probe, settings, optimizer=optimizer,
                                      num_samples=num_samples, agree=ctx.broadcast_int,
@@ -108,4 +116,7 @@ def _started(job: api.TrainingJob, model: nn.Module, model_spec: api.ModelSpec |
               f"{settings.check_every_steps} steps ({2 * settings.check_every_steps} later in "
               f"each learning-rate phase), at most {freezer.max_frozen} frozen, "
               f"activation cache {cache}")
+    transfer = freezer.start_from_transfer(copied)
+    if transfer is not None:
+        emit.info(transfer)
     return freezer
