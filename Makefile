@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kiln-installed
+WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test check lint types quick-tests docs install prometheus bench clean check-extras
@@ -40,7 +41,9 @@ demo: $(STAMP)
 # --durations lists the 30 slowest tests at the end, so growth shows.
 TEST_WORKERS ?= 4
 test: $(STAMP) prometheus docs
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests
+	# The suite writes bytecode (and pytest its rewritten test modules) whatever
+	# PYTHONDONTWRITEBYTECODE says: its hundreds of processes then compile each module once.
+	$(WRITE_BYTECODE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests
 
 # The quick tier, for each edit: ruff, import contracts, mypy --strict and the unit tests that
 # start no process and train no model (the `process` and `training` markers), side by side.
@@ -55,7 +58,7 @@ types: $(STAMP)
 	$(VENV)/bin/mypy operator/kiln trainer_image/kiln_trainer
 
 quick-tests: $(STAMP)
-	$(PY) -m pytest -q -m "not process and not training" tests/unit
+	$(WRITE_BYTECODE) $(PY) -m pytest -q -m "not process and not training" tests/unit
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
