@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +33,11 @@ WARM_START_ARTIFACT = "kiln/warm_start.json"
 FREEZING_ARTIFACT = "kiln/freezing.json"
 _PARAM_VALUE_LIMIT = 6000  # MLflow refuses longer param values
 _BATCH = 100  # params or tags per log_batch request, MLflow's limit
+# MLflow's HTTP client retries a request for minutes by default (7 tries, growing backoff, 120 s
+# each); a trainer must not stall that long on a tracker that is down. A user's own setting wins.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
@@ -164,8 +170,10 @@ def open_run(environ: Mapping[str, str], job: api.TrainingJob, *, run_id: str | 
     from mlflow.entities import Param
 
     uri = environ[TRACKING_URI].strip()
-    client = MlflowClient(tracking_uri=uri)
+    for key, value in HTTP_DEFAULTS.items():  # MLflow reads them from the process environment
+        os.environ.setdefault(key, environ.get(key, value))
     try:
+        client = MlflowClient(tracking_uri=uri)  # refuses a malformed URI: a warning too
         if run_id is not None and _has_run(client, run_id):
             client.update_run(run_id, status="RUNNING")
             _log.info("MLflow: continuing run %s at %s", run_id, uri)
@@ -207,7 +215,16 @@ def _experiment(client: Any, environ: Mapping[str, str]) -> str:
     from mlflow.exceptions import MlflowException
 
     if environ.get(EXPERIMENT_ID, "").strip():
-        return environ[EXPERIMENT_ID].strip()
+        wanted = environ[EXPERIMENT_ID].strip()
+        try:
+            return str(client.get_experiment(wanted).experiment_id)
+        except MlflowException as exc:
+            if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
+            raise ValueError(
+                f"{EXPERIMENT_ID}={wanted} names no experiment there; set it to an existing "
+                f"experiment's id, or unset it to log to {EXPERIMENT_NAME} (default "
+                f"{DEFAULT_EXPERIMENT!r}, created when missing)") from None
     name = environ.get(EXPERIMENT_NAME, "").strip() or DEFAULT_EXPERIMENT
     found = client.get_experiment_by_name(name)
     if found is not None:

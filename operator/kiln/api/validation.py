@@ -245,6 +245,16 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"spec.training.lrSchedule.warmupEpochs: must be < epochs {spec.training.epochs} "
             f"(got {sched.warmup_epochs})"
         )
+    transferred = spec.freezing.transferred
+    if transferred != names.TransferredMode.IGNORE and not spec.freezing.enabled:
+        problems.append(
+            f"spec.freezing.transferred: {transferred.value} needs spec.freezing.enabled: true "
+            "(got enabled: false); enable freezing, or leave transferred at ignore")
+    if transferred != names.TransferredMode.IGNORE and spec.training.peft is not None:
+        problems.append(
+            f"spec.freezing.transferred: a LoRA job (spec.training.peft) trains only its "
+            f"adapter, so nothing of it freezes (got {transferred.value}); leave transferred at "
+            "ignore")
     res = spec.resources
     problems += _nodes_problems(res)
     # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,

@@ -164,7 +164,7 @@ def runs_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], *,
     axes = figure.subplots(1, len(panels), sharex=True, squeeze=False)[0]
     for ax, (key, label) in zip(axes, panels, strict=True):
         for name, history in runs.items():
-            xs = [float(line.get(x_key) or 0.0) for line in history]
+            xs = [_number(line.get(x_key) or 0.0) for line in history]
             ys = [_number(line.get(key)) for line in history]
             marker = "o" if len(xs) == 1 else "."  # a lone evaluation is no line
             if key == FROZEN[0]:
@@ -176,7 +176,8 @@ def runs_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], *,
         ax.set_xlabel(X_LABEL if x_key == "elapsed_seconds" else x_key.replace("_", " "))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    at = {float(line.get(x_key) or 0.0) for history in runs.values() for line in history}
+    at = {x for history in runs.values() for line in history
+          if math.isfinite(x := _number(line.get(x_key) or 0.0))}
     if len(at) == 1:  # matplotlib would span a sliver around the one x; show it from 0
         (x,) = at
         axes[0].set_xlim(min(0.0, x), 2 * x if x > 0 else 1.0)

@@ -414,11 +414,11 @@ def read_history(path: Path) -> list[dict[str, Any]]:
         OSError: the file cannot be read.
     """
     kept: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # a torn or foreign file
         for text in f:
             try:
                 line = json.loads(text)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
                 continue
             if not isinstance(line, dict) or not isinstance(line.get("step"), int):
                 continue

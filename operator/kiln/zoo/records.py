@@ -603,7 +603,7 @@ def read_history(zoo: store.ObjectStore, record: ZooRecord) -> list[dict[str, An
     for row in text.splitlines():
         try:
             line = json.loads(row)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # user code wrote it: nested too deep
             continue
         if isinstance(line, dict) and isinstance(line.get("step"), int):
             lines.append(line)

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kiln import cli, contract
 from kiln.local import plots, runner
-from kiln.zoo import store
+from kiln.zoo import records, store
 
 
 def _progress(step: int, *, accuracy: float, evaluated: bool = True,
@@ -206,3 +206,30 @@ def test_a_log_gets_one_plain_line_per_evaluation_a_terminal_gets_none() -> None
             assert "━" not in out.getvalue(), out.getvalue()
             assert lines == [("digits: epoch 2/3 step 10: loss 0.200  val acc 0.500  val loss "
                               "0.500  50 samples/s (2.0 s)")]
+
+
+@pytest.mark.parametrize(("lines", "drawn"), [
+    ('{"step": 1, "elapsed_seconds": "abc", "validation_accuracy": 0.5}\n', True),
+    ('{"step": 1, "elapsed_seconds": [1], "validation_accuracy": {"a": 1}}\n', True),
+    ('{"step": 1, "elapsed_seconds": Infinity, "validation_accuracy": NaN}\n', True),
+    ('{"step": 2, "train_loss": "x", "frozen_modules": "lots"}\n{"step": -5}\n', True),
+    ("[" * 100_000 + "\n", False),  # nested past the JSON reader's depth
+    ('\xff\x00 torn\n{"step": 2', False),
+])
+def test_kiln_plot_of_a_hostile_history_draws_what_it_can_or_says_it_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: str, drawn: bool
+) -> None:
+    """A zoo record's history and a local one are user code's output: never a traceback."""
+    monkeypatch.chdir(tmp_path)
+    zoo = store.DirStore(tmp_path / "zoo")
+    zoofactory.add(zoo, "bad-0001", floats=4, history=[{"step": 1}])
+    (tmp_path / "zoo" / records.record_prefix("bad-0001") / records.HISTORY_NAME).write_text(
+        lines, encoding="latin-1")  # so \xff is a byte no UTF-8 text holds
+    (tmp_path / "bad.metrics.jsonl").write_text(lines, encoding="latin-1")
+    for argv in (["bad-0001", "--zoo", "zoo"], ["bad.metrics.jsonl"]):
+        code, said = _kiln("plot", *argv, "--out", "x.png")
+        if drawn:
+            assert code == 0 and (tmp_path / "x.png").stat().st_size > 0, said
+        else:
+            assert code == 2 and ("without evaluations" in said or "no evaluations" in said), said
+            assert not (tmp_path / "x.png").exists()

@@ -8,11 +8,17 @@ so nothing waits on a worker.
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+import yaml
 from torch import nn
 
-from kiln import api, models
+from kiln import api, cli, models
 from kiln.warmstart import graph, transform
 from kiln_trainer.freezing import controller, convergence, partition
 
@@ -157,3 +163,27 @@ def test_a_prefix_frozen_during_a_warm_up_is_measured_against_the_full_rate() ->
     for _ in range(2):  # layer2 moves 10x as fast as then: a rise a warm-up baseline would hide
         cycle(0.5, scale=1.0)
     assert state.risen(2)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"freezing": {"transferred": "Freeze"}},
+     "spec.freezing.transferred: Input should be 'judge', 'freeze' or 'ignore' (got 'Freeze')"),
+    ({"freezing": {"transferred": 1}}, "spec.freezing.transferred: Input should be"),
+    ({"freezing": {"enabled": False, "transferred": "freeze"}},
+     ("spec.freezing.transferred: freeze needs spec.freezing.enabled: true (got enabled: "
+      "false); enable freezing, or leave transferred at ignore")),
+    ({"freezing": {"transferred": "judge"}, "warmStart": {"parent": "small_cnn-0a0b0c0d"},
+      "training": {"peft": {"rank": 4, "targetModules": ["head.2"]}}},
+     ("spec.freezing.transferred: a LoRA job (spec.training.peft) trains only its adapter, "
+      "so nothing of it freezes (got judge); leave transferred at ignore")),
+])
+def test_kiln_validate_refuses_a_transferred_mode_that_is_wrong_or_can_do_nothing(
+        tmp_path: Path, spec: dict[str, Any], message: str) -> None:
+    doc = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
+           "spec": {"model": {"architecture": "small_cnn", "inputShape": list(SHAPE)}, **spec}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = cli.main(["validate", str(path)])
+    assert code == 2 and message in " ".join(said.getvalue().split()), said.getvalue()
