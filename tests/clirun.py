@@ -39,3 +39,13 @@ def kiln(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> Done:
         stack.enter_context(contextlib.redirect_stderr(err))
         code = cli.main(list(args))
     return Done(code, out.getvalue(), err.getvalue())
+
+
+def kiln_ok(*args: str, cwd: Path) -> Done:
+    """`kiln` as a job's user runs it here: one thread per trainer, line-buffered output, no zoo
+    from the environment (the job or the flags name it); asserts it exited 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("KILN_ZOO", None)
+    done = kiln(*args, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done

@@ -6,7 +6,6 @@ Nothing asserted waits on the reference process: the step-0 freeze needs none.""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,13 @@ def _job(path: Path, name: str, blocks: list[int], freezing: dict[str, Any],
     return path
 
 
-def _kiln(*args: str, cwd: Path) -> clirun.Done:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("KILN_ZOO", None)
-    done = clirun.kiln(*args, cwd=cwd, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def test_the_copied_stages_of_a_warm_started_child_start_frozen(tmp_path: Path) -> None:
-    _kiln("run", str(_job(tmp_path / "p.yaml", "parent", [1, 1, 1], {"enabled": False}, 6)),
+    clirun.kiln_ok("run", str(_job(tmp_path / "p.yaml", "parent", [1, 1, 1], {"enabled": False}, 6)),
           "--zoo", "zoo", cwd=tmp_path)
     # 5 steps an epoch: 8 epochs leave room for the policy's first decision (freezing stays on)
     child = _job(tmp_path / "c.yaml", "child", [1, 1, 1, 1],
                  {"transferred": "freeze", "checkEverySteps": 5}, 8)
-    done = _kiln("run", str(child), "--zoo", "zoo", "-o", "json", cwd=tmp_path)
+    done = clirun.kiln_ok("run", str(child), "--zoo", "zoo", "-o", "json", cwd=tmp_path)
     [result] = json.loads(done.stdout)  # -o json: the results on stdout, the events on stderr
     said = " ".join(done.stderr.split())
     assert f"Warm start from {result['parent']} " in said, said

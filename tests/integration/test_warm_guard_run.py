@@ -4,7 +4,6 @@ warm and cold side by side; the results table tells a guard's cold start from a 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,27 @@ def _job(path: Path, name: str, blocks: list[int], register: bool = True,
     return path
 
 
-def _kiln(*args: str, cwd: Path) -> clirun.Done:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("KILN_ZOO", None)
-    done = clirun.kiln(*args, cwd=cwd, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def test_an_added_stage_is_kept_after_the_probe_steps_where_step_0_refused_it(
         tmp_path: Path) -> None:
-    first = _kiln("run", str(_job(tmp_path / "p.yaml", "parent", [1, 1, 1])), "--zoo", "zoo",
+    first = clirun.kiln_ok("run", str(_job(tmp_path / "p.yaml", "parent", [1, 1, 1])), "--zoo", "zoo",
                   cwd=tmp_path)
     assert "cold (no match)" in first.stdout  # an empty zoo: nothing to start from
     (parent,) = [r.id for r in records.list_records(store.DirStore(tmp_path / "zoo"))]
 
     child = _job(tmp_path / "c.yaml", "child", [1, 1, 1, 1])
-    query = _kiln("zoo", "query", str(child), "--zoo", "zoo", cwd=tmp_path)
+    query = clirun.kiln_ok("zoo", "query", str(child), "--zoo", "zoo", cwd=tmp_path)
     assert f"Candidate parent {parent}: similarity" in query.stdout, query.stdout
     assert "only if its guard accepts it" in query.stdout
 
     # judged on step-0 loss alone, the parent is refused, and the table says by whom
-    alone = _kiln("run", str(_job(tmp_path / "c0.yaml", "step-zero", [1, 1, 1, 1],
+    alone = clirun.kiln_ok("run", str(_job(tmp_path / "c0.yaml", "step-zero", [1, 1, 1, 1],
                                   register=False, probeSteps=0)), "--zoo", "zoo", cwd=tmp_path)
     assert (f"Candidate {parent} (similarity 0.72) rejected by the guard: step-0 probe loss"
             in alone.stdout), alone.stdout
     assert "cold (guard)" in alone.stdout and "cold (no match)" not in alone.stdout
 
     # trained side by side for the default 10 steps, the warm start is ahead and kept
-    done = _kiln("run", str(child), "--zoo", "zoo", cwd=tmp_path)
+    done = clirun.kiln_ok("run", str(child), "--zoo", "zoo", cwd=tmp_path)
     assert (f"Warm start from {parent} (similarity 0.72): guard: after 10 steps warm loss "
             in done.stdout), done.stdout
     assert "(mean of the last 2 on the same batches); step-0 probe loss" in done.stdout
