@@ -14,7 +14,7 @@ from typing import Any
 
 import clirun
 import pytest
-import stopresume
+import scriptrun
 import yaml
 
 from kiln import contract
@@ -46,37 +46,12 @@ def _job(tmp_path: Path, name: str, **spec: Any) -> Path:
     return path
 
 
-def _env(tmp_path: Path, job_file: Path) -> dict[str, str]:
-    """What the operator's pod or `kiln run` gives the trainer container (`contract.Env`)."""
-    (tmp_path / "termination-log").touch()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(EXAMPLE),
-           contract.Env.JOB_FILE.value: str(job_file),
-           contract.Env.ZOO.value: str(tmp_path / "zoo"),
-           contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints"),
-           contract.Env.TERMINATION_LOG.value: str(tmp_path / "termination-log")}
-    env.pop(contract.Env.JOB.value, None)
-    return env
-
-
-def _events(stdout: str) -> list[contract.Event]:
-    return [e for e in map(contract.from_line, stdout.splitlines()) if e is not None]
-
-
-def _infos(events: list[contract.Event]) -> list[str]:
-    return [e.message for e in events if isinstance(e, contract.Info)]
-
-
-def _evaluations(events: list[contract.Event]) -> list[contract.Progress]:
-    return [e for e in events if isinstance(e, contract.Progress) and e.evaluated]
-
-
 def _run(tmp_path: Path, job_file: Path) -> tuple[list[contract.Event], contract.Result]:
     done = subprocess.run([sys.executable, "-m", "train_hf"], cwd=tmp_path,
-                          env=_env(tmp_path, job_file), capture_output=True, text=True,
-                          timeout=DEADLINE_SECONDS, check=False)
+                          env=scriptrun.container_env(tmp_path, job_file, EXAMPLE),
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
     assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
-    events = _events(done.stdout)
+    events = scriptrun.events(done.stdout)
     assert isinstance(events[-1], contract.Result), done.stdout[-2000:]
     return events, events[-1]
 
@@ -86,12 +61,12 @@ def test_an_hf_trainer_script_reports_freezes_and_registers(tmp_path: Path) -> N
     job = _job(tmp_path, "hf-a", training={"epochs": 3}, freezing=FORCED_FREEZING,
                target={"value": 0.99, "stopAtTarget": False})
     events, result = _run(tmp_path, job)
-    evaluations = _evaluations(events)  # one per epoch, with the Trainer's eval metrics
+    evaluations = scriptrun.evaluations(events)  # one per epoch, with the Trainer's eval metrics
     assert [e.epoch for e in evaluations] == [1, 2, 3]
     assert all(e.steps_per_epoch == STEPS_PER_EPOCH for e in evaluations)
     assert evaluations[-1].validation_accuracy == result.validation_accuracy
     assert evaluations[-1].validation_loss == result.validation_loss
-    infos = _infos(events)
+    infos = scriptrun.infos(events)
     assert infos[0].startswith("Cold start"), infos
     assert any(m.startswith("freezing: 5 modules") for m in infos), infos
     assert any(m.startswith("froze model.bert.embeddings") for m in infos), infos
@@ -139,15 +114,17 @@ def test_an_hf_trainer_script_checkpoints_on_sigterm_and_resumes_the_epochs_left
     epochs = 10  # 230 steps: far more than any machine trains between two lines read
     job = _job(tmp_path, "hf-stop", training={"epochs": epochs}, freezing={"enabled": False},
                target={"value": 0.99, "stopAtTarget": False}, model={"args": TINY})
-    stopresume.stop_after_first_evaluation([sys.executable, "-m", "train_hf"], cwd=tmp_path,
-                                           env=_env(tmp_path, job), timeout=DEADLINE_SECONDS)
+    scriptrun.stop_after_first_evaluation([sys.executable, "-m", "train_hf"], cwd=tmp_path,
+                                           env=scriptrun.container_env(tmp_path, job, EXAMPLE),
+                                           timeout=DEADLINE_SECONDS)
     assert (tmp_path / "checkpoints" / "default" / "hf-stop" / "checkpoint.pt").exists()
 
     events, result = _run(tmp_path, job)
-    assert any(m.startswith("resumed from") for m in _infos(events)), _infos(events)
+    infos = scriptrun.infos(events)
+    assert any(m.startswith("resumed from") for m in infos), infos
     resumed = result.resumed_from_epoch
     assert resumed is not None and 1 <= resumed < epochs
     # the Trainer trained the epochs left, each evaluated once; the stopped steps count too
-    assert [e.epoch for e in _evaluations(events)] == list(range(resumed + 1, epochs + 1))
+    assert [e.epoch for e in scriptrun.evaluations(events)] == list(range(resumed + 1, epochs + 1))
     assert result.epochs_run == epochs and result.steps > epochs * STEPS_PER_EPOCH
     assert not (tmp_path / "checkpoints" / "default" / "hf-stop" / "checkpoint.pt").exists()

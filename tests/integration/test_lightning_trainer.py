@@ -15,7 +15,7 @@ from typing import Any
 
 import clirun
 import pytest
-import stopresume
+import scriptrun
 import yaml
 
 from kiln import contract
@@ -37,29 +37,6 @@ def _job(tmp_path: Path, name: str, **spec: Any) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
-
-
-def _env(tmp_path: Path, job_file: Path) -> dict[str, str]:
-    """What the operator's pod or `kiln run` gives the trainer container (`contract.Env`)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(EXAMPLE),
-           contract.Env.JOB_FILE.value: str(job_file),
-           contract.Env.ZOO.value: str(tmp_path / "zoo"),
-           contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints")}
-    env.pop(contract.Env.JOB.value, None)
-    return env
-
-
-def _events(stdout: str) -> list[contract.Event]:
-    return [e for e in map(contract.from_line, stdout.splitlines()) if e is not None]
-
-
-def _infos(events: list[contract.Event]) -> list[str]:
-    return [e.message for e in events if isinstance(e, contract.Info)]
-
-
-def _evaluations(events: list[contract.Event]) -> list[contract.Progress]:
-    return [e for e in events if isinstance(e, contract.Progress) and e.evaluated]
 
 
 def _kiln_run(tmp_path: Path, job_file: Path) -> clirun.Done:
@@ -103,23 +80,25 @@ def test_a_lightning_script_checkpoints_on_sigterm_and_resumes_the_epochs_left(
     epochs = 10  # 230 steps: far more than any machine trains between two lines read
     job = _job(tmp_path, "pl-stop", training={"epochs": epochs}, freezing={"enabled": False},
                target={"value": 0.999, "stopAtTarget": False})
-    stopresume.stop_after_first_evaluation([sys.executable, "-m", "train_lightning"],
-                                           cwd=tmp_path, env=_env(tmp_path, job),
+    scriptrun.stop_after_first_evaluation([sys.executable, "-m", "train_lightning"],
+                                           cwd=tmp_path,
+                                           env=scriptrun.container_env(tmp_path, job, EXAMPLE),
                                            timeout=DEADLINE_SECONDS)
     assert (tmp_path / "checkpoints" / "default" / "pl-stop" / "checkpoint.pt").exists()
 
     done = subprocess.run([sys.executable, "-m", "train_lightning"], cwd=tmp_path,
-                          env=_env(tmp_path, job), capture_output=True, text=True,
-                          timeout=DEADLINE_SECONDS, check=False)
+                          env=scriptrun.container_env(tmp_path, job, EXAMPLE),
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
     assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
-    events = _events(done.stdout)
+    events = scriptrun.events(done.stdout)
     result = events[-1]
     assert isinstance(result, contract.Result), done.stdout[-2000:]
-    assert any(m.startswith("resumed from") for m in _infos(events)), _infos(events)
+    infos = scriptrun.infos(events)
+    assert any(m.startswith("resumed from") for m in infos), infos
     resumed = result.resumed_from_epoch
     assert resumed is not None and 1 <= resumed < epochs
     # Lightning trained the epochs left, each validated once; steps of an epoch cut short by
     # the signal (when it landed within one, not at its end) count too
-    assert [e.epoch for e in _evaluations(events)] == list(range(resumed + 1, epochs + 1))
+    assert [e.epoch for e in scriptrun.evaluations(events)] == list(range(resumed + 1, epochs + 1))
     assert result.epochs_run == epochs and result.steps >= epochs * STEPS_PER_EPOCH
     assert not (tmp_path / "checkpoints" / "default" / "pl-stop" / "checkpoint.pt").exists()

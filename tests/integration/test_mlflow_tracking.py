@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -53,16 +52,19 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_SECONDS
-        while True:
+        def healthy() -> bool:
+            if server.poll() is not None:
+                raise AssertionError(f"mlflow server exited with {server.returncode}: "
+                                     + (folder / "server.log").read_text()[-3000:])
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=5):
-                    break
+                    return True
             except (urllib.error.URLError, OSError):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("mlflow server did not start: "
-                                + (folder / "server.log").read_text()[-3000:])
-                time.sleep(0.5)
+                return False
+
+        kubesim_client.wait_until(
+            healthy, timeout_seconds=SERVER_START_SECONDS, what="the mlflow server to answer",
+            poll_seconds=0.5, details=lambda: (folder / "server.log").read_text()[-3000:])
         yield uri
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # uvicorn's worker is in its process group

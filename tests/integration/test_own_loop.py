@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import clirun
+import scriptrun
 import yaml
 
 from kiln import contract
@@ -42,21 +43,9 @@ def _job(tmp_path: Path, name: str, **spec: Any) -> Path:
 
 
 def _env(tmp_path: Path, job_file: Path) -> dict[str, str]:
-    """What the operator's pod or `kiln run` gives the trainer container (`contract.Env`)."""
-    (tmp_path / "termination-log").touch()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(EXAMPLE),  # the image (or `kiln run`) makes train_loop importable
-           contract.Env.JOB_FILE.value: str(job_file),
-           contract.Env.ZOO.value: str(tmp_path / "zoo"),
-           contract.Env.CHECKPOINTS.value: str(tmp_path / "checkpoints"),
-           contract.Env.TERMINATION_LOG.value: str(tmp_path / "termination-log"),
-           contract.Env.TENSORBOARD_DIR.value: str(tmp_path / "tensorboard")}
-    env.pop(contract.Env.JOB.value, None)
-    return env
-
-
-def _events(stdout: str) -> list[contract.Event]:
-    return [e for e in map(contract.from_line, stdout.splitlines()) if e is not None]
+    """The container's environment (`scriptrun.container_env`) with TensorBoard on."""
+    return scriptrun.container_env(tmp_path, job_file, EXAMPLE, {
+        contract.Env.TENSORBOARD_DIR.value: str(tmp_path / "tensorboard")})
 
 
 def _run(tmp_path: Path, job_file: Path) -> tuple[list[contract.Event], contract.Result]:
@@ -64,13 +53,9 @@ def _run(tmp_path: Path, job_file: Path) -> tuple[list[contract.Event], contract
                           env=_env(tmp_path, job_file), capture_output=True, text=True,
                           timeout=DEADLINE_SECONDS, check=False)
     assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
-    events = _events(done.stdout)
+    events = scriptrun.events(done.stdout)
     assert isinstance(events[-1], contract.Result), done.stdout[-2000:]
     return events, events[-1]
-
-
-def _infos(events: list[contract.Event]) -> list[str]:
-    return [e.message for e in events if isinstance(e, contract.Info)]
 
 
 def test_an_own_loop_reports_registers_and_a_deeper_variant_warm_starts_from_it(
@@ -103,7 +88,7 @@ def test_an_own_loop_freezes_its_front_layers_on_a_longer_run(tmp_path: Path) ->
                target={"metric": "validation_accuracy", "value": 0.9, "stopAtTarget": False},
                freezing={"checkEverySteps": 10}, zoo={"register": False})
     events, result = _run(tmp_path, job)
-    assert any(m.startswith("froze stem") for m in _infos(events)), _infos(events)
+    assert any(m.startswith("froze stem") for m in scriptrun.infos(events)), scriptrun.infos(events)
     assert result.freezing is not None and "stem" in result.freezing["frozen"]
     assert result.epochs_run == 30 and result.zoo_model is None
 
@@ -121,12 +106,13 @@ def test_an_own_loop_checkpoints_on_sigterm_and_resumes(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=DEADLINE_SECONDS)
     assert process.returncode == 128 + signal.SIGTERM
-    stopped = _infos(_events(rest))
+    stopped = scriptrun.infos(scriptrun.events(rest))
     assert stopped and stopped[-1].startswith(contract.STOPPED_PREFIX), rest[-2000:]
     assert (tmp_path / "checkpoints" / "default" / "own-stop" / "checkpoint.pt").exists()
 
     events, result = _run(tmp_path, job)
-    assert any(m.startswith("resumed from") for m in _infos(events)), _infos(events)
+    infos = scriptrun.infos(events)
+    assert any(m.startswith("resumed from") for m in infos), infos
     assert result.epochs_run == 10 and result.steps > 10 * 23  # the stopped steps count too
     assert not (tmp_path / "checkpoints" / "default" / "own-stop" / "checkpoint.pt").exists()
 
@@ -139,12 +125,12 @@ def test_an_own_loop_under_torchrun_trains_with_ddp_through_the_same_context(
                            str(SCRIPT)], cwd=tmp_path, env=_env(tmp_path, job),
                           capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False)
     assert done.returncode == contract.EXIT_OK, done.stderr[-3000:]
-    events = _events(done.stdout)  # rank 0 alone speaks
+    events = scriptrun.events(done.stdout)  # rank 0 alone speaks
     results = [e for e in events if isinstance(e, contract.Result)]
     assert len(results) == 1 and events[-1] is results[0], done.stdout[-2000:]
     assert results[0].steps == 3 * 23 and results[0].epochs_run == 3  # global batches
     # the context saw both ranks: it says why the layers stay unfrozen under DDP
-    assert any(m.startswith("freezing off: an own loop under DDP") for m in _infos(events))
+    assert any(m.startswith("freezing off: an own loop under DDP") for m in scriptrun.infos(events))
     (record,) = records.list_records(store.DirStore(tmp_path / "zoo"))  # rank 0's, once
     assert record.id == results[0].zoo_model and record.entrypoint == "train_loop:mlp"
 
