@@ -1,11 +1,12 @@
 """Moving running jobs under the real operator: a job grows into a GPU another workload freed,
 by checkpoint-restart, resumes from its checkpoint and succeeds; when two more GPUs free up
-right after, the minimum interval between moves holds it where it is.
+right after, the minimum interval between moves holds it where it is. A job on both GPUs of
+a node shrinks to one so that a short job that arrives starts at once.
 
-A cluster of its own (one node with 4 GPUs; no GPU runs here, the trainers fall back to the
-CPU) and a zoo bucket of its own, holding one record that makes the job's runtime estimate
-scale with GPUs (its recorded throughput is slow) but that warm start never picks (another
-modality). Its own operator, for the resize settings. The test kubelet holds each trainer
+Clusters of their own (one node; no GPU runs here, the trainers fall back to the CPU) and a
+zoo bucket of its own, holding one record that makes the jobs' runtime estimates scale with
+GPUs (its recorded throughput is slow) but that warm start never picks (another modality).
+Operators of their own, for the resize settings. The test kubelet holds each trainer
 (`kubelet.Hold`) while the operator decides, so no verdict depends on how fast it trains.
 """
 
@@ -38,8 +39,13 @@ OPERATOR_ARGS = [
     "--zoo-request-attempts", "1",
     "--resize-min-gain", "2", "--resize-min-interval-seconds", "3600",
     "--resize-restart-seconds", "0.01",
+    "--resize-grow-price", "0",  # the GPUs it grows into are free: no one else is waiting
     "--no-profile-unmeasured",  # the zoo record alone shapes the estimate here
 ]
+SHRINK_NODE = "gpu-node-2"
+# Makespan puts a job alone on every free GPU (its fastest config). Shrinking pays after a
+# 0.01 s restart, and the interval holds the shrunk job where it is once the short job ends.
+SHRINK_ARGS = [*OPERATOR_ARGS, "--placement-objective", "makespan"]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +76,31 @@ def gpu_operator(gpu_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
         gpu_cluster, tmp_path_factory.mktemp("resize-operator"), env=gpu_zoo.operator_env,
         args=["--zoo-uri", gpu_zoo.uri, "--zoo-endpoint", gpu_zoo.endpoint,
               "--zoo-secret", ZOO_SECRET, *OPERATOR_ARGS])
+    running.start()
+    yield running, node_kubelet
+    running.stop()
+    node_kubelet.stop()
+    assert not node_kubelet.errors, node_kubelet.errors
+
+
+@pytest.fixture(scope="module")
+def shrink_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
+    with emulator.Emulator() as running:
+        running.client.create_node(SHRINK_NODE, gpus=2)
+        yield running
+        api_calls |= usage.api_calls(running.requests)
+
+
+@pytest.fixture(scope="module")
+def shrink_operator(shrink_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
+                    tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[tuple[operator_process.OperatorProcess, kubelet.Kubelet]]:
+    node_kubelet = kubelet.Kubelet(shrink_cluster.url, tmp_path_factory.mktemp("shrink-kubelet"))
+    node_kubelet.start()
+    running = operator_process.OperatorProcess(
+        shrink_cluster, tmp_path_factory.mktemp("shrink-operator"), env=gpu_zoo.operator_env,
+        args=["--zoo-uri", gpu_zoo.uri, "--zoo-endpoint", gpu_zoo.endpoint,
+              "--zoo-secret", ZOO_SECRET, *SHRINK_ARGS])
     running.start()
     yield running, node_kubelet
     running.stop()
@@ -184,4 +215,65 @@ def test_a_running_job_grows_once_resumes_from_its_checkpoint_and_does_not_flap(
     assert scenario.pod_creations(gpu_cluster, namespace, name) == [
         f"{name}-trainer-0", f"{name}-trainer-1"]
     result = scenario.termination_result(gpu_cluster, namespace, f"{name}-trainer-1")
+    assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == EPOCHS
+
+
+def test_a_running_job_shrinks_so_that_a_short_job_that_arrives_starts_at_once(
+    shrink_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
+    shrink_operator: tuple[operator_process.OperatorProcess, kubelet.Kubelet],
+) -> None:
+    operator, node_kubelet = shrink_operator
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    shrink_cluster.client.create_secret(namespace, ZOO_SECRET, {
+        "accessKey": gpu_zoo.access_key, "secretKey": gpu_zoo.secret_key})
+    long, short = "digits-long", "digits-short"
+    job = scenario.tiny_job(long, epochs=EPOCHS, max_samples=None)
+    _slow_record(gpu_zoo.store, job)
+    checkpointed = scenario.checkpointed(gpu_zoo, namespace, long)
+
+    def shows_eta(pod: kubelet.RunningPod) -> bool:
+        return bool(scenario.trainer_progress(pod).get("etaSeconds"))
+
+    # The long job's trainer is held with a checkpoint and an ETA while the short job arrives
+    # and the operator decides; its second trainer is held from its start until the short job
+    # is done, so the long job cannot end first, however fast this machine trains.
+    first = node_kubelet.hold(kubelet.Hold(
+        namespace, f"{long}-trainer-0", when=lambda pod: checkpointed(pod) and shows_eta(pod)))
+    second = node_kubelet.hold(kubelet.Hold(namespace, f"{long}-trainer-1"))
+    shrink_cluster.client.create_job(namespace, job)
+    client.wait_until(first.held.is_set, timeout_seconds=scenario.JOB_SECONDS,
+                      what="the long job's trainer to be held", details=operator.log_tail)
+    running = scenario.wait_job(
+        shrink_cluster, namespace, long,
+        lambda doc: scenario.phase(doc) == "Running"
+        and bool(doc["status"].get("progress", {}).get("etaSeconds")),
+        what="the long job running on both GPUs with an ETA", details=operator.log_tail)
+    assert running["status"]["placement"]["gpus"] == 2, operator.log_tail()
+
+    # Both GPUs are taken: the short 1-GPU job waits for the long one to end unless it shrinks.
+    short_job = scenario.tiny_job(short)
+    short_job["spec"]["resources"] = {"gpus": 1}
+    shrink_cluster.client.create_job(namespace, short_job)
+    done = scenario.wait_phase(shrink_cluster, namespace, short, "Succeeded",
+                               details=operator.log_tail)
+    assert done["status"]["placement"]["gpus"] == 1
+    shrunk = scenario.wait_job(shrink_cluster, namespace, long,
+                               lambda doc: doc["status"].get("attempts") == 2,
+                               what="the long job's second attempt", details=operator.log_tail)
+    assert scenario.phase(shrunk) != "Succeeded"  # the short job ran while it was running
+    assert (shrunk["status"]["placement"]["gpus"], shrunk["status"]["placement"]["node"]) == (
+        1, SHRINK_NODE)
+    moved = json.loads(shrunk["metadata"]["annotations"]["kiln.dev/resized"])
+    # predicted to lower the total completion time: the gain is net of the long job's loss
+    assert (moved["from"]["gpus"], moved["to"]["gpus"]) == (2, 1) and moved["gainSeconds"] > 0
+    events = [e for e in shrink_cluster.client.list(f"/api/v1/namespaces/{namespace}/events")
+              if e.get("reason") == "Resized"]
+    assert len(events) == 1 and "Resized (shrink) from 2 to 1 device(s)" in events[0]["message"]
+
+    second.release()
+    finished = scenario.wait_phase(shrink_cluster, namespace, long, "Succeeded",
+                                   details=operator.log_tail)
+    assert finished["status"]["attempts"] == 2 and finished["status"].get("restarts", 0) == 0
+    assert finished["status"]["placement"]["gpus"] == 1  # no grow back: the interval holds it
+    result = scenario.termination_result(shrink_cluster, namespace, f"{long}-trainer-1")
     assert result["resumed_from_epoch"] >= 1 and result["epochs_run"] == EPOCHS

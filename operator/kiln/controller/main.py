@@ -120,6 +120,10 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("resize_min_gain", "a move must save this many times its restart cost (>= 1)"),
     ("resize_min_interval_seconds", "a job that moved moves again only this much later"),
     ("resize_restart_seconds", "restart cost assumed until a job's own is measured"),
+    ("resize_grow_price", ("a move onto more GPUs pays this many seconds of the job's time "
+                           "x the pool's GPUs per extra GPU-second (0: free)")),
+    ("resize_short_job_weight", ("a shrink counts a shorter job's saved wait up to this many "
+                                 "times the shrunk job's seconds (>= 1)")),
     ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),
     ("gpu_type", ("place jobs only on GPU nodes whose --gpu-type-label equals this "
                   "(default: any GPU node)")),
@@ -254,6 +258,9 @@ def _number(kind: type[int | float], name: str) -> Any:
         if name == "resize_min_gain" and value < 1:
             raise argparse.ArgumentTypeError(
                 f"must be at least 1 (a move must save at least its restart cost), got {text}")
+        if name == "resize_short_job_weight" and value < 1:
+            raise argparse.ArgumentTypeError(
+                f"must be at least 1 (1 counts every job's seconds alike), got {text}")
         if name.endswith("_port") and value > 65535:
             raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
         if name in _MAXIMUM and value > _MAXIMUM[name]:

@@ -97,6 +97,11 @@ class Options:
         resize_min_interval_seconds: a job that moved moves again only this many seconds later.
         resize_restart_seconds: restart cost assumed for a job until one of its moves is
             measured (stop to first step after the restart).
+        resize_grow_price: what a move onto more GPUs pays per extra GPU-second, in seconds
+            of the job's own time times the pool's GPUs (`introspect.Policy.grow_price`).
+        resize_short_job_weight: how much more a second of wait that a shrink saves a
+            shorter job may count than a second of the shrunk job's
+            (`introspect.Policy.short_job_weight`).
         cpu_slots_per_node: jobs a GPU-less node runs at once (CPU-only clusters).
         gpu_type: place jobs only on GPU nodes whose `gpu_type_label` equals this (e.g.
             NVIDIA-A100-SXM4-80GB); None: any GPU node.
@@ -178,6 +183,8 @@ class Options:
     resize_min_gain: float = 2.0
     resize_min_interval_seconds: float = 300.0
     resize_restart_seconds: float = 60.0
+    resize_grow_price: float = introspect.Policy.grow_price
+    resize_short_job_weight: float = introspect.Policy.short_job_weight
     cpu_slots_per_node: int = 1
     gpu_type: str | None = None
     gpu_type_label: str = "nvidia.com/gpu.product"
@@ -315,4 +322,6 @@ def resize_policy(options: Options) -> introspect.Policy | None:
         return None
     return introspect.Policy(min_gain=options.resize_min_gain,
                              min_interval_seconds=options.resize_min_interval_seconds,
-                             default_restart_seconds=options.resize_restart_seconds)
+                             default_restart_seconds=options.resize_restart_seconds,
+                             grow_price=options.resize_grow_price,
+                             short_job_weight=options.resize_short_job_weight)

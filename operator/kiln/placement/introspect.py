@@ -29,11 +29,21 @@ class Policy:
             last move, so its measurements settle between moves and nothing flaps.
         default_restart_seconds: restart cost (stop to first step after the restart) of a job
             that has not restarted yet.
+        short_job_weight: at most this many times a second of the shrunk job counts a second
+            of wait a SHRINK saves a shorter queued job: each job's seconds are weighed by
+            1 / its shortest duration (slowdown, as the tail and fairness are judged), capped
+            here so that mean completion time is not traded away (1: plain seconds).
+        grow_price: what a move onto more devices pays for each extra device-second it
+            holds, in seconds of the job's own time times the pool's device count (the
+            planner's `unseen_weight` x `gpu_cost`): devices taken while idle are likely
+            wanted by jobs that arrive, and giving them back costs a restart; 0: free.
     """
 
     min_gain: float = 2.0
     min_interval_seconds: float = 300.0
     default_restart_seconds: float = 60.0
+    short_job_weight: float = 30.0
+    grow_price: float = types.Settings.unseen_weight * types.Settings.gpu_cost
 
     def __post_init__(self) -> None:
         if not self.min_gain >= 1.0:
@@ -41,6 +51,11 @@ class Policy:
         if not self.min_interval_seconds >= 0 or not self.default_restart_seconds >= 0:
             raise ValueError("Policy.min_interval_seconds and default_restart_seconds: must "
                              "be >= 0")
+        if not self.grow_price >= 0:
+            raise ValueError(f"Policy.grow_price: must be >= 0 (got {self.grow_price})")
+        if not self.short_job_weight >= 1.0:
+            raise ValueError(f"Policy.short_job_weight: must be >= 1 (got "
+                             f"{self.short_job_weight})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +202,7 @@ def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
         return []
     # Free devices a waiting job could start on now are theirs, not a running job's.
     claimed = {n for n, f in free.items() if any(need <= f for need in needs.values())}
+    price = policy.grow_price / max(1, sum(n.gpus for n in snapshot.nodes))
     found: list[Move] = []
     for node, spare in free.items():
         own = node == running.node
@@ -202,12 +218,14 @@ def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
                 continue
             after = remaining_at(running, configs, config)
             assert after is not None  # the current count has a config (checked above)
-            saved = now_left - after
+            saved = now_left - after - price * max(
+                0.0, config.gpus * after - running.gpus * now_left)
             kind = MOVE if not own else GROW if config.gpus > running.gpus else SHRINK
             waiting: tuple[str, ...] = ()
             if kind == SHRINK:
                 waiting, saved = _shrink_saving(snapshot, running, node, room - config.gpus,
-                                                needs, saved, restart)
+                                                needs, saved, restart, configs,
+                                                policy.short_job_weight)
             if saved < policy.min_gain * restart or saved - restart <= 0:
                 continue
             found.append(Move(
@@ -219,10 +237,16 @@ def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
 
 
 def _shrink_saving(snapshot: types.Snapshot, running: types.Running, node: str, room: int,
-                   needs: dict[str, int], own_saving: float,
-                   restart: float) -> tuple[tuple[str, ...], float]:
+                   needs: dict[str, int], own_saving: float, restart: float,
+                   configs: tuple[types.Config, ...],
+                   short_job_weight: float) -> tuple[tuple[str, ...], float]:
     """(queued jobs that start in `room` freed devices, time saved net of the shrunk job's
-    loss `-own_saving`); nothing when no waiting job fits there now and nowhere else."""
+    loss `-own_saving`); nothing when no waiting job fits there now and nowhere else.
+
+    A queued job's saved wait counts in the shrunk job's seconds, weighed by the ratio of
+    their shortest durations (at most `short_job_weight`): a minute's wait slows a short job
+    by more than a minute's delay slows a long one."""
+    own = min((c.seconds for c in configs), default=0.0)
     free_now = {n.name: n.gpus for n in snapshot.nodes}
     for r in snapshot.running:
         if r.node in free_now:
@@ -235,8 +259,10 @@ def _shrink_saving(snapshot: types.Snapshot, running: types.Running, node: str, 
             continue
         started.append(queued.name)
         room -= need
+        shortest = min(c.seconds for c in types.candidates(queued))
+        weight = min(short_job_weight, max(1.0, own / shortest)) if shortest > 0 else 1.0
         # It would wait until enough devices free up somewhere; now it waits for the stop.
-        saved += max(0.0, _wait_for(snapshot, need) - restart)
+        saved += weight * max(0.0, _wait_for(snapshot, need) - restart)
     return tuple(started), saved if started else -math.inf
 
 

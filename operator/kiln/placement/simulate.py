@@ -200,7 +200,8 @@ class _Running:
 def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
         name: str = "policy", replan_on_completion: bool = True,
         period_seconds: float | None = None, restart_seconds: float = 0.0,
-        true_remaining: bool = False, replan_after_start: bool = True) -> Result:
+        true_remaining: bool = False, replan_after_start: bool = True,
+        moves: bool = False) -> Result:
     """Replay `jobs` on `nodes` under `policy`.
 
     Like the operator's placement loop, every wake-up re-plans the queued jobs and then
@@ -220,6 +221,9 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
         true_remaining: tell the policy running jobs' true remaining time (kinder than the
             operator, which knows only its estimate and the elapsed time).
         replan_after_start: call the policy again after a round that started jobs.
+        moves: the policy moves running jobs, so it is also called with nothing queued while
+            jobs run (the operator's loop introspects then too: a job grows into GPUs that a
+            completion left idle).
 
     Raises:
         SimulationError: a plan misses or duplicates a queued job, nothing can start, or a
@@ -257,7 +261,7 @@ def run(jobs: Sequence[SimJob], nodes: Sequence[types.Node], policy: Policy, *,
             arrived = pending.pop(0)
             queued[arrived.name] = arrived
             trigger = "arrival"
-        while trigger and queued:
+        while trigger and (queued or moves and running):
             snapshot = types.Snapshot(now, nodes, tuple(
                 types.JobRequest(j.name, j.estimates, j.arrival, j.asked_gpus,
                                  namespace=j.owner, group=j.group)

@@ -50,9 +50,13 @@ def test_every_option_has_a_flag() -> None:
 def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     options = main.options_from_args(main.build_parser().parse_args([
         "--resize-min-gain", "3", "--resize-min-interval-seconds", "120",
-        "--resize-restart-seconds", "20"]))
+        "--resize-restart-seconds", "20", "--resize-grow-price", "0",
+        "--resize-short-job-weight", "4"]))
     assert settings.resize_policy(options) == introspect.Policy(
-        min_gain=3.0, min_interval_seconds=120.0, default_restart_seconds=20.0)
+        min_gain=3.0, min_interval_seconds=120.0, default_restart_seconds=20.0,
+        grow_price=0.0, short_job_weight=4.0)
+    defaults = main.options_from_args(main.build_parser().parse_args([]))
+    assert settings.resize_policy(defaults) == introspect.Policy(default_restart_seconds=60.0)
     off = main.options_from_args(main.build_parser().parse_args(["--no-resize"]))
     assert settings.resize_policy(off) is None
 
@@ -72,6 +76,8 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--gpu-type-label", "bad label!"], "'bad label!' is not a label key"),
     (["--progress-address", "{nope}:{port}"], "unknown fields ['nope']"),
     (["--resize-min-gain", "0.5"], "must be at least 1"),
+    (["--resize-short-job-weight", "0.5"], "must be at least 1"),
+    (["--resize-grow-price", "-1"], "must be 0 or more"),
     (["--gpu-resource", "gpu"], "'gpu' is not an extended resource name"),
     (["--pod-security-context", "runAsNonRoot"], "not JSON"),
     (["--container-security-context", "[1]"], "must be a JSON object"),

@@ -65,7 +65,7 @@ def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
     settings = main.loop_settings(operator_settings.Options(
         placement_interval_seconds=1.0, cpu_slots_per_node=1, max_gpus_per_job=max_gpus,
         placement_use_milp=False, resize_min_gain=2.0, resize_min_interval_seconds=min_interval,
-        resize_restart_seconds=60.0))
+        resize_restart_seconds=60.0, resize_grow_price=0.0))  # GPUs taken while idle: free
     return placement_loop.PlacementLoop(
         client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
         settings=settings, launch=state.launch, publish=_nothing, unplaceable=_nothing,

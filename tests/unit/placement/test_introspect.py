@@ -6,8 +6,9 @@ import pytest
 
 from kiln.placement import introspect, types
 
+# Devices taken while idle are free here (grow_price 0); its own tests price them.
 POLICY = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
-                           default_restart_seconds=60.0)
+                           default_restart_seconds=60.0, grow_price=0.0)
 # A job that scales well: 1000 s on 1 device, 520 s on 2, 280 s on 4.
 SCALING = (types.Config("single", 1, 1000.0), types.Config("ddp", 2, 520.0),
            types.Config("ddp", 4, 280.0))
@@ -100,6 +101,48 @@ def test_restart_cost_is_smoothed_over_measurements() -> None:
     assert introspect.update_restart_cost(40.0, 20.0) == pytest.approx(30.0)
 
 
+def test_a_grow_pays_for_the_device_seconds_it_takes_from_jobs_that_may_arrive() -> None:
+    nodes = (types.Node("a", 8),)
+    priced = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
+                               default_restart_seconds=60.0, grow_price=16.0)
+    # Barely scaling: 2 devices save 20% of its time for 60% more device-seconds.
+    barely = _state(configs=(types.Config("single", 1, 1000.0), types.Config("ddp", 2, 800.0)))
+    running = (types.Running("ns/a", "a", 1, "single", 3000.0),)
+    assert introspect.propose(_snapshot(running, nodes=nodes), {"ns/a": barely}, POLICY)
+    assert introspect.propose(_snapshot(running, nodes=nodes), {"ns/a": barely}, priced) == ()
+    # Scaling well: 4 devices cut its 3000 s to 840 s for 12% more device-seconds (4 x 840 -
+    # 3000 = 360, charged 16 / 8 s each), so it grows, its gain net of that charge.
+    (move,) = introspect.propose(_snapshot(running, nodes=nodes), {"ns/a": _state()}, priced)
+    assert (move.kind, move.gpus) == ("grow", 4)
+    assert move.gain_seconds == pytest.approx(3000 - 840 - 2 * 360 - 60)
+
+
+def test_a_long_job_shrinks_so_a_much_shorter_waiting_job_starts() -> None:
+    # A long job scaling well on 2 devices (1000 s left; 1 device about doubles that) and a
+    # 60-second job that would wait 400 s for another job's device: in plain seconds the
+    # shrink loses (it costs the long job more than the short one waits), but a second of
+    # wait slows the short job far more than a second of delay slows the long one.
+    running = (types.Running("ns/long", "a", 2, "ddp", 1000.0),
+               types.Running("ns/other", "a", 1, "single", 400.0))
+    queued = (types.JobRequest("ns/short", (types.Config("single", 1, 60.0),)),)
+    long_job = _state(configs=(types.Config("single", 1, 20000.0),
+                               types.Config("ddp", 2, 10400.0)), restart_seconds=10.0)
+    plain = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
+                              default_restart_seconds=60.0, short_job_weight=1.0)
+    snapshot = _snapshot(running, queued=queued, nodes=(types.Node("a", 3),))
+    assert introspect.propose(snapshot, {"ns/long": long_job}, plain) == ()
+    (move,) = introspect.propose(snapshot, {"ns/long": long_job}, introspect.Policy(
+        min_gain=2.0, min_interval_seconds=300.0, default_restart_seconds=60.0))
+    assert (move.kind, move.gpus, move.helped) == ("shrink", 1, ("ns/short",))
+    # weight min(30, 10400 / 60) = 30: 30 x (400 - 10) s of wait against its 923 s
+    assert move.gain_seconds == pytest.approx(30 * (400 - 10) - (1000 * 20000 / 10400 - 1000)
+                                              - 10)
+
+
 def test_policy_rejects_a_gain_ratio_below_one() -> None:
     with pytest.raises(ValueError, match="min_gain"):
         introspect.Policy(min_gain=0.5)
+    with pytest.raises(ValueError, match="short_job_weight"):
+        introspect.Policy(short_job_weight=0.5)
+    with pytest.raises(ValueError, match="grow_price"):
+        introspect.Policy(grow_price=-1.0)

@@ -187,6 +187,20 @@ def test_a_move_keeps_progress_and_pays_the_restart() -> None:
     assert [d.snapshot.now for d in result.decisions if d.moves] == [40.0]
 
 
+def test_a_policy_that_moves_jobs_is_called_with_nothing_queued_as_the_operator_is() -> None:
+    # b ends at 10 s with nothing queued: only a policy called then can grow a into its GPU.
+    a = simulate.SimJob("a", (types.Config("single", 1, 100.0), types.Config("ddp", 2, 50.0)))
+    b = simulate.SimJob("b", (types.Config("single", 1, 10.0),))
+    nodes = (types.Node("n0", 2),)
+    still = simulate.run([a, b], nodes, _grow_at(10.0, 2))
+    assert still.restarts == 0 and {r.name: r.end for r in still.jobs}["a"] == 100.0
+    moved = simulate.run([a, b], nodes, _grow_at(10.0, 2), moves=True)
+    assert [(d.trigger, len(d.snapshot.queued), len(d.moves)) for d in moved.decisions
+            if d.moves] == [("completion", 0, 1)]
+    # 10 % done on 1 GPU; the other 90 % of 50 s on 2
+    assert {r.name: r.end for r in moved.jobs}["a"] == pytest.approx(10.0 + 0.9 * 50.0)
+
+
 def test_a_move_that_does_not_fit_is_reported() -> None:
     a = simulate.SimJob("a", (types.Config("single", 1, 100.0), types.Config("ddp", 8, 20.0)))
     b = simulate.SimJob("b", (types.Config("single", 1, 10.0),), arrival=40.0)
