@@ -7,6 +7,7 @@ worker); `s3_bucket` gives each test a fresh bucket name on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import os
@@ -90,6 +91,19 @@ def _answers(port: int) -> bool:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """Start ``python -m moto.server`` on a free port, wait until it answers, stop it after."""
+    with _moto_server(tmp_path_factory) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def second_s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """Another S3 server, beside `s3_server`: data on an endpoint that is not the zoo's."""
+    with _moto_server(tmp_path_factory) as server:
+        yield S3Server(server.endpoint, access_key="second-access", secret_key="second-secret")
+
+
+@contextlib.contextmanager
+def _moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     port = client.free_port()
     log_path = tmp_path_factory.mktemp("moto") / "moto-server.log"
     with log_path.open("wb") as log:

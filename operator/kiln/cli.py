@@ -576,14 +576,16 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         devices = machine.local_devices(args.slots) if len(jobs) > 1 and args.slots != 1 else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    env = {**_zoo_env(args), **python_path}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env |= runner.initialize(jobs, work_dir=work_dir, console=console, env=env)
     if devices is None or devices.count < 2:  # one job or one device: in file order
         outcomes = runner.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
-                                  env={**_zoo_env(args), **python_path})
+                                  env=env)
     else:
         profiled = runplan.profile_jobs(jobs, devices=devices, zoo_uri=args.zoo,
                                         work_dir=work_dir, console=console,
-                                        profile_cache=args.profile_cache,
-                                        env={**_zoo_env(args), **python_path})
+                                        profile_cache=args.profile_cache, env=env)
         try:
             the_plan, configs = runplan.make_plan(jobs, devices=devices, zoo=zoo,
                                                   profile_cache=args.profile_cache,
@@ -594,8 +596,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         output.print_table(console, tables.plan(the_plan, configs, devices))  # before the run
         outcomes = runplan.run_planned(jobs, the_plan=the_plan, configs=configs,
                                        devices=devices, zoo_uri=args.zoo, work_dir=work_dir,
-                                       console=console, env={**_zoo_env(args), **python_path},
-                                       profiled=profiled)
+                                       console=console, env=env, profiled=profiled)
     rows = [{"name": o.name, "architecture": o.architecture, **o.result,
              "placement": dataclasses.asdict(o.placement) if o.placement else None}
             for o in outcomes]

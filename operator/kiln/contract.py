@@ -71,7 +71,26 @@ class Env(enum.StrEnum):
     TENSORBOARD_DIR = "KILN_TENSORBOARD_DIR"  # trainer: write TensorBoard runs under it
     DEVICES = "KILN_DEVICES"  # GPUs (or CPU slots) the pod holds; informational
     TERMINATION_LOG = "KILN_TERMINATION_LOG"  # moves the termination log (test kubelets)
-    DATA_CACHE = "KILN_DATA_CACHE"  # where s3:// datasets are cached (default: a temp folder)
+    DATA_CACHE = "KILN_DATA_CACHE"  # where s3:// sources are cached (default: a temp folder)
+    SOURCES = "KILN_SOURCES"  # the initializer's manifest: each source's local copy
+    SECRETS_DIR = "KILN_SECRETS_DIR"  # folders of Secret keys (<dir>/<secret>/<key>)
+    FORK_TRAINERS = "KILN_FORK_TRAINERS"  # kiln run: "0" starts no trainer from a zygote
+
+
+# The initializer: ``python -m kiln_trainer.initializer`` downloads a job's s3:// sources
+# (spec.model.pretrained.uri, spec.dataset.uri) into the cache and writes the manifest the
+# trainer reads; in a pod it is an init container of the trainer's image.
+INITIALIZER_MODULE = "kiln_trainer.initializer"
+INITIALIZER_CONTAINER = "kiln-initializer"
+SOURCES_DIR = "/var/lib/kiln/sources"  # the pod's emptyDir: the manifest (and cache, unclaimed)
+SOURCES_MANIFEST = "sources.json"
+SOURCE_CACHE_DIR = "/var/cache/kiln"  # spec.initializer.cacheClaim's volume
+SECRETS_DIR = "/var/run/secrets/kiln"  # the initializer's Secrets: <dir>/<secret>/<key>
+
+
+def initializer_command(*, python: str = sys.executable) -> list[str]:
+    """The command that runs the initializer (it reads the job as the trainer does)."""
+    return [python, "-m", INITIALIZER_MODULE]
 
 
 # Under ``--zoo-pod-access presigned`` a pod's KILN_ZOO is ``presigned:<manifest>``: the

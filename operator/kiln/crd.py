@@ -218,7 +218,8 @@ _SEVERAL = ("ddp", "fsdp")
 # free-form maps, whose content CEL cannot see: the operator runs a job on its admitted spec
 # (status.admittedSpec, `api.running_doc`) whatever they say later, bar the template's
 # scheduling directives (so a queueing system may set node selectors).
-_IMMUTABLE = ("model", "dataset", "training", "warmStart", "freezing", "resources", "zoo")
+_IMMUTABLE = ("model", "dataset", "training", "warmStart", "freezing", "resources", "zoo",
+              "initializer")
 _JOB_FIXED = "cannot change once the job exists; create a new TrainingJob instead"
 _SWEEP_FIXED = "cannot change once the sweep exists; create a new TrainingSweep instead"
 VALIDATIONS: tuple[Validation, ...] = (
@@ -239,9 +240,12 @@ VALIDATIONS: tuple[Validation, ...] = (
      "spec.dataset.path: digits is bundled with scikit-learn; remove path", ".path"),
     ("spec.dataset",
      (f"!{_is('name', 'imagefolder', 'torchvision', 'text')} || "
-     f"({_set('path')} && self.path != '')"),
+     f"({_set('path')} && self.path != '') || {_set('uri')}"),
      ("spec.dataset.path: required for datasets imagefolder, torchvision and text; set the "
-     "data location"), ".path"),
+     "data location (or spec.dataset.uri to download it first)"), ".path"),
+    ("spec.dataset", f"!({_set('uri')} && {_set('path')})",
+     "spec.dataset.uri: the local copy of uri becomes the data's path; set uri or path, not both",
+     ".uri"),
     ("spec.dataset",
      (f"!{_set('entrypoint')} || !({_set('path')} || {_set('validationPath')} || "
      f"{_set('torchvisionClass')} || {_set('maxSamples')} || "

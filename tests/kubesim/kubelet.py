@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln import contract
-from kubesim import client, pause, zygote
+from kiln.local import zygote
+from kubesim import client, pause
 
 KUBELET_USER_AGENT = "kubesim-kubelet"
 POLL_SECONDS = 0.1
@@ -189,24 +190,45 @@ class HeldPod:
     reason: str = ""
 
 
+@dataclasses.dataclass
+class InitRun:
+    """A pod's init container running as a local process, before its container starts."""
+
+    pod: dict[str, Any]
+    index: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    termination_path: Path
+    mounts: list[Path]
+
+
 class Kubelet:
     """Runs pods of the emulator in a daemon thread, as a scheduler and kubelet would:
 
     * bind: set spec.nodeName to the node the pod's required node affinity names;
+    * init containers: each runs to its end, in order, as a local process (environment,
+      Secrets and mounts as below) before the container starts; the pod stays Pending with
+      its initContainerStatuses meanwhile, and one that exits non-zero fails the pod (its
+      terminated state with the exit code and termination message, as with
+      restartPolicy Never);
     * run: start the container's command + args as a local process (its own process group) with
       the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
       namespace, as the kubelet does; an optional key it lacks leaves the variable unset), ``fieldRef`` for metadata.name/namespace and status.podIP;
       ``python`` resolves to this interpreter (its bin directory comes first on PATH); a
-      ``python -m kiln_trainer`` container is forked from the zygote (`kubesim.zygote`);
+      ``python -m kiln_trainer`` container is forked from the zygote (`kiln.local.zygote`);
     * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
       kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
       when that file is empty and the exit code is not 0;
     * mounts (a test stand-in for a kubelet's mounts, without a container filesystem): each
       volumeMount of the container becomes a symlink at its mountPath to the volume's directory
-      on this machine (``hostPath``: its path; ``emptyDir``: a scratch folder), removed when the
-      container ends; a mountPath that already exists here is an error, and Kiln's /dev/shm is
-      the machine's own; a ``secret`` volume's keys are written as files in the pod's scratch
-      folder and the environment values naming its mountPath point there;
+      on this machine (``hostPath``: its path; ``emptyDir``: a scratch folder of the pod;
+      ``persistentVolumeClaim``: a folder of the claim, shared by every pod that mounts it),
+      removed when the container ends; a mountPath that already exists here is an error, and
+      Kiln's /dev/shm is the machine's own. A mount whose path (or a path beneath it) an
+      environment value or a command argument starts with is not linked: those values point
+      into its folder instead, so pods may use the same fixed paths at once. A ``secret`` volume's keys are written as
+      files under the pod's scratch folder at ``secrets/<mountPath>``, and the environment
+      values naming its mountPath, or a folder above it, point there;
     * ports: every pod's IP is 127.0.0.1, so a container's metrics port is mapped to a free host
       port: ``KILN_METRICS_PORT`` is set to it and the pod's ``prometheus.io/port`` annotation is
       patched to it (what a CNI with per-pod IPs makes unnecessary);
@@ -246,8 +268,8 @@ class Kubelet:
         base_env: environment every container starts from (besides PATH and HOME).
         share: the share of the time pods run; None: ``KUBESIM_TRAINER_SHARE``, else 1.
         fork_trainers: start ``python -m kiln_trainer`` pods by forking this test process's zygote
-            (`kubesim.zygote`: torch imported once), other commands as processes of their own;
-            None: unless ``KUBESIM_FORK_TRAINERS=0``.
+            (`kiln.local.zygote`: torch imported once), other commands as processes of their own;
+            None: unless ``KILN_FORK_TRAINERS=0``.
     """
 
     def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None,
@@ -268,6 +290,8 @@ class Kubelet:
         self._running: dict[str, RunningPod] = {}
         self._finished: dict[str, RunningPod] = {}
         self._held: dict[str, HeldPod] = {}
+        self._initializing: dict[str, InitRun] = {}
+        self._initialized: set[str] = set()
         self._unscheduled: set[str] = set()
         self._scratch: dict[tuple[str, str], Path] = {}  # the latest pod of each name
         # (namespace, subdomain, attempt, port) -> the host port a gang's rendezvous uses
@@ -287,6 +311,10 @@ class Kubelet:
             _signal_group(pod.process, signal.SIGKILL)
             pod.process.wait(timeout=30)
             self._ended(pod)
+        for init in self._initializing.values():
+            _signal_group(init.process, signal.SIGKILL)
+            init.process.wait(timeout=30)
+            _unlink(init.mounts)
         self.throttle.stop()
 
     def inject(self, fault: Fault) -> Fault:
@@ -330,6 +358,9 @@ class Kubelet:
         for uid, pod in listed.items():
             if uid in self._running:
                 continue
+            if uid in self._initializing:
+                self._step_init(uid, pod)
+                continue
             meta = pod.get("metadata") or {}
             if meta.get("deletionTimestamp"):  # nothing runs here to stop: remove it now
                 self._held.pop(uid, None)
@@ -370,8 +401,14 @@ class Kubelet:
                     "status": {"phase": "Failed", **_DEADLINE_STATUS}})
             else:
                 self._wait_for_image(held, now)
+        for uid in [u for u in self._initializing if u not in listed]:  # force-deleted
+            init = self._initializing.pop(uid)
+            _signal_group(init.process, signal.SIGKILL)
+            init.process.wait(timeout=30)
+            _unlink(init.mounts)
         for gone in [u for u in self._finished if u not in listed]:
             del self._finished[gone]
+        self._initialized &= set(listed)
         self._unscheduled &= set(listed)
 
     def _leave_unscheduled(self, uid: str, pod: dict[str, Any]) -> None:
@@ -446,6 +483,9 @@ class Kubelet:
         scratch = self.work_dir / namespace / name / uid
         scratch.mkdir(parents=True, exist_ok=True)
         self._scratch[(namespace, name)] = scratch
+        if spec.get("initContainers") and uid not in self._initialized:
+            self._start_init(pod, 0, scratch)
+            return
         termination = scratch / "termination-log"
         termination.write_bytes(b"")
         port = client.free_port()
@@ -475,13 +515,14 @@ class Kubelet:
                 proxy.stop()
             return  # deleted before it could start
         env = self._secret_volumes(namespace, name, spec, container, scratch, env)
-        mounts = _mount(spec, container, scratch)
+        mounts, env, command = self._mount(namespace, spec, container, scratch, env, command)
         log_path = scratch / "container.log"
         with log_path.open("wb") as log:
-            process: subprocess.Popen[bytes] | zygote.Process
-            if self.fork_trainers and zygote.runs(command):
-                process = zygote.shared().start_pod(command, cwd=scratch, env=env, log=log)
-            else:
+            process: subprocess.Popen[bytes] | zygote.Process | None = None
+            if self.fork_trainers:
+                process = zygote.start(command, env=env, cwd=str(scratch), stdout=log.fileno(),
+                                       stderr=log.fileno(), new_session=True)
+            if process is None:
                 process = subprocess.Popen(
                     command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True)
@@ -509,6 +550,132 @@ class Kubelet:
             and other.attempt != attempt and other.process.poll() is None]
         self._running[uid] = running
         self.started.append((namespace, name))
+
+    def _start_init(self, pod: dict[str, Any], index: int, scratch: Path) -> None:
+        """Start init container `index` of `pod` (bound to its node, Pending meanwhile)."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        container = spec["initContainers"][index]
+        termination = scratch / f"{container['name']}.termination-log"
+        termination.write_bytes(b"")
+        env = {**self.base_env, **self._container_env(namespace, name, container),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "HOME": str(scratch), contract.Env.TERMINATION_LOG: str(termination)}
+        status = self._init_statuses(spec, index, {"running": {"startedAt": _now()}})
+        if not self._patch(client.Client.pods_path(namespace, name),
+                           {"spec": {"nodeName": _affinity_node(spec)}}):
+            return  # deleted before it could start
+        env = self._secret_volumes(namespace, name, spec, container, scratch, env)
+        mounts, env, command = self._mount(
+            namespace, spec, container, scratch, env,
+            [*container.get("command", []), *container.get("args", [])])
+        log_path = scratch / f"{container['name']}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, cwd=scratch, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self._initializing[str(meta.get("uid", ""))] = InitRun(
+            pod, index, process, log_path, termination, mounts)
+        self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
+            "phase": "Pending", "startTime": _now(),
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Initialized", "status": "False"}],
+            "initContainerStatuses": status,
+            "containerStatuses": [{"name": spec["containers"][0]["name"], "ready": False,
+                                   "state": {"waiting": {"reason": "PodInitializing"}}}]}})
+
+    def _step_init(self, uid: str, pod: dict[str, Any]) -> None:
+        """Poll a pod's running init container: on to the next one, or the container, once it
+        exits 0; the pod Failed when it exits otherwise, or stopped when the pod is deleted."""
+        init = self._initializing[uid]
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        if meta.get("deletionTimestamp"):
+            _signal_group(init.process, signal.SIGKILL)
+        code = init.process.poll()
+        if code is None:
+            return
+        del self._initializing[uid]
+        _unlink(init.mounts)
+        scratch = init.log_path.parent
+        if meta.get("deletionTimestamp"):
+            self._remove(meta)
+            return
+        if code == 0 and init.index + 1 < len(spec["initContainers"]):
+            self._start_init(pod, init.index + 1, scratch)
+            return
+        if code == 0:
+            self._initialized.add(uid)
+            self._start(pod)
+            return
+        exit_code = code if code >= 0 else 128 - code
+        message = init.termination_path.read_text(encoding="utf-8", errors="replace")
+        if not message.strip():  # terminationMessagePolicy FallbackToLogsOnError
+            lines = init.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            message = "\n".join(lines)[-LOG_TAIL_BYTES:]
+        self._patch(client.Client.pods_path(meta.get("namespace", ""), meta["name"])
+                    + "/status", {"status": {
+                        "phase": "Failed",
+                        "conditions": [{"type": "PodScheduled", "status": "True"},
+                                       {"type": "Initialized", "status": "False"}],
+                        "initContainerStatuses": self._init_statuses(spec, init.index, {
+                            "terminated": {"exitCode": exit_code, "reason": "Error",
+                                           "message": message, "finishedAt": _now()}})}})
+
+    @staticmethod
+    def _init_statuses(spec: dict[str, Any], index: int, state: dict[str, Any]
+                       ) -> list[dict[str, Any]]:
+        """initContainerStatuses while init container `index` is in `state`: the ones
+        before it completed, the ones after it waiting."""
+        statuses = []
+        for i, container in enumerate(spec["initContainers"]):
+            here = (state if i == index else
+                    {"terminated": {"exitCode": 0, "reason": "Completed"}} if i < index else
+                    {"waiting": {"reason": "PodInitializing"}})
+            statuses.append({"name": container["name"], "ready": i < index, "restartCount": 0,
+                             "image": container.get("image", ""), "state": here})
+        return statuses
+
+    def _mount(self, namespace: str, spec: dict[str, Any], container: dict[str, Any],
+               scratch: Path, env: dict[str, str], command: list[str]
+               ) -> tuple[list[Path], dict[str, str], list[str]]:
+        """Mount the container's volumes (see the class docstring); returns the links made,
+        and the environment and command with the values naming a mount pointed into its
+        folder."""
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        links: list[Path] = []
+        for mount in container.get("volumeMounts") or []:
+            path = Path(mount["mountPath"])
+            if str(path) == "/dev/shm":
+                continue
+            volume = volumes[mount["name"]]
+            if "secret" in volume:
+                continue  # written by `Kubelet._secret_volumes`
+            if "hostPath" in volume:
+                source = Path(volume["hostPath"]["path"])
+            elif "emptyDir" in volume:
+                source = scratch / "volumes" / volume["name"]
+                source.mkdir(parents=True, exist_ok=True)
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                source = self.work_dir / "claims" / namespace / claim
+                source.mkdir(parents=True, exist_ok=True)
+            else:
+                raise RuntimeError(f"volume {volume['name']}: the test kubelet mounts hostPath, "
+                                   "emptyDir and persistentVolumeClaim volumes only")
+            def moved(value: str, at: str = str(path), to: str = str(source)) -> str:
+                return to + value[len(at):] if value == at or value.startswith(f"{at}/") \
+                    else value
+
+            if any(moved(v) != v for v in [*env.values(), *command]):
+                env = {k: moved(v) for k, v in env.items()}
+                command = [moved(arg) for arg in command]
+                continue
+            if path.exists() or path.is_symlink():
+                raise RuntimeError(f"mountPath {path} exists on this machine; the test kubelet "
+                                   "mounts by linking there, so use a path that does not exist")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.symlink_to(source, target_is_directory=True)
+            links.append(path)
+        return links, env, command
 
     def _resolve_gang(self, namespace: str, labels: dict[str, Any], command: list[str],
                       env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -555,6 +722,9 @@ class Kubelet:
             for key, value in (secret.get("data") or {}).items():
                 (target / key).write_bytes(base64.b64decode(value))
             env = {k: v.replace(mount["mountPath"], str(target)) for k, v in env.items()}
+            above = f"{mount['mountPath']}/"  # a value naming a folder of several Secrets
+            env = {k: f"{scratch / 'secrets'}{v}" if v.startswith("/")
+                   and above.startswith(f"{v.rstrip('/')}/") else v for k, v in env.items()}
         return env
 
     def _container_env(self, namespace: str, pod: str, container: dict[str, Any]
@@ -581,7 +751,7 @@ class Kubelet:
         return env
 
     def _report_exit(self, running: RunningPod) -> None:
-        code = running.process.returncode
+        code = running.process.wait()  # it has exited: its callers polled it
         exit_code = code if code >= 0 else 128 - code
         fault = running.fault
         killed = fault is not None and running.name in fault.hits
@@ -722,38 +892,18 @@ def _read_metrics(port: int, path: str) -> bytes:
         raise OSError(str(exc)) from exc
 
 
-def _mount(spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> list[Path]:
-    """Link each of the container's mountPaths to its volume's directory; returns the links."""
-    volumes = {v["name"]: v for v in spec.get("volumes") or []}
-    links: list[Path] = []
-    for mount in container.get("volumeMounts") or []:
-        path = Path(mount["mountPath"])
-        if str(path) == "/dev/shm":
-            continue
-        volume = volumes[mount["name"]]
-        if "secret" in volume:
-            continue  # written by `Kubelet._secret_volumes`
-        if "hostPath" in volume:
-            source = Path(volume["hostPath"]["path"])
-        elif "emptyDir" in volume:
-            source = scratch / "volumes" / volume["name"]
-            source.mkdir(parents=True, exist_ok=True)
-        else:
-            raise RuntimeError(f"volume {volume['name']}: the test kubelet mounts hostPath and "
-                               "emptyDir volumes only")
-        if path.exists() or path.is_symlink():
-            raise RuntimeError(f"mountPath {path} exists on this machine; the test kubelet "
-                               "mounts by linking there, so use a path that does not exist")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.symlink_to(source, target_is_directory=True)
-        links.append(path)
-    return links
-
-
 def _unmount(running: RunningPod) -> None:
-    for link in running.mounts:
+    _unlink(running.mounts)
+
+
+def _unlink(links: list[Path]) -> None:
+    for link in links:
         link.unlink(missing_ok=True)
-    running.mounts.clear()
+    links.clear()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _affinity_node(spec: dict[str, Any]) -> str:

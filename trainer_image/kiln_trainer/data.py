@@ -12,30 +12,21 @@ import dataclasses
 import difflib
 import functools
 import gzip
-import hashlib
 import importlib.util
-import json
 import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import minio
-import minio.error
 import numpy as np
 import PIL
 import torch
-import urllib3.exceptions
 from torch.nn import functional as F
 from torch.utils import data as torch_data
 
-from kiln import api, contract, models
+from kiln import api, models
 from kiln.models import entrypoints
-from kiln.zoo import store as zoo_store
+from kiln.zoo import sources
 from kiln_trainer import fingerprint
 
 Transform = Callable[[Any], torch.Tensor]
@@ -67,6 +58,7 @@ class Splits:
             or a token id), which the model's outputs must exceed; None for built-in loaders.
         fingerprint: what was loaded, with its kind (`kiln_trainer.fingerprint`); `load`
             sets it.
+        vocab_size: text tokenized by a tokenizer.json: its vocabulary; None for bytes.
     """
 
     train: torch_data.Dataset[Sample]
@@ -77,6 +69,7 @@ class Splits:
     in_memory: bool = True
     max_target: int | None = None
     fingerprint: str | None = None
+    vocab_size: int | None = None
 
 
 def split_indices(n: int, *, spec: api.DatasetSpec, seed: int) -> tuple[list[int], list[int]]:
@@ -193,13 +186,19 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
         zoo_store.StoreUnavailable: the S3 server did not answer.
     """
     shape = tuple(int(d) for d in input_shape)
+    environ = os.environ if environ is None else environ
+    source = None
+    if spec.uri is not None:  # the local copy becomes the loader's path or the entrypoint's
+        source = fetch(spec.uri, field="spec.dataset.uri", environ=environ,
+                       secret=spec.secret_ref.name if spec.secret_ref else "")
+        spec = spec.model_copy(update={"path": source.path} if spec.entrypoint is None else
+                               {"args": {**spec.args, "path": source.path}})
     if spec.entrypoint is not None:
         splits = from_entrypoint(spec, shape, model=model)
         return dataclasses.replace(splits, fingerprint=fingerprint.user(spec.fingerprint)
                                    if spec.fingerprint else
                                    fingerprint.of_samples(splits.train, splits.validation))
-    environ = os.environ if environ is None else environ
-    train = (fetch(spec.path, field="spec.dataset.path", environ=environ)
+    train = (source or fetch(spec.path, field="spec.dataset.path", environ=environ)
              if spec.path is not None else None)
     held_out = (fetch(spec.validation_path, field="spec.dataset.validationPath", environ=environ)
                 if spec.validation_path is not None else None)
@@ -208,7 +207,7 @@ def load(spec: api.DatasetSpec, *, input_shape: Sequence[int], seed: int,
     if local.loader == api.DatasetName.DIGITS:
         splits = _digits(local, shape, seed)
     elif local.loader == api.DatasetName.TEXT:
-        splits = _text(local, shape, seed)
+        splits = _text(local, shape, seed, tokenizer=tokenizer_file(model, environ))
     else:
         splits = _images(local, shape, seed)
     fetched = [where for where in (train, held_out) if where is not None]
@@ -287,9 +286,6 @@ def _capped(n: int, *, spec: api.DatasetSpec, seed: int) -> list[int]:
 # s3:// data: fetched once into a local cache, then read like a local path
 
 
-DEFAULT_CACHE = Path(tempfile.gettempdir()) / "kiln-data"
-
-
 @dataclasses.dataclass(frozen=True)
 class Fetched:
     """A dataset path made local.
@@ -304,97 +300,35 @@ class Fetched:
     fingerprint: str | None = None
 
 
-def fetch(path: str, *, field: str, environ: Mapping[str, str]) -> Fetched:
-    """A local path for `path`: itself, or for ``s3://bucket/prefix`` a cached copy.
+def fetch(path: str, *, field: str, environ: Mapping[str, str], secret: str = "") -> Fetched:
+    """A local path for `path`: itself, or for ``s3://bucket/prefix`` (or hf://) a cached copy.
 
-    The objects under the prefix (or the one object named by it) are listed, and the listing
-    (keys, ETags, sizes) names the cache entry under ``$KILN_DATA_CACHE`` (default
-    DEFAULT_CACHE): an unchanged dataset is downloaded once per machine. A download goes to a
-    temporary folder renamed into place when complete, so a crash never leaves half a dataset
-    and concurrent trainers never see one. The endpoint and credentials are the zoo's
-    (``KILN_ZOO_ENDPOINT``, ``KILN_ZOO_ACCESS_KEY``/``KILN_ZOO_SECRET_KEY`` or AWS's,
-    ``KILN_ZOO_REGION``). The listing also gives the data's fingerprint (`Fetched`), so the
-    copy is never read again to hash it.
+    Without `secret` the S3 server is the zoo's (``KILN_ZOO_ENDPOINT``, its credentials and
+    region); the copy is `kiln.zoo.sources.local_copy`'s: the initializer's (``$KILN_SOURCES``)
+    or one downloaded now into ``$KILN_DATA_CACHE``, named by the listing's content and renamed
+    into place only once complete and checked, so a crash never leaves half a dataset and
+    concurrent trainers never see one. The listing also gives the data's fingerprint
+    (`Fetched`), so the copy is never read again to hash it.
 
     Raises:
         DatasetError: no endpoint set, bad credentials, no such bucket, nothing under the prefix,
-            or an object key that would leave the cache folder.
+            an object key that would leave the cache folder, or no Hub for hf://.
         zoo_store.StoreUnavailable: the server did not answer.
     """
-    if not path.startswith("s3://"):
+    if "://" not in path:
         return Fetched(path)
-    parts = urlsplit(path)
-    bucket, prefix = parts.netloc, parts.path.strip("/")
-    endpoint = environ.get(contract.Env.ZOO_ENDPOINT, "").strip()
-    if not endpoint:
-        raise DatasetError(
-            f"{field}: {path} needs the S3 server address; set {contract.Env.ZOO_ENDPOINT} "
-            "(the zoo's endpoint, host:port) and its credentials"
-        )
     try:
-        host, secure = zoo_store.parse_endpoint(endpoint)
-        client = minio.Minio(host, credentials=zoo_store.credentials_provider(environ),
-                             secure=secure, region=environ.get(contract.Env.ZOO_REGION) or None)
-        objects = sorted(
-            (o for o in client.list_objects(bucket, prefix=prefix or None, recursive=True)
-             if o.object_name and not o.is_dir
-             and (not prefix or o.object_name == prefix or o.object_name.startswith(prefix + "/"))),
-            key=lambda o: str(o.object_name))
-        if not objects:
-            raise DatasetError(f"{field}: nothing under {path}; upload the data there or fix "
-                               "the bucket and prefix")
-        single = len(objects) == 1 and objects[0].object_name == prefix
-        listing = [[o.object_name, o.etag, o.size] for o in objects]
-        content = []  # as a local copy's fingerprint names files: relative, a lone file ""
-        for o in objects:
-            relative = "" if single else str(o.object_name)[len(prefix):].lstrip("/")
-            if not fingerprint.skipped(relative):
-                content.append((relative, int(o.size or 0), str(o.etag)))
-        key = hashlib.sha256(json.dumps([host, bucket, prefix, listing]).encode()).hexdigest()
-        root = Path(environ.get(contract.Env.DATA_CACHE) or DEFAULT_CACHE)
-        entry = root / key[:32]
-        if not entry.exists():
-            _download(client, bucket, prefix, objects, entry, single=single, where=path,
-                      field=field)
-    except DatasetError:
-        raise
-    except minio.error.S3Error as exc:
-        raise DatasetError(f"{field}: cannot read {path} ({exc.code}: {exc.message}); check the "
-                           "bucket, the prefix and the credentials") from None
-    except (minio.error.ServerError, urllib3.exceptions.HTTPError, OSError) as exc:
-        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
-            raise DatasetError(f"{field}: cannot cache {path} locally ({exc}); set "
-                               f"{contract.Env.DATA_CACHE} to a writable folder") from None
-        raise zoo_store.StoreUnavailable(f"S3 server {endpoint} for {path}: {exc}") from None
-    except ValueError as exc:  # a malformed endpoint, half a credential pair, a bad bucket name
-        raise DatasetError(f"{field}: {path}: {exc}") from None
-    local = entry / PurePosixPath(prefix).name if single else entry
-    return Fetched(str(local), fingerprint.listed(content))
-
-
-def _download(client: minio.Minio, bucket: str, prefix: str, objects: list[Any], entry: Path,
-              *, single: bool, where: str, field: str) -> None:
-    """Download `objects` into a temporary folder beside `entry`, then rename it into place."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    scratch = entry.parent / f".{entry.name}.{uuid.uuid4().hex[:8]}.partial"
-    try:
-        for obj in objects:
-            name = str(obj.object_name)
-            relative = PurePosixPath(name).name if single else name[len(prefix):].lstrip("/")
-            parts = PurePosixPath(relative).parts
-            if not parts or any(part in ("..", ".") for part in parts):
-                raise DatasetError(f"{field}: object {name!r} under {where} has a key that "
-                                   "leaves its folder; rename it")
-            target = scratch.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            client.fget_object(bucket, name, str(target))
-        try:
-            os.rename(scratch, entry)
-        except OSError:
-            if not entry.exists():  # not a concurrent trainer that finished first
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        got = sources.local_copy(path, field=field, secret=secret, environ=environ)
+    except sources.SourceError as exc:
+        raise DatasetError(str(exc)) from None
+    if not got.objects:
+        return Fetched(got.path)
+    content = []  # as a local copy's fingerprint names files: relative, a lone file ""
+    for o in got.objects:
+        relative = "" if got.single else o.relative
+        if not fingerprint.skipped(relative):
+            content.append((relative, o.size, o.etag))
+    return Fetched(got.path, fingerprint.listed(content))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -691,39 +625,94 @@ class _Subset(torch_data.Dataset[Sample]):
 # text
 
 
-def _text(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int) -> Splits:
+TOKENIZER_FILE = "tokenizer.json"  # a `tokenizers` tokenizer, as Hugging Face saves it
+
+
+def tokenizer_file(model: api.ModelSpec | None, environ: Mapping[str, str]) -> Path | None:
+    """The tokenizer.json shipped beside the job's pretrained weights (a Hugging Face
+    directory at spec.model.pretrained.uri), or None: text stays byte-level.
+
+    Raises:
+        DatasetError: the pretrained weights cannot be made local (`fetch`).
+    """
+    if model is None or model.pretrained is None:
+        return None
+    ref = model.pretrained.secret_ref
+    weights = Path(fetch(model.pretrained.uri, field="spec.model.pretrained.uri",
+                         environ=environ, secret=ref.name if ref else "").path)
+    found = weights / TOKENIZER_FILE
+    return found if found.is_file() else None
+
+
+def _text(spec: api.DatasetSpec, shape: tuple[int, ...], seed: int, *,
+          tokenizer: Path | None = None) -> Splits:
+    """Text cut into windows of byte tokens, or of `tokenizer`'s tokens (`load`)."""
     path = Path(spec.path or "")
     (length,) = shape
+    encode, vocab = _encoder(tokenizer)
+    windows_of = functools.partial(_token_windows, encode=encode,
+                                      unit="bytes" if tokenizer is None else "tokens")
     if spec.validation_path is None:
-        tokens = _text_windows(path, length, field="spec.dataset.path", least=2)
+        tokens = windows_of(path, length, field="spec.dataset.path", least=2)
         train_idx, val_idx = split_indices(len(tokens), spec=spec, seed=seed)
         train, validation = tokens[train_idx], tokens[val_idx]
     else:
         val_path = Path(spec.validation_path)
-        val_tokens = _text_windows(val_path, length, least=1,
+        val_tokens = windows_of(val_path, length, least=1,
                                    field="spec.dataset.validationPath")
         # As for images: a file under both paths validates and is left out of training.
         shared = real_paths([val_path] if val_path.is_file() else unique_files(val_path))
-        tokens = _text_windows(path, length, field="spec.dataset.path", least=1, exclude=shared)
+        tokens = windows_of(path, length, field="spec.dataset.path", least=1, exclude=shared)
         train = tokens[_capped(len(tokens), spec=spec, seed=seed)]
         validation = val_tokens[_capped(len(val_tokens), spec=spec, seed=seed)]
-    return Splits(_Windows(train), _Windows(validation), "text", None, f"text:{path}")
+    description = f"text:{path}" + (f" ({tokenizer})" if tokenizer is not None else "")
+    return Splits(_Windows(train), _Windows(validation), "text", None, description,
+                  vocab_size=vocab)
 
 
-def _text_windows(path: Path, length: int, *, field: str, least: int,
-                  exclude: frozenset[str] = frozenset()) -> torch.Tensor:
-    """The text at `path` (less the files whose real paths are in `exclude`) as byte windows
-    LongTensor[N, T+1], at least `least` of them."""
-    raw = read_text_bytes(path, field=field, exclude=exclude)
-    windows = len(raw) // (length + 1)
+def _encoder(tokenizer: Path | None) -> tuple[Callable[[bytes], torch.Tensor], int | None]:
+    """Text bytes -> token ids LongTensor[N]: the bytes themselves, or `tokenizer`'s ids;
+    with its vocabulary size (None: bytes).
+
+    Raises:
+        DatasetError: the tokenizer.json cannot be read.
+    """
+    if tokenizer is None:
+        return lambda raw: torch.frombuffer(bytearray(raw), dtype=torch.uint8).long(), None
+    try:
+        import tokenizers
+    except ImportError:
+        raise DatasetError(f"spec.model.pretrained.uri: {tokenizer} needs the tokenizers "
+                           "package (pip install 'kiln-operator[trainer]', as the trainer's "
+                           "image has it), or remove it for byte-level text") from None
+    try:
+        loaded = tokenizers.Tokenizer.from_file(str(tokenizer))
+    except Exception as exc:  # noqa: BLE001  # the Rust library raises plain Exceptions
+        raise DatasetError(f"spec.model.pretrained.uri: {tokenizer} is not a tokenizers "
+                           f"tokenizer.json ({exc}); save it with tokenizer.save() or remove "
+                           "it for byte-level text") from None
+
+    def encode(raw: bytes) -> torch.Tensor:
+        return torch.tensor(loaded.encode(raw.decode("utf-8"), add_special_tokens=False).ids,
+                            dtype=torch.long)
+
+    return encode, int(loaded.get_vocab_size())
+
+
+def _token_windows(path: Path, length: int, *, field: str, least: int,
+                   encode: Callable[[bytes], torch.Tensor], unit: str,
+                   exclude: frozenset[str] = frozenset()) -> torch.Tensor:
+    """The text at `path` (less the files whose real paths are in `exclude`) as token windows
+    LongTensor[N, T+1] (`encode`: bytes or a tokenizer's ids), at least `least` of them."""
+    ids = encode(read_text_bytes(path, field=field, exclude=exclude))
+    windows = len(ids) // (length + 1)
     if windows < least:
         raise DatasetError(
-            f"{field}: {path} has {len(raw)} bytes of text, too short for {least} window(s) "
-            f"of inputShape [{length}] + 1 bytes (needs >= {least * (length + 1)}); use more "
+            f"{field}: {path} has {len(ids)} {unit} of text, too short for {least} window(s) "
+            f"of inputShape [{length}] + 1 {unit} (needs >= {least * (length + 1)}); use more "
             "text or a shorter spec.model.inputShape"
         )
-    tokens = torch.frombuffer(bytearray(raw[: windows * (length + 1)]), dtype=torch.uint8)
-    return tokens.view(windows, length + 1).long()
+    return ids[: windows * (length + 1)].view(windows, length + 1)
 
 
 def read_text_bytes(path: Path, *, field: str = "spec.dataset.path",

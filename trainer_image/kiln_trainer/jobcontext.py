@@ -297,6 +297,8 @@ class JobContext:
         model: nn.Module,
         probe: tuple[torch.Tensor, torch.Tensor] | warm.Probe | None = None,
         loss_fn: warm.LossFn = warm.cross_entropy,
+        *,
+        measure: warm.Measure | None = None,
     ) -> api.WarmStartDecision:
         """Seed `model` (freshly built, any nn.Module) from its zoo parent, in place.
 
@@ -309,7 +311,10 @@ class JobContext:
         `loss_fn` on the probe is at most `warm.MAX_LOSS_RATIO` times the cold model's; else
         the decision's alternative parents are tried, then `model` keeps its cold weights.
         A LoRA job (``spec.training.peft``) instead loads its pinned base, wraps `model`'s
-        target modules with adapters in place (`warm.lora_start`), and has no guard.
+        target modules with adapters in place (`warm.lora_start`), and has no guard; on
+        ``spec.model.pretrained.uri`` (loaded into `model` already) rank 0 finds those
+        weights' zoo record, importing them once with their `measure`d metric, and the best
+        adapter on it, and tells the other ranks.
 
         Args:
             model: the freshly built model (evaluated where it is).
@@ -317,6 +322,8 @@ class JobContext:
                 samples, or a `warm.Probe`; None: no guard.
             loss_fn: (outputs, targets) -> mean loss, your loop's (default: cross-entropy over
                 the flattened leading dimensions, as Kiln's loop).
+            measure: (model) -> (validation accuracy, validation loss), for a LoRA job on
+                pretrained weights that imports them (Kiln's loop passes its evaluation).
 
         Returns:
             What happened: the parent, similarity, transferred tensors, and a sentence.
@@ -326,12 +333,16 @@ class JobContext:
         be loaded or transformed.
         """
         saved = self._saved
-        if self.job.spec.training.peft is not None:  # its pinned base, then the adapters
+        if self.job.spec.training.peft is not None:  # its base, then the adapters
+            main = self.parallel.is_main
             with self._failing():
-                record, self.lora_base = warm.lora_start(
-                    self.job, model, self.zoo, load=saved is None and self.parallel.is_main)
-            if saved is None and self.parallel.is_main:
+                record, base = warm.lora_start(self.job, model, self.zoo, main=main,
+                                               load=saved is None and main, measure=measure)
+            if saved is None and main:
                 registration.record_parent_hit(self.zoo, record)
+            decided, self.lora_base = self.parallel.broadcast_object(
+                (record.model_dump(mode="json"), base))
+            record = api.WarmStartDecision.model_validate(decided)
         elif saved is not None and saved.get(checkpoint.WARM_START_KEY):  # weights come from it
             record = api.WarmStartDecision.model_validate(saved[checkpoint.WARM_START_KEY])
         elif self._init_state is not None and saved is None:

@@ -122,10 +122,13 @@ def main(
                   steps_per_epoch, device)
 
         raw_model = models.build(spec.model)
+        warm.load_pretrained(job, raw_model, os.environ)  # before warm start judges it
         run.data_fingerprint = splits.fingerprint
         # rank 0 applies the decision and guards it; the weights reach the others below
         warm_start = run.warm_start(raw_model, _probe(job, run.decided, splits, device)
-                                    if ctx.is_main else None)
+                                    if ctx.is_main else None, measure=functools.partial(
+                                        _measure, splits=splits, batch_size=spec.training.batch_size,
+                                        device=device, amp=run.amp))
         raw_model = raw_model.to(device)
         ctx.broadcast_weights(raw_model)  # rank 0's (warm-started) weights on every rank
         _check_model(job, raw_model, splits, device)
@@ -471,6 +474,15 @@ def _probe(job: api.TrainingJob, decided: api.WarmStartDecision | None, splits: 
     return warm.training_probe(
         splits.train, accuracy=classification, device=device,
         train_samples=job.spec.warm_start.probe_steps * job.spec.training.batch_size)
+
+
+def _measure(model: nn.Module, *, splits: data.Splits, batch_size: int, device: torch.device,
+             amp: precision.MixedPrecision) -> tuple[float, float]:
+    """(accuracy, loss) of `model` on the validation split, on rank 0 alone: the metric of
+    pretrained weights a LoRA job imports as its base (the model stays on `device`)."""
+    evaluation = evaluate(model.to(device), splits, batch_size=batch_size, device=device,
+                          amp=amp)
+    return evaluation.accuracy, evaluation.loss
 
 
 def finite(evaluation: tracking.Evaluation, step: int,

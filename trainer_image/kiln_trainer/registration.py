@@ -1,6 +1,7 @@
 """Zoo registration of a trained model: the record, its weights and its architecture graph.
 
-Under data parallelism only rank 0 calls it, with the full weights; it never reads the zoo.
+Under data parallelism only rank 0 calls it, with the full weights. A LoRA job's pretrained
+base is registered here too (`import_base`).
 """
 
 from __future__ import annotations
@@ -139,11 +140,7 @@ def register_model(
         kiln_version=kiln.__version__, train_seconds=state.train_seconds or None,
         base=records.ZooModelId(base) if peft is not None and base else None,
         adapter=api.to_wire(peft) if peft is not None else None)
-    try:
-        architecture = graph.to_json(decision.model_graph(spec.model))
-    except graph.GraphError as exc:  # kept, but no later job can match against it
-        _log.warning("registering without an architecture graph: %s", exc)
-        architecture = {"untraceable": str(exc)}
+    architecture = _graph(spec)
     if replace:
         records.delete_record(zoo, record.id)
     history_key = records.record_prefix(record.id) + records.HISTORY_NAME
@@ -152,6 +149,72 @@ def register_model(
                     or bool(zoo.granted(history_key, "put")))
     return records.write_record(zoo, record, weights, architecture,
                                 history=state.history if keep_history else None).id
+
+
+def import_base(zoo: zoo_store.ObjectStore, job: api.TrainingJob, raw_model: nn.Module,
+                measured: tuple[float, float], *, weights_sha256: str) -> records.ZooRecord:
+    """Register the pretrained weights a LoRA job starts from (``spec.model.pretrained.uri``,
+    in `raw_model` before its adapters) as a full-weight record, the base its adapters name.
+
+    Its id is `records.base_record_id` of the job's own (the operator grants both); like
+    `kiln zoo import`, it is trained on "imported" data, and its metric is the job's,
+    measured on the job's validation split before training. A record of this job already
+    under that id holding the same weights (an earlier attempt's) is kept.
+
+    Args:
+        zoo: the zoo store.
+        job: the LoRA job.
+        raw_model: the model holding the pretrained weights, no adapters attached.
+        measured: (validation accuracy, validation loss) of those weights.
+        weights_sha256: the SHA-256 of the weights as a record stores them.
+
+    Raises:
+        api.InvalidSpec: the measured metric is not finite (the weights give NaN or inf).
+        zoo_store.StoreUnavailable: the store failed; a half-written record is never read.
+        ValueError: another record holds the id, or it is damaged.
+    """
+    spec, name = job.spec, metric_name(job.spec)
+    accuracy, loss = measured
+    value = accuracy if name == api.TargetMetric.VALIDATION_ACCURACY else loss
+    if not np.isfinite(value) or not np.isfinite(loss):
+        raise api.InvalidSpec([(
+            f"spec.model.pretrained.uri: its weights give a validation loss of {loss} on the "
+            "job's data; check spec.model against the model they were saved from")],
+            source=f"job {job.name}")
+    source = spec.model.pretrained
+    assert source is not None
+    record = records.ZooRecord(
+        id=records.base_record_id(_new_id(zoo, spec)), architecture=spec.model.architecture,
+        entrypoint=spec.model.entrypoint, args=dict(spec.model.args),
+        input_shape=tuple(spec.model.input_shape),
+        modality=models.modality_of(spec.model).value, task=models.task_of(spec.model).value,
+        dataset="imported", metric_name=name, metric_value=float(value),
+        validation_accuracy=float(accuracy), validation_loss=float(loss),
+        num_params=sum(p.numel() for p in raw_model.parameters()),
+        created_time=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        job_name=job.name, job_spec={"spec": {"model": api.to_wire(spec.model)}},
+        source=source.uri, namespace=job.namespace, share=share_of(spec, os.environ),
+        weights_sha256=weights_sha256, kiln_version=kiln.__version__)
+    try:
+        found: records.ZooRecord | None = records.read_record(zoo, record.id)
+    except zoo_store.ObjectNotFound:
+        found = None
+    if found is not None and (found.weights_sha256, found.namespace, found.job_name) == (
+            weights_sha256, job.namespace, job.name):
+        return found
+    written = records.write_record(zoo, record, raw_model.state_dict(), _graph(spec))
+    _log.info("imported %s as zoo model %s, the base of the job's adapter", source.uri,
+              written.id)
+    return written
+
+
+def _graph(spec: api.TrainingJobSpec) -> dict[str, Any]:
+    """The model's architecture graph for its record; without one no job can match it."""
+    try:
+        return graph.to_json(decision.model_graph(spec.model))
+    except graph.GraphError as exc:  # kept, but no later job can match against it
+        _log.warning("registering without an architecture graph: %s", exc)
+        return {"untraceable": str(exc)}
 
 
 def register_provisional(

@@ -114,7 +114,13 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
             f"spec.model.args.num_classes: the model has {outputs} outputs but "
             f"{splits.description} has {splits.num_classes} classes; set num_classes: "
             f"{splits.num_classes}")])
-    if splits.modality == "text" and splits.max_target is None and outputs < 256:  # bytes
+    if splits.vocab_size is not None and outputs < splits.vocab_size:
+        raise api.InvalidSpec([(
+            f"spec.model.args.vocab_size: the model predicts {outputs} tokens but the "
+            f"tokenizer.json beside spec.model.pretrained.uri has {splits.vocab_size}; set "
+            f"vocab_size: {splits.vocab_size}")])
+    if (splits.modality == "text" and splits.max_target is None and splits.vocab_size is None
+            and outputs < 256):  # bytes
         raise api.InvalidSpec([(
             f"spec.model.args.vocab_size: the model predicts {outputs} tokens but byte-level "
             "text has 256; set vocab_size: 256")])

@@ -1,19 +1,22 @@
 """Warm start inside the trainer: apply the warm-start decision to the freshly built model.
 
 The decision comes from upstream (the operator, as JSON) or, when none was passed, from the
-same `kiln.warmstart.decision.decide` run here. The probe guard then keeps the warm weights if
-they clearly beat a cold start at step 0, or else beat it after a few training steps taken side
-by side on the same batches; otherwise it tries the decision's alternatives, then starts cold.
+same `kiln.warmstart.decision.decide` run here. The probe guard then keeps the first parent (the
+decided one, then its alternatives) whose warm weights clearly beat a cold start at step 0; if
+none does, the first that beats it after a few training steps taken side by side on the same
+batches; otherwise it starts cold.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -24,9 +27,9 @@ from torch.utils import data as torch_data
 
 from kiln import api, contract
 from kiln.models import lora
-from kiln.warmstart import decision, select, transform
-from kiln.zoo import records, store
-from kiln_trainer import fingerprint, optim
+from kiln.warmstart import decision, pretrained, select, transform
+from kiln.zoo import records, sources, store
+from kiln_trainer import fingerprint, optim, registration
 
 _log = logging.getLogger(__name__)
 
@@ -302,8 +305,8 @@ def warm_start(
 
     With a `probe`, the guard scores the cold `raw_model` and each warm start on it at step 0
     and keeps the first parent (the decided one, then its alternatives, in order) that
-    `passes`, or that, trained ``spec.warmStart.probeSteps`` steps beside a cold twin on the
-    same batches (`trained_loss`), `trained_passes`; a kept parent's weights are the
+    `passes`; only when none does, the first that, trained ``spec.warmStart.probeSteps`` steps
+    beside a cold twin on the same batches (`trained_loss`), `trained_passes`; a kept parent's weights are the
     transferred ones, untrained (the copies are discarded). When none is kept, `raw_model`
     keeps its cold weights (outcome COLD_GUARD, the refusing test in the reason). A pinned
     parent is guarded too. With `data_fingerprint`, a warm start's reason also says whether
@@ -349,10 +352,9 @@ def warm_start(
                            "guard skipped: the cold model cannot score the probe")
     _log.info("warm start: %s", decided.reason)
     steps, training = job.spec.warm_start.probe_steps, job.spec.training
-    cold_trained: float | None = None
-    spent = 0  # the guard's training steps
     rejected: list[str] = []
     first: tuple[api.WarmStartDecision, Score] | None = None
+    waiting: list[tuple[api.WarmStartDecision, Score, str]] = []  # failed at step 0
     for parent in (decided.parent, *decided.alternatives):
         trial = decided if parent == decided.parent else decided.model_copy(update={
             "parent": parent, "outcome": api.WarmStartOutcome.WARM, "alternatives": [],
@@ -369,42 +371,63 @@ def warm_start(
             "similarity": applied.similarity, "parent_metric": applied.parent_metric,
             "metric_name": applied.metric_name, "matched_tensors": applied.matched_tensors,
             "total_tensors": applied.total_tensors}), warm, cold)
+        trial = trial.model_copy(update={"guard_steps": 0})
+        first = first or (trial, warm)
         verdict = comparison(warm, cold, probe.samples)
-        kept = passes(warm, cold)
-        if not kept and steps and math.isfinite(warm.loss):
+        if passes(warm, cold):
+            passed_over = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) rejected by "
+                           f"the guard: {v} ({rule(w, cold)})" for t, w, v in waiting]
+            return _kept(trial, applied, verdict, [*rejected, *passed_over], data_fingerprint,
+                         copied)
+        waiting.append((trial, warm, verdict))
+        raw_model.load_state_dict(cold_state)
+    # No candidate beat cold at step 0. A new stage or head starts random, so step 0 cannot
+    # tell a useful parent from a useless one: train each beside one cold twin, in order.
+    # Only now, so a candidate that wins at once is never passed over for one rescued later.
+    cold_trained: float | None = None
+    spent = 0  # the guard's training steps
+    for trial, warm, verdict in waiting:
+        if steps and math.isfinite(warm.loss):
             if cold_trained is None:  # one cold twin for every parent tried
                 cold_trained = trained_loss(raw_model, probe, training, steps, start=cold_state)
                 spent += steps
+            applied = _apply(job, trial, zoo, raw_model)
             warm_trained = trained_loss(raw_model, probe, training, steps)
             spent += steps
             trial = trial.model_copy(update={
                 "trained_probe_loss": _finite(warm_trained),
-                "cold_trained_probe_loss": _finite(cold_trained)})
-            kept = trained_passes(warm_trained, cold_trained)
+                "cold_trained_probe_loss": _finite(cold_trained), "guard_steps": spent})
+            if first is not None and first[0].parent == trial.parent:
+                first = (trial, warm)  # a cold start reports the first candidate's losses
             verdict = f"{trained_comparison(warm_trained, cold_trained, steps)}; {verdict}"
-        elif not kept:
+            if trained_passes(warm_trained, cold_trained):
+                return _kept(trial, applied, verdict, rejected, data_fingerprint, copied)
+            raw_model.load_state_dict(cold_state)
+        else:
             verdict += f" ({rule(warm, cold)})"
-        trial = trial.model_copy(update={"guard_steps": spent})
-        first = first or (trial, warm)
-        if kept:
-            lead = (f"warm start from {parent} (similarity {_fmt(trial.similarity)}): guard: "
-                    f"{verdict}; {applied.matched_tensors} of {applied.total_tensors} tensors "
-                    "transferred")
-            if applied.parent_provisional:
-                lead += f"; {parent} is a provisional record (its job is still training)"
-            note = data_note(applied.parent_data, data_fingerprint)
-            if copied is not None:
-                copied.update(applied.unchanged)
-            return trial.model_copy(update={
-                "reason": "; ".join([lead, *([note] if note else []), *rejected])})
-        rejected.append(f"candidate {parent} (similarity {_fmt(trial.similarity)}) "
+        rejected.append(f"candidate {trial.parent} (similarity {_fmt(trial.similarity)}) "
                         f"rejected by the guard: {verdict}")
-        raw_model.load_state_dict(cold_state)
     assert first is not None  # the decided parent was applied or raised
     reason = "; ".join(rejected) + "; cold start (guard)"
     return first[0].model_copy(update={"parent": None, "parent_metric": None,
                                        "outcome": api.WarmStartOutcome.COLD_GUARD,
                                        "reason": reason, "guard_steps": spent})
+
+
+def _kept(trial: api.WarmStartDecision, applied: decision.Applied, verdict: str,
+          rejected: list[str], data_fingerprint: str | None,
+          copied: set[str] | None) -> api.WarmStartDecision:
+    """The decision for a parent the guard kept: its reason leads with the test it passed."""
+    lead = (f"warm start from {trial.parent} (similarity {_fmt(trial.similarity)}): guard: "
+            f"{verdict}; {applied.matched_tensors} of {applied.total_tensors} tensors "
+            "transferred")
+    if applied.parent_provisional:
+        lead += f"; {trial.parent} is a provisional record (its job is still training)"
+    note = data_note(applied.parent_data, data_fingerprint)
+    if copied is not None:
+        copied.update(applied.unchanged)
+    return trial.model_copy(update={
+        "reason": "; ".join([lead, *([note] if note else []), *rejected])})
 
 
 def data_note(parent: str | None, child: str | None) -> str:
@@ -495,13 +518,20 @@ def decide(job: api.TrainingJob, zoo: store.ObjectStore | None) -> api.WarmStart
     return decision.decide(job, zoo)
 
 
+Measure = Callable[[nn.Module], tuple[float, float]]
+"""(model) -> (validation accuracy, validation loss) on the job's validation split."""
+
+
 def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | None, *,
-               load: bool) -> tuple[api.WarmStartDecision, records.ZooModelId]:
+               load: bool, main: bool = True, measure: Measure | None = None,
+               ) -> tuple[api.WarmStartDecision, records.ZooModelId | None]:
     """A LoRA job's start (``spec.training.peft``): its base's exact weights in `model`, then
     the adapters attached (`lora.attach`); from a parent adapter on that base, its adapter too.
 
     The pinned parent (``spec.warmStart.parent``) is the base itself, or an adapter whose
-    ``base`` record holds the weights. No probe guard: a LoRA job never starts cold.
+    ``base`` record holds the weights. A job on ``spec.model.pretrained.uri`` (`model` holds
+    those weights already) finds its base and parent itself (`pretrained_lora_parent`). No
+    probe guard: a LoRA job never starts cold.
 
     Args:
         job: the LoRA job.
@@ -509,9 +539,13 @@ def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | 
         zoo: the zoo holding the parent.
         load: load the weights (rank 0 of a fresh start); False only attaches, for the other
             ranks (weights broadcast later) and for a resumed run (weights in the checkpoint).
+        main: rank 0, which alone finds (and imports) a pretrained job's base; the others
+            only attach, and get the decision from it.
+        measure: the job's validation metrics of a model, for a pretrained base imported now.
 
     Returns:
-        The decision (the pinned parent, similarity 1) and the base record's id.
+        The decision (the parent, similarity 1) and the base record's id (None on the ranks
+        that only attached).
 
     Raises:
         api.InvalidSpec: no zoo, a parent missing or private, a base of another model, an
@@ -521,18 +555,27 @@ def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | 
     assert peft is not None
     if zoo is None:
         raise api.InvalidSpec([("spec.training.peft: LoRA needs the model zoo holding its "
-                               "base (spec.warmStart.parent); pass --zoo")],
+                               "base (spec.warmStart.parent, or the record of "
+                               "spec.model.pretrained.uri); pass --zoo")],
                               source=f"job {job.name}")
-    parent = decision.pinned_record(zoo, job.spec.warm_start.parent, namespace=job.namespace)
-    base = decision.pinned_record(zoo, parent.base, namespace=job.namespace) \
-        if parent.base is not None else parent
-    if parent.adapter is not None and {k: v for k, v in parent.adapter.items() if k != "dropout"} \
-            != {k: v for k, v in api.to_wire(peft).items() if k != "dropout"}:
+    outcome = api.WarmStartOutcome.PINNED
+    if job.spec.model.pretrained is not None:
+        if not main:
+            _attach(job, model, peft)
+            return select.cold_start(api.WarmStartOutcome.IN_TRAINER, "decided on rank 0"), None
+        parent, base, imported = pretrained_lora_parent(job, model, zoo, measure=measure)
+        outcome = api.WarmStartOutcome.WARM
+    else:
+        parent = decision.pinned_record(zoo, job.spec.warm_start.parent, namespace=job.namespace)
+        base = decision.pinned_record(zoo, parent.base, namespace=job.namespace) \
+            if parent.base is not None else parent
+        imported = False
+    if parent.adapter is not None and not same_adapter(parent.adapter, peft):
         raise api.InvalidSpec([(
             f"spec.training.peft: the parent adapter {parent.id} has {parent.adapter}; a LoRA "
             "job continues an adapter with the same method, rank, alpha and targetModules "
             f"(or pin its base {base.id} to train a new one)")], source=f"job {job.name}")
-    if load:
+    if load and job.spec.model.pretrained is None:
         try:
             model.load_state_dict(records.load_weights(zoo, base))
         except RuntimeError as exc:
@@ -541,19 +584,121 @@ def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | 
                 f"{base.id} ({base.builder}) does not fit spec.model "
                 f"({str(exc).splitlines()[0]}); pin a base of the same architecture and args")],
                 source=f"job {job.name}") from None
-    try:
-        lora.attach(model, peft)
-        if load and parent.base is not None:
+    _attach(job, model, peft)
+    if load and parent.base is not None:
+        try:
             lora.load_adapter(model, records.load_weights(zoo, parent))
-    except ValueError as exc:
-        raise api.InvalidSpec([str(exc)], source=f"job {job.name}") from None
+        except ValueError as exc:
+            raise api.InvalidSpec([str(exc)], source=f"job {job.name}") from None
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     start = (f"continuing adapter {parent.id}" if parent.base is not None
              else "a new adapter")
-    reason = (f"LoRA rank {peft.rank} on base {base.id}, {start}: {trained:,} of {total:,} "
+    source = job.spec.model.pretrained
+    on = (f" ({'imported now from' if imported else 'the zoo record of'} {source.uri})"
+          if source is not None else "")
+    reason = (f"LoRA rank {peft.rank} on base {base.id}{on}, {start}: {trained:,} of {total:,} "
               "parameters train; the base is frozen, so layer freezing is off")
     return api.WarmStartDecision(
-        outcome=api.WarmStartOutcome.PINNED, parent=parent.id, similarity=1.0,
+        outcome=outcome, parent=parent.id, similarity=1.0,
         parent_metric=parent.metric_value, metric_name=parent.metric_name,
         reason=reason), base.id
+
+
+def same_adapter(settings: Mapping[str, Any], peft: api.PeftSpec) -> bool:
+    """Whether an adapter record's settings (``ZooRecord.adapter``) are `peft`'s, but for
+    dropout (which only training uses): a job can continue it."""
+    def kept(doc: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in doc.items() if k != "dropout"}
+    return kept(settings) == kept(api.to_wire(peft))
+
+
+def pretrained_lora_parent(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore, *,
+                           measure: Measure | None
+                           ) -> tuple[records.ZooRecord, records.ZooRecord, bool]:
+    """A LoRA job's parent and base when its base is ``spec.model.pretrained.uri`` (its
+    weights in `model`, no adapters yet).
+
+    The base is the zoo record holding exactly those weights, found by content (its
+    ``weights_sha256`` is the SHA-256 of `model`'s weights as a record stores them, and it
+    has the job's architecture and args), whatever URI, server or format they came from;
+    without one the job imports them now (`registration.import_base`). The parent is the
+    best finished adapter on such a record with the job's LoRA settings (same dataset
+    first, then the better metric, then the newer) when ``spec.warmStart.enabled``, else the
+    base: a new adapter. Only records the job's namespace may see count.
+
+    Returns:
+        (parent, base, whether the base was imported now).
+
+    Raises:
+        api.InvalidSpec: the base must be imported and `measure` is None, or its validation
+            metric is not finite.
+        store.StoreUnavailable: the zoo could not be read or written.
+    """
+    peft = job.spec.training.peft
+    assert peft is not None
+    spec = job.spec.model
+    digest = hashlib.sha256(records.serialize_weights("pretrained", model.state_dict())
+                            ).hexdigest()
+    seen = [r for r in records.list_records(zoo)
+            if r.visible_to(job.namespace) and not r.provisional]
+    bases = sorted((r for r in seen if r.adapter is None and r.weights_sha256 == digest
+                    and (r.architecture, r.entrypoint, r.args, tuple(r.input_shape))
+                    == (spec.architecture, spec.entrypoint, dict(spec.args),
+                        tuple(spec.input_shape))),
+                   key=lambda r: (r.created_time, r.id))
+    by_id = {r.id: r for r in bases}
+    adapters = [r for r in seen if r.base in by_id and r.adapter is not None
+                and same_adapter(r.adapter, peft)]
+    if adapters and job.spec.warm_start.enabled:
+        data = records.dataset_fingerprint(job.spec.dataset)
+        metric = registration.metric_name(job.spec)
+        higher = metric == api.TargetMetric.VALIDATION_ACCURACY
+        best = max(adapters, key=lambda r: (
+            r.dataset_fingerprint == data, r.metric_name == metric,
+            (r.metric_value if higher else -r.metric_value) if r.metric_name == metric else 0.0,
+            r.created_time))
+        assert best.base is not None
+        return best, by_id[best.base], False
+    if bases:
+        return bases[0], bases[0], False
+    if measure is None:
+        raise api.InvalidSpec([(
+            "spec.model.pretrained.uri: a LoRA job imports these weights into the zoo as its "
+            "base, with their validation metric; pass the measure to warm_start (Kiln's loop "
+            "does), or import them once with `kiln zoo import`")], source=f"job {job.name}")
+    base = registration.import_base(zoo, job, model, measure(model), weights_sha256=digest)
+    return base, base, True
+
+
+def _attach(job: api.TrainingJob, model: nn.Module, peft: api.PeftSpec) -> None:
+    try:
+        lora.attach(model, peft)
+    except ValueError as exc:
+        raise api.InvalidSpec([str(exc)], source=f"job {job.name}") from None
+
+
+def load_pretrained(job: api.TrainingJob, model: nn.Module, environ: Mapping[str, str]) -> None:
+    """Load ``spec.model.pretrained``'s weights into `model` (every key and shape matching:
+    `pretrained.load_strict`), from the initializer's local copy (`sources.local_copy`).
+
+    Raises:
+        api.InvalidSpec: the weights cannot be made local, read, or do not fit the model;
+            naming spec.model.pretrained.uri and the fix.
+        store.StoreUnavailable: an S3 server did not answer.
+    """
+    source = job.spec.model.pretrained
+    if source is None:
+        return
+    field = "spec.model.pretrained.uri"
+    try:
+        local = sources.local_copy(source.uri, field=field, environ=environ,
+                                   secret=source.secret_ref.name if source.secret_ref else "")
+        pretrained.load_strict(model, pretrained.read_weights(Path(local.path)),
+                               f"{field} {source.uri}",
+                               advice="check spec.model (architecture or entrypoint, args) "
+                               "against the model the weights were saved from")
+    except (sources.SourceError, pretrained.WeightsError) as exc:
+        raise api.InvalidSpec([str(exc) if str(exc).startswith(field) else f"{field}: {exc}"]
+                              ) from None
+    _log.info("started from the pretrained weights at %s", source.uri)

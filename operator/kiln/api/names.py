@@ -45,6 +45,8 @@ def non_ascii(value: str) -> str | None:
 
 # spec.warmStart.parent: "auto" or a zoo model id. The id rule is kiln.zoo.records' (one safe
 # key component); repeated here because api sits below zoo in the layers.
+# spec.model.pretrained.uri and spec.dataset.uri: an s3:// key, an hf:// repository or a path.
+SOURCE_URI_MAX_LENGTH = 1024
 PARENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 PARENT_MAX_LENGTH = 128
 

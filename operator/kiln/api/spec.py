@@ -19,6 +19,50 @@ ParentId = Annotated[str, Field(min_length=1, max_length=names.PARENT_MAX_LENGTH
 MAX_PREFERRED_PARENTS = 32
 
 
+class SecretRef(names.ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,  # a DNS subdomain, as Kubernetes names objects
+        pattern=names.SUBDOMAIN_PATTERN,
+        description="name: a Secret in the job's namespace holding the S3 server's address "
+        "and credentials under the keys endpoint (host:port or http(s)://host:port), "
+        "accessKey and secretKey (both or neither: anonymous), and optionally sessionToken and "
+        "region. Only the initializer mounts it; `kiln run` reads the same keys as files in "
+        "$KILN_SECRETS_DIR/<name>/ (default ~/.kiln/secrets/<name>/).",
+    )
+
+
+class PretrainedSpec(names.ApiModel):
+    uri: str = Field(
+        min_length=1,
+        max_length=names.SOURCE_URI_MAX_LENGTH,
+        description="uri: the weights the job starts from: s3://bucket/key-or-prefix, "
+        "hf://org/name, or a path the trainer sees (a volume); a .safetensors file, a torch "
+        "state dict (.pt, .pth, .bin) or a Hugging Face directory (config.json and "
+        "model.safetensors, and a tokenizer.json that text datasets then use). s3:// is "
+        "downloaded once, before training, into a content-keyed cache; the job then starts "
+        "from these weights instead of a zoo parent (a LoRA job: they are its base).",
+    )
+    secret_ref: SecretRef | None = Field(
+        default=None,
+        description="secretRef: the Secret with the S3 endpoint and credentials of an s3:// "
+        "uri; unset: the zoo's endpoint and credentials.",
+    )
+
+
+class InitializerSpec(names.ApiModel):
+    cache_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=names.SUBDOMAIN_PATTERN,
+        description="cacheClaim: a PersistentVolumeClaim in the job's namespace that caches "
+        "downloaded s3:// sources (spec.model.pretrained.uri, spec.dataset.uri) across pods "
+        "and jobs, keyed by content (object keys, sizes, ETags); unset: an emptyDir, so each "
+        "pod downloads again.",
+    )
+
+
 class ModelSpec(names.ApiModel):
     architecture: str | None = Field(
         default=None,
@@ -52,6 +96,10 @@ class ModelSpec(names.ApiModel):
         description="inputShape: one sample's shape without the batch: [C, H, W] for images, "
         f"[sequenceLength] for text; each at most {names.INPUT_DIM_MAX}.",
     )
+    pretrained: PretrainedSpec | None = Field(
+        default=None,
+        description="pretrained: weights to fine-tune from, downloaded before training.",
+    )
 
     @property
     def label(self) -> str:
@@ -77,6 +125,21 @@ class DatasetSpec(names.ApiModel):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="args: keyword arguments of the dataset entrypoint, e.g. root, size.",
+    )
+    uri: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=names.SOURCE_URI_MAX_LENGTH,
+        description="uri: where the data comes from: s3://bucket/key-or-prefix (any S3 server: "
+        "secretRef), hf://org/name, or a path the trainer sees; s3:// is downloaded once, "
+        "before training, into a content-keyed cache. The local copy is the built-in loader's "
+        "path (imagefolder, torchvision, text), or an entrypoint's path keyword argument. "
+        "Set this or path.",
+    )
+    secret_ref: SecretRef | None = Field(
+        default=None,
+        description="secretRef: the Secret with the S3 endpoint and credentials of an s3:// "
+        "uri; unset: the zoo's endpoint and credentials.",
     )
     path: str | None = Field(
         default=None,
@@ -235,8 +298,10 @@ class TrainingSpec(names.ApiModel):
     peft: PeftSpec | None = Field(
         default=None,
         description="peft: train a LoRA adapter on the pinned spec.warmStart.parent (a full "
-        "model, or an adapter on the same base, whose adapter is loaded) instead of every "
-        "weight; layer freezing is off (the base is frozen by design).",
+        "model, or an adapter on the same base, whose adapter is loaded), or on "
+        "spec.model.pretrained.uri (imported into the zoo once as the base; the best adapter "
+        "on it with these settings is continued), instead of every weight; layer freezing is "
+        "off (the base is frozen by design).",
     )
 
 
@@ -488,6 +553,10 @@ class TrainingJobSpec(names.ApiModel):
         description="runtimeRef: the TrainingRuntime or ClusterTrainingRuntime whose pod "
         "template and defaults the job starts from; spec.template adds to it and overrides "
         "what the runtime does not lock. Resolved once, at admission (status.runtime).",
+    )
+    initializer: InitializerSpec = Field(
+        default_factory=InitializerSpec,
+        description="initializer: where the downloaded s3:// sources are cached.",
     )
     template: dict[str, Any] = Field(
         default_factory=dict,

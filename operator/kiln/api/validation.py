@@ -215,8 +215,9 @@ def validate(job: status.TrainingJob) -> list[str]:
     needs_path = (
         names.DatasetName.IMAGEFOLDER, names.DatasetName.TORCHVISION, names.DatasetName.TEXT
     )
-    if ds.loader in needs_path and not ds.path:
-        problems.append(f"spec.dataset.path: required for dataset {ds.loader}; set the data location")
+    if ds.loader in needs_path and not ds.path and not ds.uri:
+        problems.append(f"spec.dataset.path: required for dataset {ds.loader}; set the data "
+                        "location (or spec.dataset.uri to download it first)")
     if ds.loader == names.DatasetName.DIGITS and ds.path:
         problems.append("spec.dataset.path: digits is bundled with scikit-learn; remove path")
     if ds.loader == names.DatasetName.TORCHVISION and not ds.torchvision_class:
@@ -284,7 +285,85 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"{res.parallelism.value} splits the global batch evenly over 2, 4 or 8 GPUs; use "
             "an even batch size"
         )
+    if (spec.model.pretrained is not None and spec.training.peft is not None
+            and spec.warm_start.parent != "auto"):
+        problems.append(
+            "spec.warmStart.parent: a LoRA job on spec.model.pretrained.uri has that as its "
+            "base, and continues the best adapter on it by itself; remove the pin (or remove "
+            "spec.model.pretrained to train on the pinned zoo model)")
+    pretrained = spec.model.pretrained
+    if pretrained is not None:
+        problems += source_problems(pretrained.uri, pretrained.secret_ref,
+                                    "spec.model.pretrained")
     return problems + _dataset_problems(ds) + template_problems(spec.template)
+
+
+class SourceUri(typing.NamedTuple):
+    """A parsed spec.model.pretrained.uri or spec.dataset.uri (`split_source`).
+
+    Attributes:
+        scheme: "s3", "hf" or "path".
+        bucket: the S3 bucket, or the Hugging Face organisation; "" for a path.
+        key: the S3 key or prefix ("" for the whole bucket), the Hugging Face repository name,
+            or the path.
+    """
+
+    scheme: str
+    bucket: str
+    key: str
+
+
+SOURCE_SCHEMES = "s3://bucket/key-or-prefix, hf://org/name or a path the trainer sees"
+# S3 bucket names: 3 to 63 lowercase letters, digits, dots and hyphens (AWS's rules).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# A Hugging Face repository id: org/name, letters, digits, '-', '_' and '.'.
+_HF_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+
+
+def split_source(uri: str) -> SourceUri:
+    """Parse a source URI: ``s3://bucket/key-or-prefix``, ``hf://org/name``, ``file:///path``
+    or a path.
+
+    Raises:
+        ValueError: an unknown scheme, a bad bucket, an hf:// id that is not org/name, or
+            control characters; the message says what to write instead.
+    """
+    if any(ord(c) < 32 or ord(c) == 127 for c in uri):
+        raise ValueError("contains control characters")
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return SourceUri("path", "", uri)
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError(f"write file:///absolute/path, or just a path (got {uri!r})")
+        return SourceUri("path", "", rest)
+    if scheme == "s3":
+        bucket, _, key = rest.partition("/")
+        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+            raise ValueError(f"{bucket!r} is not an S3 bucket name (3-63 lowercase letters, "
+                             f"digits, '.' and '-'); write s3://bucket/key-or-prefix (got {uri!r})")
+        if any(part in (".", "..") for part in key.split("/")):
+            raise ValueError(f"'.' and '..' are not parts of an S3 key (got {uri!r})")
+        return SourceUri("s3", bucket, key.strip("/"))
+    if scheme == "hf":
+        parts = rest.strip("/").split("/")
+        if len(parts) != 2 or not all(_HF_PART.fullmatch(p) for p in parts):
+            raise ValueError(f"write hf://org/name, a Hugging Face Hub repository (got {uri!r})")
+        return SourceUri("hf", parts[0], parts[1])
+    raise ValueError(f"unsupported scheme {scheme!r} (got {uri!r}); use {SOURCE_SCHEMES}")
+
+
+def source_problems(uri: str, secret_ref: spec_types.SecretRef | None, at: str) -> list[str]:
+    """The problems of the source at `at` (spec.model.pretrained or spec.dataset): its uri
+    parses (`split_source`), and a secretRef goes with an s3:// uri only."""
+    try:
+        scheme = split_source(uri).scheme
+    except ValueError as exc:
+        return [f"{at}.uri: {exc}"]
+    if secret_ref is not None and scheme != "s3":
+        return [f"{at}.secretRef: only an s3:// uri reads a Secret (got uri {uri!r}); "
+                + "remove secretRef"]
+    return []
 
 
 def _nodes_problems(res: spec_types.ResourcesSpec) -> list[str]:
@@ -338,6 +417,20 @@ def _dataset_problems(ds: spec_types.DatasetSpec) -> list[str]:
                     "reads its own data and Kiln uses its datasets as returned, so do this in "
                     f"your callable through spec.dataset.args (got {str(value)!r})"
                 )
+    if ds.uri is not None:
+        problems += source_problems(ds.uri, ds.secret_ref, "spec.dataset")
+        if ds.path is not None:
+            problems.append(f"spec.dataset.uri: the local copy of uri becomes the data's path; "
+                            f"set uri or path, not both (got path {ds.path!r})")
+        if ds.loader == names.DatasetName.DIGITS:
+            problems.append("spec.dataset.uri: digits is bundled with scikit-learn; remove uri "
+                            "or name the loader that reads it (imagefolder, torchvision, text)")
+        if ds.entrypoint is not None and "path" in ds.args:
+            problems.append("spec.dataset.args.path: the entrypoint gets the local copy of "
+                            "spec.dataset.uri as its path argument; remove args.path")
+    elif ds.secret_ref is not None:
+        problems.append("spec.dataset.secretRef: reads the S3 server of spec.dataset.uri, which "
+                        "is not set; set uri or remove secretRef")
     remote = names.DatasetName.IMAGEFOLDER, names.DatasetName.TEXT
     for field, value in (("path", ds.path), ("validationPath", ds.validation_path)):
         if value is None or ds.entrypoint is not None:
@@ -372,6 +465,7 @@ TEMPLATE_KEYS = (
 # Names the operator's pod already uses: the trainer container, and its /dev/shm volume.
 TRAINER_CONTAINER = "trainer"
 SHM_VOLUME, SHM_MOUNT_PATH = "dshm", "/dev/shm"
+KILN_VOLUME_PREFIX = "kiln-"  # the initializer's volumes (kiln.controller.pods)
 RESERVED_ENV_PREFIX = "KILN_"
 # The prefix of the labels and annotations Kiln puts on its pods (job name, attempt, role...).
 KILN_PREFIX = f"{names.GROUP}/"
@@ -570,6 +664,9 @@ def _volume_problems(volumes: list[Any], problems: list[str]) -> set[str]:
         if name == SHM_VOLUME:
             problems.append(f"{at}.name: {SHM_VOLUME} is Kiln's shared-memory volume; choose "
                             "another name")
+        elif name.startswith(KILN_VOLUME_PREFIX):
+            problems.append(f"{at}.name: {KILN_VOLUME_PREFIX}* names Kiln's own volumes (the "
+                            "initializer's sources, cache and Secrets); choose another name")
         elif name in found:
             problems.append(f"{at}.name: {name!r} is used by another volume; names must be "
                             "unique")

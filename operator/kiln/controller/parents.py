@@ -246,10 +246,16 @@ class ParentChooser:
 
 
 def _without_zoo(job: api.TrainingJob) -> api.WarmStartDecision | None:
-    """The decision of a job that needs no zoo (warm start disabled, or decided by the trainer
-    for user code the operator never imports), else None."""
+    """The decision of a job that needs no zoo search here (warm start disabled, pretrained
+    weights, or decided by the trainer: for user code the operator never imports, and for a
+    LoRA job on pretrained weights, whose base only its pod sees), else None."""
     if not job.spec.warm_start.enabled:
         return select.cold_start(api.WarmStartOutcome.DISABLED, DISABLED_REASON)
+    if job.spec.model.pretrained is not None and job.spec.training.peft is not None:
+        return select.cold_start(api.WarmStartOutcome.IN_TRAINER,
+                                 decision.PRETRAINED_LORA_REASON)
+    if job.spec.model.pretrained is not None:
+        return select.cold_start(api.WarmStartOutcome.DISABLED, decision.PRETRAINED_REASON)
     if job.spec.model.entrypoint is not None:
         return select.cold_start(api.WarmStartOutcome.IN_TRAINER, IN_TRAINER_REASON)
     return None

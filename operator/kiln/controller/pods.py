@@ -14,7 +14,7 @@ from typing import Any, cast
 import kopf
 
 from kiln import api, contract
-from kiln.zoo import records
+from kiln.zoo import records, sources
 
 NODE_ANNOTATION = "kiln.dev/node"
 GPUS_ANNOTATION = "kiln.dev/gpus"
@@ -313,6 +313,7 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
             records.job_record_id(job.spec.model.label, uid))})
     if template.get("initContainers"):
         spec["initContainers"] = copy.deepcopy(template["initContainers"])
+    _add_initializer(job, spec)
     for key in ("nodeSelector", "tolerations", "priorityClassName", "schedulerName",
                 "imagePullSecrets"):
         if key in template:
@@ -329,6 +330,61 @@ def build_pod(owner: Mapping[str, Any], job: api.TrainingJob, *, attempt: int, l
         if (k in (api.JOB_NAME_LABEL, api.ATTEMPT_LABEL) or not k.startswith(KILN_PREFIX))
         and (settings.kueue_labels or not k.startswith(KUEUE_LABEL_PREFIX))}
     return pod
+
+
+SOURCES_VOLUME = "kiln-sources"
+SOURCE_CACHE_VOLUME = "kiln-source-cache"
+SECRET_VOLUME_PREFIX = "kiln-secret-"
+
+
+def _add_initializer(job: api.TrainingJob, spec: dict[str, Any]) -> None:
+    """Give a pod whose job downloads sources (`sources.job_sources`) Kiln's initializer: an
+    init container of the trainer's image, with the trainer's environment (the job, the zoo's
+    endpoint and credentials), that fetches them into the cache and writes the manifest the
+    trainer reads.
+
+    The manifest lives in an emptyDir both containers mount at `contract.SOURCES_DIR`; the
+    cache beside it, or in spec.initializer.cacheClaim's volume at `contract.SOURCE_CACHE_DIR`
+    (shared across pods and jobs: entries are named by content). Each secretRef's Secret is
+    mounted in the initializer alone, at ``SECRETS_DIR/<name>``.
+    """
+    found = sources.job_sources(job.spec)
+    if not found:
+        return
+    trainer = spec["containers"][0]
+    claim = job.spec.initializer.cache_claim
+    cache = contract.SOURCE_CACHE_DIR if claim else f"{contract.SOURCES_DIR}/cache"
+    shared = [{"name": SOURCES_VOLUME, "mountPath": contract.SOURCES_DIR}]
+    spec["volumes"].append({"name": SOURCES_VOLUME, "emptyDir": {}})
+    if claim:
+        shared.append({"name": SOURCE_CACHE_VOLUME, "mountPath": contract.SOURCE_CACHE_DIR})
+        spec["volumes"].append({"name": SOURCE_CACHE_VOLUME,
+                                "persistentVolumeClaim": {"claimName": claim}})
+    secrets = sorted({secret for _, _, secret in found if secret})
+    mounts = [{"name": f"{SECRET_VOLUME_PREFIX}{i}", "readOnly": True,
+               "mountPath": f"{contract.SECRETS_DIR}/{name}"} for i, name in enumerate(secrets)]
+    spec["volumes"] += [{"name": f"{SECRET_VOLUME_PREFIX}{i}",
+                         "secret": {"secretName": name, "defaultMode": 0o400}}
+                        for i, name in enumerate(secrets)]
+    manifest = {"name": contract.Env.SOURCES.value,
+                "value": f"{contract.SOURCES_DIR}/{contract.SOURCES_MANIFEST}"}
+    trainer["volumeMounts"] += [{**m, "readOnly": True} for m in shared]
+    trainer["env"].append(manifest)
+    kept = {contract.Env.JOB, contract.Env.ZOO_ENDPOINT, contract.Env.ZOO_ACCESS_KEY,
+            contract.Env.ZOO_SECRET_KEY, contract.Env.ZOO_SESSION_TOKEN}
+    spec.setdefault("initContainers", []).append({
+        "name": contract.INITIALIZER_CONTAINER,
+        "image": trainer["image"],
+        "imagePullPolicy": trainer["imagePullPolicy"],
+        "command": contract.initializer_command(python="python"),
+        "env": [copy.deepcopy(e) for e in trainer["env"] if e["name"] in kept] + [
+            manifest, {"name": contract.Env.DATA_CACHE.value, "value": cache},
+            {"name": contract.Env.SECRETS_DIR.value, "value": contract.SECRETS_DIR},
+            {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "securityContext": copy.deepcopy(trainer["securityContext"]),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": copy.deepcopy(shared) + mounts,
+    })
 
 
 def _not_kilns(keys: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -525,10 +581,17 @@ def _unschedulable(status: Mapping[str, Any]) -> str | None:
 
 
 def _terminated(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer container's terminated state; else a failed init container's (the pod
+    fails with it, and its termination message says why, as the trainer's would)."""
     for container in status.get("containerStatuses") or []:
         if container.get("name") == api.CONTAINER_NAME:
             state = container.get("state") or {}
-            return dict(state.get("terminated") or {})
+            if state.get("terminated"):
+                return dict(state["terminated"])
+    for container in status.get("initContainerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated") or {}
+        if _int(ended.get("exitCode"), 0) != 0:
+            return dict(ended)
     return {}
 
 

@@ -87,10 +87,11 @@ class ZooAccess:
                           key=lambda r: r.created_time, reverse=True)
             visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
         record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
+        imports = job.spec.model.pretrained is not None and job.spec.training.peft is not None
         manifest = await asyncio.to_thread(
             sign_within_budget, zoo, lambda seen: access.job_grants(
                 job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,
-                parents=readable, visible=seen,
+                base=records.base_record_id(record) if imports else None, parents=readable, visible=seen,
                 visible_hits=decided is not None, now=now),
             visible, lifetime=datetime.timedelta(hours=self.lifetime_hours), now=now)
         secret = build_secret(owner, job, manifest, minted=now)

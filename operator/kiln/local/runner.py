@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import locale
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import filelock
 from rich.console import Console
@@ -29,6 +30,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kiln import api, contract
+from kiln.local import zygote
+from kiln.zoo import sources
 
 # How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
@@ -46,6 +49,23 @@ class TrainerFailed(RuntimeError):
             f"job {job_name}: trainer {how_it_ended(exit_code)}; last lines of {log_path}:\n"
             f"    {shown}"
         )
+
+
+class Trainer(Protocol):
+    """What the runner uses of a trainer's process: a `subprocess.Popen`, or a
+    `zygote.Process` forked from a process that has imported torch already."""
+
+    @property
+    def stdout(self) -> IO[str] | None: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
 
 
 class JobBusy(RuntimeError):
@@ -231,15 +251,60 @@ def _run_one(
         except KeyboardInterrupt:
             _stop(process)
             interrupted = True
-    if interrupted or (result is None and process.returncode in contract.INTERRUPTED_EXIT_CODES):
+    code = process.wait()  # it has ended: the code it ended with
+    if interrupted or (result is None and code in contract.INTERRUPTED_EXIT_CODES):
         # Ctrl-C signals the whole process group: the trainer may see it first, save its
         # checkpoint and exit 130 before (or, with SIGINT ignored here, instead of) us.
         console.print(f"[yellow]{escape(job.name)}: stopped; its last checkpoint is kept, "
                       "`kiln run` again resumes it[/]")
         raise KeyboardInterrupt
-    if result is None or process.returncode != 0:
-        raise TrainerFailed(job.name, process.returncode, log_path, tail(log_path))
+    if result is None or code != 0:
+        raise TrainerFailed(job.name, code, log_path, tail(log_path))
     return result.to_json()
+
+
+def initialize(jobs: list[api.TrainingJob], *, work_dir: Path, console: Console,
+               env: Mapping[str, str]) -> dict[str, str]:
+    """Download the jobs' sources (spec.model.pretrained.uri, spec.dataset.uri) before any
+    trainer starts, as a pod's init container does: `contract.initializer_command` per job
+    that has some, into ``$KILN_DATA_CACHE`` (default ``<work_dir>/cache``, kept across runs:
+    entries are named by content). Returns the environment the trainers then find their
+    copies with (the manifest of every job's sources); {} when no job has any.
+
+    Raises:
+        TrainerFailed: an initializer failed; the message is its own (naming the field).
+    """
+    wanted = [job for job in jobs if sources.job_sources(job.spec)]
+    if not wanted:
+        return {}
+    cache = env.get(contract.Env.DATA_CACHE) or os.environ.get(contract.Env.DATA_CACHE) or str(
+        work_dir / "cache")
+    found: list[sources.Fetched] = []
+    for job in wanted:
+        manifest = work_dir / f"{job.name}.sources.json"
+        termination = work_dir / f"{job.name}.initializer.termination-log"
+        termination.write_bytes(b"")
+        log_path = work_dir / f"{job.name}.initializer.log"
+        console.print(f"[bold]{escape(job.name)}[/]: fetching its sources (log: "
+                      f"{escape(str(log_path))})")
+        with open(log_path, "w", encoding="utf-8") as log:
+            done = subprocess.run(
+                [*contract.initializer_command(), contract.Flag.JOB.value,
+                 str(write_job_file(job, work_dir))],
+                stdout=log, stderr=subprocess.STDOUT, check=False,
+                env=trainer_env({**env, contract.Env.SOURCES: str(manifest),
+                                 contract.Env.DATA_CACHE: cache,
+                                 contract.Env.TERMINATION_LOG: str(termination)},
+                                threads=default_threads()))
+        if done.returncode != 0:
+            failure = contract.read_termination_message(termination.read_text("utf-8", "replace"))
+            raise TrainerFailed(job.name, done.returncode, log_path, tail(log_path),
+                                why=failure.message if isinstance(failure, contract.Failure)
+                                else None)
+        found += sources.Manifest.read(manifest).sources
+    merged = work_dir / "sources.json"
+    sources.Manifest(tuple(found)).write(merged)
+    return {contract.Env.SOURCES: str(merged)}
 
 
 def own_command(job: api.TrainingJob, args: contract.TrainerArgs
@@ -262,13 +327,21 @@ def own_command(job: api.TrainingJob, args: contract.TrainerArgs
 
 
 def start_trainer(job_name: str, command: list[str], *, log: IO[str], own: bool,
-                  env: dict[str, str]) -> subprocess.Popen[str]:
+                  env: dict[str, str]) -> Trainer:
     """Start a trainer: events come on its stdout (`read_events`), its stderr goes to `log`.
+
+    ``python -m kiln_trainer`` with this interpreter is forked from this process's zygote
+    (`kiln.local.zygote`: torch and the libraries under it imported once, which a sweep's or a
+    plan's many trainers would each import again); anything else, or with
+    ``KILN_FORK_TRAINERS=0``, runs as a new process. Either shares our process group.
 
     Raises:
         TrainerFailed: the program cannot be run (not found on `env`'s PATH, not executable);
             for a job's own command (`own`) the message names spec.template.command.
     """
+    forked = _fork(command, log=log, env=env)
+    if forked is not None:
+        return forked
     try:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     except OSError as exc:
@@ -278,6 +351,23 @@ def start_trainer(job_name: str, command: list[str], *, log: IO[str], own: bool,
                and os.sep not in command[0] else f"{exc.strerror or exc}; fix the path")
         raise TrainerFailed(job_name, 127 if missing else 126, Path(log.name), [],
                             why=f"{where}: cannot run {command[0]!r}: {why}") from None
+
+
+def _fork(command: list[str], *, log: IO[str], env: dict[str, str]) -> zygote.Process | None:
+    """`command` forked by the zygote with its stdout on a pipe we read as Popen's text mode
+    reads it and its stderr to `log`; None where the zygote does not run it."""
+    if not (zygote.enabled() and zygote.forkable(command, env, os.getcwd())):
+        return None
+    read, write = os.pipe()
+    stdout = open(read, encoding=locale.getpreferredencoding(False))  # noqa: SIM115 (the reader's)
+    try:
+        process = zygote.start(command, env=env, stdout=write, stderr=log.fileno(),
+                               text_stdout=stdout)
+    finally:
+        os.close(write)
+    if process is None:
+        stdout.close()
+    return process
 
 
 def write_job_file(job: api.TrainingJob, work_dir: Path) -> Path:
@@ -301,7 +391,7 @@ def trainer_env(env: dict[str, str] | None, *, threads: str) -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads, **os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
 
 
-def read_events(process: subprocess.Popen[str], *, log: IO[str]) -> Iterator[contract.Event]:
+def read_events(process: Trainer, *, log: IO[str]) -> Iterator[contract.Event]:
     """The trainer's events from its stdout, until it closes.
 
     Stray output (a user's print) goes to `log`, beside the trainer's stderr, so a failure's
@@ -428,12 +518,12 @@ def read_history(path: Path) -> list[dict[str, Any]]:
     return kept
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
+def _stop(process: Trainer) -> None:
     """Ask the trainer to checkpoint and exit (SIGTERM); kill it if it does not."""
     stop_all([process])
 
 
-def stop_all(processes: list[subprocess.Popen[str]]) -> None:
+def stop_all(processes: Sequence[Trainer]) -> None:
     """Ask every running trainer to checkpoint and exit (SIGTERM to all, then wait for each);
     kill those still running STOP_GRACE_SECONDS after the signal."""
     running = [p for p in processes if p.poll() is None]

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import queue
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -142,7 +141,7 @@ def _profile_one(job: api.TrainingJob, *, devices: machine.Devices, zoo_uri: str
         except KeyboardInterrupt:
             runner.stop_all([process])
             raise
-    code = process.returncode
+    code = process.wait()
     if code in contract.INTERRUPTED_EXIT_CODES:
         console.print(f"[yellow]{escape(job.name)}: profiling stopped; nothing was trained[/]")
         raise KeyboardInterrupt
@@ -291,7 +290,7 @@ class _Live:
     """A running trainer."""
 
     assignment: types.Assignment
-    process: subprocess.Popen[str]
+    process: runner.Trainer
     log: IO[str]
     devices: tuple[int, ...]
     start: float
@@ -439,7 +438,7 @@ class _Run:
             f"{','.join(map(str, held))} (log: {escape(str(log_path))})")
         progress.update(self.tasks[a.job], status="starting")
 
-    def _pump(self, name: str, process: subprocess.Popen[str], log: IO[str]) -> None:
+    def _pump(self, name: str, process: runner.Trainer, log: IO[str]) -> None:
         for event in runner.read_events(process, log=log):
             self.events.put((name, event))
         process.wait()
@@ -460,7 +459,7 @@ class _Run:
         live = self.live.pop(name)
         live.log.close()
         self.free.extend(live.devices)
-        code = live.process.returncode
+        code = live.process.wait()  # it has ended: its pump saw it
         self._record(name, live, state="done" if code == 0 and live.result else "ended",
                      code=code)
         if live.result is None or code != 0:

@@ -14,7 +14,6 @@ import datetime
 import json
 import os
 import queue
-import subprocess
 import threading
 import time
 import uuid
@@ -178,7 +177,7 @@ class _Live:
 
     index: int
     job: api.TrainingJob
-    process: subprocess.Popen[str]
+    process: runner.Trainer
     log: IO[str]
     device: int
     locks: contextlib.ExitStack
@@ -463,7 +462,7 @@ class SweepRun:
             raise api.InvalidSpec(problems, source=job.name)
         return job
 
-    def _pump(self, index: int, process: subprocess.Popen[str], log: IO[str]) -> None:
+    def _pump(self, index: int, process: runner.Trainer, log: IO[str]) -> None:
         for event in runner.read_events(process, log=log):
             self.events.put((index, event))
         process.wait()
@@ -490,7 +489,7 @@ class SweepRun:
         lv.log.close()
         lv.locks.close()
         self.free.append(lv.device)
-        code = lv.process.returncode
+        code = lv.process.wait()  # it has ended (its pump saw it, or `_stop_all` waited)
         if lv.result is not None and code == 0:
             self._succeeded(lv)
         elif lv.verdict is not None or lv.stopping is not None:

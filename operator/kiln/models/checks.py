@@ -124,9 +124,9 @@ def check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
         name spec.model), the model has at most MAX_MODULES modules and MAX_PARAMETERS
         parameters, and one forward pass of a Tensor[2, *inputShape] works and costs at most
         MAX_FLOPS_PER_SAMPLE per sample (all on the `meta` device);
-      * a LoRA job (spec.training.peft) pins its base (spec.warmStart.parent), does not ask
-        for FSDP, and each of its targetModules names a Linear, Conv or Embedding of the
-        registry model (built on `meta`).
+      * a LoRA job (spec.training.peft) pins its base (spec.warmStart.parent) or gives its
+        weights (spec.model.pretrained.uri), does not ask for FSDP, and each of its
+        targetModules names a Linear, Conv or Embedding of the registry model (on `meta`).
 
     The registry checks are cached per (model, dataset): a thousand jobs of a few
     architectures build a few models.
@@ -194,15 +194,17 @@ def _model_problems(job: api.TrainingJob) -> list[str]:
 
 
 def _peft_problems(job: api.TrainingJob) -> list[str]:
-    """A LoRA job's rules beyond the schema: a pinned base, no FSDP."""
+    """A LoRA job's rules beyond the schema: a base (pinned, or spec.model.pretrained.uri),
+    no FSDP."""
     if job.spec.training.peft is None:
         return []
     problems = []
     warm = job.spec.warm_start
-    if not warm.enabled or warm.parent == "auto":
+    if job.spec.model.pretrained is None and (not warm.enabled or warm.parent == "auto"):
         problems.append("spec.training.peft: LoRA trains an adapter on a base model; set "
                         "spec.warmStart.parent to its zoo id (a full model, or an adapter on "
-                        "that base) and keep spec.warmStart.enabled true")
+                        "that base) and keep spec.warmStart.enabled true, or give the base's "
+                        "weights as spec.model.pretrained.uri")
     if job.spec.resources.parallelism is api.Parallelism.FSDP:
         problems.append("spec.training.peft: a LoRA adapter is small and trains with one "
                         "process or under ddp; set spec.resources.parallelism to ddp or auto")

@@ -82,6 +82,12 @@ def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
     return graph.extract(model, spec.input_shape, name=spec.label, input_dtype=dtype)
 
 
+PRETRAINED_REASON = "no zoo parent: the job starts from spec.model.pretrained.uri"
+PRETRAINED_LORA_REASON = (
+    "a LoRA job on spec.model.pretrained.uri: its trainer finds the zoo record of those weights "
+    "(importing them once) and continues the best adapter on them, before its first step")
+
+
 def decide(
     job: api.TrainingJob,
     zoo: store.ObjectStore,
@@ -118,6 +124,10 @@ def decide(
     if not spec.enabled:
         return select.cold_start(api.WarmStartOutcome.DISABLED,
                                  "warm start disabled by spec.warmStart.enabled")
+    if job.spec.model.pretrained is not None and job.spec.training.peft is not None:
+        return select.cold_start(api.WarmStartOutcome.IN_TRAINER, PRETRAINED_LORA_REASON)
+    if job.spec.model.pretrained is not None:
+        return select.cold_start(api.WarmStartOutcome.DISABLED, PRETRAINED_REASON)
     modality = str(models.modality_of(job.spec.model))
     task = str(models.task_of(job.spec.model))
     try:

@@ -18,7 +18,7 @@ _OWN_FILES = (*_FILES, records.HISTORY_NAME)  # the history: only `kiln plot` re
 
 
 def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
-               parents: Iterable[str] = (),
+               base: str | None = None, parents: Iterable[str] = (),
                visible: Iterable[str] = (), visible_hits: bool = False,
                now: datetime.datetime) -> presigned.Grants:
     """The grants of one job's pods.
@@ -29,6 +29,9 @@ def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
         uid: the job's uid, part of its checkpoint's key (`records.checkpoint_key`).
         record: the id reserved for the job's model (provisional and final records, which the
             trainer writes, reads back and replaces).
+        base: the id a LoRA job on pretrained weights imports them under
+            (`records.base_record_id`), written once like `record`, with one hit key; None
+            for other jobs.
         parents: records the job may start from (the decided parent and the guard's
             alternatives): every file readable, and one hit key each to count the start.
         visible: records its namespace may see, for a pod that searches the zoo itself (the
@@ -47,6 +50,9 @@ def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
         (records.profile_key(namespace, job_name), ("put",)),
         *((prefix + name, _OWN) for name in _OWN_FILES),
     ]
+    if base is not None:  # and one hit: a new adapter starts from it
+        entries += [(records.record_prefix(base) + name, _OWN) for name in _FILES]
+        entries.append((eviction.hit_key(base, now=now), ("put",)))
     for parent in parents:
         entries += [(records.record_prefix(parent) + name, _READ) for name in _FILES]
         entries.append((eviction.hit_key(parent, now=now), ("put",)))

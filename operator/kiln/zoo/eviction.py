@@ -1,8 +1,9 @@
 """Keeping the zoo within a byte budget: hits (times a record was chosen as a parent), their
 decayed value, and eviction of the records worth least per byte.
 
-Never evicts a protected record (a live job's parent, a running job's provisional record); the
-caller says which are protected, since only the operator knows its live jobs.
+Never evicts a protected record (a live job's parent, a running job's provisional record, the
+base of a LoRA adapter still in the zoo); the caller says which of the first two are
+protected, since only the operator knows its live jobs.
 """
 
 from __future__ import annotations
@@ -190,7 +191,14 @@ def survey(
     hits = hit_times(zoo)
     running = set(live_jobs)
     entries = []
-    for record in records.list_records(zoo):
+    listed = records.list_records(zoo)
+    # An adapter is useless without its base: a base stays while any adapter on it does (a
+    # later survey may evict it once they are gone). Only a base the adapter's namespace may
+    # see: no job can keep another namespace's private records by naming them.
+    by_id = {r.id: r for r in listed}
+    bases = {r.base: f"base of LoRA adapter {r.id}" for r in listed
+             if r.base is not None and r.base in by_id and by_id[r.base].visible_to(r.namespace)}
+    for record in listed:
         prefix = records.record_prefix(record.id)
         try:
             size = sum(zoo.size_bytes(key) for key in zoo.list_keys(prefix))
@@ -199,7 +207,7 @@ def survey(
         created = datetime.datetime.fromisoformat(record.created_time)
         created = created if created.tzinfo else created.replace(tzinfo=datetime.UTC)
         abandoned = record.provisional and (record.namespace, record.job_name) not in running
-        why = protect.get(record.id, "")
+        why = protect.get(record.id, "") or bases.get(record.id, "")
         if not why and record.provisional and not abandoned:
             why = f"provisional record of running job {record.namespace}/{record.job_name}"
         found = hits.get(record.id, [])

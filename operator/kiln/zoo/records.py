@@ -341,6 +341,17 @@ def job_record_id(architecture: str, uid: str) -> ZooModelId:
     return check_id(f"{_slug(architecture)}-{digits}")
 
 
+def base_record_id(reserved: str) -> ZooModelId:
+    """The id under which a LoRA job on spec.model.pretrained.uri imports those weights as its
+    base when no visible record holds them yet: its model's id (`job_record_id`) and ``-base``,
+    so the operator can grant it to the job's pods before anyone knows the weights.
+
+    Raises:
+        ValueError: `reserved` is no id.
+    """
+    return check_id(f"{check_id(reserved)}-base")
+
+
 def _slug(architecture: str) -> str:
     name = architecture.rpartition(":")[2]
     return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")[:100] or "model"
@@ -353,7 +364,7 @@ SPEC_FINGERPRINT_PREFIX = "spec-"
 def dataset_fingerprint(spec: api.DatasetSpec) -> str:
     """What a job says it trains on: ``spec.fingerprint`` when the user gave one, else
     ``spec-`` and the first 16 hex digits of a SHA-256 of the fields that name the data
-    (loader or entrypoint, its args, paths, torchvision class).
+    (loader or entrypoint, its args, paths or uri, torchvision class).
 
     The spec, not the content: the operator chooses a parent at admission, before any data is
     read, so this is what it can compare; a path whose content changes keeps its hash. The
@@ -364,6 +375,8 @@ def dataset_fingerprint(spec: api.DatasetSpec) -> str:
     names = {"name": spec.loader, "entrypoint": spec.entrypoint, "args": spec.args,
              "path": spec.path, "validationPath": spec.validation_path,
              "torchvisionClass": spec.torchvision_class}
+    if spec.uri is not None:  # only when set: older specs keep their fingerprints
+        names["uri"] = spec.uri
     text = json.dumps(names, sort_keys=True, default=str)
     return SPEC_FINGERPRINT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
 

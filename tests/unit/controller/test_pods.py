@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
-from kiln import api
+from kiln import api, contract
 from kiln.controller import pods, profiling
 from kiln.controller import settings as operator_settings
 from kiln.warmstart import select
@@ -296,3 +296,49 @@ def test_kiln_labels_added_to_a_job_after_admission_never_reach_its_pods() -> No
     assert labels["app"] == "x" and labels["team"] == "a"
     assert annotations["kiln.dev/node"] == "gpu-1" and annotations["note"] == "y"
     assert not profiling.is_profiling_pod(pod)
+
+
+def test_a_job_with_s3_sources_gets_the_initializer_and_only_it_the_secret() -> None:
+    ref = {"name": "team-s3"}
+    owner, job = _job(
+        model={"architecture": "char_transformer", "inputShape": [16],
+               "pretrained": {"uri": "s3://weights/lm", "secretRef": ref}},
+        dataset={"name": "text", "uri": "s3://data/corpus"},
+        initializer={"cacheClaim": "kiln-cache"})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    spec = pod["spec"]
+    trainer, (init,) = spec["containers"][0], spec["initContainers"]
+    assert init["name"] == contract.INITIALIZER_CONTAINER and init["image"] == trainer["image"]
+    assert init["command"] == ["python", "-m", contract.INITIALIZER_MODULE]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["kiln-sources"] == {"name": "kiln-sources", "emptyDir": {}}
+    assert volumes["kiln-source-cache"]["persistentVolumeClaim"] == {"claimName": "kiln-cache"}
+    assert volumes["kiln-secret-0"]["secret"]["secretName"] == "team-s3"
+    init_env = {e["name"]: e for e in init["env"]}
+    assert init_env["KILN_DATA_CACHE"]["value"] == contract.SOURCE_CACHE_DIR
+    assert init_env["KILN_SECRETS_DIR"]["value"] == contract.SECRETS_DIR
+    assert init_env["KILN_ZOO_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "zoo-creds"
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {
+        contract.SOURCES_DIR, contract.SOURCE_CACHE_DIR, f"{contract.SECRETS_DIR}/team-s3"}
+    trainer_env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert trainer_env["KILN_SOURCES"] == init_env["KILN_SOURCES"]["value"]
+    mounts = {m["name"]: m for m in trainer["volumeMounts"]}
+    assert "kiln-secret-0" not in mounts and mounts["kiln-source-cache"]["readOnly"] is True
+
+
+def test_a_job_reading_only_paths_gets_no_initializer() -> None:
+    owner, job = _job(dataset={"name": "imagefolder", "uri": "/data/pets"})
+    pod = pods.build_pod(owner, job, attempt=0, launch=_launch(), settings=SETTINGS)
+    assert "initContainers" not in pod["spec"]
+    assert "KILN_SOURCES" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_pod_state_reads_a_failed_init_container_as_the_pods_failure() -> None:
+    failure = '{"kind": "error", "message": "spec.dataset.uri: nothing under s3://data/x"}'
+    state = pods.pod_state({"metadata": {"name": "p"}, "status": {
+        "phase": "Failed",
+        "initContainerStatuses": [{"name": contract.INITIALIZER_CONTAINER, "state": {
+            "terminated": {"exitCode": 2, "reason": "Error", "message": failure}}}],
+        "containerStatuses": [{"name": "trainer", "state": {
+            "waiting": {"reason": "PodInitializing"}}}]}})
+    assert (state.exit_code, state.container_reason, state.message) == (2, "Error", failure)

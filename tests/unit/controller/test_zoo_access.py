@@ -72,6 +72,22 @@ def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
     assert len(verbs) == 13  # 4 own files, checkpoint, profile, 3 + 1 hit, 3 visible
 
 
+def test_a_lora_job_on_pretrained_weights_may_write_its_base_import_and_count_it() -> None:
+    record = "small_cnn-1f2e3d4c"
+    base = records.base_record_id(record)
+    assert base == "small_cnn-1f2e3d4c-base"
+    plain = access.job_grants("team-b", "digits", uid="uid-1", record=record, now=NOW)
+    assert not [k for k in plain.objects if base in k]
+    grants = access.job_grants("team-b", "digits", uid="uid-1", record=record, base=base,
+                               now=NOW)
+    verbs = {key: set(v) for key, v in grants.objects.items() if base in key}
+    assert {k: v for k, v in verbs.items() if not k.startswith("hits/")} == {
+        f"models/{base}/{name}": {"get", "put", "delete", "head"}
+        for name in ("meta.json", "graph.json", "weights.safetensors")}
+    (hit,) = [k for k in verbs if k.startswith(f"hits/{base}/")]
+    assert verbs[hit] == {"put"} and grants.record == record  # the job's model stays its own
+
+
 def test_only_records_the_namespace_may_see_get_urls_whatever_the_status_names(
         tmp_path: Path) -> None:
     """A re-signing reads the parents from the job's status, which more than the operator can

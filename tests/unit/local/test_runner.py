@@ -18,6 +18,14 @@ from rich.console import Console
 from kiln import api, contract
 from kiln.local import runner
 
+
+@pytest.fixture(autouse=True)
+def _trainers_as_new_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests fake the trainer by replacing subprocess.Popen, which a trainer forked from
+    the zygote (`kiln.local.zygote`) would bypass."""
+    monkeypatch.setenv(contract.Env.FORK_TRAINERS, "0")
+
+
 JOB = api.parse_job({
     "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fake"},
     "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},

@@ -21,6 +21,14 @@ from kiln.local import machine, runner, runplan
 from kiln.placement import profilecache, types
 from kiln_trainer import warm
 
+
+@pytest.fixture(autouse=True)
+def _trainers_as_new_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests fake the trainer by replacing subprocess.Popen, which a trainer forked from
+    the zygote (`kiln.local.zygote`) would bypass."""
+    monkeypatch.setenv(contract.Env.FORK_TRAINERS, "0")
+
+
 PROGRESS = contract.Progress(
     epoch=1, epochs=1, step=4, steps_per_epoch=4, train_loss=None, validation_accuracy=None,
     validation_loss=None, samples_per_second=100.0, eta_seconds=None, elapsed_seconds=1.0)

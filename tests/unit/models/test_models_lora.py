@@ -62,6 +62,13 @@ def test_a_lora_job_must_pin_its_base_and_not_shard() -> None:
     assert any("set spec.resources.parallelism to ddp or auto" in p for p in problems), problems
 
 
+def test_a_lora_job_on_pretrained_weights_has_its_base_without_a_pin() -> None:
+    doc = _doc({"targetModules": ["head.2"]})
+    doc["spec"]["warmStart"] = {}
+    doc["spec"]["model"] = {**MODEL, "pretrained": {"uri": "s3://weights/base.safetensors"}}
+    assert models.check_job(api.parse_job(doc)) == []
+
+
 def test_without_peft_installed_validation_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
     models.checks._lora_problems.cache_clear()

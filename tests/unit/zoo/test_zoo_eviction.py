@@ -67,6 +67,33 @@ def test_never_evicts_a_live_parent_even_over_capacity(zoo: store.DirStore) -> N
     assert records.read_record(zoo, "parent-00000001").id == "parent-00000001"
 
 
+def test_never_evicts_the_base_of_a_kept_lora_adapter(zoo: store.DirStore) -> None:
+    lora = {"method": "lora", "rank": 2, "alpha": 4.0, "targetModules": ["head.2"],
+            "dropout": 0.0}
+    add(zoo, "base-00000001", floats=5000, days_old=300)  # large, old, never chosen
+    add(zoo, "adapter-00000002", floats=50, base="base-00000001", adapter=lora)
+    hit(zoo, "adapter-00000002", days_ago=0, times=10)
+    # another namespace's private record: naming it as a base keeps nothing
+    add(zoo, "private-00000003", floats=5000, days_old=300, namespace="team-b")
+    add(zoo, "adapter-00000004", floats=50, base="private-00000003", adapter=lora,
+        namespace="team-a")
+    hit(zoo, "adapter-00000004", days_ago=0, times=10)
+    entries = eviction.survey(zoo, now=NOW)
+    protected: dict[str, str] = {e.record.id: e.protected for e in entries}
+    assert protected["base-00000001"] == "base of LoRA adapter adapter-00000002"
+    assert protected["private-00000003"] == ""
+    size = sizes(zoo)
+    chosen = eviction.plan(entries, capacity_bytes=sum(
+        size[i] for i in ("base-00000001", "adapter-00000002", "adapter-00000004")))
+    assert [e.record.id for e in chosen.evict] == ["private-00000003"]
+    eviction.carry_out(zoo, chosen)
+    assert records.read_record(zoo, "base-00000001").id == "base-00000001"
+    # once its adapter is gone, the base is evicted as any other record
+    records.delete_record(zoo, "adapter-00000002")
+    chosen = eviction.plan(eviction.survey(zoo, now=NOW), capacity_bytes=size["base-00000001"])
+    assert "base-00000001" in [e.record.id for e in chosen.evict]
+
+
 def test_keeps_a_running_jobs_provisional_record_and_evicts_an_abandoned_one_first(
         zoo: store.DirStore) -> None:
     add(zoo, "running-00000001", floats=1000, provisional=True, days_old=0, namespace="team-a")

@@ -507,3 +507,12 @@ def test_listing_skips_a_record_whose_meta_json_or_graph_is_nested_too_deeply(
     zoo.put_bytes("models/small_resnet-0badc0de/graph.json", deep)
     with pytest.raises(records.CorruptRecord, match="graph.json is nested too deeply"):
         records.load_graph(zoo, listed[0])
+
+
+def test_the_dataset_fingerprint_names_the_uri_and_keeps_older_specs_fingerprints() -> None:
+    def spec(**fields: Any) -> api.DatasetSpec:
+        return api.DatasetSpec.model_validate({"name": "text", **fields})
+
+    assert records.dataset_fingerprint(spec(path="/data/books")) == "spec-8b64de85c929a738"
+    assert records.dataset_fingerprint(spec(uri="s3://corpora/books")) != \
+        records.dataset_fingerprint(spec(uri="s3://corpora/news"))

@@ -1,0 +1,222 @@
+"""Trainers forked from the zygote (`kiln.local.zygote`) against new interpreters: a stand-in
+``kiln_trainer`` package on PYTHONPATH reports what it sees, and both must see the same path,
+environment, working directory, streams, signal handlers and process group; exit codes, signal
+deaths and tracebacks come back as Popen gives them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln import contract
+from kiln.local import zygote
+
+pytestmark = pytest.mark.process
+
+REPORTER = '''
+import json, os, signal, sys, time
+
+what = sys.argv[1]
+if what == "report":
+    print(json.dumps({
+        "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv[1:],
+        "main": [__name__, __file__],
+        "streams": [[s.encoding, s.errors, s.line_buffering, s.write_through, s.fileno()]
+                    for s in (sys.stdin, sys.stdout, sys.stderr)],
+        "dont_write_bytecode": sys.dont_write_bytecode,
+        "signals": {n: str(signal.getsignal(getattr(signal, n)))
+                    for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGPIPE")},
+        "group": [os.getpgid(0), os.getsid(0) == os.getpid()],
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "kiln": sorted(m for m in sys.modules if m == "kiln" or m.startswith("kiln.")),
+        "helper": __import__("helper").WHERE,
+    }))
+elif what == "exit":
+    sys.exit(int(sys.argv[2]))
+elif what == "crash":
+    raise ValueError("the trainer's own bug")
+elif what == "signal":
+    print("running", flush=True)
+    os.kill(os.getpid(), int(sys.argv[2]))
+elif what == "wait":
+    print("running", flush=True)
+    sys.stdin.read()  # until the test closes its end
+'''
+
+
+@pytest.fixture
+def fake_trainer(tmp_path: Path) -> Path:
+    """A folder holding a stand-in ``kiln_trainer`` and a `helper` module it imports."""
+    package = tmp_path / "fake" / "kiln_trainer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "__main__.py").write_text(REPORTER, encoding="utf-8")
+    (package.parent / "helper.py").write_text("WHERE = 'fake'\n", encoding="utf-8")
+    return package.parent
+
+
+def _env(fake: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{fake}{os.pathsep}relative",
+            "KILN_TEST_VALUE": "fork", **extra}
+
+
+class _Run:
+    """A trainer started by `zygote.start` with its stdout on a pipe and stderr to a file."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str], cwd: Path, stderr: Path,
+                 new_session: bool = False, stdin: int | None = None) -> None:
+        read, write = os.pipe()
+        with open(stderr, "wb") as err:
+            process = zygote.start([sys.executable, "-m", zygote.MODULE, *args], env=env,
+                                   cwd=str(cwd), stdin=stdin, stdout=write, stderr=err.fileno(),
+                                   new_session=new_session,
+                                   text_stdout=open(read, encoding="utf-8"))  # noqa: SIM115
+        os.close(write)
+        assert process is not None, "the zygote did not start it"
+        assert process.stdout is not None
+        self.process, self.stdout = process, process.stdout
+
+    def output(self) -> str:
+        text = self.stdout.read()
+        self.stdout.close()
+        return text
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Any]:
+    started: list[_Run] = []
+
+    def start(args: list[str], **kwargs: Any) -> _Run:
+        kwargs.setdefault("stderr", tmp_path / "stderr.txt")
+        r = _Run(args, **kwargs)
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.process.kill()
+        r.process.wait(timeout=60)
+
+
+def _fresh(args: list[str], *, env: dict[str, str], cwd: Path, new_session: bool = False
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", zygote.MODULE, *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          start_new_session=new_session)
+
+
+@pytest.mark.parametrize(("new_session", "unbuffered"), [(False, "1"), (True, "")],
+                         ids=["our-group-unbuffered", "own-session-buffered"])
+def test_a_forked_trainer_sees_what_a_new_interpreter_sees(
+        tmp_path: Path, fake_trainer: Path, run: Any, new_session: bool, unbuffered: str
+) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "helper.py").write_text("WHERE = 'cwd'\n", encoding="utf-8")  # cwd comes first
+    env = _env(fake_trainer, PYTHONDONTWRITEBYTECODE=unbuffered, PYTHONUNBUFFERED=unbuffered)
+    forked = run(["report", "--flag"], env=env, cwd=cwd, new_session=new_session)
+    seen = json.loads(forked.output())
+    assert forked.process.wait(timeout=120) == 0
+    fresh = _fresh(["report", "--flag"], env=env, cwd=cwd, new_session=new_session)
+    assert fresh.returncode == 0, fresh.stderr
+    expected = json.loads(fresh.stdout)
+    # a new interpreter's process group is its own only with a session of its own
+    for report in (seen, expected):
+        group, leader = report.pop("group")
+        assert leader is new_session
+        assert (group == os.getpgid(0)) is not new_session
+    assert seen == expected
+    assert seen["helper"] == "cwd" and seen["kiln"] == []
+
+
+def test_each_child_gets_its_own_environment_and_path_not_the_previous_ones(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    first = run(["report"], env=_env(fake_trainer, KILN_TEST_ONLY_FIRST="1"), cwd=tmp_path)
+    assert json.loads(first.output())["env"]["KILN_TEST_ONLY_FIRST"] == "1"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "helper.py").write_text("WHERE = 'other'\n", encoding="utf-8")
+    second = run(["report"], env=_env(fake_trainer), cwd=other)
+    seen = json.loads(second.output())
+    assert "KILN_TEST_ONLY_FIRST" not in seen["env"]
+    assert seen["cwd"] == str(other) and seen["helper"] == "other"
+    assert first.process.wait(timeout=60) == second.process.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    pytest.param(["exit", "3"], 3, id="exit-code"),
+    pytest.param(["exit", "0"], 0, id="exit-0"),
+    pytest.param(["signal", str(int(signal.SIGKILL))], -signal.SIGKILL, id="killed"),
+    pytest.param(["signal", str(int(signal.SIGINT))], -signal.SIGINT, id="ctrl-c-unhandled"),
+])
+def test_exit_codes_and_signal_deaths_are_those_popen_reports(
+        tmp_path: Path, fake_trainer: Path, run: Any, args: list[str], code: int) -> None:
+    env = _env(fake_trainer)
+    forked = run(args, env=env, cwd=tmp_path)
+    forked.output()
+    assert forked.process.wait(timeout=120) == code == forked.process.returncode
+    assert forked.process.poll() == code
+    assert _fresh(args, env=env, cwd=tmp_path).returncode == code
+
+
+def test_a_crash_writes_its_traceback_to_stderr_and_exits_1(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    forked = run(["crash"], env=_env(fake_trainer), cwd=tmp_path, stderr=tmp_path / "log")
+    forked.output()
+    assert forked.process.wait(timeout=120) == 1
+    log = (tmp_path / "log").read_text(encoding="utf-8")
+    assert "Traceback (most recent call last)" in log
+    assert "ValueError: the trainer's own bug" in log
+    assert "kiln_trainer/__main__.py" in log and "zygote.py" not in log
+
+
+def test_wait_times_out_and_sigterm_ends_a_running_child(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    read, write = os.pipe()  # its stdin: it runs until the test closes `write`
+    try:
+        forked = run(["wait"], env=_env(fake_trainer), cwd=tmp_path, stdin=read)
+    finally:
+        os.close(read)
+    assert forked.stdout.readline() == "running\n"
+    assert forked.process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked.process.wait(timeout=0.2)
+    forked.process.send_signal(signal.SIGTERM)
+    assert forked.process.wait(timeout=120) == -signal.SIGTERM
+    forked.process.kill()  # after its end: nothing is signalled, as with Popen
+    os.close(write)
+
+
+def test_what_is_not_forked(tmp_path: Path, fake_trainer: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _env(fake_trainer)
+    cwd = str(tmp_path)
+    trainer = [sys.executable, "-m", zygote.MODULE, "report"]
+    assert zygote.forkable(trainer, env, cwd)
+    assert not zygote.forkable(["torchrun", "-m", zygote.MODULE], env, cwd)
+    assert not zygote.forkable([sys.executable, "-m", "other"], env, cwd)
+    other = tmp_path / "bin" / "python"
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)  # the same program, another environment (a venv's folder)
+    assert not zygote.forkable([str(other), "-m", zygote.MODULE], env, cwd)
+    (fake_trainer / "numpy").mkdir()  # the job's path shadows a preloaded package
+    assert not zygote.forkable(trainer, env, cwd)
+    monkeypatch.setenv(contract.Env.FORK_TRAINERS, "0")
+    assert zygote.start(trainer, env=env, stdout=1, stderr=2) is None
+
+
+def test_load_time_variables_pick_the_zygote() -> None:
+    one = {"OMP_NUM_THREADS": "1", "PATH": "/bin", "PYTHONPATH": "/a", "KILN_ZOO": "z"}
+    assert zygote.load_time(one) == (("OMP_NUM_THREADS", "1"),)
+    assert zygote.load_time({**one, "PYTHONPATH": "/b", "KILN_ZOO": "y"}) == zygote.load_time(one)
+    assert zygote.load_time({**one, "OMP_NUM_THREADS": "2"}) != zygote.load_time(one)
+    assert zygote.load_time({**one, "PYTHONHASHSEED": "0"}) != zygote.load_time(one)
