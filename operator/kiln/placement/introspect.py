@@ -261,8 +261,12 @@ def _shrink_saving(snapshot: types.Snapshot, running: types.Running, node: str, 
         room -= need
         shortest = min(c.seconds for c in types.candidates(queued))
         weight = min(short_job_weight, max(1.0, own / shortest)) if shortest > 0 else 1.0
-        # It would wait until enough devices free up somewhere; now it waits for the stop.
-        saved += weight * max(0.0, _wait_for(snapshot, need) - restart)
+        # It would wait until enough devices free up somewhere, and at least as long again
+        # as it has waited: a running job past its estimate is seen as about to end at every
+        # call, so the estimates alone would promise it a start that keeps slipping. Now it
+        # waits for the stop.
+        wait = max(_wait_for(snapshot, need), snapshot.now - queued.arrival)
+        saved += weight * max(0.0, wait - restart)
     return tuple(started), saved if started else -math.inf
 
 

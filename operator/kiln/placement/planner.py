@@ -137,15 +137,15 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
 
     Saturn (VLDB'24) swaps plans at each interval with a hysteresis threshold but supports
     neither arrivals nor measured progress. Here running jobs are pinned for their measured
-    remaining time (`Snapshot.running`), assignments starting within the freeze window keep
-    their node, config and start (their pods are being created), and new jobs are added.
+    remaining time (`Snapshot.running`), under makespan assignments starting within the
+    freeze window keep their node, config and start, and new jobs are added.
 
     The current plan is first brought up to date (`extend`: finished and started jobs
     dropped, frozen assignments kept, the rest re-timed in their order with current
     estimates, new jobs inserted). A fresh plan (`plan`, with the same frozen assignments)
-    is planned for `objective_of`. Under completion time the fresh plan is taken: queued
-    jobs are not pinned to the plan in force. Under makespan both are judged on it
-    (`heuristic.cost`): the fresh one replaces the kept one only when its makespan is lower
+    is planned for `objective_of`. Under completion time the fresh plan is taken and nothing
+    is frozen: queued jobs are not pinned to the plan in force. Under makespan both are
+    judged on it (`heuristic.cost`): the fresh one replaces the kept one only when its makespan is lower
     by the fraction `settings.replan_threshold`, or when it is no longer and its sum of
     remaining ends is lower by that fraction (a long job that fixes the makespan must not
     freeze the order of everything else).
@@ -250,8 +250,11 @@ def _kept(current: types.Plan, snapshot: types.Snapshot, settings: types.Setting
           ) -> tuple[heuristic.Problem, types.Plan]:
     """The problem of `snapshot` with `current`'s frozen starts fixed, and `current` re-timed
     on it (what `replan` compares against and `extend` returns)."""
-    problem = heuristic.problem_of(snapshot, fixed=_frozen(current, snapshot, settings),
-                                   objective=objective_of(snapshot, settings, current),
+    objective = objective_of(snapshot, settings, current)
+    # Under completion time no start is frozen: a queued job has no pods yet, and a slot
+    # frozen at the narrow config it waited for would keep it narrow once wider ones are free.
+    fixed = _frozen(current, snapshot, settings) if objective == "makespan" else []
+    problem = heuristic.problem_of(snapshot, fixed=fixed, objective=objective,
                                    settings=settings)
     return problem, _retimed(current, problem, settings)
 

@@ -233,7 +233,8 @@ class Settings:
         replan_threshold: under makespan, a new plan replaces the current one only when it
             is better by this fraction (`planner.replan`); under completion time the new plan
             is always taken (queued jobs are not pinned).
-        freeze_window_seconds: assignments starting within this of `now` keep their slot.
+        freeze_window_seconds: under makespan, assignments starting within this of `now`
+            keep their slot (under completion time queued jobs are re-planned freely).
         use_milp: True also runs the MILP on small makespan batches (opt-in: on the placement
             benchmark it beat the heuristic in under half of the calls where it ran, by
             little, at many times the CPU).

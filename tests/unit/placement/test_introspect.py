@@ -124,7 +124,7 @@ def test_a_long_job_shrinks_so_a_much_shorter_waiting_job_starts() -> None:
     # wait slows the short job far more than a second of delay slows the long one.
     running = (types.Running("ns/long", "a", 2, "ddp", 1000.0),
                types.Running("ns/other", "a", 1, "single", 400.0))
-    queued = (types.JobRequest("ns/short", (types.Config("single", 1, 60.0),)),)
+    queued = (types.JobRequest("ns/short", (types.Config("single", 1, 60.0),), arrival=1000.0),)
     long_job = _state(configs=(types.Config("single", 1, 20000.0),
                                types.Config("ddp", 2, 10400.0)), restart_seconds=10.0)
     plain = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
@@ -137,6 +137,27 @@ def test_a_long_job_shrinks_so_a_much_shorter_waiting_job_starts() -> None:
     # weight min(30, 10400 / 60) = 30: 30 x (400 - 10) s of wait against its 923 s
     assert move.gain_seconds == pytest.approx(30 * (400 - 10) - (1000 * 20000 / 10400 - 1000)
                                               - 10)
+
+
+def test_a_job_that_keeps_waiting_on_an_overrunning_job_gets_a_shrink() -> None:
+    # Node a: a grown job (2 devices, 1000 s left). Node b: a job past its estimate, seen as
+    # 5 s from its end at every call. The queued 60-second job fits nowhere now.
+    nodes = (types.Node("a", 2), types.Node("b", 1))
+    running = (types.Running("ns/grown", "a", 2, "ddp", 1000.0),
+               types.Running("ns/overrun", "b", 1, "single", 5.0))
+
+    def queued(arrival: float) -> tuple[types.JobRequest, ...]:
+        return (types.JobRequest("ns/q", (types.Config("single", 1, 60.0),),
+                                 arrival=arrival),)
+    states = {"ns/grown": _state(restart_seconds=10.0)}
+    # Just arrived: the estimates promise it a device in 5 s, not worth a restart.
+    assert introspect.propose(_snapshot(running, nodes=nodes, queued=queued(1000.0)), states,
+                              POLICY) == ()
+    # Waited 900 s while that promise kept slipping: it is expected to wait as long again.
+    (move,) = introspect.propose(_snapshot(running, nodes=nodes, queued=queued(100.0)), states,
+                                 POLICY)
+    assert (move.job, move.kind, move.gpus, move.helped) == ("ns/grown", "shrink", 1,
+                                                             ("ns/q",))
 
 
 def test_policy_rejects_a_gain_ratio_below_one() -> None:

@@ -181,6 +181,22 @@ def test_frozen_job_waits_when_a_running_job_overruns() -> None:
     cases.check_plan(snapshot, result)
 
 
+def test_a_queued_job_planned_narrow_starts_wide_once_gpus_are_free() -> None:
+    # Completion time: j0 waited for 1 GPU, planned to start at 20 (inside the freeze
+    # window); the job holding the GPUs ended early and all 8 are free at 10. Nothing is
+    # frozen, so it takes the wider config that ends it sooner.
+    configs = (types.Config("single", 1, 1000.0), types.Config("ddp", 4, 260.0),
+               types.Config("ddp", 8, 140.0))
+    current = types.Plan((types.Assignment("j0", "n0", 1, "single", 20.0, 1000.0),), 1020.0,
+                         "heuristic", objective="completion-time")
+    snapshot = types.Snapshot(10.0, (types.Node("n0", 8),),
+                              (types.JobRequest("j0", configs),))
+    result = planner.replan(current, snapshot,
+                            dataclasses.replace(NO_MILP, objective="completion-time"))
+    a = result.for_job("j0")
+    assert a is not None and a.gpus > 1 and a.start == 10.0
+
+
 @pytest.mark.parametrize(("group", "gpus"), [("sweep", 1), ("", 4)])
 def test_a_sweep_arriving_in_parts_gets_minimum_area_configs_on_re_plan(
         group: str, gpus: int) -> None:
