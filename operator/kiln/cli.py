@@ -191,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_cmd_zoo_show)
     rm = zoo_sub.add_parser("rm", help="delete models (also half-written ones)")
     rm.add_argument("model_ids", nargs="+", metavar="ID")
+    rm.add_argument("--force", action="store_true",
+                    help="delete a LoRA base even though adapters in the zoo still use it "
+                    "(they can then no longer be loaded or exported)")
     _zoo_options(rm)
     rm.set_defaults(func=_cmd_zoo_rm)
 
@@ -793,6 +796,20 @@ def _cmd_zoo_show(args: argparse.Namespace, console: Console) -> int:
 def _cmd_zoo_rm(args: argparse.Namespace, console: Console) -> int:
     model_ids = [_model_id(text) for text in args.model_ids]  # all checked before any delete
     zoo = _open_zoo(args)
+    # An adapter is its base's weights plus a small difference: deleting the base alone would
+    # leave adapters that can never be loaded or exported again.
+    orphans: dict[str, list[str]] = {}
+    if not args.force:
+        for record in sorted(records.list_records(zoo), key=lambda r: r.id):
+            if record.base in model_ids and record.id not in model_ids:
+                orphans.setdefault(record.base, []).append(record.id)
+    if orphans:
+        used = "; ".join(f"{base} by {', '.join(ids)}" for base, ids in orphans.items())
+        adapters = " ".join(i for ids in orphans.values() for i in ids)
+        raise UsageError(f"not deleted: LoRA adapters in {zoo.describe()} use these bases: "
+                         f"{used}; delete the adapters with them (kiln zoo rm {adapters} "
+                         f"{' '.join(orphans)}), or add --force to leave the adapters "
+                         "without their base")
     missing = []
     for model_id in model_ids:
         prefix = records.record_prefix(model_id)

@@ -152,3 +152,59 @@ def test_sigterm_to_kiln_checkpoints_the_trainer_and_stops(tmp_path: Path, fork:
     assert "Traceback" not in err
     assert checkpoint.stat().st_mtime_ns > saved  # written again on the way out
     assert _forked(_seen(tmp_path), process.pid) is (fork == "1")
+
+
+HELD = '''
+import json, os, time
+from pathlib import Path
+
+import torch
+
+
+def build() -> torch.nn.Module:
+    here = Path(__file__).parent
+    seen = {"ppid": os.getppid(), "pid": os.getpid()}
+    (here / "seen.json").write_text(json.dumps(seen), encoding="utf-8")
+    while not (here / "go").exists():  # held here until the test lets it go
+        time.sleep(0.05)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+'''
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["trains", "crashes"])
+def test_a_killed_zygote_leaves_its_trainers_and_kiln_run_reports_their_end(
+        tmp_path: Path, crash: bool) -> None:
+    job = _job(tmp_path, "held", mark="h", crash=crash)
+    probe = HELD if not crash else HELD.replace(
+        "    return torch.nn", "    raise ValueError('the model is broken')\n    return torch.nn")
+    (tmp_path / "probe.py").write_text(probe, encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "run", str(job), "--zoo", "zoo"], cwd=tmp_path,
+        env=_env("1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while not (tmp_path / "seen.json").exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the trainer never built its model"
+            time.sleep(0.05)
+        zygote_pid = _seen(tmp_path)["ppid"]
+        assert zygote_pid != process.pid  # forked: the zygote is its parent
+        os.kill(zygote_pid, signal.SIGKILL)
+        (tmp_path / "go").write_text("", encoding="utf-8")
+        out, err = process.communicate(timeout=DEADLINE_SECONDS)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Traceback" not in err, err
+    said = " ".join((out + err).split())
+    if crash:
+        assert process.returncode == 1, said
+        # the trainer's own code and reason, though the zygote that would report it is gone
+        assert f"held: trainer exited with code {contract.EXIT_INVALID}" in said, said
+        assert "probe:build() raised ValueError: the model is broken" in said, said
+    else:
+        assert process.returncode == 0, said
+        (record,) = records.list_records(store.DirStore(tmp_path / "zoo"))
+        assert record.job_name == "held"

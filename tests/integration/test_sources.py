@@ -183,3 +183,43 @@ def test_lora_jobs_on_an_s3_base_import_it_once_and_continue_adapters_on_it(
                            "--zoo", "zoo", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert base.id in json.loads((tmp_path / "merged" / "meta.json").read_text())["source"]
+
+
+def test_a_damaged_cache_entry_is_downloaded_again_not_used(
+    second_s3_server: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    sourcedata.upload_sources(second_s3_server, s3_bucket, tmp_path)
+    _secret(tmp_path / "secrets" / "second-s3", second_s3_server)
+    env: dict[str, str] = {contract.Env.SECRETS_DIR: str(tmp_path / "secrets")}
+
+    def fetch() -> sources.Fetched:
+        return sources.fetch(f"s3://{s3_bucket}/corpus", field="spec.dataset.uri",
+                             secret="second-s3", environ=env, cache=tmp_path / "cache")
+
+    first = fetch()
+    copy = Path(first.path) / "kilns.txt"
+    copy.write_bytes(copy.read_bytes()[:10])  # as a node that crashed before a flush leaves it
+    again = fetch()
+    assert again.downloaded and again.path == first.path
+    assert copy.read_bytes() == (CORPUS / "kilns.txt").read_bytes()
+    (Path(first.path) / "firing.txt").unlink()  # a file gone: the same
+    assert fetch().downloaded and (Path(first.path) / "firing.txt").is_file()
+    assert not fetch().downloaded  # whole again: used as it is
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(first.path).name]
+
+
+@pytest.mark.parametrize("odd", ["data//x.txt", "data///y/x.txt"])
+def test_an_object_key_with_an_empty_part_is_refused_naming_it(
+    second_s3_server: Any, s3_bucket: str, tmp_path: Path, odd: str
+) -> None:
+    client = sourcedata.upload_sources(second_s3_server, s3_bucket, tmp_path)
+    for name, text in (("data/x.txt", b"the one at data/x.txt"), (odd, b"another text")):
+        (tmp_path / "object").write_bytes(text)
+        client.fput_object(s3_bucket, name, str(tmp_path / "object"))
+    _secret(tmp_path / "secrets" / "second-s3", second_s3_server)
+    env: dict[str, str] = {contract.Env.SECRETS_DIR: str(tmp_path / "secrets")}
+    with pytest.raises(sources.SourceError, match=rf"spec.dataset.uri: object '{odd}' has an "
+                       r"empty part in its key \('//' or a leading '/'\).*; rename it"):
+        sources.fetch(f"s3://{s3_bucket}/data", field="spec.dataset.uri", secret="second-s3",
+                      environ=env, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())

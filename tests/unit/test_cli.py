@@ -254,6 +254,46 @@ def test_zoo_rm_removes_a_half_written_record_and_says_so(
     assert "warning" not in capsys.readouterr().err
 
 
+def test_zoo_rm_refuses_a_base_that_kept_adapters_use_and_names_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = "small_cnn-0badc0de"
+    _record(tmp_path, base)
+    lora = {"method": "lora", "rank": 2}
+    for adapter in ("small_cnn-0000ada1", "small_cnn-0000ada2"):
+        _record(tmp_path, adapter, base=base, adapter=lora, parent=base)
+    _record(tmp_path, "small_cnn-00000123")  # another model: a typo's neighbour
+    metas = sorted((tmp_path / "models").rglob("meta.json"))
+    assert cli.main(["zoo", "rm", "small_cnn-00000123", base, "--zoo", str(tmp_path)]) \
+        == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"{base} by small_cnn-0000ada1, small_cnn-0000ada2" in err
+            and f"kiln zoo rm small_cnn-0000ada1 small_cnn-0000ada2 {base}" in err
+            and "--force" in err), err
+    assert sorted((tmp_path / "models").rglob("meta.json")) == metas  # nothing deleted
+    # deleting one adapter with the base is still refused: the other one needs it
+    assert cli.main(["zoo", "rm", "small_cnn-0000ada1", base, "--zoo", str(tmp_path)]) \
+        == cli.EXIT_USAGE
+    assert "by small_cnn-0000ada2;" in " ".join(capsys.readouterr().err.split())
+    # the adapters with their base, as the message says: all three go
+    assert cli.main(["zoo", "rm", "small_cnn-0000ada1", "small_cnn-0000ada2", base,
+                     "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    assert sorted(p.parent.name for p in (tmp_path / "models").rglob("meta.json")) == [
+        "small_cnn-00000123"]
+
+
+def test_zoo_rm_force_deletes_a_base_and_keeps_its_adapters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = "small_cnn-0badc0de"
+    _record(tmp_path, base)
+    _record(tmp_path, "small_cnn-0000ada1", base=base, adapter={"method": "lora"}, parent=base)
+    assert cli.main(["zoo", "rm", base, "--force", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    assert f"deleted {base}" in capsys.readouterr().out
+    assert [p.parent.name for p in (tmp_path / "models").rglob("meta.json")] == [
+        "small_cnn-0000ada1"]
+
+
 @pytest.mark.parametrize("command", [["zoo", "ls"], ["run", "JOB"]], ids=["zoo-ls", "run"])
 @pytest.mark.parametrize("below", ["", "/zoo"], ids=["file", "under-file"])
 def test_a_zoo_that_is_a_file_fails_fast_with_exit_2(

@@ -312,10 +312,15 @@ def fetch(path: str, *, field: str, environ: Mapping[str, str], secret: str = ""
 
     Raises:
         DatasetError: no endpoint set, bad credentials, no such bucket, nothing under the prefix,
-            an object key that would leave the cache folder, or no Hub for hf://.
+            an object key that would leave the cache folder, no Hub for hf://, or a local
+            spec.dataset.uri that does not exist.
         zoo_store.StoreUnavailable: the server did not answer.
     """
     if "://" not in path:
+        if field == "spec.dataset.uri" and not Path(path).exists():
+            # The loaders name spec.dataset.path, which a job with a uri never set.
+            raise DatasetError(f"{field}: {path} does not exist on this machine; give an "
+                               "existing file or folder, or an s3:// URI")
         return Fetched(path)
     try:
         got = sources.local_copy(path, field=field, secret=secret, environ=environ)

@@ -46,7 +46,8 @@ class PretrainedSpec(names.ApiModel):
     secret_ref: SecretRef | None = Field(
         default=None,
         description="secretRef: the Secret with the S3 endpoint and credentials of an s3:// "
-        "uri; unset: the zoo's endpoint and credentials.",
+        "uri; unset: the zoo's endpoint, and its credentials only where pods hold them (not "
+        "with the operator's default presigned zoo access: there a private bucket needs it).",
     )
 
 
@@ -139,7 +140,8 @@ class DatasetSpec(names.ApiModel):
     secret_ref: SecretRef | None = Field(
         default=None,
         description="secretRef: the Secret with the S3 endpoint and credentials of an s3:// "
-        "uri; unset: the zoo's endpoint and credentials.",
+        "uri; unset: the zoo's endpoint, and its credentials only where pods hold them (not "
+        "with the operator's default presigned zoo access: there a private bucket needs it).",
     )
     path: str | None = Field(
         default=None,

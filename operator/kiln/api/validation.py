@@ -318,6 +318,7 @@ SOURCE_SCHEMES = "s3://bucket/key-or-prefix, hf://org/name or a path the trainer
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # A Hugging Face repository id: org/name, letters, digits, '-', '_' and '.'.
 _HF_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_SCHEME_TYPO = re.compile(r"(?i)(s3|hf):")
 
 
 def split_source(uri: str) -> SourceUri:
@@ -332,6 +333,9 @@ def split_source(uri: str) -> SourceUri:
         raise ValueError("contains control characters")
     scheme, sep, rest = uri.partition("://")
     if not sep:
+        if _SCHEME_TYPO.match(uri):  # "s3:/b/k" would be read as a local folder named "s3:"
+            raise ValueError(f"write {uri.partition(':')[0].lower()}:// with two slashes "
+                             f"(got {uri!r}); use {SOURCE_SCHEMES}")
         return SourceUri("path", "", uri)
     if scheme == "file":
         if not rest.startswith("/"):

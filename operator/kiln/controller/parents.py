@@ -255,7 +255,7 @@ def _without_zoo(job: api.TrainingJob) -> api.WarmStartDecision | None:
         return select.cold_start(api.WarmStartOutcome.IN_TRAINER,
                                  decision.PRETRAINED_LORA_REASON)
     if job.spec.model.pretrained is not None:
-        return select.cold_start(api.WarmStartOutcome.DISABLED, decision.PRETRAINED_REASON)
+        return select.cold_start(api.WarmStartOutcome.DISABLED, select.PRETRAINED_REASON)
     if job.spec.model.entrypoint is not None:
         return select.cold_start(api.WarmStartOutcome.IN_TRAINER, IN_TRAINER_REASON)
     return None

@@ -65,8 +65,11 @@ def results(outcomes: Sequence[runner.JobOutcome]) -> Table:
 
 def _cold(decided: dict[str, Any] | None) -> str:
     """How a run without a parent started: "cold (guard)" when the trainer's guard refused
-    every candidate, "cold (no match)" when the zoo offered no usable one, "cold (disabled)"."""
+    every candidate, "cold (no match)" when the zoo offered no usable one, "cold (disabled)", or
+    "pretrained weights" for a job that starts from spec.model.pretrained."""
     outcome = (decided or {}).get("outcome")
+    if (decided or {}).get("reason") == select.PRETRAINED_REASON:
+        return "pretrained weights"
     return _COLD.get(str(outcome), "cold (no match)" if outcome else "cold")
 
 

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
 
@@ -40,6 +41,9 @@ APPLIED = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONUNBUFFERED",
 MAX_ZYGOTES = 3  # each holds torch's few hundred MB; more differing trainers start as processes
 _MESSAGE_BYTES = 1 << 18  # beyond the socket's buffer: a larger environment is not forked
 _CHANGED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+# numpy's OpenBLAS starts its threads as it loads (OMP_NUM_THREADS of them), and a process that
+# runs threads cannot fork: the zygote loads it with one, each child sets a new one's count.
+_ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
 
 
 class ZygoteGone(RuntimeError):
@@ -82,24 +86,56 @@ def load_time(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 class Process:
-    """A forked trainer, read and signalled as a `subprocess.Popen`."""
+    """A forked trainer, read and signalled as a `subprocess.Popen`.
 
-    def __init__(self, zygote: Zygote, pid: int, stdout: IO[str] | None = None) -> None:
+    The zygote reaps it and reports its exit code. Should the zygote die first (killed), the
+    child goes on, and its exit code comes from `status`: a pipe it writes its code to as it
+    ends (end of file without a code: a signal killed it, which one is lost with the zygote).
+    """
+
+    def __init__(self, zygote: Zygote, pid: int, stdout: IO[str] | None = None,
+                 status: int | None = None) -> None:
         self._zygote, self.pid, self.stdout = zygote, pid, stdout
+        self._status = status
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._zygote.exit_code(self.pid)
+            try:
+                self._ended(self._zygote.exit_code(self.pid))
+            except ZygoteGone:
+                self._ended(self._own_report(0.0))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            code = self._zygote.wait_exit(self.pid, timeout)
-            if code is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                self._ended(self._zygote.wait_exit(self.pid, timeout))
+            except ZygoteGone:
+                self._ended(self._own_report(
+                    None if deadline is None else max(0.0, deadline - time.monotonic())))
+            if self.returncode is None:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            self.returncode = code
         return self.returncode
+
+    def _ended(self, code: int | None) -> None:
+        if code is not None:
+            self.returncode = code
+            if self._status is not None:
+                os.close(self._status)
+                self._status = None
+
+    def _own_report(self, timeout: float | None) -> int | None:
+        """The code the child wrote to `status` as it ended; None while it runs."""
+        if self._status is None:
+            raise ChildProcessError(f"the zygote exited before it reported pid {self.pid}")
+        ready = select.poll()  # not select.select: a busy process's fds pass 1024
+        ready.register(self._status, select.POLLIN)
+        if not ready.poll(None if timeout is None else int(timeout * 1000)):
+            return None
+        written = os.read(self._status, 16)
+        return int(written) if written.strip().lstrip(b"-").isdigit() else -signal.SIGKILL
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # as Popen: never signal a pid the zygote has reaped
@@ -129,7 +165,8 @@ class Zygote:
             # are ours, as a Popen child's would be; "/": it holds no folder of ours.
             self._process = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), str(theirs.fileno())], cwd="/",
-                env={**own, **dict(self.load_time)}, pass_fds=(theirs.fileno(),),
+                env={**own, **dict(self.load_time), **_ONE_BLAS_THREAD},
+                pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self._lock = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}  # request id -> started or failed
@@ -140,9 +177,10 @@ class Zygote:
         self._reader.start()
 
     def fork(self, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
-             fds: tuple[int, int, int], new_session: bool) -> int:
+             fds: tuple[int, int, int, int], new_session: bool) -> int:
         """Fork a child that runs ``python -m kiln_trainer ARGS`` with `fds` as its stdin,
-        stdout and stderr, in a session of its own if `new_session`; its pid.
+        stdout and stderr, and the write end of the pipe it reports its exit code on
+        (`Process`), in a session of its own if `new_session`; its pid.
 
         Raises:
             ZygoteGone: the zygote exited or could not fork (nothing was started).
@@ -165,9 +203,14 @@ class Zygote:
             return int(answer["pid"])
 
     def exit_code(self, pid: int) -> int | None:
+        """`pid`'s exit code; None while it runs.
+
+        Raises:
+            ZygoteGone: the zygote exited before reporting it.
+        """
         with self._lock:
             if pid not in self._exits and self.gone:
-                raise ChildProcessError(f"the zygote exited before it reported pid {pid}")
+                raise ZygoteGone(f"the zygote exited before it reported pid {pid}")
             return self._exits.get(pid)
 
     def wait_exit(self, pid: int, timeout: float | None) -> int | None:
@@ -258,15 +301,18 @@ def start(command: Sequence[str], *, env: Mapping[str, str], cwd: str | None = N
     if zygote is None:
         return None
     null = os.open(os.devnull, os.O_RDONLY) if stdin is None and not _is_open(0) else None
+    status, theirs = os.pipe()
     try:
         pid = zygote.fork(command[3:], cwd=where, env=env, new_session=new_session,
-                          fds=(null if null is not None else stdin or 0, stdout, stderr))
+                          fds=(null if null is not None else stdin or 0, stdout, stderr, theirs))
     except ZygoteGone:
+        os.close(status)
         return None
     finally:
+        os.close(theirs)
         if null is not None:
             os.close(null)
-    return Process(zygote, pid, text_stdout)
+    return Process(zygote, pid, text_stdout, status)
 
 
 def _is_open(fd: int) -> bool:
@@ -299,7 +345,7 @@ def _serve(channel: socket.socket, base_path: list[str],
         if wake_read in readable:
             os.read(wake_read, 4096)
         if channel.fileno() in readable:
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 3)
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 4)
             if not message:
                 return
             request = json.loads(message)
@@ -322,8 +368,8 @@ def _serve(channel: socket.socket, base_path: list[str],
 
 def _fork(channel: socket.socket, request: dict[str, Any], fds: list[int],
           base_path: list[str], initial: dict[int, Any]) -> dict[str, Any]:
-    if len(fds) != 3:
-        return {"failed": f"expected 3 file descriptors, got {len(fds)}"}
+    if len(fds) != 4:
+        return {"failed": f"expected 4 file descriptors, got {len(fds)}"}
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         return {"failed": "the zygote runs threads; forking it is unsafe"}
     ready, confirm = os.pipe()
@@ -353,13 +399,17 @@ def _child(channel: socket.socket, request: dict[str, Any], fds: list[int], conf
         for signum, handler in initial.items():
             signal.signal(signum, handler)
         os.write(confirm, b"x")
-        for target, fd in enumerate(fds):
+        status = os.dup(fds[3])  # non-inheritable: the trainer's own programs never get it
+        for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the zygote's socket, pipes, received fds
+        # the zygote's socket, pipes, received fds
+        os.closerange(3, status)
+        os.closerange(status + 1, os.sysconf("SC_OPEN_MAX"))
         cwd, env = request["cwd"], request["env"]
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        _blas_threads(env)
         _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
         sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
         path = dict.fromkeys([*_python_path(env, cwd), *base_path])
@@ -373,7 +423,22 @@ def _child(channel: socket.socket, request: dict[str, Any], fds: list[int], conf
         with contextlib.suppress(BaseException):
             os.write(2, f"kiln zygote: cannot start the trainer: {exc!r}\n".encode())
         os._exit(1)
-    _run_main()
+    _run_main(status)
+
+
+def _blas_threads(env: Mapping[str, str]) -> None:
+    """Give numpy's OpenBLAS the threads it takes when it loads in a new interpreter with `env`
+    (the first of these variables, at most one per core we may run on), not the zygote's one."""
+    if "numpy" not in sys.modules:
+        return
+    cores = len(os.sched_getaffinity(0))
+    wanted = next((env[k] for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                    "OMP_NUM_THREADS") if env.get(k)), None)
+    threads = min(int(wanted), cores) if wanted and wanted.isdigit() else cores
+    if threads > 1:
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(threads, user_api="blas")
 
 
 def _standard_streams(*, unbuffered: bool) -> None:
@@ -397,9 +462,19 @@ def _standard_streams(*, unbuffered: bool) -> None:
         setattr(sys, f"__{name}__", new)  # the originals, as a new interpreter has them
 
 
-def _run_main() -> NoReturn:
+def _run_main(code_pipe: int) -> NoReturn:
     """Run the trainer's ``__main__`` and end as the interpreter ends: exit code, traceback,
-    non-daemon threads joined, atexit handlers, streams flushed, death by SIGINT."""
+    non-daemon threads joined, atexit handlers, streams flushed, death by SIGINT; the code also
+    written to `code_pipe` (`Process`'s status) by whichever `os._exit` ends it, the
+    trainer's own too."""
+    real_exit, trainer = os._exit, os.getpid()
+
+    def exit_reporting(status: int) -> NoReturn:
+        if os.getpid() == trainer:  # not a process the trainer forked (a DataLoader worker)
+            _report(code_pipe, status & 0xFF)
+        real_exit(status)
+
+    os._exit = exit_reporting
     code, interrupted = 0, False
     try:
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
@@ -422,9 +497,15 @@ def _run_main() -> NoReturn:
         with contextlib.suppress(BaseException):
             stream.flush()
     if interrupted and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        _report(code_pipe, -signal.SIGINT)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code & 0xFF)
+
+
+def _report(pipe: int, code: int) -> None:
+    with contextlib.suppress(OSError):
+        os.write(pipe, str(code).encode())
 
 
 def _main(fd: int) -> None:

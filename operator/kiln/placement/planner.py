@@ -174,7 +174,7 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
         # started costs nothing, and a kept plan would tie them to a node's queue. The freeze
         # window still holds the starts whose pods are being created.
         return dataclasses.replace(fresh, solve_seconds=elapsed, reason=(
-            f"re-planned (queued jobs are not pinned under completion time; the plan in "
+            f"queued jobs placed afresh (under completion time none is pinned; the plan in "
             f"force would cost {kept.cost:.1f}): {fresh.reason}"))
     keep = 1.0 - settings.replan_threshold
     what = ("remaining makespan" if problem.objective == "makespan" else

@@ -82,7 +82,6 @@ def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
     return graph.extract(model, spec.input_shape, name=spec.label, input_dtype=dtype)
 
 
-PRETRAINED_REASON = "no zoo parent: the job starts from spec.model.pretrained.uri"
 PRETRAINED_LORA_REASON = (
     "a LoRA job on spec.model.pretrained.uri: its trainer finds the zoo record of those weights "
     "(importing them once) and continues the best adapter on them, before its first step")
@@ -127,7 +126,7 @@ def decide(
     if job.spec.model.pretrained is not None and job.spec.training.peft is not None:
         return select.cold_start(api.WarmStartOutcome.IN_TRAINER, PRETRAINED_LORA_REASON)
     if job.spec.model.pretrained is not None:
-        return select.cold_start(api.WarmStartOutcome.DISABLED, PRETRAINED_REASON)
+        return select.cold_start(api.WarmStartOutcome.DISABLED, select.PRETRAINED_REASON)
     modality = str(models.modality_of(job.spec.model))
     task = str(models.task_of(job.spec.model))
     try:
@@ -349,7 +348,8 @@ def pinned_record(zoo: store.ObjectStore, model_id: str, *,
         detail = "" if isinstance(exc, store.ObjectNotFound) else f" ({exc})"
         raise api.InvalidSpec([
             (f"spec.warmStart.parent: no usable zoo model {model_id!r} in {zoo.describe()}"
-            f"{detail}; use an id from `kiln zoo ls`, or auto")]) from None
+            f"{detail}; use an id from `kiln zoo ls`, or auto (a LoRA job without "
+             "spec.model.pretrained.uri needs its base pinned)")]) from None
     if not record.visible_to(namespace):
         raise api.InvalidSpec([(
             f"spec.warmStart.parent: zoo model {model_id!r} is private to namespace "

@@ -57,6 +57,9 @@ MIN_GROUP_FOR_OUTLIERS = 3
 """Smallest (task, dataset, metric) group in which outliers are looked for."""
 MIN_TRANSFER_FRACTION = 0.1
 """Below this fraction of the child's weight tensors transferred, cold start (ModelKeeper)."""
+PRETRAINED_REASON = "no zoo parent: the job starts from spec.model.pretrained.uri"
+"""The reason of a job that starts from `spec.model.pretrained` (outcome disabled): the
+results table says "pretrained" for it."""
 PREFERRED_SLACK = 0.05
 """A `spec.warmStart.preferred` model wins when its similarity is at most this far below the
 best match's: a sweep's own trials, nearly as close, beat a stranger's model."""

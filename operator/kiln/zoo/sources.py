@@ -8,9 +8,11 @@ initializer writes what it fetched to a `Manifest`, which the trainer reads (`lo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,8 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import certifi
 import minio
 import minio.error
+import urllib3
 import urllib3.exceptions
 
 from kiln import api, contract
@@ -36,6 +40,11 @@ SECRET_KEYS: Mapping[str, str] = {
     "region": contract.Env.ZOO_REGION}
 _PLAIN_ETAG = re.compile(r"[0-9a-f]{32}")  # a single-part upload's ETag: the MD5 of the object
 _CHUNK = 1 << 20
+_log = logging.getLogger(__name__)
+# Per attempt, as the zoo's store has them: minio's own are 5 minutes each, retried five times,
+# so a server that accepts connections and never answers would hold a job for half an hour.
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 60.0  # idle time between bytes, not a download's whole time
 
 
 class SourceError(ValueError):
@@ -109,6 +118,12 @@ def s3_settings(secret: str, *, field: str, environ: Mapping[str, str]) -> dict[
     if not settings.get(contract.Env.ZOO_ENDPOINT):
         raise SourceError(f"{field}: its secretRef, Secret {secret}, has no key endpoint (the "
                           f"S3 server, host:port or http(s)://host:port); add it: {fix}")
+    pair = {key: bool(settings.get(SECRET_KEYS[key])) for key in ("accessKey", "secretKey")}
+    if len(set(pair.values())) == 2:  # the zoo's own message would name its variables
+        missing = next(key for key, there in pair.items() if not there)
+        raise SourceError(f"{field}: its secretRef, Secret {secret}, has an empty or no key "
+                          f"{missing}; give accessKey and secretKey both (or neither: "
+                          f"anonymous): {fix}")
     return settings
 
 
@@ -138,18 +153,28 @@ def fetch(uri: str, *, field: str, secret: str = "", environ: Mapping[str, str],
                           "give the source a secretRef whose Secret has an endpoint key")
     try:
         host, secure = store.parse_endpoint(endpoint)
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=READ_TIMEOUT_SECONDS),
+            retries=urllib3.Retry(total=3, read=1, backoff_factor=0.5,
+                                  status_forcelist=(500, 502, 503, 504)),
+            cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where())
         client = minio.Minio(host, credentials=store.credentials_provider(settings),
-                             secure=secure, region=settings.get(contract.Env.ZOO_REGION) or None)
+                             secure=secure, region=settings.get(contract.Env.ZOO_REGION) or None,
+                             http_client=http)
         objects, single = _list(client, source, field=field)
         entry = cache / content_key(objects, single=single)
-        downloaded = not entry.is_dir()
+        downloaded = not _intact(entry, objects)
         if downloaded:
             _download(client, source, objects, entry, single=single, field=field)
     except SourceError:
         raise
     except minio.error.S3Error as exc:
+        keyless = not secret and store.credentials_provider(settings) is None  # anonymous
         raise SourceError(f"{field}: cannot read {uri} ({exc.code}: {exc.message}); check "
-                          "the bucket, the key and the credentials") from None
+                          "the bucket, the key and the credentials" + (
+                              " (none were given: pods hold no zoo credentials when the "
+                              "operator gives them presigned URLs, its default; give the "
+                              "source a secretRef)" if keyless else "")) from None
     except (minio.error.ServerError, urllib3.exceptions.HTTPError, ConnectionError) as exc:
         raise store.StoreUnavailable(f"S3 server {endpoint} for {field} {uri}: {exc}"
                                      ) from None
@@ -276,8 +301,33 @@ def _list(client: minio.Minio, source: api.SourceUri, *, field: str
         if not parts or any(part in ("..", ".") for part in parts):
             raise SourceError(f"{field}: object {name!r} has a key that leaves its folder; "
                               "rename it")
+        if not single and "/".join(p for p in (key, relative) if p) != name:
+            # an empty part ("a//b", "/a"): no folder holds it as named, and "a/b" is another
+            # object's key
+            raise SourceError(f"{field}: object {name!r} has an empty part in its key ('//' "
+                              "or a leading '/'), which no local folder can hold; rename it")
         objects.append(Listed(relative, int(o.size or 0), str(o.etag or "").strip('"')))
     return objects, single
+
+
+def _intact(entry: Path, objects: Sequence[Listed]) -> bool:
+    """Whether the cache entry is there with every file at its listed size. It was verified
+    when renamed into place, but a node that crashed before its files reached the disk, or a
+    hand in the cache, can leave it short; a damaged entry is moved aside, to download again."""
+    if not entry.is_dir():
+        return False
+    try:
+        whole = all(entry.joinpath(*PurePosixPath(o.relative).parts).stat().st_size == o.size
+                    for o in objects)
+    except OSError:
+        whole = False
+    if not whole:
+        _log.warning("cache entry %s differs from its listing; downloading it again", entry)
+        aside = entry.parent / f".{entry.name}.{uuid.uuid4().hex[:8]}.damaged"
+        with contextlib.suppress(FileNotFoundError):  # another download moved it first
+            os.rename(entry, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    return whole
 
 
 def _download(client: minio.Minio, source: api.SourceUri, objects: Sequence[Listed],
@@ -310,8 +360,8 @@ def _hub(uri: str, source: api.SourceUri, *, field: str, cache: Path) -> Fetched
     file); any failure to reach the Hub is a `SourceError` saying so."""
     repo = f"{source.bucket}/{source.key}"
     no_hub = (f"{field}: {uri} needs network access to the Hugging Face Hub, which this "
-              f"machine does not have; download it where there is (huggingface-cli download "
-              f"{repo} --local-dir DIR) and give DIR, or an s3:// copy, as {field}")
+              f"machine does not have; download it where there is (`hf download "
+              f"{repo} --local-dir DIR`) and give DIR, or an s3:// copy, as {field}")
     try:
         import huggingface_hub
         import huggingface_hub.errors

@@ -351,3 +351,9 @@ def test_text_shared_with_the_validation_path_is_left_out_of_training(tmp_path: 
     with pytest.raises(data.DatasetError, match="is also spec.dataset.validationPath"):
         data.load(_spec(name="text", path=str(corpus / "val.txt"),
                         validationPath=str(corpus / "val.txt")), input_shape=[15], seed=0)
+
+
+def test_a_missing_local_dataset_uri_is_named_as_the_field_the_user_set(tmp_path: Path) -> None:
+    spec = api.DatasetSpec.model_validate({"name": "text", "uri": str(tmp_path / "nodata")})
+    with pytest.raises(data.DatasetError, match=r"^spec\.dataset\.uri: .*nodata does not exist"):
+        data.load(spec, input_shape=(16,), seed=0, environ={})

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kiln.local import machine, runner, tables
 from kiln.placement import types
+from kiln.warmstart import select
 
 RESULT = {"metric_name": "validation_accuracy", "metric": 0.9, "wall_seconds": 3.0,
           "samples_per_second": 100.0, "target_reached": False, "zoo_model": "m-1"}
@@ -41,6 +42,10 @@ def test_a_cold_run_says_whether_the_guard_refused_a_candidate_or_none_matched()
     assert "cold (no match)" in cell("cold_below_min_similarity")
     assert "cold (no match)" in cell("cold_empty") and "cold (disabled)" in cell("disabled")
     assert "cold start" not in cell("cold_guard") + cell("cold_empty")
+    pretrained = {**RESULT, "warm_start_decision": {"outcome": "disabled",
+                                                    "reason": select.PRETRAINED_REASON}}
+    text = _text(tables.results([runner.JobOutcome("a", "small_cnn", pretrained)]))
+    assert "pretrained weights" in text and "cold" not in text
     warm = {**RESULT, "parent": "p-1", "similarity": 0.7}
     assert "p-1 (0.70)" in _text(tables.results([runner.JobOutcome("a", "small_cnn", warm)]))
 

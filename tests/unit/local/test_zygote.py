@@ -25,8 +25,16 @@ pytestmark = pytest.mark.process
 REPORTER = '''
 import json, os, signal, sys, time
 
+def inheritable(fd):
+    try:
+        return os.get_inheritable(fd)
+    except OSError:  # listdir's own, closed by now
+        return False
+
+
 what = sys.argv[1]
 if what == "report":
+    fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     print(json.dumps({
         "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv[1:],
         "main": [__name__, __file__],
@@ -36,10 +44,14 @@ if what == "report":
         "signals": {n: str(signal.getsignal(getattr(signal, n)))
                     for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGPIPE")},
         "group": [os.getpgid(0), os.getsid(0) == os.getpid()],
-        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "fds": sorted(fd for fd in fds if inheritable(fd)), "all_fds": len(fds),
         "kiln": sorted(m for m in sys.modules if m == "kiln" or m.startswith("kiln.")),
         "helper": __import__("helper").WHERE,
     }))
+elif what == "blas":
+    import numpy, threadpoolctl
+    print(json.dumps([[i["internal_api"], i["num_threads"]]
+                      for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]))
 elif what == "exit":
     sys.exit(int(sys.argv[2]))
 elif what == "crash":
@@ -134,6 +146,8 @@ def test_a_forked_trainer_sees_what_a_new_interpreter_sees(
         group, leader = report.pop("group")
         assert leader is new_session
         assert (group == os.getpgid(0)) is not new_session
+    # one more, never inherited: the pipe it reports its exit code on (`zygote.Process`)
+    assert seen.pop("all_fds") == expected.pop("all_fds") + 1
     assert seen == expected
     assert seen["helper"] == "cwd" and seen["kiln"] == []
 
@@ -194,6 +208,17 @@ def test_wait_times_out_and_sigterm_ends_a_running_child(
     assert forked.process.wait(timeout=120) == -signal.SIGTERM
     forked.process.kill()  # after its end: nothing is signalled, as with Popen
     os.close(write)
+
+
+def test_a_trainer_with_several_threads_is_forked_and_gets_numpy_s_threads_as_if_new(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    env = _env(fake_trainer, OMP_NUM_THREADS="3")  # as `kiln run` gives on 6 cores or more
+    forked = run(["blas"], env=env, cwd=tmp_path)  # forked, not refused for the zygote's threads
+    seen = json.loads(forked.output())
+    assert forked.process.wait(timeout=120) == 0
+    fresh = _fresh(["blas"], env=env, cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert seen == json.loads(fresh.stdout) and seen
 
 
 def test_what_is_not_forked(tmp_path: Path, fake_trainer: Path,

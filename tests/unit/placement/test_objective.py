@@ -167,12 +167,14 @@ def test_replan_judges_the_fresh_plan_on_the_objective_it_was_planned_for() -> N
     replaced = planner.replan(_long_then_short(200.0), snapshot, CT)
     assert not replaced.kept_current and _order(replaced) == ["short", "long"]
     assert replaced.objective == "completion-time"
-    assert replaced.reason.startswith("re-planned (queued jobs are not pinned")
+    assert replaced.reason.startswith(
+        "queued jobs placed afresh (under completion time none is pinned")
     # queued jobs are not pinned under completion time: the threshold is for makespan only
     strict = planner.replan(_long_then_short(200.0), snapshot,
                             dataclasses.replace(CT, replan_threshold=0.9))
     assert not strict.kept_current and _order(strict) == ["short", "long"]
-    assert strict.reason.startswith("re-planned (queued jobs are not pinned")
+    assert strict.reason.startswith(
+        "queued jobs placed afresh (under completion time none is pinned")
     again = planner.replan(strict, snapshot, CT)  # nothing changed: the same plan
     assert again.assignments == strict.assignments
     problem = heuristic.problem_of(snapshot, objective="completion-time", settings=CT)

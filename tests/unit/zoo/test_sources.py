@@ -5,12 +5,15 @@ Hub fails naming the field."""
 from __future__ import annotations
 
 import hashlib
+import http.server
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from kiln import api, contract
-from kiln.zoo import sources
+from kiln.zoo import sources, store
 
 A = sources.Listed("a.txt", 3, hashlib.md5(b"abc", usedforsecurity=False).hexdigest())
 B = sources.Listed("sub/b.txt", 2, "0" * 32 + "-2")  # a multipart ETag: no MD5 to check
@@ -84,6 +87,12 @@ def test_a_secret_folder_gives_the_endpoint_and_credentials(tmp_path: Path) -> N
     pytest.param(None, "spec.dataset.uri: its secretRef, Secret s3-data, is not there", id="none"),
     pytest.param({"accessKey": b"ak"}, "spec.dataset.uri: its secretRef, Secret s3-data, has no "
                  "key endpoint", id="no-endpoint"),
+    pytest.param({"endpoint": b"minio:9000", "accessKey": b"", "secretKey": b"sk"},
+                 "spec.dataset.uri: its secretRef, Secret s3-data, has an empty or no key "
+                 "accessKey; give accessKey and secretKey both", id="empty-access-key"),
+    pytest.param({"endpoint": b"minio:9000", "accessKey": b"ak"},
+                 "spec.dataset.uri: its secretRef, Secret s3-data, has an empty or no key "
+                 "secretKey", id="no-secret-key"),
 ])
 def test_a_missing_secret_or_key_names_the_field_and_the_fix(
     tmp_path: Path, files: dict[str, bytes] | None, expected: str
@@ -126,6 +135,11 @@ def test_a_path_is_used_where_it_is_and_jobs_list_what_they_download() -> None:
                  "spec.dataset.uri: unsupported scheme 'gs'", id="unknown-scheme"),
     pytest.param({"name": "text", "uri": "s3://B/corpus"},
                  "spec.dataset.uri: 'B' is not an S3 bucket name", id="bad-bucket"),
+    pytest.param({"name": "text", "uri": "s3:/b/corpus"},
+                 "spec.dataset.uri: write s3:// with two slashes (got 's3:/b/corpus')",
+                 id="s3-one-slash"),
+    pytest.param({"name": "text", "uri": "HF:org/name"},
+                 "spec.dataset.uri: write hf:// with two slashes", id="hf-no-slash"),
     pytest.param({"name": "text", "uri": "hf://just-a-name"},
                  "spec.dataset.uri: write hf://org/name", id="hf-not-org-name"),
     pytest.param({"name": "text", "uri": "/data/corpus", "secretRef": {"name": "s"}},
@@ -139,3 +153,52 @@ def test_bad_source_uris_are_refused_naming_the_field(dataset: dict[str, object]
     with pytest.raises(api.InvalidSpec) as caught:
         api.parse_job(doc)
     assert [p for p in caught.value.problems if p.startswith(expected)], caught.value.problems
+
+
+@pytest.mark.timeout(120)  # before bounded timeouts this waited 5 minutes per attempt
+def test_an_s3_server_that_never_answers_fails_instead_of_holding_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sources, "READ_TIMEOUT_SECONDS", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, then says nothing
+        environ = {contract.Env.ZOO_ENDPOINT: f"127.0.0.1:{server.getsockname()[1]}",
+                   contract.Env.ZOO_ACCESS_KEY: "a", contract.Env.ZOO_SECRET_KEY: "b"}
+        with pytest.raises(store.StoreUnavailable, match=r"spec.dataset.uri s3://data/x: .*"
+                           r"Read timed out"):
+            sources.fetch("s3://data/x", field="spec.dataset.uri", environ=environ,
+                          cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+class _Refuses(http.server.BaseHTTPRequestHandler):
+    """An S3 server that refuses anonymous requests, as a private bucket's does."""
+
+    def do_GET(self) -> None:
+        body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+                b"<Message>Access Denied</Message><Resource>/data</Resource></Error>")
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_s3_source_without_a_secret_or_credentials_refused_says_to_give_a_secret(
+    tmp_path: Path
+) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # a pod of the operator's default presigned zoo access: the zoo's endpoint, no keys
+        environ = {contract.Env.ZOO_ENDPOINT: f"127.0.0.1:{server.server_address[1]}"}
+        try:
+            with pytest.raises(sources.SourceError) as caught:
+                sources.fetch("s3://data/pets", field="spec.dataset.uri", environ=environ,
+                              cache=tmp_path / "cache")
+        finally:
+            server.shutdown()
+    said = str(caught.value)
+    assert said.startswith("spec.dataset.uri: cannot read s3://data/pets (AccessDenied"), said
+    assert "give the source a secretRef" in said, said
