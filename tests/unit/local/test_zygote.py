@@ -59,6 +59,9 @@ elif what == "crash":
 elif what == "signal":
     print("running", flush=True)
     os.kill(os.getpid(), int(sys.argv[2]))
+    # As a Ctrl-C that lands mid-training: the handler's exception comes from the trainer's
+    # own code (the sleep ends at the signal), not from after its last line.
+    time.sleep(600)
 elif what == "wait":
     print("running", flush=True)
     sys.stdin.read()  # until the test closes its end
