@@ -12,6 +12,7 @@ Operators of their own, for the resize settings. The test kubelet holds each tra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -58,54 +59,57 @@ def gpu_zoo(s3_server: Any) -> scenario.Zoo:
                         store=zoo)
 
 
-@pytest.fixture(scope="module")
-def gpu_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
+@contextlib.contextmanager
+def _cluster(node: str, gpus: int, api_calls: set[Any]) -> Iterator[emulator.Emulator]:
     with emulator.Emulator() as running:
-        running.client.create_node(NODE, gpus=4)
+        running.client.create_node(node, gpus=gpus)
         yield running
         api_calls |= usage.api_calls(running.requests)
+
+
+@contextlib.contextmanager
+def _operator(cluster: emulator.Emulator, zoo: scenario.Zoo, folder: pytest.TempPathFactory,
+              name: str, args: list[str]
+              ) -> Iterator[tuple[operator_process.OperatorProcess, kubelet.Kubelet]]:
+    node_kubelet = kubelet.Kubelet(cluster.url, folder.mktemp(f"{name}-kubelet"))
+    node_kubelet.start()
+    running = operator_process.OperatorProcess(
+        cluster, folder.mktemp(f"{name}-operator"), env=zoo.operator_env,
+        args=["--zoo-uri", zoo.uri, "--zoo-endpoint", zoo.endpoint, "--zoo-secret", ZOO_SECRET,
+              *args])
+    running.start()
+    yield running, node_kubelet
+    running.stop()
+    node_kubelet.stop()
+    assert not node_kubelet.errors, node_kubelet.errors
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
+    with _cluster(NODE, 4, api_calls) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def gpu_operator(gpu_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
                  tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[operator_process.OperatorProcess, kubelet.Kubelet]]:
-    node_kubelet = kubelet.Kubelet(gpu_cluster.url, tmp_path_factory.mktemp("resize-kubelet"))
-    node_kubelet.start()
-    running = operator_process.OperatorProcess(
-        gpu_cluster, tmp_path_factory.mktemp("resize-operator"), env=gpu_zoo.operator_env,
-        args=["--zoo-uri", gpu_zoo.uri, "--zoo-endpoint", gpu_zoo.endpoint,
-              "--zoo-secret", ZOO_SECRET, *OPERATOR_ARGS])
-    running.start()
-    yield running, node_kubelet
-    running.stop()
-    node_kubelet.stop()
-    assert not node_kubelet.errors, node_kubelet.errors
+    with _operator(gpu_cluster, gpu_zoo, tmp_path_factory, "resize", OPERATOR_ARGS) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
 def shrink_cluster(api_calls: set[Any]) -> Iterator[emulator.Emulator]:
-    with emulator.Emulator() as running:
-        running.client.create_node(SHRINK_NODE, gpus=2)
+    with _cluster(SHRINK_NODE, 2, api_calls) as running:
         yield running
-        api_calls |= usage.api_calls(running.requests)
 
 
 @pytest.fixture(scope="module")
 def shrink_operator(shrink_cluster: emulator.Emulator, gpu_zoo: scenario.Zoo,
                     tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[tuple[operator_process.OperatorProcess, kubelet.Kubelet]]:
-    node_kubelet = kubelet.Kubelet(shrink_cluster.url, tmp_path_factory.mktemp("shrink-kubelet"))
-    node_kubelet.start()
-    running = operator_process.OperatorProcess(
-        shrink_cluster, tmp_path_factory.mktemp("shrink-operator"), env=gpu_zoo.operator_env,
-        args=["--zoo-uri", gpu_zoo.uri, "--zoo-endpoint", gpu_zoo.endpoint,
-              "--zoo-secret", ZOO_SECRET, *SHRINK_ARGS])
-    running.start()
-    yield running, node_kubelet
-    running.stop()
-    node_kubelet.stop()
-    assert not node_kubelet.errors, node_kubelet.errors
+    with _operator(shrink_cluster, gpu_zoo, tmp_path_factory, "shrink", SHRINK_ARGS) as pair:
+        yield pair
 
 
 def _slow_record(zoo: store.ObjectStore, job: dict[str, Any]) -> None:

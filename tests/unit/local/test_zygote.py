@@ -57,6 +57,8 @@ elif what == "exit":
 elif what == "crash":
     raise ValueError("the trainer's own bug")
 elif what == "signal":
+    if int(sys.argv[2]) == signal.SIGINT:  # as at a terminal: a test worker may ignore SIGINT
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     print("running", flush=True)
     os.kill(os.getpid(), int(sys.argv[2]))
     # As a Ctrl-C that lands mid-training: the handler's exception comes from the trainer's
