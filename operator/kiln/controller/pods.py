@@ -370,6 +370,8 @@ def _add_initializer(job: api.TrainingJob, spec: dict[str, Any]) -> None:
                 "value": f"{contract.SOURCES_DIR}/{contract.SOURCES_MANIFEST}"}
     trainer["volumeMounts"] += [{**m, "readOnly": True} for m in shared]
     trainer["env"].append(manifest)
+    if claim:  # the manifest's paths lie in the claim; the env names the mount it reads
+        trainer["env"].append({"name": contract.Env.DATA_CACHE.value, "value": cache})
     kept = {contract.Env.JOB, contract.Env.ZOO_ENDPOINT, contract.Env.ZOO_ACCESS_KEY,
             contract.Env.ZOO_SECRET_KEY, contract.Env.ZOO_SESSION_TOKEN}
     spec.setdefault("initContainers", []).append({

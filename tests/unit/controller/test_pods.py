@@ -322,6 +322,7 @@ def test_a_job_with_s3_sources_gets_the_initializer_and_only_it_the_secret() -> 
         contract.SOURCES_DIR, contract.SOURCE_CACHE_DIR, f"{contract.SECRETS_DIR}/team-s3"}
     trainer_env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert trainer_env["KILN_SOURCES"] == init_env["KILN_SOURCES"]["value"]
+    assert trainer_env["KILN_DATA_CACHE"] == contract.SOURCE_CACHE_DIR
     mounts = {m["name"]: m for m in trainer["volumeMounts"]}
     assert "kiln-secret-0" not in mounts and mounts["kiln-source-cache"]["readOnly"] is True
 
