@@ -577,13 +577,14 @@ def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | 
             f"(or pin its base {base.id} to train a new one)")], source=f"job {job.name}")
     if load and job.spec.model.pretrained is None:
         try:
-            model.load_state_dict(records.load_weights(zoo, base))
-        except RuntimeError as exc:
-            raise api.InvalidSpec([(
-                f"spec.warmStart.parent: LoRA trains on its base's exact weights, and base "
-                f"{base.id} ({base.builder}) does not fit spec.model "
-                f"({str(exc).splitlines()[0]}); pin a base of the same architecture and args")],
-                source=f"job {job.name}") from None
+            pretrained.load_strict(
+                model, records.load_weights(zoo, base), f"spec.warmStart.parent: base {base.id}",
+                advice=(f"LoRA trains on its base's exact weights, so spec.model must be the "
+                        f"base's: {base.builder} with args {json.dumps(base.args)} and "
+                        f"inputShape {list(base.input_shape)} (`kiln zoo show {base.id}`), or "
+                        "pin a base of spec.model's architecture and args"))
+        except pretrained.WeightsError as exc:
+            raise api.InvalidSpec([str(exc)], source=f"job {job.name}") from None
     _attach(job, model, peft)
     if load and parent.base is not None:
         try:

@@ -108,3 +108,24 @@ def test_a_job_continues_the_best_adapter_on_its_base_with_its_settings(
     assert len([k for k in stored if "lora_" in k]) == 2  # head.2's A and B
     assert all(torch.equal(own[k.replace("lora_A.", "lora_A.default.").replace(
         "lora_B.", "lora_B.default.")], v) for k, v in stored.items() if "lora_" in k)
+
+
+def test_a_pinned_base_of_other_args_is_refused_naming_the_bases_args(tmp_path: Path) -> None:
+    """A LoRA job pinning a base whose args differ from spec.model's: the error lists the keys
+    that do not fit and gives the base's own architecture, args and input shape to copy."""
+    zoo = store.DirStore(tmp_path)
+    _, base, _ = warm.pretrained_lora_parent(_job(), _pretrained(0), zoo,
+                                             measure=lambda m: (0.1, 2.0))
+    deeper = {**MODEL, "args": {"depth": 3, "width": 8}}
+    job = api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "pinned", "namespace": "team-a"},
+        "spec": {"model": deeper, "training": {"peft": PEFT},
+                 "warmStart": {"parent": base.id}}})
+    model = models.build(api.ModelSpec.model_validate(deeper))
+    with pytest.raises(api.InvalidSpec) as raised:
+        warm.lora_start(job, model, zoo, load=True)
+    message = str(raised.value)
+    assert f"spec.warmStart.parent: base {base.id}" in message
+    assert "the weights do not fit the model: keys" in message and "missing (blocks." in message
+    assert '{"depth": 2, "width": 8}' in message and "inputShape [1, 8, 8]" in message
