@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import locale
 import os
@@ -302,7 +303,9 @@ def initialize(jobs: list[api.TrainingJob], *, work_dir: Path, console: Console,
                                 why=failure.message if isinstance(failure, contract.Failure)
                                 else None)
         found += sources.Manifest.read(manifest).sources
-    merged = work_dir / "sources.json"
+    # Named by the run's jobs: another `kiln run` in this folder keeps its own manifest.
+    names = hashlib.sha256("\0".join(sorted(job.name for job in wanted)).encode()).hexdigest()
+    merged = work_dir / f"sources-{names[:12]}.json"
     sources.Manifest(tuple(found)).write(merged)
     return {contract.Env.SOURCES: str(merged)}
 
