@@ -12,17 +12,21 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # each trial's trainer: one steady thread
 
+import contextlib
 import dataclasses
+import datetime
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 BENCH = Path(__file__).resolve().parent
@@ -50,8 +54,9 @@ import fashion_mnist
 #    time is reported beside epochs trained (which load cannot change).
 # 3. Measures, per search and seed. The baseline's best is its best objective at the end; the
 #    bar is that best less 0.1 points of accuracy (text: plus 0.01 nats of loss). For each arm:
-#    wall seconds from the start of the sweep until any trial's evaluation meets the bar, and
-#    the epochs all trials had trained by then; the arm's best within the baseline's whole wall
+#    wall seconds from the start of the sweep until any trial's evaluation meets the bar, the
+#    CPU seconds the arm's processes had used by then (sampled every second: other work on the
+#    machine moves wall seconds, hardly these), and the epochs all trials had trained by then; the arm's best within the baseline's whole wall
 #    time; CPU seconds of the whole sweep. The ratio is the baseline's time to its own bar
 #    divided by the arm's (above 1: the arm got there sooner); an arm that never meets the bar
 #    counts at its whole time and is flagged. Medians over seeds and searches; the worst best
@@ -131,27 +136,69 @@ def sweep_doc(search: Search, arm: str, seed: int, slots: int) -> dict[str, Any]
     }
 
 
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """CPU seconds `root` and its descendants have used: each live process's own, plus what its
+    children that already ended used (counted in the parent that waited for them)."""
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def run_arm(search: Search, arm: str, seed: int, slots: int) -> dict[str, Any]:
     """One arm: `kiln sweep run` in a fresh directory (empty zoo); its sweep document, wall and
-    CPU seconds."""
+    CPU seconds, and the CPU seconds its process tree had used, sampled every second
+    ([unix time, CPU seconds]), which times the evaluations in CPU as well as wall."""
     with tempfile.TemporaryDirectory(prefix=f"kiln-sweep-{arm}-") as tmp:
         work = Path(tmp)
         path = work / "sweep.yaml"
         path.write_text(yaml.safe_dump(sweep_doc(search, arm, seed, slots)), encoding="utf-8")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
-        proc = subprocess.run(
-            [str(Path(sys.executable).parent / "kiln"), "sweep", "run", str(path),
-             "--slots", str(slots), "--zoo", str(work / "zoo"), "-o", "json"],
-            cwd=work, capture_output=True, text=True, check=False)
+        with subprocess.Popen(
+                [str(Path(sys.executable).parent / "kiln"), "sweep", "run", str(path),
+                 "--slots", str(slots), "--zoo", str(work / "zoo"), "-o", "json"],
+                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            timeline: list[tuple[float, float]] = []
+            done = threading.Event()
+            root = psutil.Process(proc.pid)
+
+            def sample() -> None:
+                while not done.wait(1.0):
+                    timeline.append((time.time(), tree_cpu_seconds(root)))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            stdout, stderr = proc.communicate()
+            done.set()
+            sampler.join()
         wall = time.perf_counter() - began
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{search.label}/{arm}/seed {seed}: kiln sweep run exited "
-                         f"{proc.returncode}:\n{proc.stderr[-4000:]}")
-    doc = json.loads(proc.stdout)
+                         f"{proc.returncode}:\n{stderr[-4000:]}")
+    doc = json.loads(stdout)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"doc": doc, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)}
+    timeline.append((time.time(), cpu))
+    return {"doc": doc, "wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+            "cpu_timeline": [[round(t, 2), round(c, 2)] for t, c in timeline]}
+
+
+def cpu_at(run: dict[str, Any], seconds: float) -> float:
+    """CPU seconds the arm's processes had used `seconds` into its sweep (the sweep's own
+    clock, as its evaluations are timed), read off the sampled timeline."""
+    start = datetime.datetime.fromisoformat(
+        run["doc"]["status"]["startTime"]).timestamp()
+    when = start + seconds
+    points = run["cpu_timeline"]
+    after = next((i for i, (t, _) in enumerate(points) if t >= when), len(points) - 1)
+    if after == 0:
+        return float(points[0][1])
+    (t0, c0), (t1, c1) = points[after - 1], points[after]
+    share = 1.0 if t1 <= t0 else min(1.0, max(0.0, (when - t0) / (t1 - t0)))
+    return float(c0 + share * (c1 - c0))
 
 
 def evaluations(doc: dict[str, Any]) -> list[tuple[float, int, float]]:
@@ -190,6 +237,8 @@ def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         history = run["doc"]["status"]["history"]
         row[arm] = {
             "seconds_to_bar": round(hit if hit is not None else run["wall_seconds"], 1),
+            "cpu_seconds_to_bar": round(cpu_at(run, hit) if hit is not None
+                                        else run["cpu_seconds"], 1),
             "reached": hit is not None,
             "epochs_to_bar": epochs_by(run["doc"], hit if hit is not None else float("inf")),
             "epochs_total": epochs_by(run["doc"], float("inf")),
@@ -206,6 +255,8 @@ def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         arm_row = row[arm]
         arm_row["time_ratio"] = round(row["baseline"]["seconds_to_bar"]
                                       / max(arm_row["seconds_to_bar"], 1e-9), 3)
+        arm_row["cpu_ratio"] = round(row["baseline"]["cpu_seconds_to_bar"]
+                                     / max(arm_row["cpu_seconds_to_bar"], 1e-9), 3)
         arm_row["epochs_ratio"] = round(row["baseline"]["epochs_to_bar"]
                                         / max(arm_row["epochs_to_bar"], 1), 3)
     return row
@@ -222,6 +273,10 @@ def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             "median_time_to_baseline_best_ratio": round(
                 statistics.median(c["time_ratio"] for c in cells), 3),
             "min_time_to_baseline_best_ratio": round(min(c["time_ratio"] for c in cells), 3),
+            # CPU seconds, not wall: what the arms' processes used until the bar; the load of
+            # other work on the machine moves wall seconds, not these.
+            "median_cpu_to_baseline_best_ratio": round(
+                statistics.median(c["cpu_ratio"] for c in cells), 3),
             "median_epochs_to_baseline_best_ratio": round(
                 statistics.median(c["epochs_ratio"] for c in cells), 3),
             "worst_best_metric_delta": min(deltas) if deltas else None,
@@ -229,6 +284,8 @@ def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             "per_search": {label: {
                 "median_time_ratio": round(statistics.median(
                     r[arm]["time_ratio"] for r in by_seed.values()), 3),
+                "median_cpu_ratio": round(statistics.median(
+                    r[arm]["cpu_ratio"] for r in by_seed.values()), 3),
                 "median_epochs_ratio": round(statistics.median(
                     r[arm]["epochs_ratio"] for r in by_seed.values()), 3),
                 "worst_best_delta": min(r[arm]["best_delta"] for r in by_seed.values()
@@ -255,12 +312,14 @@ def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
 
 def print_table(label: str, seed: int, row: dict[str, Any]) -> None:
     print(f"\n{label} seed {seed}: baseline best {row['baseline_best']} (bar {row['bar']})")
-    print(f"  {'arm':18} {'s to bar':>9} {'epochs':>7} {'ratio':>6} {'ep.ratio':>8} "
+    print(f"  {'arm':18} {'s to bar':>9} {'cpu to bar':>10} {'epochs':>7} {'ratio':>6} "
+          f"{'cpu ratio':>9} {'ep.ratio':>8} "
           f"{'best':>8} {'delta':>7} {'wall':>7} {'cpu':>7} {'warm':>5} {'pruned':>6}")
     for arm in ARMS:
         c = row[arm]
-        print(f"  {arm:18} {c['seconds_to_bar']:>9} {c['epochs_to_bar']:>7} "
-              f"{c['time_ratio']:>6} {c['epochs_ratio']:>8} {c['best_within_budget']!s:>8} "
+        print(f"  {arm:18} {c['seconds_to_bar']:>9} {c['cpu_seconds_to_bar']:>10} "
+              f"{c['epochs_to_bar']:>7} {c['time_ratio']:>6} {c['cpu_ratio']:>9} "
+              f"{c['epochs_ratio']:>8} {c['best_within_budget']!s:>8} "
               f"{c['best_delta']!s:>7} {c['wall_seconds']:>7} {c['cpu_seconds']:>7} "
               f"{c['warm_trials']:>5} {c['trials']['Pruned']:>6}"
               + ("" if c["reached"] else "  (bar not reached)"), flush=True)
