@@ -13,7 +13,8 @@ Writes bench/results/admission.json and admission.png (``--quick``: 4 jobs, admi
 # ViT 200 layers deep (within the limits, but seconds to validate and to trace; its tracing runs
 # in a graph worker process with a 2 s deadline). No kubelet runs: the jobs stay queued.
 # ``--quick`` (a smoke run that measures nothing) runs the bursts on one operator, each in its
-# own namespace.
+# own namespace, with a ViT 100 layers deep as the slow poison and a 0.5 s tracing deadline
+# (still past it: the same path, half the tracing).
 #
 # Measured (``summary``): per burst, p50 and p99 of the ordinary jobs' admission latency, from
 # the creation request to the operator's first status write (validated, warm start decided,
@@ -45,12 +46,16 @@ NAME = "admission"
 SUBMIT_THREADS = 8
 WAIT_SECONDS = 600.0
 GRAPH_TIMEOUT_SECONDS = 2.0
-POISON = {
+POISON: dict[str, dict[str, Any]] = {
     "poison-abyss": {"architecture": "small_cnn", "args": {"depth": 13_000, "width": 8},
                      "inputShape": [1, 8, 8]},
     "poison-slow": {"architecture": "vit", "args": {"depth": 200, "width": 8, "heads": 1},
                     "inputShape": [1, 8, 8]},
 }
+QUICK_POISON: dict[str, dict[str, Any]] = {
+    **POISON, "poison-slow": {**POISON["poison-slow"],
+                              "args": {"depth": 100, "width": 8, "heads": 1}}}
+QUICK_GRAPH_TIMEOUT_SECONDS = 0.5
 
 
 def job_doc(name: str, model: dict[str, Any]) -> dict[str, Any]:
@@ -95,14 +100,15 @@ BURSTS = {"without_poison": (), "with_poison": ("poison-abyss",),
 
 
 @contextlib.contextmanager
-def operator_on_emulator(work: Path, zoo: Path) -> Iterator[emulator.Emulator]:
+def operator_on_emulator(work: Path, zoo: Path, *, graph_timeout: float
+                         ) -> Iterator[emulator.Emulator]:
     """A fresh emulator with one node and the operator (log in `work`) on it, warmed up."""
     with emulator.Emulator() as cluster:
         cluster.client.create_node("cpu-node-1", cpu="32")
         operator = operator_process.OperatorProcess(
             cluster, work, args=["--zoo-uri", str(zoo), "--zoo-refresh-seconds", "0",
                                  "--warm-start-graph-timeout-seconds",
-                                 str(GRAPH_TIMEOUT_SECONDS), "--placement-interval-seconds", "2"])
+                                 str(graph_timeout), "--placement-interval-seconds", "2"])
         operator.start()
         try:
             warm_up(cluster)
@@ -112,9 +118,9 @@ def operator_on_emulator(work: Path, zoo: Path) -> Iterator[emulator.Emulator]:
 
 
 def burst(cluster: emulator.Emulator, count: int, *, poison: tuple[str, ...],
-          namespace: str) -> dict[str, float]:
+          namespace: str, poison_models: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Submit one burst in `namespace`; returns job name -> admission latency (s)."""
-    docs = [job_doc(name, POISON[name]) for name in poison]
+    docs = [job_doc(name, poison_models[name]) for name in poison]
     docs += [job_doc(f"job-{i:03d}", ordinary_model(i)) for i in range(count)]
     with concurrent.futures.ThreadPoolExecutor(SUBMIT_THREADS) as pool:
         list(pool.map(lambda doc: cluster.client.create_job(namespace, doc), docs))
@@ -162,23 +168,27 @@ def main() -> None:
     args = parser.parse_args()
     count = args.jobs or (4 if args.quick else 40)
     name = f"{NAME}_quick" if args.quick else NAME
+    poison_models = QUICK_POISON if args.quick else POISON
+    graph_timeout = QUICK_GRAPH_TIMEOUT_SECONDS if args.quick else GRAPH_TIMEOUT_SECONDS
     seen: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-admission-") as tmp:
         zoo = Path(tmp) / "zoo"
         seed_zoo(zoo)
         with contextlib.ExitStack() as shared:
-            quick = (shared.enter_context(operator_on_emulator(Path(tmp) / "quick", zoo))
+            quick = (shared.enter_context(operator_on_emulator(Path(tmp) / "quick", zoo,
+                                                              graph_timeout=graph_timeout))
                      if args.quick else None)
             for arm, poison in BURSTS.items():
                 with contextlib.ExitStack() as own:
                     cluster = quick or own.enter_context(
-                        operator_on_emulator(Path(tmp) / arm, zoo))
-                    seen[arm] = burst(cluster, count, poison=poison,
+                        operator_on_emulator(Path(tmp) / arm, zoo, graph_timeout=graph_timeout))
+                    seen[arm] = burst(cluster, count, poison=poison, poison_models=poison_models,
                                       namespace=arm.replace("_", "-"))
     ordinary = {arm: sorted(v for k, v in got.items() if k not in POISON)
                 for arm, got in seen.items()}
     summary: dict[str, Any] = {"jobs": count, "quick": args.quick,
-                               "graph_timeout_seconds": GRAPH_TIMEOUT_SECONDS}
+                               "graph_timeout_seconds": graph_timeout,
+                               "slow_poison_depth": poison_models["poison-slow"]["args"]["depth"]}
     for arm, values in ordinary.items():
         summary[f"{arm}_p50_seconds"] = round(percentile(values, 0.50), 3)
         summary[f"{arm}_p99_seconds"] = round(percentile(values, 0.99), 3)

@@ -758,7 +758,7 @@ def main() -> None:
     name = NAME + ("_quick" if args.quick else "") + (
         f"_{'-'.join(c.label for c in case_list)}_e{args.epochs}" if args.epochs else
         "_partial" if args.cases or (args.seeds and not args.quick) else "")
-    idle_steps = args.idle_steps or (20 if args.quick else 300)
+    idle_steps = args.idle_steps or (10 if args.quick else 300)
     repeats = 1 if args.quick else IDLE_REPEATS
     print(f"estimate: at most {estimate_seconds(case_list, seeds, idle_steps) / 60:.0f} min on 2 idle "
           f"cores ({len(case_list)} cases x {len(seeds)} seeds x {len(ARMS)} arms)", flush=True)

@@ -47,8 +47,8 @@ FULL = {"corpus": "email", "length": 64, "batch": 32, "parent_epochs": 3, "child
 # The smoke run: 640 windows, and no freezing (its reference process would outlive so short a
 # run's training, and the full run reports what freezing does).
 QUICK = {"corpus": "json", "length": 32, "batch": 32, "parent_epochs": 1, "child_epochs": 1,
-         "parent": {"n_layer": 2, "n_embd": 32, "n_head": 2},
-         "child": {"n_layer": 3, "n_embd": 48, "n_head": 2},
+         "parent": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+         "child": {"n_layer": 2, "n_embd": 48, "n_head": 2},
          "max_samples": 640, "freezing": False}
 
 
@@ -135,7 +135,7 @@ def run_seed(seed: int, setup: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = common.arguments(__doc__ or "", "a CI smoke: 2- and 3-block models, one epoch")
+    parser = common.arguments(__doc__ or "", "a CI smoke: 1- and 2-block models, one epoch")
     parser.add_argument("--seeds", default=None,
                         help="comma-separated seeds (default 0,1; with --quick 0)")
     options = parser.parse_args()

@@ -2,7 +2,7 @@
 
     python bench/operator.py [--quick] [--jobs 1000]
 
-Writes bench/results/operator.json and operator.png (``--quick``: 10 jobs, operator_quick.*).
+Writes bench/results/operator.json and operator.png (``--quick``: 4 jobs, operator_quick.*).
 """
 
 # The real operator (``python -m kiln.controller``, default settings but a 2 s placement
@@ -124,10 +124,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = common.arguments(__doc__, "10 jobs (CI smoke)")
+    parser = common.arguments(__doc__, "4 jobs (CI smoke)")
     parser.add_argument("--jobs", type=int, default=None, help="jobs to submit (default 1000)")
     args = parser.parse_args()
-    count = args.jobs or (10 if args.quick else 1000)
+    count = args.jobs or (4 if args.quick else 1000)
     name = f"{NAME}_quick" if args.quick else NAME
     with tempfile.TemporaryDirectory(prefix="kiln-bench-operator-") as tmp, \
             emulator.Emulator() as cluster:

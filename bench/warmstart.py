@@ -62,7 +62,7 @@ from kiln_trainer import loop
 # worst child. Targets are per dataset and family (`Dataset.targets`), set from one cold pass
 # (seed 0) before any warm run, so that cold meets them around the middle of its budget. One
 # torch thread; the full run takes about 30 minutes on a loaded 2-core machine (the estimate is
-# printed at the start). `--quick` (CI smoke: digits and a small Fashion-MNIST subsample, 2 zoo
+# printed at the start). `--quick` (CI smoke: small digits and Fashion-MNIST subsamples, 2 zoo
 # models and 2 children each, one seed) writes warmstart_quick.* instead.
 
 NAME = "warmstart"
@@ -178,9 +178,9 @@ def datasets(*, quick: bool, fashion_root: Path) -> list[Dataset]:
                "path": str(fashion_root)}
     if quick:
         return [
-            Dataset("digits", {"name": "digits", "validationFraction": 0.5}, 8, 3, 4,
-                    {"conv": 0.7, "vit": 0.5, "mixer": 0.6}, (0,)),
-            Dataset("fashion", {**fashion, "maxSamples": 600, "validationFraction": 0.5}, 14,
+            Dataset("digits", {"name": "digits", "maxSamples": 600, "validationFraction": 0.5},
+                    8, 3, 4, {"conv": 0.7, "vit": 0.5, "mixer": 0.6}, (0,)),
+            Dataset("fashion", {**fashion, "maxSamples": 400, "validationFraction": 0.5}, 14,
                     1, 4, {"conv": 0.4, "vit": 0.3, "mixer": 0.4}, (0,)),
         ]
     return [

@@ -1,17 +1,16 @@
 """Every benchmark runs end to end in its `--quick` form and writes a summary (CI smoke).
 
 Speed is not asserted here (benchmarks report it); only that each runs, prints its table and
-writes `bench/results/<name>_quick.json` with a top-level `summary`.
+writes `bench/results/<name>_quick.json` with a top-level `summary`. Each script runs as
+``__main__`` in a process forked from a server that imported torch once (`benchrun`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import benchrun
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -36,12 +35,17 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
                      id="sweep"),
     ],
 )
-def test_benchmark_quick_run_writes_its_summary(script: str, result: str,
-                                                summary_key: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_benchmark_quick_run_writes_its_summary(script: str, result: str, summary_key: str,
+                                                tmp_path: Path) -> None:
     name, *extra = script.split()
-    done = subprocess.run([sys.executable, str(BENCH / name), "--quick", *extra], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    output = tmp_path / "output.txt"
+    process = benchrun.start(BENCH / name, ["--quick", *extra], output)
+    process.join(timeout=600)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+    text = output.read_text(encoding="utf-8", errors="replace")
+    assert process.exitcode == 0, f"exit code {process.exitcode}:\n{text[-5000:]}"
     payload = json.loads((BENCH / "results" / f"{result}.json").read_text(encoding="utf-8"))
     assert summary_key in payload["summary"], sorted(payload["summary"])
+

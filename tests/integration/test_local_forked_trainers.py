@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import clirun
 import pytest
+import waitfor
 import yaml
 
 from kiln import contract
@@ -138,11 +138,7 @@ def test_sigterm_to_kiln_checkpoints_the_trainer_and_stops(tmp_path: Path, fork:
         env=_env(fork), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     checkpoint = tmp_path / "zoo" / "checkpoints" / "default" / "probe-long" / "checkpoint.pt"
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not checkpoint.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+    waitfor.file_from(process, checkpoint, timeout=DEADLINE_SECONDS, what="the checkpoint")
     saved = checkpoint.stat().st_mtime_ns
     os.kill(process.pid, signal.SIGTERM)  # kiln alone: it must stop its trainer
     out, err = process.communicate(timeout=DEADLINE_SECONDS)
@@ -183,11 +179,8 @@ def test_a_killed_zygote_leaves_its_trainers_and_kiln_run_reports_their_end(
         env=_env("1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while not (tmp_path / "seen.json").exists():
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the trainer never built its model"
-            time.sleep(0.05)
+        waitfor.file_from(process, tmp_path / "seen.json", timeout=DEADLINE_SECONDS,
+                          what="the trainer's model")
         zygote_pid = _seen(tmp_path)["ppid"]
         assert zygote_pid != process.pid  # forked: the zygote is its parent
         os.kill(zygote_pid, signal.SIGKILL)

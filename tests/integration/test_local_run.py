@@ -1,6 +1,7 @@
-"""`kiln run` as a user runs it: a real `kiln` process that launches real trainer processes on
-the bundled digits, registers in a directory zoo (and an S3 zoo over HTTP) with each run's curves,
-fails clearly, stops cleanly on Ctrl-C, and runs several jobs concurrently under a plan (`--slots`).
+"""`kiln run` as a user runs it: `kiln` in the test's process (tests/clirun.py), or a real `kiln`
+process where a signal must reach it, launches real trainer processes on the bundled digits,
+registers in a directory zoo (and an S3 zoo over HTTP) with each run's curves, fails clearly,
+stops cleanly on Ctrl-C, and runs several jobs concurrently under a plan (`--slots`).
 
 Subprocesses get OMP_NUM_THREADS=1: tiny models train fastest on one thread on 2 cores.
 """
@@ -12,12 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import clirun
 import pytest
+import waitfor
 import yaml
 
 from kiln.local import runner
@@ -47,9 +48,8 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KILN, *args], cwd=cwd, env=env or _env(), capture_output=True,
-                          text=True, timeout=DEADLINE_SECONDS, check=False)
+def _kiln(*args: str, cwd: Path, env: dict[str, str] | None = None) -> clirun.Done:
+    return clirun.kiln(*args, cwd=cwd, env=env or _env())
 
 
 def test_run_trains_two_jobs_in_order_registers_them_and_prints_results(tmp_path: Path) -> None:
@@ -163,16 +163,13 @@ def _sigterm_to_kiln_only(process: subprocess.Popen[str]) -> None:
 def test_ctrl_c_or_sigterm_checkpoints_the_running_job_and_stops(
     tmp_path: Path, kiln: list[str], stop: Callable[[subprocess.Popen[str]], None], code: int,
 ) -> None:
-    job = _job(tmp_path / "long.yaml", "digits-long", training={"epochs": 500, "batchSize": 64})
+    job = _job(tmp_path / "long.yaml", "digits-long", training={"epochs": 500, "batchSize": 64},
+               freezing={"enabled": False})  # no reference process beside the trainer
     process = subprocess.Popen([*kiln, "run", str(job), "--zoo", "zoo"], cwd=tmp_path,
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     checkpoint = tmp_path / "zoo" / "checkpoints" / "default" / "digits-long" / "checkpoint.pt"
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not checkpoint.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+    waitfor.file_from(process, checkpoint, timeout=DEADLINE_SECONDS, what="the checkpoint")
     stop(process)
     out, err = process.communicate(timeout=DEADLINE_SECONDS)
     assert process.returncode == code, err

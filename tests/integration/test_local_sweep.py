@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import clirun
 import pytest
+import waitfor
 import yaml
 
 from kiln import api
@@ -184,11 +184,8 @@ def test_ctrl_c_mid_sweep_keeps_the_running_trial_and_a_rerun_resumes_it(
     process = subprocess.Popen([*KILN, "sweep", "run", str(file), "--zoo", "zoo"],
                                cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not hold.with_suffix(".reached").exists():  # the first trial's trainer is loading
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the first trial never started"
-        time.sleep(0.05)
+    waitfor.file_from(process, hold.with_suffix(".reached"), timeout=DEADLINE_SECONDS,
+                      what="the first trial's trainer loading its data")
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
     hold.unlink()
     out, err = process.communicate(timeout=DEADLINE_SECONDS)

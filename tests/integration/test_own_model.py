@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import clirun
@@ -40,7 +41,15 @@ def _variant(source: Path, target: Path, name: str, **spec: object) -> Path:
 
 def test_example_trains_then_bigger_variant_warm_starts_and_a_longer_run_freezes(
         tmp_path: Path) -> None:
-    first, bigger = EXAMPLE / "mixer.yaml", EXAMPLE / "mixer-bigger.yaml"
+    # The example's folder as a user has it, its two jobs cut to one epoch: a parent and a
+    # child is what is checked here (the longer run below trains for its freezing).
+    example = tmp_path / "own-model"
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("__pycache__"))
+    first, bigger = example / "mixer.yaml", example / "mixer-bigger.yaml"
+    for job in (first, bigger):
+        doc = yaml.safe_load(job.read_text(encoding="utf-8"))
+        training = {**doc["spec"]["training"], "epochs": 1}
+        _variant(job, job, doc["metadata"]["name"], training=training)
     done = _kiln("run", str(first), str(bigger), "--zoo", "zoo", "--slots", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     zoo = store.DirStore(tmp_path / "zoo")

@@ -289,17 +289,16 @@ def initialize(jobs: list[api.TrainingJob], *, work_dir: Path, console: Console,
         console.print(f"[bold]{escape(job.name)}[/]: fetching its sources (log: "
                       f"{escape(str(log_path))})")
         with open(log_path, "w", encoding="utf-8") as log:
-            done = subprocess.run(
+            code = _run_to_end(
                 [*contract.initializer_command(), contract.Flag.JOB.value,
-                 str(write_job_file(job, work_dir))],
-                stdout=log, stderr=subprocess.STDOUT, check=False,
+                 str(write_job_file(job, work_dir))], log=log,
                 env=trainer_env({**env, contract.Env.SOURCES: str(manifest),
                                  contract.Env.DATA_CACHE: cache,
                                  contract.Env.TERMINATION_LOG: str(termination)},
                                 threads=default_threads()))
-        if done.returncode != 0:
+        if code != 0:
             failure = contract.read_termination_message(termination.read_text("utf-8", "replace"))
-            raise TrainerFailed(job.name, done.returncode, log_path, tail(log_path),
+            raise TrainerFailed(job.name, code, log_path, tail(log_path),
                                 why=failure.message if isinstance(failure, contract.Failure)
                                 else None)
         found += sources.Manifest.read(manifest).sources
@@ -308,6 +307,16 @@ def initialize(jobs: list[api.TrainingJob], *, work_dir: Path, console: Console,
     merged = work_dir / f"sources-{names[:12]}.json"
     sources.Manifest(tuple(found)).write(merged)
     return {contract.Env.SOURCES: str(merged)}
+
+
+def _run_to_end(command: list[str], *, log: IO[str], env: dict[str, str]) -> int:
+    """Run `command` with its output to `log`; its exit code. Forked from the zygote where it
+    can be (the initializer imports torch as a trainer does), else a process of its own."""
+    forked = zygote.start(command, env=env, stdout=log.fileno(), stderr=log.fileno())
+    if forked is not None:
+        return forked.wait()
+    return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
+                          env=env).returncode
 
 
 def own_command(job: api.TrainingJob, args: contract.TrainerArgs

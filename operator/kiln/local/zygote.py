@@ -1,9 +1,10 @@
 """Trainers forked from a process that has already imported torch: a zygote.
 
-A new ``python -m kiln_trainer`` spends 2-3 of its first CPU-seconds importing torch and the
-libraries under it. The zygote imports them once (never Kiln's own modules: they read the
-environment when imported) and forks a child per trainer, which takes the trainer's environment,
-working directory, standard streams and Python path as a new interpreter would, then runs it.
+A new ``python -m kiln_trainer`` (or ``kiln_trainer.initializer``) spends 2-3 of its first
+CPU-seconds importing torch and the libraries under it. The zygote imports them once (never
+Kiln's own modules: they read the environment when imported) and forks a child per trainer,
+which takes the trainer's environment, working directory, standard streams and Python path as a
+new interpreter would, then runs it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
 
-MODULE = "kiln_trainer"
+MODULE = "kiln_trainer"  # its modules are forked: the trainer, the initializer
 # What `kiln_trainer` imports beyond Kiln; a package a trainer's own path shadows is not forked.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.optim", "torch.utils.data",
            "numpy", "sympy", "pydantic", "yaml", "minio", "networkx", "safetensors.torch",
@@ -38,6 +39,9 @@ LOAD_TIME_PREFIXES = ("PYTHON", "LANG", "LC_", "TZ", "LD_", "MALLOC_", "OMP_", "
 # ... except these, which the child applies as a new interpreter would.
 APPLIED = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONUNBUFFERED",
                      "PYTHONDONTWRITEBYTECODE"})
+# ... and torchrun's per-worker variables, which torch reads as it runs (each rank's error file
+# differs): the workers of one launch share a zygote.
+RUN_TIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 MAX_ZYGOTES = 3  # each holds torch's few hundred MB; more differing trainers start as processes
 _MESSAGE_BYTES = 1 << 18  # beyond the socket's buffer: a larger environment is not forked
 _CHANGED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
@@ -61,9 +65,9 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def forkable(command: Sequence[str], env: Mapping[str, str], cwd: str) -> bool:
-    """Whether `command` is ``python -m kiln_trainer ...`` with this interpreter (found on
-    `env`'s PATH as the child would find it) and no preloaded package shadowed on its path."""
-    if len(command) < 3 or list(command[1:3]) != ["-m", MODULE]:
+    """Whether `command` is ``python -m kiln_trainer[.module] ...`` with this interpreter (found
+    on `env`'s PATH as the child would find it) and no preloaded package shadowed on its path."""
+    if len(command) < 3 or command[1] != "-m" or command[2].partition(".")[0] != MODULE:
         return False
     found = shutil.which(command[0], path=env.get("PATH", os.defpath))
     ours = os.path.abspath(sys.executable)
@@ -82,7 +86,8 @@ def forkable(command: Sequence[str], env: Mapping[str, str], cwd: str) -> bool:
 def load_time(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """`env`'s variables that a zygote fixes when it starts (`LOAD_TIME_PREFIXES`)."""
     return tuple(sorted((k, v) for k, v in env.items()
-                        if k.startswith(LOAD_TIME_PREFIXES) and k not in APPLIED))
+                        if k.startswith(LOAD_TIME_PREFIXES) and k not in APPLIED
+                        and not k.startswith(RUN_TIME_PREFIXES)))
 
 
 class Process:
@@ -176,9 +181,9 @@ class Zygote:
         self._reader = threading.Thread(target=self._read, name="kiln-zygote", daemon=True)
         self._reader.start()
 
-    def fork(self, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
+    def fork(self, module: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
              fds: tuple[int, int, int, int], new_session: bool) -> int:
-        """Fork a child that runs ``python -m kiln_trainer ARGS`` with `fds` as its stdin,
+        """Fork a child that runs ``python -m MODULE ARGS`` with `fds` as its stdin,
         stdout and stderr, and the write end of the pipe it reports its exit code on
         (`Process`), in a session of its own if `new_session`; its pid.
 
@@ -190,8 +195,8 @@ class Zygote:
                 raise ZygoteGone("the zygote exited")
             self._requests += 1
             request = self._requests
-            message = json.dumps({"id": request, "args": list(args), "cwd": cwd,
-                                  "env": dict(env), "session": new_session}).encode()
+            message = json.dumps({"id": request, "module": module, "args": list(args),
+                                  "cwd": cwd, "env": dict(env), "session": new_session}).encode()
             try:
                 socket.send_fds(self._socket, [message], list(fds))
             except OSError as exc:
@@ -286,7 +291,7 @@ def start(command: Sequence[str], *, env: Mapping[str, str], cwd: str | None = N
     (`enabled`, `forkable`, `shared`): then start it as a process of its own.
 
     Args:
-        command: ``python -m kiln_trainer ARGS``.
+        command: ``python -m kiln_trainer[.module] ARGS``.
         env: the child's whole environment.
         cwd: its working directory (default: ours).
         stdin, stdout, stderr: file descriptors it gets as 0, 1, 2 (stdin default: ours).
@@ -303,7 +308,7 @@ def start(command: Sequence[str], *, env: Mapping[str, str], cwd: str | None = N
     null = os.open(os.devnull, os.O_RDONLY) if stdin is None and not _is_open(0) else None
     status, theirs = os.pipe()
     try:
-        pid = zygote.fork(command[3:], cwd=where, env=env, new_session=new_session,
+        pid = zygote.fork(command[2], command[3:], cwd=where, env=env, new_session=new_session,
                           fds=(null if null is not None else stdin or 0, stdout, stderr, theirs))
     except ZygoteGone:
         os.close(status)
@@ -418,12 +423,13 @@ def _child(channel: socket.socket, request: dict[str, Any], fds: list[int], conf
         importlib.invalidate_caches()
         if "numpy.random" in sys.modules:  # seeded from entropy per process, as when imported
             sys.modules["numpy.random"].seed()
-        sys.argv = [MODULE, *request["args"]]
+        module = str(request.get("module", MODULE))  # the trainer unless another is named
+        sys.argv = [module, *request["args"]]
     except BaseException as exc:  # noqa: BLE001 - the trainer's log says why it never ran
         with contextlib.suppress(BaseException):
             os.write(2, f"kiln zygote: cannot start the trainer: {exc!r}\n".encode())
         os._exit(1)
-    _run_main(status)
+    _run_main(status, module)
 
 
 def _blas_threads(env: Mapping[str, str]) -> None:
@@ -462,8 +468,8 @@ def _standard_streams(*, unbuffered: bool) -> None:
         setattr(sys, f"__{name}__", new)  # the originals, as a new interpreter has them
 
 
-def _run_main(code_pipe: int) -> NoReturn:
-    """Run the trainer's ``__main__`` and end as the interpreter ends: exit code, traceback,
+def _run_main(code_pipe: int, module: str) -> NoReturn:
+    """Run `module` as ``__main__`` and end as the interpreter ends: exit code, traceback,
     non-daemon threads joined, atexit handlers, streams flushed, death by SIGINT; the code also
     written to `code_pipe` (`Process`'s status) by whichever `os._exit` ends it, the
     trainer's own too."""
@@ -477,7 +483,7 @@ def _run_main(code_pipe: int) -> NoReturn:
     os._exit = exit_reporting
     code, interrupted = 0, False
     try:
-        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0

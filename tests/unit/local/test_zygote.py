@@ -244,9 +244,31 @@ def test_what_is_not_forked(tmp_path: Path, fake_trainer: Path,
     assert zygote.start(trainer, env=env, stdout=1, stderr=2) is None
 
 
+def test_a_module_of_the_package_is_forked_and_runs_as_python_m_runs_it(
+        tmp_path: Path, fake_trainer: Path) -> None:
+    (fake_trainer / "kiln_trainer" / "initializer.py").write_text(
+        "import json, sys\nprint(json.dumps([__name__, sys.argv[1:]]))\n", encoding="utf-8")
+    env, cwd = _env(fake_trainer), str(tmp_path)
+    command = [sys.executable, "-m", f"{zygote.MODULE}.initializer", "--job", "j.json"]
+    assert zygote.forkable(command, env, cwd)
+    assert not zygote.forkable([sys.executable, "-m", f"{zygote.MODULE}_other"], env, cwd)
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as log:
+        process = zygote.start(command, env=env, cwd=cwd, stdout=log.fileno(),
+                               stderr=log.fileno())
+        assert process is not None, "the zygote did not start it"
+        assert process.wait(timeout=120) == 0
+    fresh = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert out.read_text(encoding="utf-8") == fresh.stdout == '["__main__", ["--job", "j.json"]]\n'
+
+
 def test_load_time_variables_pick_the_zygote() -> None:
     one = {"OMP_NUM_THREADS": "1", "PATH": "/bin", "PYTHONPATH": "/a", "KILN_ZOO": "z"}
     assert zygote.load_time(one) == (("OMP_NUM_THREADS", "1"),)
     assert zygote.load_time({**one, "PYTHONPATH": "/b", "KILN_ZOO": "y"}) == zygote.load_time(one)
     assert zygote.load_time({**one, "OMP_NUM_THREADS": "2"}) != zygote.load_time(one)
     assert zygote.load_time({**one, "PYTHONHASHSEED": "0"}) != zygote.load_time(one)
+    # torchrun's per-worker variables: the workers of one launch share a zygote
+    assert zygote.load_time({**one, "TORCHELASTIC_ERROR_FILE": "/tmp/rank0/error.json",
+                             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == zygote.load_time(one)
