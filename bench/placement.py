@@ -3,8 +3,10 @@
 Workloads are model-selection grids (architectures x batch sizes x learning rates) whose
 per-config durations come from real profiles on this machine scaled to GPU-like speed-up
 curves (bench/placement_workload.py states the formula and constants; the output repeats
-them). Clusters of 1, 2 and 4 nodes of 8 GPUs; 12, 24, 50 and 200 jobs; plus online variants
-where the grid arrives in waves. The planner sees estimates that differ from the true
+them). The profiles are recorded once (bench/results/placement_profiles.json) and replayed,
+so runs under different load plan the same workloads; `--profile` records them again.
+Clusters of 1, 2 and 4 nodes of 8 GPUs; 12, 24, 50 and 200 jobs; plus online variants where
+the grid arrives in waves. The planner sees estimates that differ from the true
 durations by exp(N(0, 0.1)) per job and config (profiles carry +-5-10% error); the simulator
 (`kiln.placement.simulate`) runs the true durations, per-node queues in plan order.
 
@@ -42,7 +44,7 @@ over the Saturn-like cases (jobs ~ 1.5x GPUs: 12 on 1x8, 24 on 2x8, 50 on 4x8) o
 the replays and metrics where Kiln loses) and bench/results/placement.png; `--quick` (CI
 smoke, under a minute) writes placement_quick.*; `--only sweeps|arrivals` runs one part.
 
-    OMP_NUM_THREADS=1 python bench/placement.py [--quick] [--seeds 0]
+    OMP_NUM_THREADS=1 python bench/placement.py [--quick] [--seeds 0] [--profile]
 """
 
 from __future__ import annotations
@@ -493,6 +495,11 @@ def main() -> None:
     parser.add_argument("--tuning", action="store_true",
                         help="arrivals on the tuning seeds, never the held-out ones (writes "
                              "placement_tuning.json)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the architectures again and record them in "
+                             f"{workload.PROFILES_FILE.name} (default: replay that file)")
+    parser.add_argument("--profile-steps", type=int, default=20,
+                        help="timed steps per architecture with --profile (fastest counts)")
     args = parser.parse_args()
     common.one_thread(logging.ERROR)
     quick = args.quick
@@ -512,11 +519,15 @@ def main() -> None:
                                           use_milp=False)
     began, load_before = time.perf_counter(), os.getloadavg()[0]
     archs = () if not cases else workload.ARCHS[:2] if quick else workload.ARCHS
-    profiles = {}
-    for arch in archs:
-        profiles[arch.label] = workload.profile(arch, steps=2 if quick else 5)
-        print(f"profiled {arch.label:16s} {profiles[arch.label].cpu_seconds_per_sample * 1e3:7.2f}"
-              f" ms/sample (CPU)  {profiles[arch.label].params / 1e6:6.2f} M params", flush=True)
+    # Recorded profiles by default: profiled at run time, the durations (and so the sweeps'
+    # makespans) followed this shared machine's load from one run to the next.
+    profiles = (workload.record_profiles(workload.ARCHS, steps=args.profile_steps)
+                if args.profile else workload.recorded_profiles(workload.ARCHS))
+    profiles = {a.label: profiles[a.label] for a in archs}
+    for label, p in profiles.items():
+        print(f"{'profiled' if args.profile else 'recorded'} {label:16s} "
+              f"{p.cpu_seconds_per_sample * 1e3:7.2f} ms/sample (CPU)  {p.params / 1e6:6.2f} M "
+              "params", flush=True)
     print(f"durations: {workload.FORMULA}")
     results: dict[str, dict[int, Any]] = {c.label: {} for c in cases}
     for case in cases:
@@ -565,6 +576,7 @@ def main() -> None:
                     "load_average_before_after": [round(load_before, 2),
                                                   round(os.getloadavg()[0], 2)]})
     details = {"profiles": {k: dataclasses.asdict(v) for k, v in profiles.items()},
+               "profiles_recorded_now": args.profile,
                "speedups": {f"{a.label} b{b}": workload.speedups(profiles, a, b)
                             for a in archs for b in workload.BATCHES[:2]},
                "cases": {c.label: {str(s): r for s, r in results[c.label].items()}

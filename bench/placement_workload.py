@@ -2,8 +2,10 @@
 
 1. Profile. Each architecture (registered in `kiln.models`) trains a few steps on this
    machine (forward + backward + SGD step, batch PROFILE_BATCH, one torch thread, the second
-   and later steps timed, fastest: this machine is shared) on a small input: 3x32x32 images, 128-byte text. That gives
-   its CPU seconds per sample c_cpu and its parameter count P.
+   and later steps timed, fastest: this machine is shared) on a small input: 3x32x32 images,
+   128-byte text. That gives its CPU seconds per sample c_cpu and its parameter count P.
+   The profiles are recorded once in PROFILES_FILE and replayed (`recorded_profiles`), so the
+   workloads do not change with this machine's load; `record_profiles` measures them anew.
 2. GPU-like speed. Only ratios of the CPU costs are used: the reference architecture
    (resnet18 at 3x32x32) is pinned at REFERENCE_SAMPLES_PER_SECOND on one GPU, so
    c_gpu(a) = c_cpu(a) / c_cpu(resnet18) / REFERENCE_SAMPLES_PER_SECOND.
@@ -27,9 +29,12 @@ Callers: bench/placement.py. Non-goals: no GPU, no planning.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +52,7 @@ FSDP_TRAFFIC = 1.5
 DATASET_SAMPLES = 50_000
 EPOCHS = 50
 GPU_COUNTS = (1, 2, 4, 8)
+PROFILES_FILE = Path(__file__).resolve().parent / "results" / "placement_profiles.json"
 FORMULA = ("t(k) = o + B*c/k + [k>1]*(2(k-1)/k * traffic*4P/bw + 2(k-1)*lat); "
            "d(k) = epochs*ceil(N/B)*t(k); c = c_cpu(arch)/c_cpu(resnet18)/5000 s; "
            f"o={STEP_OVERHEAD_SECONDS * 1e3:g} ms, bw={ALLREDUCE_BYTES_PER_SECOND / 1e9:g} GB/s, "
@@ -108,6 +114,36 @@ def profile(arch: Arch, *, steps: int = 5) -> Profile:
         times.append(time.perf_counter() - began)
     return Profile(min(times[1:]) / PROFILE_BATCH,  # min: other processes only slow it down
                    sum(p.numel() for p in model.parameters()))
+
+
+def record_profiles(archs: tuple[Arch, ...], *, steps: int,
+                    path: Path = PROFILES_FILE) -> dict[str, Profile]:
+    """Profile `archs` (`profile`) and write them to `path` with the load they ran under."""
+    load_before = os.getloadavg()[0]
+    profiles = {arch.label: profile(arch, steps=steps) for arch in archs}
+    path.write_text(json.dumps({
+        "steps": steps, "profile_batch": PROFILE_BATCH,
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "profiles": {k: dataclasses.asdict(v) for k, v in profiles.items()}},
+        indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return profiles
+
+
+def recorded_profiles(archs: tuple[Arch, ...], path: Path = PROFILES_FILE
+                      ) -> dict[str, Profile]:
+    """The profiles of `archs` recorded in `path` (`record_profiles`).
+
+    Raises:
+        ValueError: the file lacks one of `archs` (re-record with `record_profiles`).
+    """
+    recorded = json.loads(path.read_text(encoding="utf-8"))["profiles"]
+    missing = [a.label for a in archs if a.label not in recorded]
+    if missing:
+        raise ValueError(f"{path}: no recorded profile of {', '.join(missing)}; record them "
+                         "again (bench/placement.py --profile)")
+    return {a.label: Profile(float(recorded[a.label]["cpu_seconds_per_sample"]),
+                             int(recorded[a.label]["params"])) for a in archs}
 
 
 def step_seconds(gpu_seconds_per_sample: float, params: int, batch: int, k: int, *,
