@@ -296,6 +296,39 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
                                             message=str(exc)) from exc
         return answer
 
+    async def _serve_watch(self, request: kmock.Request) -> Any:
+        # kmock marks its event bus only after it has sent the objects that exist, so a change
+        # made in between is lost; here both happen under the lock every change is made under.
+        # With ?sendInitialEvents=true, the API server's BOOKMARK annotated
+        # k8s.io/initial-events-end follows those objects: the client's view is then complete.
+        yield b""  # the headers now, as kmock does
+        resource = request.resource
+        assert resource is not None  # kmock routes only resource requests here
+        bus = self._buses[resource]
+
+        def watched(obj: Any) -> bool:
+            meta = obj.get("metadata") or {}
+            return ((request.namespace is None or meta.get("namespace") == request.namespace)
+                    and (request.name is None or meta.get("name") == request.name))
+
+        async with self._lock:
+            mark = await bus.mark()
+            events = [{"type": "ADDED", "object": obj.raw}
+                      for (kind, _ns, _name), obj in self._objects.items()
+                      if kind == resource and not obj.deleted and watched(obj.raw)]
+        try:
+            for event in events:
+                yield event
+            if str((request.params or {}).get("sendInitialEvents", "")).lower() == "true":
+                yield {"type": "BOOKMARK", "object": {"metadata": {
+                    "resourceVersion": str(getattr(self, "_kubesim_version", 0)),
+                    "annotations": {"k8s.io/initial-events-end": "true"}}}}
+            async for event in bus.stream(since=mark):
+                if watched(event.get("object") or {}):
+                    yield event
+        finally:
+            await bus.unmark(mark)
+
     async def _serve_version(self, request: kmock.Request) -> Any:
         # kmock names the core group's version "/v1" in /api/v1 discovery; client-go (Helm)
         # cannot parse that and then finds no ConfigMap, Service... The API server says "v1".

@@ -26,9 +26,11 @@ from typing import Any
 
 from kiln import contract
 from kiln.local import zygote
-from kubesim import client, pause
+from kubesim import client, informer, pause, torchrun
 
 KUBELET_USER_AGENT = "kubesim-kubelet"
+# How often the pods that run here are looked at (their processes, deadlines, faults, holds);
+# a change of a pod in the API wakes the kubelet at once.
 POLL_SECONDS = 0.1
 LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
@@ -196,14 +198,15 @@ class InitRun:
 
     pod: dict[str, Any]
     index: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | zygote.Process
     log_path: Path
     termination_path: Path
     mounts: list[Path]
 
 
 class Kubelet:
-    """Runs pods of the emulator in a daemon thread, as a scheduler and kubelet would:
+    """Runs pods of the emulator in a daemon thread, as a scheduler and kubelet would, acting
+    on each pod as the watch of all pods (`informer.Informer`) reports its change:
 
     * bind: set spec.nodeName to the node the pod's required node affinity names;
     * init containers: each runs to its end, in order, as a local process (environment,
@@ -215,7 +218,9 @@ class Kubelet:
       the pod's environment: plain values, ``secretKeyRef`` (read from the Secret in the pod's
       namespace, as the kubelet does; an optional key it lacks leaves the variable unset), ``fieldRef`` for metadata.name/namespace and status.podIP;
       ``python`` resolves to this interpreter (its bin directory comes first on PATH); a
-      ``python -m kiln_trainer`` container is forked from the zygote (`kiln.local.zygote`);
+      container or init container the zygote runs (`kiln.local.zygote.forkable`: ``python -m
+      kiln_trainer``) is forked from it, and so are the trainer workers of a ``python -m
+      torch.distributed.run`` container (its agent is torch's, run by `torchrun`);
     * termination message: the trainer writes it to a scratch file (``KILN_TERMINATION_LOG``, the
       kubelet's terminationMessagePath); with ``FallbackToLogsOnError`` the log's tail is used
       when that file is empty and the exit code is not 0;
@@ -252,7 +257,7 @@ class Kubelet:
       Pending with PodScheduled=False/Unschedulable until it leaves that set;
     * `overlaps` records each pod started while a pod of another attempt of its job (same
       namespace, kiln.dev/job-name) still ran here: two trainers of one job at once;
-    * spec.activeDeadlineSeconds (read on every poll, so a patch takes effect): once the pod has
+    * spec.activeDeadlineSeconds (as last watched, so a patch takes effect): once the pod has
       been active that long, its process is sent SIGTERM, then SIGKILL after the grace period;
       the pod stays, Failed with status.reason DeadlineExceeded;
     * unpullable images: a pod whose container image contains ``unpullable`` is bound but never
@@ -267,9 +272,9 @@ class Kubelet:
         work_dir: scratch space; each pod gets ``<namespace>/<pod>/``.
         base_env: environment every container starts from (besides PATH and HOME).
         share: the share of the time pods run; None: ``KUBESIM_TRAINER_SHARE``, else 1.
-        fork_trainers: start ``python -m kiln_trainer`` pods by forking this test process's zygote
-            (`kiln.local.zygote`: torch imported once), other commands as processes of their own;
-            None: unless ``KILN_FORK_TRAINERS=0``.
+        fork_trainers: start ``python -m kiln_trainer`` pods and torchrun's trainer workers by
+            forking this test process's zygote (`kiln.local.zygote`: torch imported once), other
+            commands as processes of their own; None: unless ``KILN_FORK_TRAINERS=0``.
     """
 
     def __init__(self, url: str, work_dir: Path, *, base_env: dict[str, str] | None = None,
@@ -297,16 +302,26 @@ class Kubelet:
         # (namespace, subdomain, attempt, port) -> the host port a gang's rendezvous uses
         self._gang_ports: dict[tuple[str, str, str, str], int] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        # Pods by uid, kept by a watch: a finished pod costs nothing until it changes.
+        self._pods = informer.Informer(url, client.Client.pods_path(),
+                                       user_agent=KUBELET_USER_AGENT, changed=self._wake.set,
+                                       errors=self.errors)
+        self._pending: set[str] = set()  # uids changed in the API, not looked at yet
         self._thread = threading.Thread(target=self._main, name="kubesim-kubelet", daemon=True)
         self._lock = threading.Lock()
+        self._forker: torchrun.Forker | None = None  # started by the first torchrun pod
 
     def start(self) -> None:
+        self._pods.start()
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop polling and kill every process still running."""
+        """Stop watching and kill every process still running."""
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=30)
+        self._pods.stop()
         for pod in list(self._running.values()):
             _signal_group(pod.process, signal.SIGKILL)
             pod.process.wait(timeout=30)
@@ -316,6 +331,8 @@ class Kubelet:
             init.process.wait(timeout=30)
             _unlink(init.mounts)
         self.throttle.stop()
+        if self._forker is not None:
+            self._forker.close()
 
     def inject(self, fault: Fault) -> Fault:
         """Add a fault; returns it (its `hits` fill in as pods are killed)."""
@@ -346,35 +363,29 @@ class Kubelet:
 
     def _main(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the sync: a change during it wakes the next one at once
             try:
                 self._sync()
             except Exception as exc:  # noqa: BLE001  # reported to the test through .errors
                 self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(POLL_SECONDS)
+            self._wake.wait(POLL_SECONDS)
 
     def _sync(self) -> None:
-        listed = {str(p["metadata"].get("uid", "")): p
-                  for p in self.client.list(client.Client.pods_path())}
-        for uid, pod in listed.items():
-            if uid in self._running:
-                continue
-            if uid in self._initializing:
-                self._step_init(uid, pod)
-                continue
-            meta = pod.get("metadata") or {}
-            if meta.get("deletionTimestamp"):  # nothing runs here to stop: remove it now
-                self._held.pop(uid, None)
+        """Look at each pod that changed in the API, or waits here for something other than
+        the API (an init container's process, a test's `unschedulable_pods`), then at each
+        pod that runs or waits for its image. A pod left pending (its start failed) is looked
+        at again next time."""
+        listed = self._pods.objects  # read by key only: the watch's thread changes it
+        self._pending |= self._pods.take_changed()
+        for uid in dict.fromkeys([*self._pending, *self._initializing, *self._unscheduled]):
+            pod = listed.get(uid)
+            if pod is None:  # gone: what runs here for it is stopped below
+                self._finished.pop(uid, None)
+                self._initialized.discard(uid)
                 self._unscheduled.discard(uid)
-                self._remove(meta)
-                continue
-            known = uid in self._finished or uid in self._held
-            if known or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            if f"{meta.get('namespace', '')}/{meta['name']}" in self.unschedulable_pods:
-                self._leave_unscheduled(uid, pod)
-                continue
-            self._unscheduled.discard(uid)
-            self._start(pod)
+            else:
+                self._look_at(uid, pod)
+            self._pending.discard(uid)
         now = time.monotonic()
         for uid, running in list(self._running.items()):
             found = listed.get(uid)
@@ -406,10 +417,48 @@ class Kubelet:
             _signal_group(init.process, signal.SIGKILL)
             init.process.wait(timeout=30)
             _unlink(init.mounts)
-        for gone in [u for u in self._finished if u not in listed]:
-            del self._finished[gone]
-        self._initialized &= set(listed)
-        self._unscheduled &= set(listed)
+
+    def _look_at(self, uid: str, pod: dict[str, Any]) -> None:
+        """Start a new pod (or leave it unscheduled), step its init containers, or remove it
+        once deleted when nothing of it runs here."""
+        if uid in self._running:
+            return
+        if uid in self._initializing:
+            self._step_init(uid, pod)
+            return
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):  # nothing runs here to stop: remove it now
+            self._held.pop(uid, None)
+            self._unscheduled.discard(uid)
+            self._remove(meta)
+            return
+        known = uid in self._finished or uid in self._held
+        if known or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        if f"{meta.get('namespace', '')}/{meta['name']}" in self.unschedulable_pods:
+            self._leave_unscheduled(uid, pod)
+            return
+        self._unscheduled.discard(uid)
+        self._start(pod)
+
+    def _run(self, command: list[str], env: dict[str, str], scratch: Path, log_path: Path
+             ) -> subprocess.Popen[bytes] | zygote.Process:
+        """Start a container's `command` in a session of its own, its output to `log_path`:
+        forked from the zygote where it can be (`fork_trainers`), torchrun with its trainer
+        workers forked (`torchrun.AGENT`), else as a process of its own."""
+        with log_path.open("wb") as log:
+            if self.fork_trainers:
+                forked = zygote.start(command, env=env, cwd=str(scratch), stdout=log.fileno(),
+                                      stderr=log.fileno(), new_session=True)
+                if forked is not None:
+                    return forked
+                if torchrun.is_torchrun(command):
+                    with self._lock:
+                        if self._forker is None:
+                            self._forker = torchrun.Forker()
+                    command, env = torchrun.agent_command(command, env, self._forker)
+            return subprocess.Popen(command, cwd=scratch, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def _leave_unscheduled(self, uid: str, pod: dict[str, Any]) -> None:
         """Report once that no node can take the pod (as the scheduler does)."""
@@ -517,15 +566,7 @@ class Kubelet:
         env = self._secret_volumes(namespace, name, spec, container, scratch, env)
         mounts, env, command = self._mount(namespace, spec, container, scratch, env, command)
         log_path = scratch / "container.log"
-        with log_path.open("wb") as log:
-            process: subprocess.Popen[bytes] | zygote.Process | None = None
-            if self.fork_trainers:
-                process = zygote.start(command, env=env, cwd=str(scratch), stdout=log.fileno(),
-                                       stderr=log.fileno(), new_session=True)
-            if process is None:
-                process = subprocess.Popen(
-                    command, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+        process = self._run(command, env, scratch, log_path)
         gate = pause.Gate(process.pid)  # its process group: start_new_session
         self.throttle.add(gate)
         running = RunningPod(
@@ -570,9 +611,7 @@ class Kubelet:
             namespace, spec, container, scratch, env,
             [*container.get("command", []), *container.get("args", [])])
         log_path = scratch / f"{container['name']}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(command, cwd=scratch, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+        process = self._run(command, env, scratch, log_path)
         self._initializing[str(meta.get("uid", ""))] = InitRun(
             pod, index, process, log_path, termination, mounts)
         self._patch(client.Client.pods_path(namespace, name) + "/status", {"status": {
@@ -839,8 +878,9 @@ class Kubelet:
             _stop(running, now)
             return
         self._ended(running)
-        self._finished[running.uid] = self._running.pop(running.uid)
-        if meta:
+        del self._running[running.uid]
+        if meta:  # (a pod already gone is forgotten)
+            self._finished[running.uid] = running
             self._report_exit(running)
             self._remove(meta)
 

@@ -1,6 +1,7 @@
 """Processes that start often (the operator, `kiln validate` and `kiln run`, a digits trainer)
 leave out libraries they need only sometimes, each about a second of CPU per process:
-torchvision (its import imports torch's compiler), FSDP and scikit-learn (it imports SciPy)."""
+torchvision (its import imports torch's compiler), FSDP and scikit-learn (it imports SciPy);
+the operator leaves out torch itself until a job needs it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def _modules_after(code: str) -> set[str]:
 def test_the_operator_and_the_cli_import_no_torchvision() -> None:
     loaded = _modules_after("import kiln.controller.main, kiln.cli, kiln.models")
     assert "torchvision" not in loaded
+
+
+def test_the_operator_starts_without_torch() -> None:
+    # its first job imports it: the registry's checks, placement estimates, warm start
+    loaded = _modules_after("import kiln.controller.main")
+    assert "torch" not in loaded
 
 
 def test_the_trainer_imports_neither_torchvision_nor_fsdp_before_a_job_needs_them() -> None:

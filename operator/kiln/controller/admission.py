@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from kiln import api, contract, models
+from kiln import api, contract
 from kiln.controller import (
     cluster,
     feasible,
@@ -55,13 +55,21 @@ async def validate(body: kube.Object, *, gpu_resources: Sequence[str] = ()
     try:
         job = lifecycle.parse(body)
     except api.InvalidSpec as exc:  # schema problems, with the registry's about the rest
-        problems = await loop.run_in_executor(None, models.check_job, exc)
+        problems = await loop.run_in_executor(None, _check_job, exc)
         parsed = exc.job if isinstance(exc.job, api.TrainingJob) else None
         return None, _with_accelerators(parsed, gpu_resources, problems)
     except (ValueError, ArithmeticError) as exc:  # a parser gap: this job fails, not the handler
         return None, [f"spec: cannot be read ({exc.__class__.__name__}: {exc})"]
-    problems = await loop.run_in_executor(None, models.check_job, job)
+    problems = await loop.run_in_executor(None, _check_job, job)
     return job, _with_accelerators(job, gpu_resources, problems)
+
+
+def _check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
+    """`models.check_job`, the registry (and torch, seconds of CPU) imported by the first
+    call, in its worker thread: an operator's start does without them."""
+    from kiln import models
+
+    return models.check_job(job)
 
 
 def _with_accelerators(job: api.TrainingJob | None, gpu_resources: Sequence[str],

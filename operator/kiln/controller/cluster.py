@@ -11,7 +11,7 @@ from typing import Any
 
 from kiln import api
 from kiln.controller import pods
-from kiln.placement import estimate, types
+from kiln.placement import types
 
 GPU_POOL = "gpu"
 CPU_POOL = "cpu"
@@ -132,7 +132,11 @@ def pools(
                 resource_of[name] = resource
                 product = ((node.get("metadata") or {}).get("labels") or {}).get(
                     gpu_type_label)
-                gpu_types[name] = estimate.gpu_device_type(str(product)) if product else ""
+                gpu_types[name] = ""
+                if product:  # (estimate imports torch: a GPU node's operator needs it anyway)
+                    from kiln.placement import estimate
+
+                    gpu_types[name] = estimate.gpu_device_type(str(product))
         else:
             cpu_nodes.append(name)
     foreign_gpus: dict[str, int] = {}

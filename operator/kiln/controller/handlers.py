@@ -60,11 +60,11 @@ class Operator:
     _tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     async def start(self) -> None:
-        """Start the placement loop, the HTTP session and, in the background, a warm-start
-        graph worker."""
+        """Start the placement loop and the HTTP session. (The warm-start graph worker starts
+        with the first job to admit, `admit`: an operator that admits none spends no
+        process importing torch.)"""
         self.http = aiohttp.ClientSession()
         self.run_in_background(self.deps.placement.run(), name="kiln placement loop")
-        self.deps.parents.warm_up()
 
     def run_in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run `work` (a loop that never returns) until `stop`."""
@@ -187,6 +187,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def admit(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     """Validate a new TrainingJob, choose its warm-start parent, and queue it."""
     op: Operator = memo.operator
+    op.deps.parents.warm_up()  # in the background, while the job is validated
     await admission.admit(op.deps, op.gate, dict(body), retry=retry)
 
 

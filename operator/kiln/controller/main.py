@@ -46,7 +46,6 @@ from kiln.controller import (
     zoo_access,
 )
 from kiln.placement import types
-from kiln.warmstart import index as zoo_index
 from kiln.zoo import eviction, store
 
 _log = logging.getLogger(__name__)
@@ -450,8 +449,7 @@ def build(options: settings.Options, connection: kopf.ConnectionInfo, *,
         zoo, metrics=registry, refresh_seconds=options.zoo_refresh_seconds,
         query_timeout_seconds=options.zoo_query_timeout_seconds,
         graph_timeout_seconds=options.warm_start_graph_timeout_seconds,
-        index_settings=zoo_index.IndexSettings(start_method="forkserver",
-                                             maintain_clusters=True))
+        index_start_method="forkserver")
     pod_settings = settings.pod_settings(options)
     caches = cache.Caches()
     job_store = jobs.Jobs(client, metrics=registry, clock=clock)

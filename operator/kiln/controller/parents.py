@@ -16,22 +16,24 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import networkx as nx
 
 from kiln import api, contract
 from kiln.controller import metrics
-from kiln.warmstart import decision, graph, select
-from kiln.warmstart import index as zoo_index
+from kiln.warmstart import select
 from kiln.zoo import records, store
+
+# decision, graph and the index import torch: the functions that use them import them, so
+# the operator starts without torch (the first decision that searches the zoo imports it).
+if TYPE_CHECKING:
+    from kiln.warmstart import index as zoo_index
 
 CACHE_ENTRIES = 4096
 IN_TRAINER_REASON = ("the warm-start decision for entrypoint models is made in the trainer pod, "
                      "before its first step (the operator never imports user code)")
-# The operator's index lives long: it keeps the zoo's clusters, so a large zoo is searched fast.
-DEFAULT_INDEX_SETTINGS = zoo_index.IndexSettings(maintain_clusters=True)
 DISABLED_REASON = "warm start disabled by spec.warmStart.enabled"
 # Decisions run in this many threads, so cached and zoo-free ones never wait behind a slow one;
 # graph extraction, the part whose cost a job's spec decides, runs in at most GRAPH_WORKERS
@@ -101,21 +103,23 @@ class ParentChooser:
         refresh_seconds: re-list the zoo at most this often (0: before every decision).
         query_timeout_seconds: deadline of one similarity search.
         graph_timeout_seconds: deadline of one graph extraction.
-        index_settings: settings of the zoo index.
+        index_start_method: multiprocessing start method of the zoo index's scoring pool
+            (`zoo_index.IndexSettings.start_method`). The index lives long: it keeps the zoo's
+            clusters, so a large zoo is searched fast.
         clock: monotonic seconds.
     """
 
     def __init__(self, zoo: store.ObjectStore, *, metrics: metrics.OperatorMetrics,
                  refresh_seconds: float, query_timeout_seconds: float,
                  graph_timeout_seconds: float = GRAPH_TIMEOUT_SECONDS,
-                 index_settings: zoo_index.IndexSettings = DEFAULT_INDEX_SETTINGS,
+                 index_start_method: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.zoo = zoo
         self._metrics = metrics
         self._refresh_seconds = refresh_seconds
         self._timeout_seconds = query_timeout_seconds
         self._graph_timeout_seconds = graph_timeout_seconds
-        self._index_settings = index_settings
+        self._index_start_method = index_start_method
         self._clock = clock
         self._index: zoo_index.ZooIndex | None = None
         self._refreshed = -float("inf")
@@ -129,13 +133,36 @@ class ParentChooser:
             self._idle.put(worker)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=DECISION_THREADS, thread_name_prefix="kiln-warmstart")
+        # Its own thread: a decision may wait for it (`_child_graph`), so it never queues
+        # behind decisions.
+        self._warmer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kiln-graph-warm-up")
+        self._warming: concurrent.futures.Future[None] | None = None
+        self._settled = False  # no warm-up is left to do
 
     def warm_up(self) -> concurrent.futures.Future[None]:
-        """Start the first graph worker in a decision thread: it imports torch (seconds to
-        tens of seconds), which the operator's first admissions would otherwise wait for."""
-        return self._executor.submit(self._start_worker)
+        """In a thread of its own, start the first graph worker if the zoo holds a model to
+        search: it imports torch (seconds to tens of seconds), which the first decision that
+        traces a model would otherwise wait for. With an empty or unreachable zoo no decision
+        traces one, so none starts: with an empty zoo the next call looks again (an
+        unreachable one is not asked again: the first decision that traces a model starts the
+        worker then). Once settled, later calls return the same future. Call it from one
+        thread."""
+        if self._warming is None or (self._warming.done() and not self._settled):
+            self._warming = self._warmer.submit(self._start_worker)
+        return self._warming
 
     def _start_worker(self) -> None:
+        from kiln.warmstart import graph
+
+        try:
+            with self._lock:
+                if len(self._fresh_index()) == 0:
+                    return
+        except (store.StoreUnavailable, store.StoreMisconfigured):
+            self._settled = True  # the job's own decision reports it
+            return
+        self._settled = True
         worker = self._idle.get()
         try:
             worker.start()
@@ -147,6 +174,7 @@ class ParentChooser:
     def close(self) -> None:
         """Stop the worker threads and processes, and the index's pool."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._warmer.shutdown(wait=False, cancel_futures=True)
         for worker in self._workers:
             worker.kill()
         if self._index is not None:
@@ -201,6 +229,8 @@ class ParentChooser:
             child = self._child_graph(job.spec.model)
             if isinstance(child, api.WarmStartDecision):
                 return child
+            from kiln.warmstart import decision
+
             with self._lock:
                 index = self._fresh_index()
                 chosen = decision.decide(job, self.zoo, zoo_index=index,
@@ -216,9 +246,12 @@ class ParentChooser:
         return index.all_records() if index is not None else []
 
     def _fresh_index(self) -> zoo_index.ZooIndex:
+        from kiln.warmstart import index as zoo_index
+
         now = self._clock()
         if self._index is None:
-            self._index = zoo_index.ZooIndex(self.zoo, settings=self._index_settings)
+            self._index = zoo_index.ZooIndex(self.zoo, settings=zoo_index.IndexSettings(
+                start_method=self._index_start_method, maintain_clusters=True))
             self._refreshed = now
         elif now - self._refreshed >= self._refresh_seconds:
             self._index.refresh()
@@ -228,11 +261,16 @@ class ParentChooser:
     def _child_graph(self, spec: api.ModelSpec) -> nx.DiGraph | api.WarmStartDecision:
         """The job's model graph from a graph worker (cached per model spec), or the cold-start
         decision when it cannot be had: untraceable, over the deadline, or the worker died."""
+        from kiln.warmstart import graph
+
         key = json.dumps(api.to_wire(spec), sort_keys=True)
         with self._lock:
             if key in self._graphs:
                 self._graphs.move_to_end(key)
                 return self._graphs[key]
+        warming = self._warming
+        if warming is not None:  # a worker starting: wait for it rather than start another
+            concurrent.futures.wait([warming])
         worker = self._idle.get()
         try:
             child = worker.extract(spec, timeout_seconds=self._graph_timeout_seconds)
@@ -252,6 +290,8 @@ def _without_zoo(job: api.TrainingJob) -> api.WarmStartDecision | None:
     if not job.spec.warm_start.enabled:
         return select.cold_start(api.WarmStartOutcome.DISABLED, DISABLED_REASON)
     if job.spec.model.pretrained is not None and job.spec.training.peft is not None:
+        from kiln.warmstart import decision
+
         return select.cold_start(api.WarmStartOutcome.IN_TRAINER,
                                  decision.PRETRAINED_LORA_REASON)
     if job.spec.model.pretrained is not None:
@@ -284,6 +324,8 @@ class _GraphWorker:
             graph.GraphError: the model cannot be traced, tracing it took longer than
                 `timeout_seconds` (the process is killed), or the process died.
         """
+        from kiln.warmstart import graph
+
         conn = self.start()
         conn.send(api.to_wire(spec))
         if not conn.poll(timeout_seconds):
@@ -321,6 +363,8 @@ class _GraphWorker:
         Raises:
             graph.GraphError: it did not start within WORKER_START_SECONDS.
         """
+        from kiln.warmstart import graph
+
         if self._conn is not None and self._process is not None and self._process.is_alive():
             return self._conn
         self.kill()
@@ -339,6 +383,8 @@ class _GraphWorker:
 
 def _serve_graphs(conn: multiprocessing.connection.Connection) -> None:
     """A graph worker's main: model specs in, ("graph", JSON) or ("error", message) out."""
+    from kiln.warmstart import decision, graph
+
     # One tiny trace first: its lazy imports (torch's compiler, about a second of CPU) are paid
     # before "ready", not inside the first job's tracing deadline.
     decision.model_graph(api.ModelSpec(architecture="small_cnn", input_shape=[1, 8, 8]))

@@ -12,12 +12,15 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln import api
 from kiln.controller import cluster, feasible, jobs, kube, listing, metrics
-from kiln.placement import estimate, introspect, queues, types
+from kiln.placement import introspect, queues, types
 from kiln.zoo import records
+
+if TYPE_CHECKING:  # it imports torch: the methods that use it import it, so the operator
+    from kiln.placement import estimate  # starts without torch (its first job imports it)
 
 _log = logging.getLogger(__name__)
 PUBLISH_CONCURRENCY = 16
@@ -437,6 +440,8 @@ class PlacementLoop:
         rate, step = progress if progress is not None else (0.0, None)
         if running.job in self._eta or placed is None or step is None:
             return running
+        from kiln.placement import estimate
+
         work = self._workload(placed)
         left = estimate.remaining_seconds(work, samples_done=step * work.batch_size,
                                           measured_samples_per_second=rate)
@@ -446,6 +451,8 @@ class PlacementLoop:
     def _state(self, running: types.Running) -> introspect.JobState:
         """What introspection knows of a job this loop started: its estimates rescaled by its
         measured throughput (`estimate.refine`), its last move and its restart cost."""
+        from kiln.placement import estimate
+
         placed = self._placed[running.job]
         configs = placed.configs
         current = next((c for c in configs if c.gpus == running.gpus), None)
@@ -461,6 +468,8 @@ class PlacementLoop:
 
     def _workload(self, placed: Placed) -> estimate.Workload:
         """The job's workload, sized once (`estimate.workload` may count a folder's files)."""
+        from kiln.placement import estimate
+
         key = placed.entry.ref.key
         if key not in self._work:
             self._work[key] = estimate.workload(placed.entry.job)
@@ -514,6 +523,8 @@ class PlacementLoop:
         """Runtime estimates of a queued job on `device` ("gpu" or "cpu"): on GPUs, once per
         GPU type in `kinds` ("" : untyped nodes, the generic "cuda" model), each config
         tagged with its type."""
+        from kiln.placement import estimate
+
         if device != "gpu":
             return estimate.configs(entry.job, zoo=None, profile_cache=None, max_gpus=1,
                                     device_type="cpu", zoo_records=self._zoo_records(),

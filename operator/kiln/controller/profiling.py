@@ -11,12 +11,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln import api, contract
 from kiln.controller import cluster, pods, status
-from kiln.placement import estimate, profilecache
+from kiln.placement import profilecache
 from kiln.warmstart import select
+
+if TYPE_CHECKING:
+    from kiln.placement import estimate  # imports torch: `measurement` imports it when used
 
 ROLE_LABEL = "kiln.dev/role"
 ROLE = "profile"
@@ -183,6 +186,8 @@ def measurement(profile: api.ProfileStatus | None) -> estimate.ModelMeasurement 
     """The placement estimate's input from ``status.profile`` (None without one)."""
     if profile is None or profile.parameters is None:
         return None
+    from kiln.placement import estimate
+
     return estimate.ModelMeasurement(
         parameters=profile.parameters,
         flops_per_sample=_positive(profile.flops_per_sample),

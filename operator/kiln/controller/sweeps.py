@@ -24,7 +24,7 @@ from typing import Any
 
 import kopf
 
-from kiln import api, models, sweep
+from kiln import api, sweep
 from kiln.controller import jobs, kube, lifecycle, status, trials
 
 S = api.sweep
@@ -200,7 +200,14 @@ async def _validate(body: Mapping[str, Any], *, checked: bool
     if checked:
         return parsed, []
     loop = asyncio.get_running_loop()
-    return parsed, await loop.run_in_executor(None, models.check_sweep, parsed)
+    return parsed, await loop.run_in_executor(None, _check_sweep, parsed)
+
+
+def _check_sweep(parsed: api.sweep.TrainingSweep) -> list[str]:
+    """`models.check_sweep`, importing the registry (and torch) in its worker thread."""
+    from kiln import models
+
+    return models.check_sweep(parsed)
 
 
 def _invalid(new: dict[str, Any], history: list[S.Trial], owned: Mapping[int, Any],

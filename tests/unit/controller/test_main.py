@@ -16,7 +16,7 @@ import kopf
 import pytest
 import yaml
 
-from kiln.controller import kube, main, pods, settings
+from kiln.controller import admission, handlers, kube, main, pods, settings
 from kiln.placement import introspect
 
 
@@ -191,20 +191,32 @@ def test_a_zoo_endpoint_from_the_environment_reaches_trainer_pods_too(
     assert operator.deps.pod_settings.zoo_endpoint == "minio.example:9000"
 
 
-def test_the_operators_start_warms_up_a_graph_worker_in_the_background(
+def test_the_first_job_not_the_operators_start_warms_up_a_graph_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator that admits no job spends no process importing torch; the first job to
+    admit starts the graph worker before its admission runs."""
     options = main.options_from_args(main.build_parser().parse_args([
         "--zoo-uri", str(tmp_path)]))
     operator = main.build(options, kopf.ConnectionInfo(server="http://127.0.0.1:9"))
     warmed: list[bool] = []
     monkeypatch.setattr(operator.deps.parents, "warm_up", lambda: warmed.append(True))
+    admitted: list[list[bool]] = []
 
-    async def start_and_stop() -> None:
+    async def admit(deps: Any, gate: Any, body: Any, *, retry: int) -> None:
+        admitted.append(list(warmed))
+
+    monkeypatch.setattr(admission, "admit", admit)
+
+    async def start_admit_and_stop() -> list[bool]:
         await operator.start()
+        started = list(warmed)
+        await handlers.admit(body={"metadata": {"name": "a", "namespace": "team-a"}},
+                             retry=0, memo=kopf.Memo(operator=operator))
         await operator.stop()
+        return started
 
-    asyncio.run(start_and_stop())
-    assert warmed == [True]
+    assert asyncio.run(start_admit_and_stop()) == []
+    assert admitted == [[True]]
 
 
 def test_gpu_resources_repeat_in_order_and_default_to_nvidia() -> None:

@@ -75,12 +75,19 @@ def test_the_operator_leaves_an_entrypoint_models_decision_to_the_trainer(
 
 
 @pytest.mark.process
-def test_warming_up_starts_one_graph_worker_before_any_decision(tmp_path: Path) -> None:
-    chooser = parents.ParentChooser(store.DirStore(tmp_path), metrics=metrics.OperatorMetrics(),
-                                    refresh_seconds=60.0, query_timeout_seconds=5.0)
+def test_warming_up_starts_one_graph_worker_once_the_zoo_has_a_model(tmp_path: Path) -> None:
+    chooser = parents.ParentChooser(store.DirStore(tmp_path / "zoo"),
+                                    metrics=metrics.OperatorMetrics(), refresh_seconds=0.0,
+                                    query_timeout_seconds=5.0)
     try:
         chooser.warm_up().result(timeout=parents.WORKER_START_SECONDS)
+        assert not any(w.alive() for w in chooser._workers)  # nothing to search: no tracing
+        _zoo_with_one_parent(tmp_path)
+        warming = chooser.warm_up()  # each new job calls it: one worker, once
+        assert chooser.warm_up() is warming
+        warming.result(timeout=parents.WORKER_START_SECONDS)
         assert [w.alive() for w in chooser._workers].count(True) == 1
+        assert chooser.warm_up() is warming
     finally:
         chooser.close()
 
