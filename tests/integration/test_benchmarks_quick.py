@@ -30,6 +30,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         pytest.param("operator.py", "operator_quick", "reconcile_p99_seconds", id="operator"),
         pytest.param("admission.py", "admission_quick", "with_poison_p99_ratio", id="admission"),
         pytest.param("hf_lm.py", "hf_lm_quick", "median_steps_ratio", id="hf-lm"),
+        pytest.param("finetune.py", "finetune_quick", "median_tta_ratio", id="finetune"),
         # Three `kiln sweep run` arms: the text search alone, two trials each, keeps it cheap.
         pytest.param("sweep.py --searches text --trials 2", "sweep_quick_partial", "kiln",
                      id="sweep"),

@@ -250,6 +250,11 @@ class CacheMode(enum.StrEnum):
     OFF = "off"
 
 
+class FreezingTest(enum.StrEnum):
+    PLASTICITY = "plasticity"  # Egeria: activations drift little from a reference copy
+    GRADIENT_NORM = "gradientNorm"  # AutoFreeze: gradient norms change little per interval
+
+
 class TransferredMode(enum.StrEnum):
     JUDGE = "judge"  # copied modules may freeze from the first decision, no bootstrap wait
     FREEZE = "freeze"  # copied modules start frozen at step 0 and thaw on a measured rise

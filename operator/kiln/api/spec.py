@@ -364,11 +364,29 @@ class FreezingSpec(names.ApiModel):
     it stopped falling within the learning-rate phase. Leading modules converged for
     ``patience`` cycles in a row freeze together, up to a fifth of the backward work per
     decision and one decision per ``patience`` cycles; the prefix stays frozen across
-    learning-rate drops.
+    learning-rate drops. ``test: gradientNorm`` replaces these tests by AutoFreeze's (Liu et
+    al. 2021), which reads gradient norms and needs no reference process.
     """
 
     enabled: bool = Field(
         default=True, description="enabled: freeze front layers once they stop learning."
+    )
+    test: names.FreezingTest = Field(
+        default=names.FreezingTest.PLASTICITY,
+        description="test: when a front module stopped learning: plasticity (the default: "
+        "Egeria's test, its activations drift little from a reference copy, measured in "
+        "another process) or gradientNorm (AutoFreeze's: the relative change of its summed "
+        "gradient norm between two intervals of window x checkEverySteps steps is within "
+        "gradientPercentile of the trainable modules' changes; no reference process, never "
+        "thaws).",
+    )
+    gradient_percentile: float = Field(
+        default=50.0,
+        gt=0.0,
+        le=100.0,
+        description="gradientPercentile: with test gradientNorm, the percentile of the "
+        "trainable modules' gradient-norm changes below which the front modules freeze "
+        "(higher freezes sooner).",
     )
     check_every_steps: int | None = Field(
         default=None,

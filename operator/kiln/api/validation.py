@@ -256,6 +256,10 @@ def validate(job: status.TrainingJob) -> list[str]:
             f"spec.freezing.transferred: a LoRA job (spec.training.peft) trains only its "
             f"adapter, so nothing of it freezes (got {transferred.value}); leave transferred at "
             "ignore")
+    if spec.freezing.test != names.FreezingTest.PLASTICITY and not spec.freezing.enabled:
+        problems.append(
+            f"spec.freezing.test: {spec.freezing.test.value} needs spec.freezing.enabled: true "
+            "(got enabled: false); enable freezing, or leave test at plasticity")
     res = spec.resources
     problems += _nodes_problems(res)
     # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,

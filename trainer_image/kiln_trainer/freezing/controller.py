@@ -20,7 +20,7 @@ from torch import nn
 
 from kiln import api
 from kiln_trainer.freezing import cache as activation_cache
-from kiln_trainer.freezing import convergence, reference
+from kiln_trainer.freezing import convergence, gradient_norm, reference
 from kiln_trainer.freezing import partition as partitions
 
 _log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class Settings:
     phase_lr_ratio: float = 0.5
     plateau_ratio: float = 0.0
     transferred: str = "ignore"
+    test: str = "plasticity"
+    gradient_percentile: float = 50.0
 
     @classmethod
     def from_job(cls, spec: api.TrainingJobSpec, *, steps_per_epoch: int) -> Settings:
@@ -98,7 +100,8 @@ class Settings:
             cache_memory_bytes=f.cache_memory_mib << 20,
             bootstrap_steps=max(schedule.warmup_epochs * steps_per_epoch,
                                 math.ceil(0.1 * training.epochs * steps_per_epoch)),
-            phase_lr_ratio=ratio, transferred=f.transferred.value)
+            phase_lr_ratio=ratio, transferred=f.transferred.value, test=f.test.value,
+            gradient_percentile=f.gradient_percentile)
 
 
 def probe_batch(samples: Sequence[tuple[torch.Tensor, Any]], size: int) -> torch.Tensor:
@@ -187,6 +190,7 @@ class Freezer:
                  num_samples: int = 0, agree: Callable[[int], int] = lambda k: k,
                  main: bool = True) -> None:
         self.model, self.settings, self.optimizer, self.agree = model, settings, optimizer, agree
+        self.main = main
         self.probe = probe
         # FSDP2: the probe forward and the full state dict need every rank
         self.sharded = _sharded(model)
@@ -224,12 +228,20 @@ class Freezer:
         self._skipped_flops_sum, self._steps = 0.0, 0
         # seconds and count of steps without / with a frozen prefix, for `saved_seconds`
         self._step_seconds = {False: [0.0, 0.0], True: [0.0, 0.0]}
+        # the gradient-norm test reads the blocks' gradients in this process: no reference
+        self.gradients: gradient_norm.GradientNormTest | None = None
+        if settings.test == api.FreezingTest.GRADIENT_NORM:
+            self.gradients = gradient_norm.GradientNormTest(
+                blocks[:-1], percentile=settings.gradient_percentile)
+        params = [self.partition.params(i) for i in range(len(blocks) - 1)]
+        self._block_params = [self.partition.params(i + 1)[len(params[i]):]
+                              for i in range(len(blocks) - 1)]
         self.cache: activation_cache.ActivationCache | None = None
         if settings.cache and num_samples and not self.sharded:  # a sharded model never splits
             self.cache = activation_cache.ActivationCache(
                 num_samples, memory_limit_bytes=settings.cache_memory_bytes, directory=None)
         self.worker: reference.ReferenceWorker | None = None
-        if main:
+        if main and self.gradients is None:
             self.worker = reference.ReferenceWorker(
                 model if model_spec is None else model_spec, probed,
                 threads=settings.reference_threads, mode=settings.reference)
@@ -288,6 +300,8 @@ class Freezer:
         ``check_every_steps`` steps in the first `DENSE_CYCLES` cycles of the learning-rate
         phase, every second such step after that. Depends on the step and the rate only."""
         every, since = self.settings.check_every_steps, step - self.phase_start
+        if self.gradients is not None:  # one interval per reference cycle's worth of steps
+            return step > 0 and step % (self.settings.window * every) == 0
         if since <= 0:
             return False
         dense = since <= DENSE_CYCLES * self.settings.window * every
@@ -348,6 +362,8 @@ class Freezer:
             self.convergence.new_phase(self.boundary)
             if self._refreshes:
                 self._refresh(step)  # no cycle straddles the drop
+        if self.gradients is not None:
+            return self._decide_by_gradients(step) if self.main else self.boundary
         if not self.is_probe_step(step) or not (self.worker is not None or self.sharded):
             return self.boundary
         return self._decide(step)
@@ -372,7 +388,27 @@ class Freezer:
     def _refreshes(self) -> bool:
         """Whether this rank takes part in reference refreshes: rank 0, and every rank of a
         sharded model (its full state dict is collective)."""
-        return self.worker is not None or self.sharded
+        return self.gradients is None and (self.worker is not None or self.sharded)
+
+    def _decide_by_gradients(self, step: int) -> int:
+        """Rank 0's proposal under the gradient-norm test: every step adds the active blocks'
+        gradient norms (this rank's, which under FSDP are its shards'); at the end of an
+        interval the leading blocks whose norms settled freeze together, up to the cap (the
+        copied ones only during the bootstrap). It never proposes a thaw."""
+        assert self.gradients is not None
+        self.gradients.accumulate(([p.grad for p in group] for group in self._block_params),
+                                  first_active=self.boundary)
+        if not self.is_probe_step(step):
+            return self.boundary
+        self.gradients.close_interval(first_active=self.boundary)
+        k = self.boundary
+        limit = self.max_frozen if step >= self.settings.bootstrap_steps else self.copied
+        proposal = min(limit, k + self.gradients.passed_prefix(k))
+        if proposal <= k:
+            return k
+        self._decision_reason = (proposal, self.gradients.reason(
+            self.partition.blocks[proposal - 1]))
+        return proposal
 
     def _decide(self, step: int) -> int:
         """Rank 0's proposal at a probe step; on a sharded model every rank comes here and
@@ -514,6 +550,8 @@ class Freezer:
         said = f"freezing: the warm start copied {', '.join(blocks[:k])} unchanged"
         if self.settings.transferred == "freeze":
             self.set_boundary(k, 0, "copied unchanged from the warm start's parent")
+            if self.gradients is not None:
+                return f"{said}: they start frozen (the gradient-norm test never thaws)"
             return (f"{said}: they start frozen, and thaw if {blocks[k]} moves "
                     f"{convergence.RISE_FACTOR:g}x faster per unit of learning rate than in its "
                     f"first reference cycle for {self.settings.patience} cycles")
@@ -565,6 +603,8 @@ class Freezer:
                                     else None)
         if k > old:
             self.convergence.mark_frozen(k)
+            if self.gradients is not None:
+                self.gradients.mark_frozen(k)
             self._cycles_since_freeze = 0
         else:
             self.convergence.mark_unfrozen(k)
@@ -604,6 +644,7 @@ class Freezer:
             "saved_seconds": round(self.saved_seconds(), 2),
             "reference": str(self.worker.kind) if self.worker is not None else None,
             "reference_cpu_seconds": round(self.worker.cpu_seconds, 2) if self.worker else 0.0,
+            "test": self.settings.test,
             "transferred": {"mode": self.settings.transferred,
                             "modules": list(self.partition.blocks[:self.copied])},
         }
@@ -615,7 +656,8 @@ class Freezer:
                 "events": [e.to_json() for e in self.events],
                 "skipped_flops_sum": self._skipped_flops_sum, "steps": self._steps,
                 "phase_start": self.phase_start, "phase_lr": self.phase_lr,
-                "copied": self.copied, "convergence": self.convergence.state_dict()}
+                "copied": self.copied, "convergence": self.convergence.state_dict(),
+                "gradients": None if self.gradients is None else self.gradients.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], *, step: int = 0) -> None:
         """Restore a checkpoint's frozen prefix, phase and convergence state.
@@ -641,6 +683,8 @@ class Freezer:
             self.events.pop()
         if "convergence" in state:
             self.convergence.load_state_dict(state["convergence"])
+        if self.gradients is not None and state.get("gradients"):
+            self.gradients.load_state_dict(state["gradients"])
         phase_lr = state.get("phase_lr", state.get("lr_at_freeze"))
         self.phase_start = int(state.get("phase_start", 0))
         self.phase_lr = None if phase_lr is None else float(phase_lr)

@@ -111,11 +111,13 @@ def _started(job: api.TrainingJob, model: nn.Module, model_spec: api.ModelSpec |
         "off (FSDP: the sharded model is never split)" if freezer.sharded and num_samples
         else "off (inputs are augmented at random)"
         if job.spec.freezing.cache == api.CacheMode.AUTO and num_samples else "off")
+    every = settings.check_every_steps
+    test = (f"gradient norms compared every {settings.window * every} steps"
+            if freezer.gradients is not None else
+            f"probe every {every} steps ({2 * every} later in each learning-rate phase)")
     emit.info(f"freezing: {len(freezer.partition.blocks)} modules "
-              f"({', '.join(freezer.partition.blocks)}), probe every "
-              f"{settings.check_every_steps} steps ({2 * settings.check_every_steps} later in "
-              f"each learning-rate phase), at most {freezer.max_frozen} frozen, "
-              f"activation cache {cache}")
+              f"({', '.join(freezer.partition.blocks)}), {test}, at most "
+              f"{freezer.max_frozen} frozen, activation cache {cache}")
     transfer = freezer.start_from_transfer(copied)
     if transfer is not None:
         emit.info(transfer)
