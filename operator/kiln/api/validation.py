@@ -260,6 +260,10 @@ def validate(job: status.TrainingJob) -> list[str]:
         problems.append(
             f"spec.freezing.test: {spec.freezing.test.value} needs spec.freezing.enabled: true "
             "(got enabled: false); enable freezing, or leave test at plasticity")
+    if spec.freezing.test != names.FreezingTest.PLASTICITY and spec.training.peft is not None:
+        problems.append(
+            f"spec.freezing.test: a LoRA job (spec.training.peft) trains only its adapter, so "
+            f"nothing of it freezes (got {spec.freezing.test.value}); leave test at plasticity")
     res = spec.resources
     problems += _nodes_problems(res)
     # The planner's shapes (kiln.placement.estimate): single is k = 1, ddp and fsdp k >= 2,

@@ -236,6 +236,7 @@ class Freezer:
         params = [self.partition.params(i) for i in range(len(blocks) - 1)]
         self._block_params = [self.partition.params(i + 1)[len(params[i]):]
                               for i in range(len(blocks) - 1)]
+        self._recorded = False  # this step's gradients already went into the test
         self.cache: activation_cache.ActivationCache | None = None
         if settings.cache and num_samples and not self.sharded:  # a sharded model never splits
             self.cache = activation_cache.ActivationCache(
@@ -390,14 +391,25 @@ class Freezer:
         sharded model (its full state dict is collective)."""
         return self.gradients is None and (self.worker is not None or self.sharded)
 
+    def record_gradients(self) -> None:
+        """Add this step's gradients to the gradient-norm test now, for a loop that clears
+        them before it reports the step (the Hugging Face Trainer zeroes them before its
+        step-end callback); otherwise the step's `after_step` reads them itself."""
+        if self.gradients is None or not self.main:
+            return
+        self.gradients.accumulate(([p.grad for p in group] for group in self._block_params),
+                                  first_active=self.boundary)
+        self._recorded = True
+
     def _decide_by_gradients(self, step: int) -> int:
         """Rank 0's proposal under the gradient-norm test: every step adds the active blocks'
         gradient norms (this rank's, which under FSDP are its shards'); at the end of an
         interval the leading blocks whose norms settled freeze together, up to the cap (the
         copied ones only during the bootstrap). It never proposes a thaw."""
         assert self.gradients is not None
-        self.gradients.accumulate(([p.grad for p in group] for group in self._block_params),
-                                  first_active=self.boundary)
+        if not self._recorded:
+            self.record_gradients()
+        self._recorded = False
         if not self.is_probe_step(step):
             return self.boundary
         self.gradients.close_interval(first_active=self.boundary)

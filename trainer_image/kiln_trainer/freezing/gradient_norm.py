@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 
 class GradientNormTest:
@@ -44,7 +45,7 @@ class GradientNormTest:
         for i, block_grads in enumerate(grads):
             if i < first_active or i >= len(self.blocks):
                 continue
-            norms = [torch.linalg.vector_norm(g.detach().float()) for g in block_grads
+            norms = [torch.linalg.vector_norm(_local(g).detach().float()) for g in block_grads
                      if g is not None]
             if norms:  # kept on the gradients' device: no synchronisation per step
                 self._sums[i] = self._sums[i] + torch.linalg.vector_norm(torch.stack(norms))
@@ -94,3 +95,9 @@ class GradientNormTest:
         """Restore `state_dict()`'s output; ignored (measured afresh) for other blocks."""
         if list(state.get("blocks", [])) == list(self.blocks):
             self._before = [None if v is None else float(v) for v in state["before"]]
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `grad`: an FSDP shard's norm would be a collective that only rank 0,
+    the one that runs the test, enters (the other ranks never join it: the job hangs)."""
+    return grad.to_local() if isinstance(grad, DTensor) else grad

@@ -12,6 +12,7 @@ import transformers
 from torch import nn
 from torch.utils import hooks
 
+from kiln_trainer.freezing import controller as freezing
 from kiln_trainer.integrations import common
 from kiln_trainer.jobcontext import JobContext, job_context
 
@@ -48,6 +49,7 @@ class KilnCallback(transformers.TrainerCallback):  # type: ignore[misc]
         self._losses: list[float] = []  # this optimizer step's micro-batch losses
         self._samples = 0
         self._finished = False
+        self._freezer: freezing.Freezer | None = None
 
     def training_arguments(self, output_dir: str, **overrides: Any) -> transformers.TrainingArguments:
         """`TrainingArguments` from the job's ``spec.training``: epochs, batch size, learning
@@ -86,9 +88,16 @@ class KilnCallback(transformers.TrainerCallback):  # type: ignore[misc]
         epochs_done = ctx.resume(model, inner, steps_per_epoch=self.steps_per_epoch,
                                  scheduler=kwargs.get("lr_scheduler"))
         state.global_step = epochs_done * self.steps_per_epoch
-        ctx.freezer(model, _probe(model, train_dataloader,
-                                         ctx.job.spec.freezing.probe_batch_size))
+        self._freezer = ctx.freezer(model, _probe(model, train_dataloader,
+                                                  ctx.job.spec.freezing.probe_batch_size))
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+
+    def on_optimizer_step(self, args: transformers.TrainingArguments,
+                          state: transformers.TrainerState, control: transformers.TrainerControl,
+                          **_: Any) -> None:
+        """The step's gradients to the freezer before the Trainer zeroes them."""
+        if self._freezer is not None:
+            self._freezer.record_gradients()
 
     def on_step_end(self, args: transformers.TrainingArguments, state: transformers.TrainerState,
                     control: transformers.TrainerControl, **_: Any) -> None:

@@ -112,6 +112,26 @@ def test_the_freezer_freezes_the_settled_prefix_at_an_interval_end_with_no_refer
         restored.close()
 
 
+def test_gradients_recorded_before_a_trainer_clears_them_still_count() -> None:
+    """The Hugging Face Trainer zeroes the gradients before its step-end callback: its
+    callback records them after the optimizer step, so the test still sees each step's."""
+    with _freezer() as freezer, _freezer() as recorded:
+        scales = [STEADY, STEADY, GROWING, FASTER]
+        expected = [(e.step, e.modules) for e in _run(freezer, scales, 45)]
+        events = []
+        for step in range(1, 46):
+            for i, group in enumerate(recorded._block_params):
+                for p in group:
+                    p.grad = torch.full_like(p, scales[i](step)) if p.requires_grad else None
+            recorded.record_gradients()
+            for p in recorded.model.parameters():
+                p.grad = None  # zero_grad(set_to_none=True) before the step's end is reported
+            event = recorded.after_step(step, lr=0.1)
+            if event is not None:
+                events.append((event.step, event.modules))
+        assert events == expected == [(30, BLOCKS[:2]), (45, BLOCKS[2:3])]
+
+
 def test_nothing_freezes_in_the_bootstrap_and_the_cap_and_head_hold() -> None:
     with _freezer(bootstrap=40) as freezer:
         assert _run(freezer, [STEADY] * 4, 30) == []  # settled, but the bootstrap runs to 40
@@ -172,3 +192,27 @@ def test_kiln_validate_accepts_the_gradient_norm_test(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
         code = cli.main(["validate", str(path)])
     assert code == 0, said.getvalue()
+
+
+def test_under_fsdp_the_test_sums_this_ranks_shards_with_no_collective(tmp_path: Path) -> None:
+    """Only rank 0 runs the test: a norm of a DTensor gradient would be a collective the
+    other ranks never join (the job hangs), so each block's sum is its local shards' norm."""
+    from torch.distributed import fsdp
+
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        fsdp.fully_shard(model[0])
+        fsdp.fully_shard(model)
+        model(torch.randn(3, 4)).sum().backward()
+        grads = [[p.grad for p in model[0].parameters()]]
+        test = gradient_norm.GradientNormTest(["0"], percentile=50.0)
+        test.accumulate(grads, first_active=0)
+        local = [g.to_local() for g in grads[0]]  # type: ignore[union-attr]
+        expected = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in local])))
+        summed = test._sums[0]
+        assert type(summed) is torch.Tensor, type(summed)  # not a DTensor
+        assert float(summed) == pytest.approx(expected)
+    finally:
+        torch.distributed.destroy_process_group()
