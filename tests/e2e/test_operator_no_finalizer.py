@@ -8,7 +8,7 @@ the operator wrote); everything else is the real operator process and the test k
 
 from __future__ import annotations
 
-from kubesim import emulator, garbage, operator_process, scenario, usage
+from kubesim import client, emulator, garbage, operator_process, scenario, usage
 
 
 def test_a_job_deleted_while_the_operator_is_down_goes_at_once_and_takes_its_pods(
@@ -33,9 +33,13 @@ def test_a_job_deleted_while_the_operator_is_down_goes_at_once_and_takes_its_pod
     finally:
         operator.start()
 
-    # The restarted operator (watching again) finds no job to resume, so makes no pod for it.
+    # The collected pod goes once its trainer has checkpointed and exited (a graceful
+    # deletion), however slowly that trainer runs; the restarted operator (watching again)
+    # finds no job to resume, so makes no pod for it meanwhile.
+    client.wait_until(lambda: not cluster.client.pods(namespace, name),
+                      timeout_seconds=scenario.JOB_SECONDS, what=f"{name}'s pod to go",
+                      details=operator.log_tail)
     assert scenario.pod_creations(cluster, namespace, name) == [f"{name}-trainer-0"]
-    assert cluster.client.pods(namespace, name) == []
     # Neither operator run listed or watched every pod of the cluster: each read of pods
     # carried a label selector (the emulator applies it, as the API server does).
     reads = [r for r in cluster.requests
