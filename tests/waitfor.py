@@ -5,14 +5,16 @@ model's code leaves), failing at once with the process's output if it exits firs
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
+
+from kubesim import client
 
 
 def file_from(process: subprocess.Popen[str], path: Path, *, timeout: float, what: str) -> None:
     """Return once `path` exists; fail if `process` ends first or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+
+    def there() -> bool:
         assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{what} never appeared: {path}"
-        time.sleep(0.05)
+        return path.exists()
+
+    client.wait_until(there, timeout_seconds=timeout, what=f"{what} at {path}", poll_seconds=0.05)
