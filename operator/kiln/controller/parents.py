@@ -361,7 +361,7 @@ class _GraphWorker:
         """The connection to the running process, started first if there is none.
 
         Raises:
-            graph.GraphError: it did not start within WORKER_START_SECONDS.
+            graph.GraphError: it did not start within WORKER_START_SECONDS, or died starting.
         """
         from kiln.warmstart import graph
 
@@ -377,7 +377,14 @@ class _GraphWorker:
         if not ours.poll(WORKER_START_SECONDS):
             self.kill()
             raise graph.GraphError(f"the graph worker did not start in {WORKER_START_SECONDS:g} s")
-        ours.recv()  # "ready": torch is imported
+        try:
+            ours.recv()  # "ready": torch is imported
+        except EOFError:  # it died before "ready": a broken install, or killed for memory
+            process.join(WORKER_START_SECONDS)  # its exit code says why, once it has one
+            code = process.exitcode
+            self.kill()
+            raise graph.GraphError(
+                f"the graph worker died while starting (exit code {code})") from None
         return ours
 
 

@@ -219,3 +219,16 @@ def test_savings_add_up_per_namespace_in_the_operators_metric() -> None:
     text = reporter.exposition().decode()
     assert 'kiln_zoo_warm_start_seconds_saved_total{job_namespace="team-a"} 500.0' in text
     assert 'kiln_zoo_warm_start_seconds_saved_total{job_namespace="team-b"} 0.0' in text
+
+
+@pytest.mark.process
+def test_a_graph_worker_that_dies_while_starting_is_a_graph_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    # The spawned process runs os.abort(conn): a TypeError before it ever says "ready".
+    monkeypatch.setattr(parents, "_serve_graphs", os.abort)
+    worker = parents._GraphWorker()
+    with pytest.raises(graph.GraphError, match=r"died while starting \(exit code"):
+        worker.start()
+    assert not worker.alive()
