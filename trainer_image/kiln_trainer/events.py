@@ -30,6 +30,7 @@ class EventWriter:
     def __init__(self, out: TextIO, *, termination_log: Path | None = TERMINATION_LOG) -> None:
         self.out = out
         self.termination_log = termination_log
+        self._reader_gone = False
 
     def progress(self, progress: contract.Progress) -> None:
         """Emit a progress event."""
@@ -55,8 +56,16 @@ class EventWriter:
         self._terminate(contract.Failure(message))
 
     def _emit(self, event: contract.Event) -> None:
-        self.out.write(contract.to_line(event) + "\n")
-        self.out.flush()
+        if self._reader_gone:
+            return
+        try:
+            self.out.write(contract.to_line(event) + "\n")
+            self.out.flush()
+        except BrokenPipeError:
+            # Whoever read our events stopped (a local run interrupted while we start): it is
+            # stopping us too, and a traceback per later event would bury why in the log.
+            self._reader_gone = True
+            _log.warning("the events' reader closed stdout; later events are not written")
 
     def _terminate(self, event: contract.Result | contract.Failure | contract.Profile) -> None:
         if self.termination_log is None or not self.termination_log.exists():

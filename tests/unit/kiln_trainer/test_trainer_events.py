@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 from pathlib import Path
+
+import pytest
 
 from kiln import contract
 from kiln_trainer import events
@@ -71,3 +74,21 @@ def test_a_long_freezing_history_is_dropped_from_the_termination_log_not_cut(
     written = json.loads(log.read_text())  # whole JSON, not a cut-off prefix
     assert written["freezing"] == {"saved_seconds": 3.5}
     assert written["metric"] == RESULT.metric
+
+
+def test_a_reader_that_closed_the_pipe_gets_one_warning_not_a_traceback_per_event(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the local runner stopped reading (interrupted while we start)
+    with open(write, "w", encoding="utf-8") as out:
+        writer = events.EventWriter(out, termination_log=tmp_path / "absent")
+        with caplog.at_level("WARNING", logger=events.__name__):
+            writer.info("first")
+            writer.info("second")
+            writer.result(RESULT)
+        assert [r.getMessage() for r in caplog.records] == [
+            "the events' reader closed stdout; later events are not written"]
+        with contextlib.suppress(BrokenPipeError):  # what is left in the buffer has no reader
+            out.close()
