@@ -500,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = common.arguments(__doc__, "one pair, fewer repeats, small zoos of a quarter of the "
                               "architectures (CI smoke run)")
     parser.add_argument("--sizes", help="zoo sizes, comma-separated (default 100,1000,10000; "
-                        "--quick: 30,80 with the exhaustive limit lowered to 40)")
+                        "--quick: 30,50 with the exhaustive limit lowered to 40)")
     parser.add_argument("--queries", type=int, help="timed queries per size (default 20)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -515,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_pair_table(timings)
 
     sizes = (tuple(int(x) for x in args.sizes.split(",")) if args.sizes
-             else (30, 80) if args.quick else (100, 1000, 10000))
+             else (30, 50) if args.quick else (100, 1000, 10000))
     queries = args.queries or (3 if args.quick else 20)
     limit = 40 if args.quick and not args.sizes else index.EXHAUSTIVE_LIMIT
     by_size = measure_query_latency(sizes, queries=queries, exhaustive_limit=limit,

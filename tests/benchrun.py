@@ -36,6 +36,10 @@ def _run(path: Path, args: list[str], output: Path) -> None:
     sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
     os.environ["OMP_NUM_THREADS"] = "1"  # the benchmarks' own processes: one thread each
+    # A forkserver child inherits "forkserver" as its default start method: a process pool of
+    # the script's (the zoo index's) would then start a fresh server, whose workers each import
+    # torch again (15 CPU-seconds in the zoo query's). A script's own run has the default.
+    multiprocessing.set_start_method(None, force=True)
     import torch
 
     torch.set_num_threads(1)
