@@ -170,9 +170,10 @@ class Freezer:
 
     Args:
         model: the unwrapped training model (on its training device).
-        model_spec: how the reference process rebuilds the same architecture; None: it starts
-            from a copy of `model` itself (any nn.Module, no registry or entrypoint needed;
-            not for a sharded model).
+        model_spec: how a spawned reference process rebuilds the same architecture; None,
+            or a model the process may be forked for (`_forkable`): it starts from a copy of
+            `model` itself (any nn.Module, no registry or entrypoint needed; not for a
+            sharded model).
         probe: fixed probe batch, Tensor[b, ...] on the model's device (b = probe_batch_size).
         settings: the knobs.
         optimizer: whose state of re-activated parameters is cleared on unfreeze.
@@ -244,7 +245,7 @@ class Freezer:
         self.worker: reference.ReferenceWorker | None = None
         if main and self.gradients is None:
             self.worker = reference.ReferenceWorker(
-                model if model_spec is None else model_spec, probed,
+                model if model_spec is None or _forkable(model, settings) else model_spec, probed,
                 threads=settings.reference_threads, mode=settings.reference)
         if self._refreshes:
             self._refresh(0)
@@ -713,6 +714,18 @@ class Freezer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _forkable(model: nn.Module, settings: Settings) -> bool:
+    """Whether the reference process may be forked from this one with a copy of `model`
+    rather than spawned to rebuild it from the spec: a spawned process spends seconds of CPU
+    importing torch, as much as a short trial's freezing saves. Only for a model on the CPU,
+    unsharded, in a process that never initialised CUDA (a forked child cannot use the
+    parent's CUDA state), with a single-threaded reference (GNU OpenMP's thread pool does
+    not survive a fork; one thread never uses it)."""
+    cuda_used = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    return (settings.reference_threads == 1 and not cuda_used and not _sharded(model)
+            and all(p.device.type == "cpu" for p in model.parameters()))
 
 
 def _sharded(model: nn.Module) -> bool:

@@ -170,7 +170,8 @@ class ReferenceWorker:
         self.blocks = tuple(blocks)
         if isinstance(model, nn.Module):
             model = copy.deepcopy(model).to("cpu", torch.float32).eval()
-        context = (torch.multiprocessing.get_context("fork") if isinstance(model, nn.Module)
+        self.forked = isinstance(model, nn.Module)  # else spawned
+        context = (torch.multiprocessing.get_context("fork") if self.forked
                    else torch.multiprocessing.get_context("spawn"))
         self._inbox = context.Queue()
         self._results, child_end = context.Pipe(duplex=False)

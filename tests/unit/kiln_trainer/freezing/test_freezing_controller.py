@@ -218,6 +218,21 @@ def test_cached_prefix_outputs_match_the_computed_ones_within_fp16(splits) -> No
 
 
 @pytest.mark.process
+def test_a_cpu_models_reference_is_forked_and_a_multithreaded_one_spawned(splits) -> None:
+    # A spawned reference spends seconds of CPU importing torch, a short trial's whole saving;
+    # forked, it starts from a copy of the model, and freezing still decides from its answers.
+    model, optimizer, freezer = _setup(splits)
+    with freezer:
+        assert freezer.worker is not None and freezer.worker.forked
+        events, _ = _wait_for_results(model, optimizer, freezer, splits, 1)
+    assert events[0].kind == "froze"
+    # GNU OpenMP's thread pool does not survive a fork: a multi-threaded reference is spawned
+    _, _, threaded = _setup(splits, reference_threads=2)
+    with threaded:
+        assert threaded.worker is not None and not threaded.worker.forked
+
+
+@pytest.mark.process
 def test_a_stopped_reference_never_stalls_training(splits) -> None:
     model, optimizer, freezer = _setup(splits)
     with freezer:
@@ -304,13 +319,22 @@ def test_checkpoint_state_is_versioned_and_unversioned_states_still_load(splits)
 
 
 @pytest.mark.process
-def test_a_measured_rise_behind_the_prefix_unfreezes_it(splits) -> None:
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "spawned"])
+def test_a_measured_rise_behind_the_prefix_unfreezes_it(
+        splits, forked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU model's reference is forked; a GPU job's is spawned and answers only once started.
+    monkeypatch.setattr(controller, "_forkable", lambda *_: forked)
     model, optimizer, freezer = _setup(splits, lr=0.005, check_every_steps=2,
                                        max_frozen_fraction=0.5, peak_fraction=0.1,
                                        tolerance=0.01)
+    assert freezer.worker is not None and freezer.worker.forked is forked
     with freezer:
-        freezer.set_boundary(2, 0, "by hand")
-        step = 0
+        # Past the first steps' large moves before the prefix freezes, as a converged prefix
+        # would be: the baseline is then the settled rate whether the reference answers from
+        # the first step (forked) or only after its start-up (spawned).
+        step = 40
+        assert _steps(model, optimizer, freezer, splits, step) == []
+        freezer.set_boundary(2, step, "by hand")
         while "blocks.1" not in freezer.convergence.normalised:  # the baseline's cycle
             assert _steps(model, optimizer, freezer, splits, 4, first=step) == []
             step += 4
@@ -318,7 +342,9 @@ def test_a_measured_rise_behind_the_prefix_unfreezes_it(splits) -> None:
         # of learning rate than when the prefix froze
         events: list[controller.Event] = []
         batches = batching.train_batches(splits.train, batch_size=32, seed=1, epoch=0)
-        while not events:
+        for _ in range(20):  # epochs: a rise is measured within the first (a bound, not a wait)
+            if events:
+                break
             for inputs, targets in batches:
                 model.train()
                 freezer.train_mode()
@@ -332,6 +358,7 @@ def test_a_measured_rise_behind_the_prefix_unfreezes_it(splits) -> None:
                 if event is not None:
                     events.append(event)
                     break
+    assert events, "no rise measured in 20 epochs at 20x the gradient"
     (event,) = events
     assert (event.kind, event.boundary) == ("unfroze", 0)
     assert "rose above 3x" in event.reason and freezer.phase_start == 0
