@@ -7,8 +7,10 @@ them). The profiles are recorded once (bench/results/placement_profiles.json) an
 so runs under different load plan the same workloads; `--profile` records them again.
 Clusters of 1, 2 and 4 nodes of 8 GPUs; 12, 24, 50 and 200 jobs; plus online variants where
 the grid arrives in waves. The planner sees estimates that differ from the true
-durations by exp(N(0, 0.1)) per job and config (profiles carry +-5-10% error); the simulator
-(`kiln.placement.simulate`) runs the true durations, per-node queues in plan order.
+durations by exp(N(0, 0.1)) per job and config (profiles carry +-5-10% error), taken through
+each job's fitted speed-up curve (`speedup.fit`) as the operator takes its profiled configs;
+every policy sees the same fitted estimates. The simulator (`kiln.placement.simulate`) runs the
+true durations, per-node queues in plan order.
 
 Policies, side by side on the same jobs and noise: whole-node FIFO ("current practice" in
 Saturn, VLDB'24), fixed-k FIFO (k = FIXED_K; the best of FIXED_KS in hindsight too), the
@@ -58,6 +60,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +70,7 @@ import placement_workload as workload
 from rich.console import Console
 from rich.table import Table
 
-from kiln.placement import heuristic, introspect, planner, simulate, types
+from kiln.placement import heuristic, introspect, planner, simulate, speedup, types
 
 NAME = "placement"
 FIXED_K = 2
@@ -116,6 +119,12 @@ METRICS = (("mean_jct", "mean_jct_seconds", "lower"), ("p95_slowdown", "p95_slow
            ("owner_fairness", "owner_fairness_jain", "higher"))
 
 
+def fitted(jobs: Sequence[simulate.SimJob]) -> list[simulate.SimJob]:
+    """Each job's noisy per-config estimates through its fitted speed-up curve
+    (`speedup.fit`), as the operator fits its profiled configs; every policy sees these."""
+    return [dataclasses.replace(j, estimated_configs=speedup.fit(j.estimates)) for j in jobs]
+
+
 def with_waves(jobs: list[simulate.SimJob], nodes: int, waves: int) -> list[simulate.SimJob]:
     """Online: the grid arrives in `waves` equal parts (one per architecture-batch block),
     spaced by the offline lower bound / waves (the cluster is kept about fully loaded)."""
@@ -162,7 +171,7 @@ def run_case(case: Case, profiles: dict[str, workload.Profile], *, seed: int,
     jobs = [dataclasses.replace(j, group="sweep") for j in workload.grid(profiles, case.jobs)]
     if case.online:
         jobs = with_waves(jobs, case.nodes, waves=5)
-    jobs = list(simulate.with_noise(jobs, sigma=NOISE_SIGMA, seed=seed))
+    jobs = fitted(simulate.with_noise(jobs, sigma=NOISE_SIGMA, seed=seed))
     nodes = tuple(types.Node(f"node-{i}", 8) for i in range(case.nodes))
     true_lb = heuristic.lower_bound(heuristic.problem_of(types.Snapshot(0.0, nodes, tuple(
         types.JobRequest(j.name, j.true_configs, j.arrival) for j in jobs))))
@@ -242,7 +251,7 @@ def run_arrivals(shape: workload.TraceShape, *, sigma: float, seed: int,
                  settings: types.Settings) -> dict[str, Any]:
     """Every baseline and Kiln on one trace-shaped replay; per policy its metrics, and Kiln
     against the best baseline on each metric."""
-    jobs = list(simulate.with_noise(workload.trace(shape, seed=seed), sigma=sigma, seed=seed))
+    jobs = fitted(simulate.with_noise(workload.trace(shape, seed=seed), sigma=sigma, seed=seed))
     nodes = tuple(types.Node(f"node-{i}", g) for i, g in enumerate(shape.node_gpus))
     runs = {"whole-node FIFO": simulate.whole_node_fifo(),
             **{f"fixed-k FIFO (k={k})": simulate.fixed_k_fifo(k) for k in FIXED_KS

@@ -22,7 +22,7 @@ from torch.utils import flop_counter
 
 from kiln import api, models
 from kiln.models import tracing
-from kiln.placement import profilecache, types
+from kiln.placement import profilecache, speedup, types
 from kiln.zoo import records, store
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -239,8 +239,9 @@ def configs(
     the compute divides by k, and a communication term is added: DDP all-reduces gradients,
     2 * params * (k - 1) / k * 4 bytes per step over the device's bandwidth (ring all-reduce);
     FSDP moves about 1.5x that (all-gather forward and backward, reduce-scatter). A measured
-    profile replaces the curve for the configs it measured; a profiled out-of-memory marks the
-    config infeasible whatever the source. The flops source also rejects configs whose
+    profile replaces the curve for the configs it measured, through the curve fitted to all of
+    them (`speedup.fit`: each step is timed once, so one config's luck does not pick it); a
+    profiled out-of-memory marks the config infeasible whatever the source. The flops source also rejects configs whose
     weights, gradients and optimizer state (FSDP: a 1/k shard) exceed the device memory. Only
     the fastest parallelism per k is kept and dominated k dropped (`types.candidates`).
 
@@ -302,6 +303,7 @@ def configs(
         step = speedup_step(step1, parallelism, total, params=params, device=device)
         out.append(types.Config(parallelism, k, job_seconds(
             work, step * CROSS_NODE_SLOWDOWN, device), source, node_count=nodes))
+    profiled = []  # indices in `out` of the configs the cache measured one by one
     for parallelism, k in _shapes(job, max_gpus, kind, parallelisms):
         key = profilecache.cache_key(spec, batch_size=work.batch_size, parallelism=parallelism,
                                 gpus=k, kind=device_type)
@@ -310,6 +312,7 @@ def configs(
                 measured is not None and measured.out_of_memory and parallelism == "single"):
             out.append(types.Config(parallelism, k, math.inf, "profile"))
         elif source == "flops" and cached is not None and cached.step_seconds is not None:
+            profiled.append(len(out))
             out.append(types.Config(parallelism, k,
                                     job_seconds(work, cached.step_seconds, device), "profile"))
         elif source == "flops" and not _fits(parallelism, k, params, job, device):
@@ -317,6 +320,8 @@ def configs(
         else:
             step = speedup_step(step1, parallelism, k, params=params, device=device)
             out.append(types.Config(parallelism, k, job_seconds(work, step, device), source))
+    for i, config in zip(profiled, speedup.fit([out[i] for i in profiled]), strict=True):
+        out[i] = config
     return types.candidates(types.JobRequest(job.name, tuple(out)))
 
 
