@@ -380,7 +380,9 @@ class _GraphWorker:
         try:
             ours.recv()  # "ready": torch is imported
         except EOFError:  # it died before "ready": a broken install, or killed for memory
-            process.join(WORKER_START_SECONDS)  # its exit code says why, once it has one
+            # Its exit code says why; a process that closed its pipe is ending, so a few
+            # seconds suffice (a decision must not wait the start-up allowance for a message).
+            process.join(5.0)
             code = process.exitcode
             self.kill()
             raise graph.GraphError(
