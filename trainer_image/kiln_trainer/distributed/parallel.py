@@ -7,8 +7,10 @@ Never here: tensor/pipeline parallelism, mixed precision, sharded checkpoint fil
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
+import gc
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -373,12 +375,26 @@ def setup(
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_seconds))
     control = dist.new_group(backend="gloo") if backend != "gloo" else None
+    atexit.unregister(_release_at_exit)  # once per process, however often it joins
+    atexit.register(_release_at_exit)
     _log.info("rank %d of %d (%s, %s on %s)", rank, world, parallelism, backend, device)
     return Context(parallelism, rank, world, local_rank, device, backend, control)
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
+
+
+def _release_at_exit() -> None:
+    """Leave the process group and collect what still holds it, while Python is alive.
+
+    A DDP or FSDP wrapper keeps the group in a reference cycle; left to the interpreter's last
+    collection, gloo's threads were torn down after it and a rank could abort ("terminate called
+    without an active exception") with its work done.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:

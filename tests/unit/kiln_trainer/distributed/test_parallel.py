@@ -6,6 +6,10 @@ tests/integration/test_trainer_parallel.py.
 
 from __future__ import annotations
 
+import gc
+import weakref
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -120,3 +124,21 @@ def test_fsdp_refuses_to_rewrap_a_module_split_off_the_sharded_model() -> None:
     assert ctx.rewrap(model, model) is model
     with pytest.raises(ValueError, match="freeze its prefix by requires_grad"):
         ctx.rewrap(model, suffix)
+
+
+def test_the_exit_handler_leaves_the_group_and_frees_a_ddp_wrapper_while_python_is_alive(
+        tmp_path: Path) -> None:
+    gc.disable()  # as at exit: nothing collected the wrapper's reference cycle yet
+    try:
+        torch.distributed.init_process_group(
+            "gloo", store=torch.distributed.FileStore(str(tmp_path / "store"), 1), rank=0,
+            world_size=1)
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3))
+        net(torch.randn(2, 3)).sum().backward()
+        wrapper = weakref.ref(net)
+        del net
+        assert wrapper() is not None  # a cycle: only a collection frees it and its group
+        parallel._release_at_exit()
+    finally:
+        gc.enable()
+    assert wrapper() is None and not torch.distributed.is_initialized()
