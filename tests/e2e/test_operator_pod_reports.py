@@ -65,7 +65,9 @@ def stop(*_):
 
 
 signal.signal(signal.SIGTERM, stop)
-pathlib.Path(os.environ["READY_FILE"]).write_text(os.environ.get(contract.Env.ZOO_RECORD, ""))
+ready = pathlib.Path(os.environ["READY_FILE"])  # written whole, then renamed: read when it appears
+ready.with_suffix(".tmp").write_text(os.environ.get(contract.Env.ZOO_RECORD, ""))
+ready.with_suffix(".tmp").replace(ready)
 while True:
     time.sleep(1)
 '''

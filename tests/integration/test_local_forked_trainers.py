@@ -48,7 +48,9 @@ def build() -> Net:
     seen = {{"mark": MARK, "env": os.environ.get("KILN_TEST_MARK"), "cwd": os.getcwd(),
             "path0": sys.path[0], "pythonpath": os.environ.get("PYTHONPATH"),
             "ppid": os.getppid(), "pid": os.getpid()}}
-    Path(__file__).with_name("seen.json").write_text(json.dumps(seen), encoding="utf-8")
+    # written whole, then renamed: the test reads it as soon as the name appears
+    Path(__file__).with_name("seen.tmp").write_text(json.dumps(seen), encoding="utf-8")
+    Path(__file__).with_name("seen.tmp").replace(Path(__file__).with_name("seen.json"))
     return Net()
 '''
 
@@ -160,7 +162,8 @@ import torch
 def build() -> torch.nn.Module:
     here = Path(__file__).parent
     seen = {"ppid": os.getppid(), "pid": os.getpid()}
-    (here / "seen.json").write_text(json.dumps(seen), encoding="utf-8")
+    (here / "seen.tmp").write_text(json.dumps(seen), encoding="utf-8")
+    (here / "seen.tmp").replace(here / "seen.json")  # whole when the test sees the name
     while not (here / "go").exists():  # held here until the test lets it go
         time.sleep(0.05)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
