@@ -24,7 +24,6 @@ import pytest
 import torch
 import yaml
 from kubesim import client as kubesim_client
-from mlflow import MlflowClient
 
 from kiln import api, contract
 from kiln.local import runner
@@ -71,7 +70,9 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.wait(timeout=60)
 
 
-def _client(uri: str) -> MlflowClient:
+def _client(uri: str) -> Any:
+    from mlflow import MlflowClient  # imported here: every pytest-xdist worker collects this module
+
     return MlflowClient(tracking_uri=uri)
 
 

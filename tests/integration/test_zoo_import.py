@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from sklearn import datasets as sk_datasets
 from torch import nn
 
 from kiln import cli, models
@@ -48,6 +47,8 @@ def _state(tmp_path: Path, width: int = 8) -> dict[str, torch.Tensor]:
     (job,) = jobfile.load_jobs(_job(tmp_path, "source", width))
     torch.manual_seed(7)
     model = models.build(job.spec.model)
+    from sklearn import datasets as sk_datasets  # here: every pytest-xdist worker collects this
+
     digits = sk_datasets.load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     images = (images - images.mean()) / images.std()

@@ -21,7 +21,6 @@ from kiln_trainer.integrations import common
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-hf = pytest.importorskip("kiln_trainer.integrations.hf")
 
 
 class Net(nn.Module):
@@ -38,6 +37,14 @@ class Net(nn.Module):
                                      {"loss": F.cross_entropy(logits, labels)})
 
 
+def _integration() -> Any:
+    """Kiln's integration, imported by the tests that use it: at collection every pytest-xdist
+    worker imports every test module, and this import (the Trainer, peft) costs 3.4 CPU-seconds."""
+    from kiln_trainer.integrations import hf
+
+    return hf
+
+
 def _callback(tmp_path: Path, **training: Any) -> tuple[Any, io.StringIO]:
     job = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "hf"},
            "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
@@ -46,6 +53,7 @@ def _callback(tmp_path: Path, **training: Any) -> tuple[Any, io.StringIO]:
                     "freezing": {"enabled": False}}}
     env = {"KILN_JOB": json.dumps(job), "KILN_CHECKPOINTS": str(tmp_path / "checkpoints")}
     out = io.StringIO()
+    hf = _integration()
     ctx = hf.job_context(environ=env, out=out, handle_signals=False)
     return hf.KilnCallback(ctx), out
 
@@ -73,7 +81,7 @@ def test_training_arguments_come_from_the_job_and_overrides_win(tmp_path: Path) 
 ])
 def test_an_evaluation_closes_an_epoch_once(global_step: int, epochs_done: int,
                                             ended: bool) -> None:
-    assert hf.epoch_ended(global_step, 10, epochs_done) is ended
+    assert _integration().epoch_ended(global_step, 10, epochs_done) is ended
 
 
 def test_evaluation_metrics_map_to_accuracy_and_loss_or_name_the_fix() -> None:

@@ -3,6 +3,7 @@ arguments, and the shared helpers both integrations read batches and metrics wit
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -12,11 +13,15 @@ import torch
 
 from kiln_trainer.integrations import common
 
-pytest.importorskip("lightning")
-lightning = pytest.importorskip("kiln_trainer.integrations.lightning")
+# lightning is imported by the one test that needs it: at collection every pytest-xdist worker
+# imports every test module, and lightning's import costs 5 CPU-seconds
+_no_lightning = importlib.util.find_spec("lightning") is None
 
 
+@pytest.mark.skipif(_no_lightning, reason="the lightning extra is not installed")
 def test_trainer_arguments_come_from_the_job_and_overrides_win(tmp_path: Path) -> None:
+    from kiln_trainer.integrations import lightning
+
     job = {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "pl"},
            "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
                     "training": {"epochs": 5, "precision": "bf16"}}}

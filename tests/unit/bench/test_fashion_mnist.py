@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torchvision
 
 from kiln import api
 from kiln_trainer import data
@@ -50,9 +49,10 @@ def _fake_package(directory: Path) -> dict[int, list[list[int]]]:
 def test_package_json_round_trips_through_torchvision_fashion_mnist(tmp_path: Path) -> None:
     images = _fake_package(tmp_path)
     fashion_mnist.convert(tmp_path / "package", tmp_path / "root", test_per_class=1)
+    from torchvision import datasets  # here: every pytest-xdist worker imports this module
 
     for train in (True, False):
-        dataset = torchvision.datasets.FashionMNIST(tmp_path / "root", train=train)
+        dataset = datasets.FashionMNIST(tmp_path / "root", train=train)
         loaded = sorted((int(label), dataset.data[i].flatten().tolist())
                         for i, label in enumerate(dataset.targets))
         expected = sorted((label, row) for label, rows in images.items()
