@@ -1,9 +1,9 @@
 """Sweeps: how soon a search finds the baseline's best, Kiln against a Katib/Ray Tune-style run.
 
 Writes bench/results/sweep.json and .png, sweep_quick.* with ``--quick``, or sweep_partial.* for
-some ``--searches`` or ``--seeds`` (method below the imports).
+some ``--searches``, ``--seeds`` or ``--arms`` (method below the imports).
 
-    python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--slots N]
+    python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--arms kiln]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +254,7 @@ def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                        for s in ("Succeeded", "Pruned", "Failed")},
             "warm_trials": sum(1 for t in history if t.get("parent")),
         }
-    for arm in ARMS:
+    for arm in runs:
         arm_row = row[arm]
         arm_row["time_ratio"] = round(row["baseline"]["seconds_to_bar"]
                                       / max(arm_row["seconds_to_bar"], 1e-9), 3)
@@ -264,9 +265,9 @@ def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+def summarize(rows: dict[str, dict[int, dict[str, Any]]], arms: Sequence[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for arm in ARMS[1:]:
+    for arm in arms[1:]:
         cells = [r[arm] for by_seed in rows.values() for r in by_seed.values()]
         deltas = [c["best_delta"] for label, by_seed in rows.items() for c in
                   (r[arm] for r in by_seed.values())
@@ -294,8 +295,10 @@ def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
                                         if r[arm]["best_delta"] is not None)}
                 for label, by_seed in rows.items()},
         }
-    kiln = summary["kiln"]
     summary["goal"] = GOAL
+    if "kiln" not in summary:
+        return summary
+    kiln = summary["kiln"]
     summary["goal_met"] = (kiln["median_time_to_baseline_best_ratio"]
                            >= GOAL["median_time_to_baseline_best_ratio"]
                            and (kiln["worst_best_metric_delta"] or 0)
@@ -303,6 +306,8 @@ def summarize(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     # The split: chaining is kiln against kiln-independent; freezing (and the local scheduler,
     # the same in every arm here) is kiln-independent against the baseline; pruning is on in
     # every arm, so its share is the epochs it skipped.
+    if "kiln-independent" not in summary:
+        return summary
     summary["split"] = {
         "warm_start_chaining": round(kiln["median_time_to_baseline_best_ratio"]
                                      / summary["kiln-independent"][
@@ -318,6 +323,8 @@ def print_table(label: str, seed: int, row: dict[str, Any]) -> None:
           f"{'cpu ratio':>9} {'ep.ratio':>8} "
           f"{'best':>8} {'delta':>7} {'wall':>7} {'cpu':>7} {'warm':>5} {'pruned':>6}")
     for arm in ARMS:
+        if arm not in row:
+            continue
         c = row[arm]
         print(f"  {arm:18} {c['seconds_to_bar']:>9} {c['cpu_seconds_to_bar']:>10} "
               f"{c['epochs_to_bar']:>7} {c['time_ratio']:>6} {c['cpu_ratio']:>9} "
@@ -336,7 +343,8 @@ def plot(rows: dict[str, dict[int, dict[str, Any]]], path: Path, title: str) -> 
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4.2), squeeze=False)
     for ax, (label, by_seed) in zip(axes[0], rows.items(), strict=True):
         seeds = sorted(by_seed)
-        for offset, arm in enumerate(ARMS[1:]):
+        arms = [arm for arm in ARMS[1:] if arm in by_seed[seeds[0]]]
+        for offset, arm in enumerate(arms):
             ax.bar([i + 0.4 * offset for i in range(len(seeds))],
                    [by_seed[s][arm]["time_ratio"] for s in seeds], width=0.4, label=arm)
         ax.axhline(1.0, color="black", linewidth=0.8)
@@ -360,11 +368,19 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=min(4, os.cpu_count() or 1),
                         help="parallel trials (default 4, at most the CPU cores: `kiln sweep "
                              "run` gives each CPU trial a core)")
+    parser.add_argument("--arms", default=None,
+                        help="comma-separated arms beside the baseline (default "
+                             f"{','.join(ARMS[1:])}): fewer is a partial run")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="Fashion-MNIST root (prepared with npm when absent)")
     args = parser.parse_args()
     quick = args.quick
-    partial = bool(args.searches or args.seeds or args.trials or args.epochs)
+    partial = bool(args.searches or args.seeds or args.trials or args.epochs or args.arms)
+    arms = ARMS if not args.arms else ("baseline", *(
+        arm for arm in ARMS[1:] if arm in args.arms.split(",")))
+    unknown = set(args.arms.split(",")) - set(ARMS[1:]) if args.arms else set()
+    if unknown or len(arms) == 1:
+        parser.error(f"--arms {args.arms}: choose among {','.join(ARMS[1:])}")
     name = NAME + ("_quick" if quick else "") + ("_partial" if partial else "")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if quick
                                                                        else [0, 1, 2])
@@ -380,16 +396,16 @@ def main() -> None:
     for search in chosen:
         rows[search.label] = {}
         for seed in seeds:
-            order = ARMS[seed % len(ARMS):] + ARMS[:seed % len(ARMS)]
+            order = arms[seed % len(arms):] + arms[:seed % len(arms)]
             runs = {arm: run_arm(search, arm, seed, args.slots) for arm in order}
             row = measure(search, runs)
             rows[search.label][seed] = row
             print_table(search.label, seed, row)
             details[f"{search.label}/{seed}"] = {
                 "row": row, "histories": {arm: runs[arm]["doc"]["status"]["history"]
-                                          for arm in ARMS}}
-    summary = summarize(rows)
-    summary.update({"quick": quick, "seeds": seeds, "slots": args.slots,
+                                          for arm in arms}}
+    summary = summarize(rows, arms)
+    summary.update({"quick": quick, "seeds": seeds, "slots": args.slots, "arms": list(arms),
                     "searches": [s.label for s in chosen],
                     "trials": {s.label: s.trials for s in chosen},
                     "epochs": chosen[0].template["training"]["epochs"] if chosen else None,
