@@ -238,12 +238,20 @@ def test_a_pods_warm_start_decision_cannot_name_another_namespaces_private_model
         assert done["status"]["warmStart"].get("parent") is None, done["status"]["warmStart"]
         warm = scenario.condition(done, "WarmStarted")
         assert warm is not None and (warm["status"], warm["reason"]) != ("True", "ParentSelected")
-        refusals = [e for e in scenario.events(cluster, namespace, name)
-                    if e["reason"] == "ReportRefused"]
+        # The profiling pod's decision, and the trainer's result repeating it; events are
+        # posted after the status they explain, so the second may come after the phase.
+        pods = {f"{name}-profile", f"{name}-trainer-0"}
+
+        def refused() -> list[dict[str, Any]]:
+            found = [e for e in scenario.events(cluster, namespace, name)
+                     if e["reason"] == "ReportRefused"]
+            return found if {e["message"].split()[1] for e in found} >= pods else []
+
+        refusals = client.wait_until(refused, timeout_seconds=scenario.JOB_SECONDS,
+                                     what="a ReportRefused event for each pod",
+                                     details=operator.log_tail)
         assert all(theirs.id in e["message"] and e["type"] == "Warning" for e in refusals)
-        # The profiling pod's decision, and the trainer's result repeating it.
-        assert {e["message"].split()[1] for e in refusals} == {
-            f"{name}-profile", f"{name}-trainer-0"}, refusals
+        assert {e["message"].split()[1] for e in refusals} == pods, refusals
         trainer = next(r.body for r in cluster.requests
                        if r.resource == "pods" and r.action == "CREATE"
                        and isinstance(r.body, dict)

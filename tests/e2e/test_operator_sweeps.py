@@ -184,8 +184,11 @@ def test_a_sweep_prunes_survives_a_restart_lets_a_plain_job_in_and_reports_its_b
                 for key in column["jsonPath"].removeprefix(".status.").split("."):
                     value = value.get(key) if isinstance(value, dict) else None
                 assert value is not None, column["name"]
-        reasons = scenario.event_reasons(cluster, namespace, name)
-        assert {"NewBestTrial", "TrialPruned", "MaxTrialsReached"} <= set(reasons), reasons
+        # events are posted after the status they explain: the last may follow the phase
+        client.wait_until(lambda: {"NewBestTrial", "TrialPruned", "MaxTrialsReached"}
+                          <= set(scenario.event_reasons(cluster, namespace, name)),
+                          timeout_seconds=30.0, what="the sweep's events",
+                          details=lambda: str(scenario.event_reasons(cluster, namespace, name)))
         best_events = [e["message"] for e in scenario.events(cluster, namespace, name)
                        if e["reason"] == "NewBestTrial"]
         assert any(best["trial"] in m and LR in m for m in best_events), best_events
