@@ -34,8 +34,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         # Two `kiln sweep run` arms, the baseline and Kiln: the text search alone, two trials
         # each, keeps it cheap (the third arm differs from Kiln's only in its sweep file).
         pytest.param("sweep.py --searches text --trials 2 --arms kiln", "sweep_quick_partial",
-                     "kiln",
-                     id="sweep"),
+                     "kiln", id="sweep"),
     ],
 )
 def test_benchmark_quick_run_writes_its_summary(script: str, result: str, summary_key: str,

@@ -23,7 +23,7 @@ from kiln.zoo import records, store
 
 # the scripts import transformers, not this process (every pytest-xdist worker imports this module)
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
+    any(importlib.util.find_spec(name) is None for name in ("transformers", "accelerate")),
     reason="the hf extra is not installed")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf"

@@ -388,9 +388,9 @@ def setup(
 def _release_at_exit() -> None:
     """Leave the process group and collect what still holds it, while Python is alive.
 
-    A DDP or FSDP wrapper keeps the group in a reference cycle; left to the interpreter's last
-    collection, gloo's threads were torn down after it and a rank could abort ("terminate called
-    without an active exception") with its work done.
+    A DDP wrapper holds the group inside a reference cycle (its unit test shows it); left to the
+    interpreter's last collection, gloo's threads were torn down after it and a rank could abort
+    ("terminate called without an active exception") with its work done.
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
