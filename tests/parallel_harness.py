@@ -218,20 +218,24 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 # targets for run_ranks (and, with a one-process context, the reference runs)
 
 
-def checkpoint_location(directory: str) -> checkpoint.Location:
-    """Where the tests' checkpoints go."""
-    return checkpoint.Location(store.DirStore(Path(directory)), "parallel-test/checkpoint.pt")
+def checkpoint_location(directory: str, *, sharded: bool = False) -> checkpoint.Location:
+    """Where the tests' checkpoints go (full, or sharded: main object and shards beside)."""
+    return checkpoint.Location(store.DirStore(Path(directory)), "parallel-test/" + (
+        "sharded.pt" if sharded else "checkpoint.pt"))
 
 
 def train_with_checkpoint(
     ctx: parallel.Context, directory: str, save_step: int, until_step: int,
     resume_here: bool = False,
 ) -> dict[str, Any]:
-    """Train to `until_step`, saving a checkpoint (rank 0) at `save_step` on the way.
+    """Train to `until_step`, saving a checkpoint (rank 0) at `save_step` on the way; under
+    FSDP also a sharded one (every rank its shards: `checkpoint.save_shards`).
 
     Returns (complete on rank 0): final parameters, reported losses, validation sums of the
-    final model; with `resume_here`, also the parameters of a second run in the same ranks
-    that resumed from the checkpoint (`resumed`).
+    final model, under FSDP the bytes of each rank's shard and of the full model state
+    (`shard_bytes`, `full_bytes`); with `resume_here`, also the parameters of second runs in
+    the same ranks that resumed from the checkpoint (`resumed`) and from the sharded one
+    (`resumed_sharded`).
     """
     job = make_job()
     raw = build_model(job)
@@ -239,28 +243,48 @@ def train_with_checkpoint(
     run = start_training(job, wrapped.parameters())  # FSDP: over the sharded parameters
     train(ctx, job, wrapped, run, until_step=save_step)
     snapshot = checkpoint.capture(run.state, tracking.Clock(), job, raw, run.optimizer,
-                                  run.scheduler, ctx=ctx, wrapped=wrapped)
+                                  run.scheduler, ctx=ctx, wrapped=wrapped, sharded=False)
+    full_bytes = 0
     if ctx.is_main:
-        checkpoint.save_checkpoint(checkpoint_location(directory), snapshot)
+        full_bytes = checkpoint.save_checkpoint(checkpoint_location(directory), snapshot)
     ctx.barrier()
+    result: dict[str, Any] = {}
+    if checkpoint.is_sharded(ctx):
+        where = checkpoint_location(directory, sharded=True)
+        shards = checkpoint.capture(run.state, tracking.Clock(), job, raw, run.optimizer,
+                                    run.scheduler, ctx=ctx, wrapped=wrapped)
+        result["shard_bytes"] = ctx.gather_objects(checkpoint.save_shards(
+            where, shards, raw, run.optimizer, wrapped=wrapped))
+        ctx.barrier()
+        if ctx.is_main:  # last: it makes the shards current
+            checkpoint.save_checkpoint(where, shards)
+        result["full_bytes"] = full_bytes
+        ctx.barrier()
     train(ctx, job, wrapped, run, until_step=until_step)
     sums = ctx.sum_eval_shards(evaluate_sums(ctx.prepare_eval(wrapped, raw), ctx.eval_shard))
-    result = {"params": parameters_of(ctx.full_state_dict(wrapped, raw)), "losses": run.losses,
-              "eval": sums, "samples": run.state.samples}
+    result.update(params=parameters_of(ctx.full_state_dict(wrapped, raw)), losses=run.losses,
+                  eval=sums, samples=run.state.samples)
     if resume_here:
         result["resumed"] = resume(ctx, directory, until_step)
+        if checkpoint.is_sharded(ctx):
+            result["resumed_sharded"] = resume(ctx, directory, until_step, sharded=True)
     return result
 
 
-def resume(ctx: parallel.Context, directory: str, until_step: int) -> dict[str, torch.Tensor]:
-    """Resume the saved checkpoint under `ctx` and train to `until_step`; final parameters."""
+def resume(ctx: parallel.Context, directory: str, until_step: int, *,
+           sharded: bool = False) -> dict[str, torch.Tensor]:
+    """Resume the saved checkpoint (or the sharded one) under `ctx` and train to `until_step`;
+    final parameters."""
     job = make_job()
-    saved = checkpoint.load_checkpoint(checkpoint_location(directory))
-    assert saved is not None
+    where = checkpoint_location(directory, sharded=sharded)
+    saved = checkpoint.load_checkpoint(where)
+    assert saved is not None and (checkpoint.SHARDS_KEY in saved) == sharded
     raw = build_model(job)
     checkpoint.restore_model(saved, job, raw)  # before wrapping: every parallelism
     wrapped = ctx.wrap(raw)
     run = start_training(job, wrapped.parameters())
+    checkpoint.restore_shards(saved, where, job, raw, run.optimizer,  # sharded: after wrapping
+                              wrapped=wrapped if checkpoint.is_sharded(ctx) else None)
     run.state = checkpoint.restore_training(saved, job, run.optimizer, run.scheduler, ctx=ctx,
                                             wrapped=wrapped)
     train(ctx, job, wrapped, run, until_step=until_step)

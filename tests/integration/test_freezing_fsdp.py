@@ -130,3 +130,8 @@ def test_the_default_trainer_freezes_under_fsdp_and_completes(tmp_path: Path) ->
     by_rank = [re.findall(rf"INFO rank {rank} kiln_trainer\.freezing\.controller: "
                           r"((?:un)?froze .+ at step \d+):", done.stderr) for rank in (0, 1)]
     assert by_rank[0] == by_rank[1] and len(by_rank[0]) == len(moves), by_rank
+    # each rank wrote its own shards at every checkpoint; the finished job left none behind
+    for rank in (0, 1):
+        assert re.search(rf"INFO rank {rank} kiln_trainer\.jobcontext: checkpoint shard: \d+ "
+                         "bytes", done.stderr), done.stderr[-3000:]
+    assert not [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]

@@ -129,6 +129,29 @@ def test_fsdp_checkpoint_resumes_under_fsdp_and_in_one_process(
     assert harness.max_difference(resumed, single_run["params"]) < TOLERANCE
 
 
+def test_sharded_fsdp_checkpoint_resumes_under_fsdp_and_in_one_process(
+    fsdp_ranks: list[dict[str, Any]], fsdp_dir: str, single_run: dict[str, Any]
+) -> None:
+    """Each rank wrote only its shards; W=2 and W=1 (DCP reshards) resume at the same position
+    with the same weights as the uninterrupted run."""
+    torch.set_num_threads(1)
+    rank0 = fsdp_ranks[0]
+    assert harness.max_difference(rank0["resumed_sharded"], single_run["params"]) < TOLERANCE
+    resumed = harness.resume(parallel.Context(), fsdp_dir, UNTIL_STEP, sharded=True)
+    assert harness.max_difference(resumed, single_run["params"]) < TOLERANCE
+    shard_bytes, full_bytes = rank0["shard_bytes"], rank0["full_bytes"]
+    assert len(shard_bytes) == 2 and all(0 < b < full_bytes for b in shard_bytes)
+    folder = Path(fsdp_dir) / "parallel-test" / "sharded.pt.shards" / "a"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "metadata.json", "rank-0.safetensors", "rank-1.safetensors"]
+    assert (folder.parent.parent / "sharded.pt").stat().st_size < full_bytes
+    metadata = json.loads((folder / "metadata.json").read_text())
+    head = metadata["tensors"]["model.head.2.weight"]  # [10, 8]: rows 0-4 and 5-9
+    assert head["size"] == [10, 8] and head["chunks"] == [[[0, 0], [5, 8]], [[5, 0], [5, 8]]]
+    writers = {entry[3] for entry in metadata["storage"] if entry[0] == "model.head.2.weight"}
+    assert writers == {0, 1}  # each rank wrote its own half
+
+
 def test_trainer_command_runs_ranks_under_torchrun_and_only_rank_0_prints(tmp_path: Path) -> None:
     command = contract.trainer_command(2, ["--rank-report"])
     assert command[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

@@ -1,8 +1,8 @@
 """Training checkpoints: a plain dict keyed by the constants below, kept in an object store.
 
 A checkpoint holds everything a restarted trainer needs to continue as if never stopped, at a
-global position (epochs, global batches, steps), so one written under any parallelism and world
-size resumes under any other. Never here: sharded checkpoint files, retention of older ones.
+global position, so one written under any parallelism and world size resumes under any other.
+Under FSDP each rank writes its own model and optimizer shards beside it (`save_shards`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import logging
 import pickle
 import random
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,8 @@ from kiln_trainer.freezing import controller as freezing
 
 _log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # of a sharded checkpoint; a full one is still written as 1 (older readers)
+READ_VERSIONS = (1, 2)
 
 FORMAT_KEY = "format_version"  # int: FORMAT_VERSION of the writer
 MODEL_KEY = "model"  # the unwrapped model's state_dict
@@ -54,6 +57,9 @@ PARALLELISM_KEY = "parallelism"  # "single" | "ddp" | "fsdp" of the writer (abse
 WORLD_SIZE_KEY = "world_size"  # processes of the writer (absent: 1)
 RANK_RNG_KEY = "rank_rng"  # list of every rank's rng_state(), by rank (absent: RNG_KEY only)
 USER_KEY = "user"  # dict: an own loop's own values (`JobContext.checkpoint`'s extra)
+# dict {"slot": "a" | "b", "ranks": W, "save": id}: model and optimizer are in the per-rank shard
+# objects of that slot (`records.checkpoint_shard_key`), not under MODEL_KEY / OPTIMIZER_KEY
+SHARDS_KEY = "shards"
 # and precision.CHECKPOINT_KEY (the fp16 gradient scaler), freezing.CHECKPOINT_KEY (the Freezer)
 
 DEFAULT_DIR = Path(".kiln") / "checkpoints"
@@ -117,7 +123,8 @@ def save_checkpoint(location: Location, state: dict[str, Any]) -> int:
     """Write `state` (a dict keyed by the *_KEY constants) as one object.
 
     One `put_bytes` of `torch.save`'s bytes: atomic in `DirStore` (temp file + rename), a single
-    PUT in S3, so a reader never sees half a checkpoint.
+    PUT in S3, so a reader never sees half a checkpoint. A sharded `state` (`SHARDS_KEY`) goes
+    after every rank's `save_shards` has returned: it is what makes the new shards current.
 
     Returns:
         The checkpoint's size in bytes.
@@ -126,7 +133,8 @@ def save_checkpoint(location: Location, state: dict[str, Any]) -> int:
         zoo_store.StoreUnavailable: the store could not be written (after its retries).
     """
     buffer = io.BytesIO()
-    torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, buffer)
+    version = FORMAT_VERSION if SHARDS_KEY in state else 1
+    torch.save({FORMAT_KEY: version, **state}, buffer)
     data = buffer.getvalue()
     location.store.put_bytes(location.key, data)
     return len(data)
@@ -153,19 +161,44 @@ def load_checkpoint(
             f"checkpoint {location.describe()} is unreadable ({type(exc).__name__}: {reason}); "
             "delete it to train from scratch"
         ) from exc
-    if not isinstance(state, dict) or state.get(FORMAT_KEY) != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get(FORMAT_KEY) not in READ_VERSIONS:
         found = state.get(FORMAT_KEY) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
             f"checkpoint {location.describe()} has format {found!r}, this trainer reads "
-            f"{FORMAT_VERSION}; delete it to train from scratch"
+            f"{' and '.join(map(str, READ_VERSIONS))}; delete it to train from scratch"
         )
     return state
 
 
-def delete_checkpoint(location: Location) -> None:
-    """Remove the checkpoint (a finished job needs none); missing is fine."""
+def delete_checkpoint(location: Location, *, ranks: int = 0) -> None:
+    """Remove the checkpoint (a finished job needs none); missing is fine.
+
+    Args:
+        location: where it is.
+        ranks: with > 0 (a run that writes or read shards), also the shard objects of both
+            slots, for ranks 0..ranks-1 and any more a slot's metadata names. The main object
+            goes first, so no reader meets a checkpoint whose shards are half gone.
+    """
     if location.store.exists(location.key):
         location.store.delete(location.key)
+    if ranks > 0:
+        for slot in records.CHECKPOINT_SLOTS:
+            _delete_slot(location, slot, ranks)
+
+
+def _delete_slot(location: Location, slot: str, ranks: int) -> None:
+    """Delete one slot's shards: ranks 0..ranks-1 and those its metadata names, then it."""
+    store, meta_key = location.store, records.checkpoint_shard_key(location.key, slot, None)
+    try:
+        written = json.loads(store.get_bytes(meta_key)).get("storage", [])
+        ranks = max([ranks, *(int(entry[3]) + 1 for entry in written)])
+    except zoo_store.ObjectNotFound:
+        pass
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        _log.warning("shard metadata %s is unreadable; deleting ranks below %d", meta_key, ranks)
+    for rank in range(ranks):
+        store.delete(records.checkpoint_shard_key(location.key, slot, rank))
+    store.delete(meta_key)
 
 
 def open_location(
@@ -276,12 +309,15 @@ def capture(
     amp: precision.MixedPrecision | None = None,
     freezer: freezing.Freezer | None = None,
     user: Mapping[str, Any] | None = None,
+    sharded: bool | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint dict for the current position: the one builder, so every checkpoint,
     whichever loop wrote it, holds the same keys.
 
-    Model and optimizer state are gathered full and unsharded, under a single process's keys;
-    every rank's RNG state is kept (`RANK_RNG_KEY`).
+    Model and optimizer state are gathered full and unsharded, under a single process's keys,
+    or, `sharded`, left to `save_shards` (`SHARDS_KEY` names the slot it writes: the one
+    `previous` does not use); every rank's RNG state is kept (`RANK_RNG_KEY`).
 
     Args:
         state: the run's position and history.
@@ -298,13 +334,24 @@ def capture(
         amp: the mixed precision whose gradient scaler is kept (fp16), or None.
         freezer: the layer freezing whose state is kept, or None.
         user: an own loop's own values.
+        sharded: model and optimizer go in shards (`save_shards`, every rank); default: under
+            FSDP with W > 1 (`is_sharded`).
+        previous: the checkpoint this run last wrote or resumed from, if any (its slot stays
+            intact until the new main object replaces it).
     """
     ctx = ctx or parallel.Context()
     wrapped = raw_model if wrapped is None else wrapped
     rngs = ctx.gather_objects(rng_state())
+    if is_sharded(ctx) if sharded is None else sharded:
+        # one id on every rank: each object of this save carries it (`shardstore.Layout`)
+        tensors: dict[str, Any] = {SHARDS_KEY: {
+            "slot": _next_slot(previous), "ranks": ctx.world_size,
+            "save": ctx.broadcast_object(secrets.token_hex(8))}}
+    else:
+        tensors = {MODEL_KEY: ctx.full_state_dict(wrapped, raw_model),
+                   OPTIMIZER_KEY: ctx.full_optimizer_state_dict(wrapped, optimizer)}
     return {
-        MODEL_KEY: ctx.full_state_dict(wrapped, raw_model),
-        OPTIMIZER_KEY: ctx.full_optimizer_state_dict(wrapped, optimizer),
+        **tensors,
         OPTIMIZER_NAME_KEY: optimizer_name or job.spec.training.optimizer.name.value,
         SCHEDULER_KEY: scheduler.state_dict() if scheduler is not None else None,
         RNG_KEY: rngs[0],
@@ -329,23 +376,149 @@ def capture(
     }
 
 
+def is_sharded(ctx: parallel.Context) -> bool:
+    """Whether this run's checkpoints are sharded: FSDP with W > 1 (gathering would not scale)."""
+    return ctx.parallelism == "fsdp" and ctx.distributed
+
+
+def _next_slot(previous: Mapping[str, Any] | None) -> str:
+    used = ((previous or {}).get(SHARDS_KEY) or {}).get("slot")
+    return records.CHECKPOINT_SLOTS[1] if used == records.CHECKPOINT_SLOTS[0] else (
+        records.CHECKPOINT_SLOTS[0])
+
+
+def shard_ranks(saved: Mapping[str, Any] | None) -> int:
+    """The shard objects per slot of a checkpoint (0: a full one, or none)."""
+    return int(((saved or {}).get(SHARDS_KEY) or {}).get("ranks", 0))
+
+
+def _layout(location: Location, shards: Mapping[str, Any]) -> Any:
+    from kiln_trainer.distributed import shardstore  # DCP takes seconds to import
+    slot = str(shards["slot"])
+    return shardstore.Layout(
+        location.store,
+        shard_key=lambda rank: records.checkpoint_shard_key(location.key, slot, rank),
+        metadata_key=records.checkpoint_shard_key(location.key, slot, None),
+        save_id=str(shards["save"]))
+
+
+def save_shards(
+    location: Location,
+    state: Mapping[str, Any],
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    wrapped: nn.Module | None = None,
+) -> int:
+    """Write this rank's model and optimizer shards into the slot `state` names; collective.
+
+    Every rank calls it, with `state` from `capture(sharded=...)`, before rank 0's
+    `save_checkpoint(location, state)` (and a barrier between): the main object, written
+    last, makes the shards current. Tensors go in one safetensors object per rank, DCP's
+    metadata as JSON (`kiln_trainer.distributed.shardstore`).
+
+    Returns:
+        The bytes of this rank's object.
+
+    Raises:
+        zoo_store.StoreUnavailable: the store could not be written.
+    """
+    from torch.distributed.checkpoint import state_dict as dcp_state
+
+    from kiln_trainer.distributed import shardstore
+    model_state, optimizer_state = dcp_state.get_state_dict(
+        raw_model if wrapped is None else wrapped, optimizer)
+    return shardstore.save({"model": model_state, "optimizer": optimizer_state},
+                           _layout(location, state[SHARDS_KEY]))
+
+
+def drop_previous_shards(location: Location, previous: Mapping[str, Any] | None,
+                         current: Mapping[str, Any]) -> None:
+    """Delete `previous`'s slot once `current`'s main object is written (rank 0 alone)."""
+    old, new = (previous or {}).get(SHARDS_KEY), current.get(SHARDS_KEY) or {}
+    if old and old.get("slot") != new.get("slot"):
+        _delete_slot(location, str(old["slot"]), int(old.get("ranks", 0)))
+
+
+def restore_shards(
+    saved: dict[str, Any],
+    location: Location,
+    job: api.TrainingJob,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    wrapped: nn.Module | None = None,
+    optimizer_name: str | None = None,
+) -> None:
+    """Load a sharded checkpoint's model and optimizer state (one read of the shards).
+
+    Call on every rank between `restore_model` and `restore_training` (which leave them to
+    this call), with `wrapped` under FSDP; any world size and parallelism reads it, as DCP
+    reshards to the model's current layout. Nothing happens for a full checkpoint.
+
+    Raises:
+        CheckpointError: a shard or the metadata is missing or damaged.
+        zoo_store.StoreUnavailable: the store could not be read.
+    """
+    if SHARDS_KEY not in saved:
+        return
+    from torch.distributed.checkpoint import state_dict as dcp_state
+
+    from kiln_trainer.distributed import shardstore
+    module = raw_model if wrapped is None else wrapped
+    with_optimizer = _same_optimizer(saved, job, optimizer_name)
+    if with_optimizer:
+        model_state, optimizer_state = dcp_state.get_state_dict(module, optimizer)
+        target: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+    else:
+        target = {"model": dcp_state.get_model_state_dict(module)}
+    try:
+        shardstore.load(target, _layout(location, saved[SHARDS_KEY]))
+    except zoo_store.StoreUnavailable:
+        raise
+    except (shardstore.ShardsUnreadable, RuntimeError, KeyError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"checkpoint {location.describe()}: its shards do not load "
+                              f"({reason}); delete it to train from scratch") from exc
+    if with_optimizer:
+        dcp_state.set_state_dict(module, optimizer, model_state_dict=target["model"],
+                                 optim_state_dict=target["optimizer"])
+    else:
+        dcp_state.set_model_state_dict(module, target["model"])
+
+
+def _same_optimizer(saved: Mapping[str, Any], job: api.TrainingJob,
+                    optimizer_name: str | None) -> bool:
+    return bool(saved[OPTIMIZER_NAME_KEY] == (optimizer_name
+                                              or job.spec.training.optimizer.name.value))
+
+
 def restore(
     saved: dict[str, Any],
     job: api.TrainingJob,
     raw_model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
+    *,
+    location: Location | None = None,
 ) -> tracking.RunState:
     """Load a checkpoint into model, optimizer, schedule and RNGs; return the run position.
 
-    One process: `restore_model`, then `restore_training`. Changed model, dataset or training
-    settings are logged as warnings; the job's values win from the next step on (weights and
-    optimizer moments come from the checkpoint).
+    One process: `restore_model`, `restore_shards` (a sharded checkpoint, read from
+    `location`), then `restore_training`. Changed model, dataset or training settings are
+    logged as warnings; the job's values win from the next step on (weights and optimizer
+    moments come from the checkpoint).
 
     Raises:
-        CheckpointError: the checkpoint was written for a different model.
+        CheckpointError: the checkpoint was written for a different model, or its shards do
+            not load.
+        ValueError: a sharded checkpoint without `location`.
     """
     restore_model(saved, job, raw_model)
+    if SHARDS_KEY in saved:
+        if location is None:
+            raise ValueError("a sharded checkpoint loads from its location: pass location=")
+        restore_shards(saved, location, job, raw_model, optimizer)
     return restore_training(saved, job, optimizer, scheduler)
 
 
@@ -360,7 +533,8 @@ def restore_model(
     """Check that the checkpoint fits the job's model and load its weights.
 
     Call on every rank, with the unwrapped model before `parallel.Context.wrap` (then DDP
-    and FSDP start from these weights), or with `ctx` and an FSDP `wrapped` after it.
+    and FSDP start from these weights), or with `ctx` and an FSDP `wrapped` after it. A
+    sharded checkpoint's weights come from `restore_shards` instead.
 
     Raises:
         CheckpointError: the checkpoint was written for a different model.
@@ -371,6 +545,8 @@ def restore_model(
         raise CheckpointError(
             f"the checkpoint of job {job.name} was written for another model ("
             f"{'; '.join(model_changes)}); delete it, or give the job a new name")
+    if SHARDS_KEY in saved:
+        return
     ctx = ctx or parallel.Context()
     ctx.load_full_state_dict(raw_model if wrapped is None else wrapped, raw_model,
                              saved[MODEL_KEY])
@@ -389,7 +565,7 @@ def restore_training(
     """Load optimizer, schedule, RNGs; return the position (global: same for every W).
 
     Call on every rank after `restore_model` (under FSDP with the optimizer built after
-    `wrap`, and `wrapped`). Changed dataset or training settings and a changed parallelism
+    `wrap`, and `wrapped`), and `restore_shards` for a sharded checkpoint. Changed dataset or training settings and a changed parallelism
     or world size are logged; the job's values win from the next step on.
 
     Args:
@@ -417,7 +593,9 @@ def restore_training(
         _log.info("checkpoint written by %s x %d, resuming as %s x %d at the same position",
                   writer[0], writer[1], ctx.parallelism, ctx.world_size)
     name = optimizer_name or spec.training.optimizer.name.value
-    if saved[OPTIMIZER_NAME_KEY] == name:
+    if SHARDS_KEY in saved and saved[OPTIMIZER_NAME_KEY] == name:
+        pass  # loaded by `restore_shards`
+    elif saved[OPTIMIZER_NAME_KEY] == name:
         ctx.load_full_optimizer_state_dict(wrapped, optimizer, saved[OPTIMIZER_KEY])
     else:
         _log.warning("optimizer changed from %s to %s: its state starts afresh",

@@ -284,6 +284,9 @@ class JobContext:
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._extra: dict[str, Any] = {}
+        # the shards of the checkpoint at `location` (slot, ranks): the next save uses the other
+        self._written: dict[str, Any] = {checkpoint.SHARDS_KEY: (self._saved or {}).get(
+            checkpoint.SHARDS_KEY)}
         self._reporter: tracking.Reporter | None = None
         self._finished = False
         # steps, samples, loss sum and seconds since the last progress report (`trained`)
@@ -407,6 +410,9 @@ class JobContext:
             with self._failing():
                 checkpoint.restore_model(saved, self.job, self._model, ctx=self.parallel,
                                          wrapped=self._sharded)
+                checkpoint.restore_shards(saved, self.location, self.job, self._model,
+                                          optimizer, wrapped=self._sharded,
+                                          optimizer_name=self._optimizer_name())
                 state = checkpoint.restore_training(
                     saved, self.job, optimizer, scheduler, ctx=self.parallel,
                     wrapped=self._sharded, optimizer_name=self._optimizer_name())
@@ -603,12 +609,20 @@ class JobContext:
             saved = checkpoint.capture(
                 self.state, self.clock, self.job, self._model, self._optimizer, self._scheduler,
                 ctx=self.parallel, wrapped=self._sharded, optimizer_name=self._optimizer_name(),
-                amp=self.amp, freezer=self._freezer, user=self._extra)
+                amp=self.amp, freezer=self._freezer, user=self._extra, previous=self._written)
             replicas.check(self.parallel, self._model, self.state.step)
+            if checkpoint.SHARDS_KEY in saved:  # every rank its shards, then the main object
+                with self._failing():
+                    shard = checkpoint.save_shards(self.location, saved, self._model,
+                                                   self._optimizer, wrapped=self._sharded)
+                _log.info("checkpoint shard: %d bytes", shard)
+                self.parallel.barrier()
             if self.parallel.is_main:
                 with self._failing():
                     size = checkpoint.save_checkpoint(self.location, saved)
+                    checkpoint.drop_previous_shards(self.location, self._written, saved)
                 _log.info("checkpoint: %d bytes to %s", size, self.location.describe())
+            self._written = {checkpoint.SHARDS_KEY: saved.get(checkpoint.SHARDS_KEY)}
             self.parallel.barrier()
 
     def interrupt(self) -> NoReturn:
@@ -656,11 +670,13 @@ class JobContext:
         zoo_model = self._register(_unwrapped(model), final)
         self.parallel.barrier()  # every rank is done with the checkpoint
         if self.parallel.is_main:
-            with self._failing():
-                checkpoint.delete_checkpoint(self.location)  # a rerun of this job trains afresh
+            ranks = max(checkpoint.shard_ranks(self._written),
+                        self.parallel.world_size if checkpoint.is_sharded(self.parallel) else 0)
+            with self._failing():  # a rerun of this job trains afresh
+                checkpoint.delete_checkpoint(self.location, ranks=ranks)
             if self.location is not self._primary and zoo_model:  # the zoo is back
                 try:
-                    checkpoint.delete_checkpoint(self._primary)
+                    checkpoint.delete_checkpoint(self._primary, ranks=ranks)
                 except zoo_store.StoreUnavailable as exc:
                     _log.warning("could not delete the older checkpoint %s: %s",
                                  self._primary.describe(), exc)

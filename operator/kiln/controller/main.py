@@ -478,7 +478,8 @@ def build(options: settings.Options, connection: kopf.ConnectionInfo, *,
         options=options, pod_settings=pod_settings, client=client, jobs=job_store,
         placement=placement, caches=caches, parents=chooser,
         zoo_access=zoo_access.ZooAccess(zoo, client, settings=pod_settings,
-                                        lifetime_hours=options.zoo_access_hours, clock=clock),
+                                        lifetime_hours=options.zoo_access_hours, clock=clock,
+                                        max_gpus=options.max_gpus_per_job),
         metrics=registry, clock=clock)
     return handlers.Operator(deps=deps, gate=gate)
 

@@ -39,12 +39,14 @@ class ZooAccess:
         settings: the pod settings (`pods.PodSettings.presigned_zoo`).
         lifetime_hours: how long presigned URLs work (--zoo-access-hours).
         clock: epoch seconds.
+        max_gpus: the most GPUs the planner gives one job (--max-gpus-per-job).
     """
 
     def __init__(self, zoo: store.ObjectStore, client: kube.Client, *,
                  settings: pods.PodSettings, lifetime_hours: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], max_gpus: int = 8) -> None:
         self.zoo = zoo
+        self.max_gpus = max_gpus
         self.client = client
         self.settings = settings
         self.lifetime_hours = lifetime_hours
@@ -92,7 +94,8 @@ class ZooAccess:
             sign_within_budget, zoo, lambda seen: access.job_grants(
                 job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,
                 base=records.base_record_id(record) if imports else None, parents=readable, visible=seen,
-                visible_hits=decided is not None, now=now),
+                visible_hits=decided is not None,
+                shard_ranks=shard_ranks(job, max_gpus=self.max_gpus), now=now),
             visible, lifetime=datetime.timedelta(hours=self.lifetime_hours), now=now)
         secret = build_secret(owner, job, manifest, minted=now)
         path = f"/api/v1/namespaces/{job.namespace}/secrets"
@@ -141,6 +144,20 @@ class ZooAccess:
     def forget(self, uid: str) -> None:
         """Drop what is kept about a finished job's access."""
         self.expiry.pop(uid, None)
+
+
+def shard_ranks(job: api.TrainingJob, *, max_gpus: int) -> int:
+    """The most trainer processes a job may run with sharded (FSDP) checkpoints, 0 if none.
+
+    FSDP runs when asked for, or when the planner picks it for parallelism auto, with one
+    process per GPU: gpus when fixed, else at most the planner's cap (--max-gpus-per-job, or
+    gpusPerNode), which a resize may grow the job to; one process never shards.
+    """
+    res = job.spec.resources
+    if res.parallelism not in (api.Parallelism.FSDP, api.Parallelism.AUTO):
+        return 0
+    most = res.gpus if res.gpus is not None else min(max_gpus, res.gpus_per_node or max_gpus)
+    return most if most > 1 else 0
 
 
 def _searches(decided: api.WarmStartDecision | None) -> bool:

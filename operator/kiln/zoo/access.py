@@ -20,7 +20,7 @@ _OWN_FILES = (*_FILES, records.HISTORY_NAME)  # the history: only `kiln plot` re
 def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
                base: str | None = None, parents: Iterable[str] = (),
                visible: Iterable[str] = (), visible_hits: bool = False,
-               now: datetime.datetime) -> presigned.Grants:
+               shard_ranks: int = 0, now: datetime.datetime) -> presigned.Grants:
     """The grants of one job's pods.
 
     Args:
@@ -39,14 +39,19 @@ def job_grants(namespace: str, job_name: str, *, uid: str | None, record: str,
             the search reads candidates' graphs and dry-runs the best ones' weights.
         visible_hits: also one hit key per visible record (a trainer that decides and then
             applies its own warm start).
+        shard_ranks: the most processes the job's trainer may have when its checkpoints are
+            sharded (FSDP): both slots' shards of ranks below it and their metadata
+            (`records.checkpoint_shard_keys`); 0 for a job that never shards.
         now: the time the hit keys carry.
 
     Raises:
         ValueError: an invalid record id, namespace or job name.
     """
     prefix = records.record_prefix(record)
+    checkpoint = records.checkpoint_key(namespace, job_name, uid)
     entries: list[tuple[str, Iterable[str]]] = [
-        (records.checkpoint_key(namespace, job_name, uid), _OWN),
+        (checkpoint, _OWN),
+        *((key, _OWN) for key in records.checkpoint_shard_keys(checkpoint, shard_ranks)),
         (records.profile_key(namespace, job_name), ("put",)),
         *((prefix + name, _OWN) for name in _OWN_FILES),
     ]

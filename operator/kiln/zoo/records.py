@@ -437,6 +437,8 @@ if TYPE_CHECKING:
 #     checkpoints/<namespace>/<job>/<uid>/checkpoint.pt   trainer checkpoints share the store
 #         (a job on the cluster, by its uid: a job created again under its name is a new job;
 #         `kiln run` jobs have no uid: checkpoints/<namespace>/<job>/checkpoint.pt)
+#     <checkpoint key>.shards/<slot>/rank-<r>.safetensors, .../metadata.json   an FSDP job's
+#         per-rank shards (`checkpoint_shard_key`), in slot a or b, which alternate between saves
 #     profiles/<namespace>/<job>.json   what the trainer's profiling step measured, graph included
 # The weights' SHA-256 is in meta.json, checked by `load_weights` (lazily: it means reading the
 # whole file) and by `verify_record`.
@@ -446,6 +448,8 @@ GRAPH_NAME = "graph.json"
 HISTORY_NAME = "history.jsonl"  # the trainer's evaluations: the curves `kiln plot` draws
 CHECKPOINTS_PREFIX = "checkpoints/"
 CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_SLOTS = ("a", "b")  # a sharded checkpoint's shard folders, alternating between saves
+SHARDS_METADATA_NAME = "metadata.json"
 PROFILES_PREFIX = "profiles/"
 
 _log = logging.getLogger(__name__)
@@ -475,6 +479,28 @@ def checkpoint_key(namespace: str, job_name: str, uid: str | None) -> str:
     if uid is not None and "/" in uid:
         raise ValueError(f"checkpoint key {folder!r}: a job's uid may not contain '/'")
     return _job_key("checkpoint", folder + CHECKPOINT_NAME, namespace, job_name)
+
+
+def checkpoint_shard_key(checkpoint: str, slot: str, rank: int | None) -> str:
+    """``<checkpoint>.shards/<slot>/rank-<rank>.safetensors``: one rank's shard of a sharded
+    checkpoint whose main object is `checkpoint`; rank None: the slot's ``metadata.json``.
+
+    Raises:
+        ValueError: a slot other than `CHECKPOINT_SLOTS`, a negative rank, or a bad key.
+    """
+    if slot not in CHECKPOINT_SLOTS or (rank is not None and rank < 0):
+        raise ValueError(f"checkpoint shard {slot!r}/{rank!r}: slot must be one of "
+                         f"{CHECKPOINT_SLOTS} and rank >= 0")
+    name = SHARDS_METADATA_NAME if rank is None else f"rank-{rank}.safetensors"
+    return store.check_key(f"{checkpoint}.shards/{slot}/{name}")
+
+
+def checkpoint_shard_keys(checkpoint: str, ranks: int) -> list[str]:
+    """Every shard object of both slots for ranks 0..ranks-1, metadata included (none for 0)."""
+    if ranks <= 0:
+        return []
+    return [checkpoint_shard_key(checkpoint, slot, rank) for slot in CHECKPOINT_SLOTS
+            for rank in (None, *range(ranks))]
 
 
 def profile_key(namespace: str, job_name: str) -> str:

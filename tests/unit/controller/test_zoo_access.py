@@ -72,6 +72,35 @@ def test_grants_cover_the_jobs_objects_and_only_the_named_records() -> None:
     assert len(verbs) == 13  # 4 own files, checkpoint, profile, 3 + 1 hit, 3 visible
 
 
+def test_an_fsdp_job_may_write_its_shards_in_both_slots_for_its_largest_world_size() -> None:
+    key = "checkpoints/team-b/digits/uid-1/checkpoint.pt"
+    grants = access.job_grants("team-b", "digits", uid="uid-1", record="small_cnn-1f2e3d4c",
+                               shard_ranks=3, now=NOW)
+    shards = {k: set(v) for k, v in grants.objects.items() if k.startswith(key + ".shards/")}
+    assert sorted(shards) == sorted(records.checkpoint_shard_keys(key, 3))
+    assert len(shards) == 8 and f"{key}.shards/b/rank-2.safetensors" in shards
+    assert f"{key}.shards/a/metadata.json" in shards
+    assert all(v == {"get", "put", "delete", "head"} for v in shards.values())
+    plain = access.job_grants("team-b", "digits", uid="uid-1", record="small_cnn-1f2e3d4c",
+                              now=NOW)
+    assert not [k for k in plain.objects if ".shards/" in k]
+
+
+@pytest.mark.parametrize(("resources", "ranks"), [
+    ({"parallelism": "fsdp", "gpus": 4}, 4),
+    ({"parallelism": "fsdp"}, 8),  # the planner's cap: a resize may grow it that far
+    ({"parallelism": "auto", "gpusPerNode": 2}, 2),  # auto may become fsdp
+    ({"parallelism": "ddp", "gpus": 4}, 0),
+    ({"parallelism": "auto", "gpus": 1}, 0),  # one process never shards
+    ({"gpus": 0}, 0),
+])
+def test_shard_grants_cover_the_most_processes_the_planner_may_give_an_fsdp_job(
+        resources: dict[str, object], ranks: int) -> None:
+    job = api.parse_job({**OWNER, "spec": {**OWNER["spec"], "training": {"batchSize": 64},
+                                           "resources": resources}})
+    assert zoo_access.shard_ranks(job, max_gpus=8) == ranks
+
+
 def test_a_lora_job_on_pretrained_weights_may_write_its_base_import_and_count_it() -> None:
     record = "small_cnn-1f2e3d4c"
     base = records.base_record_id(record)
