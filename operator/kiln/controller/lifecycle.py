@@ -485,7 +485,7 @@ async def _drop_checkpoint(deps: Deps, ref: jobs.JobRef, uid: str) -> None:
         return
     try:
         key = records.checkpoint_key(ref.namespace, ref.name, uid)
-        await asyncio.to_thread(deps.parents.zoo.delete, key)
+        await asyncio.to_thread(records.delete_checkpoint, deps.parents.zoo, key)
     except (ValueError, store.StoreUnavailable, store.StoreMisconfigured) as exc:
         _log.warning("%s: the deleted job's checkpoint (uid %s) was kept: %s", ref.key, uid, exc)
 

@@ -503,6 +503,18 @@ def checkpoint_shard_keys(checkpoint: str, ranks: int) -> list[str]:
             for rank in (None, *range(ranks))]
 
 
+def delete_checkpoint(zoo: store.ObjectStore, key: str) -> None:
+    """Delete the checkpoint at `key`: its main object first (no reader then meets one whose
+    shards are going), then every shard object of both slots, found by listing.
+
+    Raises:
+        store.StoreUnavailable: the store failed.
+    """
+    zoo.delete(key)
+    for shard in zoo.list_keys(f"{key}.shards/"):
+        zoo.delete(shard)
+
+
 def profile_key(namespace: str, job_name: str) -> str:
     """``profiles/<namespace>/<job-name>.json``: where the profiling step leaves a job's profile.
 

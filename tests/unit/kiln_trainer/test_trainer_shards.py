@@ -151,6 +151,16 @@ def test_delete_checkpoint_removes_the_main_object_and_both_slots(tmp_path: Path
     assert zoo.list_keys("ns/") == []
 
 
+def test_the_operator_deletes_a_deleted_jobs_shards_with_its_checkpoint(tmp_path: Path) -> None:
+    zoo = store.DirStore(tmp_path)
+    key = records.checkpoint_key("team-b", "digits", "uid-1")
+    model, run = _trained(1)
+    _save(checkpoint.Location(zoo, key), model, run)
+    zoo.put_bytes("checkpoints/team-b/digits/uid-2/checkpoint.pt", b"another job's")
+    records.delete_checkpoint(zoo, key)
+    assert zoo.list_keys("checkpoints/") == ["checkpoints/team-b/digits/uid-2/checkpoint.pt"]
+
+
 def test_shard_keys_sit_beside_the_main_object_in_two_slots() -> None:
     key = records.checkpoint_key("team-b", "digits", "uid-1")
     assert records.checkpoint_shard_key(key, "b", 3) == (

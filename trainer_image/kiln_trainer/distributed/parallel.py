@@ -2,7 +2,7 @@
 
 `setup` builds this process's `Context` from torchrun's environment; with one process every
 collective of the context is the identity, so single, DDP and FSDP share one code path.
-Never here: tensor/pipeline parallelism, mixed precision, sharded checkpoint files.
+Never here: tensor/pipeline parallelism, mixed precision.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ DEVICE_KINDS = ("cpu", "cuda")
 # frozen prefix changes (a stale reducer would wait for gradients that never come). FSDP uses
 # FSDP2 (`distributed.sharding`, imported on first use: it takes seconds to import), which
 # shards in place, so the optimizer must be built after `Context.wrap`; freezing needs no
-# re-wrap there, as FSDP2 reduces only the gradients that exist. Checkpoints and the zoo hold
-# full tensors keyed like a single process's ``state_dict()``, so any (parallelism, W) loads
-# any other's. Control messages (stop flags, reported losses, rank 0's decisions) use a CPU
+# re-wrap there, as FSDP2 reduces only the gradients that exist. The zoo and non-FSDP
+# checkpoints hold full tensors keyed like a single process's ``state_dict()``; FSDP
+# checkpoints hold per-rank shards (`kiln_trainer.checkpoint.save_shards`) that DCP reshards on
+# load, so any (parallelism, W) loads any other's. Control messages (stop flags, reported losses, rank 0's decisions) use a CPU
 # gloo group, so they never force a CUDA synchronisation.
 
 

@@ -1,8 +1,8 @@
 """FSDP2 for the trainer: shard a model by its natural blocks; full state in and out.
 
-Full state is keyed like a single process's ``state_dict()``, so checkpoints and zoo weights do
-not depend on W or on the parallelism. Never here: sharded checkpoint files, mixed precision,
-CPU offload of parameters.
+Full state is keyed like a single process's ``state_dict()``, so zoo weights do not depend on W
+or on the parallelism (sharded checkpoints: `kiln_trainer.distributed.shardstore`). Never
+here: mixed precision, CPU offload of parameters.
 """
 
 from __future__ import annotations
