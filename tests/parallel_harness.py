@@ -1,6 +1,6 @@
 """Helpers for the trainer's data-parallel tests: W gloo processes, a tiny job, a mini loop.
 
-`run_ranks` runs a target of this module in W spawned processes under torchrun's environment;
+`run_ranks` runs a target of this module in W processes under torchrun's environment;
 `make_job`, `make_dataset`, `build_model` and `train` are a miniature of `kiln_trainer.loop`,
 so the tests compare one process with W on identical work.
 """
@@ -28,6 +28,8 @@ from kiln.zoo import store
 from kiln_trainer import checkpoint, optim, tracking
 from kiln_trainer.distributed import batching, parallel
 
+# What the fork server imports before it forks a rank (benchrun's too: one server a process).
+PRELOAD = ["torch", "kiln_trainer.loop", "parallel_harness"]
 SAMPLES = 40  # 5 global batches of 8 per epoch
 BATCH_SIZE = 8
 
@@ -47,14 +49,15 @@ def run_ranks(
     torchrun, this process (the agent) hosts the rendezvous store on a port the kernel assigns
     as it binds, and the ranks join it as clients (TORCHELASTIC_USE_AGENT_STORE): a port
     picked first and bound later by rank 0 could be taken meanwhile, or picked by two
-    concurrent runs whose ranks then met in one store. `target` must live in this module:
-    spawned children import it by name (``tests`` is on sys.path through pytest's
-    ``pythonpath``).
+    concurrent runs whose ranks then met in one store. The ranks fork from a server that
+    imported `PRELOAD`, and import `target`'s module by name: it must live in ``tests``
+    (on sys.path through pytest's ``pythonpath``).
 
     Raises:
         torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
         TimeoutError: the ranks did not finish in `timeout_seconds` (then they are killed).
     """
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     previous = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch loads
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time
@@ -62,9 +65,12 @@ def run_ranks(
         timeout=datetime.timedelta(seconds=timeout_seconds))
     try:
         with tempfile.TemporaryDirectory() as out:
+            # Forked from a fork server that imported torch and Kiln once (a spawned rank
+            # spends 2-3 CPU-seconds importing them); the server has no thread but its main
+            # one, so forking it is safe where forking a pytest-xdist worker is not.
             processes = mp.start_processes(
                 _entry, args=(world_size, store.port, out, parallelism, target, args),
-                nprocs=world_size, join=False, start_method="spawn")
+                nprocs=world_size, join=False, start_method="forkserver")
             deadline = time.monotonic() + timeout_seconds
             while not processes.join(timeout=max(0.1, deadline - time.monotonic())):
                 if time.monotonic() > deadline:
