@@ -12,13 +12,13 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trainerproc
 import yaml
 
 from kiln.api import jobfile
@@ -46,11 +46,10 @@ def _job(path: Path, name: str, *, epochs: int) -> Path:
     return path
 
 
-def _trainer(job: Path, zoo: Path) -> subprocess.Popen[str]:
+def _trainer(job: Path, zoo: Path) -> trainerproc.Trainer:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "kiln_trainer", "--job", str(job), "--zoo",
-                             str(zoo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return trainerproc.run([sys.executable, "-m", "kiln_trainer", "--job", str(job), "--zoo",
+                            str(zoo)], env=env, logs=job.with_suffix(""))
 
 
 def _train_here(job: Path, zoo: Path) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def _provisional(zoo: store.DirStore) -> list[records.ZooRecord]:
     return [r for r in records.list_records(zoo) if r.provisional]
 
 
-def _pause_with_provisional_record(process: subprocess.Popen[str],
+def _pause_with_provisional_record(process: trainerproc.Trainer,
                                    zoo: store.DirStore) -> records.ZooRecord:
     """SIGSTOP the trainer at a moment its provisional record is whole and visible."""
     deadline = time.monotonic() + START_DEADLINE_SECONDS

@@ -16,13 +16,15 @@ Adam: an attention key bias has zero gradient in exact arithmetic (softmax ignor
 shared by all keys), so Adam turns its rounding noise (~1e-9) into full-size steps that differ
 between any two reduction orders; those tensors are left out of the weight comparison.
 
-Each test takes 40-60 s on a loaded 2-core machine, mostly torchrun and two workers importing
-torch; subprocesses get OMP_NUM_THREADS=1 (see test_trainer_resume).
+torchrun runs as a process of its own, its two workers forked from this process's zygote as
+the test kubelet forks a pod's (`trainerproc`); they get OMP_NUM_THREADS=1 (see
+test_trainer_resume).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -30,13 +32,15 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 import torch
+import trainerproc
 import yaml
 
 from kiln import api, contract, models
+from kiln.local import zygote
 from kiln.zoo import records, store
 
 pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds its module fixtures
@@ -68,34 +72,52 @@ def _write_job(path: Path, name: str, model: dict[str, Any], *, epochs: int,
     return path
 
 
-def _start(k: int, argv: list[str], stderr: Path) -> subprocess.Popen[str]:
+@dataclasses.dataclass
+class _Run:
+    """A started run: its process, and the read end of its stdout (rank 0's events)."""
+
+    process: subprocess.Popen[bytes] | zygote.Process
+    stdout: TextIO
+
+
+def _start(k: int, argv: list[str], stderr: Path) -> _Run:
     """`contract.trainer_command(k, argv)` with stdout piped and stderr to a file, in a session
-    of its own (torchrun puts each worker in another one, with its reference process)."""
+    of its own (torchrun puts each worker in another one, with its reference process); started
+    as the test kubelet starts a pod's (`trainerproc`: one trainer or torchrun's workers forked,
+    torch imported once)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
-    with stderr.open("w") as err:
-        return subprocess.Popen(contract.trainer_command(k, argv), stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=env, start_new_session=True)
+    read, write = os.pipe()
+    try:
+        with stderr.open("w") as err:
+            process = trainerproc.start(contract.trainer_command(k, argv), env=env, cwd=None,
+                                        stdout=write, stderr=err.fileno(), new_session=True)
+    finally:
+        os.close(write)
+    return _Run(process, open(read, encoding="utf-8"))  # closed by its reader
 
 
-def _kill(process: subprocess.Popen[str]) -> None:
+def _kill(run: _Run) -> None:
     """End a run that overran, leaving nothing behind to hold its stdout open: SIGTERM (torchrun
     passes it on and SIGKILLs its workers' process groups 30 s later), then SIGKILL to this
     session (a single trainer and its reference process)."""
-    process.terminate()
+    run.process.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=60)
+        run.process.wait(timeout=60)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(run.process.pid, signal.SIGKILL)
 
 
-def _finish(process: subprocess.Popen[str], stderr: Path) -> tuple[list[dict[str, Any]], str]:
+def _finish(run: _Run, stderr: Path) -> tuple[list[dict[str, Any]], str]:
     """Wait for the run; its JSON events (rank 0's stdout) and its stderr (every rank's log)."""
+    watchdog = threading.Timer(RUN_SECONDS, _kill, (run,))
+    watchdog.start()
     try:
-        stdout, _ = process.communicate(timeout=RUN_SECONDS)
-    except subprocess.TimeoutExpired:
-        _kill(process)
-        raise
+        with run.stdout:
+            stdout = run.stdout.read()
+        run.process.wait(timeout=RUN_SECONDS)
+    finally:
+        watchdog.cancel()
     return _events(stdout), stderr.read_text()
 
 
@@ -137,7 +159,7 @@ def uninterrupted(
     runs = {}
     for k, (process, directory) in started.items():
         lines, log = _finish(process, directory / "stderr")
-        assert process.returncode == 0, log[-3000:]
+        assert process.process.returncode == 0, log[-3000:]
         assert lines[-1]["event"] == "result", log[-3000:]
         runs[k] = {"result": lines[-1], "weights": _zoo_weights(directory / "zoo"), "log": log}
     return runs
@@ -165,15 +187,15 @@ def test_a_checkpoint_from_two_ddp_processes_resumes_in_one_to_the_uninterrupted
     watchdog = threading.Timer(RUN_SECONDS, _kill, (first,))
     watchdog.start()
     lines: list[dict[str, Any]] = []
-    assert first.stdout is not None
-    for line in first.stdout:  # rank 0's warm-start line comes after every rank set up its
-        lines += _events(line)  # signal handler and joined the group: stop in epoch 1
-        if len(lines) == 1:
-            first.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
-    first.wait()
+    with first.stdout:
+        for line in first.stdout:  # rank 0's warm-start line comes after every rank set up its
+            lines += _events(line)  # signal handler and joined the group: stop in epoch 1
+            if len(lines) == 1:
+                first.process.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    first.process.wait()
     watchdog.cancel()
     log = (tmp_path / "first.stderr").read_text()
-    assert first.returncode != 0  # torchrun exits 1 whatever its workers' codes: see cli
+    assert first.process.returncode != 0  # torchrun exits 1 whatever its workers' codes: see cli
     assert not any(e["event"] == "result" for e in lines), "finished before the signal"
     stopped = re.fullmatch(r"stopped on request at epoch \d+, step (\d+); checkpoint saved .*",
                            lines[-1]["message"])
@@ -183,7 +205,7 @@ def test_a_checkpoint_from_two_ddp_processes_resumes_in_one_to_the_uninterrupted
 
     second = _start(1, argv, tmp_path / "second.stderr")
     resumed, log = _finish(second, tmp_path / "second.stderr")
-    assert second.returncode == 0, log[-3000:]
+    assert second.process.returncode == 0, log[-3000:]
     assert any(e["event"] == "info" and e["message"].startswith("resumed from") and
                e["message"].endswith(f"step {stopped.group(1)}") for e in resumed)
     assert "checkpoint written by ddp x 2, resuming as single x 1" in log
@@ -206,13 +228,13 @@ def test_under_ddp_both_ranks_freeze_at_rank_0s_step_and_frozen_parameters_leave
     watchdog = threading.Timer(RUN_SECONDS, _kill, (process,))
     watchdog.start()
     lines: list[dict[str, Any]] = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines += _events(line)
-        froze = [e for e in lines if e["event"] == "info" and e["message"].startswith("froze")]
-        if len(froze) == 1 and lines[-1] is froze[-1]:  # a prefix froze and every rank re-wrapped
-            process.send_signal(signal.SIGTERM)  # once: enough, stop the run (torchrun forwards)
-    process.wait()
+    with process.stdout:
+        for line in process.stdout:
+            lines += _events(line)
+            froze = [e for e in lines if e["event"] == "info" and e["message"].startswith("froze")]
+            if len(froze) == 1 and lines[-1] is froze[-1]:  # a prefix froze, every rank re-wrapped
+                process.process.send_signal(signal.SIGTERM)  # once: enough (torchrun forwards)
+    process.process.wait()
     watchdog.cancel()
     log = (tmp_path / "stderr").read_text()
     assert lines[-1]["message"].startswith("stopped on request"), log[-3000:]

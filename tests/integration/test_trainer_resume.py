@@ -1,6 +1,7 @@
 """The trainer as a process: killed after a checkpoint, it resumes; SIGTERM checkpoints.
 
-Runs ``python -m kiln_trainer`` on scikit-learn's digits with a small CNN. Subprocesses get
+Runs ``python -m kiln_trainer`` on scikit-learn's digits with a small CNN, forked as the test
+kubelet forks a pod's (`trainerproc`: a real process, torch imported once). Trainers get
 OMP_NUM_THREADS=1: tiny models train fastest on one thread, and a shared 2-core machine
 otherwise slows to a crawl from spinning OpenMP workers.
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import trainerproc
 import yaml
 
 POLL_SECONDS = 0.01
@@ -38,16 +39,15 @@ def _write_job(path: Path, name: str, *, epochs: int) -> Path:
     return path
 
 
-def _start(job: Path, checkpoints: Path) -> subprocess.Popen[str]:
+def _start(job: Path, checkpoints: Path, logs: Path) -> trainerproc.Trainer:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KILN_ZOO", None)
-    return subprocess.Popen(
+    return trainerproc.run(
         [sys.executable, "-m", "kiln_trainer", "--job", str(job), "--checkpoint-dir",
-         str(checkpoints)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+         str(checkpoints)], env=env, logs=logs)
 
 
-def _wait_for(path: Path, process: subprocess.Popen[str]) -> None:
+def _wait_for(path: Path, process: trainerproc.Trainer) -> None:
     deadline = time.monotonic() + START_DEADLINE_SECONDS
     while not path.exists():
         assert process.poll() is None, f"trainer exited early: {process.communicate()[1][-2000:]}"
@@ -64,14 +64,14 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_finishes(tmp_path: Pat
     checkpoints = tmp_path / "checkpoints"
     saved = checkpoints / "default" / "digits-resume" / "checkpoint.pt"
 
-    first = _start(job, checkpoints)
+    first = _start(job, checkpoints, tmp_path / "first")
     _wait_for(saved, first)
     first.send_signal(signal.SIGKILL)
     stdout, _ = first.communicate(timeout=60)
     assert first.returncode == -signal.SIGKILL
     assert not any(e["event"] == "result" for e in _events(stdout))
 
-    second = _start(job, checkpoints)
+    second = _start(job, checkpoints, tmp_path / "second")
     stdout, stderr = second.communicate(timeout=300)
     assert second.returncode == 0, stderr[-3000:]
     lines = _events(stdout)
@@ -88,7 +88,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     saved = checkpoints / "default" / "digits-term" / "checkpoint.pt"
 
-    process = _start(job, checkpoints)
+    process = _start(job, checkpoints, tmp_path / "trainer")
     _wait_for(saved, process)
     first_checkpoint_ns = saved.stat().st_mtime_ns
     process.send_signal(signal.SIGTERM)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trainerproc
+
 from kiln import contract
 from kiln.local import zygote
 from kubesim import client, informer, pause, torchrun
@@ -447,18 +449,16 @@ class Kubelet:
         forked from the zygote where it can be (`fork_trainers`), torchrun with its trainer
         workers forked (`torchrun.AGENT`), else as a process of its own."""
         with log_path.open("wb") as log:
-            if self.fork_trainers:
-                forked = zygote.start(command, env=env, cwd=str(scratch), stdout=log.fileno(),
-                                      stderr=log.fileno(), new_session=True)
-                if forked is not None:
-                    return forked
-                if torchrun.is_torchrun(command):
-                    with self._lock:
-                        if self._forker is None:
-                            self._forker = torchrun.Forker()
-                    command, env = torchrun.agent_command(command, env, self._forker)
-            return subprocess.Popen(command, cwd=scratch, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return trainerproc.start(command, env=env, cwd=scratch, stdout=log.fileno(),
+                                     stderr=log.fileno(), new_session=True,
+                                     fork=self.fork_trainers, forker=self._torchrun_forker)
+
+    def _torchrun_forker(self) -> torchrun.Forker:
+        """This kubelet's fork server for torchrun's workers, started by the first torchrun pod."""
+        with self._lock:
+            if self._forker is None:
+                self._forker = torchrun.Forker()
+            return self._forker
 
     def _leave_unscheduled(self, uid: str, pod: dict[str, Any]) -> None:
         """Report once that no node can take the pod (as the scheduler does)."""
