@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import logging
 import pickle
 import random
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from kiln import api
-from kiln.zoo import records
+from kiln.zoo import presigned, records
 from kiln.zoo import store as zoo_store
 from kiln_trainer import optim, precision, tracking
 from kiln_trainer.distributed import parallel
@@ -167,38 +166,39 @@ def load_checkpoint(
             f"checkpoint {location.describe()} has format {found!r}, this trainer reads "
             f"{' and '.join(map(str, READ_VERSIONS))}; delete it to train from scratch"
         )
+    shards = state.get(SHARDS_KEY)
+    if SHARDS_KEY in state and not (
+            isinstance(shards, dict) and shards.get("slot") in records.CHECKPOINT_SLOTS
+            and isinstance(shards.get("save"), str) and type(shards.get("ranks")) is int
+            and shards["ranks"] > 0):
+        raise CheckpointError(
+            f"checkpoint {location.describe()} names its shards as {shards!r}, not a slot "
+            f"({' or '.join(records.CHECKPOINT_SLOTS)}), a save id and a number of ranks; "
+            "delete it to train from scratch")
     return state
 
 
-def delete_checkpoint(location: Location, *, ranks: int = 0) -> None:
-    """Remove the checkpoint (a finished job needs none); missing is fine.
+def delete_checkpoint(location: Location) -> None:
+    """Remove the checkpoint (a finished job needs none) with the shard objects of both slots,
+    whichever world size wrote them (found by listing); missing is fine.
 
-    Args:
-        location: where it is.
-        ranks: with > 0 (a run that writes or read shards), also the shard objects of both
-            slots, for ranks 0..ranks-1 and any more a slot's metadata names. The main object
-            goes first, so no reader meets a checkpoint whose shards are half gone.
+    The main object goes first, so no reader meets a checkpoint whose shards are half gone.
     """
     if location.store.exists(location.key):
         location.store.delete(location.key)
-    if ranks > 0:
-        for slot in records.CHECKPOINT_SLOTS:
-            _delete_slot(location, slot, ranks)
+    for key in location.store.list_keys(f"{location.key}.shards/"):
+        location.store.delete(key)
 
 
-def _delete_slot(location: Location, slot: str, ranks: int) -> None:
-    """Delete one slot's shards: ranks 0..ranks-1 and those its metadata names, then it."""
-    store, meta_key = location.store, records.checkpoint_shard_key(location.key, slot, None)
-    try:
-        written = json.loads(store.get_bytes(meta_key)).get("storage", [])
-        ranks = max([ranks, *(int(entry[3]) + 1 for entry in written)])
-    except zoo_store.ObjectNotFound:
-        pass
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        _log.warning("shard metadata %s is unreadable; deleting ranks below %d", meta_key, ranks)
-    for rank in range(ranks):
-        store.delete(records.checkpoint_shard_key(location.key, slot, rank))
-    store.delete(meta_key)
+def _delete_slot(location: Location, slot: str) -> None:
+    """Delete every object of one slot, listed (not derived from a rank count that a resize or
+    damaged metadata could make wrong); the metadata last."""
+    meta_key = records.checkpoint_shard_key(location.key, slot, None)
+    prefix = meta_key.removesuffix(records.SHARDS_METADATA_NAME)
+    for key in location.store.list_keys(prefix):
+        if key != meta_key:
+            location.store.delete(key)
+    location.store.delete(meta_key)
 
 
 def open_location(
@@ -387,11 +387,6 @@ def _next_slot(previous: Mapping[str, Any] | None) -> str:
         records.CHECKPOINT_SLOTS[0])
 
 
-def shard_ranks(saved: Mapping[str, Any] | None) -> int:
-    """The shard objects per slot of a checkpoint (0: a full one, or none)."""
-    return int(((saved or {}).get(SHARDS_KEY) or {}).get("ranks", 0))
-
-
 def _layout(location: Location, shards: Mapping[str, Any]) -> Any:
     from kiln_trainer.distributed import shardstore  # DCP takes seconds to import
     slot = str(shards["slot"])
@@ -422,14 +417,27 @@ def save_shards(
 
     Raises:
         zoo_store.StoreUnavailable: the store could not be written.
+        zoo_store.StoreMisconfigured: it refused the write (a presigned pod: no grant for
+            this rank's object).
     """
     from torch.distributed.checkpoint import state_dict as dcp_state
 
     from kiln_trainer.distributed import shardstore
     model_state, optimizer_state = dcp_state.get_state_dict(
         raw_model if wrapped is None else wrapped, optimizer)
-    return shardstore.save({"model": model_state, "optimizer": optimizer_state},
-                           _layout(location, state[SHARDS_KEY]))
+    try:
+        return shardstore.save({"model": model_state, "optimizer": optimizer_state},
+                               _layout(location, state[SHARDS_KEY]))
+    except presigned.NotGranted as exc:
+        raise _not_granted(exc, state[SHARDS_KEY]["ranks"],
+                           "run the job with at most that many processes") from exc
+
+
+def _not_granted(exc: presigned.NotGranted, ranks: int, fix: str) -> presigned.NotGranted:
+    return presigned.NotGranted(
+        f"{exc}. A sharded checkpoint has one object per rank (this one: {ranks}); the "
+        "operator grants a pod those of ranks below its job's spec.resources.gpus, or, with "
+        f"gpus unset, below its --max-gpus-per-job: {fix}")
 
 
 def drop_previous_shards(location: Location, previous: Mapping[str, Any] | None,
@@ -437,7 +445,7 @@ def drop_previous_shards(location: Location, previous: Mapping[str, Any] | None,
     """Delete `previous`'s slot once `current`'s main object is written (rank 0 alone)."""
     old, new = (previous or {}).get(SHARDS_KEY), current.get(SHARDS_KEY) or {}
     if old and old.get("slot") != new.get("slot"):
-        _delete_slot(location, str(old["slot"]), int(old.get("ranks", 0)))
+        _delete_slot(location, str(old["slot"]))
 
 
 def restore_shards(
@@ -459,6 +467,8 @@ def restore_shards(
     Raises:
         CheckpointError: a shard or the metadata is missing or damaged.
         zoo_store.StoreUnavailable: the store could not be read.
+        zoo_store.StoreMisconfigured: it refused a read (a presigned pod: no grant for a
+            rank's object, when the checkpoint has more ranks than the pod's grants).
     """
     if SHARDS_KEY not in saved:
         return
@@ -474,7 +484,11 @@ def restore_shards(
         target = {"model": dcp_state.get_model_state_dict(module)}
     try:
         shardstore.load(target, _layout(location, saved[SHARDS_KEY]))
-    except zoo_store.StoreUnavailable:
+    except presigned.NotGranted as exc:  # not the checkpoint's fault: keep it
+        ranks = saved[SHARDS_KEY]["ranks"]
+        raise _not_granted(exc, ranks, f"raise that cap to at least {ranks}, or delete the "
+                           f"checkpoint {location.describe()} to train from scratch") from exc
+    except (zoo_store.StoreUnavailable, zoo_store.StoreMisconfigured):
         raise
     except (shardstore.ShardsUnreadable, RuntimeError, KeyError, ValueError) as exc:
         reason = (str(exc).strip().splitlines() or [""])[0][:300]

@@ -670,13 +670,11 @@ class JobContext:
         zoo_model = self._register(_unwrapped(model), final)
         self.parallel.barrier()  # every rank is done with the checkpoint
         if self.parallel.is_main:
-            ranks = max(checkpoint.shard_ranks(self._written),
-                        self.parallel.world_size if checkpoint.is_sharded(self.parallel) else 0)
             with self._failing():  # a rerun of this job trains afresh
-                checkpoint.delete_checkpoint(self.location, ranks=ranks)
+                checkpoint.delete_checkpoint(self.location)
             if self.location is not self._primary and zoo_model:  # the zoo is back
                 try:
-                    checkpoint.delete_checkpoint(self._primary, ranks=ranks)
+                    checkpoint.delete_checkpoint(self._primary)
                 except zoo_store.StoreUnavailable as exc:
                     _log.warning("could not delete the older checkpoint %s: %s",
                                  self._primary.describe(), exc)

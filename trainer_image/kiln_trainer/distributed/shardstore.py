@@ -183,7 +183,8 @@ class StoreWriter(dcp_storage.StorageWriter):
             results.append(dcp_storage.WriteResult(
                 index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
                 storage_data=_Stored(rank, name)))
-        blob = safetensors.torch.save(tensors, metadata={"save": self.layout.save_id})
+        blob = safetensors.torch.save(tensors, metadata={"save": self.layout.save_id,
+                                                         "rank": str(rank)})
         self.layout.store.put_bytes(self.layout.shard_key(rank), blob)
         self.written = len(blob)
         future: Future[list[dcp_storage.WriteResult]] = Future()
@@ -226,7 +227,8 @@ class StoreReader(dcp_storage.StorageReader):
         try:
             fields = json.loads(data)
             metadata = metadata_from_json(fields)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
+                RuntimeError) as exc:  # RuntimeError: JSON nested too deep
             raise ShardsUnreadable(f"{self.layout.describe(key)} is not shard metadata "
                                    f"({type(exc).__name__}: {exc})") from exc
         self._check_save(key, fields.get("save"))
@@ -256,7 +258,7 @@ class StoreReader(dcp_storage.StorageReader):
             by_rank.setdefault(self.storage[item.storage_index].rank, []).append(item)
         for rank, items in sorted(by_rank.items()):
             key = self.layout.shard_key(rank)
-            tensors = self._read_object(key)
+            tensors = self._read_object(key, rank)
             for item in items:
                 name = self.storage[item.storage_index].name
                 if name not in tensors:
@@ -267,6 +269,11 @@ class StoreReader(dcp_storage.StorageReader):
                     planner.load_bytes(item, io.BytesIO(tensor.numpy().tobytes()))
                     continue
                 part = _narrow(tensor, item.storage_offsets, item.lengths)
+                if part is None:
+                    raise ShardsUnreadable(
+                        f"{self.layout.describe(key)}: tensor {name} has shape "
+                        f"{tuple(tensor.size())}, too small for its part of "
+                        f"{item.storage_index.fqn} (the metadata names another tensor)")
                 target = planner.resolve_tensor(item).detach()
                 if target.size() != part.size():
                     raise ShardsUnreadable(
@@ -278,7 +285,7 @@ class StoreReader(dcp_storage.StorageReader):
         future.set_result(None)
         return future
 
-    def _read_object(self, key: str) -> dict[str, torch.Tensor]:
+    def _read_object(self, key: str, rank: int) -> dict[str, torch.Tensor]:
         try:
             data = self.layout.store.get_bytes(key)
         except zoo_store.ObjectNotFound:
@@ -290,7 +297,12 @@ class StoreReader(dcp_storage.StorageReader):
         except (safetensors.SafetensorError, ValueError, RuntimeError) as exc:
             raise ShardsUnreadable(f"{self.layout.describe(key)} is not a safetensors shard "
                                    f"({type(exc).__name__}: {exc})") from exc
-        self._check_save(key, (header.get("__metadata__") or {}).get("save"))
+        written = header.get("__metadata__") or {}
+        self._check_save(key, written.get("save"))
+        if written.get("rank", str(rank)) != str(rank):  # absent: written before ranks were kept
+            raise ShardsUnreadable(f"{self.layout.describe(key)} holds rank "
+                                   f"{written.get('rank')}'s shard, not rank {rank}'s (objects "
+                                   "were moved or copied between ranks)")
         return tensors
 
     @classmethod
@@ -299,8 +311,12 @@ class StoreReader(dcp_storage.StorageReader):
 
 
 def _narrow(tensor: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]
-            ) -> torch.Tensor:
-    """The part of a stored chunk one read item asks for."""
+            ) -> torch.Tensor | None:
+    """The part of a stored chunk one read item asks for; None when the chunk lacks it."""
+    if tensor.dim() != len(offsets) or any(
+            offset < 0 or offset + length > size
+            for offset, length, size in zip(offsets, lengths, tensor.size(), strict=True)):
+        return None
     for dim, (offset, length) in enumerate(zip(offsets, lengths, strict=True)):
         if offset != 0 or length != tensor.size(dim):
             tensor = tensor.narrow(dim, offset, length)
@@ -337,28 +353,68 @@ def metadata_to_json(metadata: dcp_metadata.Metadata) -> dict[str, Any]:
 
 
 def metadata_from_json(data: dict[str, Any]) -> dcp_metadata.Metadata:
-    """The inverse of `metadata_to_json`.
+    """The inverse of `metadata_to_json`, checking what DCP does not: every tensor's chunks lie
+    inside it and fill it, and every chunk and non-tensor item has an object (a rank >= 0)
+    and a name there; otherwise DCP would leave parts of the model silently unloaded.
 
     Raises:
         ValueError, KeyError, TypeError: not what `metadata_to_json` writes.
     """
     if data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format')!r}, expected {FORMAT!r}")
+    storage: dict[dcp_metadata.MetadataIndex, _Stored] = {}
+    for fqn, offset, index, rank, name in data["storage"]:
+        if not isinstance(name, str) or _whole(rank) < 0:
+            raise ValueError(f"item {fqn!r}: rank {rank!r} and name {name!r}")
+        storage[dcp_metadata.MetadataIndex(str(fqn), None if offset is None else _sizes(offset),
+                                           index)] = _Stored(rank, name)
     items: dict[str, dcp_metadata.STORAGE_TYPES] = {}
     for fqn, item in data["tensors"].items():
+        size = _sizes(item["size"])
+        chunks = [dcp_metadata.ChunkStorageMetadata(_sizes(offsets), _sizes(sizes))
+                  for offsets, sizes in item["chunks"]]
+        _check_chunks(fqn, size, chunks, storage)
         items[fqn] = dcp_metadata.TensorStorageMetadata(
             properties=dcp_metadata.TensorProperties(dtype=_dtype(item["dtype"])),
-            size=torch.Size(item["size"]),
-            chunks=[dcp_metadata.ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
-                    for offsets, sizes in item["chunks"]])
+            size=size, chunks=chunks)
     for fqn in data["bytes"]:
+        if dcp_metadata.MetadataIndex(str(fqn)) not in storage:
+            raise ValueError(f"item {fqn!r} is stored nowhere")
         items[str(fqn)] = dcp_metadata.BytesStorageMetadata()
-    storage = {dcp_metadata.MetadataIndex(str(fqn), offset, index): _Stored(int(rank), str(name))
-               for fqn, offset, index, rank, name in data["storage"]}
     return dcp_metadata.Metadata(
         state_dict_metadata=items,
         planner_data={fqn: tuple(path) for fqn, path in data["paths"].items()},
         storage_data=storage, version=data.get("version"))
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not a whole number")
+    return value
+
+
+def _sizes(values: Sequence[object]) -> torch.Size:
+    """Offsets or sizes: whole numbers >= 0 that torch can hold."""
+    if not isinstance(values, list) or any(_whole(v) < 0 or v >= 2**62 for v in values):
+        raise ValueError(f"{values!r} is not a list of sizes")
+    return torch.Size(values)
+
+
+def _check_chunks(fqn: str, size: torch.Size, chunks: list[dcp_metadata.ChunkStorageMetadata],
+                  storage: dict[dcp_metadata.MetadataIndex, _Stored]) -> None:
+    """The chunks of a tensor of `size` lie inside it, are stored, and add up to all of it."""
+    covered = 0
+    for chunk in chunks:
+        if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size) or any(
+                o + n > s for o, n, s in zip(chunk.offsets, chunk.sizes, size, strict=True)):
+            raise ValueError(f"tensor {fqn!r} of size {list(size)}: chunk at "
+                             f"{list(chunk.offsets)} of {list(chunk.sizes)} lies outside it")
+        if dcp_metadata.MetadataIndex(fqn, chunk.offsets) not in storage:
+            raise ValueError(f"tensor {fqn!r}: chunk at {list(chunk.offsets)} is stored nowhere")
+        covered += chunk.sizes.numel()
+    if covered != size.numel():
+        raise ValueError(f"tensor {fqn!r}: its chunks hold {covered} of its {size.numel()} "
+                         "elements")
 
 
 def _dtype(name: str) -> torch.dtype:
