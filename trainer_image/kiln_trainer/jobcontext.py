@@ -245,6 +245,11 @@ class JobContext:
             out = self._resources.enter_context(open(os.devnull, "w"))  # noqa: SIM115
             termination_log = None
         self.emit = events.EventWriter(out, termination_log=termination_log)
+        if requested in ("ddp", "fsdp") and not self.parallel.distributed:
+            # said on the console, not only in the log: the user asked for several processes
+            self.emit.info(f"{requested} with one process: training as a single process "
+                           "(several come from torchrun --nproc-per-node N, or from a plan "
+                           "that gives the job several devices)")
         # checked now: a job asking for MLflow without the library fails before any work
         self._mlflow = self.parallel.is_main and mlflow_tracking.enabled(os.environ)
         self.amp = precision.MixedPrecision(spec.training.precision, self.device,

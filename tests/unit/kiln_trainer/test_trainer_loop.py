@@ -226,3 +226,16 @@ def test_cpu_threads_follow_the_container_quota_unless_omp_says_otherwise(
     cpu_max.write_text("max 100000\n")
     runtime.limit_cpu_threads(cpu_max)
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_several_processes_asked_for_but_one_running_is_said_on_the_console(
+    tmp_path: Path, parallelism: str
+) -> None:
+    job = _job(training={"epochs": 1}, resources={"parallelism": parallelism},
+               freezing={"enabled": False})
+    result, lines = _run(job, tmp_path)
+    notes = [line["message"] for line in lines if line["event"] == "info"
+             and line["message"].startswith(f"{parallelism} with one process")]
+    assert len(notes) == 1 and "torchrun --nproc-per-node N" in notes[0]
+    assert result["epochs_run"] == 1
