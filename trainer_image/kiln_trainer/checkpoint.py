@@ -16,7 +16,7 @@ import random
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from kiln.zoo import store as zoo_store
 from kiln_trainer import optim, precision, tracking
 from kiln_trainer.distributed import parallel
 from kiln_trainer.freezing import controller as freezing
+
+if TYPE_CHECKING:  # imported where used: DCP takes seconds to import
+    from kiln_trainer.distributed import shardstore
 
 _log = logging.getLogger(__name__)
 
@@ -387,7 +390,7 @@ def _next_slot(previous: Mapping[str, Any] | None) -> str:
         records.CHECKPOINT_SLOTS[0])
 
 
-def _layout(location: Location, shards: Mapping[str, Any]) -> Any:
+def _layout(location: Location, shards: Mapping[str, Any]) -> shardstore.Layout:
     from kiln_trainer.distributed import shardstore  # DCP takes seconds to import
     slot = str(shards["slot"])
     return shardstore.Layout(
@@ -579,8 +582,9 @@ def restore_training(
     """Load optimizer, schedule, RNGs; return the position (global: same for every W).
 
     Call on every rank after `restore_model` (under FSDP with the optimizer built after
-    `wrap`, and `wrapped`), and `restore_shards` for a sharded checkpoint. Changed dataset or training settings and a changed parallelism
-    or world size are logged; the job's values win from the next step on.
+    `wrap`, and `wrapped`), and after `restore_shards` for a sharded checkpoint (whose
+    optimizer state it loaded). Changed dataset or training settings and a changed
+    parallelism or world size are logged; the job's values win from the next step on.
 
     Args:
         saved: the checkpoint.
@@ -607,13 +611,11 @@ def restore_training(
         _log.info("checkpoint written by %s x %d, resuming as %s x %d at the same position",
                   writer[0], writer[1], ctx.parallelism, ctx.world_size)
     name = optimizer_name or spec.training.optimizer.name.value
-    if SHARDS_KEY in saved and saved[OPTIMIZER_NAME_KEY] == name:
-        pass  # loaded by `restore_shards`
-    elif saved[OPTIMIZER_NAME_KEY] == name:
-        ctx.load_full_optimizer_state_dict(wrapped, optimizer, saved[OPTIMIZER_KEY])
-    else:
+    if saved[OPTIMIZER_NAME_KEY] != name:
         _log.warning("optimizer changed from %s to %s: its state starts afresh",
                      saved[OPTIMIZER_NAME_KEY], name)
+    elif SHARDS_KEY not in saved:  # a sharded one's came with `restore_shards`
+        ctx.load_full_optimizer_state_dict(wrapped, optimizer, saved[OPTIMIZER_KEY])
     if scheduler is not None and saved.get(SCHEDULER_KEY) is not None:
         scheduler.load_state_dict(saved[SCHEDULER_KEY])
     if optimizer_name is None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):

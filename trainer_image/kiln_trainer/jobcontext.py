@@ -620,7 +620,7 @@ class JobContext:
                 with self._failing():
                     shard = checkpoint.save_shards(self.location, saved, self._model,
                                                    self._optimizer, wrapped=self._sharded)
-                _log.info("checkpoint shard: %d bytes", shard)
+                _log.info("checkpoint shard: %d bytes to %s", shard, self.location.describe())
                 self.parallel.barrier()
             if self.parallel.is_main:
                 with self._failing():

@@ -58,7 +58,8 @@ def _assert_same(a: torch.nn.Module, run_a: harness.Training, b: torch.nn.Module
     moments_a, moments_b = run_a.optimizer.state_dict(), run_b.optimizer.state_dict()
     for index, values in moments_a["state"].items():
         assert all(torch.equal(values[k], moments_b["state"][index][k]) for k in values)
-    assert (run_a.state.step, run_a.state.epoch_batch) == (run_b.state.step, run_b.state.epoch_batch)
+    assert ((run_a.state.step, run_a.state.epoch_batch)
+            == (run_b.state.step, run_b.state.epoch_batch))
 
 
 def _round_trip(zoo: store.ObjectStore) -> None:

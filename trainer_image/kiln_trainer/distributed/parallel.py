@@ -43,8 +43,8 @@ DEVICE_KINDS = ("cpu", "cuda")
 # re-wrap there, as FSDP2 reduces only the gradients that exist. The zoo and non-FSDP
 # checkpoints hold full tensors keyed like a single process's ``state_dict()``; FSDP
 # checkpoints hold per-rank shards (`kiln_trainer.checkpoint.save_shards`) that DCP reshards on
-# load, so any (parallelism, W) loads any other's. Control messages (stop flags, reported losses, rank 0's decisions) use a CPU
-# gloo group, so they never force a CUDA synchronisation.
+# load, so any (parallelism, W) loads any other's. Control messages (stop flags, reported
+# losses, rank 0's decisions) use a CPU gloo group, so they never force a CUDA synchronisation.
 
 
 @dataclasses.dataclass(frozen=True)

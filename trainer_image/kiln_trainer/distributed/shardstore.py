@@ -83,7 +83,8 @@ def save(state_dict: dict[str, Any], layout: Layout) -> int:
     writer = StoreWriter(layout)
     try:
         with _one_process_quietly():
-            state_dict_saver.save(state_dict, storage_writer=writer, no_dist=not dist.is_initialized())
+            state_dict_saver.save(state_dict, storage_writer=writer,
+                                  no_dist=not dist.is_initialized())
     except dcp_api.CheckpointException as exc:  # a BaseException carrying each rank's error
         raise _first_failure(exc) from None
     return writer.written
@@ -101,7 +102,7 @@ def load(state_dict: dict[str, Any], layout: Layout) -> None:
     try:
         with _one_process_quietly():
             state_dict_loader.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(),
-                     no_dist=not dist.is_initialized())
+                                   no_dist=not dist.is_initialized())
     except dcp_api.CheckpointException as exc:
         raise _first_failure(exc) from None
 
@@ -134,7 +135,7 @@ class SafeLoadPlanner(default_planner.DefaultLoadPlanner):
                                    f"({type(exc).__name__})") from exc
         if self.flatten_state_dict:
             _traverse.set_element(self.original_state_dict,
-                                        self.mappings[read_item.dest_index.fqn], obj)
+                                  self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
 
