@@ -175,18 +175,17 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
         # window still holds the starts whose pods are being created.
         return dataclasses.replace(fresh, solve_seconds=elapsed, reason=(
             f"queued jobs placed afresh (under completion time none is pinned; the plan in "
-            f"force would cost {kept.cost:.1f}): {fresh.reason}"))
+            f"force would cost {kept.cost:.1f} weighted job-seconds): {fresh.reason}"))
     keep = 1.0 - settings.replan_threshold
-    what = ("remaining makespan" if problem.objective == "makespan" else
-            "weighted completion cost")
+    what = "remaining makespan"
     values = fresh.cost, kept.cost
     better = values[0] < keep * values[1]
-    if not better and problem.objective == "makespan" and fresh.cost <= kept.cost + 1e-6:
+    if not better and fresh.cost <= kept.cost + 1e-6:
         ends = (sum(a.end - snapshot.now for a in fresh.assignments),
                 sum(a.end - snapshot.now for a in kept.assignments))
         if ends[0] < keep * ends[1]:
             better, what, values = True, "sum of remaining ends (same makespan)", ends
-    unit = "" if problem.objective == "completion-time" else " s"
+    unit = " s"
     if better:
         return dataclasses.replace(fresh, solve_seconds=elapsed, reason=(
             f"replaced: {what} {values[0]:.1f}{unit} < {values[1]:.1f}{unit} by more than "
