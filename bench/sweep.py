@@ -4,6 +4,7 @@ Writes bench/results/sweep.json and .png, sweep_quick.* with ``--quick``, or swe
 some ``--searches``, ``--seeds`` or ``--arms`` (method below the imports).
 
     python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--arms kiln]
+    python bench/sweep.py --seeds 1,2 --merge bench/results/sweep_partial.json  # in parts
 """
 
 from __future__ import annotations
@@ -357,6 +358,40 @@ def plot(rows: dict[str, dict[int, dict[str, Any]]], path: Path, title: str) -> 
     common.save_figure(fig, path, title=title)
 
 
+def load_earlier(path: Path | None, config: dict[str, Any], repeated: set[tuple[str, int]]
+                 ) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any], dict[str, int]]:
+    """An earlier result's rows and details by search and seed, less those this run repeats,
+    and its trials per search; nothing without `path`.
+
+    Raises:
+        SystemExit: the file is unreadable, or was run with other settings (named).
+    """
+    if path is None:
+        return {}, {}, {}
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        summary, found = payload["summary"], payload["details"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--merge {path}: not a result of this benchmark ({exc})") from None
+    trials = summary.get("trials") or {}
+    for key in ("quick", "slots", "arms", "epochs"):
+        if summary.get(key) != config[key]:
+            raise SystemExit(f"--merge {path}: its {key} is {summary.get(key)!r}, this run's "
+                             f"{config[key]!r}; only runs with the same settings merge")
+    for label, count in config["trials"].items():
+        if trials.get(label, count) != count:
+            raise SystemExit(f"--merge {path}: its {label} search ran {trials[label]} trials, "
+                             f"this run {count}; only runs with the same settings merge")
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    details: dict[str, Any] = {}
+    for key, detail in found.items():
+        label, seed = key.rsplit("/", 1)
+        if (label, int(seed)) not in repeated:
+            rows.setdefault(label, {})[int(seed)] = detail["row"]
+            details[key] = detail
+    return rows, details, trials
+
+
 def main() -> None:
     parser = common.arguments(__doc__, "small smoke run: 6 trials of 2 epochs, one seed")
     parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
@@ -373,28 +408,39 @@ def main() -> None:
                              f"{','.join(ARMS[1:])}): fewer is a partial run")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="Fashion-MNIST root (prepared with npm when absent)")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="an earlier result of this benchmark, run with the same trials, "
+                             "epochs, slots and arms: its searches and seeds that this run "
+                             "does not repeat join the summary (a long benchmark in parts)")
     args = parser.parse_args()
     quick = args.quick
-    partial = bool(args.searches or args.seeds or args.trials or args.epochs or args.arms)
     arms = ARMS if not args.arms else ("baseline", *(
         arm for arm in ARMS[1:] if arm in args.arms.split(",")))
     unknown = set(args.arms.split(",")) - set(ARMS[1:]) if args.arms else set()
     if unknown or len(arms) == 1:
         parser.error(f"--arms {args.arms}: choose among {','.join(ARMS[1:])}")
-    name = NAME + ("_quick" if quick else "") + ("_partial" if partial else "")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if quick
                                                                        else [0, 1, 2])
     chosen = searches(quick=quick, fashion_root=args.fashion_root, trials=args.trials,
                       epochs=args.epochs)
+    full = {(s.label, seed) for s in chosen for seed in ([0] if quick else [0, 1, 2])}
     if args.searches:
         chosen = [s for s in chosen if s.label in args.searches.split(",")]
+    config = {"quick": quick, "slots": args.slots, "arms": list(arms),
+              "trials": {s.label: s.trials for s in chosen},
+              "epochs": chosen[0].template["training"]["epochs"] if chosen else None}
+    earlier, details, earlier_trials = load_earlier(
+        args.merge, config, {(s.label, seed) for s in chosen for seed in seeds})
+    done = {(label, seed) for label, by_seed in earlier.items() for seed in by_seed}
+    done |= {(s.label, seed) for s in chosen for seed in seeds}
+    partial = bool(args.trials or args.epochs or args.arms) or done != full
+    name = NAME + ("_quick" if quick else "") + ("_partial" if partial else "")
     if any(s.label == "fashion" for s in chosen):
         fashion_mnist.prepare(args.fashion_root)
     load_before, began = os.getloadavg(), time.perf_counter()
-    rows: dict[str, dict[int, dict[str, Any]]] = {}
-    details: dict[str, Any] = {}
+    rows = earlier
     for search in chosen:
-        rows[search.label] = {}
+        rows.setdefault(search.label, {})
         for seed in seeds:
             order = arms[seed % len(arms):] + arms[:seed % len(arms)]
             runs = {arm: run_arm(search, arm, seed, args.slots) for arm in order}
@@ -405,10 +451,12 @@ def main() -> None:
                 "row": row, "histories": {arm: runs[arm]["doc"]["status"]["history"]
                                           for arm in arms}}
     summary = summarize(rows, arms)
-    summary.update({"quick": quick, "seeds": seeds, "slots": args.slots, "arms": list(arms),
-                    "searches": [s.label for s in chosen],
-                    "trials": {s.label: s.trials for s in chosen},
-                    "epochs": chosen[0].template["training"]["epochs"] if chosen else None,
+    summary.update({**config, "seeds": sorted({seed for by_seed in rows.values()
+                                               for seed in by_seed}),
+                    "searches": sorted(rows),
+                    "trials": {**earlier_trials, **config["trials"]},
+                    "merged": sorted(f"{label}/{seed}" for label, seed in done - {
+                        (s.label, seed) for s in chosen for seed in seeds}),
                     "bench_seconds": round(time.perf_counter() - began, 1),
                     "load_average_before_after": [round(load_before[0], 2),
                                                   round(os.getloadavg()[0], 2)]})
