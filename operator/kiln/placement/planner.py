@@ -185,13 +185,12 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
                 sum(a.end - snapshot.now for a in kept.assignments))
         if ends[0] < keep * ends[1]:
             better, what, values = True, "sum of remaining ends (same makespan)", ends
-    unit = " s"
     if better:
         return dataclasses.replace(fresh, solve_seconds=elapsed, reason=(
-            f"replaced: {what} {values[0]:.1f}{unit} < {values[1]:.1f}{unit} by more than "
+            f"replaced: {what} {values[0]:.1f} s < {values[1]:.1f} s by more than "
             f"{settings.replan_threshold:.0%}; {fresh.reason}"))
     return dataclasses.replace(kept, solve_seconds=elapsed, milp=fresh.milp, reason=(
-        f"kept current plan: new {what} {values[0]:.1f}{unit} vs {values[1]:.1f}{unit} "
+        f"kept current plan: new {what} {values[0]:.1f} s vs {values[1]:.1f} s "
         f"(threshold {settings.replan_threshold:.0%})"))
 
 

@@ -5,37 +5,16 @@ Synthetic arm records stand in for training runs; nothing trains here.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("freezing_bench", BENCH / "freezing.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    # The script puts bench/ first on sys.path (its bench/operator.py would then shadow the
-    # standard library's operator in every subprocess started later with this path) and sets
-    # OMP_NUM_THREADS: a script's set-up, undone here for the tests that follow.
-    path, threads = list(sys.path), os.environ.get("OMP_NUM_THREADS")
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-    yield module
-    del sys.modules[spec.name]
+def bench(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("freezing")
 
 
 def _mean_skipped(schedule: list[tuple[int, int]], fractions: list[float], total: int) -> float:
