@@ -338,11 +338,19 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class Info:
-    """One sentence a person should see (resumed, target reached, registered, stopped)."""
+    """One sentence a person should see (resumed, target reached, registered, stopped).
+
+    Attributes:
+        message: the sentence.
+        warm_start_decision: on the info that says which warm start the run applied, that
+            decision (by field name); a sweep's driver learns from it what the trial inherited
+            before its first evaluation. None on every other info.
+    """
 
     KIND: ClassVar[str] = "info"
 
     message: str
+    warm_start_decision: api.WarmStartDecision | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields, JSON-ready (no kind key; non-finite numbers as None)."""

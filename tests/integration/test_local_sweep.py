@@ -138,6 +138,8 @@ def test_chain_trials_warm_start_from_the_sweeps_own_best_model(tmp_path: Path) 
     zoo = _zoo(tmp_path)
     assert first.parent is None  # an empty zoo: the first trial is cold
     assert second.parent == first.zoo_model and first.zoo_model in zoo
+    # same architecture: pruned (were it) only against trials that fine-tuned their own kind
+    assert (first.similarity, second.similarity) == (None, 1.0)
     assert zoo[second.zoo_model].parent == first.zoo_model  # type: ignore[index]
     # the table and summary on stdout (a pipe: plain lines)
     assert "best zoo model:" in done.stdout and "wall time:" in done.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch  # noqa: F401 (its import runs `ldconfig -p` once: not a test's process)
 
 UNIT = Path(__file__).parent
 _STARTED = pytest.StashKey[list[str]]()

@@ -75,6 +75,8 @@ def test_a_bad_parallelism_is_refused_by_the_parser(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize("event", [
     pytest.param(PROGRESS, id="progress"),
     pytest.param(contract.Info("resumed at epoch 2"), id="info"),
+    pytest.param(contract.Info("warm start from m-1", warm_start_decision=api.WarmStartDecision(
+        parent="m-1", similarity=0.73, outcome=api.WarmStartOutcome.WARM)), id="info-warm"),
     pytest.param(RESULT, id="result"),
     pytest.param(contract.Failure("spec.dataset.path: no such file"), id="failure"),
 ])

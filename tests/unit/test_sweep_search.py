@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kiln import api
-from kiln.sweep import Search, Verdict
+from kiln.sweep import Inheritance, Search, Verdict, inheritance
 
 TrialState = api.sweep.TrialState
 
@@ -67,11 +67,16 @@ class Driver:
     def report(self, index: int, epoch: int, value: float) -> Verdict | None:
         trial = self.history[index]
         self._update(index, evaluations=[*trial.evaluations, [epoch, value]])
-        verdict = self.search.report(index, epoch, value)
+        verdict = self.search.report(index, epoch, value,
+                                     inheritance(trial.parent, trial.similarity))
         if verdict is not None:
             self._update(index, state=TrialState.PRUNED, pruned_at=verdict.pruned_at())
             self.search.tell(index, TrialState.PRUNED, None)
         return verdict
+
+    def started_from(self, index: int, parent: str | None, similarity: float | None) -> None:
+        """Trial `index` warm-started from `parent` (None: cold), as its job's status says."""
+        self._update(index, parent=parent, similarity=similarity)
 
     def succeed(self, index: int, metric: float) -> None:
         self._update(index, state=TrialState.SUCCEEDED, metric=metric)
@@ -161,7 +166,7 @@ def test_asha_prunes_a_trial_behind_the_rung_and_says_against_what() -> None:
     assert driver.report(2, 1, 0.97) is None
     verdict = driver.report(3, 1, 0.80)
     assert verdict == Verdict(epoch=1, value=0.80, against=(
-        "rung 0 (epoch 1): 4 trials reached it; the top 1/3 (1) go on, needing ≥ 0.97"))
+        "rung 0 (epoch 1): 4 cold trials reached it; the top 1/3 (1) go on, needing ≥ 0.97"))
     assert driver.history[3].pruned_at == api.sweep.PrunedAt(epoch=1, value=0.80,
                                                              against=verdict.against)
     # Between rungs nothing is judged; at rung 1 (epoch 3) trial 1 meets the two ahead of it.
@@ -170,8 +175,57 @@ def test_asha_prunes_a_trial_behind_the_rung_and_says_against_what() -> None:
     assert driver.report(2, 3, 0.98) is None
     late = driver.report(1, 3, 0.91)
     assert late is not None and late.against == (
-        "rung 1 (epoch 3): 3 trials reached it; the top 1/3 (1) go on, needing ≥ 0.98")
+        "rung 1 (epoch 3): 3 cold trials reached it; the top 1/3 (1) go on, needing ≥ 0.98")
     assert driver.report(1, 4, 0.99) is None  # already stopped: later reports are ignored
+
+
+def test_a_chained_trial_is_pruned_only_against_trials_that_inherited_as_much() -> None:
+    # What the chain did wrong before: a wide trial partly warm-started from a narrow parent
+    # (0.78 after one epoch, ahead of its cold twin's 0.68) was cut because trials fine-tuning
+    # a parent of their own architecture had set the rung (0.83).
+    spec = _spec(GRID, earlyStopping={"name": "asha", "minEpochs": 1, "reductionFactor": 3},
+                 algorithm={"name": "grid"})
+    driver = Driver(spec)
+    for _ in range(8):
+        driver.ask()
+    kinds = {0: (None, None), 1: (None, None), 2: ("m-0", 1.0), 3: ("m-0", 1.0),
+             4: ("m-1", 1.0), 5: ("m-0", 0.73), 6: ("m-1", 0.41), 7: (None, 0.9)}
+    for index, (parent, similarity) in kinds.items():
+        driver.started_from(index, parent, similarity)
+    assert [inheritance(*kinds[i]) for i in (0, 2, 5, 7)] == [
+        Inheritance.COLD, Inheritance.OWN_ARCHITECTURE, Inheritance.OTHER_ARCHITECTURE,
+        Inheritance.COLD]  # a cold start's similarity is its best match's: still cold
+    assert driver.report(0, 1, 0.68) is None
+    for index, value in ((2, 0.83), (3, 0.84), (4, 0.85)):
+        assert driver.report(index, 1, value) is None
+    # First of its kind at the rung: nothing to compare with, though far behind the others.
+    assert driver.report(5, 1, 0.78) is None
+    verdict = driver.report(6, 1, 0.70)  # the partly warm 0.78 is ahead of it
+    assert verdict is not None and verdict.against == (
+        "rung 0 (epoch 1): 2 trials warm-started from another architecture reached it; the "
+        "top 1/3 (1) go on, needing ≥ 0.78")
+    assert driver.report(1, 1, 0.60).against.startswith(  # type: ignore[union-attr]
+        "rung 0 (epoch 1): 2 cold trials reached it")
+    assert driver.report(7, 1, 0.65).against == (  # type: ignore[union-attr]
+        "rung 0 (epoch 1): 3 cold trials reached it; the top 1/3 (1) go on, needing ≥ 0.68")
+
+
+def test_a_rebuilt_chain_keeps_each_trials_kind() -> None:
+    spec = _spec(GRID, earlyStopping={"name": "asha", "minEpochs": 1, "reductionFactor": 2},
+                 algorithm={"name": "grid"})
+    live = Driver(spec)
+    for _ in range(4):
+        live.ask()
+    live.started_from(1, "m-0", 1.0)
+    live.started_from(2, "m-0", 0.5)
+    live.started_from(3, "m-0", 0.5)
+    for index, value in ((0, 0.5), (1, 0.9), (2, 0.7)):
+        assert live.report(index, 1, value) is None  # each first of its kind
+    rebuilt = Driver(spec, live.snapshot())
+    # Trial 3 meets only trial 2 at rung 0, as it would have in the live search.
+    for driver in (live, rebuilt):
+        verdict = driver.report(3, 1, 0.6)
+        assert verdict is not None and "needing ≥ 0.7" in verdict.against
 
 
 def test_a_trials_last_epoch_is_never_pruned_since_it_ends_there_anyway() -> None:
@@ -200,7 +254,7 @@ def test_asha_minimising_a_loss_cuts_from_below() -> None:
     assert driver.report(0, 2, 0.4) is None
     verdict = driver.report(1, 2, 0.6)
     assert verdict is not None and verdict.against == (
-        "rung 0 (epoch 2): 2 trials reached it; the top 1/2 (1) go on, needing ≤ 0.4")
+        "rung 0 (epoch 2): 2 cold trials reached it; the top 1/2 (1) go on, needing ≤ 0.4")
 
 
 def test_median_prunes_below_the_finished_trials_median_after_warmup_and_startup() -> None:
@@ -217,7 +271,7 @@ def test_median_prunes_below_the_finished_trials_median_after_warmup_and_startup
     assert driver.report(3, 1, 0.1) is None  # epoch 1 is before minEpochs
     verdict = driver.report(3, 2, 0.65)
     assert verdict == Verdict(epoch=2, value=0.65, against=(
-        "median 0.7 at epoch 2 of 2 finished trials; its best so far 0.65"))
+        "median 0.7 at epoch 2 of 2 finished cold trials; its best so far 0.65"))
     assert driver.report(2, 3, 0.81) is None  # ahead of the median 0.8
 
 

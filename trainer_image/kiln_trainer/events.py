@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TextIO
 
-from kiln import contract
+from kiln import api, contract
 
 _log = logging.getLogger(__name__)
 
@@ -36,9 +36,10 @@ class EventWriter:
         """Emit a progress event."""
         self._emit(progress)
 
-    def info(self, message: str) -> None:
-        """Emit an info event (one sentence for a person)."""
-        self._emit(contract.Info(message))
+    def info(self, message: str, *, warm_start_decision: api.WarmStartDecision | None = None
+             ) -> None:
+        """Emit an info event (one sentence for a person; the warm-start decision applied)."""
+        self._emit(contract.Info(message, warm_start_decision=warm_start_decision))
 
     def result(self, result: contract.Result) -> None:
         """Emit the result (last line) and copy it to the termination log."""

@@ -376,7 +376,7 @@ class JobContext:
         self.gauges.record_warm_start(record)
         self.emit.info(warm.message(record) + (" (when the job first started; its weights now "
                                                "come from the checkpoint)" if saved is not None
-                                               else ""))
+                                               else ""), warm_start_decision=record)
         return record
 
     def wrap(self, model: nn.Module) -> nn.Module:

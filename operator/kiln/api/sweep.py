@@ -258,6 +258,11 @@ class Trial(names.ApiModel):
                                  description="metric: its final (or last) objective.")
     parent: StrictStr | None = Field(default=None,
                                      description="parent: the zoo model it warm-started from.")
+    similarity: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="similarity: of its architecture to its parent's (1: the same); a chained "
+        "trial is pruned only against trials that inherited as much (none, another "
+        "architecture's weights, its own architecture's).")
     zoo_model: StrictStr | None = Field(default=None,
                                         description="zooModel: the zoo model it registered.")
     pruned_at: PrunedAt | None = Field(default=None, description="prunedAt: when pruned.")

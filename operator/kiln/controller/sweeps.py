@@ -271,6 +271,7 @@ async def _advance(deps: lifecycle.Deps, parsed: S.TrainingSweep, new: dict[str,
         reading = trials.read(job, objective, zoo_ids=zoo_ids)
         history[i] = trial = trial.model_copy(update={
             "parent": reading.parent or trial.parent,
+            "similarity": reading.similarity if reading.parent else trial.similarity,
             "zoo_model": reading.zoo_model or trial.zoo_model})
         last = trial.evaluations[-1][0] if trial.evaluations else 0
         if reading.evaluation is not None and reading.evaluation[0] > last:
@@ -281,7 +282,8 @@ async def _advance(deps: lifecycle.Deps, parsed: S.TrainingSweep, new: dict[str,
             history[i] = trial = trial.model_copy(update={
                 "evaluations": [*trial.evaluations, [float(epoch), value, seen]],
                 "metric": value})
-            verdict = search.report(trial.index, epoch, value)
+            verdict = search.report(trial.index, epoch, value,
+                                    sweep.inheritance(trial.parent, trial.similarity))
             if verdict is not None and reading.state is S.TrialState.RUNNING:
                 history[i] = trial.model_copy(update={"state": S.TrialState.PRUNED,
                                                       "pruned_at": verdict.pruned_at()})

@@ -36,6 +36,7 @@ class Reading:
             operator checked), or the record reserved for it when the zoo holds one (a
             provisional model); else None.
         parent: the zoo model the operator warm-started it from.
+        similarity: its architecture's similarity to the parent's (None when cold).
         message: why it failed.
         suspended: its spec.runPolicy.suspend is set (a pruned trial's stop was asked).
     """
@@ -45,6 +46,7 @@ class Reading:
     metric: float | None
     zoo_model: str | None
     parent: str | None
+    similarity: float | None
     message: str
     suspended: bool
 
@@ -121,7 +123,8 @@ def read(job: Mapping[str, Any], objective: S.Objective, *,
         reserved = _reserved_id(job)
         zoo_model = reserved if reserved in zoo_ids else None
     return Reading(evaluation=evaluation, state=state, metric=metric, zoo_model=zoo_model,
-                   parent=warm.parent, message=message, suspended=suspended)
+                   parent=warm.parent, similarity=warm.similarity if warm.parent else None,
+                   message=message, suspended=suspended)
 
 
 def _finite(value: float | None) -> float | None:

@@ -370,6 +370,10 @@ class SweepRun:
             lv.result = event.to_json()
         elif isinstance(event, contract.Info):
             self.say(f"{lv.job.name}: {event.message}")
+            decision = event.warm_start_decision
+            if decision is not None and decision.parent and \
+                    self.spec.warm_start is api.sweep.SweepWarmStart.CHAIN:
+                self.set_trial(lv.index, parent=decision.parent, similarity=decision.similarity)
         elif isinstance(event, contract.Progress):
             runner.append_history(runner.history_path(self.work_dir, lv.job.name), event)
             if event.evaluated and (not event.steps_per_epoch
@@ -378,6 +382,8 @@ class SweepRun:
 
     def _evaluated(self, lv: _Live, event: contract.Progress) -> None:
         """An end-of-epoch evaluation: record it, ask the search whether to go on."""
+        from kiln import sweep
+
         value = objective_of(self.spec, event.to_json())
         if value is None:
             return
@@ -388,12 +394,13 @@ class SweepRun:
         if trial.parent is None and self.spec.warm_start is api.sweep.SweepWarmStart.CHAIN:
             found = self.own_record(lv.index)  # the provisional record names its parent
             if found is not None:
-                changes["parent"] = found.parent
-        self.set_trial(lv.index, **changes)
+                changes.update(parent=found.parent, similarity=found.similarity)
+        trial = self.set_trial(lv.index, **changes)
         short = tables.SHORT.get(self.spec.objective.metric.value, "objective")
         if self.plain:
             self.say(f"{lv.job.name}: epoch {event.epoch}/{event.epochs} {short} {value:.4f}")
-        verdict = self.search.report(lv.index, event.epoch, value)
+        verdict = self.search.report(lv.index, event.epoch, value,
+                                     sweep.inheritance(trial.parent, trial.similarity))
         if verdict is not None and lv.verdict is None and lv.stopping is None:
             lv.verdict = verdict
             self._signal_stop(lv)

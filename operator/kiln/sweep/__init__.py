@@ -7,9 +7,9 @@ operator) use only these names; neither imports Optuna.
 
 from __future__ import annotations
 
-from kiln.sweep.search import Search, Verdict, misfit_of
+from kiln.sweep.search import Inheritance, Search, Verdict, inheritance, misfit_of
 from kiln.sweep.standing import Standing, standing
 from kiln.sweep.trials import own_models, ranked, trial_job
 
-__all__ = ["Search", "Standing", "Verdict", "misfit_of", "own_models", "ranked", "standing",
-           "trial_job"]
+__all__ = ["Inheritance", "Search", "Standing", "Verdict", "inheritance", "misfit_of",
+           "own_models", "ranked", "standing", "trial_job"]

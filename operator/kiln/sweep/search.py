@@ -4,6 +4,7 @@ trial's values and told each evaluation, rebuilt from the recorded trials."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import random
 import statistics
@@ -24,6 +25,34 @@ from kiln import api
 # Optuna's successive-halving pruner keeps each trial's value at rung r in this system attribute
 # of the trial; the rebuild and the "against" text read it.
 _RUNG_KEY = "completed_rung_{}"
+_INHERITED_KEY = "kiln_inherited"  # a trial's user attribute: its `Inheritance`
+
+
+class Inheritance(enum.StrEnum):
+    """What a trial started from. Pruning compares a trial only with trials of its own kind:
+    after one epoch a trial fine-tuning a parent of its own architecture is far ahead of one
+    whose wider or deeper layers were partly transferred, which is ahead of a cold one, and
+    none of the three says which will end best (measured: the chain's pruned wide trials had
+    beaten their cold twins at the first rung)."""
+
+    COLD = "cold"
+    OTHER_ARCHITECTURE = "other_architecture"  # weights partly transferred from another
+    OWN_ARCHITECTURE = "own_architecture"  # a parent of the same architecture fine-tuned
+
+
+_AMONG = {Inheritance.COLD: "cold trials",
+          Inheritance.OTHER_ARCHITECTURE: "trials warm-started from another architecture",
+          Inheritance.OWN_ARCHITECTURE: "trials warm-started from their own architecture"}
+
+
+def inheritance(parent: str | None, similarity: float | None) -> Inheritance:
+    """A trial's `Inheritance` from its parent and that parent's similarity (1: the same
+    architecture, as the warm-start match scores it)."""
+    if not parent:
+        return Inheritance.COLD
+    if similarity is not None and similarity >= 1.0:
+        return Inheritance.OWN_ARCHITECTURE
+    return Inheritance.OTHER_ARCHITECTURE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +94,7 @@ class Search:
         self._study = optuna.create_study(
             storage=optuna.storages.InMemoryStorage(),
             direction="maximize" if spec.objective.maximize else "minimize",
-            sampler=self._sampler(0), pruner=_pruner(spec.early_stopping))
+            sampler=self._sampler(0), pruner=_ByInheritance(_pruner(spec.early_stopping)))
         self._open: dict[int, optuna.Trial] = {}  # index -> its trial, not yet told
         self._epochs: dict[int, set[int]] = {}  # index -> epochs reported
         self._stopped: set[int] = set()  # given a Verdict: later reports are ignored
@@ -103,9 +132,12 @@ class Search:
         self._next = index + 1
         return params
 
-    def report(self, index: int, epoch: int, value: float) -> Verdict | None:
+    def report(self, index: int, epoch: int, value: float,
+               inherited: Inheritance = Inheritance.COLD) -> Verdict | None:
         """Trial `index` evaluated `value` (the objective) after `epoch` epochs; a Verdict when
-        the pruner says stop. Repeated reports of an epoch already told are ignored."""
+        the pruner says stop. Repeated reports of an epoch already told are ignored. What the
+        trial inherited counts as told with its first report: it is pruned against trials that
+        inherited as much."""
         trial = self._trial(index)
         if trial is None or index in self._stopped or not _finite(value):
             return None
@@ -113,6 +145,8 @@ class Search:
         if epoch in self._epochs[index]:
             return None
         self._epochs[index].add(epoch)
+        if _INHERITED_KEY not in trial.user_attrs:
+            trial.set_user_attr(_INHERITED_KEY, inherited.value)
         trial.report(float(value), epoch)
         # The last epoch's evaluation ends the trial anyway: nothing is left to save.
         budget = self._values(trial.params).get("training.epochs",
@@ -155,6 +189,8 @@ class Search:
         self._open[index] = trial
         self._epochs[index] = set()
         self._tried.add(_key(self._values(fixed)))
+        trial.set_user_attr(_INHERITED_KEY,
+                            inheritance(recorded.parent, recorded.similarity).value)
         self._next = max(self._next, index + 1)
         cut = recorded.pruned_at.epoch if recorded.pruned_at is not None else None
         for evaluation in recorded.evaluations:
@@ -180,7 +216,7 @@ class Search:
         """Let successive halving record the rungs this trial's evaluations reached, as it did
         when they were first reported. Its decisions now are ignored: they would compare with
         trials that reached the rung later. Other pruners keep no state, so need no replay."""
-        if not isinstance(self._study.pruner, optuna.pruners.SuccessiveHalvingPruner):
+        if self._spec.early_stopping.name is not api.sweep.EarlyStoppingName.ASHA:
             return
         rungs = len(self._rungs(trial.number))
         # A trial not promoted now stops the pruner at that rung; ask again so every rung up to
@@ -243,7 +279,12 @@ class Search:
         stopping = self._spec.early_stopping
         maximize = self._spec.objective.maximize
         better = "≥" if maximize else "≤"
-        trials = self._study.get_trials(deepcopy=False)
+        me = self._study.get_trials(deepcopy=False)[trial.number]
+        kind = _inherited(me)
+        trials = [t for t in self._study.get_trials(deepcopy=False) if _inherited(t) is kind]
+        # Only a chain mixes kinds; its text says which kind the trial was compared within.
+        among = _AMONG[kind] if self._spec.warm_start is api.sweep.SweepWarmStart.CHAIN \
+            else "trials"
         if stopping.name is api.sweep.EarlyStoppingName.ASHA:
             rung = len(self._rungs(trial.number)) - 1
             key = _RUNG_KEY.format(rung)
@@ -251,17 +292,16 @@ class Search:
                               if key in t.system_attrs), reverse=maximize)
             keep = max(len(reached) // stopping.reduction_factor, 1)
             epoch = stopping.min_epochs * stopping.reduction_factor ** rung
-            return (f"rung {rung} (epoch {epoch}): {len(reached)} trials reached it; the top "
-                    f"1/{stopping.reduction_factor} ({keep}) go on, needing {better} "
+            return (f"rung {rung} (epoch {epoch}): {len(reached)} {among} reached it; "
+                    f"the top 1/{stopping.reduction_factor} ({keep}) go on, needing {better} "
                     f"{reached[keep - 1]:.4g}")
-        me = trials[trial.number]
         step = me.last_step
         own = [v for v in me.intermediate_values.values() if _finite(v)]
         best = max(own) if maximize else min(own)
         finished = [t.intermediate_values[step] for t in trials
                     if t.state is OptunaState.COMPLETE and step in t.intermediate_values]
         median = statistics.median(v for v in finished if _finite(v))
-        return (f"median {median:.4g} at epoch {step} of {len(finished)} finished trials; "
+        return (f"median {median:.4g} at epoch {step} of {len(finished)} finished {among}; "
                 f"its best so far {best:.4g}")
 
 
@@ -287,6 +327,36 @@ class _Grid(optuna.samplers.GridSampler):
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
                     state: OptunaState, values: Sequence[float] | None) -> None:
         return None
+
+
+class _ByInheritance(optuna.pruners.BasePruner):
+    """Optuna's pruner, shown only the trials that inherited what the judged trial did."""
+
+    def __init__(self, pruner: optuna.pruners.BasePruner) -> None:
+        self._pruner = pruner
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return self._pruner.prune(_Kind(study, _inherited(trial)), trial)  # type: ignore[arg-type]
+
+
+class _Kind:
+    """A study as the pruner reads it, less the trials of other `Inheritance`s: both Optuna
+    pruners see the others through `get_trials` alone; the rest (direction, storage) passes."""
+
+    def __init__(self, study: optuna.Study, kind: Inheritance) -> None:
+        self._study, self._kind = study, kind
+
+    def get_trials(self, deepcopy: bool = True, states: Sequence[OptunaState] | None = None
+                   ) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states)
+                if _inherited(t) is self._kind]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+def _inherited(trial: optuna.trial.FrozenTrial) -> Inheritance:
+    return Inheritance(trial.user_attrs.get(_INHERITED_KEY, Inheritance.COLD.value))
 
 
 def _pruner(stopping: api.sweep.EarlyStoppingSpec) -> optuna.pruners.BasePruner:

@@ -54,13 +54,17 @@ def test_an_ended_trial_takes_its_metric_and_model_from_status_result() -> None:
                            "progress": {"epoch": 5, "validationLoss": 0.4},
                            "result": {"validationLoss": 0.35, "zooModel": "small_cnn-00000000"},
                            "warmStart": {"outcome": "warm", "parent": "small_cnn-abcdef12",
-                                         "reason": "r"}})
+                                         "similarity": 0.6, "reason": "r"}})
     reading = trials.read(done, S.Objective(metric=api.TargetMetric.VALIDATION_LOSS))
     assert (reading.state, reading.metric, reading.evaluation) == (
         S.TrialState.SUCCEEDED, 0.35, (5, 0.35))
-    assert (reading.zoo_model, reading.parent) == ("small_cnn-00000000", "small_cnn-abcdef12")
-    failed = trials.read(_job(1, status={"conditions": [_condition("Failed")]}), S.Objective())
+    assert (reading.zoo_model, reading.parent, reading.similarity) == (
+        "small_cnn-00000000", "small_cnn-abcdef12", 0.6)
+    failed = trials.read(_job(1, status={"conditions": [_condition("Failed")],
+                                         "warmStart": {"outcome": "cold_guard", "reason": "r",
+                                                       "similarity": 0.9}}), S.Objective())
     assert (failed.state, failed.message) == (S.TrialState.FAILED, "Failed here")
+    assert (failed.parent, failed.similarity) == (None, None)  # cold: its best match's is moot
 
 
 def test_a_running_trials_model_is_its_reserved_record_only_once_the_zoo_holds_it() -> None:
