@@ -5,6 +5,7 @@ some ``--searches``, ``--seeds`` or ``--arms`` (method below the imports).
 
     python bench/sweep.py [--quick] [--seeds 0,1,2] [--searches fashion,text] [--arms kiln]
     python bench/sweep.py --seeds 1,2 --merge bench/results/sweep_partial.json  # in parts
+    python bench/sweep.py --baseline-from bench/results/sweep_partial.json  # Kiln's arms only
 """
 
 from __future__ import annotations
@@ -224,15 +225,22 @@ def epochs_by(doc: dict[str, Any], seconds: float) -> int:
                if float(entry[2]) <= seconds)
 
 
-def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def measure(search: Search, runs: dict[str, dict[str, Any]],
+            kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row of one search and seed: each arm's time, CPU and epochs to the bar. `kept`: the
+    baseline's row from an earlier result (`--baseline-from`), in place of running it."""
     maximize = search.metric == "validation_accuracy"
     better = (lambda a, b: a >= b) if maximize else (lambda a, b: a <= b)
-    base_points = evaluations(runs["baseline"]["doc"])
-    values = [v for _, _, v in base_points]
-    base_best = max(values) if maximize else min(values)
+    if kept is None:
+        values = [v for _, _, v in evaluations(runs["baseline"]["doc"])]
+        base_best = max(values) if maximize else min(values)
+        budget = runs["baseline"]["wall_seconds"]
+    else:
+        base_best, budget = kept["baseline_best"], kept["baseline"]["wall_seconds"]
     bar = base_best - ACCURACY_BAR if maximize else base_best + LOSS_BAR
-    budget = runs["baseline"]["wall_seconds"]
     row: dict[str, Any] = {"baseline_best": round(base_best, 4), "bar": round(bar, 4)}
+    if kept is not None:
+        row["baseline"] = kept["baseline"]
     for arm, run in runs.items():
         points = evaluations(run["doc"])
         hit = next((t for t, _, v in points if better(v, bar)), None)
@@ -255,7 +263,7 @@ def measure(search: Search, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                        for s in ("Succeeded", "Pruned", "Failed")},
             "warm_trials": sum(1 for t in history if t.get("parent")),
         }
-    for arm in runs:
+    for arm in [*runs, *(["baseline"] if kept is not None else [])]:
         arm_row = row[arm]
         arm_row["time_ratio"] = round(row["baseline"]["seconds_to_bar"]
                                       / max(arm_row["seconds_to_bar"], 1e-9), 3)
@@ -392,6 +400,34 @@ def load_earlier(path: Path | None, config: dict[str, Any], repeated: set[tuple[
     return rows, details, trials
 
 
+def load_baselines(path: Path, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """An earlier result's baseline rows and histories by "search/seed", for a run of Kiln's
+    arms alone: the baseline runs cold trials without freezing, which Kiln's changes leave as
+    they were, so a long benchmark need not run it again.
+
+    Raises:
+        SystemExit: the file is unreadable, or was run with other settings (named).
+    """
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        summary, found = payload["summary"], payload["details"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--baseline-from {path}: not a result of this benchmark ({exc})"
+                         ) from None
+    for key in ("quick", "slots", "epochs"):
+        if summary.get(key) != config[key]:
+            raise SystemExit(f"--baseline-from {path}: its {key} is {summary.get(key)!r}, this "
+                             f"run's {config[key]!r}; a baseline compares only at the same "
+                             "settings")
+    for label, count in config["trials"].items():
+        if (summary.get("trials") or {}).get(label) != count:
+            raise SystemExit(f"--baseline-from {path}: its {label} search ran "
+                             f"{(summary.get('trials') or {}).get(label)} trials, this run "
+                             f"{count}; a baseline compares only at the same settings")
+    return {key: {"row": detail["row"], "history": detail["histories"]["baseline"],
+                  "created": payload.get("created")} for key, detail in found.items()}
+
+
 def main() -> None:
     parser = common.arguments(__doc__, "small smoke run: 6 trials of 2 epochs, one seed")
     parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
@@ -412,6 +448,10 @@ def main() -> None:
                         help="an earlier result of this benchmark, run with the same trials, "
                              "epochs, slots and arms: its searches and seeds that this run "
                              "does not repeat join the summary (a long benchmark in parts)")
+    parser.add_argument("--baseline-from", type=Path, default=None,
+                        help="an earlier result of this benchmark, run with the same trials, "
+                             "epochs and slots: its baseline rows stand in for running the "
+                             "baseline again (Kiln's arms only; the summary names the file)")
     args = parser.parse_args()
     quick = args.quick
     arms = ARMS if not args.arms else ("baseline", *(
@@ -431,6 +471,12 @@ def main() -> None:
               "epochs": chosen[0].template["training"]["epochs"] if chosen else None}
     earlier, details, earlier_trials = load_earlier(
         args.merge, config, {(s.label, seed) for s in chosen for seed in seeds})
+    baselines = load_baselines(args.baseline_from, config) if args.baseline_from else {}
+    for search in chosen:
+        for seed in seeds:
+            if baselines and f"{search.label}/{seed}" not in baselines:
+                raise SystemExit(f"--baseline-from {args.baseline_from}: no {search.label} "
+                                 f"baseline for seed {seed}; run that seed with its baseline")
     done = {(label, seed) for label, by_seed in earlier.items() for seed in by_seed}
     done |= {(s.label, seed) for s in chosen for seed in seeds}
     partial = bool(args.trials or args.epochs or args.arms) or done != full
@@ -442,14 +488,17 @@ def main() -> None:
     for search in chosen:
         rows.setdefault(search.label, {})
         for seed in seeds:
+            kept = baselines.get(f"{search.label}/{seed}")
             order = arms[seed % len(arms):] + arms[:seed % len(arms)]
-            runs = {arm: run_arm(search, arm, seed, args.slots) for arm in order}
-            row = measure(search, runs)
+            runs = {arm: run_arm(search, arm, seed, args.slots) for arm in order
+                    if kept is None or arm != "baseline"}
+            row = measure(search, runs, kept["row"] if kept else None)
             rows[search.label][seed] = row
             print_table(search.label, seed, row)
-            details[f"{search.label}/{seed}"] = {
-                "row": row, "histories": {arm: runs[arm]["doc"]["status"]["history"]
-                                          for arm in arms}}
+            histories = {arm: run["doc"]["status"]["history"] for arm, run in runs.items()}
+            if kept is not None:
+                histories["baseline"] = kept["history"]
+            details[f"{search.label}/{seed}"] = {"row": row, "histories": histories}
     summary = summarize(rows, arms)
     summary.update({**config, "seeds": sorted({seed for by_seed in rows.values()
                                                for seed in by_seed}),
@@ -458,6 +507,8 @@ def main() -> None:
                     "merged": sorted(f"{label}/{seed}" for label, seed in done - {
                         (s.label, seed) for s in chosen for seed in seeds}),
                     "bench_seconds": round(time.perf_counter() - began, 1),
+                    **({"baseline_from": f"{args.baseline_from} (run "
+                       f"{next(iter(baselines.values()))['created']})"} if baselines else {}),
                     "load_average_before_after": [round(load_before[0], 2),
                                                   round(os.getloadavg()[0], 2)]})
     path = common.write_results(name, summary, details)
