@@ -51,6 +51,8 @@ import fashion_mnist
 #      freezing, the same slots;
 #    - kiln: warm-start chaining (each trial may start from the sweep's own models so far) and
 #      freezing on, the product's defaults;
+#    - kiln-unfrozen (only when asked for): chaining with freezing off, so freezing's share in a
+#      chain can be told apart (results in sweep_unfrozen*.json);
 #    - kiln-independent: Kiln without chaining (cold trials, freezing on), so the warm-start
 #      share of the difference can be told from the rest.
 #    The arms run back to back, their order rotated per seed; the machine is shared, so wall
@@ -66,7 +68,8 @@ import fashion_mnist
 #    delta (arm's best within budget minus the baseline's best, in points) is the minimum.
 
 NAME = "sweep"
-ARMS = ("baseline", "kiln", "kiln-independent")
+ARMS = ("baseline", "kiln", "kiln-independent", "kiln-unfrozen")
+DEFAULT_ARMS = ARMS[:3]
 GOAL = {"median_time_to_baseline_best_ratio": 2.5, "worst_best_metric_delta": -0.1}
 ACCURACY_BAR = 0.001  # 0.1 points below the baseline's best
 LOSS_BAR = 0.01  # nats above the baseline's best
@@ -125,7 +128,7 @@ def searches(*, quick: bool, fashion_root: Path, trials: int | None = None,
 def sweep_doc(search: Search, arm: str, seed: int, slots: int) -> dict[str, Any]:
     template = json.loads(json.dumps(search.template))
     template["training"]["seed"] = seed
-    template["freezing"] = {"enabled": arm != "baseline"}
+    template["freezing"] = {"enabled": arm not in ("baseline", "kiln-unfrozen")}
     return {
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingSweep",
         "metadata": {"name": f"{search.label}-{arm}-s{seed}"},
@@ -136,7 +139,7 @@ def sweep_doc(search: Search, arm: str, seed: int, slots: int) -> dict[str, Any]
             "earlyStopping": {"name": "asha", "minEpochs": 1, "reductionFactor": 3},
             "maxTrials": search.trials, "parallelTrials": slots,
             "maxFailedTrials": search.trials,
-            "warmStart": "chain" if arm == "kiln" else "independent",
+            "warmStart": "chain" if arm in ("kiln", "kiln-unfrozen") else "independent",
         },
     }
 
@@ -441,7 +444,8 @@ def main() -> None:
                              "run` gives each CPU trial a core)")
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms beside the baseline (default "
-                             f"{','.join(ARMS[1:])}): fewer is a partial run")
+                             f"{','.join(DEFAULT_ARMS[1:])}; kiln-unfrozen: chaining without "
+                             "freezing): fewer is a partial run")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="Fashion-MNIST root (prepared with npm when absent)")
     parser.add_argument("--merge", type=Path, default=None,
@@ -454,7 +458,7 @@ def main() -> None:
                              "baseline again (Kiln's arms only; the summary names the file)")
     args = parser.parse_args()
     quick = args.quick
-    arms = ARMS if not args.arms else ("baseline", *(
+    arms = DEFAULT_ARMS if not args.arms else ("baseline", *(
         arm for arm in ARMS[1:] if arm in args.arms.split(",")))
     unknown = set(args.arms.split(",")) - set(ARMS[1:]) if args.arms else set()
     if unknown or len(arms) == 1:
@@ -480,7 +484,8 @@ def main() -> None:
     done = {(label, seed) for label, by_seed in earlier.items() for seed in by_seed}
     done |= {(s.label, seed) for s in chosen for seed in seeds}
     partial = bool(args.trials or args.epochs or args.arms) or done != full
-    name = NAME + ("_quick" if quick else "") + ("_partial" if partial else "")
+    name = NAME + ("_quick" if quick else "") + (
+        "_unfrozen" if "kiln-unfrozen" in arms else "") + ("_partial" if partial else "")
     if any(s.label == "fashion" for s in chosen):
         fashion_mnist.prepare(args.fashion_root)
     load_before, began = os.getloadavg(), time.perf_counter()
@@ -493,6 +498,8 @@ def main() -> None:
             runs = {arm: run_arm(search, arm, seed, args.slots) for arm in order
                     if kept is None or arm != "baseline"}
             row = measure(search, runs, kept["row"] if kept else None)
+            if kept is not None:  # said in the row, so a later --merge keeps saying it
+                row["baseline_from"] = f"{args.baseline_from} (run {kept['created']})"
             rows[search.label][seed] = row
             print_table(search.label, seed, row)
             histories = {arm: run["doc"]["status"]["history"] for arm, run in runs.items()}
@@ -507,8 +514,10 @@ def main() -> None:
                     "merged": sorted(f"{label}/{seed}" for label, seed in done - {
                         (s.label, seed) for s in chosen for seed in seeds}),
                     "bench_seconds": round(time.perf_counter() - began, 1),
-                    **({"baseline_from": f"{args.baseline_from} (run "
-                       f"{next(iter(baselines.values()))['created']})"} if baselines else {}),
+                    "baseline_from": sorted({f"{label}/{seed}: {row['baseline_from']}"
+                                             for label, by_seed in rows.items()
+                                             for seed, row in by_seed.items()
+                                             if "baseline_from" in row}),
                     "load_average_before_after": [round(load_before[0], 2),
                                                   round(os.getloadavg()[0], 2)]})
     path = common.write_results(name, summary, details)
