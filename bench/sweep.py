@@ -369,66 +369,56 @@ def plot(rows: dict[str, dict[int, dict[str, Any]]], path: Path, title: str) -> 
     common.save_figure(fig, path, title=title)
 
 
-def load_earlier(path: Path | None, config: dict[str, Any], repeated: set[tuple[str, int]]
-                 ) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any], dict[str, int]]:
-    """An earlier result's rows and details by search and seed, less those this run repeats,
-    and its trials per search; nothing without `path`.
+def read_earlier(path: Path, flag: str, config: dict[str, Any], keys: Sequence[str]
+                 ) -> dict[str, Any]:
+    """An earlier result of this benchmark ({summary, details, created}), run with this run's
+    `keys` settings and trials per search (a search it did not run is no conflict).
 
     Raises:
         SystemExit: the file is unreadable, or was run with other settings (named).
     """
-    if path is None:
-        return {}, {}, {}
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
-        summary, found = payload["summary"], payload["details"]
+        summary, _ = payload["summary"], payload["details"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"--merge {path}: not a result of this benchmark ({exc})") from None
-    trials = summary.get("trials") or {}
-    for key in ("quick", "slots", "arms", "epochs"):
+        raise SystemExit(f"{flag} {path}: not a result of this benchmark ({exc})") from None
+    for key in keys:
         if summary.get(key) != config[key]:
-            raise SystemExit(f"--merge {path}: its {key} is {summary.get(key)!r}, this run's "
-                             f"{config[key]!r}; only runs with the same settings merge")
+            raise SystemExit(f"{flag} {path}: its {key} is {summary.get(key)!r}, this run's "
+                             f"{config[key]!r}; only runs with the same settings combine")
+    trials = summary.get("trials") or {}
     for label, count in config["trials"].items():
         if trials.get(label, count) != count:
-            raise SystemExit(f"--merge {path}: its {label} search ran {trials[label]} trials, "
-                             f"this run {count}; only runs with the same settings merge")
+            raise SystemExit(f"{flag} {path}: its {label} search ran {trials[label]} trials, "
+                             f"this run {count}; only runs with the same settings combine")
+    return dict(payload)
+
+
+def load_earlier(path: Path | None, config: dict[str, Any], repeated: set[tuple[str, int]]
+                 ) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any], dict[str, int]]:
+    """An earlier result's rows and details by search and seed, less those this run repeats,
+    and its trials per search; nothing without `path` (`--merge`)."""
+    if path is None:
+        return {}, {}, {}
+    payload = read_earlier(path, "--merge", config, ("quick", "slots", "arms", "epochs"))
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     details: dict[str, Any] = {}
-    for key, detail in found.items():
+    for key, detail in payload["details"].items():
         label, seed = key.rsplit("/", 1)
         if (label, int(seed)) not in repeated:
             rows.setdefault(label, {})[int(seed)] = detail["row"]
             details[key] = detail
-    return rows, details, trials
+    return rows, details, payload["summary"].get("trials") or {}
 
 
 def load_baselines(path: Path, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """An earlier result's baseline rows and histories by "search/seed", for a run of Kiln's
-    arms alone: the baseline runs cold trials without freezing, which Kiln's changes leave as
-    they were, so a long benchmark need not run it again.
-
-    Raises:
-        SystemExit: the file is unreadable, or was run with other settings (named).
-    """
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-        summary, found = payload["summary"], payload["details"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"--baseline-from {path}: not a result of this benchmark ({exc})"
-                         ) from None
-    for key in ("quick", "slots", "epochs"):
-        if summary.get(key) != config[key]:
-            raise SystemExit(f"--baseline-from {path}: its {key} is {summary.get(key)!r}, this "
-                             f"run's {config[key]!r}; a baseline compares only at the same "
-                             "settings")
-    for label, count in config["trials"].items():
-        if (summary.get("trials") or {}).get(label) != count:
-            raise SystemExit(f"--baseline-from {path}: its {label} search ran "
-                             f"{(summary.get('trials') or {}).get(label)} trials, this run "
-                             f"{count}; a baseline compares only at the same settings")
+    """An earlier result's baseline rows and histories by "search/seed" (`--baseline-from`),
+    for a run of Kiln's arms alone: the baseline runs cold trials without freezing, which
+    Kiln's changes leave as they were, so a long benchmark need not run it again."""
+    payload = read_earlier(path, "--baseline-from", config, ("quick", "slots", "epochs"))
     return {key: {"row": detail["row"], "history": detail["histories"]["baseline"],
-                  "created": payload.get("created")} for key, detail in found.items()}
+                  "created": payload.get("created")}
+            for key, detail in payload["details"].items()}
 
 
 def main() -> None:
