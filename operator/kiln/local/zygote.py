@@ -102,6 +102,8 @@ class Process:
                  status: int | None = None) -> None:
         self._zygote, self.pid, self.stdout = zygote, pid, stdout
         self._status = status
+        # a watcher thread polls while another waits: the status pipe is closed once, by one
+        self._status_lock = threading.Lock()
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -126,20 +128,25 @@ class Process:
 
     def _ended(self, code: int | None) -> None:
         if code is not None:
-            self.returncode = code
-            if self._status is not None:
-                os.close(self._status)
-                self._status = None
+            with self._status_lock:
+                self.returncode = code
+                if self._status is not None:
+                    os.close(self._status)
+                    self._status = None
 
     def _own_report(self, timeout: float | None) -> int | None:
         """The code the child wrote to `status` as it ended; None while it runs."""
-        if self._status is None:
-            raise ChildProcessError(f"the zygote exited before it reported pid {self.pid}")
-        ready = select.poll()  # not select.select: a busy process's fds pass 1024
-        ready.register(self._status, select.POLLIN)
-        if not ready.poll(None if timeout is None else int(timeout * 1000)):
-            return None
-        written = os.read(self._status, 16)
+        # held while waiting, so that no other thread closes the pipe under the poll
+        with self._status_lock:
+            if self.returncode is not None:
+                return self.returncode
+            if self._status is None:
+                raise ChildProcessError(f"the zygote exited before it reported pid {self.pid}")
+            ready = select.poll()  # not select.select: a busy process's fds pass 1024
+            ready.register(self._status, select.POLLIN)
+            if not ready.poll(None if timeout is None else int(timeout * 1000)):
+                return None
+            written = os.read(self._status, 16)
         return int(written) if written.strip().lstrip(b"-").isdigit() else -signal.SIGKILL
 
     def send_signal(self, sig: int) -> None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +273,36 @@ def test_load_time_variables_pick_the_zygote() -> None:
     # torchrun's per-worker variables: the workers of one launch share a zygote
     assert zygote.load_time({**one, "TORCHELASTIC_ERROR_FILE": "/tmp/rank0/error.json",
                              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == zygote.load_time(one)
+
+
+def test_a_child_polled_by_threads_while_another_waits_ends_once_for_all(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    # As `kiln sweep run` on Ctrl-C: each trial's watcher polls while the main thread waits;
+    # the pipe that reports the exit code must be closed once, whoever sees the end first.
+    read, write = os.pipe()
+    try:
+        forked = run(["wait"], env=_env(fake_trainer), cwd=tmp_path, stdin=read)
+    finally:
+        os.close(read)
+    assert forked.stdout.readline() == "running\n"
+    seen: list[int | None] = []
+    errors: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            while (code := forked.process.poll()) is None:
+                pass
+            seen.append(code)
+        except BaseException as error:  # noqa: BLE001 -- the test reports it
+            errors.append(error)
+
+    watchers = [threading.Thread(target=watch) for _ in range(6)]
+    for watcher in watchers:
+        watcher.start()
+    forked.process.send_signal(signal.SIGTERM)
+    assert forked.process.wait(timeout=120) == -signal.SIGTERM
+    for watcher in watchers:
+        watcher.join(timeout=120)
+    os.close(write)
+    assert errors == []
+    assert seen == [-signal.SIGTERM] * 6
