@@ -430,7 +430,8 @@ class Freezer:
         if self.worker is not None:
             closed = self._take_results()
             if closed:
-                self.convergence.close_cycle(first_active=self.boundary)
+                self.convergence.close_cycle(first_active=self.boundary,
+                                             peaks=step >= self.settings.bootstrap_steps)
                 self._cycles_since_freeze += 1
                 _log.debug("step %d, reference v%d: %s", step, self._version, self.convergence)
                 proposal = self._proposal(step)

@@ -75,8 +75,17 @@ class Convergence:
                 self._detectors[i].add(self.plasticity[name])
                 self._scales[i] = scale
 
-    def close_cycle(self, *, first_active: int) -> None:
-        """End a cycle: update every measured active block's streak, peak and rise count."""
+    def close_cycle(self, *, first_active: int, peaks: bool = True) -> None:
+        """End a cycle: update every measured active block's streak, peak and rise count.
+
+        Args:
+            first_active: index of the front-most trainable block.
+            peaks: whether this cycle's plasticity may set a block's peak. Not in the
+                bootstrap: a network leaving its random initialisation moves tens to hundreds
+                of times faster per unit of learning rate than at any later point (measured on
+                a character transformer: 400x in the first cycle), so a peak from then made
+                every later cycle pass the peak test, a loss plateau included.
+        """
         for i in range(first_active, len(self.blocks)):
             name = self.blocks[i]
             value = self.plasticity.get(name)
@@ -85,7 +94,8 @@ class Convergence:
             normalised = value / self._scales[i]
             self.normalised[name] = normalised
             change = self._detectors[i].last_change
-            self._peaks[i] = max(self._peaks[i], normalised)
+            if peaks:
+                self._peaks[i] = max(self._peaks[i], normalised)
             # Converged when either test holds. The slope test: plasticity stopped growing
             # within the cycle (the drift since the refresh is lost in the noise). The peak
             # test: the normalised cycle plasticity fell to `peak_fraction` of its peak. It is
@@ -96,7 +106,8 @@ class Convergence:
             phase = self._phase[i]
             phase.append(normalised)
             tests = {"slope": change is not None and change < self.tolerance,
-                     "peak": normalised <= self.peak_fraction * self._peaks[i],
+                     "peak": 0 < self._peaks[i]
+                     and normalised <= self.peak_fraction * self._peaks[i],
                      "phase": self._settled(phase)}
             self._passed[i] = next((name for name, passed in tests.items() if passed), None)
             flat = self._passed[i] is not None

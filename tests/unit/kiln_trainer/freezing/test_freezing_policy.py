@@ -18,13 +18,13 @@ SPEC = api.ModelSpec.model_validate(
 
 
 def _cycle(state: convergence.Convergence, values: dict[str, float], *, first_active: int = 0,
-           scale: float = 1.0) -> None:
+           scale: float = 1.0, peaks: bool = True) -> None:
     """One reference cycle of three answers drifting linearly away from the fresh reference
     (so the in-cycle slope test never fires), ending at `values`."""
     for j in (1, 2, 3):
         state.take({k: v * j / 3 for k, v in values.items()}, first_active=first_active,
                    scale=scale)
-    state.close_cycle(first_active=first_active)
+    state.close_cycle(first_active=first_active, peaks=peaks)
     state.new_cycle()
 
 
@@ -190,3 +190,27 @@ def test_a_warm_up_sets_no_peak_the_full_rate_has_to_beat() -> None:
         _cycle(state, dict.fromkeys(BLOCKS, 1.0))
     assert not any(state.converged(i) for i in range(5))
     assert state.prefix(0, limit=5, near_free=[False] * 5) == 0
+
+
+def test_the_cycles_of_the_bootstrap_set_no_peak_and_a_loss_plateau_is_not_convergence() -> None:
+    # Normalised plasticity of a 1-layer character transformer's two blocks, cycle by cycle
+    # (recorded from `kiln run`, lr 0.0034, cosine): the first cycle leaves the random
+    # initialisation 40-400x faster than any later one, then the loss sits on its unigram
+    # plateau while the blocks keep learning at a steady pace.
+    blocks = ("stem", "layers.0")
+    trace = [(4.19e-05, 0.0093), (2.59e-06, 2.29e-05), (9.45e-06, 1.15e-04),
+             (7.13e-06, 1.43e-04), (6.5e-06, 2.16e-04), (3.98e-06, 1.28e-04),
+             (3.39e-06, 7.2e-05), (3.13e-06, 5.57e-05), (2.28e-06, 4.1e-05)]
+    bootstrap = 2  # cycles before the bootstrap steps ended
+
+    def run(peaks_from: int) -> list[bool]:
+        state = convergence.Convergence(blocks, window=3, tolerance=1e-9, peak_fraction=0.1,
+                                        patience=2)
+        converged = []
+        for n, values in enumerate(trace):
+            _cycle(state, dict(zip(blocks, values, strict=True)), peaks=n >= peaks_from)
+            converged.append(state.converged(1))
+        return converged
+
+    assert run(peaks_from=0)[2:] == [True] * 7  # what the first cycle's peak did: froze it
+    assert run(peaks_from=bootstrap) == [False] * 9
