@@ -421,6 +421,15 @@ def load_baselines(path: Path, config: dict[str, Any]) -> dict[str, dict[str, An
             for key, detail in payload["details"].items()}
 
 
+def result_name(arms: Sequence[str], *, quick: bool, partial: bool) -> str:
+    """The results' file name: an opt-in arm, or an arm run without Kiln's, is named in it, so
+    that such a run never overwrites the result of the arms the summary's goal scores."""
+    named = [arm.removeprefix("kiln-") for arm in arms[1:]
+             if arm == "kiln-unfrozen" or "kiln" not in arms]
+    return NAME + ("_quick" if quick else "") + "".join(f"_{arm}" for arm in named) + (
+        "_partial" if partial else "")
+
+
 def main() -> None:
     parser = common.arguments(__doc__, "small smoke run: 6 trials of 2 epochs, one seed")
     parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
@@ -474,8 +483,7 @@ def main() -> None:
     done = {(label, seed) for label, by_seed in earlier.items() for seed in by_seed}
     done |= {(s.label, seed) for s in chosen for seed in seeds}
     partial = bool(args.trials or args.epochs or args.arms) or done != full
-    name = NAME + ("_quick" if quick else "") + (
-        "_unfrozen" if "kiln-unfrozen" in arms else "") + ("_partial" if partial else "")
+    name = result_name(arms, quick=quick, partial=partial)
     if any(s.label == "fashion" for s in chosen):
         fashion_mnist.prepare(args.fashion_root)
     load_before, began = os.getloadavg(), time.perf_counter()

@@ -1,6 +1,7 @@
 """bench/sweep.py --merge and --baseline-from: an earlier result's seeds join a run, or its
-baseline stands in for running one; a result of other settings is refused naming the setting.
-Written results stand in for sweeps; nothing trains here."""
+baseline stands in for running one; a result of other settings is refused naming the setting;
+a run of other arms writes a file of its own. Written results stand in for sweeps; nothing
+trains here."""
 
 from __future__ import annotations
 
@@ -103,3 +104,18 @@ def test_a_baseline_of_other_settings_is_refused_naming_the_setting(
     (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
     with pytest.raises(SystemExit, match="not a result of this benchmark"):
         sweep.load_baselines(tmp_path / "bad.json", CONFIG)
+
+
+@pytest.mark.parametrize(("arms", "quick", "partial", "name"), [
+    (("baseline", "kiln", "kiln-independent"), False, False, "sweep"),
+    (("baseline", "kiln"), False, True, "sweep_partial"),
+    (("baseline", "kiln"), True, True, "sweep_quick_partial"),
+    (("baseline", "kiln", "kiln-unfrozen"), False, True, "sweep_unfrozen_partial"),
+    (("baseline", "kiln-independent"), False, True, "sweep_independent_partial"),
+    (("baseline", "kiln-independent", "kiln-unfrozen"), False, True,
+     "sweep_independent_unfrozen_partial"),
+])
+def test_a_run_without_kilns_arm_or_with_an_opt_in_one_has_a_file_of_its_own(
+        sweep: ModuleType, arms: tuple[str, ...], quick: bool, partial: bool,
+        name: str) -> None:
+    assert sweep.result_name(arms, quick=quick, partial=partial) == name
