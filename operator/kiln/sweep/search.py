@@ -29,14 +29,11 @@ _INHERITED_KEY = "kiln_inherited"  # a trial's user attribute: its `Inheritance`
 
 
 class Inheritance(enum.StrEnum):
-    """What a trial started from, in the order of the head start it gives. Pruning compares a
-    trial with trials of its own kind: after one epoch a trial fine-tuning a parent of its own
-    architecture is far ahead of one whose wider or deeper layers were partly transferred,
-    which is ahead of a cold one, and none of the three says which will end best (measured:
-    the chain's pruned wide trials had beaten their cold twins at the first rung). The first
-    trial of a kind, which Optuna would let through unjudged, is compared with the kinds that
-    inherited less: a head start that still trails them is no reason to go on (measured: such
-    first trials ran every epoch and held back the trials behind them)."""
+    """What a trial started from. Pruning compares a trial only with trials of its own kind:
+    after one epoch a trial fine-tuning a parent of its own architecture is far ahead of one
+    whose wider or deeper layers were partly transferred, which is ahead of a cold one, and
+    none of the three says which will end best (measured: the chain's pruned wide trials had
+    beaten their cold twins at the first rung)."""
 
     COLD = "cold"
     OTHER_ARCHITECTURE = "other_architecture"  # weights partly transferred from another
@@ -46,7 +43,6 @@ class Inheritance(enum.StrEnum):
 _AMONG = {Inheritance.COLD: "cold trials",
           Inheritance.OTHER_ARCHITECTURE: "trials warm-started from another architecture",
           Inheritance.OWN_ARCHITECTURE: "trials warm-started from their own architecture"}
-_LESS = {kind: frozenset(list(Inheritance)[:i + 1]) for i, kind in enumerate(Inheritance)}
 
 
 def inheritance(parent: str | None, similarity: float | None) -> Inheritance:
@@ -284,11 +280,11 @@ class Search:
         maximize = self._spec.objective.maximize
         better = "≥" if maximize else "≤"
         me = self._study.get_trials(deepcopy=False)[trial.number]
-        kinds = _compared(self._study, me)
-        trials = [t for t in self._study.get_trials(deepcopy=False) if _inherited(t) in kinds]
-        # Only a chain mixes kinds; its text says which kinds the trial was compared within.
-        among = " and ".join(_AMONG[k] for k in Inheritance if k in kinds) \
-            if self._spec.warm_start is api.sweep.SweepWarmStart.CHAIN else "trials"
+        kind = _inherited(me)
+        trials = [t for t in self._study.get_trials(deepcopy=False) if _inherited(t) is kind]
+        # Only a chain mixes kinds; its text says which kind the trial was compared within.
+        among = _AMONG[kind] if self._spec.warm_start is api.sweep.SweepWarmStart.CHAIN \
+            else "trials"
         if stopping.name is api.sweep.EarlyStoppingName.ASHA:
             rung = len(self._rungs(trial.number)) - 1
             key = _RUNG_KEY.format(rung)
@@ -334,37 +330,26 @@ class _Grid(optuna.samplers.GridSampler):
 
 
 class _ByInheritance(optuna.pruners.BasePruner):
-    """Optuna's pruner, shown only the trials the judged one is compared with (`_compared`)."""
+    """Optuna's pruner, shown only the trials that inherited what the judged trial did."""
 
     def __init__(self, pruner: optuna.pruners.BasePruner) -> None:
         self._pruner = pruner
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        return self._pruner.prune(_Kinds(study, _compared(study, trial)),  # type: ignore[arg-type]
-                                  trial)
+        return self._pruner.prune(_Kind(study, _inherited(trial)), trial)  # type: ignore[arg-type]
 
 
-def _compared(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> frozenset[Inheritance]:
-    """The kinds `trial` is judged among: its own once another of its kind has reported, until
-    then also those that inherited less (`Inheritance`)."""
-    kind = _inherited(trial)
-    alone = not any(t.intermediate_values and _inherited(t) is kind
-                    for t in study.get_trials(deepcopy=False) if t.number != trial.number)
-    return _LESS[kind] if alone else frozenset({kind})
+class _Kind:
+    """A study as the pruner reads it, less the trials of other `Inheritance`s: both Optuna
+    pruners see the others through `get_trials` alone; the rest (direction, storage) passes."""
 
-
-class _Kinds:
-    """A study as the pruner reads it, holding only the trials of some `Inheritance`s: both
-    Optuna pruners see the others through `get_trials` alone; the rest (direction, storage)
-    passes."""
-
-    def __init__(self, study: optuna.Study, kinds: frozenset[Inheritance]) -> None:
-        self._study, self._kinds = study, kinds
+    def __init__(self, study: optuna.Study, kind: Inheritance) -> None:
+        self._study, self._kind = study, kind
 
     def get_trials(self, deepcopy: bool = True, states: Sequence[OptunaState] | None = None
                    ) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states)
-                if _inherited(t) in self._kinds]
+                if _inherited(t) is self._kind]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
