@@ -379,7 +379,9 @@ def read_earlier(path: Path, flag: str, config: dict[str, Any], keys: Sequence[s
     """
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
-        summary, _ = payload["summary"], payload["details"]
+        summary = payload["summary"]
+        if not isinstance(payload["details"], dict):
+            raise TypeError("its details are not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"{flag} {path}: not a result of this benchmark ({exc})") from None
     for key in keys:
