@@ -430,8 +430,11 @@ class Freezer:
         if self.worker is not None:
             closed = self._take_results()
             if closed:
-                self.convergence.close_cycle(first_active=self.boundary,
-                                             peaks=step >= self.settings.bootstrap_steps)
+                # a peak only from a cycle wholly after the bootstrap: one that straddles
+                # its end still carries the fast start in its first answers
+                self.convergence.close_cycle(
+                    first_active=self.boundary,
+                    peaks=self._refreshed_at >= self.settings.bootstrap_steps)
                 self._cycles_since_freeze += 1
                 _log.debug("step %d, reference v%d: %s", step, self._version, self.convergence)
                 proposal = self._proposal(step)

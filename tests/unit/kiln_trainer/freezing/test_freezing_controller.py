@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from kiln import api, models
 from kiln_trainer import data, optim
 from kiln_trainer.distributed import batching
-from kiln_trainer.freezing import controller
+from kiln_trainer.freezing import controller, reference
 
 SPEC = api.ModelSpec.model_validate(
     {"architecture": "small_cnn", "inputShape": [1, 8, 8], "args": {"depth": 3, "width": 8}}
@@ -359,3 +359,55 @@ def test_a_measured_rise_behind_the_prefix_unfreezes_it(
     (event,) = events
     assert (event.kind, event.boundary) == ("unfroze", 0)
     assert "rose above 3x" in event.reason and freezer.phase_start == 0
+
+
+class _ScriptedReference:
+    """Stands in for the reference process: answers each probe at once with a plasticity that
+    grows with the probes since the refresh (a block that still moves drifts away from its
+    snapshot, so the slope test never passes) times `pace`, which the test sets per step."""
+
+    pace = 1.0
+
+    def __init__(self, _model: Any, blocks: Any, **_: Any) -> None:
+        self.blocks, self.noise_floor = tuple(blocks), {}
+        self.ready, self.alive = True, True
+        self._version, self._since_refresh = 0, 0
+        self._answers: list[reference.ProbeResult] = []
+
+    def refresh(self, version: int, *_: Any) -> None:
+        self._version, self._since_refresh = version, 0
+
+    def submit(self, probe_id: int, version: int, _inputs: Any, activations: Any) -> bool:
+        self._since_refresh += 1
+        value = type(self).pace * self._since_refresh
+        self._answers.append(reference.ProbeResult(
+            probe_id, version, {name: value for name in activations}, 0.0))
+        return True
+
+    def poll(self) -> list[reference.ProbeResult]:
+        answers, self._answers = self._answers, []
+        return [a for a in answers if a.version == self._version]
+
+    def close(self) -> None:
+        self.alive = False
+
+
+def test_the_peak_is_taken_after_the_bootstrap_so_a_fast_start_freezes_nothing(
+        splits, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bootstrap's cycles move 100x faster per unit of learning rate than the steady pace
+    # after it (a network leaving its random initialisation does); a peak taken from them would
+    # freeze the stem as soon as the bootstrap ends. Only a real fall below a tenth of the pace
+    # after the bootstrap freezes it.
+    monkeypatch.setattr(controller.reference, "ReferenceWorker", _ScriptedReference)
+    monkeypatch.setattr(_ScriptedReference, "pace", 100.0)
+    model, optimizer, freezer = _setup(splits, lr=0.01, tolerance=0.1, peak_fraction=0.1,
+                                       patience=2, bootstrap_steps=12, max_frozen_fraction=0.5)
+    with freezer:
+        assert _steps(model, optimizer, freezer, splits, 12) == []
+        monkeypatch.setattr(_ScriptedReference, "pace", 1.0)
+        assert _steps(model, optimizer, freezer, splits, 48, first=12) == []
+        assert freezer.convergence.normalised["stem"] > 0.5  # measured, at the steady pace
+        monkeypatch.setattr(_ScriptedReference, "pace", 0.02)
+        events = _steps(model, optimizer, freezer, splits, 60, first=60)
+    assert events and events[0].kind == "froze" and events[0].modules[0] == "stem"
+    assert "of its peak per unit of learning rate" in events[0].reason, events[0].reason
