@@ -268,12 +268,14 @@ def measure(search: Search, runs: dict[str, dict[str, Any]],
         }
     for arm in [*runs, *(["baseline"] if kept is not None else [])]:
         arm_row = row[arm]
-        arm_row["time_ratio"] = round(row["baseline"]["seconds_to_bar"]
-                                      / max(arm_row["seconds_to_bar"], 1e-9), 3)
-        arm_row["cpu_ratio"] = round(row["baseline"]["cpu_seconds_to_bar"]
-                                     / max(arm_row["cpu_seconds_to_bar"], 1e-9), 3)
-        arm_row["epochs_ratio"] = round(row["baseline"]["epochs_to_bar"]
-                                        / max(arm_row["epochs_to_bar"], 1), 3)
+        # An arm that never met the bar gets no speed-up (0): its whole sweep may have been
+        # shorter than the baseline's time to the bar, which would read as a ratio above 1.
+        reached = arm == "baseline" or arm_row["reached"]
+        for ratio, to_bar, floor in (("time_ratio", "seconds_to_bar", 1e-9),
+                                     ("cpu_ratio", "cpu_seconds_to_bar", 1e-9),
+                                     ("epochs_ratio", "epochs_to_bar", 1)):
+            arm_row[ratio] = round(row["baseline"][to_bar] / max(arm_row[to_bar], floor), 3) \
+                if reached else 0.0
     return row
 
 

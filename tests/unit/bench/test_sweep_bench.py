@@ -119,3 +119,22 @@ def test_a_run_without_kilns_arm_or_with_an_opt_in_one_has_a_file_of_its_own(
         sweep: ModuleType, arms: tuple[str, ...], quick: bool, partial: bool,
         name: str) -> None:
     assert sweep.result_name(arms, quick=quick, partial=partial) == name
+
+
+def test_an_arm_that_never_met_the_bar_gets_no_speed_up(sweep: ModuleType,
+                                                          tmp_path: Path) -> None:
+    # Kiln's arm ended at 300 s, before the baseline's 500 s to the bar, and never met it:
+    # 500 / 300 would read as 1.67x.
+    kept = sweep.load_baselines(_baseline_result(tmp_path / "r.json"), CONFIG)["fashion/0"]
+    start = 1_700_000_000.0
+    history = [{"index": 0, "state": "Succeeded",
+                "evaluations": [[e, 0.80 + 0.01 * e, 50.0 * e] for e in range(1, 5)]}]
+    doc = {"status": {"startTime": "2023-11-14T22:13:20+00:00", "history": history}}
+    run = {"doc": doc, "wall_seconds": 300.0, "cpu_seconds": 500.0,
+           "cpu_timeline": [[start, 0.0], [start + 300.0, 500.0]]}
+    row = sweep.measure(sweep.Search("fashion", {}, [], "validation_accuracy", 32),
+                        {"kiln": run}, kept["row"])
+    assert row["kiln"]["reached"] is False and row["kiln"]["best_delta"] == -1.0
+    assert (row["kiln"]["time_ratio"], row["kiln"]["cpu_ratio"],
+            row["kiln"]["epochs_ratio"]) == (0.0, 0.0, 0.0)
+    assert row["baseline"]["time_ratio"] == 1.0
