@@ -3,7 +3,9 @@
 The reference model runs in its real worker process where a test needs its answers; only the
 policy's knobs are set so that decisions come within a few dozen steps (tolerance and peak
 fraction high: every window counts as converged). Tests that set the boundary by hand build the
-Freezer as a rank that does not decide (``main=False``: no worker process to start).
+Freezer as a rank that does not decide (``main=False``: no worker process to start). One test
+scripts the reference's answers (`_ScriptedReference`), since it needs a pace of plasticity
+that real training does not give on demand.
 """
 
 from __future__ import annotations
