@@ -45,8 +45,8 @@ demo: $(STAMP)
 	$(VENV)/bin/kiln run --slots 2 examples/sweep/*.yaml
 
 # The docs site first: --strict fails on a broken link or anchor (site/ is git-ignored).
-# Then every test, spread over pytest-xdist workers: more workers than cores pay, since the
-# end-to-end tests mostly wait on the operator (docs/testing.md has the measurements).
+# Then every test, on one pytest-xdist worker per core: more workers only add CPU, each
+# collecting every module and starting its own servers (docs/testing.md has the measurements).
 # --durations lists the 30 slowest tests at the end, so growth shows.
 TEST_WORKERS ?= 2
 test: $(STAMP) prometheus docs
