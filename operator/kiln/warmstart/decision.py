@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import networkx as nx
 import torch
@@ -186,6 +186,14 @@ def decide(
                 break
             alternatives.append(after.parent)
             rest = [c for c in rest if c.model_id != after.parent]
+        own = _best_preferred(rest, job.spec.warm_start)
+        if own is not None:
+            # The policy ranks by similarity first; the best of the models the job prefers (a
+            # sweep's best trial so far) may have learned far more. The guard tries both and
+            # keeps the one that starts lower.
+            after = _choose([own], zoo, job, modality, task, child, {}, {})
+            if after.parent is not None:
+                alternatives.insert(0, after.parent)
         chosen = chosen.model_copy(update={"alternatives": alternatives})
     chosen = _with_refusals(chosen, refused)
     chosen = _noting_provisional(chosen, {c.record.id for c in found.candidates
@@ -201,6 +209,14 @@ def decide(
         "cold start: no other candidate is left"
     return chosen.model_copy(update={"outcome": api.WarmStartOutcome.COLD_UNREADABLE_PARENT,
                                      "reason": f"{then}; {unusable}"})
+
+
+def _best_preferred(candidates: Sequence[select.Candidate],
+                    spec: api.WarmStartSpec) -> select.Candidate | None:
+    """The first of `spec.preferred` (best first) among `candidates` that reaches
+    `minSimilarity`, or None."""
+    eligible = {c.model_id: c for c in candidates if c.similarity >= spec.min_similarity}
+    return next((eligible[i] for i in spec.preferred if i in eligible), None)
 
 
 def _choose(candidates: list[select.Candidate], zoo: store.ObjectStore, job: api.TrainingJob,

@@ -47,6 +47,12 @@ from kiln.warmstart import match
 #   absolute N(0, 0.05) noise, larger than the identity term on wide convs). With the noise off,
 #   an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU) computes
 #   the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), about 5e-6).
+# * Inserted residual branches (a whole new transformer or ResNet block, too long a run for the
+#   identity): the branch's last weighted layer, the one whose output reaches a residual `add`
+#   through ops that keep zero at zero, starts at zero weight and bias (`residual_plan`), so the
+#   new block adds nothing and the child computes the parent's function; its other layers keep
+#   the child's init and learn once the zeroed layer moves (its gradient is not zero). Without
+#   it a deeper transformer child started no better than cold.
 # * Heads (aligned dense layers with no weighted layer downstream): when the output count
 #   differs (10 -> 100 classes), the overlapping rows are copied and the other rows keep the
 #   child's init; `TransformResult.notes` says so. Classes are not replicated.
@@ -133,6 +139,10 @@ def transform(
     build = Builder(parent_state, child_state, noise_std=noise_std, generator=generator)
     identity, notes = identity_plan(child_graph, order, set(pairs), child_state)
     build.notes.extend(notes)
+    branch_ends = residual_plan(child_graph, order, set(pairs), identity)
+    if branch_ends:
+        build.notes.append("inserted residual branches start at zero, so each new block starts "
+                           f"as the identity: {', '.join(branch_ends)}")
     heads = head_layers(child_graph, order, pairs)
     maps = unit_maps(parent_graph, child_graph, order, pairs, identity, heads)
     for v in reversed(order):  # ModelKeeper's cascading order (maps are fixed already)
@@ -142,6 +152,8 @@ def transform(
                            in_map=in_map, out_map=maps[v], head=v in heads)
     for v in identity:
         build.identity(child_graph.nodes[v])
+    for v in branch_ends:
+        build.zero(child_graph.nodes[v])
     total_keys = {k for _, a in child_graph.nodes(data=True) for k in a.get("params", [])}
     matched = [k for k in build.params if k in total_keys]
     total = len(total_keys)
@@ -354,6 +366,55 @@ def identity_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
             notes.append(f"inserted layer {v} ({g.nodes[v]['op']}) keeps the child's "
                          f"init: {problem}")
     return plan, notes
+
+
+# Weightless ops that map zero to zero, element by element or by pooling: a branch whose last
+# weighted layer outputs zero still outputs zero through them.
+_ZERO_KEEPING = frozenset({
+    "ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Hardswish", "LeakyReLU", "ELU", "Mish", "Hardtanh",
+    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "Identity", "MaxPool1d", "MaxPool2d",
+    "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+})
+
+
+def residual_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
+                  identity: Sequence[str]) -> list[str]:
+    """Inserted layers that end a residual branch: zeroing them drops the branch.
+
+    Layer v qualifies when it is weighted, not transferred and not identity-initialised, and
+    its output reaches an `add` only through `_ZERO_KEEPING` ops, never fanning out, while
+    another input of that add descends from a transferred layer (the residual path that
+    carries the parent's function).
+
+    Returns:
+        The layers to zero, in `order`.
+    """
+    weighted = {v for v in order if g.nodes[v].get("params")}
+    transferred = weighted & aligned
+    carries: dict[str, bool] = {}  # a transferred layer is v or above it
+    for v in order:
+        carries[v] = v in transferred or any(carries[u] for u in g.predecessors(v))
+    skip = transferred | set(identity)
+    plan: list[str] = []
+    for v in order:
+        if v not in weighted or v in skip:
+            continue
+        node, path = v, {v}
+        while len(succ := list(g.successors(node))) == 1:
+            node = succ[0]
+            if g.nodes[node]["op"] != "add" and g.nodes[node]["op"] in _ZERO_KEEPING \
+                    and not g.nodes[node].get("params"):
+                path.add(node)
+                continue
+            break
+        if g.nodes[node]["op"] != "add" or node == v:
+            continue
+        others = [u for u in g.predecessors(node) if u not in path]
+        if others and any(carries[u] for u in others):
+            plan.append(v)
+    return plan
 
 
 def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor]) -> str | None:
@@ -602,6 +663,14 @@ class Builder:
         self._set_identity(w_key, w)
         if b_key is not None and b_key not in self.written:
             self._set_identity(b_key, torch.zeros_like(self.child[b_key]))
+
+    def zero(self, node: dict[str, Any]) -> None:
+        """Zero the weight and bias of an inserted layer that ends a residual branch
+        (`residual_plan` chose it): the branch then adds nothing."""
+        for key in node["params"]:
+            local = key.rsplit(".", 1)[-1]
+            if local in ("weight", "bias") and key not in self.written:
+                self._set_identity(key, torch.zeros_like(self.child[key]))
 
     def state_dict(self) -> dict[str, Tensor]:
         """The child's full state_dict: written tensors, and copies of the untouched ones."""

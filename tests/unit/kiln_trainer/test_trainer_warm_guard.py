@@ -1,6 +1,7 @@
-"""The warm-start probe guard: warm weights are kept when they clearly beat a cold start at step
-0, or beat it after a few training steps side by side on the same batches; else the decision's
-alternatives are tried in order, then the run starts cold."""
+"""The warm-start probe guard: of the decided parent and its alternatives, those whose warm
+weights clearly beat a cold start at step 0 compete and the lowest start is kept; if none does,
+the first that beats it after a few training steps side by side on the same batches; else the
+run starts cold."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def _register_scaled(zoo: store.ObjectStore, job: api.TrainingJob, metric: float
     torch.manual_seed(123)
     model = models.build(job.spec.model)
     state = {k: v * 10 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    return _register(zoo, job, state, metric)
+
+
+def _register(zoo: store.ObjectStore, job: api.TrainingJob, state: dict[str, torch.Tensor],
+              metric: float) -> str:
+    """A zoo record of `job`'s model holding `state`, claiming `metric`."""
+    model = models.build(job.spec.model)
     architecture = str(job.spec.model.architecture)
     record = records.ZooRecord(
         id=records.new_id(architecture), architecture=architecture,
@@ -293,6 +301,59 @@ def test_an_alternative_that_wins_at_step_0_is_kept_before_training_the_first_pa
     assert done.guard_steps == 0 and done.trained_probe_loss is None
     parent_state = records.load_weights(zoo, records.read_record(zoo, good))
     assert all(torch.equal(v, parent_state[k]) for k, v in model.state_dict().items())
+
+
+def test_of_the_parents_that_pass_the_guard_it_keeps_the_one_that_starts_lowest(
+        trained_zoo: Path, tmp_path: Path) -> None:
+    # The policy's pick (the higher metric) is the good parent blended with a tenth of a fresh
+    # init: it beats cold at step 0, but the good parent starts lower and is kept.
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
+    zoo = store.DirStore(zoo_dir)
+    (good,) = [r.id for r in records.list_records(zoo)]
+    trained = records.load_weights(zoo, records.read_record(zoo, good))
+    torch.manual_seed(5)
+    fresh = models.build(_job("x").spec.model).state_dict()
+    blended = {k: 0.9 * v + 0.1 * fresh[k] if v.is_floating_point() else v
+               for k, v in trained.items()}
+    weaker = _register(zoo, _job("x"), blended, metric=0.99)
+    job = _job("child")
+    decided = decision.decide(job, zoo)
+    assert (decided.parent, decided.alternatives) == (weaker, [good])
+    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
+                       model=job.spec.model)
+    model = models.build(job.spec.model)
+    probe = warm.training_probe(splits.train, accuracy=True)
+    done = warm.warm_start(job, model, zoo, decided=decided, probe=probe)
+    assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
+    passed_over = f"; candidate {weaker} (similarity 1.00) passed the guard but started higher: "
+    assert passed_over in done.reason
+    # the weaker parent did pass: its own step-0 loss beat cold, and lost to the good one's
+    alone = warm.warm_start(job, models.build(job.spec.model), zoo,
+                            decided=decided.model_copy(update={"alternatives": []}), probe=probe)
+    assert alone.parent == weaker and done.probe_loss is not None
+    assert alone.probe_loss is not None and done.probe_loss < alone.probe_loss
+    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+
+
+def test_the_best_preferred_model_joins_the_alternatives(trained_zoo: Path,
+                                                          tmp_path: Path) -> None:
+    # A sweep prefers its best trial: when the policy's picks and alternatives are more
+    # similar models, the preferred one is still tried by the guard (first alternative).
+    zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
+    zoo = store.DirStore(zoo_dir)
+    (good,) = [r.id for r in records.list_records(zoo)]
+    same = [_register_scaled(zoo, _job("x"), metric=m) for m in (0.9, 0.8)]
+    narrow_job = _job("x", args={"depth": 2, "width": 8})
+    narrow = _register(zoo, narrow_job, models.build(narrow_job.spec.model).state_dict(),
+                       metric=0.95)
+    plain = decision.decide(_job("child"), zoo)
+    assert (plain.parent, plain.alternatives) == (same[0], [same[1], good])
+    decided = decision.decide(_job("child", warmStart={"preferred": [narrow]}), zoo)
+    assert decided.parent == same[0] and decided.alternatives == [narrow, same[1], good]
+    # a preferred model below minSimilarity is not tried
+    shy = decision.decide(_job("child", warmStart={"preferred": [narrow],
+                                                   "minSimilarity": 0.99}), zoo)
+    assert shy.parent == same[0] and narrow not in shy.alternatives
 
 
 def test_a_cross_family_parent_transfers_with_lower_loss_or_is_refused_with_the_reason(

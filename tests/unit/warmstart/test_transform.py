@@ -207,19 +207,70 @@ def test_inserted_layers_that_cannot_be_identity_keep_the_childs_init_with_a_not
     assert torch.equal(child.state_dict()["2.weight"], fresh["2.weight"])
 
 
-def test_long_runs_of_inserted_layers_keep_the_childs_init() -> None:
+def test_long_runs_of_inserted_layers_keep_the_childs_init_but_a_residual_branch_ends_at_zero(
+        ) -> None:
     # small_resnet [1,1,1] -> [2,2,2] inserts whole blocks (4 weighted layers each): too long
-    # for identity init; their last BN starts at zero, so the child still computes the parent.
+    # for identity init; each block's last BN (the branch's end) is zeroed, so the child still
+    # computes the parent, and the rest keeps the child's init.
     torch.manual_seed(0)
     parent = _randomise_norms(models.get_model("small_resnet", input_shape=(3, 16, 16),
                                                blocks=[1, 1, 1]), seed=2)
     child = models.get_model("small_resnet", input_shape=(3, 16, 16), blocks=[2, 2, 2]).eval()
     fresh = {k: v.clone() for k, v in child.state_dict().items()}
     result = _warm(parent, child, (3, 16, 16))
-    assert result.identity_initialised == []
+    assert sorted(result.identity_initialised) == sorted(
+        f"stages.{s}.1.bn2.{p}" for s in range(3) for p in ("weight", "bias"))
     assert torch.equal(child.state_dict()["stages.0.1.conv1.weight"],
                        fresh["stages.0.1.conv1.weight"])
     assert _max_output_gap(parent, child, (3, 16, 16)) < ATOL
+
+
+class _Residual(nn.Module):
+    """x + Linear(ReLU(Linear(x))): a residual block whose init is not the identity."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner, self.outer = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.outer(torch.relu(self.inner(x)))
+
+
+@pytest.mark.parametrize("depths", [(1, 2), (1, 3), (2, 3)], ids=lambda d: f"{d[0]}-to-{d[1]}")
+def test_a_deeper_transformer_computes_the_parents_function(depths: tuple[int, int]) -> None:
+    # Whole pre-norm blocks are inserted: each branch's last Linear (attention output, MLP
+    # output) starts at zero, the rest of the block at the child's init.
+    parent_depth, child_depth = depths
+    torch.manual_seed(0)
+    parent = models.get_model("char_transformer", input_shape=(12,), depth=parent_depth,
+                              width=16).eval()
+    child = models.get_model("char_transformer", input_shape=(12,), depth=child_depth,
+                             width=16).eval()
+    result = _warm(parent, child, (12,))
+    tokens = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert float((parent(tokens) - child(tokens)).abs().max()) < ATOL
+    ends = {f"layers.{i}.{layer}.{p}" for i in range(parent_depth, child_depth)
+            for layer in ("attention.out", "mlp.2") for p in ("weight", "bias")}
+    assert set(result.identity_initialised) == ends
+    assert any("starts as the identity" in note for note in result.notes)
+
+
+def test_a_residual_branch_is_zeroed_only_where_the_other_input_carries_the_parent() -> None:
+    # Parent: Linear, one residual block, head. The child adds a residual block whose random
+    # init would change the function: its outer Linear is zeroed, its inner kept.
+    torch.manual_seed(0)
+    parent = nn.Sequential(nn.Linear(8, 16), _Residual(16), nn.Linear(16, 4)).eval()
+    child = nn.Sequential(nn.Linear(8, 16), _Residual(16), _Residual(16),
+                          nn.Linear(16, 4)).eval()
+    fresh = {k: v.clone() for k, v in child.state_dict().items()}
+    result = _warm(parent, child, (8,))
+    assert _max_output_gap(parent, child, (8,)) < ATOL
+    inserted = "2" if "2.outer.weight" in result.identity_initialised else "1"
+    assert torch.equal(child.state_dict()[f"{inserted}.outer.weight"],
+                       torch.zeros_like(fresh[f"{inserted}.outer.weight"]))
+    assert torch.equal(child.state_dict()[f"{inserted}.inner.weight"],
+                       fresh[f"{inserted}.inner.weight"])
 
 
 # ---------------------------------------------------------------------------------------------
