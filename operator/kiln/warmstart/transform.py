@@ -48,12 +48,14 @@ from kiln.warmstart import match
 #   an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU) computes
 #   the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), about 5e-6).
 # * Inserted residual branches (a whole new transformer or ResNet block, too long a run for the
-#   identity): the branch's last weighted layer, the one whose output reaches a residual `add`
-#   through ops that keep zero at zero, starts at zero weight and bias (`residual_plan`), so the
-#   new block adds nothing and the child computes the parent's function; its other layers keep
-#   the child's init and learn once the zeroed layer moves (its gradient is not zero). Without
-#   it the new block's init shifts the function: little where blocks start small (a
-#   transformer's projections: 0.005 nats), much where they do not.
+#   identity): where a residual `add` has an input that computes what the parent did, each other
+#   input's last weighted layer (reached through ops that keep zero at zero) starts at zero
+#   weight and bias (`residual_plan`), so the new block adds nothing and the child computes the
+#   parent's function; an add with no such input (a new stage with a new projection shortcut)
+#   is left alone. The rest of such a block keeps the child's init and learns once the zeroed
+#   layer moves (its gradient is not zero). Without it the new block's init shifts the
+#   function: little where blocks start small (a transformer's projections: 0.005 nats), much
+#   where they do not.
 # * Heads (aligned dense layers with no weighted layer downstream): when the output count
 #   differs (10 -> 100 classes), the overlapping rows are copied and the other rows keep the
 #   child's init; `TransformResult.notes` says so. Classes are not replicated.
@@ -384,38 +386,53 @@ def residual_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
                   identity: Sequence[str]) -> list[str]:
     """Inserted layers that end a residual branch: zeroing them drops the branch.
 
-    Layer v qualifies when it is weighted, not transferred and not identity-initialised, and
-    its output reaches an `add` only through `_ZERO_KEEPING` ops, never fanning out, while
-    another input of that add descends from a transferred layer (the residual path that
-    carries the parent's function).
+    An `add` with one input that computes what the parent computed (a *clean* input: every
+    weighted layer above it transferred or identity-initialised, any branch joined on the way
+    dropped) keeps that input alone: each other input whose producer is an inserted layer,
+    reached through `_ZERO_KEEPING` ops with no fan-out, is dropped by zeroing that layer. An
+    add with no clean input (a new stage whose shortcut is a new projection) is left alone:
+    zeroing would cut the signal, not keep the parent's.
 
     Returns:
         The layers to zero, in `order`.
     """
     weighted = {v for v in order if g.nodes[v].get("params")}
-    transferred = weighted & aligned
-    carries: dict[str, bool] = {}  # a transferred layer is v or above it
-    for v in order:
-        carries[v] = v in transferred or any(carries[u] for u in g.predecessors(v))
-    skip = transferred | set(identity)
+    kept = (weighted & aligned) | set(identity)
+    clean: dict[str, bool] = {}
+    zero: set[str] = set()  # nodes whose output is zero once the plan is applied
     plan: list[str] = []
     for v in order:
-        if v not in weighted or v in skip:
-            continue
-        node, path = v, {v}
-        while len(succ := list(g.successors(node))) == 1:
-            node = succ[0]
-            if g.nodes[node]["op"] != "add" and g.nodes[node]["op"] in _ZERO_KEEPING \
-                    and not g.nodes[node].get("params"):
-                path.add(node)
-                continue
-            break
-        if g.nodes[node]["op"] != "add" or node == v:
-            continue
-        others = [u for u in g.predecessors(node) if u not in path]
-        if others and any(carries[u] for u in others):
-            plan.append(v)
-    return plan
+        preds = list(g.predecessors(v))
+        if g.nodes[v]["op"] == "add" and v not in weighted and any(clean[u] for u in preds):
+            for u in preds:
+                if not clean[u] and u not in zero:
+                    end, path = _branch_end(g, u, weighted, kept)
+                    if end is not None:
+                        plan.append(end)
+                        zero.update(path)
+            clean[v] = all(clean[u] or u in zero for u in preds)
+        elif v in weighted:
+            clean[v] = v in kept and all(clean[u] for u in preds)
+        else:
+            clean[v] = bool(preds) and all(clean[u] for u in preds)
+    return sorted(plan, key=order.index)
+
+
+def _branch_end(g: nx.DiGraph, node: str, weighted: set[str],
+                kept: set[str]) -> tuple[str | None, set[str]]:
+    """The inserted layer a branch ends with, walking up from `node` (an add's input) through
+    zero-keeping ops, and the nodes walked; (None, ...) if there is none, or a node on the way
+    feeds anything else."""
+    path = {node}
+    while node not in weighted:
+        preds = list(g.predecessors(node))
+        if g.nodes[node]["op"] not in _ZERO_KEEPING or len(preds) != 1:
+            return None, path
+        node = preds[0]
+        path.add(node)
+    if node in kept or any(g.out_degree(u) != 1 for u in path):
+        return None, path
+    return node, path
 
 
 def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor]) -> str | None:
