@@ -84,6 +84,13 @@ def trained_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return zoo
 
 
+def _probe(job: api.TrainingJob) -> warm.Probe:
+    """The guard's probe batch from `job`'s training split, as the trainer builds it."""
+    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
+                       model=job.spec.model)
+    return warm.training_probe(splits.train, accuracy=True)
+
+
 def _copy_zoo(source: Path, target: Path, *, keep: str | None = None) -> Path:
     """A copy of the trained zoo, with only records of architecture `keep` (all if None)."""
     src, dst = store.DirStore(source), store.DirStore(target)
@@ -288,11 +295,8 @@ def test_an_alternative_that_wins_at_step_0_is_kept_before_training_the_first_pa
     job = _job("child")
     decided = decision.decide(job, zoo)
     assert (decided.parent, decided.alternatives) == (bad, [good])
-    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
-                       model=job.spec.model)
     model = models.build(job.spec.model)
-    done = warm.warm_start(job, model, zoo, decided=decided,
-                           probe=warm.training_probe(splits.train, accuracy=True))
+    done = warm.warm_start(job, model, zoo, decided=decided, probe=_probe(job))
     assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
     assert done.reason.startswith(f"warm start from {good} (similarity 1.00): guard: step-0 "
                                   "probe loss")
@@ -320,10 +324,8 @@ def test_of_the_parents_that_pass_the_guard_a_clearly_lower_start_is_kept(
     job = _job("child")
     decided = decision.decide(job, zoo)
     assert (decided.parent, decided.alternatives) == (weaker, [good])
-    splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
-                       model=job.spec.model)
     model = models.build(job.spec.model)
-    probe = warm.training_probe(splits.train, accuracy=True)
+    probe = _probe(job)
     done = warm.warm_start(job, model, zoo, decided=decided, probe=probe)
     assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
     passed_over = (f"; candidate {weaker} (similarity 1.00) passed the guard but did not start "
