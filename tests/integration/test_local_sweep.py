@@ -1,5 +1,5 @@
 """`kiln sweep run` as a user runs it: real trainer processes on the bundled digits, a search
-that prunes a hopeless trial, chained warm starts, the leaderboard and the sweep's document,
+that prunes a hopeless trial, chained warm starts (the sweep's best model kept over a closer, weaker one), the leaderboard and the sweep's document,
 and a Ctrl-C mid-sweep that a rerun resumes without losing or repeating a trial.
 
 Tiny trials (an 8x8 CNN, one or two epochs, one thread): each trainer start costs seconds.
@@ -64,17 +64,17 @@ def _zoo(cwd: Path) -> dict[str, records.ZooRecord]:
     return {r.id: r for r in records.list_records(store.DirStore(cwd / "zoo"))}
 
 
-def _seed_drawing(lrs: list[float], spec: dict[str, Any]) -> int:
-    """The first random-search seed whose first two trials get `lrs` in that order."""
+def _seed_drawing(values: list[dict[str, Any]], spec: dict[str, Any]) -> int:
+    """The first random-search seed whose first two trials get `values` in that order."""
     from kiln import sweep
 
     for seed in range(100):
         search = sweep.Search(api.sweep.parse_sweep(_doc(
             "probe", warm="independent", epochs=2, algorithm={"name": "random", "seed": seed},
             **spec)).spec)
-        if [search.ask(), search.ask()] == [{"training.optimizer.lr": lr} for lr in lrs]:
+        if [search.ask(), search.ask()] == values:
             return seed
-    raise AssertionError(f"no seed below 100 draws {lrs} in order")
+    raise AssertionError(f"no seed below 100 draws {values} in order")
 
 
 def test_asha_prunes_the_hopeless_trial_and_independent_trials_start_cold(
@@ -87,7 +87,8 @@ def test_asha_prunes_the_hopeless_trial_and_independent_trials_start_cold(
             "maxTrials": 2, "parallelTrials": 1,
             "earlyStopping": {"name": "asha", "minEpochs": 1, "reductionFactor": 2}}
     file = _sweep(tmp_path / "lr.yaml", "lr", warm="independent", epochs=2,
-                  algorithm={"name": "random", "seed": _seed_drawing(lrs, spec)}, **spec)
+                  algorithm={"name": "random", "seed": _seed_drawing(
+                      [{"training.optimizer.lr": lr} for lr in lrs], spec)}, **spec)
     done = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", "-o", "json", cwd=tmp_path,
                        env=_env())
     assert done.returncode == 0, done.stderr
@@ -147,6 +148,38 @@ def test_chain_trials_warm_start_from_the_sweeps_own_best_model(tmp_path: Path) 
     plotted = clirun.kiln("plot", "--sweep", "chain", "--out", "trials.png", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr
     assert (tmp_path / "trials.png").stat().st_size > 0
+
+
+def test_a_chained_trial_takes_the_sweeps_best_model_over_a_closer_weaker_one(
+        tmp_path: Path) -> None:
+    # The zoo already holds the second trial's own architecture, trained on 600 images for two
+    # epochs: the policy picks it (the same architecture) and it beats a cold start. The first
+    # trial's narrower model, widened so that it computes the same function, starts clearly
+    # lower, and the guard keeps it.
+    weak = _doc("weak", parameters=[], warm="independent")["spec"]["template"]
+    weak["model"]["args"]["width"] = 16
+    weak["dataset"] = {"name": "digits", "maxSamples": 600}
+    weak["training"]["epochs"] = 2
+    job = tmp_path / "weak.yaml"
+    job.write_text(yaml.safe_dump({"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+                                   "metadata": {"name": "weak"}, "spec": weak}),
+                   encoding="utf-8")
+    ran = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path, env=_env())
+    assert ran.returncode == 0, ran.stderr
+    (weak_id,) = _zoo(tmp_path)
+    widths = [8, 16]
+    spec = {"parameters": [{"path": "model.args.width", "categorical": widths}],
+            "maxTrials": 2, "parallelTrials": 1}
+    file = _sweep(tmp_path / "best.yaml", "best", warm="chain", epochs=2,
+                  algorithm={"name": "random", "seed": _seed_drawing(
+                      [{"model.args.width": w} for w in widths], spec)}, **spec)
+    done = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", cwd=tmp_path, env=_env())
+    assert done.returncode == 0, done.stderr
+    first, second = _state(tmp_path, "best").status.history  # type: ignore[union-attr]
+    assert [t.params for t in (first, second)] == [{"model.args.width": w} for w in widths]
+    assert second.parent == first.zoo_model and second.similarity is not None
+    assert second.similarity < 1.0  # not the same architecture: the weak model was closer
+    assert f"candidate {weak_id} (similarity 1.00) passed the guard, not kept: " in done.stdout
 
 
 # A dataset that holds its trainer while a file exists, so the test, not the machine's speed,

@@ -396,8 +396,7 @@ def warm_start(
         trial, _, verdict = kept
         applied = _apply(job, trial, zoo, raw_model)
         passed_over = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) passed the "
-                       f"guard but did not start clearly lower: {v}" for t, _, v in passing
-                       if t is not trial]
+                       f"guard, not kept: {v}" for t, _, v in passing if t is not trial]
         failed = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) rejected by "
                   f"the guard: {v} ({rule(w, cold)})" for t, w, v in waiting]
         return _kept(trial, applied, verdict, [*rejected, *passed_over, *failed],

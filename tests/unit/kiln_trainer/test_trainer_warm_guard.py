@@ -328,8 +328,7 @@ def test_of_the_parents_that_pass_the_guard_a_clearly_lower_start_is_kept(
     probe = _probe(job)
     done = warm.warm_start(job, model, zoo, decided=decided, probe=probe)
     assert done.parent == good and done.outcome == api.WarmStartOutcome.WARM
-    passed_over = (f"; candidate {weaker} (similarity 1.00) passed the guard but did not start "
-                   "clearly lower: ")
+    passed_over = f"; candidate {weaker} (similarity 1.00) passed the guard, not kept: "
     assert passed_over in done.reason
     # the weaker parent did pass: its own step-0 loss beat cold, and lost to the good one's
     alone = warm.warm_start(job, models.build(job.spec.model), zoo,
