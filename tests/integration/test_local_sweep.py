@@ -1,6 +1,7 @@
 """`kiln sweep run` as a user runs it: real trainer processes on the bundled digits, a search
-that prunes a hopeless trial, chained warm starts (the sweep's best model kept over a closer, weaker one), the leaderboard and the sweep's document,
-and a Ctrl-C mid-sweep that a rerun resumes without losing or repeating a trial.
+that prunes a hopeless trial, chained warm starts (the sweep's best model kept over a closer,
+weaker one), the leaderboard and the sweep's document, and a Ctrl-C mid-sweep that a rerun
+resumes without losing or repeating a trial.
 
 Tiny trials (an 8x8 CNN, one or two epochs, one thread): each trainer start costs seconds.
 """
