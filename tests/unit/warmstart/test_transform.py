@@ -225,6 +225,17 @@ def test_long_runs_of_inserted_layers_keep_the_childs_init_but_a_residual_branch
     assert _max_output_gap(parent, child, (3, 16, 16)) < ATOL
 
 
+def test_a_new_stage_with_a_projection_shortcut_is_not_cut() -> None:
+    # [1,1,1] -> [1,1,1,1]: the new stage's add joins its branch and a new projection, neither
+    # computing the parent's function; zeroing either would cut the signal, so neither is.
+    torch.manual_seed(0)
+    parent = models.get_model("small_resnet", input_shape=(3, 16, 16), blocks=[1, 1, 1])
+    child = models.get_model("small_resnet", input_shape=(3, 16, 16), blocks=[1, 1, 1, 1])
+    result = _warm(parent, child, (3, 16, 16))
+    assert not any(k.startswith("stages.3.0.bn2") for k in result.identity_initialised)
+    assert not any("residual branches" in note for note in result.notes)
+
+
 class _Residual(nn.Module):
     """x + Linear(ReLU(Linear(x))): a residual block whose init is not the identity."""
 
