@@ -3,8 +3,8 @@
 The decision comes from upstream (the operator, as JSON) or, when none was passed, from the
 same `kiln.warmstart.decision.decide` run here. The probe guard then keeps, of the parents (the
 decided one and its alternatives) whose warm weights clearly beat a cold start at step 0, the
-first, unless a later one starts clearly lower; if none does, the first that beats it after a few training steps taken
-side by side on the same batches; otherwise it starts cold.
+first, unless a later one starts clearly lower; if none does, the first that beats it after a
+few training steps taken side by side on the same batches; otherwise it starts cold.
 """
 
 from __future__ import annotations
