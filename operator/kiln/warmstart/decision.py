@@ -190,7 +190,7 @@ def decide(
         if own is not None:
             # The policy ranks by similarity first; the best of the models the job prefers (a
             # sweep's best trial so far) may have learned far more. The guard tries both and
-            # keeps the one that starts lower.
+            # keeps it if it starts clearly lower.
             after = _choose([own], zoo, job, modality, task, child, {}, {})
             if after.parent is not None:
                 alternatives.insert(0, after.parent)

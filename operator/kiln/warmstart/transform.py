@@ -81,7 +81,8 @@ class TransformResult:
         matched_tensors: child parameter tensors that received parent values.
         total_tensors: child parameter tensors named by the child graph's nodes.
         transferred_params: those parameter keys, in the order written.
-        identity_initialised: child keys (parameters and BN buffers) set to the identity.
+        identity_initialised: child keys (parameters and BN buffers) set to the identity, or
+            zeroed to drop an inserted residual branch (`residual_plan`).
         untransferred_fraction: 1 - matched_tensors / total_tensors (1.0 when total is 0).
         transferred_buffers: child buffer keys (BN statistics) copied from the parent.
         unchanged: child keys (parameters and buffers) holding their parent tensor exactly: same
@@ -312,14 +313,16 @@ MAX_IDENTITY_RUN = 2
 _DENSE_OPS = frozenset({"Conv1d", "Conv2d", "Conv3d", "Linear", "LazyLinear",
                         "NonDynamicallyQuantizableLinear"})
 _CHANNEL_NORMS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"})
-# Weightless ops that act on each feature separately (or pool over space) and so keep a unit map.
-_PASSTHROUGH = frozenset({
-    "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "ELU",
-    "LeakyReLU", "Mish", "Hardtanh", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
-    "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
-    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "add", "sub", "mul", "div",
-    *_CHANNEL_NORMS,
+# Activations and pooling that map zero to zero, feature by feature.
+_ZERO_AT_ZERO = frozenset({
+    "ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Hardswish", "ELU", "LeakyReLU", "Mish", "Hardtanh",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
 })
+# Weightless ops that act on each feature separately (or pool over space) and so keep a unit map.
+_PASSTHROUGH = frozenset({*_ZERO_AT_ZERO, "Sigmoid", "Hardsigmoid", "add", "sub", "mul", "div",
+                          *_CHANNEL_NORMS})
 
 
 
@@ -371,15 +374,9 @@ def identity_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
     return plan, notes
 
 
-# Weightless ops that map zero to zero, element by element or by pooling: a branch whose last
-# weighted layer outputs zero still outputs zero through them.
-_ZERO_KEEPING = frozenset({
-    "ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Hardswish", "LeakyReLU", "ELU", "Mish", "Hardtanh",
-    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "Identity", "MaxPool1d", "MaxPool2d",
-    "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
-    "AdaptiveMaxPool3d",
-})
+# Weightless ops through which a branch whose last weighted layer outputs zero still does.
+_ZERO_KEEPING = frozenset({*_ZERO_AT_ZERO, "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+                           "Identity"})
 
 
 def residual_plan(g: nx.DiGraph, order: list[str], aligned: set[str],

@@ -237,14 +237,16 @@ def test_a_new_stage_with_a_projection_shortcut_is_not_cut() -> None:
 
 
 class _Residual(nn.Module):
-    """x + Linear(ReLU(Linear(x))): a residual block whose init is not the identity."""
+    """x + Linear(ReLU(Linear(x))), or with `tail` (an op that keeps zero at zero) after the
+    outer Linear: a residual block whose init is not the identity."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, tail: nn.Module | None = None) -> None:
         super().__init__()
         self.inner, self.outer = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        self.tail = tail or nn.Sequential()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.outer(torch.relu(self.inner(x)))
+        return x + self.tail(self.outer(torch.relu(self.inner(x))))
 
 
 @pytest.mark.parametrize("depths", [(1, 2), (1, 3), (2, 3)], ids=lambda d: f"{d[0]}-to-{d[1]}")
@@ -267,12 +269,16 @@ def test_a_deeper_transformer_computes_the_parents_function(depths: tuple[int, i
     assert any("starts as the identity" in note for note in result.notes)
 
 
-def test_a_residual_branch_is_zeroed_only_where_the_other_input_carries_the_parent() -> None:
+@pytest.mark.parametrize("tail", [None, nn.GELU(), nn.Dropout(0.5)],
+                         ids=["linear-then-add", "through-gelu", "through-dropout"])
+def test_a_residual_branch_is_zeroed_only_where_the_other_input_carries_the_parent(
+        tail: nn.Module | None) -> None:
     # Parent: Linear, one residual block, head. The child adds a residual block whose random
-    # init would change the function: its outer Linear is zeroed, its inner kept.
+    # init would change the function: its outer Linear is zeroed (found through the tail op),
+    # its inner kept.
     torch.manual_seed(0)
-    parent = nn.Sequential(nn.Linear(8, 16), _Residual(16), nn.Linear(16, 4)).eval()
-    child = nn.Sequential(nn.Linear(8, 16), _Residual(16), _Residual(16),
+    parent = nn.Sequential(nn.Linear(8, 16), _Residual(16, tail), nn.Linear(16, 4)).eval()
+    child = nn.Sequential(nn.Linear(8, 16), _Residual(16, tail), _Residual(16, tail),
                           nn.Linear(16, 4)).eval()
     fresh = {k: v.clone() for k, v in child.state_dict().items()}
     result = _warm(parent, child, (8,))
