@@ -136,7 +136,10 @@ def main(
         optimizer = optim.build_optimizer(raw_model.parameters(), spec.training.optimizer)
         scheduler = optim.build_schedule(optimizer, spec.training,
                                          steps_per_epoch=steps_per_epoch,
-                                         damping=functools.partial(warm.lr_damping, warm_start))
+                                         damping=functools.partial(
+                                             warm.lr_damping, warm_start,
+                                             steps_per_epoch=steps_per_epoch,
+                                             total_steps=spec.training.epochs * steps_per_epoch))
         run.resume(raw_model, optimizer, steps_per_epoch=steps_per_epoch, scheduler=scheduler)
         freezer = run.freezer(raw_model, splits)
         if ctx.parallelism != "fsdp":  # DDP after freezing: its reducer takes trainable ones

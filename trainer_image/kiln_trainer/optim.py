@@ -72,12 +72,12 @@ def build_schedule(
         optimizer: the optimizer to schedule.
         spec: `spec.training`.
         steps_per_epoch: optimizer steps per epoch.
-        damping: extra multiplier by 0-based epoch (warm start damps its first epochs,
-            `kiln_trainer.warm`); None: 1.
+        damping: extra multiplier by 0-based optimizer step (warm start damps its first
+            steps, `kiln_trainer.warm`); None: 1.
     """
 
     def factor(step: int) -> float:
-        scale = damping(step // steps_per_epoch) if damping is not None else 1.0
+        scale = damping(step) if damping is not None else 1.0
         return scale * lr_factor(
             step, schedule=spec.lr_schedule, epochs=spec.epochs, steps_per_epoch=steps_per_epoch
         )

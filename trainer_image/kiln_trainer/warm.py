@@ -249,16 +249,20 @@ def untransferred_fraction(applied: api.WarmStartDecision) -> float:
     return 1.0 - (applied.matched_tensors or 0) / applied.total_tensors
 
 
-def lr_damping(applied: api.WarmStartDecision, epoch: int) -> float:
-    """Learning-rate multiplier for 0-based `epoch` after the warm start `applied`
+def lr_damping(applied: api.WarmStartDecision, step: int, *, steps_per_epoch: int,
+               total_steps: int) -> float:
+    """Learning-rate multiplier for 0-based optimizer `step` after the warm start `applied`
     (`transform.lr_damping` of what the probe measured was not inherited, else of the
     untransferred tensors; 1.0 if cold)."""
     if applied.parent is None:
         return 1.0
     if applied.probe_loss is not None and applied.cold_probe_loss is not None:
-        quality = transform.transfer_quality(applied.probe_loss, applied.cold_probe_loss)
-        return transform.lr_damping(1.0 - quality, epoch)
-    return transform.lr_damping(untransferred_fraction(applied), epoch)
+        untransferred = 1.0 - transform.transfer_quality(applied.probe_loss,
+                                                          applied.cold_probe_loss)
+    else:
+        untransferred = untransferred_fraction(applied)
+    return transform.lr_damping(untransferred, step, steps_per_epoch=steps_per_epoch,
+                                total_steps=total_steps)
 
 
 def message(applied: api.WarmStartDecision) -> str:

@@ -41,18 +41,22 @@ from kiln.warmstart import match
 #   (replicated for widened channels); the published code transfers parameters only.
 # * Deeper layers (Net2DeeperNet): a run of at most `MAX_IDENTITY_RUN` = 2 inserted (unaligned)
 #   weighted layers between transferred layers is identity-initialised: conv -> Dirac at the
-#   kernel centre (in == out channels, same spatial size, odd kernels; grouped and depthwise
-#   convs per group), linear -> eye when square, BatchNorm -> gamma 1, beta 0, running mean 0,
-#   var 1; dense weights get noise of std `noise_std` / sqrt(fan_in) (the published code adds
-#   absolute N(0, 0.05) noise, larger than the identity term on wide convs). With the noise off,
-#   an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU) computes
-#   the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), about 5e-6).
+#   kernel centre (odd kernels; grouped and depthwise convs per group), linear -> eye,
+#   BatchNorm -> gamma 1, beta 0, running mean 0, var 1; dense weights get noise of std
+#   `noise_std` / sqrt(fan_in) (the published code adds absolute N(0, 0.05) noise, larger than
+#   the identity term on wide convs). A wider one (a new stage's projection shortcut) copies
+#   input unit k mod in into unit k and passes the composed unit map on, so the next layer
+#   divides the copies' fan-out; only where its output reaches a transferred layer or an add
+#   through norms alone (inside a block, copies would start alike). A strided one keeps every
+#   stride-th position: the child then computes the parent on a subsampled map. With the noise
+#   off, an inserted conv+BN+ReLU or Linear+ReLU whose input is non-negative (after a ReLU)
+#   computes the identity (BatchNorm in eval mode is off by a factor 1/sqrt(1 + eps), ~5e-6).
 # * Inserted residual branches (a whole new transformer or ResNet block, too long a run for the
 #   identity): where a residual `add` has an input that computes what the parent did, each other
 #   input's last weighted layer (reached through ops that keep zero at zero) starts at zero
 #   weight and bias (`residual_plan`), so the new block adds nothing and the child computes the
-#   parent's function; an add with no such input (a new stage with a new projection shortcut)
-#   is left alone. The rest of such a block keeps the child's init and learns once the zeroed
+#   parent's function (a new stage's projection shortcut, identity-initialised as above, is
+#   such an input); an add with no such input is left alone. The rest of such a block keeps the child's init and learns once the zeroed
 #   layer moves (its gradient is not zero). Without it the new block's init shifts the
 #   function: little where blocks start small (a transformer's projections: 0.005 nats), much
 #   where they do not.
@@ -224,9 +228,12 @@ def _follow_ties(state: dict[str, Tensor], written: set[str], child_model: nn.Mo
 
 def lr_damping(
     untransferred: float,
-    epoch: int,
+    step: int,
     *,
+    steps_per_epoch: int,
+    total_steps: int,
     warm_epochs: int = 2,
+    max_fraction: float = 0.2,
     floor: float = 0.3,
 ) -> float:
     """Learning-rate multiplier after a warm start: the more was inherited, the gentler at first.
@@ -236,9 +243,13 @@ def lr_damping(
     inherited weights are not wrecked by a full learning rate. Kiln damps by what the probe
     measured was NOT inherited, 1 - `transfer_quality` (the untransferred tensor fraction only
     for a start the trainer did not probe): counted tensors damp hardest exactly when a
-    transfer broke the function, the measured loss does not.
+    transfer broke the function, the measured loss does not. ModelKeeper's runs last tens of
+    epochs; a short run is damped for at most `max_fraction` of its steps, else a 2-epoch run
+    would fine-tune a weaker parent's function at a third of its rate to the end (measured: a
+    child with a new stage ended 1.9 points below cold; damped for its first fifth, 0.5 above).
 
-        multiplier = clip(untransferred, floor, 1)   if epoch < warm_epochs
+        multiplier = clip(untransferred, floor, 1)   if step < min(warm_epochs x steps_per_epoch,
+                                                                    ceil(max_fraction x total_steps))
                    = 1                                otherwise
 
     A cold start (1) is undamped; a perfect transfer (0) starts at `floor`.
@@ -246,24 +257,32 @@ def lr_damping(
     Args:
         untransferred: 1 - `transfer_quality(...)`, or the untransferred tensor fraction
             (`TransformResult.untransferred_fraction`), in [0, 1].
-        epoch: the 0-based epoch about to run.
-        warm_epochs: how many first epochs are damped (ModelKeeper: 2).
+        step: the 0-based optimizer step about to run.
+        steps_per_epoch: optimizer steps per epoch, >= 1.
+        total_steps: optimizer steps in the whole run, >= 1.
+        warm_epochs: how many first epochs are damped at most (ModelKeeper: 2).
+        max_fraction: the largest share of the run that is damped, in [0, 1].
         floor: smallest multiplier (ModelKeeper: 0.3).
 
     Returns:
         The multiplier in [floor, 1].
 
     Raises:
-        ValueError: untransferred outside [0, 1], negative epoch or warm_epochs, or floor
-            outside (0, 1].
+        ValueError: untransferred or max_fraction outside [0, 1], a negative step or
+            warm_epochs, steps_per_epoch or total_steps below 1, or floor outside (0, 1].
     """
     if not 0.0 <= untransferred <= 1.0:
         raise ValueError(f"untransferred must be in [0, 1] (got {untransferred})")
-    if epoch < 0 or warm_epochs < 0:
-        raise ValueError(f"epoch and warm_epochs must be >= 0 (got {epoch}, {warm_epochs})")
+    if step < 0 or warm_epochs < 0:
+        raise ValueError(f"step and warm_epochs must be >= 0 (got {step}, {warm_epochs})")
+    if steps_per_epoch < 1 or total_steps < 1:
+        raise ValueError("steps_per_epoch and total_steps must be >= 1 "
+                         f"(got {steps_per_epoch}, {total_steps})")
+    if not 0.0 <= max_fraction <= 1.0:
+        raise ValueError(f"max_fraction must be in [0, 1] (got {max_fraction})")
     if not 0.0 < floor <= 1.0:
         raise ValueError(f"floor must be in (0, 1] (got {floor})")
-    if epoch >= warm_epochs:
+    if step >= min(warm_epochs * steps_per_epoch, math.ceil(max_fraction * total_steps)):
         return 1.0
     return min(1.0, max(floor, untransferred))
 
@@ -365,7 +384,7 @@ def identity_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
     for v in order:
         if v in transferred or v not in weighted or fwd[v] + bwd[v] - 1 > MAX_IDENTITY_RUN:
             continue
-        problem = _identity_problem(g, v, state)
+        problem = _identity_problem(g, v, state, transferred)
         if problem is None:
             plan.append(v)
         else:
@@ -387,8 +406,8 @@ def residual_plan(g: nx.DiGraph, order: list[str], aligned: set[str],
     weighted layer above it transferred or identity-initialised, any branch joined on the way
     dropped) keeps that input alone: each other input whose producer is an inserted layer,
     reached through `_ZERO_KEEPING` ops with no fan-out, is dropped by zeroing that layer. An
-    add with no clean input (a new stage whose shortcut is a new projection) is left alone:
-    zeroing would cut the signal, not keep the parent's.
+    add with no clean input (a projection shortcut that could not start as an identity) is
+    left alone: zeroing would cut the signal, not keep the parent's.
 
     Returns:
         The layers to zero, in `order`.
@@ -432,8 +451,14 @@ def _branch_end(g: nx.DiGraph, node: str, weighted: set[str],
     return node, path
 
 
-def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor]) -> str | None:
-    """Why layer v cannot compute the identity, or None if it can."""
+def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor],
+                      transferred: set[str]) -> str | None:
+    """Why layer v cannot compute the identity, or None if it can.
+
+    A wider layer copies input unit k mod in to output unit k (Net2WiderNet on the identity)
+    only where its output reaches a transferred layer or a residual add through norms and
+    weightless ops alone (a new stage's projection shortcut): inside a block, copies would make
+    the block's units start alike, and the block's own init learns better."""
     node = g.nodes[v]
     kind = layer_kind(node)
     if kind == "norm":
@@ -442,18 +467,41 @@ def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor]) -> str
     if not weight_key:
         return f"no identity initialisation for {node['op']}"
     shape = list(state[weight_key].shape)
-    if len(shape) == 2:
-        return None if shape[0] == shape[1] else f"not square ({shape[1]} -> {shape[0]})"
     in_shape = _input_shape(g, v)
+    inputs = shape[1] if len(shape) == 2 else (in_shape[1] if in_shape and len(in_shape) > 1
+                                              else shape[1])
+    if shape[0] > inputs and not _feeds_join(g, v, transferred):
+        return (f"wider ({inputs} -> {shape[0]}) inside a block: its units keep the child's "
+                "init so that they differ")
+    if len(shape) == 2:
+        return None if shape[0] >= shape[1] else f"narrower ({shape[1]} -> {shape[0]})"
     if any(k % 2 == 0 for k in shape[2:]):
         return f"even kernel {shape[2:]} has no centre"
     if not in_shape or len(in_shape) < 2:
         return "its input shape is unknown"
-    if in_shape[1] % shape[1] or shape[0] != in_shape[1]:
+    out_shape = list(node.get("out_shape", []))
+    groups = in_shape[1] // shape[1] if not in_shape[1] % shape[1] else 0
+    if not (groups == 1 and shape[0] >= in_shape[1] or groups > 1 and shape[0] == in_shape[1]):
         return f"{in_shape[1]} input channels -> {shape[0]} output channels"
-    if list(node.get("out_shape", [])) != in_shape:
-        return f"output shape {node.get('out_shape')} differs from input shape {in_shape}"
+    if len(out_shape) != len(in_shape) or any(
+            o > i for o, i in zip(out_shape[2:], in_shape[2:], strict=True)):
+        return f"output shape {out_shape} is larger than input shape {in_shape}"
     return None
+
+
+def _feeds_join(g: nx.DiGraph, v: str, transferred: set[str]) -> bool:
+    """Every path down from v reaches a transferred layer or an `add` through norms and
+    weightless ops only."""
+    stack, seen = list(g.successors(v)), set()
+    while stack:
+        w = stack.pop()
+        if w in seen or w in transferred or g.nodes[w]["op"] == "add":
+            continue
+        seen.add(w)
+        if g.nodes[w].get("params") and layer_kind(g.nodes[w]) != "norm":
+            return False
+        stack.extend(g.successors(w))
+    return True
 
 
 def head_layers(g: nx.DiGraph, order: list[str], pairs: Mapping[str, str]) -> set[str]:
@@ -482,6 +530,12 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
                 maps[v] = in_map  # BatchNorm follows its producer's replicas
             else:
                 maps[v] = UnitMap(tuple(k % p_width for k in range(c_width)), p_width)
+        elif v in identities and in_map and kind == "dense" \
+                and int(node["weight_shape"][0]) != len(in_map.index):
+            # a wider identity (a new stage's projection): unit k copies input unit k mod in
+            maps[v] = UnitMap(tuple(in_map.index[k % len(in_map.index)]
+                                    for k in range(int(node["weight_shape"][0]))),
+                              in_map.parent_width)
         elif v in identities or (not node.get("params") and node["op"] in _PASSTHROUGH):
             maps[v] = in_map
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kiln import api
-from kiln_trainer import optim
+from kiln_trainer import optim, warm
 
 
 def _schedule(**fields: object) -> api.LrScheduleSpec:
@@ -65,6 +66,24 @@ def test_scheduler_steps_once_per_optimizer_step() -> None:
         scheduler.step()
     assert seen == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5,
                                   0.5 * (1 + math.cos(3 * math.pi / 4))])
+
+
+def test_a_warm_starts_damping_holds_for_its_first_steps_only() -> None:
+    # 2 epochs of 5 steps, a warm start that kept 90% of the probe loss: damped to the floor
+    # for ceil(0.2 x 10) = 2 steps, then the constant schedule's full rate
+    spec = api.TrainingSpec.model_validate({"epochs": 2, "optimizer": {"lr": 1.0},
+                                            "lrSchedule": {"name": "constant"}})
+    kept = api.WarmStartDecision(parent="p", similarity=0.9, outcome=api.WarmStartOutcome.WARM,
+                                 reason="r", probe_loss=0.2, cold_probe_loss=2.0)
+    optimizer = optim.build_optimizer(torch.nn.Linear(1, 1).parameters(), spec.optimizer)
+    scheduler = optim.build_schedule(optimizer, spec, steps_per_epoch=5, damping=functools.partial(
+        warm.lr_damping, kept, steps_per_epoch=5, total_steps=10))
+    seen = []
+    for _ in range(10):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([0.3, 0.3] + [1.0] * 8)
 
 
 def test_job_hyperparameters_win_over_a_loaded_optimizer_state() -> None:

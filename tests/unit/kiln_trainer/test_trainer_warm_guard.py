@@ -161,16 +161,17 @@ def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count
     record = api.WarmStartDecision(parent="p", similarity=0.9, matched_tensors=54,
                                    total_tensors=54, outcome=api.WarmStartOutcome.WARM,
                                    reason="r", probe_loss=1.8, cold_probe_loss=2.0)
-    assert warm.lr_damping(record, 0) == pytest.approx(0.9)  # 1 - clip(1 - 1.8 / 2.0, 0, 1)
-    assert warm.lr_damping(record, 2) == 1.0
+    run = {"steps_per_epoch": 10, "total_steps": 300}
+    assert warm.lr_damping(record, 0, **run) == pytest.approx(0.9)  # 1 - clip(1 - 1.8 / 2, 0, 1)
+    assert warm.lr_damping(record, 20, **run) == 1.0  # after 2 epochs
     partial = record.model_copy(update={"matched_tensors": 30})
     kept = partial.model_copy(update={"probe_loss": 0.2})
-    assert warm.lr_damping(kept, 0) == pytest.approx(0.3)  # quality 0.9 -> the floor
+    assert warm.lr_damping(kept, 0, **run) == pytest.approx(0.3)  # quality 0.9 -> the floor
     unprobed = partial.model_copy(update={"probe_loss": None, "cold_probe_loss": None})
-    assert warm.lr_damping(unprobed, 0) == pytest.approx(24 / 54)  # the untransferred share
+    assert warm.lr_damping(unprobed, 0, **run) == pytest.approx(24 / 54)  # the untransferred share
     cold = select.cold_start(api.WarmStartOutcome.COLD_FEW_TENSORS, "cold start: 1 of 54")
     assert warm.lr_damping(cold.model_copy(update={"matched_tensors": 1, "total_tensors": 54}),
-                           0) == 1.0
+                           0, **run) == 1.0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -198,13 +198,25 @@ def test_identity_noise_is_scaled_by_fan_in() -> None:
 def test_inserted_layers_that_cannot_be_identity_keep_the_childs_init_with_a_note() -> None:
     torch.manual_seed(0)
     parent = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    child = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 32), nn.ReLU(),
-                          nn.Linear(32, 4))
+    child = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 12), nn.ReLU(),
+                          nn.Linear(12, 4))
     fresh = {k: v.clone() for k, v in child.state_dict().items()}
     result = _warm(parent, child, (8,))
     assert result.identity_initialised == []
-    assert any("not square (16 -> 32)" in note for note in result.notes)
+    assert any("narrower (16 -> 12)" in note for note in result.notes)
     assert torch.equal(child.state_dict()["2.weight"], fresh["2.weight"])
+
+
+def test_a_wider_inserted_layer_copies_its_inputs_and_the_next_layer_shares_them() -> None:
+    # 16 -> 40: unit k copies input unit k mod 16; the head divides each input's fan-out
+    # among its copies (2 or 3), so the child computes the parent exactly
+    torch.manual_seed(0)
+    parent = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    child = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 40), nn.ReLU(),
+                          nn.Linear(40, 4))
+    result = _warm(parent, child, (8,))
+    assert {"2.weight", "2.bias"} <= set(result.identity_initialised)
+    assert _max_output_gap(parent, child, (8,)) < ATOL
 
 
 def test_long_runs_of_inserted_layers_keep_the_childs_init_but_a_residual_branch_ends_at_zero(
@@ -225,15 +237,22 @@ def test_long_runs_of_inserted_layers_keep_the_childs_init_but_a_residual_branch
     assert _max_output_gap(parent, child, (3, 16, 16)) < ATOL
 
 
-def test_a_new_stage_with_a_projection_shortcut_is_not_cut() -> None:
-    # [1,1,1] -> [1,1,1,1]: the new stage's add joins its branch and a new projection, neither
-    # computing the parent's function; zeroing either would cut the signal, so neither is.
+def test_a_new_stage_projects_the_parents_features_and_drops_its_branch() -> None:
+    # [1,1,1] -> [1,1,1,1]: the new stage's projection shortcut copies channel k mod 64 (a
+    # stride-2 1x1 conv: every other pixel), its BN starts as the identity and the branch at
+    # zero, so the child computes the parent on the subsampled last feature map.
     torch.manual_seed(0)
-    parent = models.get_model("small_resnet", input_shape=(3, 16, 16), blocks=[1, 1, 1])
+    parent = _randomise_norms(models.get_model("small_resnet", input_shape=(3, 16, 16),
+                                               blocks=[1, 1, 1]), seed=2)
     child = models.get_model("small_resnet", input_shape=(3, 16, 16), blocks=[1, 1, 1, 1])
     result = _warm(parent, child, (3, 16, 16))
-    assert not any(k.startswith("stages.3.0.bn2") for k in result.identity_initialised)
-    assert not any("residual branches" in note for note in result.notes)
+    assert {"stages.3.0.shortcut.0.weight", "stages.3.0.shortcut.1.weight",
+            "stages.3.0.bn2.weight", "stages.3.0.bn2.bias"} <= set(result.identity_initialised)
+    x = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        features = parent.eval().stages(parent.stem(x))  # [5, 64, 4, 4]
+        subsampled = parent.head[2](features[:, :, ::2, ::2].mean((2, 3)))
+        assert float((child.eval()(x) - subsampled).abs().max()) < ATOL
 
 
 class _Residual(nn.Module):
@@ -412,27 +431,42 @@ def test_graph_that_does_not_match_its_weights_is_rejected() -> None:
 # learning-rate damping
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("untransferred", "epoch", "expected"), [
+_RUN = {"steps_per_epoch": 10, "total_steps": 300}  # 30 epochs: damped for the first 2
+
+
+@pytest.mark.parametrize(("untransferred", "step", "expected"), [
     pytest.param(0.0, 0, 0.3, id="full-transfer-hits-the-floor"),
-    pytest.param(0.6, 1, 0.6, id="damped-by-what-was-not-transferred"),
+    pytest.param(0.6, 19, 0.6, id="damped-by-what-was-not-transferred"),
     pytest.param(1.0, 0, 1.0, id="cold-start-undamped"),
-    pytest.param(0.0, 2, 1.0, id="full-rate-after-warm-epochs"),
+    pytest.param(0.0, 20, 1.0, id="full-rate-after-warm-epochs"),
 ])
 def test_lr_damping_is_clipped_untransferred_fraction_for_the_first_epochs(
-        untransferred: float, epoch: int, expected: float) -> None:
-    assert transform.lr_damping(untransferred, epoch) == pytest.approx(expected)
+        untransferred: float, step: int, expected: float) -> None:
+    assert transform.lr_damping(untransferred, step, **_RUN) == pytest.approx(expected)
 
 
 def test_more_transfer_means_a_smaller_first_epoch_learning_rate() -> None:
-    assert transform.lr_damping(0.2, 0) < transform.lr_damping(0.5, 0) < 1.0
+    assert transform.lr_damping(0.2, 0, **_RUN) < transform.lr_damping(0.5, 0, **_RUN) < 1.0
 
 
-@pytest.mark.parametrize(("untransferred", "epoch", "floor"), [
-    pytest.param(1.5, 0, 0.3, id="fraction"),
-    pytest.param(0.5, -1, 0.3, id="epoch"),
-    pytest.param(0.5, 0, 0.0, id="floor"),
+def test_a_short_run_is_damped_for_a_fifth_of_its_steps_at_most() -> None:
+    # 2 epochs of 71 steps: damping both would hold the whole run at the floor
+    short = {"steps_per_epoch": 71, "total_steps": 142}
+    assert transform.lr_damping(0.0, 28, **short) == pytest.approx(0.3)
+    assert transform.lr_damping(0.0, 29, **short) == 1.0
+    assert transform.lr_damping(0.0, 1, steps_per_epoch=71, total_steps=142,
+                                max_fraction=0.0) == 1.0
+
+
+@pytest.mark.parametrize(("untransferred", "step", "arguments"), [
+    pytest.param(1.5, 0, {}, id="fraction"),
+    pytest.param(0.5, -1, {}, id="step"),
+    pytest.param(0.5, 0, {"floor": 0.0}, id="floor"),
+    pytest.param(0.5, 0, {"max_fraction": 1.5}, id="max-fraction"),
+    pytest.param(0.5, 0, {"steps_per_epoch": 0}, id="steps-per-epoch"),
+    pytest.param(0.5, 0, {"total_steps": 0}, id="total-steps"),
 ])
-def test_lr_damping_rejects_out_of_range_arguments(untransferred: float, epoch: int,
-                                                   floor: float) -> None:
+def test_lr_damping_rejects_out_of_range_arguments(untransferred: float, step: int,
+                                                   arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError):
-        transform.lr_damping(untransferred, epoch, floor=floor)
+        transform.lr_damping(untransferred, step, **{**_RUN, **arguments})  # type: ignore[arg-type]
