@@ -1,6 +1,7 @@
 """`kiln run` of a child with an added stage: its warm start looks no better than cold at step 0
-(the new stage starts random), and the trainer's guard keeps the parent only after training
-warm and cold side by side; the results table tells a guard's cold start from a missing match."""
+(the new stage sees one pixel of the parent's last 2x2 map), and the trainer's guard keeps the
+parent only after training warm and cold side by side; the results table tells a guard's cold
+start from a missing match."""
 
 from __future__ import annotations
 

@@ -409,8 +409,10 @@ def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
 
 def test_a_new_stage_looks_no_better_at_step_0_but_is_kept_after_the_probe_steps(
         trained_zoo: Path, tmp_path: Path) -> None:
-    """A fourth stage starts random: the step-0 probe refuses the parent, the probe steps keep
-    it, and the run starts from the transferred weights, not the probe-trained copy."""
+    """A fourth stage on 8x8 images sees one pixel of the parent's last 2x2 map (its stride-2
+    projection starts as an identity on every other pixel): the step-0 probe refuses the
+    parent, the probe steps keep it, and the run starts from the transferred weights, not the
+    probe-trained copy."""
     zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_resnet")
     zoo = store.DirStore(zoo_dir)
     (parent,) = [r.id for r in records.list_records(zoo)]
