@@ -56,10 +56,10 @@ from kiln.warmstart import match
 #   input's last weighted layer (reached through ops that keep zero at zero) starts at zero
 #   weight and bias (`residual_plan`), so the new block adds nothing and the child computes the
 #   parent's function (a new stage's projection shortcut, identity-initialised as above, is
-#   such an input); an add with no such input is left alone. The rest of such a block keeps the child's init and learns once the zeroed
-#   layer moves (its gradient is not zero). Without it the new block's init shifts the
-#   function: little where blocks start small (a transformer's projections: 0.005 nats), much
-#   where they do not.
+#   such an input); an add with no such input is left alone. The rest of such a block keeps
+#   the child's init and learns once the zeroed layer moves (its gradient is not zero).
+#   Without it the new block's init shifts the function: little where blocks start small (a
+#   transformer's projections: 0.005 nats), much where they do not.
 # * Heads (aligned dense layers with no weighted layer downstream): when the output count
 #   differs (10 -> 100 classes), the overlapping rows are copied and the other rows keep the
 #   child's init; `TransformResult.notes` says so. Classes are not replicated.
@@ -248,8 +248,8 @@ def lr_damping(
     would fine-tune a weaker parent's function at a third of its rate to the end (measured: a
     child with a new stage ended 1.9 points below cold; damped for its first fifth, 0.5 above).
 
-        multiplier = clip(untransferred, floor, 1)   if step < min(warm_epochs x steps_per_epoch,
-                                                                    ceil(max_fraction x total_steps))
+        damped     = min(warm_epochs x steps_per_epoch, ceil(max_fraction x total_steps))
+        multiplier = clip(untransferred, floor, 1)   if step < damped
                    = 1                                otherwise
 
     A cold start (1) is undamped; a perfect transfer (0) starts at `floor`.
