@@ -467,25 +467,26 @@ def _identity_problem(g: nx.DiGraph, v: str, state: Mapping[str, Tensor],
     if not weight_key:
         return f"no identity initialisation for {node['op']}"
     shape = list(state[weight_key].shape)
-    in_shape = _input_shape(g, v)
-    inputs = shape[1] if len(shape) == 2 else (in_shape[1] if in_shape and len(in_shape) > 1
-                                              else shape[1])
+    inputs = shape[1]
+    if len(shape) > 2:  # a conv: its kernel centre, and its input and output maps
+        in_shape, out_shape = _input_shape(g, v), list(node.get("out_shape", []))
+        if any(k % 2 == 0 for k in shape[2:]):
+            return f"even kernel {shape[2:]} has no centre"
+        if not in_shape or len(in_shape) < 2:
+            return "its input shape is unknown"
+        if in_shape[1] % shape[1]:
+            return f"{in_shape[1]} input channels are not groups of {shape[1]}"
+        inputs = in_shape[1]
+        if inputs != shape[1] and shape[0] != inputs:  # grouped: one identity per group
+            return f"grouped conv: {inputs} input channels -> {shape[0]} output channels"
+        if len(out_shape) != len(in_shape) or any(
+                o > i for o, i in zip(out_shape[2:], in_shape[2:], strict=True)):
+            return f"output shape {out_shape} is larger than input shape {in_shape}"
+    if shape[0] < inputs:
+        return f"narrower ({inputs} -> {shape[0]})"
     if shape[0] > inputs and not _feeds_join(g, v, transferred):
         return (f"wider ({inputs} -> {shape[0]}) inside a block: its units keep the child's "
                 "init so that they differ")
-    if len(shape) == 2:
-        return None if shape[0] >= shape[1] else f"narrower ({shape[1]} -> {shape[0]})"
-    if any(k % 2 == 0 for k in shape[2:]):
-        return f"even kernel {shape[2:]} has no centre"
-    if not in_shape or len(in_shape) < 2:
-        return "its input shape is unknown"
-    out_shape = list(node.get("out_shape", []))
-    groups = in_shape[1] // shape[1] if not in_shape[1] % shape[1] else 0
-    if not (groups == 1 and shape[0] >= in_shape[1] or groups > 1 and shape[0] == in_shape[1]):
-        return f"{in_shape[1]} input channels -> {shape[0]} output channels"
-    if len(out_shape) != len(in_shape) or any(
-            o > i for o, i in zip(out_shape[2:], in_shape[2:], strict=True)):
-        return f"output shape {out_shape} is larger than input shape {in_shape}"
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from kiln import api, contract, models
 from kiln.controller import jobs, lifecycle
 from kiln.warmstart import decision, graph, select, transform
 from kiln.zoo import records, store
-from kiln_trainer import data, jobcontext, loop, warm
+from kiln_trainer import data, jobcontext, loop, optim, warm
 
 CNN = {"depth": 3, "width": 16}
 
@@ -266,7 +267,15 @@ def test_a_bad_parent_is_refused_and_the_run_starts_cold_with_both_losses(
 
 
 def test_a_good_parent_passes_and_the_report_leads_with_the_probe(
-        trained_zoo: Path, tmp_path: Path) -> None:
+        trained_zoo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spied: list[Any] = []
+    build = optim.build_schedule
+
+    def spy(*args: Any, damping: Any = None, **kwargs: Any) -> Any:
+        spied.append(damping)
+        return build(*args, damping=damping, **kwargs)
+
+    monkeypatch.setattr(optim, "build_schedule", spy)
     zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
     (good,) = [r.id for r in records.list_records(store.DirStore(zoo_dir))]
     out = io.StringIO()
@@ -283,6 +292,11 @@ def test_a_good_parent_passes_and_the_report_leads_with_the_probe(
     infos = [json.loads(line)["message"] for line in out.getvalue().splitlines()
              if json.loads(line)["event"] == "info"]
     assert infos[0].startswith(lead) and "tensors transferred" in infos[0]
+    # the loop damps the kept warm start's first fifth of this 2-epoch run, not both epochs
+    (damping,) = spied  # one schedule built; its damping is by optimizer step
+    damped = math.ceil(0.2 * result["steps"])
+    assert damping(0) < 1.0 and damping(damped - 1) == damping(0)
+    assert damping(damped) == 1.0 and damped < result["steps"] // 2
 
 
 def test_an_alternative_that_wins_at_step_0_is_kept_before_training_the_first_parent(
