@@ -54,8 +54,10 @@ from kiln_trainer import loop
 #    `warm_at_first_evaluation`). An arm that never meets it counts at its whole budget; a child
 #    the guard sent cold counts with the steps it really took. The guard's probe steps (warm
 #    and cold copies trained side by side when step 0 is inconclusive, `guard_steps`) count
-#    in the warm arm's steps and FLOPs to target; its step-0 probe losses (warm and cold) come
-#    from the result's warm-start decision when the trainer reports them.
+#    in the warm arm's steps and FLOPs to target; the forward passes that re-estimate a warm
+#    start's batch-norm statistics (`calibration_samples`, no optimizer step) in its FLOPs. Its
+#    step-0 probe losses (warm and cold) come from the result's warm-start decision when the
+#    trainer reports them.
 #
 # Ratios are cold / warm per seed (paired), median over seeds per child, then median (or minimum)
 # over children. The final-metric delta is warm minus cold in accuracy points, median over seeds,
@@ -252,12 +254,16 @@ def to_target(run: dict[str, Any], *, steps_per_epoch: int, n_train: int, n_val:
     reached = run["steps_to_target"] is not None
     steps = run["steps_to_target"] if reached else run["steps"]
     evals = run["evals_to_target"] if reached else len(run["curve"])
-    guard = (run.get("warm_start_decision") or {}).get("guard_steps") or 0
+    decided = run.get("warm_start_decision") or {}
+    guard = decided.get("guard_steps") or 0
+    calibration = decided.get("calibration_samples") or 0
     samples = ((steps // steps_per_epoch) * n_train
                + min((steps % steps_per_epoch) * BATCH_SIZE, n_train) + guard * BATCH_SIZE)
     return {"reached": reached, "steps": steps + guard, "guard_steps": guard,
+            "calibration_samples": calibration,
             "seconds": run["time_to_target_seconds"] if reached else run["wall_seconds"],
-            "flops": 3 * forward_flops * samples + evals * n_val * forward_flops}
+            "flops": (3 * forward_flops * samples
+                      + (evals * n_val + calibration) * forward_flops)}
 
 
 def forward_flops(arch: Arch, ds: Dataset) -> int:

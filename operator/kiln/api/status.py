@@ -86,6 +86,10 @@ class WarmStartDecision(names.ApiModel):
         default=None, ge=0, description="guardSteps: training steps the guard spent before "
         "the job's first step (warm and cold, every parent tried; a batch of "
         "spec.training.batchSize each); null: no guard ran.")
+    calibration_samples: StrictInt | None = Field(
+        default=None, ge=0, description="calibrationSamples: probe samples the guard passed "
+        "forward to re-estimate batch-norm statistics of the warm weights (every parent tried); "
+        "0: no batch norm; null: no guard ran.")
 
     @model_validator(mode="before")
     @classmethod

@@ -92,6 +92,11 @@ def _probe(job: api.TrainingJob) -> warm.Probe:
     return warm.training_probe(splits.train, accuracy=True)
 
 
+def _same_parameters(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    """Every parameter of `model` is the tensor in `state` (buffers are not compared)."""
+    return all(torch.equal(p, state[k]) for k, p in model.named_parameters())
+
+
 def _copy_zoo(source: Path, target: Path, *, keep: str | None = None) -> Path:
     """A copy of the trained zoo, with only records of architecture `keep` (all if None)."""
     src, dst = store.DirStore(source), store.DirStore(target)
@@ -152,6 +157,28 @@ def test_probe_steps_give_every_model_the_same_batches_and_draws_and_change_noth
     other = {k: v + 1 for k, v in before.items()}
     assert warm.trained_loss(net, probe, job.spec.training, 12, start=other) != first
     assert torch.equal(net.state_dict()["2.weight"], before["2.weight"])
+
+
+def test_calibration_sets_batch_norm_statistics_from_the_probe_and_draws_nothing() -> None:
+    torch.manual_seed(0)
+    inputs = torch.randn(130, 3, 4, 4) * 3 + 1
+    probe = warm.Probe(inputs, torch.zeros(130, dtype=torch.long))
+    norm = torch.nn.BatchNorm2d(3)
+    net = torch.nn.Sequential(norm, torch.nn.Dropout(0.5), torch.nn.Flatten(),
+                              torch.nn.Linear(48, 2)).eval()
+    norm.running_mean.fill_(7.0)  # a parent's statistics of other features
+    state = torch.get_rng_state()
+    assert warm.calibrate_norms(net, probe) == 130
+    # three chunks of 44, 43 and 43 samples (none a lone sample), averaged with equal weight
+    chunks = inputs.tensor_split(3)
+    mean = torch.stack([c.mean((0, 2, 3)) for c in chunks]).mean(0)
+    var = torch.stack([c.var((0, 2, 3)) for c in chunks]).mean(0)  # unbiased, as in training
+    assert torch.allclose(norm.running_mean, mean, atol=1e-5)
+    assert torch.allclose(norm.running_var, var, atol=1e-4)
+    assert torch.equal(torch.get_rng_state(), state)  # dropout stayed in eval mode
+    assert norm.momentum == 0.1 and not net.training and not norm.training
+    plain = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 2))
+    assert warm.calibrate_norms(plain, probe) == 0  # nothing to re-estimate
 
 
 def test_learning_rate_damping_follows_the_measured_quality_not_the_tensor_count() -> None:
@@ -319,13 +346,16 @@ def test_an_alternative_that_wins_at_step_0_is_kept_before_training_the_first_pa
             ) in done.reason
     assert "after 10 steps" not in done.reason
     assert done.guard_steps == 0 and done.trained_probe_loss is None
+    # the parent's own weights; batch-norm statistics re-estimated for each parent scored and
+    # once more for the one kept
+    assert done.calibration_samples == 3 * 256
     parent_state = records.load_weights(zoo, records.read_record(zoo, good))
-    assert all(torch.equal(v, parent_state[k]) for k, v in model.state_dict().items())
+    assert _same_parameters(model, parent_state)
 
 
 def test_of_the_parents_that_pass_the_guard_a_clearly_lower_start_is_kept(
         trained_zoo: Path, tmp_path: Path) -> None:
-    # The policy's pick (the higher metric) is the good parent blended with a tenth of a fresh
+    # The policy's pick (the higher metric) is the good parent blended with 30% of a fresh
     # init: it beats cold at step 0, but the good parent starts lower and is kept.
     zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_cnn")
     zoo = store.DirStore(zoo_dir)
@@ -333,7 +363,7 @@ def test_of_the_parents_that_pass_the_guard_a_clearly_lower_start_is_kept(
     trained = records.load_weights(zoo, records.read_record(zoo, good))
     torch.manual_seed(5)
     fresh = models.build(_job("x").spec.model).state_dict()
-    blended = {k: 0.9 * v + 0.1 * fresh[k] if v.is_floating_point() else v
+    blended = {k: 0.7 * v + 0.3 * fresh[k] if v.is_floating_point() else v
                for k, v in trained.items()}
     weaker = _register(zoo, _job("x"), blended, metric=0.99)
     job = _job("child")
@@ -350,7 +380,7 @@ def test_of_the_parents_that_pass_the_guard_a_clearly_lower_start_is_kept(
                             decided=decided.model_copy(update={"alternatives": []}), probe=probe)
     assert alone.parent == weaker and done.probe_loss is not None
     assert alone.probe_loss is not None and done.probe_loss < alone.probe_loss
-    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+    assert _same_parameters(model, trained)
     # a start only a little lower does not displace the policy's pick
     near = {k: 0.99 * v + 0.01 * fresh[k] if v.is_floating_point() else v
             for k, v in trained.items()}
@@ -421,37 +451,61 @@ def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
                                   "after 10 steps") and "on 128 training samples" in done.reason
 
 
-def test_a_new_stage_looks_no_better_at_step_0_but_is_kept_after_the_probe_steps(
-        trained_zoo: Path, tmp_path: Path) -> None:
+def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_after_steps(
+        trained_zoo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fourth stage on 8x8 images sees one pixel of the parent's last 2x2 map (its stride-2
-    projection starts as an identity on every other pixel): the step-0 probe refuses the
-    parent, the probe steps keep it, and the run starts from the transferred weights, not the
+    projection starts as an identity on every other pixel), so every batch norm after it reads
+    other features than the parent's statistics describe. Re-estimated on the probe, the
+    parent wins at step 0; with the parent's statistics the step-0 probe refuses it and the
+    probe steps keep it. Either way the run starts from the transferred weights, not from a
     probe-trained copy."""
     zoo_dir = _copy_zoo(trained_zoo, tmp_path / "zoo", keep="small_resnet")
     zoo = store.DirStore(zoo_dir)
     (parent,) = [r.id for r in records.list_records(zoo)]
     child = {"blocks": [1, 1, 1, 1], "width": 8}
-    verdicts = {}
-    for steps in (0, 10):
+
+    def start(steps: int) -> api.WarmStartDecision:
+        """The guard's decision on a fresh child, whose weights it checks."""
         job = _job("child", "small_resnet", child, warmStart={"probeSteps": steps})
         splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
                            model=job.spec.model)
+        probe = warm.training_probe(splits.train, accuracy=True, train_samples=steps * 64)
         torch.manual_seed(job.spec.training.seed)
         model = models.build(job.spec.model)
-        verdicts[steps] = warm.warm_start(
-            job, model, zoo, decided=decision.decide(job, zoo),
-            probe=warm.training_probe(splits.train, accuracy=True, train_samples=steps * 64))
-    step_zero, trained = verdicts[0], verdicts[10]
+        decided = warm.warm_start(job, model, zoo, decided=decision.decide(job, zoo),
+                                  probe=probe)
+        # the expected start: the transferred weights, their statistics re-estimated (when
+        # `warm.calibrate_norms` does) on the same probe
+        torch.manual_seed(job.spec.training.seed)  # the same cold initialisation
+        expected = models.build(job.spec.model)
+        if decided.parent is not None:  # else the cold initialisation, untouched
+            transferred = decision.apply(decided, zoo, expected, job.spec.model.input_shape,
+                                         seed=job.spec.training.seed)
+            assert transferred.state_dict is not None
+            expected.load_state_dict(transferred.state_dict)
+            warm.calibrate_norms(expected, probe)
+        assert all(torch.equal(v, expected.state_dict()[k])
+                   for k, v in model.state_dict().items())
+        return decided
+
+    calibrated = start(0)
+    assert calibrated.parent == parent and calibrated.outcome == api.WarmStartOutcome.WARM
+    assert calibrated.guard_steps == 0 and calibrated.trained_probe_loss is None
+    assert calibrated.calibration_samples == 2 * 256  # when scored, and once more when kept
+    assert calibrated.reason.startswith(f"warm start from {parent} (similarity 0.72): guard: "
+                                        "step-0 probe loss")
+    assert "batch-norm statistics re-estimated on the probe" in calibrated.reason
+    # with the parent's statistics (no re-estimation), step 0 cannot tell
+    monkeypatch.setattr(warm, "calibrate_norms", lambda model, probe: 0)
+    step_zero = start(0)
     assert step_zero.outcome == api.WarmStartOutcome.COLD_GUARD and step_zero.guard_steps == 0
     assert step_zero.probe_loss > warm.MAX_LOSS_RATIO * step_zero.cold_probe_loss  # premise
+    assert calibrated.probe_loss < step_zero.probe_loss  # type: ignore[operator]
     assert "rejected by the guard: step-0 probe loss" in step_zero.reason
+    trained = start(10)
     assert trained.parent == parent and trained.outcome == api.WarmStartOutcome.WARM
     assert trained.trained_probe_loss < trained.cold_trained_probe_loss  # type: ignore[operator]
-    assert trained.guard_steps == 20
+    assert trained.guard_steps == 20 and trained.calibration_samples == 0
     assert trained.reason.startswith(f"warm start from {parent} (similarity 0.72): guard: after "
                                      "10 steps warm loss")
-    torch.manual_seed(job.spec.training.seed)  # the same cold initialisation as above
-    transferred = decision.apply(trained, zoo, models.build(job.spec.model),
-                                 job.spec.model.input_shape, seed=job.spec.training.seed)
-    assert transferred.state_dict is not None
-    assert all(torch.equal(v, transferred.state_dict[k]) for k, v in model.state_dict().items())
+    assert "re-estimated" not in trained.reason
