@@ -409,6 +409,7 @@ def warm_start(
     first: tuple[api.WarmStartDecision, Score] | None = None
     waiting: list[tuple[api.WarmStartDecision, Score, str]] = []  # failed at step 0
     passing: list[tuple[api.WarmStartDecision, Score, str]] = []  # passed at step 0
+    calibrate = job.spec.warm_start.calibrate_norms
     calibrated = 0  # samples the batch norms' re-estimation took, every parent tried
     for parent in (decided.parent, *decided.alternatives):
         trial = decided if parent == decided.parent else decided.model_copy(update={
@@ -421,7 +422,7 @@ def warm_start(
                 raise
             rejected.append(f"alternative {parent} unusable ({exc})")
             continue
-        calibrated += calibrate_norms(raw_model, probe)
+        calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
         warm = score(raw_model, probe)
         trial = _measured(trial.model_copy(update={
             "similarity": applied.similarity, "parent_metric": applied.parent_metric,
@@ -448,7 +449,7 @@ def warm_start(
                 kept = candidate
         trial, _, verdict = kept
         applied = _apply(job, trial, zoo, raw_model)
-        calibrated += calibrate_norms(raw_model, probe)
+        calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
         passed_over = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) passed the "
                        f"guard, not kept: {v}" for t, _, v in passing if t is not trial]
         failed = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) rejected by "
@@ -466,7 +467,7 @@ def warm_start(
                 cold_trained = trained_loss(raw_model, probe, training, steps, start=cold_state)
                 spent += steps
             applied = _apply(job, trial, zoo, raw_model)
-            calibrated += calibrate_norms(raw_model, probe)
+            calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
             warm_trained = trained_loss(raw_model, probe, training, steps)
             spent += steps
             trial = trial.model_copy(update={

@@ -353,6 +353,13 @@ class WarmStartSpec(names.ApiModel):
         "starts random, so step 0 undersells a parent); costs up to this many steps per "
         "parent tried plus as many for the cold twin; 0: judge on step-0 loss alone.",
     )
+    calibrate_norms: bool = Field(
+        default=True,
+        description="calibrateNorms: before the guard scores a warm model, re-estimate its "
+        "batch-norm running statistics on the probe's samples (forward passes only: the "
+        "transform changes what a batch norm sees, and its running statistics would lag for "
+        "many steps); false keeps the parent's statistics.",
+    )
 
 
 class FreezingSpec(names.ApiModel):

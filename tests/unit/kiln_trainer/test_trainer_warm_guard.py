@@ -452,7 +452,7 @@ def test_an_own_loop_passes_a_probe_batch_and_its_loss(tmp_path: Path) -> None:
 
 
 def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_after_steps(
-        trained_zoo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        trained_zoo: Path, tmp_path: Path) -> None:
     """A fourth stage on 8x8 images sees one pixel of the parent's last 2x2 map (its stride-2
     projection starts as an identity on every other pixel), so every batch norm after it reads
     other features than the parent's statistics describe. Re-estimated on the probe, the
@@ -464,9 +464,10 @@ def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_
     (parent,) = [r.id for r in records.list_records(zoo)]
     child = {"blocks": [1, 1, 1, 1], "width": 8}
 
-    def start(steps: int) -> api.WarmStartDecision:
+    def start(steps: int, calibrate: bool = True) -> api.WarmStartDecision:
         """The guard's decision on a fresh child, whose weights it checks."""
-        job = _job("child", "small_resnet", child, warmStart={"probeSteps": steps})
+        job = _job("child", "small_resnet", child,
+                   warmStart={"probeSteps": steps, "calibrateNorms": calibrate})
         splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape, seed=0,
                            model=job.spec.model)
         probe = warm.training_probe(splits.train, accuracy=True, train_samples=steps * 64)
@@ -474,8 +475,8 @@ def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_
         model = models.build(job.spec.model)
         decided = warm.warm_start(job, model, zoo, decided=decision.decide(job, zoo),
                                   probe=probe)
-        # the expected start: the transferred weights, their statistics re-estimated (when
-        # `warm.calibrate_norms` does) on the same probe
+        # the expected start: the transferred weights, their statistics re-estimated (unless
+        # calibrateNorms is off) on the same probe
         torch.manual_seed(job.spec.training.seed)  # the same cold initialisation
         expected = models.build(job.spec.model)
         if decided.parent is not None:  # else the cold initialisation, untouched
@@ -483,7 +484,8 @@ def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_
                                          seed=job.spec.training.seed)
             assert transferred.state_dict is not None
             expected.load_state_dict(transferred.state_dict)
-            warm.calibrate_norms(expected, probe)
+            if calibrate:
+                warm.calibrate_norms(expected, probe)
         assert all(torch.equal(v, expected.state_dict()[k])
                    for k, v in model.state_dict().items())
         return decided
@@ -495,14 +497,13 @@ def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_
     assert calibrated.reason.startswith(f"warm start from {parent} (similarity 0.72): guard: "
                                         "step-0 probe loss")
     assert "batch-norm statistics re-estimated on the probe" in calibrated.reason
-    # with the parent's statistics (no re-estimation), step 0 cannot tell
-    monkeypatch.setattr(warm, "calibrate_norms", lambda model, probe: 0)
-    step_zero = start(0)
+    # with the parent's statistics (spec.warmStart.calibrateNorms false), step 0 cannot tell
+    step_zero = start(0, calibrate=False)
     assert step_zero.outcome == api.WarmStartOutcome.COLD_GUARD and step_zero.guard_steps == 0
     assert step_zero.probe_loss > warm.MAX_LOSS_RATIO * step_zero.cold_probe_loss  # premise
     assert calibrated.probe_loss < step_zero.probe_loss  # type: ignore[operator]
     assert "rejected by the guard: step-0 probe loss" in step_zero.reason
-    trained = start(10)
+    trained = start(10, calibrate=False)
     assert trained.parent == parent and trained.outcome == api.WarmStartOutcome.WARM
     assert trained.trained_probe_loss < trained.cold_trained_probe_loss  # type: ignore[operator]
     assert trained.guard_steps == 20 and trained.calibration_samples == 0
