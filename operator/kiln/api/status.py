@@ -89,7 +89,7 @@ class WarmStartDecision(names.ApiModel):
     calibration_samples: StrictInt | None = Field(
         default=None, ge=0, description="calibrationSamples: probe samples the guard passed "
         "forward to re-estimate batch-norm statistics of the warm weights (every parent tried); "
-        "0: no batch norm; null: no guard ran.")
+        "0: none (no batch norm, or spec.warmStart.calibrateNorms false); null: no guard ran.")
 
     @model_validator(mode="before")
     @classmethod
