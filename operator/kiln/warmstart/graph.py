@@ -53,6 +53,9 @@ from kiln.models import tracing
 #     buffers (list[str]): the state_dict keys of its buffers (BatchNorm running statistics).
 #     out_shape (list[int]): shape of its (first) output for a batch of one, e.g. [1, C, H, W].
 #     target (str): the fx target (module path for `call_module`, else the op name).
+#     heads (int, optional): on a query, key or value projection, the attention heads its
+#         output splits into, when the module that owns it says (`heads`, `num_heads`, `n_head`,
+#         `n_heads`, `num_attention_heads`); absent otherwise and in graphs written before it.
 #
 # Edges run from tensor producers to consumers. Pure shape and bookkeeping ops (view, reshape,
 # flatten, permute, transpose, getitem, size, contiguous, dropout, identity, ...), nodes that do
@@ -174,14 +177,16 @@ def to_json(g: nx.DiGraph) -> dict[str, Any]:
 
     Returns:
         {"schema_version": 1, "name", "input_shape", "input_dtype", "nodes": [{"id", "op",
-        "weight_shape", "params", "buffers", "out_shape", "target"}], "edges": [[src, dst]]}.
+        "weight_shape", "params", "buffers", "out_shape", "target", and "heads" where known}],
+        "edges": [[src, dst]]}.
     """
     nodes = [{"id": str(v), "op": str(a["op"]),
               "weight_shape": [int(d) for d in a.get("weight_shape", [])],
               "params": [str(k) for k in a.get("params", [])],
               "buffers": [str(k) for k in a.get("buffers", [])],
               "out_shape": [int(d) for d in a.get("out_shape", [])],
-              "target": str(a.get("target") or a["op"])}
+              "target": str(a.get("target") or a["op"]),
+              **({"heads": int(a["heads"])} if a.get("heads") else {})}
              for v, a in g.nodes(data=True)]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -234,6 +239,11 @@ def from_json(d: dict[str, Any]) -> nx.DiGraph:
             if not all(isinstance(x, kind) and not isinstance(x, bool) for x in items):
                 raise GraphError(f"{where}: field {f!r} must be a list of {kind.__name__}")
             attrs[f] = list(items)
+        heads = node.get("heads")
+        if heads is not None:
+            if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+                raise GraphError(f"{where}: field 'heads' must be a positive int")
+            attrs["heads"] = heads
         g.add_node(node_id, **attrs)
     for k, edge in enumerate(edges):
         if not (isinstance(edge, list) and len(edge) == 2 and all(v in g for v in edge)):
@@ -369,14 +379,20 @@ def _build(gm: torch.fx.GraphModule, shapes: dict[str, list[int]], root: nn.Modu
             continue
         params = _unique([*own_params, *params])
         buffers = _unique([*own_buffers, *buffers])
+        extra: dict[str, int] = {}
         if op in _LINEAR_LIKE:
             weights = [p for p in params if p.endswith("weight")] or params  # addmm: bias first
             owner = str(node.target) if node.op == "call_module" else weights[0] if weights else ""
-            op += _attention_suffix(owner.removesuffix(".weight"))
+            owner = owner.removesuffix(".weight")
+            suffix = _attention_suffix(owner)
+            op += suffix
+            heads = _heads(root, owner) if suffix else 0
+            if heads:
+                extra["heads"] = heads
         prefix = str(node.target) + "." if node.op == "call_module" else ""
         g.add_node(node.name, op=op, weight_shape=_weight_shape(params, param_shapes, prefix),
                    params=params, buffers=buffers, out_shape=shapes[node.name],
-                   target=str(node.target) if node.op == "call_module" else op)
+                   target=str(node.target) if node.op == "call_module" else op, **extra)
         for p in producers:
             g.add_edge(p, node.name)
         flow[node] = ([node.name], [], [])
@@ -412,6 +428,22 @@ def _attention_suffix(owner: str) -> str:
         if tokens & words:
             return suffix
     return ""
+
+
+_HEAD_COUNTS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads")
+
+
+def _heads(root: nn.Module, owner: str) -> int:
+    """The head count the module owning projection `owner` declares, else 0."""
+    try:
+        module = root.get_submodule(owner.rpartition(".")[0])
+    except AttributeError:
+        return 0
+    for name in _HEAD_COUNTS:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def _weight_shape(params: list[str], param_shapes: dict[str, list[int]], prefix: str) -> list[int]:

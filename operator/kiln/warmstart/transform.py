@@ -526,9 +526,13 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
         p_shape = parent_graph.nodes[pairs[v]].get("weight_shape") if v in pairs else None
         if p_shape and node.get("weight_shape") and kind != "other" and v not in heads:
             p_width, c_width = int(p_shape[0]), int(node["weight_shape"][0])
+            p_heads, c_heads = int(parent_graph.nodes[pairs[v]].get("heads", 0)), \
+                int(node.get("heads", 0))
             if kind == "norm" and in_map and in_map.parent_width == p_width \
                     and len(in_map.index) == c_width:
                 maps[v] = in_map  # BatchNorm follows its producer's replicas
+            elif p_heads and c_heads and not p_width % p_heads and not c_width % c_heads:
+                maps[v] = head_map(p_width, p_heads, c_width, c_heads)
             else:
                 maps[v] = UnitMap(tuple(k % p_width for k in range(c_width)), p_width)
         elif v in identities and in_map and kind == "dense" \
@@ -539,9 +543,71 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
                               in_map.parent_width)
         elif v in identities or (not node.get("params") and node["op"] in _PASSTHROUGH):
             maps[v] = in_map
+        elif p_shape and node.get("weight_shape") and node["op"] in _FEATURES_LAST:
+            maps[v] = _features_last_map(node["op"], int(p_shape[-1]),
+                                         int(node["weight_shape"][-1]), in_map)
+        elif node["op"] == "scaled_dot_product_attention":
+            # each output unit is its value unit mixed over positions by its head's pattern, so
+            # it copies what that value unit copies where heads were mapped whole (`head_map`)
+            values = [u for u in g.predecessors(v) if str(g.nodes[u]["op"]).endswith("_value")]
+            known = len(values) == 1 and g.nodes[values[0]].get("heads")
+            maps[v] = maps.get(values[0]) if known else None
         else:
             maps[v] = None
     return maps
+
+
+# Aligned weighted nodes whose parameters index features along their last dimension.
+_FEATURES_LAST = frozenset({"Embedding", "LayerNorm", "RMSNorm", "add", "cat"})
+
+
+def _features_last_map(op: str, p_width: int, c_width: int,
+                       in_map: UnitMap | None) -> UnitMap | None:
+    """The unit map out of an aligned node with features last: an embedding's table starts one
+    (k mod width); a layer norm, or the `add`/`cat` of a ViT's positions and class token,
+    passes its input's on when the widths agree (a layer norm over uniformly replicated
+    features computes the parent's mean and variance). None when the widths disagree."""
+    if op == "Embedding":
+        return UnitMap(tuple(k % p_width for k in range(c_width)), p_width)
+    if in_map is not None and len(in_map.index) == c_width and in_map.parent_width == p_width:
+        return in_map
+    return None
+
+
+def head_map(p_width: int, p_heads: int, c_width: int, c_heads: int) -> UnitMap:
+    """The unit map of an attention projection that keeps heads whole: child head h copies
+    parent head h x p_heads // c_heads, its units in turn (wrapping), each further child head
+    on the same parent head continuing where the previous one stopped.
+
+    With the head width a multiple of the parent's, or the same width and heads a multiple,
+    every child head computes its parent head's attention exactly (`query_scale` corrects
+    the score scale); otherwise each child head still attends like one parent head, on a
+    subset of its units. A plain k mod width map would split heads across parent heads.
+    """
+    p_dim, c_dim = p_width // p_heads, c_width // c_heads
+    index: list[int] = []
+    seen: dict[int, int] = {}  # parent head -> child heads mapped onto it so far
+    for h in range(c_heads):
+        g = h * p_heads // c_heads
+        r = seen.get(g, 0)
+        seen[g] = r + 1
+        index.extend(g * p_dim + (r * c_dim + i) % p_dim for i in range(c_dim))
+    return UnitMap(tuple(index), p_width)
+
+
+def query_scale(p_node: Mapping[str, Any], c_node: Mapping[str, Any]) -> float:
+    """Factor on a query projection mapped by `head_map`: attention scores are divided by the
+    square root of the head width, and a child head of c_dim units whose units repeat the
+    parent head's p_dim ones sums c_dim / p_dim times the parent's score; sqrt(p_dim / c_dim)
+    restores it (exactly when c_dim is a multiple of p_dim). 1 elsewhere."""
+    if not str(c_node["op"]).endswith("_query"):
+        return 1.0
+    p_heads, c_heads = int(p_node.get("heads", 0)), int(c_node.get("heads", 0))
+    p_shape, c_shape = p_node.get("weight_shape") or [], c_node.get("weight_shape") or []
+    if not (p_heads and c_heads and p_shape and c_shape):
+        return 1.0
+    p_dim, c_dim = int(p_shape[0]) // p_heads, int(c_shape[0]) // c_heads
+    return math.sqrt(p_dim / c_dim) if p_dim and c_dim else 1.0
 
 
 def merge_maps(maps: Mapping[str, UnitMap | None], preds: Iterable[str]) -> UnitMap | None:
@@ -629,16 +695,18 @@ class Builder:
         kind = layer_kind(c_node)
         if kind == "dense" and dense_keys(p_node, self.parent)[0] \
                 and dense_keys(c_node, self.child)[0]:
-            self._dense(p_node, c_node, name, in_map=in_map, head=head)
+            self._dense(p_node, c_node, name, in_map=in_map, out_map=out_map, head=head)
             return
         for pk, ck in _pair_keys(p_node, c_node, self.parent, self.child):
             if ck in self.written:
                 continue
             p, c = self._parent(pk, ck), self.child[ck].detach()
-            if kind == "norm" and out_map and c.ndim == 1 and len(c) == len(out_map.index) \
-                    and len(p) == out_map.parent_width:
-                self._write(ck, p[list(out_map.index)], c_node,
-                            unchanged=list(out_map.index) == list(range(len(p))))
+            if out_map and p.ndim == c.ndim >= 1 and c.shape[:-1] == p.shape[:-1] \
+                    and c.shape[-1] == len(out_map.index) and p.shape[-1] == out_map.parent_width:
+                # features last (norms, embeddings, a ViT's class token and positions): they
+                # follow the unit map, so replicated features stay equal
+                self._write(ck, p[..., list(out_map.index)], c_node,
+                            unchanged=list(out_map.index) == list(range(p.shape[-1])))
             elif p.ndim == c.ndim:
                 self._write(ck, _paste(c, p, centre_from=c.ndim), c_node,
                             unchanged=c.shape == p.shape)
@@ -647,8 +715,9 @@ class Builder:
                                   f"{c.ndim}; it keeps the child's init")
 
     def _dense(self, p_node: dict[str, Any], c_node: dict[str, Any], name: str, *,
-               in_map: UnitMap | None, head: bool) -> None:
-        """Conv/Linear: centred kernels, input columns by map (divided), rows by k mod old."""
+               in_map: UnitMap | None, out_map: UnitMap | None, head: bool) -> None:
+        """Conv/Linear: centred kernels, input columns by map (divided), rows by the output
+        map (k mod old by default; whole heads for attention projections)."""
         (pw_key, pb_key), (cw_key, cb_key) = (dense_keys(p_node, self.parent),
                                               dense_keys(c_node, self.child))
         if cw_key in self.written:  # a shared (tied) weight, written through another node
@@ -659,6 +728,9 @@ class Builder:
                               f"{list(c.shape)} differ in rank; it keeps the child's init")
             return
         c_out, c_in, p_out, p_in = c.shape[0], c.shape[1], p.shape[0], p.shape[1]
+        rows = (list(out_map.index) if out_map is not None and len(out_map.index) == c_out
+                and out_map.parent_width == p_out else [k % p_out for k in range(c_out)])
+        scale_by = query_scale(p_node, c_node)
         block = p
         if c.shape[2:] != p.shape[2:]:
             block = _paste(p.new_zeros((*p.shape[:2], *c.shape[2:])), p, centre_from=2)
@@ -672,36 +744,42 @@ class Builder:
             block = _paste(block.new_zeros((p_out, c_in, *block.shape[2:])), block,
                            centre_from=c.ndim)
         if head:
-            rows = min(c_out, p_out)
+            overlap = min(c_out, p_out)
             weight = c.clone()
-            weight[:rows] = block[:rows]
+            weight[:overlap] = block[:overlap]
             if c_out != p_out:
                 self.notes.append(
                     f"head {name} ({c_node['op']}): {p_out} -> {c_out} outputs; copied the "
-                    f"{rows} overlapping rows, the other {max(0, c_out - p_out)} keep the "
+                    f"{overlap} overlapping rows, the other {max(0, c_out - p_out)} keep the "
                     "child's init")
-        elif c_out <= p_out:
-            weight = block[:c_out].clone() if block is p else block[:c_out]
-        else:  # Net2WiderNet: unit k copies unit k mod p_out, plus noise to break symmetry
-            index = [k % p_out for k in range(c_out)]
-            weight = block[index]
-            if self.noise_std > 0:
-                scale = weight[p_out:].flatten(1).std(dim=1, unbiased=False) * self.noise_std
-                noise = self._noise((c_out - p_out, *weight.shape[1:]), weight)
-                weight[p_out:] += noise * scale.reshape(-1, *[1] * (c.ndim - 1))
+        else:  # Net2WiderNet: row k copies parent row rows[k]; repeats get noise (symmetry)
+            weight = block[rows]  # a copy (advanced indexing)
+            repeats, copied = [], set()
+            for k, r in enumerate(rows):
+                if r in copied:
+                    repeats.append(k)
+                copied.add(r)
+            if repeats and self.noise_std > 0:
+                scale = weight[repeats].flatten(1).std(dim=1, unbiased=False) * self.noise_std
+                noise = self._noise((len(repeats), *weight.shape[1:]), weight)
+                weight[repeats] += noise * scale.reshape(-1, *[1] * (c.ndim - 1))
+            weight *= scale_by
         # the parent's tensor itself: no kernel centring, column map or padding, no new rows
-        self._write(cw_key, weight, c_node, unchanged=block is p and c.shape == p.shape)
+        self._write(cw_key, weight, c_node,
+                    unchanged=block is p and c.shape == p.shape and rows == list(range(p_out))
+                    and scale_by == 1.0)
         if cb_key is not None:
             if pb_key is not None:
                 pb = self._parent(pb_key, cb_key)
                 cb = self.child[cb_key].detach()
                 if head:
-                    rows = min(c_out, p_out)
+                    overlap = min(c_out, p_out)
                     bias = cb.clone()
-                    bias[:rows] = pb[:rows]
+                    bias[:overlap] = pb[:overlap]
                 else:
-                    bias = pb[[k % p_out for k in range(c_out)]]
-                self._write(cb_key, bias, c_node, unchanged=cb.shape == pb.shape)
+                    bias = pb[rows] * scale_by
+                self._write(cb_key, bias, c_node, unchanged=cb.shape == pb.shape
+                            and rows == list(range(p_out)) and scale_by == 1.0)
             else:  # the parent computes no bias: zero it where the parent's units are
                 bias = self.child[cb_key].detach().clone()
                 bias[: c_out if not head else min(c_out, p_out)] = 0

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import torchvision.models as tvm
 from torch import nn
 
+from kiln import models
 from kiln.warmstart import graph
 
 
@@ -165,6 +166,25 @@ def test_json_round_trip_preserves_nodes_attributes_edges_and_order() -> None:
     assert list(back.edges) == list(g.edges)
     assert back.graph == g.graph
     assert graph.to_json(back) == doc
+
+
+def test_attention_projections_record_their_heads_through_json() -> None:
+    model = models.get_model("vit", input_shape=(1, 8, 8), depth=1, width=32, heads=2,
+                             patch_size=2, num_classes=10)
+    g = graph.extract(model, [1, 8, 8])
+    heads = {a["op"]: a.get("heads") for _, a in g.nodes(data=True) if "heads" in a}
+    assert heads == {"Linear_query": 2, "Linear_key": 2, "Linear_value": 2}
+    doc = graph.to_json(g)
+    assert graph.to_json(graph.from_json(doc)) == doc
+    # a graph written before heads were recorded still reads (the transform then maps the
+    # projections k mod width)
+    for node in doc["nodes"]:
+        node.pop("heads", None)
+    assert all("heads" not in a for _, a in graph.from_json(doc).nodes(data=True))
+    query = next(n for n in doc["nodes"] if n["op"] == "Linear_query")
+    query["heads"] = 0
+    with pytest.raises(graph.GraphError, match="field 'heads' must be a positive int"):
+        graph.from_json(doc)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

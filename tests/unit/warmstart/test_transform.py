@@ -288,6 +288,49 @@ def test_a_deeper_transformer_computes_the_parents_function(depths: tuple[int, i
     assert any("starts as the identity" in note for note in result.notes)
 
 
+@pytest.mark.parametrize(("architecture", "parent_args", "child_args", "input_shape"), [
+    pytest.param("vit", {"width": 32, "heads": 2}, {"width": 64, "heads": 2}, (1, 8, 8),
+                 id="vit-head-width-doubled"),
+    pytest.param("vit", {"width": 32, "heads": 2}, {"width": 64, "heads": 4}, (1, 8, 8),
+                 id="vit-heads-doubled"),
+    pytest.param("char_transformer", {"width": 32, "heads": 4, "depth": 2},
+                 {"width": 64, "heads": 4, "depth": 3}, (12,), id="lm-wider-and-deeper"),
+])
+def test_a_wider_transformer_keeps_whole_heads_and_computes_the_parents_function(
+        architecture: str, parent_args: dict[str, int], child_args: dict[str, int],
+        input_shape: tuple[int, ...]) -> None:
+    # Every width doubles: the residual stream, positions, class token, layer norms and MLP
+    # replicate uniformly (a layer norm's mean and variance stay the parent's), each child
+    # head copies one parent head whole, and queries are scaled for the head width.
+    extra = {"patch_size": 2, "num_classes": 10} if architecture == "vit" else {}
+    torch.manual_seed(0)
+    parent = models.get_model(architecture, input_shape=input_shape, **parent_args, **extra)
+    child = models.get_model(architecture, input_shape=input_shape, **child_args, **extra)
+    _warm(parent, child, input_shape)
+    if architecture == "vit":
+        assert _max_output_gap(parent, child, input_shape) < ATOL
+    else:
+        tokens = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert float((parent.eval()(tokens) - child.eval()(tokens)).abs().max()) < ATOL
+
+
+def test_head_map_keeps_each_child_head_on_one_parent_head() -> None:
+    # 2 heads of 16 -> 4 heads of 12: no exact copy exists, but no child head mixes two parent
+    # heads (k mod 32 would put units 12-23, from both heads, in the second child head)
+    mapped = transform.head_map(32, 2, 48, 4)
+    heads = [mapped.index[h * 12:(h + 1) * 12] for h in range(4)]
+    assert [{u // 16 for u in head} for head in heads] == [{0}, {0}, {1}, {1}]
+    assert heads[1] == (12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)  # continues, wrapping
+    assert set(mapped.index) == set(range(32)) and mapped.parent_width == 32
+    query = {"op": "Linear_query", "heads": 2, "weight_shape": [32, 32]}
+    assert transform.query_scale(query, {**query, "heads": 4, "weight_shape": [48, 48]}) \
+        == pytest.approx((16 / 12) ** 0.5)
+    assert transform.query_scale({**query, "op": "Linear_key"},
+                                 {"op": "Linear_key", "heads": 4, "weight_shape": [48, 48]}) == 1
+    assert transform.query_scale({**query, "heads": 0}, query) == 1  # heads unknown
+
+
 @pytest.mark.parametrize("tail", [None, nn.GELU(), nn.Dropout(0.5)],
                          ids=["linear-then-add", "through-gelu", "through-dropout"])
 def test_a_residual_branch_is_zeroed_only_where_the_other_input_carries_the_parent(
