@@ -531,7 +531,8 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
             if kind == "norm" and in_map and in_map.parent_width == p_width \
                     and len(in_map.index) == c_width:
                 maps[v] = in_map  # BatchNorm follows its producer's replicas
-            elif p_heads and c_heads and not p_width % p_heads and not c_width % c_heads:
+            elif p_heads and c_heads and not p_width % p_heads and not c_width % c_heads \
+                    and str(node["op"]).endswith(_SPLIT_PROJECTIONS):
                 maps[v] = head_map(p_width, p_heads, c_width, c_heads)
             else:
                 maps[v] = UnitMap(tuple(k % p_width for k in range(c_width)), p_width)
@@ -546,9 +547,10 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
         elif p_shape and node.get("weight_shape") and node["op"] in _FEATURES_LAST:
             maps[v] = _features_last_map(node["op"], int(p_shape[-1]),
                                          int(node["weight_shape"][-1]), in_map)
-        elif node["op"] == "scaled_dot_product_attention":
-            # each output unit is its value unit mixed over positions by its head's pattern, so
-            # it copies what that value unit copies where heads were mapped whole (`head_map`)
+        elif node["op"] in ("scaled_dot_product_attention", "matmul"):
+            # attention (or its last matmul, weights @ values): each output unit is its value
+            # unit mixed over positions by its head's pattern, so it copies what that value
+            # unit copies where heads were mapped whole (`head_map`)
             values = [u for u in g.predecessors(v) if str(g.nodes[u]["op"]).endswith("_value")]
             known = len(values) == 1 and g.nodes[values[0]].get("heads")
             maps[v] = maps.get(values[0]) if known else None
@@ -557,6 +559,9 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
     return maps
 
 
+# Separate query, key and value projections, whose rows split into heads (a fused projection's
+# rows are three such blocks: it keeps the k mod width map).
+_SPLIT_PROJECTIONS = ("_query", "_key", "_value")
 # Aligned weighted nodes whose parameters index features along their last dimension.
 _FEATURES_LAST = frozenset({"Embedding", "LayerNorm", "RMSNorm", "add", "cat"})
 

@@ -315,6 +315,31 @@ def test_a_wider_transformer_keeps_whole_heads_and_computes_the_parents_function
             assert float((parent.eval()(tokens) - child.eval()(tokens)).abs().max()) < ATOL
 
 
+class _Attention(nn.Module):
+    """A user's attention written with matmuls, not scaled_dot_product_attention."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key = nn.Linear(width, width), nn.Linear(width, width)
+        self.value, self.out = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dim = self.query.out_features // self.heads
+        q, k, v = (f(x).unflatten(-1, (self.heads, dim)).transpose(1, 2)
+                   for f in (self.query, self.key, self.value))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / dim ** 0.5, dim=-1)
+        return self.out((weights @ v).transpose(1, 2).flatten(2))
+
+
+def test_a_users_matmul_attention_widens_with_whole_heads() -> None:
+    torch.manual_seed(0)
+    parent = nn.Sequential(nn.Linear(6, 16), _Attention(16, 2), nn.Linear(16, 3))
+    child = nn.Sequential(nn.Linear(6, 32), _Attention(32, 2), nn.Linear(32, 3))
+    _warm(parent, child, (5, 6))
+    assert _max_output_gap(parent, child, (5, 6)) < ATOL
+
+
 def test_head_map_keeps_each_child_head_on_one_parent_head() -> None:
     # 2 heads of 16 -> 4 heads of 12: no exact copy exists, but no child head mixes two parent
     # heads (k mod 32 would put units 12-23, from both heads, in the second child head)
