@@ -9,13 +9,14 @@ few training steps taken side by side on the same batches; otherwise it starts c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,32 +130,40 @@ def training_probe(dataset: torch_data.Dataset[Any], *, accuracy: bool,
                  train_inputs=inputs, train_targets=targets)
 
 
-def score(model: nn.Module, probe: Probe) -> Score:
-    """`model`'s mean loss (and accuracy) on `probe`, in eval mode without gradients; the
-    model's mode and device are restored."""
+@contextlib.contextmanager
+def _on_probe(model: nn.Module, probe: Probe) -> Iterator[torch.device]:
+    """`model` in eval mode without gradients, on the probe's device if it names one (else left
+    where it is: it may span devices); yields the device to send inputs to. The model's mode
+    and device are restored."""
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else torch.device("cpu")
-    device = probe.device or home
     training = model.training
-    if probe.device is not None:  # else left alone: it may span devices
-        model.to(device)
+    if probe.device is not None:
+        model.to(probe.device)
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
     try:
         with torch.no_grad():
-            for start in range(0, probe.samples, PROBE_CHUNK):
-                inputs = probe.inputs[start:start + PROBE_CHUNK].to(device)
-                targets = probe.targets[start:start + PROBE_CHUNK].to(device)
-                outputs = model(inputs)
-                loss_sum += float(probe.loss(outputs, targets)) * len(inputs)
-                if probe.accuracy:
-                    predicted = outputs.flatten(0, -2).argmax(-1)
-                    correct += int((predicted == targets.flatten()).sum())
-                    count += targets.numel()
+            yield probe.device or home
     finally:
         model.train(training)
         if probe.device is not None:
             model.to(home)
+
+
+def score(model: nn.Module, probe: Probe) -> Score:
+    """`model`'s mean loss (and accuracy) on `probe`, in eval mode without gradients; the
+    model's mode and device are restored."""
+    loss_sum, correct, count = 0.0, 0, 0
+    with _on_probe(model, probe) as device:
+        for start in range(0, probe.samples, PROBE_CHUNK):
+            inputs = probe.inputs[start:start + PROBE_CHUNK].to(device)
+            targets = probe.targets[start:start + PROBE_CHUNK].to(device)
+            outputs = model(inputs)
+            loss_sum += float(probe.loss(outputs, targets)) * len(inputs)
+            if probe.accuracy:
+                predicted = outputs.flatten(0, -2).argmax(-1)
+                correct += int((predicted == targets.flatten()).sum())
+                count += targets.numel()
     return Score(loss_sum / max(1, probe.samples),
                  correct / count if probe.accuracy and count else None)
 
@@ -180,29 +189,19 @@ def calibrate_norms(model: nn.Module, probe: Probe) -> int:
              and m.track_running_stats and m.running_mean is not None]
     if not norms or probe.samples < 2:  # one sample has no variance
         return 0
-    first = next(iter(model.parameters()), None)
-    home = first.device if first is not None else torch.device("cpu")
-    device = probe.device or home
-    training = model.training
     momenta = [m.momentum for m in norms]
-    if probe.device is not None:
-        model.to(device)
-    model.eval()
-    try:
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None  # a cumulative average: every chunk weighs the same
-            norm.train()
-        with torch.no_grad():
+    with _on_probe(model, probe) as device:
+        try:
+            for norm in norms:
+                norm.reset_running_stats()
+                norm.momentum = None  # a cumulative average: every chunk weighs the same
+                norm.train()
             # chunks within one sample of each other in size: none is a lone sample
             for chunk in probe.inputs.tensor_split(-(-probe.samples // PROBE_CHUNK)):
                 model(chunk.to(device))
-    finally:
-        for norm, momentum in zip(norms, momenta, strict=True):
-            norm.momentum = momentum
-        model.train(training)
-        if probe.device is not None:
-            model.to(home)
+        finally:
+            for norm, momentum in zip(norms, momenta, strict=True):
+                norm.momentum = momentum
     return probe.samples
 
 
@@ -409,8 +408,11 @@ def warm_start(
     first: tuple[api.WarmStartDecision, Score] | None = None
     waiting: list[tuple[api.WarmStartDecision, Score, str]] = []  # failed at step 0
     passing: list[tuple[api.WarmStartDecision, Score, str]] = []  # passed at step 0
-    calibrate = job.spec.warm_start.calibrate_norms
     calibrated = 0  # samples the batch norms' re-estimation took, every parent tried
+
+    def calibrate() -> int:
+        return calibrate_norms(raw_model, probe) if job.spec.warm_start.calibrate_norms else 0
+
     for parent in (decided.parent, *decided.alternatives):
         trial = decided if parent == decided.parent else decided.model_copy(update={
             "parent": parent, "outcome": api.WarmStartOutcome.WARM, "alternatives": [],
@@ -422,7 +424,7 @@ def warm_start(
                 raise
             rejected.append(f"alternative {parent} unusable ({exc})")
             continue
-        calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
+        calibrated += calibrate()
         warm = score(raw_model, probe)
         trial = _measured(trial.model_copy(update={
             "similarity": applied.similarity, "parent_metric": applied.parent_metric,
@@ -449,7 +451,7 @@ def warm_start(
                 kept = candidate
         trial, _, verdict = kept
         applied = _apply(job, trial, zoo, raw_model)
-        calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
+        calibrated += calibrate()
         passed_over = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) passed the "
                        f"guard, not kept: {v}" for t, _, v in passing if t is not trial]
         failed = [f"candidate {t.parent} (similarity {_fmt(t.similarity)}) rejected by "
@@ -467,7 +469,7 @@ def warm_start(
                 cold_trained = trained_loss(raw_model, probe, training, steps, start=cold_state)
                 spent += steps
             applied = _apply(job, trial, zoo, raw_model)
-            calibrated += calibrate_norms(raw_model, probe) if calibrate else 0
+            calibrated += calibrate()
             warm_trained = trained_loss(raw_model, probe, training, steps)
             spent += steps
             trial = trial.model_copy(update={

@@ -342,6 +342,11 @@ _ZERO_AT_ZERO = frozenset({
 # Weightless ops that act on each feature separately (or pool over space) and so keep a unit map.
 _PASSTHROUGH = frozenset({*_ZERO_AT_ZERO, "Sigmoid", "Hardsigmoid", "add", "sub", "mul", "div",
                           *_CHANNEL_NORMS})
+# Separate query, key and value projections, whose rows split into heads (a fused projection's
+# rows are three such blocks: it keeps the k mod width map).
+_SPLIT_PROJECTIONS = ("_query", "_key", "_value")
+# Aligned weighted nodes whose parameters index features along their last dimension.
+_FEATURES_LAST = frozenset({"Embedding", "LayerNorm", "RMSNorm", "add", "cat"})
 
 
 
@@ -557,13 +562,6 @@ def unit_maps(parent_graph: nx.DiGraph, g: nx.DiGraph, order: list[str],
         else:
             maps[v] = None
     return maps
-
-
-# Separate query, key and value projections, whose rows split into heads (a fused projection's
-# rows are three such blocks: it keeps the k mod width map).
-_SPLIT_PROJECTIONS = ("_query", "_key", "_value")
-# Aligned weighted nodes whose parameters index features along their last dimension.
-_FEATURES_LAST = frozenset({"Embedding", "LayerNorm", "RMSNorm", "add", "cat"})
 
 
 def _features_last_map(op: str, p_width: int, c_width: int,
