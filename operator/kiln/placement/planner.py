@@ -75,13 +75,15 @@ def plan(snapshot: types.Snapshot, settings: types.Settings = DEFAULT_SETTINGS) 
     return dataclasses.replace(best, solve_seconds=time.perf_counter() - began)
 
 
-def _best(problem: heuristic.Problem, settings: types.Settings, began: float) -> types.Plan:
-    """Heuristic first; the MILP in a worker when it may help; the better plan.
+def _best(problem: heuristic.Problem, settings: types.Settings, began: float, *,
+          kicks: bool = True) -> types.Plan:
+    """Heuristic first (its iterated search only with `kicks`); the MILP in a worker when it
+    may help; the better plan.
 
     `settings.time_limit_seconds` is the wall budget of the whole call, counted from
     `began` (perf_counter): the MILP worker gets what the heuristic left.
     """
-    h = heuristic.schedule(problem, settings)
+    h = heuristic.schedule(problem, settings, kicks=kicks)
     skip = None
     if not settings.use_milp:
         skip = "MILP off"
@@ -167,7 +169,10 @@ def replan(current: types.Plan | None, snapshot: types.Snapshot,
         return plan(snapshot, settings)
     began = time.perf_counter()
     problem, kept = _kept(current, snapshot, settings)
-    fresh = _best(problem, _fresh_settings(problem, current, settings), began)
+    # A new batch (no makespan plan in force) gets the heuristic's iterated search; a re-plan
+    # of the batch in force does not: it runs on every event and rarely wins by the threshold.
+    fresh = _best(problem, _fresh_settings(problem, current, settings), began,
+                  kicks=current.objective != problem.objective)
     elapsed = time.perf_counter() - began
     if problem.objective == "completion-time":
         # Queued jobs are not pinned to the plan in force: re-planning jobs that have not

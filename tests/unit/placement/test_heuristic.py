@@ -113,3 +113,28 @@ def test_single_policy_heuristics_are_valid(policy: str) -> None:
     snapshot = cases.random_snapshot(3, jobs=10, nodes=(8, 8))
     settings = types.Settings(use_milp=False, k_policy=policy)
     cases.check_plan(snapshot, heuristic.schedule(heuristic.problem_of(snapshot), settings))
+
+
+@pytest.mark.parametrize("seed", [16, 31])  # one-job changes stall above the optimum here
+def test_kicks_reach_the_optimum_where_one_job_changes_stall(seed: int) -> None:
+    nodes = [(8,), (4, 4), (8,), (4, 8)][seed % 4]
+    snapshot = cases.random_snapshot(seed, jobs=5, nodes=nodes, integer=True, scale=30.0)
+    problem = heuristic.problem_of(snapshot, objective="makespan")
+    optimum = cases.brute_force_makespan(snapshot)
+    stalled = heuristic.schedule(problem, SETTINGS, kicks=False)
+    kicked = heuristic.schedule(problem, SETTINGS)
+    assert stalled.makespan > optimum
+    assert kicked.makespan == pytest.approx(optimum)
+    assert "0 kick(s) kept" not in kicked.reason
+    cases.check_plan(snapshot, kicked)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kicks_never_lose_and_draw_the_same_plan_every_time(seed: int) -> None:
+    snapshot = cases.random_snapshot(200 + seed, jobs=12, nodes=[(8,), (8, 8)][seed % 2],
+                                     running=seed % 2, arrivals=seed >= 2)
+    problem = heuristic.problem_of(snapshot, objective="makespan")
+    kicked = heuristic.schedule(problem, SETTINGS)
+    assert kicked.makespan <= heuristic.schedule(problem, SETTINGS, kicks=False).makespan
+    assert heuristic.schedule(problem, SETTINGS).assignments == kicked.assignments
+    cases.check_plan(snapshot, kicked)

@@ -214,3 +214,26 @@ def test_a_sweep_arriving_in_parts_gets_minimum_area_configs_on_re_plan(
     result = planner.replan(first, later, NO_MILP)
     cases.check_plan(later, result)
     assert [a.gpus for a in result.assignments if a.job in ("b", "c")] == [gpus, gpus]
+
+
+def test_a_new_batch_gets_the_iterated_search_and_re_plans_of_it_do_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, bool]] = []
+    real = heuristic.schedule
+
+    def spy(problem: heuristic.Problem, settings: types.Settings, *,
+            kicks: bool = True) -> types.Plan:
+        calls.append((problem.objective, kicks))
+        return real(problem, settings, kicks=kicks)
+
+    monkeypatch.setattr(heuristic, "schedule", spy)
+    snapshot = cases.random_snapshot(3, jobs=6, nodes=(8,))
+    makespan = types.Settings(use_milp=False, objective="makespan")
+    first = planner.plan(snapshot, makespan)
+    planner.replan(first, snapshot, makespan)  # the batch in force, re-planned
+    arrivals = planner.plan(snapshot, dataclasses.replace(makespan,
+                                                          objective="completion-time"))
+    planner.replan(arrivals, snapshot, makespan)  # a batch after a stream of arrivals
+    assert calls == [("makespan", True), ("makespan", False), ("completion-time", True),
+                     ("makespan", True)]
+    assert "kick(s) kept" in first.reason
