@@ -590,12 +590,18 @@ def polish(problem: Problem, choice: Mapping[str, types.Config]) -> types.Plan:
     rounding spoils its timing, and this re-times them with true durations.
     """
     start = dict(choice)
-    score, key = min((_score(problem, list_schedule(problem, start, _order(problem, start, k))),
-                      k) for k in _orders(problem))
+    score, key = _best_order(problem, start)
     score, start, key, moves, _ = _local_search(problem, start, key, score)
     assignments = list_schedule(problem, start, _order(problem, start, key))
     return _plan(problem, assignments, "heuristic",
                  f"polished: list order {key}, {moves} local-search move(s)", lower_bound(problem))
+
+
+def _best_order(problem: Problem, choice: Mapping[str, types.Config]
+                ) -> tuple[tuple[float, float], str]:
+    """The `_score` of `choice` list-scheduled in its best order of `_orders`, and that order."""
+    return min((_score(problem, list_schedule(problem, choice, _order(problem, choice, key))),
+                key) for key in _orders(problem))
 
 
 def _local_search(problem: Problem, choice: dict[str, types.Config], key: str,
@@ -640,8 +646,7 @@ def _iterated_search(problem: Problem, choice: dict[str, types.Config], key: str
     order and kicks kept.
     """
     names = [j.name for j in problem.jobs]
-    orders = _orders(problem)
-    per_trial = len(problem.jobs) * len(problem.nodes) * len(orders)
+    per_trial = len(problem.jobs) * len(problem.nodes) * len(_orders(problem))
     draw, left, kept = random.Random(0), ITERATED_PLACEMENTS, 0
     for _ in range(KICKS):
         if left <= per_trial or len(names) < 2 or score[0] <= bound + 1e-9 * max(1.0, bound):
@@ -652,9 +657,7 @@ def _iterated_search(problem: Problem, choice: dict[str, types.Config], key: str
             if others:
                 trial[name] = draw.choice(others)
         left -= per_trial
-        trial_score, trial_key = min(
-            (_score(problem, list_schedule(problem, trial, _order(problem, trial, order))),
-             order) for order in orders)
+        trial_score, trial_key = _best_order(problem, trial)
         trial_score, trial, trial_key, _, spent = _local_search(
             problem, trial, trial_key, trial_score, budget=min(left, LOCAL_SEARCH_PLACEMENTS))
         left -= spent
