@@ -34,8 +34,6 @@ from kiln_trainer.freezing import partition, plasticity, quantization
 
 _log = logging.getLogger(__name__)
 
-#: Scheduling niceness the worker adds to the trainer's (higher yields the CPU sooner).
-NICENESS = 10
 #: Seconds between the worker's checks that the trainer still exists while idle.
 ORPHAN_CHECK_SECONDS = 1.0
 #: Seconds `close` waits for the worker to stop by itself before terminating it.
@@ -125,13 +123,11 @@ class ReferenceWorker:
     """The reference model in a spawned CPU process (Egeria, EuroSys'23, section 4).
 
     Egeria generates the reference on the fly by quantization and runs its forward
-    asynchronously on spare CPUs: the worker runs `NICENESS` steps nicer than the trainer, so
-    it takes only CPU time the training does not want. It rebuilds the architecture from the
-    job's spec (`models.build`) or, given the model object itself, starts from a CPU deep copy
-    of it; then it loads each refreshed snapshot, copies it as int8 or fp32
-    (`quantization.choose` on the first refresh picks the kind cheaper per refresh and probe,
-    later refreshes reuse it) and answers probes with one SP loss per block
-    (`plasticity.sp_loss`).
+    asynchronously on spare CPUs. The worker rebuilds the architecture from the job's spec
+    (`models.build`) or, given the model object itself, starts from a CPU deep copy of it;
+    then it loads each refreshed snapshot, copies it as int8 or fp32 (`quantization.choose` on
+    the first refresh picks the kind cheaper per refresh and probe, later refreshes reuse it)
+    and answers probes with one SP loss per block (`plasticity.sp_loss`).
 
     Flow control (why training never blocks): at most one refresh and one probe are ever in
     flight. `submit` drops a probe (returns False) while an earlier one is unanswered;
@@ -365,9 +361,6 @@ def _serve(spec: api.ModelSpec | nn.Module, blocks: tuple[str, ...], threads: in
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the trainer's
     _die_with(trainer_pid)
     torch.set_num_threads(threads)
-    # Spare CPUs only: where training has every core (CPU jobs in parallel slots) a probe
-    # waits, or is dropped, rather than slowing the steps it judges.
-    os.nice(NICENESS)
     try:
         _loop(spec, blocks, mode, inbox, results)
     except Exception as error:  # noqa: BLE001 - reported to the trainer, which logs it

@@ -5,7 +5,6 @@ built without a model spec probes it.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -49,10 +48,6 @@ def test_a_worker_built_from_the_model_object_answers_probes_of_that_object() ->
             worker.wait(1.0)
             results += worker.poll()
         assert worker.alive, "the forked reference worker died"
-        # it answered, so it is past its start: it yields the CPU to the trainer
-        assert worker.pid is not None
-        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == min(
-            19, os.getpriority(os.PRIO_PROCESS, 0) + reference.NICENESS)
     [result] = results
     assert sorted(result.plasticity) == ["first", "second"]
     # Same weights on both sides: the fp32 reference reproduces the activations exactly.
