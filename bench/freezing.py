@@ -1,9 +1,11 @@
 """Layer freezing in Egeria's regime: time to accuracy, full training vs Kiln (its default and its
 opt-in plateau test) vs a fixed schedule.
 
-Writes bench/results/freezing.json and .png (`--quick`, a CI smoke: freezing_quick.*); a spawned
-reference process imports this file, hence the main guard. The run prints its estimate first.
+Writes bench/results/freezing.json and .png (`--quick`, a CI smoke: freezing_quick.*; on a GPU
+freezing_cuda.*); a spawned reference process imports this file, hence the main guard. The run
+prints its estimate first.
     OMP_NUM_THREADS=1 python bench/freezing.py [--quick] [--seeds 0,1,2] [--cases resnet20,lm]
+    python bench/freezing.py --device cuda   # ResNet-20 and -56 at 32 px, one seed, one GPU
 """
 
 from __future__ import annotations
@@ -65,11 +67,14 @@ IDLE_TOLERANCE = 1e-9  # the idle arm's tolerance and peakFraction; no phase tes
 OPT_IN = {"plateauRatio": 0.5}  # the plateau arm's freezing knobs
 GOAL = {"median_tta_ratio_at_least": 1.4, "worst_final_metric_delta_at_least": -0.3,
         "idle_overhead_ratio_at_most": 1.03, "beats_fixed_schedule": True}
-CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
-# One training step of one thread, CPU seconds, measured here (batch 32) for the estimate.
-STEP_CPU_SECONDS = {"resnet20": 0.05, "lm": 0.035, "resnet-quick": 0.006}
-EVAL_CPU_SECONDS = {"resnet20": 2.8, "lm": 0.5, "resnet-quick": 0.05}
+# One training step's seconds and one evaluation's, for the estimate: on one CPU thread,
+# measured here (batch 32); the -gpu cases' are assumed for one H100 (batch 128, eager), not
+# measured: no GPU was at hand when they were sized.
+STEP_SECONDS = {"resnet20": 0.05, "lm": 0.035, "resnet-quick": 0.006,
+                "resnet20-gpu": 0.008, "resnet56-gpu": 0.022}
+EVAL_SECONDS = {"resnet20": 2.8, "lm": 0.5, "resnet-quick": 0.05,
+                "resnet20-gpu": 0.3, "resnet56-gpu": 0.8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +116,18 @@ def text(*, n_train: int, n_validation: int) -> dict[str, Any]:
 SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weightDecay": 5e-4}
 
 
+def gpu_cases(fashion_root: Path) -> list[Case]:
+    """Egeria's long-schedule regime sized for one GPU (about 7 minutes, one seed, at the
+    assumed step times): ResNet-20 and ResNet-56 as He et al. trained them on CIFAR-10 (3
+    stages of 3 and 9 blocks, widths 16/32/64, SGD 0.1 at batch 128) on Fashion-MNIST at
+    32 px (bilinear), 20,000 training images (157 steps per epoch) and 10,000 validation
+    images (0.1 point is 10); 32 and 12 epochs, each budget over 20 decision latencies."""
+    images = fashion(fashion_root, n_train=20000, n_validation=10000)
+    return [Case(f"resnet{6 * n + 2}-gpu", "small_resnet",
+                 {"blocks": [n, n, n], "width": 16, "num_classes": 10}, [1, 32, 32], images,
+                 SGD, epochs=epochs, batch_size=128) for n, epochs in ((3, 32), (9, 12))]
+
+
 def cases(*, quick: bool, fashion_root: Path) -> list[Case]:
     """The benchmark's cases. The ResNet trains on 2,560 images (80 steps per epoch, probes
     every 10 steps by default, 2,240 steps), the LM on 10,240 windows (320 steps per epoch,
@@ -138,8 +155,8 @@ def cases(*, quick: bool, fashion_root: Path) -> list[Case]:
     ]
 
 
-def make_job(case: Case, *, seed: int, freezing: dict[str, Any] | None = None
-             ) -> api.TrainingJob:
+def make_job(case: Case, *, seed: int, freezing: dict[str, Any] | None = None,
+             device: str = "cpu") -> api.TrainingJob:
     """The TrainingJob every arm of `case` runs (freezing knobs: the spec's defaults)."""
     return api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
@@ -150,7 +167,7 @@ def make_job(case: Case, *, seed: int, freezing: dict[str, Any] | None = None
             "dataset": case.dataset,
             "training": {"epochs": case.epochs, "batchSize": case.batch_size,
                          "optimizer": case.optimizer, "lrSchedule": case.schedule(),
-                         "seed": seed, "device": "cpu"},
+                         "seed": seed, "device": device},
             "freezing": freezing or {},
         }})
 
@@ -218,9 +235,10 @@ class Arm:
                  schedule: list[tuple[int, int]] | None = None) -> None:
         spec = job.spec
         self.name, self.spec, self.splits, self.spe = name, spec, splits, spe
+        self.device = torch.device(spec.training.device)
         self.total_steps = spec.training.epochs * spe
         runtime.seed_everything(spec.training.seed)  # same initial weights in every arm
-        self.model = models.build(spec.model)
+        self.model = models.build(spec.model).to(self.device)
         self.optimizer = optim.build_optimizer(self.model.parameters(), spec.training.optimizer)
         self.scheduler = optim.build_schedule(self.optimizer, spec.training, steps_per_epoch=spe)
         self.freezer: controller.Freezer | None = None
@@ -236,7 +254,8 @@ class Arm:
             probe = controller.probe_batch(splits.validation,  # type: ignore[arg-type]
                                            settings.probe_batch_size)
             # no optimizer: FreezeOut never unfreezes, so no learning-rate rule applies
-            self.freezer = controller.Freezer(self.model, spec.model, probe, settings,
+            self.freezer = controller.Freezer(self.model, spec.model, probe.to(self.device),
+                                              settings,
                                               num_samples=len(splits.train),  # type: ignore
                                               main=False)
         self.setup_seconds = time.perf_counter() - began
@@ -281,7 +300,8 @@ class Arm:
             cpu = time.process_time()
             stats = loop.train_one_epoch(
                 self.trainable, self.batches, optimizer=self.optimizer, scheduler=self.scheduler,
-                device=CPU, grad_clip_norm=self.spec.training.grad_clip_norm, max_steps=limit,
+                device=self.device, grad_clip_norm=self.spec.training.grad_clip_norm,
+                max_steps=limit,
                 freezer=self.freezer, first_step=self.step)
             self.step, self.epoch_batch = self.step + stats.steps, self.epoch_batch + stats.steps
             self.seconds += stats.seconds
@@ -297,7 +317,7 @@ class Arm:
 
     def evaluate(self) -> None:
         """Record the step, the clocks, accuracy, loss and skipped backward share so far."""
-        result = loop.evaluate(self.model, self.splits, batch_size=256, device=CPU)
+        result = loop.evaluate(self.model, self.splits, batch_size=256, device=self.device)
         self.curve.append({
             "step": self.step, "seconds": round(self.seconds, 3),
             "cpu_seconds": round(self.cpu_seconds + self.reference_cpu_seconds()
@@ -345,11 +365,11 @@ def _process_cpu_seconds(pid: int | None) -> float | None:
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def load(case: Case, seed: int) -> tuple[api.TrainingJob, data.Splits, int]:
+def load(case: Case, seed: int, device: str) -> tuple[api.TrainingJob, data.Splits, int]:
     """The job, its splits as the trainer loads them (decoded once into memory: the arms
     read them thousands of times, and per-sample decoding would dominate the clocks; nothing
     is augmented, so the samples are the same), and steps per epoch."""
-    job = make_job(case, seed=seed)
+    job = make_job(case, seed=seed, device=device)
     splits = data.load(job.spec.dataset, input_shape=job.spec.model.input_shape,
                        seed=job.spec.dataset.split_seed)
     if not splits.in_memory:
@@ -364,7 +384,7 @@ def _in_memory(samples: Any) -> torch_data.Dataset[data.Sample]:
         torch.stack([x for x, _ in pairs]), torch.tensor([int(y) for _, y in pairs])))
 
 
-def run_case(case: Case, seed: int, *, order: int) -> dict[str, Any]:
+def run_case(case: Case, seed: int, *, order: int, device: str = "cpu") -> dict[str, Any]:
     """The four arms of one (case, seed); their records.
 
     full, kiln and plateau advance in lockstep between the evaluation steps, round robin (the
@@ -374,11 +394,12 @@ def run_case(case: Case, seed: int, *, order: int) -> dict[str, Any]:
     setup are off them. The reference process starts, and makes its first snapshot, before
     training (its start-up, mostly imports, is a one-off per job, reported apart).
     """
-    job, splits, spe = load(case, seed)
+    job, splits, spe = load(case, seed, device)
     total = case.epochs * spe
     latency = decision_latency_steps(job, spe)
     arms = {name: Arm(name, job, splits, spe) for name in ("full", "kiln")}
-    arms["plateau"] = Arm("plateau", make_job(case, seed=seed, freezing=OPT_IN), splits, spe)
+    arms["plateau"] = Arm("plateau", make_job(case, seed=seed, freezing=OPT_IN, device=device),
+                          splits, spe)
     startup = arms["kiln"].wait_for_reference()
     arms["plateau"].wait_for_reference()
     for name in ("kiln", "plateau"):
@@ -405,7 +426,8 @@ def run_case(case: Case, seed: int, *, order: int) -> dict[str, Any]:
             "n_train": len(splits.train), "n_validation": len(splits.validation)}  # type: ignore[arg-type]
 
 
-def measure_idle(case: Case, seed: int, *, steps: int, repeats: int) -> dict[str, Any]:
+def measure_idle(case: Case, seed: int, *, steps: int, repeats: int,
+                 device: str = "cpu") -> dict[str, Any]:
     """Clocks of `full` and `idle` (probes and reference running, nothing freezes) over
     `steps`, `repeats` times with fresh arms, in lockstep chunks of 10 steps. Ratios: median
     over repeats of idle / full, on the training clock and on CPU seconds (the idle arm's
@@ -415,9 +437,9 @@ def measure_idle(case: Case, seed: int, *, steps: int, repeats: int) -> dict[str
     1e-9 and ``plateauRatio`` 0: the probes, refreshes and reference process all run, nothing
     converges.
     """
-    job, splits, spe = load(case, seed)
+    job, splits, spe = load(case, seed, device)
     knobs = {"tolerance": IDLE_TOLERANCE, "peakFraction": IDLE_TOLERANCE, "plateauRatio": 0}
-    idle_job = make_job(case, seed=seed, freezing=knobs)
+    idle_job = make_job(case, seed=seed, freezing=knobs, device=device)
     runs = []
     for repeat in range(repeats):
         arms = {"full": Arm("full", job, splits, spe), "idle": Arm("idle", idle_job, splits, spe)}
@@ -467,15 +489,16 @@ COMPARED = ARMS[1:]  # the arms measured against full
 CLOCKS = ("flops", "cpu", "wall")
 
 
-def summarize(runs: dict[str, dict[int, Any]], case_list: list[Case], idle: dict[str, Any]
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+def summarize(runs: dict[str, dict[int, Any]], case_list: list[Case], idle: dict[str, Any],
+              *, beats_on: str = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
     """Per seed: target, TTA ratios (full / arm) on three clocks, final deltas (arm - full,
     points); per case: medians over seeds; the summary over cases.
 
     The headline `median_tta_ratio` is on the wall clock (the median over cases of per-case
     medians), beside the FLOPs and CPU ones. Kiln beats the fixed schedule in a case when, at
-    the equal backward savings the fixed arm is tuned to, its median CPU TTA ratio is higher
-    or its median final delta is; `beats_fixed_schedule` needs every case.
+    the equal backward savings the fixed arm is tuned to, its median TTA ratio on `beats_on`
+    ("cpu"; "wall" on a GPU, where the clock that matters is the GPU's) is higher or its
+    median final delta is; `beats_fixed_schedule` needs every case.
     """
     per_case: dict[str, Any] = {}
     for case in case_list:
@@ -533,7 +556,7 @@ def summarize(runs: dict[str, dict[int, Any]], case_list: list[Case], idle: dict
         case_row["unreached"] = {arm: sum(not r[f"{arm}_reached"] for r in rows)
                                  for arm in compared}
         case_row["kiln_beats_fixed"] = bool(
-            case_row["kiln_cpu_ratio"] > case_row["fixed_cpu_ratio"]
+            case_row[f"kiln_{beats_on}_ratio"] > case_row[f"fixed_{beats_on}_ratio"]
             or case_row["kiln_final_delta_points"] > case_row["fixed_final_delta_points"])
         case_row["full_final_accuracy"] = med("full_final_accuracy")
         case_row["reference_cpu_share"] = med("reference_cpu_share")
@@ -607,17 +630,17 @@ def _median(values: list[float]) -> float:
 
 
 def estimate_seconds(case_list: list[Case], seeds: list[int], idle_steps: int) -> float:
-    """CPU seconds the run needs on one thread at most: four arms' steps (as if none froze)
-    and evaluations per seed (kiln's reference process runs on the second core), and the idle
-    pairs."""
+    """Seconds the run needs at most (one CPU thread, or one GPU for the -gpu cases): four
+    arms' steps (as if none froze) and evaluations per seed (kiln's reference process runs on
+    another core), and the idle pairs."""
     total = 0.0
     for case in case_list:
         n = case.dataset["maxSamples"]
         n_train = n - round(n * case.dataset["validationFraction"])
         steps = case.epochs * -(-n_train // case.batch_size)
         evaluations = len(eval_steps(steps, case.eval_points))
-        arm = steps * STEP_CPU_SECONDS[case.label] + evaluations * EVAL_CPU_SECONDS[case.label]
-        total += len(seeds) * len(ARMS) * arm + IDLE_REPEATS * 2 * idle_steps * STEP_CPU_SECONDS[
+        arm = steps * STEP_SECONDS[case.label] + evaluations * EVAL_SECONDS[case.label]
+        total += len(seeds) * len(ARMS) * arm + IDLE_REPEATS * 2 * idle_steps * STEP_SECONDS[
             case.label]
     return total
 
@@ -716,9 +739,12 @@ def reanalyse(path: Path) -> None:
                  for fields in details["cases"].values()]
     runs = {label: {int(seed): run for seed, run in by.items()}
             for label, by in details["runs"].items()}
-    summary, per_case = summarize(runs, case_list, details["idle"])
+    gpu = old.get("device", "cpu") != "cpu"
+    summary, per_case = summarize(runs, case_list, details["idle"],
+                                  beats_on="wall" if gpu else "cpu")
     summary.update({k: old[k] for k in ("seeds", "quick", "cases", "torch_threads",
-                                         "load_average_before_after", "bench_seconds")})
+                                         "load_average_before_after", "bench_seconds",
+                                         "device") if k in old})
     payload.update(summary=summary, details={**details, "per_case": per_case})
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     print_table(per_case, summary)
@@ -740,34 +766,44 @@ def main() -> None:
                         "(writes freezing_<cases>_e<epochs>.*)")
     parser.add_argument("--fashion-root", type=Path, default=fashion_mnist.DEFAULT_ROOT,
                         help="where Fashion-MNIST is (fetched with npm when absent)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the GPU cases (ResNet-20 and -56 at 32 px, default seed 0) "
+                        "on one GPU, writing freezing_cuda.*; the reference process stays on CPU")
     parser.add_argument("--from-results", type=Path, default=None,
                         help="recompute the summary and plot of a results file's runs, no "
                         "training (after a change to the analysis)")
     args = parser.parse_args()
     if args.from_results:
         return reanalyse(args.from_results)
+    gpu = args.device == "cuda"
+    if gpu and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() "
+                     "is false); run it on a GPU machine, or leave --device out for the CPU run")
     common.one_thread()
-    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    case_list = cases(quick=args.quick, fashion_root=args.fashion_root)
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick or gpu else "0,1,2")).split(",")]
+    case_list = (gpu_cases(args.fashion_root) if gpu and not args.quick
+                 else cases(quick=args.quick, fashion_root=args.fashion_root))
     if args.cases:
         case_list = [c for c in case_list if c.label in args.cases.split(",")]
     if args.epochs:
         case_list = [dataclasses.replace(c, epochs=args.epochs) for c in case_list]
     # A run of some cases or seeds never overwrites the full run's results; one at another
     # budget is named by it and its cases (how the effect scales with the budget)
-    name = NAME + ("_quick" if args.quick else "") + (
+    name = NAME + ("_cuda" if gpu else "") + ("_quick" if args.quick else "") + (
         f"_{'-'.join(c.label for c in case_list)}_e{args.epochs}" if args.epochs else
-        "_partial" if args.cases or (args.seeds and not args.quick) else "")
+        "_partial" if args.cases or (args.seeds and not args.quick and not gpu) else "")
     idle_steps = args.idle_steps or (10 if args.quick else 300)
     repeats = 1 if args.quick else IDLE_REPEATS
-    print(f"estimate: at most {estimate_seconds(case_list, seeds, idle_steps) / 60:.0f} min on 2 idle "
-          f"cores ({len(case_list)} cases x {len(seeds)} seeds x {len(ARMS)} arms)", flush=True)
+    where = "one GPU at the assumed step times" if gpu else "2 idle cores"
+    print(f"estimate: at most {estimate_seconds(case_list, seeds, idle_steps) / 60:.0f} min on "
+          f"{where} ({len(case_list)} cases x {len(seeds)} seeds x {len(ARMS)} arms)", flush=True)
     fashion_mnist.prepare(args.fashion_root)
     load_before, began = os.getloadavg(), time.perf_counter()
     runs: dict[str, dict[int, Any]] = {c.label: {} for c in case_list}
     for si, seed in enumerate(seeds):
         for ci, case in enumerate(case_list):
-            run = runs[case.label][seed] = run_case(case, seed, order=si + ci)
+            run = runs[case.label][seed] = run_case(case, seed, order=si + ci,
+                                                    device=args.device)
             a = run["arms"]
             print(f"  s{seed} {case.label:12s} " + "  ".join(
                 f"{arm} {a[arm]['train_seconds']:6.1f} s final "
@@ -775,15 +811,15 @@ def main() -> None:
                 + f"  kiln events {[(e['kind'][0], e['step']) for e in a['kiln']['events']]}"
                 + f"  budget {run['budget_decisions']}x the decision latency"
                 + f"  ({time.perf_counter() - began:.0f} s)", flush=True)
-    idle_runs = {c.label: measure_idle(c, seeds[0], steps=idle_steps, repeats=repeats)
-                 for c in case_list}
+    idle_runs = {c.label: measure_idle(c, seeds[0], steps=idle_steps, repeats=repeats,
+                                       device=args.device) for c in case_list}
     idle = {"by_case": idle_runs,
             "ratio": _median([r["ratio"] for r in idle_runs.values()]),
             "cpu_ratio": _median([r["cpu_ratio"] for r in idle_runs.values()])}
-    summary, per_case = summarize(runs, case_list, idle)
+    summary, per_case = summarize(runs, case_list, idle, beats_on="wall" if gpu else "cpu")
     summary.update({
         "seeds": seeds, "quick": args.quick, "cases": [c.label for c in case_list],
-        "torch_threads": 1,
+        "torch_threads": 1, "device": torch.cuda.get_device_name() if gpu else "cpu",
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "bench_seconds": round(time.perf_counter() - began, 1)})
     details = {"per_case": per_case, "idle": idle,

@@ -64,13 +64,15 @@ CHILDREN = {
 def job(name: str, model: dict[str, Any], dataset: dict[str, Any], *, epochs: int, seed: int,
         schedule: str, freezing: dict[str, Any] | None,
         eval_every: int = EVAL_EVERY_STEPS,
-        peft: dict[str, Any] | None = None) -> api.TrainingJob:
+        peft: dict[str, Any] | None = None, pixels: int = 8, batch_size: int = 64,
+        device: str = "cpu") -> api.TrainingJob:
     return api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {
-            "model": {**model, "inputShape": [1, 8, 8]},
+            "model": {**model, "inputShape": [1, pixels, pixels]},
             "dataset": {**dataset, "splitSeed": 0},
-            "training": {"epochs": epochs, "batchSize": 64, "seed": seed, "device": "cpu",
+            "training": {"epochs": epochs, "batchSize": batch_size, "seed": seed,
+                         "device": device,
                          "optimizer": {"name": "adam", "lr": 3e-3, "weightDecay": 0.0},
                          "lrSchedule": {"name": schedule, "warmupEpochs": 1},
                          "evalEverySteps": eval_every, **({"peft": peft} if peft else {})},

@@ -119,3 +119,56 @@ def test_summary_lists_the_cases_kiln_loses(bench: ModuleType) -> None:
     runs = {"c": {0: _run(0.912, 0.92), 1: _run(0.921, 0.92), 2: _run(0.92, 0.92)}}
     summary, _ = bench.summarize(runs, [case], {"ratio": 1.0, "cpu_ratio": 1.0})
     assert summary["kiln_loses"] == {"c": ["one seed's final delta -0.40"]}  # the median is 0
+
+
+def test_the_gpu_cases_are_egerias_regime_and_fit_the_estimate(bench: ModuleType,
+                                                                 tmp_path: Any) -> None:
+    import torch
+
+    from kiln import models
+
+    gpu = bench.gpu_cases(tmp_path)
+    assert [c.label for c in gpu] == ["resnet20-gpu", "resnet56-gpu"]
+    for case in gpu:
+        assert case.epochs % 4 == 0  # warm-up, then the decays at 50% and 75%
+        job = bench.make_job(case, seed=0, device="cuda")
+        assert job.spec.training.device == "cuda"
+        n_train = case.dataset["maxSamples"] - round(
+            case.dataset["maxSamples"] * case.dataset["validationFraction"])
+        spe = -(-n_train // case.batch_size)
+        latency = bench.decision_latency_steps(job, spe)
+        assert case.epochs * spe >= bench.DECISIONS_PER_BUDGET * latency
+        model = models.build(job.spec.model)  # builds and runs at 32 px on the CPU here
+        assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 10)
+    # one seed of both cases within 8 minutes at the assumed GPU step times
+    assert bench.estimate_seconds(gpu, [0], 300) <= 8 * 60
+
+
+def test_the_fixed_schedule_is_beaten_on_the_clock_named(bench: ModuleType) -> None:
+    # equal final accuracy; Kiln reaches the target sooner in CPU seconds (its reference
+    # process on another core is not on them) but later on the wall clock than the schedule
+    case = bench.Case("c", "small_resnet", {}, [1, 28, 28], {}, {}, epochs=4)
+    run = _run(0.92, 0.92)
+    run["arms"]["kiln"] = _arm([(50, 50.0, 45.0, 0.80), (90, 95.0, 70.0, 0.9195),
+                                (100, 100.0, 80.0, 0.92)], skipped=0.25)
+    run["arms"]["fixed"] = _arm([(50, 45.0, 50.0, 0.80), (90, 80.0, 85.0, 0.9195),
+                                 (100, 90.0, 95.0, 0.92)], skipped=0.25)
+    idle = {"ratio": 1.0, "cpu_ratio": 1.0}
+    summary, per_case = bench.summarize({"c": {0: run}}, [case], idle)
+    assert per_case["c"]["kiln_cpu_ratio"] > per_case["c"]["fixed_cpu_ratio"]
+    assert summary["beats_fixed_schedule"] is True
+    summary, per_case = bench.summarize({"c": {0: run}}, [case], idle, beats_on="wall")
+    assert per_case["c"]["kiln_wall_ratio"] < per_case["c"]["fixed_wall_ratio"]
+    assert summary["beats_fixed_schedule"] is False
+
+
+def test_device_cuda_without_a_gpu_says_so(bench: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: --device cuda would run")
+    monkeypatch.setattr("sys.argv", ["freezing.py", "--device", "cuda"])
+    with pytest.raises(SystemExit) as exited:
+        bench.main()
+    assert exited.value.code == 2
+    assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
