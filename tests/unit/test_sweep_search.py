@@ -202,8 +202,8 @@ def test_a_chained_trial_is_pruned_only_against_trials_that_inherited_as_much() 
     assert driver.report(5, 1, 0.78) is None
     verdict = driver.report(6, 1, 0.70)  # the partly warm 0.78 is ahead of it
     assert verdict is not None and verdict.against == (
-        "rung 0 (epoch 1): 2 trials warm-started from another architecture reached it; the "
-        "top 1/3 (1) go on, needing ≥ 0.78")
+        "rung 0 (epoch 1): 2 trials warm-started from a parent of other layers or sizes "
+        "reached it; the top 1/3 (1) go on, needing ≥ 0.78")
     assert driver.report(1, 1, 0.60).against.startswith(  # type: ignore[union-attr]
         "rung 0 (epoch 1): 2 cold trials reached it")
     assert driver.report(7, 1, 0.65).against == (  # type: ignore[union-attr]

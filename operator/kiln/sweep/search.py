@@ -40,9 +40,12 @@ class Inheritance(enum.StrEnum):
     OWN_ARCHITECTURE = "own_architecture"  # a parent of the same architecture fine-tuned
 
 
+# In words a user reads in prunedAt: "architecture" here means layers and their sizes.
 _AMONG = {Inheritance.COLD: "cold trials",
-          Inheritance.OTHER_ARCHITECTURE: "trials warm-started from another architecture",
-          Inheritance.OWN_ARCHITECTURE: "trials warm-started from their own architecture"}
+          Inheritance.OTHER_ARCHITECTURE: "trials warm-started from a parent of other layers "
+                                          "or sizes",
+          Inheritance.OWN_ARCHITECTURE: "trials fine-tuning a parent of their own layers and "
+                                        "sizes"}
 
 
 def inheritance(parent: str | None, similarity: float | None) -> Inheritance:
