@@ -652,14 +652,7 @@ def lora_start(job: api.TrainingJob, model: nn.Module, zoo: store.ObjectStore | 
         base = decision.pinned_record(zoo, parent.base, namespace=job.namespace) \
             if parent.base is not None else parent
         imported = False
-        shape = list(job.spec.model.input_shape)
-        if list(base.input_shape) != shape:
-            # A convolution's weights fit any image size, so the weights alone would load.
-            raise api.InvalidSpec([(
-                f"spec.model.inputShape: {shape} is not the LoRA base {base.id}'s "
-                f"{list(base.input_shape)}; LoRA trains on its base as that was trained, so "
-                f"set inputShape to {list(base.input_shape)} (`kiln zoo show {base.id}`) or "
-                "pin a base trained on this shape")], source=f"job {job.name}")
+        decision.require_lora_shape(job, base)
     if parent.adapter is not None and not same_adapter(parent.adapter, peft):
         raise api.InvalidSpec([(
             f"spec.training.peft: the parent adapter {parent.id} has {parent.adapter}; a LoRA "

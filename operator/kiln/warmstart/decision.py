@@ -136,6 +136,7 @@ def decide(
     if spec.parent != "auto":
         record = pinned_record(zoo, spec.parent, namespace=job.namespace)
         if job.spec.training.peft is not None:  # the trainer loads base and adapter as pinned
+            require_lora_shape(job, record)  # an adapter's record keeps its base's shape
             return api.WarmStartDecision(
                 outcome=api.WarmStartOutcome.PINNED, parent=record.id, similarity=1.0,
                 reason=f"LoRA on {record.base or record.id} (pinned parent {record.id}); "
@@ -347,6 +348,19 @@ def apply(
                    similarity=result.similarity, parent_metric=record.metric_value,
                    metric_name=record.metric_name, parent_provisional=record.provisional,
                    parent_data=record.data_fingerprint, unchanged=frozenset(result.unchanged))
+
+
+def require_lora_shape(job: api.TrainingJob, base: records.ZooRecord) -> None:
+    """Refuse a LoRA job whose spec.model.inputShape is not its base's (`base`: the base or
+    an adapter on it): a convolution's weights load at any image size, so only this check
+    stops training a base on inputs it never saw."""
+    shape = list(job.spec.model.input_shape)
+    if list(base.input_shape) != shape:
+        raise api.InvalidSpec([(
+            f"spec.model.inputShape: {shape} is not the LoRA base {base.id}'s "
+            f"{list(base.input_shape)}; LoRA trains on its base as that was trained, so set "
+            f"inputShape to {list(base.input_shape)} (`kiln zoo show {base.id}`) or pin a base "
+            "trained on this shape")], source=f"job {job.name}")
 
 
 def pinned_record(zoo: store.ObjectStore, model_id: str, *,

@@ -56,3 +56,16 @@ def test_a_lora_job_gets_its_pinned_adapter_as_decided(tmp_path: Path) -> None:
     decided = decision.decide(_job({"parent": adapter.id}, {"targetModules": ["head.2"]}), zoo)
     assert decided.parent == adapter.id and decided.outcome is api.WarmStartOutcome.PINNED
     assert models.check_job(_job({"parent": adapter.id}, {"targetModules": ["head.2"]})) == []
+
+
+def test_a_lora_job_of_another_input_shape_is_refused_at_admission(tmp_path: Path) -> None:
+    zoo, adapter = _adapter_zoo(tmp_path)
+    job = api.parse_job({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "child"},
+        "spec": {"model": {**MODEL, "inputShape": [1, 16, 16]},
+                 "warmStart": {"parent": adapter.id},
+                 "training": {"peft": {"targetModules": ["head.2"]}}}})
+    with pytest.raises(api.InvalidSpec, match=r"spec.model.inputShape: \[1, 16, 16\] is not the "
+                       r"LoRA base small_cnn-0000000a's \[1, 8, 8\]; .* set inputShape to "
+                       r"\[1, 8, 8\]"):
+        decision.decide(job, zoo)
