@@ -110,23 +110,31 @@ def test_a_job_continues_the_best_adapter_on_its_base_with_its_settings(
         "lora_B.", "lora_B.default.")], v) for k, v in stored.items() if "lora_" in k)
 
 
-def test_a_pinned_base_of_other_args_is_refused_naming_the_bases_args(tmp_path: Path) -> None:
-    """A LoRA job pinning a base whose args differ from spec.model's: the error lists the keys
-    that do not fit and gives the base's own architecture, args and input shape to copy."""
+def _pinned_start(tmp_path: Path, model: dict[str, Any]) -> tuple[str, str]:
+    """lora_start of a job of `model` pinning a base imported from MODEL's weights: (the
+    base's id, the InvalidSpec message, or "" when it started)."""
     zoo = store.DirStore(tmp_path)
     _, base, _ = warm.pretrained_lora_parent(_job(), _pretrained(0), zoo,
                                              measure=lambda m: (0.1, 2.0))
-    deeper = {**MODEL, "args": {"depth": 3, "width": 8}}
     job = api.parse_job({
         "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": "pinned", "namespace": "team-a"},
-        "spec": {"model": deeper, "training": {"peft": PEFT},
+        "spec": {"model": model, "training": {"peft": PEFT},
                  "warmStart": {"parent": base.id}}})
-    model = models.build(api.ModelSpec.model_validate(deeper))
-    with pytest.raises(api.InvalidSpec) as raised:
-        warm.lora_start(job, model, zoo, load=True)
-    message = str(raised.value)
-    assert f"spec.warmStart.parent: base {base.id}" in message
+    try:
+        decided, base_id = warm.lora_start(
+            job, models.build(api.ModelSpec.model_validate(model)), zoo, load=True)
+    except api.InvalidSpec as exc:
+        return base.id, str(exc)
+    assert base_id == base.id and decided.parent == base.id
+    return base.id, ""
+
+
+def test_a_pinned_base_of_other_args_is_refused_naming_the_bases_args(tmp_path: Path) -> None:
+    """A LoRA job pinning a base whose args differ from spec.model's: the error lists the keys
+    that do not fit and gives the base's own architecture, args and input shape to copy."""
+    base, message = _pinned_start(tmp_path, {**MODEL, "args": {"depth": 3, "width": 8}})
+    assert f"spec.warmStart.parent: base {base}" in message
     assert "the weights do not fit the model: keys" in message and "missing (blocks." in message
     assert '{"depth": 2, "width": 8}' in message and "inputShape [1, 8, 8]" in message
 
@@ -134,26 +142,8 @@ def test_a_pinned_base_of_other_args_is_refused_naming_the_bases_args(tmp_path: 
 def test_a_pinned_base_of_another_input_shape_is_refused_naming_its_shape(
         tmp_path: Path) -> None:
     """A small CNN's weights load at any image size: the input shape is checked on its own."""
-    zoo = store.DirStore(tmp_path)
-    _, base, _ = warm.pretrained_lora_parent(_job(), _pretrained(0), zoo,
-                                             measure=lambda m: (0.1, 2.0))
-    larger = {**MODEL, "inputShape": [1, 16, 16]}
-    job = api.parse_job({
-        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "pinned", "namespace": "team-a"},
-        "spec": {"model": larger, "training": {"peft": PEFT},
-                 "warmStart": {"parent": base.id}}})
-    model = models.build(api.ModelSpec.model_validate(larger))
-    with pytest.raises(api.InvalidSpec) as raised:
-        warm.lora_start(job, model, zoo, load=True)
-    message = str(raised.value)
-    assert f"spec.model.inputShape: [1, 16, 16] is not the LoRA base {base.id}'s [1, 8, 8]" \
+    base, message = _pinned_start(tmp_path / "larger", {**MODEL, "inputShape": [1, 16, 16]})
+    assert f"spec.model.inputShape: [1, 16, 16] is not the LoRA base {base}'s [1, 8, 8]" \
         in message
     assert "set inputShape to [1, 8, 8]" in message
-    # the base's own shape is accepted
-    same = api.parse_job({**job.model_dump(by_alias=True, mode="json", exclude_none=True),
-                          "spec": {**job.model_dump(by_alias=True, mode="json",
-                                                    exclude_none=True)["spec"],
-                                   "model": MODEL}})
-    decision, base_id = warm.lora_start(same, _pretrained(1), zoo, load=True)
-    assert base_id == base.id and decision.parent == base.id
+    assert _pinned_start(tmp_path / "same", MODEL)[1] == ""  # the base's own shape starts
