@@ -162,8 +162,12 @@ def decide(
     # Tenancy: a job sees its own namespace's models and shared ones, nothing else; the
     # policy (and spec.warmStart.preferred) only ranks these.
     # An adapter's weights are no whole model: only a LoRA job that pins one starts from it.
+    # Nor is the job's own reserved record a parent: a run resumed without its checkpoint
+    # would otherwise start from its own earlier model, and name itself its parent.
+    own_record = _reserved_id(job)
     candidates = [_candidate(c.record, c.similarity) for c in found.candidates
-                  if c.record.visible_to(job.namespace) and c.record.base is None]
+                  if c.record.visible_to(job.namespace) and c.record.base is None
+                  and c.record.id != own_record]
     visible = sum(r.visible_to(job.namespace) for r in zoo_index.all_records())
     if not visible and len(zoo_index):
         return select.cold_start(api.WarmStartOutcome.COLD_EMPTY,
@@ -210,6 +214,15 @@ def decide(
         "cold start: no other candidate is left"
     return chosen.model_copy(update={"outcome": api.WarmStartOutcome.COLD_UNREADABLE_PARENT,
                                      "reason": f"{then}; {unusable}"})
+
+
+def _reserved_id(job: api.TrainingJob) -> str | None:
+    """The zoo record id reserved for `job`'s model (`records.job_record_id`), None without a
+    usable uid."""
+    try:
+        return records.job_record_id(job.spec.model.label, str(job.metadata.uid or ""))
+    except ValueError:
+        return None
 
 
 def _best_preferred(candidates: Sequence[select.Candidate],

@@ -359,3 +359,21 @@ def test_a_preferred_visible_model_near_the_best_match_is_chosen(zoo: store.DirS
     decided = decision.decide(_job(*DEEPER, preferred=[sibling.id]), zoo)
     assert decided.parent == sibling.id
     assert "listed in spec.warmStart.preferred" in decided.reason
+
+
+def test_a_job_never_warm_starts_from_its_own_reserved_record(zoo: store.DirStore) -> None:
+    # A trial resumed without its checkpoint once found its own final record, the most
+    # similar model there is, and named itself its parent.
+    uid = "0bf71648-aaaa-bbbb-cccc-000000000001"
+    job = _job(*SMALL).model_copy(update={"metadata": _job(*SMALL).metadata.model_copy(
+        update={"uid": uid})})
+    other, _ = _register(zoo, _job(*DEEPER), accuracy=0.9)
+    mine, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    reserved = records.job_record_id(job.spec.model.label, uid)
+    weights, mine_graph = records.load_weights(zoo, mine), records.load_graph(zoo, mine)
+    records.delete_record(zoo, mine.id)
+    records.write_record(zoo, dataclasses.replace(mine, id=reserved), weights, mine_graph)
+    decided = decision.decide(job, zoo)
+    assert decided.parent == other.id and reserved not in decided.alternatives
+    # another job (another uid) of the same spec may start from it
+    assert decision.decide(_job(*SMALL), zoo).parent == reserved
