@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import networkx as nx
@@ -85,6 +86,10 @@ def model_graph(spec: api.ModelSpec) -> nx.DiGraph:
 PRETRAINED_LORA_REASON = (
     "a LoRA job on spec.model.pretrained.uri: its trainer finds the zoo record of those weights "
     "(importing them once) and continues the best adapter on them, before its first step")
+
+
+# A rewrite of a small record takes well under a second; a damaged one fails after these.
+REREAD_DELAYS_SECONDS = (0.5, 1.0, 2.0)
 
 
 def decide(
@@ -315,11 +320,14 @@ def apply(
     input_shape: list[int] | tuple[int, ...],
     *,
     seed: int = 0,
+    reread_delays: Sequence[float] = REREAD_DELAYS_SECONDS,
 ) -> Applied:
     """Transform the decided parent's weights into `child_model`'s shapes (not loaded).
 
     The decision is final: nothing here chooses again or turns it cold. The alignment of the
-    two graphs is recomputed to map the tensors.
+    two graphs is recomputed to map the tensors. A parent that cannot be read is read again
+    after each of `reread_delays` (seconds) first: a running job's provisional record is
+    rewritten as it trains, and is missing or half-new while that lasts.
 
     Args:
         decision: from `decide`, here or upstream.
@@ -327,6 +335,7 @@ def apply(
         child_model: the freshly initialised child (left unchanged).
         input_shape: one sample's shape without the batch.
         seed: seeds the symmetry-breaking noise of widened units.
+        reread_delays: the waits before reading an unreadable parent again.
 
     Returns:
         The warm state_dict (None on a cold start) and what was not transferred.
@@ -341,8 +350,7 @@ def apply(
         raise ApplyError(f"the warm-start decision names parent {decision.parent}, but no "
                          "model zoo is configured (--zoo)")
     try:
-        record = records.read_record(zoo, decision.parent)
-        parent_state, parent_graph = _load_parent(zoo, decision.parent, record)
+        record, parent_state, parent_graph = _read_parent(zoo, decision.parent, reread_delays)
         result = transform.warm_start_state(
             parent_state, parent_graph, child_model, input_shape,
             generator=torch.Generator().manual_seed(seed))
@@ -361,6 +369,23 @@ def apply(
                    similarity=result.similarity, parent_metric=record.metric_value,
                    metric_name=record.metric_name, parent_provisional=record.provisional,
                    parent_data=record.data_fingerprint, unchanged=frozenset(result.unchanged))
+
+
+def _read_parent(zoo: store.ObjectStore, parent: str, delays: Sequence[float]
+                 ) -> tuple[records.ZooRecord, Mapping[str, Tensor], nx.DiGraph]:
+    """The parent's record, weights and graph, read again after each of `delays` while it
+    is missing or disagrees with itself (the last failure is raised)."""
+    for delay in (*delays, None):
+        try:
+            record = records.read_record(zoo, parent)
+            return (record, *_load_parent(zoo, parent, record))
+        except (store.ObjectNotFound, records.CorruptRecord):
+            if delay is None:
+                raise
+            _log.info("warm-start parent %s is unreadable, perhaps being rewritten: reading it "
+                      "again in %.1f s", parent, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable: the last try raises")
 
 
 def require_lora_shape(job: api.TrainingJob, base: records.ZooRecord) -> None:

@@ -197,7 +197,38 @@ def test_a_decision_is_applied_as_decided_even_if_the_zoo_changed_since(
     warm = decision.decide(child_job, zoo)
     records.delete_record(zoo, small.id)
     with pytest.raises(decision.ApplyError, match=small.id):
-        decision.apply(warm, zoo, child, child_job.spec.model.input_shape)
+        decision.apply(warm, zoo, child, child_job.spec.model.input_shape, reread_delays=())
+
+
+class _Rewriting(store.DirStore):
+    """A zoo whose record `hidden` is missing for the next `misses` reads of its metadata,
+    as while a running job rewrites its provisional record."""
+
+    def __init__(self, root: Path, hidden: str, misses: int) -> None:
+        super().__init__(root)
+        self.hidden, self.misses = hidden, misses
+
+    def get_bytes(self, key: str) -> bytes:
+        if key == records.record_prefix(self.hidden) + records.META_NAME and self.misses:
+            self.misses -= 1
+            raise store.ObjectNotFound(key, self.describe())
+        return super().get_bytes(key)
+
+
+def test_a_parent_being_rewritten_is_read_again_before_the_job_gives_up(
+        zoo: store.DirStore) -> None:
+    small, _ = _register(zoo, _job(*SMALL), accuracy=0.95)
+    child_job = _job(*DEEPER)
+    warm = decision.decide(child_job, zoo)
+    child = models.build(child_job.spec.model)
+    rewriting = _Rewriting(zoo.root, small.id, misses=2)
+    applied = decision.apply(warm, rewriting, child, child_job.spec.model.input_shape,
+                             reread_delays=(0.0, 0.0))
+    assert applied.state_dict is not None and rewriting.misses == 0
+    rewriting = _Rewriting(zoo.root, small.id, misses=3)  # longer than the rereads: it fails
+    with pytest.raises(decision.ApplyError, match=f"{small.id} is unusable now"):
+        decision.apply(warm, rewriting, child, child_job.spec.model.input_shape,
+                       reread_delays=(0.0, 0.0))
 
 
 def test_a_decision_round_trips_through_json(zoo: store.DirStore) -> None:
