@@ -241,3 +241,61 @@ def test_ctrl_c_mid_sweep_keeps_the_running_trial_and_a_rerun_resumes_it(
     assert said.count("resume-t0: training") == 1 and said.count("resume-t0: resuming") == 1
     assert said.count("resume-t1: training") == 1
     assert sorted(r.job_name for r in _zoo(tmp_path).values()) == ["resume-t0", "resume-t1"]
+
+
+def test_a_trial_that_finished_unwatched_is_taken_from_its_record_not_trained_again(
+        tmp_path: Path) -> None:
+    # A killed `kiln sweep run` can leave a trainer that finishes and registers its final
+    # record while the state still says Running: the rerun records it from that record.
+    file = _sweep(tmp_path / "one.yaml", "one", warm="independent",
+                  parameters=[{"path": "training.optimizer.lr",
+                               "float": {"min": 0.005, "max": 0.02}}],
+                  maxTrials=1, parallelTrials=1)
+    first = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", "-o", "json", cwd=tmp_path,
+                        env=_env())
+    assert first.returncode == 0, first.stderr
+    (done,) = api.sweep.parse_sweep(json.loads(first.stdout)).status.history  # type: ignore[union-attr]
+    assert done.state is api.sweep.TrialState.SUCCEEDED and done.zoo_model
+    path = tmp_path / ".kiln" / "runs" / "one.sweep.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    trial = doc["status"]["history"][0]
+    trial["state"] = "Running"
+    for key in ("metric", "zooModel"):
+        trial.pop(key, None)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    again = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", "-o", "json", cwd=tmp_path,
+                        env=_env())
+    assert again.returncode == 0, again.stderr
+    assert "one-t0: had finished while no sweep run watched it: succeeded" in again.stderr
+    assert "one-t0: resuming" not in again.stderr
+    (taken,) = api.sweep.parse_sweep(json.loads(again.stdout)).status.history  # type: ignore[union-attr]
+    assert taken.state is api.sweep.TrialState.SUCCEEDED
+    assert (taken.zoo_model, taken.metric) == (done.zoo_model, pytest.approx(done.metric))
+    assert sorted(r.job_name for r in _zoo(tmp_path).values()) == ["one-t0"]
+
+
+def test_a_damaged_trial_file_is_made_again_and_the_trial_resumes(tmp_path: Path) -> None:
+    (tmp_path / "held_digits.py").write_text(HELD_DIGITS, encoding="utf-8")
+    hold = tmp_path / "hold"
+    hold.touch()
+    file = _sweep(tmp_path / "damaged.yaml", "damaged", warm="independent",
+                  dataset={"entrypoint": "held_digits:digits", "args": {"hold": str(hold)}},
+                  parameters=[{"path": "training.optimizer.lr",
+                               "float": {"min": 0.005, "max": 0.02}}],
+                  maxTrials=1, parallelTrials=1)
+    process = subprocess.Popen([*KILN, "sweep", "run", str(file), "--zoo", "zoo"],
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    waitfor.file_from(process, hold.with_suffix(".reached"), timeout=DEADLINE_SECONDS,
+                      what="the trial's trainer loading its data")
+    os.killpg(process.pid, signal.SIGINT)
+    hold.unlink()
+    process.communicate(timeout=DEADLINE_SECONDS)
+    trial_file = tmp_path / ".kiln" / "runs" / "damaged-t0.json"
+    trial_file.write_text("garbage{", encoding="utf-8")
+    done = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", "-o", "json", cwd=tmp_path,
+                       env=_env())
+    assert done.returncode == 0, done.stderr
+    assert "damaged-t0.json: unreadable (" in done.stderr and "damaged-t0: resuming" in done.stderr
+    (trial,) = api.sweep.parse_sweep(json.loads(done.stdout)).status.history  # type: ignore[union-attr]
+    assert trial.state is api.sweep.TrialState.SUCCEEDED

@@ -417,12 +417,13 @@ class SweepRun:
             self.history.append(_Trial(index=index, name=name, params=params,
                                        state=_State.RUNNING))
         try:
-            job = self.trial_doc(index) if resume and \
-                (self.work_dir / f"{name}.json").exists() else self._new_job(index)
+            job = self._resumed_job(index) if resume else self._new_job(index)
         except (api.InvalidSpec, OSError, ValueError) as exc:
             self._end(index, _State.FAILED, why=f"invalid trial: {exc}")
             return
         runner.write_job_file(job, self.work_dir)
+        if resume and self._finished_unwatched(index):
+            return
         self.update()  # recorded Running before its trainer starts: a rerun resumes it
         locks = contextlib.ExitStack()
         locks.enter_context(runner.lock(self.work_dir / f"{name}.lock", name))
@@ -453,6 +454,38 @@ class SweepRun:
         pump.start()
         values = values_text(self.spec, self.trial(index).params)
         self.say(f"{name}: {'resuming' if resume else 'training'} {values} (log: {log_path})")
+
+    def _resumed_job(self, index: int) -> api.TrainingJob:
+        """A recorded trial's job: as its trainer was given it, or made again from the sweep
+        when that file is gone or damaged (the same uid, so its checkpoint still resumes)."""
+        path = self.work_dir / f"{api.sweep.trial_name(self.sweep.name, index)}.json"
+        if not path.exists():
+            return self._new_job(index)
+        try:
+            return self.trial_doc(index)
+        except (api.InvalidSpec, OSError, ValueError) as exc:
+            self.say(f"{path}: unreadable ({exc}); the trial's job is made again from the sweep")
+            return self._new_job(index)
+
+    def _finished_unwatched(self, index: int) -> bool:
+        """Whether trial `index`, recorded Running, finished while no sweep run watched it
+        (its trainer outlived a killed `kiln sweep run`): its final zoo record is there. Then
+        it is recorded Succeeded from that record, not trained again."""
+        found = self.own_record(index)
+        if found is None or found.provisional:
+            return False
+        values = {"validation_accuracy": found.validation_accuracy,
+                  "validation_loss": found.validation_loss,
+                  found.metric_name: found.metric_value}
+        metric = objective_of(self.spec, values)
+        self.set_trial(index, state=_State.SUCCEEDED, metric=metric, zoo_model=found.id,
+                       parent=found.parent)
+        self.search.tell(index, _State.SUCCEEDED, metric)
+        short = tables.SHORT.get(self.spec.objective.metric.value, "objective")
+        self.say(f"{found.job_name}: had finished while no sweep run watched it: succeeded, "
+                 f"{short} {tables.fmt(metric, digits=4)}, zoo model {found.id}")
+        self.update()
+        return True
 
     def _new_job(self, index: int) -> api.TrainingJob:
         from kiln import models, sweep
