@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from kiln.placement import profilecache, types
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
+RUNS = Path(".kiln", "runs")  # where local runs keep their state (runner.default_work_dir)
 JOB_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 """What a folder given for job files contributes, as `kubectl apply -f DIR` reads."""
 STDIN = Path("-")
@@ -377,12 +379,45 @@ def _zoo_env(args: argparse.Namespace) -> dict[str, str]:
     return {contract.Env.ZOO_ENDPOINT: args.zoo_endpoint} if args.zoo_endpoint else {}
 
 
-def _open_zoo(args: argparse.Namespace) -> store.ObjectStore:
+def _open_zoo(args: argparse.Namespace, *, writes: bool = False) -> store.ObjectStore:
+    """The zoo --zoo names; `writes`: the command trains into it, so a directory zoo that
+    cannot be written is refused now, before any training, not at registration."""
     os.environ.update(_zoo_env(args))
     try:
-        return store.open_store(args.zoo)
+        zoo = store.open_store(args.zoo)
     except ValueError as exc:
         raise UsageError(f"--zoo {args.zoo}: {exc}") from None
+    if writes and isinstance(zoo, store.DirStore):
+        try:
+            zoo.check_writable()
+        except store.StoreUnavailable as exc:
+            raise UsageError(f"--zoo {args.zoo}: {exc}; trained models and checkpoints are "
+                             "written there: pass --zoo a writable directory (or set "
+                             f"${contract.Env.ZOO})") from None
+    return zoo
+
+
+def _run_work_dir(errors: Console, sweep_name: str | None = None) -> Path:
+    """Where `kiln run` and `kiln sweep run` keep their state: ./.kiln/runs (made now), or,
+    when that cannot be written, a temp folder, said on stderr with where it is (a rerun here,
+    or `kiln sweep show NAME`, looks only in ./.kiln/runs)."""
+    work_dir = runner.default_work_dir()  # a temp folder when ./.kiln cannot be made
+    if work_dir == RUNS:
+        try:
+            work_dir.mkdir(parents=True, exist_ok=True)
+            writable = os.access(work_dir, os.W_OK)
+        except OSError:
+            writable = False
+        if not writable:
+            work_dir = Path(tempfile.mkdtemp(prefix="kiln-runs-"))
+    if work_dir != RUNS:
+        from kiln.local import sweep as local_sweep
+
+        show = (f"; see it with: kiln sweep show {local_sweep.state_path(work_dir, sweep_name)}"
+                if sweep_name else "")
+        _show_warning(errors, f"{RUNS.absolute()} cannot be written, so this run keeps its "
+                      f"state in {work_dir}, where a rerun here will not find it{show}")
+    return work_dir
 
 
 def _job_files(paths: Sequence[Path]) -> list[Path]:
@@ -570,9 +605,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         if path and not path.startswith("s3://") and not Path(path).exists():
             raise UsageError(f"{job.name}: spec.dataset.path: {path} does not exist here; point it "
                              "at the data (paths are relative to the current directory)")
-    zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
+    zoo = _open_zoo(args, writes=True)  # fail fast on a bad zoo before any training starts
     _check_pinned_parents(jobs, zoo)
-    work_dir = runner.default_work_dir()
+    work_dir = _run_work_dir(output.stderr_console())
     python_path = runner.python_path(_job_files(args.files), os.environ)  # entrypoints there
     try:
         machine.check_slots(args.slots)
@@ -580,7 +615,6 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     env = {**_zoo_env(args), **python_path}
-    work_dir.mkdir(parents=True, exist_ok=True)
     env |= runner.initialize(jobs, work_dir=work_dir, console=console, env=env)
     if devices is None or devices.count < 2:  # one job or one device: in file order
         outcomes = runner.run_jobs(jobs, zoo_uri=args.zoo, work_dir=work_dir, console=console,
@@ -622,8 +656,8 @@ def _cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     if path and not path.startswith("s3://") and not Path(path).exists():
         raise UsageError(f"{args.file}: spec.template.dataset.path: {path} does not exist here; "
                          "point it at the data (paths are relative to the current directory)")
-    zoo = _open_zoo(args)  # fail fast on a bad zoo before any training starts
-    work_dir = runner.default_work_dir()
+    zoo = _open_zoo(args, writes=True)  # fail fast on a bad zoo before any training starts
+    work_dir = _run_work_dir(output.stderr_console(), given.name)
     try:
         devices = local_sweep.devices_for(given.spec, args.slots)
         swept = local_sweep.resumed(given, local_sweep.state_path(work_dir, given.name))
@@ -661,7 +695,7 @@ def _load_sweep(given: str) -> api.sweep.TrainingSweep:
     path = Path(given)
     if path.is_file():
         return local_sweep.read_sweep(path)
-    state = local_sweep.state_path(runner.default_work_dir(), given)
+    state = local_sweep.state_path(RUNS, given)  # read only: no folder made
     if state.is_file():
         return local_sweep.read_sweep(state)
     raise UsageError(f"{given}: no such file, and no sweep of that name was run here ({state}); "

@@ -154,6 +154,23 @@ class DirStore:
     def describe(self) -> str:
         return f"directory {self.root}"
 
+    def check_writable(self) -> None:
+        """Check that objects can be written here now, by creating and removing a temporary
+        file in the root, or (the root not made yet) in the nearest folder above it.
+
+        Raises:
+            StoreUnavailable: that folder cannot be written (permissions, read-only mount).
+        """
+        folder = next(p for p in (self.root, *self.root.parents) if p.is_dir())
+        try:
+            fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            making = "" if folder == self.root else f" (nor make it in {folder})"
+            raise StoreUnavailable(f"cannot write to {self.describe()}{making}: "
+                                   f"{exc.strerror or exc}") from exc
+
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
 
