@@ -117,3 +117,25 @@ def test_the_best_is_the_best_succeeded_trial_else_the_best_evaluation() -> None
     best = standing(_spec(), early).best
     assert best is not None and (best.index, best.metric) == (0, 0.6)
     assert standing(_spec(), [_trial(0, S.RUNNING)]).best is None
+
+
+def test_a_failed_trial_is_never_the_best() -> None:
+    spec = _spec(maxTrials=3)
+    # Its evaluations were the best, but it failed: the running trial's stand in.
+    failed = _trial(0, S.FAILED, evaluations=[[1, 0.9], [2, 0.95]], message="registration")
+    running = standing(spec, [failed, _trial(1, S.RUNNING, evaluations=[[1, 0.3]])])
+    assert running.best is not None and (running.best.trial, running.best.metric) == ("s-t1",
+                                                                                      0.3)
+    # Every trial ended Failed (within maxFailedTrials): the sweep ended with no best.
+    over = standing(spec, [failed, _trial(1, S.FAILED, evaluations=[[1, 0.3]]),
+                           _trial(2, S.FAILED, evaluations=[[1, 0.15]])])
+    assert (over.reason, over.best) == ("MaxTrialsReached", None)
+    assert over.message == "All 3 trials ended: 0 succeeded, 0 pruned, 3 failed."
+    too_many = standing(_spec(maxTrials=3, maxFailedTrials=1),
+                        [failed, _trial(1, S.FAILED, evaluations=[[1, 0.3]])])
+    assert (too_many.reason, too_many.best) == ("TooManyFailedTrials", None)
+    # A pruned trial's evaluation still stands in once the sweep has ended.
+    pruned = standing(spec, [failed, _trial(1, S.PRUNED, evaluations=[[1, 0.3]]),
+                             _trial(2, S.FAILED, metric=0.99)])
+    assert pruned.best is not None and pruned.best.trial == "s-t1"
+    assert pruned.message.endswith("best validation_accuracy 0.3 (s-t1).")

@@ -359,6 +359,8 @@ def _write(new: dict[str, Any], parsed: S.TrainingSweep, history: list[S.Trial],
                 f"{trials.params_text(standing.best.params)}"
                 + (f"; zoo model {standing.best.zoo_model}" if standing.best.zoo_model else "")
                 + ".")))
+    else:  # the provisional best failed since: none stands now, as in a local sweep's status
+        new.pop("best", None)
     C = S.SweepConditionType
     trials.set_condition(new, C.CREATED, True, ACCEPTED, (
         f"Accepted: the spec is valid; up to {parsed.spec.trial_budget} trials, "

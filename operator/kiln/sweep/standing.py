@@ -30,7 +30,8 @@ def standing(spec: api.sweep.TrainingSweepSpec, history: Sequence[api.sweep.Tria
     """The sweep's standing; `exhausted`: the search has no values left (grid done).
 
     The best trial is the Succeeded one with the best final metric; while none has succeeded,
-    the trial with the best evaluation so far (of any state), so a sweep shows progress early.
+    the Running or Pruned trial with the best evaluation so far, so a sweep shows progress
+    early. A Failed trial is never the best, however well it evaluated before failing.
     The target counts once a trial reaching it has Succeeded (its model is registered); while a
     running trial's evaluation has reached it, no new trial starts.
     """
@@ -90,12 +91,13 @@ def standing(spec: api.sweep.TrainingSweepSpec, history: Sequence[api.sweep.Tria
 
 
 def _best(history: Sequence[api.sweep.Trial], maximize: bool) -> api.sweep.BestTrial | None:
-    """The best Succeeded trial by its metric; else the best evaluation of any trial."""
-    scored = [(t.metric, t) for t in history
-              if t.state is api.sweep.TrialState.SUCCEEDED and _finite(t.metric)]
+    """The best Succeeded trial by its metric; else the best evaluation of a Running or Pruned
+    trial; never a Failed trial."""
+    state = api.sweep.TrialState
+    scored = [(t.metric, t) for t in history if t.state is state.SUCCEEDED and _finite(t.metric)]
     if not scored:
-        scored = [(e[1], t) for t in history for e in t.evaluations
-                  if len(e) >= 2 and _finite(e[1])]
+        scored = [(e[1], t) for t in history if t.state in (state.RUNNING, state.PRUNED)
+                  for e in t.evaluations if len(e) >= 2 and _finite(e[1])]
     if not scored:
         return None
     sign = -1.0 if maximize else 1.0

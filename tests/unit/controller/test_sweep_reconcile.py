@@ -213,3 +213,19 @@ def test_a_trial_job_whose_labels_were_edited_gets_them_back_and_is_read() -> No
     (trial, *_) = _status(fake)["history"]
     assert (trial["state"], trial["metric"]) == ("Succeeded", 0.75)
     assert fake.created == ["search-t0", "search-t1", "search-t2"] and _errors(deps) == 0
+
+
+def test_a_provisional_best_that_fails_is_dropped_from_the_status() -> None:
+    fake, events, deps = _setup()
+    _reconcile(deps)
+    job = fake.objects[kube.Paths.job(NS, "search-t0")]
+    job["status"] = {"progress": {"epoch": 3, "validationAccuracy": 0.6}}  # epoch 2's value
+    _reconcile(deps)
+    assert _status(fake)["best"]["trial"] == "search-t0"
+    assert [e[1] for e in events.posted].count("NewBestTrial") == 1
+    job["status"]["conditions"] = [{"type": "Failed", "status": "True", "reason": "X",
+                                    "message": "store unavailable"}]
+    _reconcile(deps)
+    st = _status(fake)
+    assert st["history"][0]["state"] == "Failed" and st["history"][0]["evaluations"]
+    assert "best" not in st and _errors(deps) == 0  # as `kiln sweep run` keeps it
