@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     previous = {signum: signal.signal(signum, on_signal)
                 for signum in (signal.SIGTERM, signal.SIGINT)}
+    runtime.stop_with_parent()
     try:
         job = runtime.load_job(args.job_file, os.environ.get(contract.Env.JOB))
         _check_locations(args)

@@ -1,12 +1,16 @@
-"""Process set-up for a training run: the job, seeds, device, CPU threads, output check and
-metrics port."""
+"""Process set-up for a training run: the job, seeds, device, CPU threads, output check,
+metrics port, and the stop when `kiln run` dies."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
 import random
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ from kiln.api import jobfile
 from kiln_trainer import data, metrics
 
 _log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
 
 
 class ConfigError(ValueError):
@@ -47,6 +52,36 @@ def load_job(job_file: str | None, job_json: str | None) -> api.TrainingJob:
         return api.parse_job(doc, source=contract.Env.JOB)
     raise api.InvalidSpec([(f"no job given: pass {contract.Flag.JOB} FILE, or set "
                             f"{contract.Env.JOB_FILE} or {contract.Env.JOB}")])
+
+
+def stop_with_parent() -> None:
+    """Under `kiln run` (`contract.Env.STOP_WITH_PARENT`: its pid, our parent's), have Linux
+    send us SIGTERM when it dies, however it dies: we checkpoint and stop as at its Ctrl-C, and
+    its rerun resumes us, instead of our training on unwatched (twice, after a rerun). Call it
+    with the SIGTERM handler installed. Elsewhere, or without the variable, nothing changes.
+
+    The variable is removed: the processes we start are not kiln's children.
+    """
+    parent = os.environ.pop(contract.Env.STOP_WITH_PARENT, "")
+    if sys.platform != "linux" or not parent.isdigit():
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM)) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == int(parent):
+        return
+    try:
+        os.kill(int(parent), 0)
+    except ProcessLookupError:  # it died before the signal was armed: as if it had come
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    except PermissionError:
+        pass
+    # a program between kiln and us is our parent: its end is not kiln's, so nothing changes
+    libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(0))
 
 
 def seed_everything(seed: int) -> None:

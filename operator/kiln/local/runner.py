@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import deque
@@ -345,12 +346,15 @@ def start_trainer(job_name: str, command: list[str], *, log: IO[str], own: bool,
     ``python -m kiln_trainer`` with this interpreter is forked from this process's zygote
     (`kiln.local.zygote`: torch and the libraries under it imported once, which a sweep's or a
     plan's many trainers would each import again); anything else, or with
-    ``KILN_FORK_TRAINERS=0``, runs as a new process. Either shares our process group.
+    ``KILN_FORK_TRAINERS=0``, runs as a new process. Either shares our process group, and on
+    Linux ``python -m kiln_trainer`` stops as at a SIGTERM (checkpoint, exit) when we end,
+    however we end (`_stopping_with_us`): none trains on unwatched, or twice after a rerun.
 
     Raises:
         TrainerFailed: the program cannot be run (not found on `env`'s PATH, not executable);
             for a job's own command (`own`) the message names spec.template.command.
     """
+    env = _stopping_with_us(command, env)
     forked = _fork(command, log=log, env=env)
     if forked is not None:
         return forked
@@ -363,6 +367,18 @@ def start_trainer(job_name: str, command: list[str], *, log: IO[str], own: bool,
                and os.sep not in command[0] else f"{exc.strerror or exc}; fix the path")
         raise TrainerFailed(job_name, 127 if missing else 126, Path(log.name), [],
                             why=f"{where}: cannot run {command[0]!r}: {why}") from None
+
+
+def _stopping_with_us(command: list[str], env: dict[str, str]) -> dict[str, str]:
+    """`env`, asking the trainer `command` runs to stop when this process ends
+    (`contract.Env.STOP_WITH_PARENT`: our pid), where it can: ``python -m kiln_trainer`` (the
+    program that reads it; under torchrun its parent would be torchrun's agent), on Linux, and
+    started from the main thread (the kernel's parent-death signal follows the thread that
+    started a process, and only the main thread lasts as long as we do)."""
+    if (sys.platform != "linux" or command[1:3] != ["-m", contract.TRAINER_MODULE]
+            or threading.current_thread() is not threading.main_thread()):
+        return env
+    return {**env, contract.Env.STOP_WITH_PARENT: str(os.getpid())}
 
 
 def _fork(command: list[str], *, log: IO[str], env: dict[str, str]) -> zygote.Process | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import ctypes.util
 import importlib
 import io
 import json
@@ -44,7 +46,11 @@ APPLIED = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONUNBUFFERED",
 RUN_TIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 MAX_ZYGOTES = 3  # each holds torch's few hundred MB; more differing trainers start as processes
 _MESSAGE_BYTES = 1 << 18  # beyond the socket's buffer: a larger environment is not forked
-_CHANGED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+# The kernel sends it when our parent dies (PR_SET_PDEATHSIG): catchable, unlike SIGKILL, so
+# the zygote can pass the stop on to its trainers first; no process group signal uses it.
+_PARENT_GONE = signal.SIGUSR1
+_CHANGED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, _PARENT_GONE)
+_PR_SET_PDEATHSIG = 1
 # numpy's OpenBLAS starts its threads as it loads (OMP_NUM_THREADS of them), and a process that
 # runs threads cannot fork: the zygote loads it with one, each child sets a new one's count.
 _ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
@@ -96,6 +102,7 @@ class Process:
     The zygote reaps it and reports its exit code. Should the zygote die first (killed), the
     child goes on, and its exit code comes from `status`: a pipe it writes its code to as it
     ends (end of file without a code: a signal killed it, which one is lost with the zygote).
+    Should we end first, the zygote stops the children started to stop with us (`start`).
     """
 
     def __init__(self, zygote: Zygote, pid: int, stdout: IO[str] | None = None,
@@ -176,7 +183,8 @@ class Zygote:
             # Run as a script: no Kiln module is imported there. Its process group and session
             # are ours, as a Popen child's would be; "/": it holds no folder of ours.
             self._process = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())], cwd="/",
+                [sys.executable, os.path.abspath(__file__), str(theirs.fileno()),
+                 str(os.getpid())], cwd="/",
                 env={**own, **dict(self.load_time), **_ONE_BLAS_THREAD},
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -189,10 +197,12 @@ class Zygote:
         self._reader.start()
 
     def fork(self, module: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
-             fds: tuple[int, int, int, int], new_session: bool) -> int:
+             fds: tuple[int, int, int, int], new_session: bool, stop_with_us: bool = False
+             ) -> int:
         """Fork a child that runs ``python -m MODULE ARGS`` with `fds` as its stdin,
         stdout and stderr, and the write end of the pipe it reports its exit code on
-        (`Process`), in a session of its own if `new_session`; its pid.
+        (`Process`), in a session of its own if `new_session`; its pid. With `stop_with_us`
+        the zygote sends it SIGTERM when this process ends or closes the zygote.
 
         Raises:
             ZygoteGone: the zygote exited or could not fork (nothing was started).
@@ -203,7 +213,8 @@ class Zygote:
             self._requests += 1
             request = self._requests
             message = json.dumps({"id": request, "module": module, "args": list(args),
-                                  "cwd": cwd, "env": dict(env), "session": new_session}).encode()
+                                  "cwd": cwd, "env": dict(env), "session": new_session,
+                                  "stop": stop_with_us}).encode()
             try:
                 socket.send_fds(self._socket, [message], list(fds))
             except OSError as exc:
@@ -231,7 +242,8 @@ class Zygote:
             return self.exit_code(pid)
 
     def close(self) -> None:
-        """Stop the zygote (it exits at end of file); children still running go on."""
+        """Stop the zygote (it exits at end of file); children still running go on, but for
+        those forked `stop_with_us`, which it sends SIGTERM first."""
         with contextlib.suppress(OSError):
             self._socket.shutdown(socket.SHUT_RDWR)
         try:
@@ -299,24 +311,31 @@ def start(command: Sequence[str], *, env: Mapping[str, str], cwd: str | None = N
 
     Args:
         command: ``python -m kiln_trainer[.module] ARGS``.
-        env: the child's whole environment.
+        env: the child's whole environment. With `contract.Env.STOP_WITH_PARENT` (our pid) the
+            child is to stop when we end: the zygote, its parent, sends it SIGTERM then, so
+            the variable is left out (the trainer would follow the zygote's life, not ours).
         cwd: its working directory (default: ours).
         stdin, stdout, stderr: file descriptors it gets as 0, 1, 2 (stdin default: ours).
         new_session: give it a session (and process group) of its own, as Popen's
             ``start_new_session``; else it shares ours.
         text_stdout: what `Process.stdout` reads (the parent's end of a stdout pipe).
     """
+    from kiln import contract
+
     where = os.getcwd() if cwd is None else str(cwd)
     if not (enabled() and forkable(command, env, where)):
         return None
     zygote = shared(env)
     if zygote is None:
         return None
+    stop_with_us = contract.Env.STOP_WITH_PARENT in env
+    env = {k: v for k, v in env.items() if k != contract.Env.STOP_WITH_PARENT}
     null = os.open(os.devnull, os.O_RDONLY) if stdin is None and not _is_open(0) else None
     status, theirs = os.pipe()
     try:
         pid = zygote.fork(command[2], command[3:], cwd=where, env=env, new_session=new_session,
-                          fds=(null if null is not None else stdin or 0, stdout, stderr, theirs))
+                          fds=(null if null is not None else stdin or 0, stdout, stderr, theirs),
+                          stop_with_us=stop_with_us)
     except ZygoteGone:
         os.close(status)
         return None
@@ -345,37 +364,50 @@ def _python_path(env: Mapping[str, str], cwd: str) -> list[str]:
 
 # The zygote's side: one thread, so forking is safe.
 
-def _serve(channel: socket.socket, base_path: list[str],
-           initial: dict[int, Any]) -> None:
-    """Requests in, pids and exit codes out, until end of file."""
+def _serve(channel: socket.socket, base_path: list[str], initial: dict[int, Any],
+           parent: int) -> None:
+    """Requests in, pids and exit codes out, until end of file or `parent`'s end; then SIGTERM
+    to the children asked to stop with it (they checkpoint, as at a Ctrl-C)."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes `select` through the wakeup fd
-    while True:
-        readable, _, _ = select.select([channel.fileno(), wake_read], [], [])
-        if wake_read in readable:
-            os.read(wake_read, 4096)
-        if channel.fileno() in readable:
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 4)
-            if not message:
-                return
-            request = json.loads(message)
-            try:
-                answer = _fork(channel, request, fds, base_path, initial)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            channel.send(json.dumps({"id": request["id"], **answer}).encode())
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            code = os.waitstatus_to_exitcode(status)
-            channel.send(json.dumps({"exited": pid, "code": code}).encode())
+    # both wake `select` through the wakeup fd
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(_PARENT_GONE, lambda *_: None)
+    stopping: set[int] = set()  # unreaped, so their pids are not reused before the signal
+    try:
+        # a thread of the parent that ends sends _PARENT_GONE too: only another parent counts
+        while os.getppid() == parent:
+            readable, _, _ = select.select([channel.fileno(), wake_read], [], [])
+            if wake_read in readable:
+                os.read(wake_read, 4096)
+            if channel.fileno() in readable:
+                message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 4)
+                if not message:
+                    return
+                request = json.loads(message)
+                try:
+                    answer = _fork(channel, request, fds, base_path, initial)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                if "pid" in answer and request.get("stop"):
+                    stopping.add(answer["pid"])
+                channel.send(json.dumps({"id": request["id"], **answer}).encode())
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                stopping.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                channel.send(json.dumps({"exited": pid, "code": code}).encode())
+    finally:
+        for pid in stopping:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def _fork(channel: socket.socket, request: dict[str, Any], fds: list[int],
@@ -521,22 +553,33 @@ def _report(pipe: int, code: int) -> None:
         os.write(pipe, str(code).encode())
 
 
-def _main(fd: int) -> None:
+def _watch_parent(parent: int) -> None:
+    """Have the kernel send `_PARENT_GONE` when `parent` (this process's) dies, however it dies
+    (killed too, when end of file may never come: a process it forked can hold its end)."""
+    signal.signal(_PARENT_GONE, lambda *_: None)  # until `_serve` acts on it: no child yet
+    with contextlib.suppress(OSError, AttributeError):  # no prctl: end of file stops us
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(_PARENT_GONE))
+    # it died before the signal was armed: `_serve` sees `os.getppid()` differ and returns
+
+
+def _main(fd: int, parent: int) -> None:
     initial: dict[int, Any] = {s: h for s in _CHANGED_SIGNALS
                                if (h := signal.getsignal(s)) is not None}
     # the interpreter's own path, without this script's folder (Kiln's modules)
     base_path = sys.path[1:]
     sys.path[:] = base_path
     # Ctrl-C and a stop signal to our process group are the trainers'; the zygote ends at end
-    # of file, when its parent closes it or exits
+    # of file, when its parent closes it or exits, or when its parent dies
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    _watch_parent(parent)
     for name in PRELOAD:
         with contextlib.suppress(ImportError):  # a trainer importing it reports it
             importlib.import_module(name)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # our parent is gone
-        _serve(socket.socket(fileno=fd), base_path, initial)
+        _serve(socket.socket(fileno=fd), base_path, initial, parent)
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]))
+    _main(int(sys.argv[1]), int(sys.argv[2]))

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,32 @@ def test_trainers_get_each_job_files_folder_first_on_pythonpath_then_the_users(
     assert found["PYTHONPATH"].split(os.pathsep) == [
         str((tmp_path / "a").resolve()), str((tmp_path / "b").resolve()), "/opt/site", "/srv/lib"]
     assert runner.python_path(files[:1], {}) == {"PYTHONPATH": str((tmp_path / "a").resolve())}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal")
+def test_a_trainer_started_from_the_main_thread_is_asked_to_stop_with_us(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str | None] = []
+
+    def no_trainer(_command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        asked.append(kwargs["env"].get(contract.Env.STOP_WITH_PARENT))
+        raise FileNotFoundError  # nothing starts
+
+    def start(command: list[str]) -> None:
+        with open(tmp_path / "log", "w", encoding="utf-8") as log, \
+                pytest.raises(runner.TrainerFailed):
+            runner.start_trainer("fake", command, log=log, own=False, env={})
+
+    monkeypatch.setattr(subprocess, "Popen", no_trainer)
+    trainer = contract.trainer_command(1, ["--job", "j.json"])
+    start(trainer)
+    # under torchrun its agent would be the trainers' parent, not us
+    start(contract.trainer_command(2, ["--job", "j.json"]))
+    # the kernel's signal follows the thread that starts a process, which could end first
+    elsewhere = threading.Thread(target=start, args=(trainer,))
+    elsewhere.start()
+    elsewhere.join()
+    assert asked == [str(os.getpid()), None, None]
 
 
 @pytest.mark.process

@@ -306,3 +306,26 @@ def test_a_child_polled_by_threads_while_another_waits_ends_once_for_all(
     os.close(write)
     assert errors == []
     assert seen == [-signal.SIGTERM] * 6
+
+
+def test_its_end_stops_the_children_started_to_stop_with_us_and_no_other(
+        tmp_path: Path, fake_trainer: Path, run: Any) -> None:
+    # As when `kiln run` dies (the zygote's end of file, or its parent-death signal): the
+    # zygote asks the trainers `kiln run` started to stop (SIGTERM); other children go on.
+    ours = _env(fake_trainer, **{contract.Env.STOP_WITH_PARENT: str(os.getpid())})
+    reported = run(["report"], env=ours, cwd=tmp_path)
+    # the zygote is its parent and stops it: the trainer has nothing to arm
+    assert contract.Env.STOP_WITH_PARENT not in json.loads(reported.output())["env"]
+    assert reported.process.wait(timeout=60) == 0
+    read, write = os.pipe()  # their stdin: they run until the test closes `write`
+    try:
+        stopping = run(["wait"], env=ours, cwd=tmp_path, stdin=read)
+        staying = run(["wait"], env=_env(fake_trainer), cwd=tmp_path, stdin=read)
+    finally:
+        os.close(read)
+    assert stopping.stdout.readline() == staying.stdout.readline() == "running\n"
+    zygote.close_all()
+    assert stopping.process.wait(timeout=60) < 0  # a signal (which one went with the zygote)
+    assert staying.process.poll() is None
+    os.close(write)
+    assert staying.process.wait(timeout=60) == 0
