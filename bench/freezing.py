@@ -365,7 +365,7 @@ def _process_cpu_seconds(pid: int | None) -> float | None:
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def load(case: Case, seed: int, device: str) -> tuple[api.TrainingJob, data.Splits, int]:
+def load(case: Case, seed: int, device: str = "cpu") -> tuple[api.TrainingJob, data.Splits, int]:
     """The job, its splits as the trainer loads them (decoded once into memory: the arms
     read them thousands of times, and per-sample decoding would dominate the clocks; nothing
     is augmented, so the samples are the same), and steps per epoch."""
