@@ -326,8 +326,9 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--sweep", metavar="NAME|FILE|-",
                       help="draw every trial of a sweep instead: its objective per epoch, "
                       "pruned trials dashed (a name run here, a TrainingSweep file, or -)")
-    plot.add_argument("--x", choices=("time", "step"), default="time",
-                      help="x axis of the curves: training seconds or optimizer steps")
+    plot.add_argument("--x", choices=("time", "step"), default=None,
+                      help="x axis of RUN curves: training seconds (default) or optimizer "
+                      "steps (a sweep's trials are drawn per epoch, a plan over time)")
     plot.add_argument("--out", type=Path, required=True, metavar="FILE.png",
                       help="image to write; its suffix picks the format: .png, .svg or .pdf")
     _zoo_options(plot)
@@ -340,6 +341,9 @@ def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
     if [bool(args.runs), args.plan is not None, args.sweep is not None].count(True) != 1:
         raise UsageError("kiln plot: give one of RUN files (training curves), --plan "
                          "PLAN.json (a Gantt chart) or --sweep NAME (a sweep's trials)")
+    if args.x is not None and not args.runs:
+        raise UsageError(f"--x {args.x}: only RUN curves take another x axis; a sweep's "
+                         "trials are drawn per epoch and a plan over time, so leave --x out")
     try:  # matplotlib is an extra: `kiln run` never needs it
         from kiln.local import plots
     except ImportError as exc:
@@ -354,7 +358,7 @@ def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
             in_zoo = any(plots.zoo_name(run) is not None for run in args.runs)
             figure = plots.runs_figure(
                 plots.load_runs(args.runs, zoo=_open_zoo(args) if in_zoo else None),
-                x_key="elapsed_seconds" if args.x == "time" else "step")
+                x_key="step" if args.x == "step" else "elapsed_seconds")
         plots.save(figure, args.out)
     except plots.PlotError as exc:
         raise UsageError(str(exc)) from None

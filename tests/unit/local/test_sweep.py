@@ -210,6 +210,15 @@ def test_plot_draws_every_trial_of_a_sweep_pruned_ones_dashed(tmp_path: Path) ->
     assert (tmp_path / "trials.png").stat().st_size > 0
 
 
+def test_plot_of_a_sweep_refuses_an_x_axis_it_does_not_draw(tmp_path: Path) -> None:
+    (tmp_path / "tsw.yaml").write_text(yaml.safe_dump(CLUSTER_SWEEP), encoding="utf-8")
+    done = clirun.kiln("plot", "--sweep", "tsw.yaml", "--x", "step", "--out", "x.png",
+                       cwd=tmp_path)
+    assert done.returncode == cli.EXIT_USAGE
+    assert "--x step: only RUN curves take another x axis" in done.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_plot_of_a_sweep_without_evaluations_says_so(tmp_path: Path) -> None:
     (tmp_path / "tsw.yaml").write_text(yaml.safe_dump(_doc()), encoding="utf-8")
     done = clirun.kiln("plot", "--sweep", "tsw.yaml", "--out", "x.png", cwd=tmp_path)
