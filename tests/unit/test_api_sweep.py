@@ -365,3 +365,14 @@ def test_the_installed_kiln_validate_reads_a_sweep_from_stdin(tmp_path: Path) ->
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 2
     assert "<stdin>: invalid TrainingSweep:\n  spec.parameters[1].int: empty range" in bad.stderr
+
+
+def test_a_document_of_another_kind_is_named_as_such_not_as_a_bad_job(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("apiVersion: kiln.dev/v1alpha1\nkind: Sweep\nmetadata: {name: s}\n"
+                    "spec: {}\n", encoding="utf-8")
+    with pytest.raises(api.InvalidSpec) as raised:
+        jobfile.load_documents(path)
+    assert str(raised.value) == (
+        f"{path}: invalid document:\n  kind: must be TrainingJob or TrainingSweep (or "
+        "TrainingRuntime / ClusterTrainingRuntime) (got 'Sweep')")

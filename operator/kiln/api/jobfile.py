@@ -108,6 +108,11 @@ def parse_all(text: str, *, source: str,
                 raise api.InvalidSpec(on_it, source=where, kind=sweep.SWEEP_KIND)
             found.append(parsed)
             continue
+        kind = d.get("kind") if isinstance(d, dict) else None
+        if isinstance(kind, str) and kind != api.KIND:  # its other fields would be a job's
+            raise api.InvalidSpec([(f"kind: must be {api.KIND} or {sweep.SWEEP_KIND} (or "
+                                    f"{runtime.RUNTIME_KIND} / {runtime.CLUSTER_RUNTIME_KIND}) "
+                                    f"(got {kind!r})")], source=where, kind="document")
         meta = d.get("metadata") if isinstance(d, dict) else None
         named = runtime.find(runtime.ref_of(d), known,
                              meta.get("namespace") if isinstance(meta, dict) else None)
