@@ -126,11 +126,12 @@ def test_a_failed_trial_is_never_the_best() -> None:
     running = standing(spec, [failed, _trial(1, S.RUNNING, evaluations=[[1, 0.3]])])
     assert running.best is not None and (running.best.trial, running.best.metric) == ("s-t1",
                                                                                       0.3)
-    # Every trial ended Failed (within maxFailedTrials): the sweep ended with no best.
+    # Every trial ended Failed (within maxFailedTrials): the sweep failed, with no best.
     over = standing(spec, [failed, _trial(1, S.FAILED, evaluations=[[1, 0.3]]),
                            _trial(2, S.FAILED, evaluations=[[1, 0.15]])])
-    assert (over.reason, over.best) == ("MaxTrialsReached", None)
-    assert over.message == "All 3 trials ended: 0 succeeded, 0 pruned, 3 failed."
+    assert (over.phase, over.reason, over.best) == (Phase.FAILED, "NoTrialSucceeded", None)
+    assert over.message == ("All 3 trials ended and none succeeded: 0 succeeded, 0 pruned, "
+                            "3 failed.")
     too_many = standing(_spec(maxTrials=3, maxFailedTrials=1),
                         [failed, _trial(1, S.FAILED, evaluations=[[1, 0.3]])])
     assert (too_many.reason, too_many.best) == ("TooManyFailedTrials", None)

@@ -16,7 +16,8 @@ class Standing:
     best: api.sweep.BestTrial | None
     phase: api.sweep.SweepPhase
     reason: str  # CamelCase, for the condition and events: TrialsPending, TrialsRunning,
-    #              MaxTrialsReached, TargetReached, SearchExhausted, TooManyFailedTrials
+    #              MaxTrialsReached, TargetReached, SearchExhausted, TooManyFailedTrials,
+    #              NoTrialSucceeded
     message: str  # one sentence with numbers
     to_start: int  # new trials that may start now (0 once ended)
 
@@ -67,6 +68,11 @@ def standing(spec: api.sweep.TrainingSweepSpec, history: Sequence[api.sweep.Tria
         return Standing(counts, best, phase.FAILED, "TooManyFailedTrials",
                         f"{counts.failed} trials failed, more than maxFailedTrials "
                         f"{spec.max_failed_trials}{why}; {summary}.", 0)
+    over = counts.total >= budget or exhausted
+    if over and counts.running == 0 and counts.total and not counts.succeeded:
+        # no trained model to show for it, whatever the budget says
+        return Standing(counts, best, phase.FAILED, "NoTrialSucceeded",
+                        f"All {counts.total} trials ended and none succeeded: {summary}.", 0)
     if counts.total >= budget and counts.running == 0:
         return Standing(counts, best, phase.SUCCEEDED, "MaxTrialsReached",
                         f"All {counts.total} trials ended: {summary}.", 0)
