@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 STATE_SUFFIX = ".sweep.json"
 # Fields a rerun may change; any other change is a different search.
 RESUMABLE_CHANGES = ("maxTrials", "parallelTrials", "maxFailedTrials")
+COMPACT_BELOW_COLUMNS = 120  # the live leaderboard drops its long columns on narrower terminals
 _POLL_SECONDS = 0.5  # how often the loop wakes to notice Ctrl-C and overdue stops
 _ENDED = (api.sweep.SweepPhase.SUCCEEDED, api.sweep.SweepPhase.FAILED)
 _Sweep = api.sweep.TrainingSweep
@@ -613,8 +614,9 @@ class SweepRun:
         if self.plain:
             return contextlib.nullcontext()
 
-        def render() -> Table:
-            return tables.leaderboard(self.document(), ranked=False)
+        def render() -> Table:  # below 120 columns the full table folds every cell
+            return tables.leaderboard(self.document(), ranked=False,
+                                      compact=self.console.width < COMPACT_BELOW_COLUMNS)
 
         return Live(get_renderable=render, console=self.console, refresh_per_second=2,
                     transient=True)

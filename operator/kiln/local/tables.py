@@ -172,9 +172,12 @@ def architecture_rows() -> list[dict[str, str]]:
             for name, info in ((name, models.get_info(name)) for name in models.list_models())]
 
 
-def leaderboard(sweep: api.sweep.TrainingSweep, *, ranked: bool = True) -> Table:
+def leaderboard(sweep: api.sweep.TrainingSweep, *, ranked: bool = True,
+                compact: bool = False) -> Table:
     """A sweep's trials: values, state, last evaluated epoch, objective, warm or cold, pruned
-    at; best first (`ranked`), else in trial order (the live view: rows stay put)."""
+    at; best first (`ranked`), else in trial order (the live view: rows stay put). `compact`
+    (a narrow terminal): trials by index, warm or cold without the parent, no zoo model or why
+    pruned, so each trial keeps to one line."""
     spec, status = sweep.spec, sweep.status or api.sweep.TrainingSweepStatus()
     metric = spec.objective.metric.value
     paths = [p.path for p in spec.parameters]
@@ -185,8 +188,9 @@ def leaderboard(sweep: api.sweep.TrainingSweep, *, ranked: bool = True) -> Table
     c = status.trials
     table = Table(title=f"Sweep {sweep.name}: {phase}, {c.total} trials ({c.running} running, "
                         f"{c.pruned} pruned, {c.failed} failed)")
+    detail = () if compact else ("zoo model", "pruned at / why")
     for column in ("trial", *heads, "state", "epoch", SHORT.get(metric, metric), "start",
-                   "zoo model", "pruned at / why"):
+                   *detail):
         table.add_column(column, overflow="fold")
     trials = list(status.history)
     if ranked:
@@ -200,9 +204,12 @@ def leaderboard(sweep: api.sweep.TrainingSweep, *, ranked: bool = True) -> Table
             t.evaluations[-1][1] if t.evaluations else None)
         pruned = (f"epoch {t.pruned_at.epoch} ({t.pruned_at.value:.4f}): {t.pruned_at.against}"
                   if t.pruned_at is not None else t.message or "-")
-        add_row(table, t.name + (" *" if t.index == best else ""),
+        start = _start_of(sweep, t)
+        name = t.name.removeprefix(f"{sweep.name}-") if compact else t.name  # the title has it
+        add_row(table, name + (" *" if t.index == best else ""),
                 *(_value(t.params.get(path)) for path in paths), t.state.value, epoch,
-                fmt(value, digits=4), _start_of(sweep, t), t.zoo_model or "-", pruned)
+                fmt(value, digits=4), start.split(":")[0] if compact else start,
+                *(() if compact else (t.zoo_model or "-", pruned)))
     return table
 
 

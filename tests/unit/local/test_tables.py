@@ -65,3 +65,39 @@ def test_the_plan_table_lists_devices_config_start_estimate_and_source() -> None
     assert "Plan: 2 jobs on 2 CPU slots (milp; makespan 25 s)" in text
     assert "[b]x[/b]" in text  # job names are never markup
     assert "0,1" in text and "profile" in text and "?" in text  # y has no known config
+
+
+def test_a_compact_sweep_leaderboard_keeps_each_trial_on_one_line_at_80_columns() -> None:
+    from kiln import api
+
+    sweep = api.sweep.parse_sweep({
+        "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingSweep",
+        "metadata": {"name": "digits-search"},
+        "spec": {"template": {"model": {"architecture": "small_cnn",
+                                        "args": {"depth": 2, "width": 16},
+                                        "inputShape": [1, 16, 16]},
+                              "dataset": {"name": "digits"}, "training": {"epochs": 4}},
+                 "parameters": [
+                     {"path": "training.optimizer.lr",
+                      "float": {"min": 0.001, "max": 0.1, "log": True}},
+                     {"path": "model.args.width", "int": {"min": 8, "max": 64}},
+                     {"path": "model.args.depth", "int": {"min": 1, "max": 3}}]}})
+    history = [api.sweep.Trial(
+        index=i, name=f"digits-search-t{i}",
+        params={"training.optimizer.lr": 0.0123456, "model.args.width": 32,
+                "model.args.depth": 2},
+        state=api.sweep.TrialState.SUCCEEDED, metric=0.9861, evaluations=[[4, 0.9861]],
+        parent="small_cnn-0fefc3bb", similarity=0.8, zoo_model=f"small_cnn-{i:08x}")
+        for i in range(3)]
+    sweep = sweep.model_copy(update={"status": api.sweep.TrainingSweepStatus(history=history)})
+    out = io.StringIO()
+    Console(file=out, width=80).print(tables.leaderboard(sweep, compact=True))
+    lines = out.getvalue().splitlines()
+    assert "digits-search" in lines[0]  # the title names the sweep, rows the trial index
+    for i in range(3):  # each row's index, values, state, metric and start on one line
+        row = next(line for line in lines if f"│ t{i} " in line)
+        assert all(cell in row for cell in ("0.01235", "32", "Succeeded", "4/4", "0.9861",
+                                            "warm"))
+    assert len(lines) == 4 + 3 + 1  # title, header (3 lines), a line per trial, the bottom
+    full = _text(tables.leaderboard(sweep))  # wide: the parent, zoo model and why are there
+    assert "warm: small_cnn-0fefc3bb" in full and "small_cnn-00000001" in full
