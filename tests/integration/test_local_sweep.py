@@ -207,16 +207,17 @@ def digits(hold):
 '''
 
 
-def test_ctrl_c_mid_sweep_keeps_the_running_trial_and_a_rerun_resumes_it(
-        tmp_path: Path) -> None:
+def _interrupted(tmp_path: Path, name: str, *, trials: int) -> tuple[Path, str, str]:
+    """Sweep `name` (one trial at a time) Ctrl-C'd while its first trainer loads its data:
+    (its file, stdout, stderr)."""
     (tmp_path / "held_digits.py").write_text(HELD_DIGITS, encoding="utf-8")
     hold = tmp_path / "hold"
     hold.touch()
-    file = _sweep(tmp_path / "resume.yaml", "resume", warm="independent",
+    file = _sweep(tmp_path / f"{name}.yaml", name, warm="independent",
                   dataset={"entrypoint": "held_digits:digits", "args": {"hold": str(hold)}},
                   parameters=[{"path": "training.optimizer.lr",
                                "float": {"min": 0.005, "max": 0.02}}],
-                  maxTrials=2, parallelTrials=1)
+                  maxTrials=trials, parallelTrials=1)
     process = subprocess.Popen([*KILN, "sweep", "run", str(file), "--zoo", "zoo"],
                                cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -226,6 +227,12 @@ def test_ctrl_c_mid_sweep_keeps_the_running_trial_and_a_rerun_resumes_it(
     hold.unlink()
     out, err = process.communicate(timeout=DEADLINE_SECONDS)
     assert process.returncode == 130, err
+    return file, out, err
+
+
+def test_ctrl_c_mid_sweep_keeps_the_running_trial_and_a_rerun_resumes_it(
+        tmp_path: Path) -> None:
+    file, out, err = _interrupted(tmp_path, "resume", trials=2)
     assert "`kiln sweep run` again resumes it" in out + err
     (held,) = _state(tmp_path, "resume").status.history  # type: ignore[union-attr]
     assert (held.name, held.state) == ("resume-t0", api.sweep.TrialState.RUNNING)
@@ -275,22 +282,7 @@ def test_a_trial_that_finished_unwatched_is_taken_from_its_record_not_trained_ag
 
 
 def test_a_damaged_trial_file_is_made_again_and_the_trial_resumes(tmp_path: Path) -> None:
-    (tmp_path / "held_digits.py").write_text(HELD_DIGITS, encoding="utf-8")
-    hold = tmp_path / "hold"
-    hold.touch()
-    file = _sweep(tmp_path / "damaged.yaml", "damaged", warm="independent",
-                  dataset={"entrypoint": "held_digits:digits", "args": {"hold": str(hold)}},
-                  parameters=[{"path": "training.optimizer.lr",
-                               "float": {"min": 0.005, "max": 0.02}}],
-                  maxTrials=1, parallelTrials=1)
-    process = subprocess.Popen([*KILN, "sweep", "run", str(file), "--zoo", "zoo"],
-                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    waitfor.file_from(process, hold.with_suffix(".reached"), timeout=DEADLINE_SECONDS,
-                      what="the trial's trainer loading its data")
-    os.killpg(process.pid, signal.SIGINT)
-    hold.unlink()
-    process.communicate(timeout=DEADLINE_SECONDS)
+    file, _, _ = _interrupted(tmp_path, "damaged", trials=1)
     trial_file = tmp_path / ".kiln" / "runs" / "damaged-t0.json"
     trial_file.write_text("garbage{", encoding="utf-8")
     done = clirun.kiln("sweep", "run", str(file), "--zoo", "zoo", "-o", "json", cwd=tmp_path,

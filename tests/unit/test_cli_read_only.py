@@ -27,14 +27,10 @@ from kiln.local import runner
 from kiln.local import sweep as local_sweep
 from kiln.zoo import store
 
-JOB = """\
-apiVersion: kiln.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: digits-small}
-spec:
-  model: {architecture: small_cnn, args: {num_classes: 10}, inputShape: [1, 8, 8]}
-  training: {epochs: 2, batchSize: 32}
-"""
+JOB: dict[str, Any] = {
+    "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "small"},
+    "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
+             "training": {"epochs": 2}}}
 SWEEP: dict[str, Any] = {
     "apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "search"},
     "spec": {"template": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]},
@@ -103,7 +99,7 @@ def test_a_zoo_that_cannot_be_written_is_refused_before_training(
 ) -> None:
     monkeypatch.setattr(runner, "run_jobs", _no_training)
     monkeypatch.setattr(local_sweep, "SweepRun", _no_training)
-    (tmp_path / "job.yaml").write_text(JOB, encoding="utf-8")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB), encoding="utf-8")
     (tmp_path / "tsw.yaml").write_text(yaml.safe_dump(SWEEP), encoding="utf-8")
     argv = [str(tmp_path / a) if a.endswith(".yaml") else a for a in command]
     if where == "zoo-flag":  # an existing zoo on a read-only mount
@@ -186,7 +182,7 @@ def test_reading_commands_work_on_a_read_only_zoo_and_folder(
                                               "params": {"model.args.width": 8},
                                               "evaluations": [[2, 0.9, 5.0]]}]}}
     (runs / "search.sweep.json").write_text(json.dumps(state), encoding="utf-8")
-    (tmp_path / "job.yaml").write_text(JOB, encoding="utf-8")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB), encoding="utf-8")
     for folder in (zoo, runs, here / ".kiln", here):
         read_only(folder)
     listed = clirun.kiln("zoo", "ls", cwd=here, env=_env())
