@@ -521,7 +521,8 @@ def _load_all(files: Sequence[Path]) -> list[api.TrainingJob]:
                     raise api.InvalidSpec(more, source=str(path))
                 jobs.append(job)
         except api.InvalidSpec as exc:  # a document that did not parse: add what can be told
-            problems.append(str(api.InvalidSpec(models.check_job(exc), source=exc.source)))
+            told = models.check_job(exc) if exc.kind == api.KIND else exc.problems
+            problems.append(str(api.InvalidSpec(told, source=exc.source, kind=exc.kind)))
     names = [j.name for j in jobs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -376,3 +376,7 @@ def test_a_document_of_another_kind_is_named_as_such_not_as_a_bad_job(tmp_path: 
     assert str(raised.value) == (
         f"{path}: invalid document:\n  kind: must be TrainingJob or TrainingSweep (or "
         "TrainingRuntime / ClusterTrainingRuntime) (got 'Sweep')")
+    path.write_text("# nothing here\n", encoding="utf-8")  # no document: neither kind
+    with pytest.raises(api.InvalidSpec) as raised:
+        jobfile.load_documents(path)
+    assert str(raised.value) == f"{path}: invalid file:\n  the file holds no YAML document"

@@ -18,6 +18,8 @@ import yaml
 from kiln import api
 from kiln.api import bounds, runtime, sweep
 
+FILE = "file"  # the kind an error names when no document could be read: no job, no sweep yet
+
 
 def load_jobs(path: str | Path) -> list[api.TrainingJob]:
     """Read every TrainingJob document of a YAML file.
@@ -127,9 +129,10 @@ def _read(path: str | Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise api.InvalidSpec([f"cannot read the file: {exc.strerror or exc}"],
-                              source=str(path)) from None
+                              source=str(path), kind=FILE) from None
     except UnicodeDecodeError:
-        raise api.InvalidSpec(["the file is not UTF-8 text"], source=str(path)) from None
+        raise api.InvalidSpec(["the file is not UTF-8 text"], source=str(path),
+                              kind=FILE) from None
 
 
 def parse_jobs(text: str, *, source: str) -> list[api.TrainingJob]:
@@ -164,10 +167,11 @@ def _documents(text: str, source: str) -> list[Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         if isinstance(exc, _UnsupportedYaml):  # its problem names the place itself
-            raise api.InvalidSpec([problem], source=source) from None
-        raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=source) from None
+            raise api.InvalidSpec([problem], source=source, kind=FILE) from None
+        raise api.InvalidSpec([f"not valid YAML{where}: {problem}"], source=source,
+                              kind=FILE) from None
     if not docs:
-        raise api.InvalidSpec(["the file holds no YAML document"], source=source)
+        raise api.InvalidSpec(["the file holds no YAML document"], source=source, kind=FILE)
     return docs
 
 

@@ -38,7 +38,7 @@ def test_an_invalid_job_file_exits_2_with_one_clear_message(
 
 def test_a_missing_job_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--job", str(tmp_path / "absent.yaml")]) == contract.EXIT_INVALID
-    assert "absent.yaml: invalid TrainingJob" in capsys.readouterr().err
+    assert "absent.yaml: invalid file:\n  cannot read the file" in capsys.readouterr().err
 
 
 def test_no_job_at_all_says_how_to_give_one(
