@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,6 @@ from kiln.placement import profilecache, types
 from kiln.zoo import records, store
 
 DEFAULT_ZOO = ".kiln/zoo"
-RUNS = Path(".kiln", "runs")  # where local runs keep their state (runner.default_work_dir)
 JOB_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 """What a folder given for job files contributes, as `kubectl apply -f DIR` reads."""
 STDIN = Path("-")
@@ -405,21 +403,13 @@ def _run_work_dir(errors: Console, sweep_name: str | None = None) -> Path:
     """Where `kiln run` and `kiln sweep run` keep their state: ./.kiln/runs (made now), or,
     when that cannot be written, a temp folder, said on stderr with where it is (a rerun here,
     or `kiln sweep show NAME`, looks only in ./.kiln/runs)."""
-    work_dir = runner.default_work_dir()  # a temp folder when ./.kiln cannot be made
-    if work_dir == RUNS:
-        try:
-            work_dir.mkdir(parents=True, exist_ok=True)
-            writable = os.access(work_dir, os.W_OK)
-        except OSError:
-            writable = False
-        if not writable:
-            work_dir = Path(tempfile.mkdtemp(prefix="kiln-runs-"))
-    if work_dir != RUNS:
+    work_dir = runner.default_work_dir()
+    if work_dir != runner.RUNS:
         from kiln.local import sweep as local_sweep
 
         show = (f"; see it with: kiln sweep show {local_sweep.state_path(work_dir, sweep_name)}"
                 if sweep_name else "")
-        _show_warning(errors, f"{RUNS.absolute()} cannot be written, so this run keeps its "
+        _show_warning(errors, f"{runner.RUNS.absolute()} cannot be written, so this run keeps its "
                       f"state in {work_dir}, where a rerun here will not find it{show}")
     return work_dir
 
@@ -700,7 +690,7 @@ def _load_sweep(given: str) -> api.sweep.TrainingSweep:
     path = Path(given)
     if path.is_file():
         return local_sweep.read_sweep(path)
-    state = local_sweep.state_path(RUNS, given)  # read only: no folder made
+    state = local_sweep.state_path(runner.RUNS, given)  # read only: no folder made
     if state.is_file():
         return local_sweep.read_sweep(state)
     raise UsageError(f"{given}: no such file, and no sweep of that name was run here ({state}); "

@@ -75,8 +75,8 @@ class Env(enum.StrEnum):
     SOURCES = "KILN_SOURCES"  # the initializer's manifest: each source's local copy
     SECRETS_DIR = "KILN_SECRETS_DIR"  # folders of Secret keys (<dir>/<secret>/<key>)
     FORK_TRAINERS = "KILN_FORK_TRAINERS"  # kiln run: "0" starts no trainer from a zygote
-    # kiln run, to its trainers: its pid; on Linux the trainer has the kernel send it SIGTERM
-    # when that parent dies, however it dies (never set in pods)
+    # kiln run / kiln sweep run, to its trainers: its pid; on Linux the trainer has the kernel
+    # send it SIGTERM when that parent dies, however it dies (never set in pods)
     STOP_WITH_PARENT = "KILN_STOP_WITH_PARENT"
 
 

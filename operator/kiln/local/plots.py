@@ -30,7 +30,6 @@ CURVES = (("train_loss", "train loss"), ("validation_loss", "validation loss (na
           ("validation_accuracy", "validation accuracy"))
 FROZEN = ("frozen_modules", "frozen modules")
 X_LABEL = "training time (s)"
-RUNS = Path(".kiln", "runs")  # where `kiln run` keeps histories, from the working directory
 
 
 class PlotError(ValueError):
@@ -129,14 +128,14 @@ def _find_record(zoo: store.ObjectStore, name: str) -> records.ZooRecord:
 
 def history_file(path: Path) -> Path:
     """The history file a user meant: the path itself, or `<job>.metrics.jsonl` beside a job's
-    log, job file, or job name; a bare name's in `RUNS` unless the working directory has it."""
+    log, job file, or job name; a bare name's in `runner.RUNS` unless the working directory has it."""
     if path.name.endswith(".metrics.jsonl"):
         found = path
     else:
         stem = path.name.removesuffix(".log").removesuffix(".json")
         found = path.with_name(f"{stem}.metrics.jsonl")
     if found.parent == Path() and not found.exists():
-        return RUNS / found
+        return runner.RUNS / found
     return found
 
 

@@ -37,6 +37,7 @@ from kiln.zoo import sources
 
 # How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
+RUNS = Path(".kiln", "runs")  # where local runs keep their state, from the working directory
 
 
 class TrainerFailed(RuntimeError):
@@ -585,10 +586,11 @@ def default_threads() -> str:
 
 
 def default_work_dir() -> Path:
-    """`./.kiln/runs`, or a temp folder when the working directory is not writable."""
-    base = Path(".kiln")
+    """`RUNS` (made now), or a temp folder when it cannot be made or written."""
     try:
-        base.mkdir(exist_ok=True)
-        return base / "runs"
+        RUNS.mkdir(parents=True, exist_ok=True)
+        if os.access(RUNS, os.W_OK):
+            return RUNS
     except OSError:
-        return Path(tempfile.mkdtemp(prefix="kiln-runs-"))
+        pass
+    return Path(tempfile.mkdtemp(prefix="kiln-runs-"))
