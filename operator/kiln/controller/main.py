@@ -121,6 +121,9 @@ _HELP: tuple[tuple[str, str], ...] = (
     ("resize_restart_seconds", "restart cost assumed until a job's own is measured"),
     ("resize_grow_price", ("a move onto more GPUs pays this many seconds of the job's time "
                            "x the pool's GPUs per extra GPU-second (0: free)")),
+    ("resize_grow_load_exponent", ("--resize-grow-price is scaled by the pool's busy share "
+                                   "(GPUs held plus each queued job's fewest, over all GPUs) "
+                                   "to this power (0: a fixed price)")),
     ("resize_short_job_weight", ("a shrink counts a shorter job's saved wait up to this many "
                                  "times the shrunk job's seconds (>= 1)")),
     ("cpu_slots_per_node", "jobs a GPU-less node runs at once"),

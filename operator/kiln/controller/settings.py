@@ -99,6 +99,8 @@ class Options:
             measured (stop to first step after the restart).
         resize_grow_price: what a move onto more GPUs pays per extra GPU-second, in seconds
             of the job's own time times the pool's GPUs (`introspect.Policy.grow_price`).
+        resize_grow_load_exponent: that price is scaled by the pool's busy share to this
+            power (`introspect.Policy.grow_load_exponent`).
         resize_short_job_weight: how much more a second of wait that a shrink saves a
             shorter job may count than a second of the shrunk job's
             (`introspect.Policy.short_job_weight`).
@@ -184,6 +186,7 @@ class Options:
     resize_min_interval_seconds: float = 300.0
     resize_restart_seconds: float = 60.0
     resize_grow_price: float = introspect.Policy.grow_price
+    resize_grow_load_exponent: float = introspect.Policy.grow_load_exponent
     resize_short_job_weight: float = introspect.Policy.short_job_weight
     cpu_slots_per_node: int = 1
     gpu_type: str | None = None
@@ -324,4 +327,5 @@ def resize_policy(options: Options) -> introspect.Policy | None:
                              min_interval_seconds=options.resize_min_interval_seconds,
                              default_restart_seconds=options.resize_restart_seconds,
                              grow_price=options.resize_grow_price,
+                             grow_load_exponent=options.resize_grow_load_exponent,
                              short_job_weight=options.resize_short_job_weight)

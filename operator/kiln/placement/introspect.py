@@ -37,6 +37,10 @@ class Policy:
             holds, in seconds of the job's own time times the pool's device count (the
             planner's `unseen_weight` x `gpu_cost`): devices taken while idle are likely
             wanted by jobs that arrive, and giving them back costs a restart; 0: free.
+        grow_load_exponent: `grow_price` is scaled by the pool's busy share (devices that
+            running jobs hold plus the fewest each queued job needs, over all devices) to
+            this power: a device taken from a mostly idle pool is seldom one an arrival then
+            waits for, and that chance climbs steeply as the pool fills (0: a fixed price).
     """
 
     min_gain: float = 2.0
@@ -44,6 +48,7 @@ class Policy:
     default_restart_seconds: float = 60.0
     short_job_weight: float = 30.0
     grow_price: float = types.Settings.unseen_weight * types.Settings.gpu_cost
+    grow_load_exponent: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.min_gain >= 1.0:
@@ -53,6 +58,9 @@ class Policy:
                              "be >= 0")
         if not self.grow_price >= 0:
             raise ValueError(f"Policy.grow_price: must be >= 0 (got {self.grow_price})")
+        if not self.grow_load_exponent >= 0:
+            raise ValueError(f"Policy.grow_load_exponent: must be >= 0 (got "
+                             f"{self.grow_load_exponent})")
         if not self.short_job_weight >= 1.0:
             raise ValueError(f"Policy.short_job_weight: must be >= 1 (got "
                              f"{self.short_job_weight})")
@@ -147,7 +155,8 @@ def propose(snapshot: types.Snapshot, states: Mapping[str, JobState],
 
     For each running job that may move (in `states`, and `policy.min_interval_seconds` past
     its last move) the best of: another device count on its node or a count on another node, using
-    devices no queued job could start on now (GROW / MOVE; saving its own remaining time), or
+    devices no queued job could start on now (GROW / MOVE; saving its own remaining time, less
+    `policy.grow_price` per extra device-second scaled by how busy the pool is), or
     fewer devices so that a queued job that fits nowhere starts now (SHRINK; saving that job's
     wait, less the time the shrunk job loses). A move is kept when the time saved is at least
     `policy.min_gain` times the restart cost; moves are taken greedily by net gain, each
@@ -163,6 +172,10 @@ def propose(snapshot: types.Snapshot, states: Mapping[str, JobState],
         if r.node in free:
             free[r.node] -= r.gpus
     needs = {q.name: cs[0].gpus for q in snapshot.queued if (cs := types.candidates(q))}
+    devices = max(1, sum(n.gpus for n in snapshot.nodes))
+    busy = sum(r.gpus for r in snapshot.running) + sum(needs.values())
+    price = (policy.grow_price / devices
+             * min(1.0, busy / devices) ** policy.grow_load_exponent)
     chosen: list[Move] = []
     moved: set[str] = set()
     helped: set[str] = set()
@@ -171,7 +184,7 @@ def propose(snapshot: types.Snapshot, states: Mapping[str, JobState],
                    and r.node in free and _settled(states[r.job], snapshot.now, policy)
                    for m in _options(snapshot, r, states[r.job], free,
                                      {k: v for k, v in needs.items() if k not in helped},
-                                     policy)]
+                                     policy, price)]
         if not options:
             return tuple(chosen)
         best = max(options, key=lambda m: (m.gain_seconds, -m.gpus))
@@ -190,8 +203,10 @@ def _settled(state: JobState, now: float, policy: Policy) -> bool:
 
 
 def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
-             free: dict[str, int], needs: dict[str, int], policy: Policy) -> list[Move]:
-    """Every move of one job that passes the gain threshold."""
+             free: dict[str, int], needs: dict[str, int], policy: Policy,
+             price: float) -> list[Move]:
+    """Every move of one job that passes the gain threshold; `price`: what a grow pays per
+    extra device-second, in seconds of the job's own time."""
     configs = scale_compute(types.candidates(types.JobRequest(running.job, state.configs)),
                             state.compute_scale)
     restart = (state.restart_seconds if state.restart_seconds is not None
@@ -202,7 +217,6 @@ def _options(snapshot: types.Snapshot, running: types.Running, state: JobState,
         return []
     # Free devices a waiting job could start on now are theirs, not a running job's.
     claimed = {n for n, f in free.items() if any(need <= f for need in needs.values())}
-    price = policy.grow_price / max(1, sum(n.gpus for n in snapshot.nodes))
     found: list[Move] = []
     for node, spare in free.items():
         own = node == running.node

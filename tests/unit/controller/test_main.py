@@ -51,10 +51,10 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     options = main.options_from_args(main.build_parser().parse_args([
         "--resize-min-gain", "3", "--resize-min-interval-seconds", "120",
         "--resize-restart-seconds", "20", "--resize-grow-price", "0",
-        "--resize-short-job-weight", "4"]))
+        "--resize-grow-load-exponent", "1", "--resize-short-job-weight", "4"]))
     assert settings.resize_policy(options) == introspect.Policy(
         min_gain=3.0, min_interval_seconds=120.0, default_restart_seconds=20.0,
-        grow_price=0.0, short_job_weight=4.0)
+        grow_price=0.0, grow_load_exponent=1.0, short_job_weight=4.0)
     defaults = main.options_from_args(main.build_parser().parse_args([]))
     assert settings.resize_policy(defaults) == introspect.Policy(default_restart_seconds=60.0)
     off = main.options_from_args(main.build_parser().parse_args(["--no-resize"]))
@@ -78,6 +78,7 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--resize-min-gain", "0.5"], "must be at least 1"),
     (["--resize-short-job-weight", "0.5"], "must be at least 1"),
     (["--resize-grow-price", "-1"], "must be 0 or more"),
+    (["--resize-grow-load-exponent", "-2"], "must be 0 or more"),
     (["--gpu-resource", "gpu"], "'gpu' is not an extended resource name"),
     (["--pod-security-context", "runAsNonRoot"], "not JSON"),
     (["--container-security-context", "[1]"], "must be a JSON object"),

@@ -104,7 +104,8 @@ def test_restart_cost_is_smoothed_over_measurements() -> None:
 def test_a_grow_pays_for_the_device_seconds_it_takes_from_jobs_that_may_arrive() -> None:
     nodes = (types.Node("a", 8),)
     priced = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
-                               default_restart_seconds=60.0, grow_price=16.0)
+                               default_restart_seconds=60.0, grow_price=16.0,
+                               grow_load_exponent=0.0)
     # Barely scaling: 2 devices save 20% of its time for 60% more device-seconds.
     barely = _state(configs=(types.Config("single", 1, 1000.0), types.Config("ddp", 2, 800.0)))
     running = (types.Running("ns/a", "a", 1, "single", 3000.0),)
@@ -115,6 +116,26 @@ def test_a_grow_pays_for_the_device_seconds_it_takes_from_jobs_that_may_arrive()
     (move,) = introspect.propose(_snapshot(running, nodes=nodes), {"ns/a": _state()}, priced)
     assert (move.kind, move.gpus) == ("grow", 4)
     assert move.gain_seconds == pytest.approx(3000 - 840 - 2 * 360 - 60)
+
+
+def test_a_grow_is_cheap_in_an_idle_pool_and_dear_in_a_busy_one() -> None:
+    nodes = (types.Node("a", 8),)
+    policy = introspect.Policy(min_gain=2.0, min_interval_seconds=300.0,
+                               default_restart_seconds=60.0, grow_price=16.0)
+    barely = _state(configs=(types.Config("single", 1, 1000.0), types.Config("ddp", 2, 800.0)))
+    alone = (types.Running("ns/a", "a", 1, "single", 3000.0),)
+    # 1 of 8 devices busy: each extra device-second costs 16 / 8 x (1/8)^2 s; the grow saves
+    # 600 s for 2 x 2400 - 3000 = 1800 more device-seconds.
+    (move,) = introspect.propose(_snapshot(alone, nodes=nodes), {"ns/a": barely}, policy)
+    assert (move.kind, move.gpus) == ("grow", 2)
+    assert move.gain_seconds == pytest.approx(600 - 2 / 64 * 1800 - 60)
+    # 6 of 8 busy: (6/8)^2 of the full price, 2025 s for those 1800 device-seconds.
+    busy = (*alone, types.Running("ns/b", "a", 5, "ddp", 3000.0))
+    assert introspect.propose(_snapshot(busy, nodes=nodes), {"ns/a": barely}, policy) == ()
+    # A queued job waiting for the whole node counts as busy too: the pool is full.
+    whole = (types.JobRequest("ns/q", (types.Config("ddp", 8, 100.0),), arrival=900.0),)
+    assert introspect.propose(_snapshot(alone, nodes=nodes, queued=whole), {"ns/a": barely},
+                              policy) == ()
 
 
 def test_a_long_job_shrinks_so_a_much_shorter_waiting_job_starts() -> None:
@@ -167,3 +188,5 @@ def test_policy_rejects_a_gain_ratio_below_one() -> None:
         introspect.Policy(short_job_weight=0.5)
     with pytest.raises(ValueError, match="grow_price"):
         introspect.Policy(grow_price=-1.0)
+    with pytest.raises(ValueError, match="grow_load_exponent"):
+        introspect.Policy(grow_load_exponent=-1.0)
