@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,10 @@ from kiln.placement import profilecache
 GPU_COUNTS = (1, 2, 4, 8)
 # A multi-process profile builds the model once per rank and meets in two all-reduces.
 WORKER_TIMEOUT_SECONDS = 300.0
+# Mini-batches timed after the first (which pays for allocation and warm-up); their median is
+# the step time, so one step slowed by another process on a loaded machine does not count.
+# A fixed count, never a time budget: under DDP every rank must take the same steps.
+TIMED_STEPS = 3
 
 
 def device_type(device: str = "auto") -> str:
@@ -163,7 +168,8 @@ def _failure(parallelism: str, k: int, exc: BaseException) -> profilecache.Measu
 def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
                  device: torch.device, batch_size: int | None = None,
                  wrap: Callable[[nn.Module], nn.Module] | None = None) -> float:
-    """Wall seconds of the second of two training mini-batches on synthetic data.
+    """Wall seconds of a training mini-batch on synthetic data: the median of `TIMED_STEPS`
+    after a first, untimed one.
 
     Args:
         model_spec: the job's model (built freshly, seeded).
@@ -173,7 +179,7 @@ def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
         wrap: wraps the model after it is moved to `device` (DDP/FSDP workers).
 
     Returns:
-        Seconds of forward, backward and optimizer step of mini-batch 2.
+        Seconds of forward, backward and optimizer step of one mini-batch.
 
     Raises:
         RuntimeError: out of memory (see `models.out_of_memory`) or another failure.
@@ -186,8 +192,8 @@ def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
     batch = batch_size or training.batch_size
     text = models.modality_of(model_spec) == models.Modality.TEXT
     vocab = int(model_spec.args.get("vocab_size", 256))
-    seconds = 0.0
-    for _ in range(2):
+    seconds: list[float] = []
+    for _ in range(1 + TIMED_STEPS):
         inputs, targets = _synthetic(model_spec, batch, text=text, vocab=vocab, device=device)
         _synchronize(device)
         started = time.perf_counter()
@@ -199,8 +205,8 @@ def step_seconds(model_spec: api.ModelSpec, training: api.TrainingSpec, *,
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         _synchronize(device)
-        seconds = time.perf_counter() - started
-    return seconds
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds[1:])
 
 
 def _synthetic(model_spec: api.ModelSpec, batch: int, *, text: bool, vocab: int,

@@ -26,6 +26,19 @@ def _job(*, shape: list[int] | None = None, batch: int = 16,
     })
 
 
+def test_a_step_time_is_the_median_of_the_timed_steps_after_the_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock that makes the untimed first step take 10 s and one timed step 5 s (another
+    # process took the CPU): the step time is the median of the timed ones.
+    # Each step reads the clock as it starts and as it ends.
+    readings = iter([0.0, 10.0, 10.0, 10.2, 10.2, 15.2, 15.2, 15.3])
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: next(readings))
+    job = _job()
+    assert profile.TIMED_STEPS == 3
+    assert profile.step_seconds(job.spec.model, job.spec.training,
+                                device=torch.device("cpu")) == pytest.approx(0.2)
+
+
 def test_single_on_cpu_times_a_real_step_and_caches_it(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "profiles.json"
