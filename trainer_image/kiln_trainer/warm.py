@@ -504,7 +504,8 @@ def _kept(trial: api.WarmStartDecision, applied: decision.Applied, verdict: str,
     if trial.calibration_samples:
         lead += "; batch-norm statistics re-estimated on the probe"
     if applied.parent_provisional:
-        lead += f"; {trial.parent} is a provisional record (its job is still training)"
+        lead += (f"; {trial.parent} is a provisional record (its job's best weights so far: "
+                 "that job still trains, or was stopped early, e.g. pruned)")
     note = data_note(applied.parent_data, data_fingerprint)
     if copied is not None:
         copied.update(applied.unchanged)

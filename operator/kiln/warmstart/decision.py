@@ -52,7 +52,7 @@ class Applied:
         similarity: the alignment's similarity (None on a cold start).
         parent_metric: the parent record's metric value (None on a cold start).
         metric_name: its name.
-        parent_provisional: the parent is a provisional record (its job is still training).
+        parent_provisional: the parent is a provisional record (its job's best weights so far).
         parent_data: what the parent was trained on (`records.ZooRecord.data_fingerprint`).
         unchanged: child state_dict keys holding their parent tensor exactly
             (`transform.TransformResult.unchanged`).
@@ -303,7 +303,9 @@ def _noting_provisional(chosen: api.WarmStartDecision,
     if chosen.parent is None or chosen.parent not in provisional:
         return chosen
     return chosen.model_copy(update={"reason": f"{chosen.reason}; {chosen.parent} is a "
-                                     "provisional record (its job is still training)"})
+                                     "provisional record (its job's best weights so far: "
+                                     "that job still trains, or was stopped early, e.g. "
+                                     "pruned)"})
 
 
 @dataclasses.dataclass(frozen=True)
