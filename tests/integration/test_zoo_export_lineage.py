@@ -221,3 +221,16 @@ def test_import_refuses_an_export_whose_weights_do_not_fit_its_model(
     assert message in err and "export it again" in err, err
     assert str(out) in err
     assert not store.DirStore(tmp_path / "b").list_keys("models/")
+
+
+def test_export_to_a_folder_it_cannot_write_is_a_usage_error_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    rec = add(zoo, "small_cnn-0a0b0c3f", floats=20)
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub"  # below a file: the folder cannot be made
+    argv = ["zoo", "export", rec.id, "--zoo", str(zoo.root), "--out", str(out)]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--out {out}: cannot write the export (Not a directory" in err
+    assert (tmp_path / "afile").read_text() == "mine"

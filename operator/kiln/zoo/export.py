@@ -40,7 +40,8 @@ def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path, *,
 
     Raises:
         ValueError: an invalid id, or `out_dir` is a file, holds other files, or holds an
-            export of another record; an adapter without `merge`, or whose merge fails.
+            export of another record, or cannot be read or written (a file above it, no
+            permission, a full disk); an adapter without `merge`, or whose merge fails.
         ObjectNotFound: no such record.
         CorruptRecord: the record is damaged (the weights fail their checksum, ...).
         StoreUnavailable: the store failed.
@@ -48,7 +49,11 @@ def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path, *,
     record = records.verify_record(zoo, record_id)  # never export what would not import
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file; give a folder")
-    held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    try:
+        held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir}: cannot read it ({exc.strerror or exc}); give a "
+                         "folder you can write") from None
     if held and not (set(held) <= {*FILES, README_NAME}
                      and _exported_id(out_dir / records.META_NAME) == record.id):
         raise ValueError(f"--out {out_dir} is not empty (it holds {', '.join(held[:5])}"
@@ -62,11 +67,17 @@ def export_record(zoo: store.ObjectStore, record_id: str, out_dir: Path, *,
             record, base=None, adapter=None, weights_sha256=hashlib.sha256(weights).hexdigest(),
             num_params=records.read_record(zoo, record.base).num_params,
             source=f"LoRA adapter {record.id} merged into its base {record.base}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / records.WEIGHTS_NAME).write_bytes(weights)  # meta.json last, as in the zoo
-    (out_dir / records.GRAPH_NAME).write_bytes(zoo.get_bytes(prefix + records.GRAPH_NAME))
-    (out_dir / records.META_NAME).write_text(record.to_json(), encoding="utf-8")
-    (out_dir / README_NAME).write_text(readme(record), encoding="utf-8")
+    graph = zoo.get_bytes(prefix + records.GRAPH_NAME)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / records.WEIGHTS_NAME).write_bytes(weights)  # meta.json last, as in the zoo
+        (out_dir / records.GRAPH_NAME).write_bytes(graph)
+        (out_dir / records.META_NAME).write_text(record.to_json(), encoding="utf-8")
+        (out_dir / README_NAME).write_text(readme(record), encoding="utf-8")
+    except OSError as exc:  # a file where a folder should be, no permission, a full disk
+        raise ValueError(f"--out {out_dir}: cannot write the export ({exc.strerror or exc}"
+                         f"{f': {exc.filename}' if exc.filename else ''}); give a folder "
+                         "you can write, on a disk with room") from None
     return record
 
 
