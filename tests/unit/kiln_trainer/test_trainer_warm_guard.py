@@ -510,3 +510,19 @@ def test_a_new_stage_passes_at_step_0_once_its_statistics_are_re_estimated_else_
     assert trained.reason.startswith(f"warm start from {parent} (similarity 0.72): guard: after "
                                      "10 steps warm loss")
     assert "re-estimated" not in trained.reason
+
+
+def test_probe_batches_are_cut_to_the_probe_samples_as_the_loop_cuts_them_to_the_split() -> None:
+    """A batchSize far above the data (65536 on 100 samples) must not make the guard train
+    on batches of 65536 repeated samples: minutes of probe steps beside a 1-second epoch."""
+    torch.manual_seed(0)
+    inputs, targets = torch.randn(100, 1, 8, 8), torch.randint(0, 10, (100,))
+    probe = warm.Probe(inputs[:40], targets[:40], train_inputs=inputs, train_targets=targets)
+    for step in (0, 1, 7):
+        batch, labels = probe.batch(step, 65536)
+        assert torch.equal(batch, inputs) and torch.equal(labels, targets)
+    assert torch.equal(probe.batch(1, 64)[0], inputs[torch.arange(64, 128) % 100])  # unchanged
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    huge = _job("huge", training={"batchSize": 65536}).spec.training
+    whole = _job("whole", training={"batchSize": 100}).spec.training
+    assert warm.trained_loss(net, probe, huge, 5) == warm.trained_loss(net, probe, whole, 5)
