@@ -279,6 +279,24 @@ def planned_devices(the_plan: types.Plan, count: int) -> dict[str, tuple[int, ..
     return out
 
 
+def _queued_status(a: types.Assignment) -> str:
+    return f"queued: planned start {a.start:.0f} s, {a.parallelism}×{a.gpus}"
+
+
+def replan_summary(before: Mapping[str, types.Assignment],
+               after: Sequence[types.Assignment]) -> str:
+    """What a re-plan with measured speeds changed for the queued jobs, in a line."""
+    changed = [f"{a.job} now {a.parallelism}×{a.gpus} (was {was.parallelism}×{was.gpus}), "
+               f"planned start {a.start:.0f} s"
+               for a in sorted(after, key=lambda a: (a.start, a.job))
+               if (was := before.get(a.job)) is not None
+               and (was.parallelism, was.gpus) != (a.parallelism, a.gpus)]
+    if changed:
+        return "re-planned with measured speeds: " + "; ".join(changed)
+    order = ", ".join(a.job for a in sorted(after, key=lambda a: (a.start, a.job)))
+    return f"re-planned with measured speeds: same configs, start order {order}"
+
+
 def source_of(configs: Sequence[types.Config], a: types.Assignment) -> str:
     """The source of the estimate behind assignment `a` ("?" when it is not among `configs`)."""
     return next((c.source for c in configs
@@ -368,15 +386,16 @@ class _Run:
         self.measured: dict[str, float] = {}  # job -> final samples/s
         self.began = time.monotonic()
         self.tasks: dict[str, TaskID] = {}
+        self.progress: Progress | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.began
 
     def loop(self, progress: Progress) -> None:
+        self.progress = progress
         for a in self.queue.waiting():
             self.tasks[a.job] = progress.add_task(
-                a.job, total=self.jobs[a.job].spec.training.epochs,
-                status=f"queued: planned start {a.start:.0f} s, {a.parallelism}×{a.gpus}")
+                a.job, total=self.jobs[a.job].spec.training.epochs, status=_queued_status(a))
         try:
             while self.queue or self.live:
                 for a in self.queue.start_heads({NODE: len(self.free)}):
@@ -494,6 +513,7 @@ class _Run:
         waiting = self.queue.waiting()
         if not waiting:
             return
+        before = {a.job: a for a in waiting}
         for a in waiting:
             self.configs[a.job] = self._refined(a.job)
         running = tuple(types.Running(n, NODE, lv.assignment.gpus, lv.assignment.parallelism,
@@ -507,7 +527,11 @@ class _Run:
             self.console.print(f"re-planning skipped: {exc}", markup=False, highlight=False)
             return
         if not fresh.kept_current:
-            self.console.print(f"re-planned: {fresh.reason}", markup=False, highlight=False)
+            self.console.print(replan_summary(before, self.queue.waiting()), markup=False,
+                               highlight=False)
+            for a in self.queue.waiting():
+                if self.progress is not None and a.job in self.tasks:
+                    self.progress.update(self.tasks[a.job], status=_queued_status(a))
         self.preferred.update(planned_devices(fresh, self.devices.count))
 
     def _refined(self, name: str) -> tuple[types.Config, ...]:

@@ -217,6 +217,16 @@ def test_planned_devices_reuse_devices_freed_by_earlier_jobs() -> None:
                                                     "d": (0, 1, 2)}
 
 
+def test_a_replan_says_which_queued_jobs_changed_config_and_when_they_start() -> None:
+    before = {a.job: a for a in _plan(("b", 2, 14.0, 5.0), ("c", 1, 19.0, 5.0)).assignments}
+    after = _plan(("c", 1, 10.0, 5.0), ("b", 1, 10.0, 8.0)).assignments
+    assert runplan.replan_summary(before, after) == (
+        "re-planned with measured speeds: b now single×1 (was ddp×2), planned start 10 s")
+    same = _plan(("c", 1, 10.0, 5.0), ("b", 2, 15.0, 5.0)).assignments
+    assert runplan.replan_summary(before, same) == (
+        "re-planned with measured speeds: same configs, start order c, b")
+
+
 def test_without_a_multi_process_trainer_only_single_is_planned() -> None:
     assert machine.Devices("cpu", 4, 1, None).parallelisms() == ("single",)
     launcher = machine.Devices("cpu", 4, 1, lambda k, argv: list(argv))
