@@ -1043,6 +1043,10 @@ def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
     try:
         found = lineage.lineage(records.list_records(zoo), model_id)
     except KeyError:
+        if zoo.list_keys(records.record_prefix(model_id)):  # there, but skipped as unusable
+            raise UsageError(f"zoo record {model_id} in {zoo.describe()} is unusable (the "
+                             "warning above says why), so it has no lineage; fix it, or "
+                             f"remove it with `kiln zoo rm {model_id}`") from None
         raise UsageError(f"no zoo model {args.model_id!r} in {zoo.describe()}; "
                          "`kiln zoo ls` lists them") from None
     if args.output != "table":

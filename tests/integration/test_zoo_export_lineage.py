@@ -234,3 +234,20 @@ def test_export_to_a_folder_it_cannot_write_is_a_usage_error_not_a_traceback(
     err = " ".join(capsys.readouterr().err.split())
     assert f"--out {out}: cannot write the export (Not a directory" in err
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("damage", ["weights", "meta"])
+def test_lineage_of_an_unusable_record_says_why_not_that_there_is_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    zoo = store.DirStore(tmp_path / "zoo")
+    rec = add(zoo, "small_cnn-0a0b0c4f", floats=20)
+    prefix = records.record_prefix(rec.id)
+    if damage == "weights":
+        zoo.delete(prefix + records.WEIGHTS_NAME)
+    else:
+        zoo.put_bytes(prefix + records.META_NAME, b'{"id": ')
+    assert cli.main(["zoo", "lineage", rec.id, "--zoo", str(zoo.root)]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"zoo record {rec.id} in directory {zoo.root} is unusable" in err
+    assert f"kiln zoo rm {rec.id}" in err and "no zoo model" not in err
+    assert ("weights.safetensors missing" if damage == "weights" else "not valid JSON") in err
