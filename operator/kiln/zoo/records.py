@@ -557,8 +557,8 @@ def write_record(
         ValueError: invalid id or fields, a record with this id already exists, weights that
             safetensors cannot hold, a graph that is not JSON, or a `weights_sha256` that does
             not match the weights.
-        StoreUnavailable: the store failed; the record may be half-written (no meta.json), which
-            readers skip.
+        StoreUnavailable: the store failed; what was written is deleted again where the store
+            allows, else the record is half-written (no meta.json), which readers skip.
     """
     prefix = record_prefix(record.id)
     data = serialize_weights(record.id, weights)
@@ -585,11 +585,25 @@ def write_record(
                          f"{exc}") from exc
     if zoo.exists(prefix + META_NAME):
         raise ValueError(f"zoo record {record.id} already exists in {zoo.describe()}")
-    zoo.put_bytes(prefix + WEIGHTS_NAME, data)
-    zoo.put_bytes(prefix + GRAPH_NAME, graph_text.encode())
-    if history_text is not None:
-        zoo.put_bytes(prefix + HISTORY_NAME, history_text.encode())
-    zoo.put_bytes(prefix + META_NAME, meta.encode())
+    written: list[str] = []
+    try:
+        for name, body in ((WEIGHTS_NAME, data), (GRAPH_NAME, graph_text.encode()),
+                           (HISTORY_NAME, None if history_text is None else history_text.encode()),
+                           (META_NAME, meta.encode())):
+            if body is not None:
+                zoo.put_bytes(prefix + name, body)
+                written.append(name)
+    except (store.StoreUnavailable, store.StoreMisconfigured):
+        # No meta.json, so no reader sees the record; remove what was written too (a full
+        # disk, an outage), or it stays behind as a skipped, unreadable record in every
+        # listing. Best effort: the store that just failed may refuse this as well.
+        for name in written:
+            try:
+                zoo.delete(prefix + name)
+            except (store.StoreUnavailable, store.StoreMisconfigured):
+                _log.warning("zoo record %s: could not remove the half-written %s from %s",
+                             record.id, name, zoo.describe())
+        raise
     return record
 
 

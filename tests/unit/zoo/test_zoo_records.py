@@ -516,3 +516,29 @@ def test_the_dataset_fingerprint_names_the_uri_and_keeps_older_specs_fingerprint
     assert records.dataset_fingerprint(spec(path="/data/books")) == "spec-8b64de85c929a738"
     assert records.dataset_fingerprint(spec(uri="s3://corpora/books")) != \
         records.dataset_fingerprint(spec(uri="s3://corpora/news"))
+
+
+class _FullDisk(RecordingStore):
+    """A DirStore whose disk fills up at the `fail_at`-th write."""
+
+    def __init__(self, root: Path, fail_at: str) -> None:
+        super().__init__(root)
+        self.fail_at = fail_at
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        if key.endswith(self.fail_at):
+            raise store.StoreUnavailable(f"cannot write {key!r}: No space left on device")
+        super().put_bytes(key, data)
+
+
+@pytest.mark.parametrize("fail_at", ["graph.json", "history.jsonl", "meta.json"])
+def test_a_write_that_fails_midway_leaves_no_half_written_record_behind(
+        tmp_path: Path, fail_at: str) -> None:
+    zoo = _FullDisk(tmp_path, fail_at)
+    with pytest.raises(store.StoreUnavailable, match="No space left"):
+        records.write_record(zoo, _record(), _weights(), {"nodes": []}, history=[{"step": 1}])
+    assert zoo.list_keys("") == []  # not a skipped, unreadable record in every later listing
+    zoo.fail_at = "never"
+    rec = records.write_record(zoo, _record(), _weights(), {"nodes": []}, history=[])
+    assert records.read_history(zoo, rec) == []  # an empty history is still written
+    assert [r.id for r in records.list_records(zoo)] == ["small_resnet-0badc0de"]
