@@ -221,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--source", default=None, metavar="TEXT",
                      help="where the weights came from, e.g. a URL (default: the path)")
     imp.add_argument("--license", default=None, metavar="TEXT", help="the weights' license")
-    imp.add_argument("--dataset", default="imported", metavar="NAME",
+    imp.add_argument("--dataset", default="imported", metavar="NAME", type=_one_line,
                      help="what they were trained on (informational)")
     imp.add_argument("--namespace", default=records.LEGACY_NAMESPACE, metavar="NS",
                      type=_namespace,
@@ -1154,6 +1154,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
     return value
+
+
+def _one_line(text: str) -> str:
+    """A short name for a table cell (`kiln zoo import --dataset`): one line, printable."""
+    if not text.strip() or re.search(r"[\x00-\x1f\x7f]", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a non-empty name on one line, without control characters, "
+            "e.g. imagenet-1k")
+    return text
 
 
 def _namespace(text: str) -> str:

@@ -217,3 +217,17 @@ def _hf_without_config(tmp_path: Path) -> Path:
     path = _save(tmp_path, "hf-directory", _state(tmp_path))
     (path / "config.json").unlink()
     return path
+
+
+@pytest.mark.parametrize("dataset", ["two\nlines", "", "bell\x07"])
+def test_an_import_dataset_name_is_one_printable_line(
+        tmp_path: Path, dataset: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kiln zoo ls` prints it in a table column: a newline split the row in two."""
+    path = _save(tmp_path, "safetensors", _state(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        _import(str(path), *ARGS, "--metric", "validation_accuracy=0.9", "--dataset", dataset,
+                "--zoo", str(tmp_path / "zoo"))
+    assert exited.value.code == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "argument --dataset:" in err and "on one line, without control characters" in err
+    assert not (tmp_path / "zoo").exists()
