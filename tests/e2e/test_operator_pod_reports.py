@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from kubesim import client, emulator, operator_process, scenario
 
@@ -118,6 +119,32 @@ log = os.environ.get(contract.Env.TERMINATION_LOG, contract.TERMINATION_LOG_PATH
 pathlib.Path(log).write_bytes(contract.termination_message(event))
 print(contract.to_line(event), flush=True)
 os._exit(0)
+'''
+
+
+# An own command that registers a model under the id the operator reserved for its job, but
+# says in meta.json that it is VICTIM_NAMESPACE's private model, trained by job "victim".
+TRAINER_FORGING_ITS_NAMESPACE = '''\
+import json
+import os
+
+import torch
+
+from kiln import api, contract, models
+from kiln.warmstart import decision, graph
+from kiln.zoo import presigned, records
+
+job = json.loads(os.environ[contract.Env.JOB])
+spec = api.ModelSpec.model_validate(job["spec"]["model"])
+record = records.ZooRecord(
+    id=os.environ[contract.Env.ZOO_RECORD], architecture="small_cnn", args=dict(spec.args),
+    input_shape=tuple(spec.input_shape), modality="image", task="classification",
+    dataset="digits", metric_name="validation_accuracy", metric_value=0.999, num_params=1,
+    created_time="2026-01-01T00:00:00Z", job_name="victim", job_spec={"spec": job["spec"]},
+    namespace=os.environ["VICTIM_NAMESPACE"], share=api.ZooShare.PRIVATE)
+zoo = presigned.open_zoo(os.environ[contract.Env.ZOO], env=os.environ)  # as a trainer
+records.write_record(zoo, record, models.build(spec).state_dict(),
+                     graph.to_json(decision.model_graph(spec)))
 '''
 
 
@@ -260,6 +287,42 @@ def test_a_pods_warm_start_decision_cannot_name_another_namespaces_private_model
         assert json.loads(env["KILN_WARM_START"])["parent"] is None
     finally:
         records.delete_record(zoo.store, theirs.id)
+
+
+def test_a_pod_cannot_plant_a_private_model_in_another_namespace(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, zoo: scenario.Zoo,
+    namespace: str, zoo_secret: tuple[str, dict[str, str]],
+) -> None:
+    victims = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.client.create_secret(victims, *zoo_secret)
+    model = {"architecture": "small_cnn", "args": {"depth": 2, "width": 17},
+             "inputShape": [1, 8, 8]}
+    forger = _own_command_job("forger", TRAINER_FORGING_ITS_NAMESPACE,
+                              {"VICTIM_NAMESPACE": victims})
+    forger["spec"]["model"] = model
+    cluster.client.create_job(namespace, forger)
+    scenario.wait_job(cluster, namespace, "forger",
+                      lambda j: scenario.phase(j) in ("Succeeded", "Failed"),
+                      what="the forging job to end", details=operator.log_tail)
+    uid = cluster.client.job(namespace, "forger")["metadata"]["uid"]  # type: ignore[index]
+    planted = records.job_record_id("small_cnn", uid)
+    assert zoo.store.exists(records.record_prefix(planted) + records.META_NAME)  # it wrote it
+    with pytest.raises(records.CorruptRecord, match=f"reserved this id for {namespace}/forger"):
+        records.read_record(zoo.store, planted)
+    with pytest.warns(records.SkippedRecordWarning, match=planted):
+        assert planted not in {r.id for r in records.list_records(zoo.store)}
+    # The namespace it named: its job of the same model finds no parent there.
+    victim = scenario.tiny_job("victim", model=model)
+    victim["metadata"]["namespace"] = victims
+    cluster.client.create_job(victims, victim)
+    try:
+        decided = scenario.wait_job(
+            cluster, victims, "victim", lambda j: bool((j.get("status") or {}).get("warmStart")),
+            what="the victim's warm-start decision", details=operator.log_tail)
+        assert decided["status"]["warmStart"].get("parent") != planted, decided["status"]
+    finally:
+        cluster.client.delete(cluster.client.jobs_path(victims, "victim"))
+        records.delete_record(zoo.store, planted)
 
 
 def test_a_malformed_profile_ends_profiling_naming_the_field_and_the_job_runs_unmeasured(

@@ -90,6 +90,10 @@ class ZooAccess:
             visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
         record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
         imports = job.spec.model.pretrained is not None and job.spec.training.peft is not None
+        # Before its pod may write there: a record under these ids naming another namespace
+        # or job is then refused wherever records are read.
+        for reserved in (record, *([records.base_record_id(record)] if imports else [])):
+            await asyncio.to_thread(records.write_claim, zoo, reserved, job.namespace, job.name)
         manifest = await asyncio.to_thread(
             sign_within_budget, zoo, lambda seen: access.job_grants(
                 job.namespace, job.name, uid=str(meta.get("uid") or ""), record=record,

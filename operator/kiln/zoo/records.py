@@ -15,7 +15,7 @@ import logging
 import re
 import secrets
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, NewType
 
 import pydantic
@@ -440,6 +440,7 @@ if TYPE_CHECKING:
 #     <checkpoint key>.shards/<slot>/rank-<r>.safetensors, .../metadata.json   an FSDP job's
 #         per-rank shards (`checkpoint_shard_key`), in slot a or b, which alternate between saves
 #     profiles/<namespace>/<job>.json   what the trainer's profiling step measured, graph included
+#     claims/<id>/<namespace>/<job>     empty: the operator reserved <id> for that job (`write_claim`)
 # The weights' SHA-256 is in meta.json, checked by `load_weights` (lazily: it means reading the
 # whole file) and by `verify_record`.
 MODELS_PREFIX = "models/"
@@ -451,6 +452,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_SLOTS = ("a", "b")  # a sharded checkpoint's shard folders, alternating between saves
 SHARDS_METADATA_NAME = "metadata.json"
 PROFILES_PREFIX = "profiles/"
+CLAIMS_PREFIX = "claims/"
 
 _log = logging.getLogger(__name__)
 
@@ -613,15 +615,48 @@ def read_record(zoo: store.ObjectStore, record_id: str) -> ZooRecord:
     Raises:
         ValueError: an invalid id.
         ObjectNotFound: no such record (no meta.json).
-        CorruptRecord: meta.json is unreadable or names another id.
+        CorruptRecord: meta.json is unreadable, names another id, or names another namespace
+            or job than the one the operator reserved the id for (`write_claim`).
         StoreUnavailable: the store failed.
     """
+    claims = _claims(zoo.list_keys(f"{CLAIMS_PREFIX}{check_id(record_id)}/"))
+    return _read_record(zoo, record_id, claims.get(record_id, set()))
+
+
+def write_claim(zoo: store.ObjectStore, record_id: str, namespace: str, job_name: str) -> None:
+    """Say, under a key no trainer pod is granted, that the operator reserved `record_id` for
+    `namespace`/`job_name`: a pod writes its record's meta.json itself, so one claiming another
+    namespace or job there is refused wherever records are read (`read_record`,
+    `list_records`), and can never pass as another team's model."""
+    zoo.put_bytes(f"{CLAIMS_PREFIX}{check_id(record_id)}/{namespace}/{job_name}", b"")
+
+
+def _claims(keys: Iterable[str]) -> dict[str, set[tuple[str, str]]]:
+    """Record id -> the (namespace, job) it was reserved for, from claims/ keys."""
+    found: dict[str, set[tuple[str, str]]] = {}
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] + "/" == CLAIMS_PREFIX:
+            found.setdefault(parts[1], set()).add((parts[2], parts[3]))
+    return found
+
+
+def _read_record(zoo: store.ObjectStore, record_id: str,
+                 claimed: set[tuple[str, str]]) -> ZooRecord:
     text = zoo.get_bytes(record_prefix(record_id) + META_NAME)
     record = ZooRecord.from_json(text, record_id=record_id)
     if record.id != record_id:
         raise CorruptRecord(
             record_id, f"{META_NAME} says id {record.id!r}, but it lies in models/{record_id}/",
             field="id",
+        )
+    if claimed and (record.namespace, record.job_name) not in claimed:
+        owner = ", ".join(f"{ns}/{job}" for ns, job in sorted(claimed))
+        raise CorruptRecord(
+            record_id, f"{META_NAME} says namespace {record.namespace!r}, job "
+            f"{record.job_name!r}, but the operator reserved this id for {owner}: that job's "
+            f"pod wrote another's name; remove it with: kiln zoo rm {record_id}",
+            field="namespace",
         )
     return record
 
@@ -726,6 +761,7 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
         parts = key.split("/")
         if len(parts) == 3:  # models/<id>/<file>; anything deeper is not ours
             names_by_id.setdefault(parts[1], set()).add(parts[2])
+    claims = _claims(zoo.list_keys(CLAIMS_PREFIX))
     records = []
     for record_id, names in sorted(names_by_id.items()):
         missing = [n for n in (META_NAME, WEIGHTS_NAME, GRAPH_NAME) if n not in names]
@@ -736,7 +772,7 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
             _skip(record_id, f"{' and '.join(missing)} missing", zoo)
             continue
         try:
-            records.append(read_record(zoo, record_id))
+            records.append(_read_record(zoo, record_id, claims.get(record_id, set())))
         except ValueError as exc:  # CorruptRecord, or a folder name that is no id
             _skip(record_id, f"unreadable: {exc}", zoo)
         except store.ObjectNotFound:

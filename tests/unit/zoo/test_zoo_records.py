@@ -459,6 +459,27 @@ def test_reading_a_record_whose_meta_json_names_another_id_fails(tmp_path: Path)
         records.read_record(zoo, "copy-11111111")
 
 
+def test_a_record_naming_another_job_than_its_ids_claim_is_refused_everywhere(
+        tmp_path: Path) -> None:
+    # The operator reserved two ids: one for team-a/forger, whose pod wrote a record there
+    # naming team-b's job (private to team-b), and one for team-a/honest.
+    zoo = store.DirStore(tmp_path)
+    records.write_claim(zoo, "small_resnet-0badc0de", "team-a", "forger")
+    records.write_claim(zoo, "small_resnet-600dc0de", "team-a", "honest")
+    records.write_record(zoo, _record(namespace="team-b", job_name="victim",
+                                      share=api.ZooShare.PRIVATE), _weights(), {})
+    records.write_record(zoo, _record("small_resnet-600dc0de", namespace="team-a",
+                                      job_name="honest"), _weights(), {})
+    records.write_record(zoo, _record("small_resnet-00000000"), _weights(), {})  # no claim
+    with pytest.raises(records.CorruptRecord, match="reserved this id for team-a/forger") as e:
+        records.read_record(zoo, "small_resnet-0badc0de")
+    assert e.value.field == "namespace" and "kiln zoo rm small_resnet-0badc0de" in str(e.value)
+    with pytest.warns(records.SkippedRecordWarning, match="small_resnet-0badc0de .* skipped"):
+        listed = records.list_records(zoo)
+    assert [r.id for r in listed] == ["small_resnet-00000000", "small_resnet-600dc0de"]
+    assert not any(r.visible_to("team-b") and r.namespace == "team-b" for r in listed)
+
+
 def test_reading_a_missing_record_is_object_not_found(tmp_path: Path) -> None:
     with pytest.raises(store.ObjectNotFound, match="models/none-12345678/meta.json"):
         records.read_record(store.DirStore(tmp_path), "none-12345678")
