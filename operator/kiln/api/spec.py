@@ -17,6 +17,9 @@ InputDim = Annotated[int, Field(ge=1, le=names.INPUT_DIM_MAX)]
 ParentId = Annotated[str, Field(min_length=1, max_length=names.PARENT_MAX_LENGTH,
                                 pattern=names.PARENT_PATTERN)]
 MAX_PREFERRED_PARENTS = 32
+# Seeds are 32-bit, as NumPy's: the trainer derives per-epoch and per-rank generator seeds from
+# them, which must stay within torch's 64-bit range.
+SEED_MAX = 2**32 - 1
 
 
 class SecretRef(names.ApiModel):
@@ -176,8 +179,9 @@ class DatasetSpec(names.ApiModel):
     )
     max_samples: int | None = Field(
         default=None,
-        ge=1,
-        description="maxSamples: use at most this many samples (text: characters / length).",
+        ge=20,  # the trainer's validation split needs 10 samples, and so does training
+        description="maxSamples: use at most this many samples (text: characters / length); "
+        "at least 20, so that each split keeps 10.",
     )
     fingerprint: str | None = Field(
         default=None,
@@ -193,6 +197,7 @@ class DatasetSpec(names.ApiModel):
     split_seed: int = Field(
         default=0,
         ge=0,
+        le=SEED_MAX,
         description="splitSeed: seeds the train/validation split (and the maxSamples subset); "
         "keep it equal across jobs on one dataset so a zoo parent never trained on a child's "
         "validation samples.",
@@ -280,7 +285,8 @@ class TrainingSpec(names.ApiModel):
     lr_schedule: LrScheduleSpec = Field(
         default_factory=LrScheduleSpec, description="lrSchedule: learning-rate schedule."
     )
-    seed: int = Field(default=0, ge=0, description="seed: seeds initialisation and shuffling.")
+    seed: int = Field(default=0, ge=0, le=SEED_MAX,
+                      description="seed: seeds initialisation and shuffling.")
     eval_every_steps: int | None = Field(
         default=None,
         ge=1,

@@ -230,9 +230,18 @@ def test_unknown_torchvision_class_suggests_close_names(tmp_path: Path) -> None:
         data.load(spec, input_shape=[3, 32, 32], seed=0)
 
 
-def test_fewer_than_two_samples_cannot_be_split() -> None:
+def test_fewer_than_two_samples_cannot_be_split(tmp_path: Path) -> None:
+    root = _write_imagefolder(tmp_path / "one", classes=1, per_class=1)
     with pytest.raises(data.DatasetError, match="at least 2"):
-        data.load(_spec(name="digits", maxSamples=1), input_shape=[1, 8, 8], seed=0)
+        data.load(_spec(name="imagefolder", path=str(root)), input_shape=[3, 16, 16], seed=0)
+
+
+def test_max_samples_below_two_splits_of_ten_is_refused_in_the_spec() -> None:
+    with pytest.raises(ValueError, match="maxSamples"):
+        api.parse_job({"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob",
+                       "metadata": {"name": "few"},
+                       "spec": {"model": {"architecture": "small_cnn"},
+                                "dataset": {"maxSamples": 3}}})
 
 
 def test_a_corrupt_image_in_an_imagefolder_names_the_file_and_the_fix(tmp_path: Path) -> None:
