@@ -296,10 +296,13 @@ def shared(env: Mapping[str, str]) -> Zygote | None:
 
 
 def close_all() -> None:
-    """Stop every zygote of this process."""
+    """Stop every zygote of this process. A second Ctrl-C while it waits for them ends the
+    wait, not the zygotes: each still stops the trainers it forked for us once our end of its
+    socket closes, as this process exits."""
     with _zygotes_lock:
-        for zygote in _zygotes.values():
-            zygote.close()
+        with contextlib.suppress(KeyboardInterrupt):
+            for zygote in _zygotes.values():
+                zygote.close()
         _zygotes.clear()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -329,3 +330,23 @@ def test_its_end_stops_the_children_started_to_stop_with_us_and_no_other(
     assert staying.process.poll() is None
     os.close(write)
     assert staying.process.wait(timeout=60) == 0
+
+
+def test_a_second_ctrl_c_while_closing_ends_the_wait_and_the_zygote_still_stops_ours(
+        tmp_path: Path, fake_trainer: Path, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _env(fake_trainer, **{contract.Env.STOP_WITH_PARENT: str(os.getpid())})
+    read, write = os.pipe()
+    try:
+        stopping = run(["wait"], env=ours, cwd=tmp_path, stdin=read)
+    finally:
+        os.close(read)
+    assert stopping.stdout.readline() == "running\n"
+
+    def interrupted_close(self: zygote.Zygote) -> None:  # Ctrl-C as it waits for the zygote
+        self._socket.shutdown(socket.SHUT_RDWR)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zygote.Zygote, "close", interrupted_close)
+    zygote.close_all()  # no KeyboardInterrupt escapes into the interpreter's exit
+    assert stopping.process.wait(timeout=60) < 0  # the zygote still stopped ours
+    os.close(write)
