@@ -689,7 +689,15 @@ def _load_sweep(given: str) -> api.sweep.TrainingSweep:
             raise api.InvalidSpec(["stdin is not UTF-8 text"], source="<stdin>") from None
     path = Path(given)
     if path.is_file():
-        return local_sweep.read_sweep(path)
+        swept = local_sweep.read_sweep(path)
+        state = local_sweep.state_path(runner.RUNS, swept.name)
+        if (swept.status is None or not swept.status.history) and state.is_file():
+            # The file a sweep was run from holds no results; its run here does.
+            output.stderr_console().print(
+                f"{given} has no trials; showing sweep {swept.name} as run here ({state})",
+                markup=False, highlight=False, soft_wrap=True)
+            return local_sweep.read_sweep(state)
+        return swept
     state = local_sweep.state_path(runner.RUNS, given)  # read only: no folder made
     if state.is_file():
         return local_sweep.read_sweep(state)
@@ -705,9 +713,16 @@ def _show_sweep(console: Console, fmt: str, swept: api.sweep.TrainingSweep, *,
     if fmt != "table":  # the TrainingSweep document with its status
         output.show(console, fmt, api.to_wire(swept))
         return
-    output.print_table(console, tables.leaderboard(swept))
+    # On a narrow terminal the full table folds every cell over several lines.
+    compact = console.is_terminal and console.width < local_sweep.COMPACT_BELOW_COLUMNS
+    output.print_table(console, tables.leaderboard(swept, compact=compact))
     for line in local_sweep.summary(swept, wall_seconds=wall_seconds):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if compact:
+        console.print(f"(zoo models and why trials were pruned: kiln sweep show {swept.name} "
+                      "-o yaml, or a terminal at least "
+                      f"{local_sweep.COMPACT_BELOW_COLUMNS} columns wide)", markup=False,
+                      highlight=False, soft_wrap=True)
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:

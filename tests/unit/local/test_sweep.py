@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import clirun
 import pytest
 import yaml
+from rich.console import Console
 
 from kiln import api, cli, sweep
+from kiln.local import output
 from kiln.local import sweep as local_sweep
 
 _Trial = api.sweep.Trial
@@ -170,6 +173,20 @@ def test_sweep_show_reads_a_clusters_sweep_from_stdin(monkeypatch: pytest.Monkey
     assert "phase: Succeeded: 3 trials ended" in out
 
 
+def test_sweep_show_on_a_narrow_terminal_keeps_a_trial_to_a_line_and_says_where_the_rest_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(CLUSTER_SWEEP)))
+    out = io.StringIO()
+    monkeypatch.setattr(output, "stdout_console",
+                        lambda: Console(file=out, width=80, force_terminal=True))
+    assert cli.main(["sweep", "show", "-"]) == cli.EXIT_OK
+    lines = out.getvalue().splitlines()
+    rows = [line for line in lines if re.match(r"^\W*t[0-9]", line)]
+    assert [re.findall(r"t[0-9]", row)[0] for row in rows] == ["t2", "t0", "t1"]  # one line each
+    assert "small_cnn-aa11bb22" not in "\n".join(rows)  # no zoo model column
+    assert "kiln sweep show search -o yaml" in out.getvalue()
+
+
 def test_sweep_show_prints_the_document_for_scripts(tmp_path: Path) -> None:
     (tmp_path / "tsw.json").write_text(json.dumps(CLUSTER_SWEEP), encoding="utf-8")
     done = clirun.kiln("sweep", "show", "tsw.json", "-o", "json", cwd=tmp_path)
@@ -177,6 +194,18 @@ def test_sweep_show_prints_the_document_for_scripts(tmp_path: Path) -> None:
     shown = json.loads(done.stdout)
     assert shown["status"]["best"]["zooModel"] == "small_cnn-aa11bb22"
     assert api.sweep.parse_sweep(shown) == api.sweep.parse_sweep(CLUSTER_SWEEP)
+
+
+def test_sweep_show_of_the_file_a_sweep_was_run_from_shows_its_run_here(tmp_path: Path) -> None:
+    spec_only = {k: v for k, v in CLUSTER_SWEEP.items() if k != "status"}
+    (tmp_path / "search.yaml").write_text(yaml.safe_dump(spec_only), encoding="utf-8")
+    (tmp_path / ".kiln" / "runs").mkdir(parents=True)
+    (tmp_path / ".kiln" / "runs" / "search.sweep.json").write_text(
+        json.dumps(CLUSTER_SWEEP), encoding="utf-8")
+    done = clirun.kiln("sweep", "show", "search.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "search.yaml has no trials; showing sweep search as run here" in done.stderr
+    assert "best zoo model: small_cnn-aa11bb22" in done.stdout
 
 
 def test_sweep_show_names_what_it_could_not_find(tmp_path: Path) -> None:
