@@ -8,6 +8,7 @@ a message would otherwise crash rich or restyle the output).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -16,7 +17,7 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1047,6 +1048,22 @@ def _merge_adapter(record: records.ZooRecord, adapter: dict[str, Any],
     return lora.merged(model, base, adapter, api.PeftSpec.model_validate(record.adapter))
 
 
+def _trained_epochs(zoo: store.ObjectStore,
+                    family: Iterable[records.ZooRecord]) -> dict[str, int]:
+    """Epochs each provisional record had trained when written (its history's last
+    evaluation): its job may have been pruned or stopped long before its planned epochs."""
+    from kiln.zoo import lineage
+
+    trained: dict[str, int] = {}
+    for rec in family:
+        if rec.provisional:
+            with contextlib.suppress(store.ObjectNotFound, store.StoreUnavailable):
+                epochs = lineage.trained_epochs(records.read_history(zoo, rec))
+                if epochs is not None:
+                    trained[rec.id] = epochs
+    return trained
+
+
 def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
     from rich.text import Text
     from rich.tree import Tree
@@ -1055,8 +1072,10 @@ def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
 
     model_id = _model_id(args.model_id)
     zoo = _open_zoo(args)
+    listed = records.list_records(zoo)
     try:
-        found = lineage.lineage(records.list_records(zoo), model_id)
+        found = lineage.lineage(listed, model_id)
+        found = lineage.lineage(listed, model_id, trained=_trained_epochs(zoo, found.records()))
     except KeyError:
         if zoo.list_keys(records.record_prefix(model_id)):  # there, but skipped as unusable
             raise UsageError(f"zoo record {model_id} in {zoo.describe()} is unusable (the "
@@ -1073,7 +1092,9 @@ def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
         if rec is None:
             return f"{node.record_id} (no longer in the zoo)"
         text = f"{node.record_id}  {rec.builder}  {rec.metric_name} {rec.metric_value:.4g}"
-        if node.similarity is not None:
+        if rec.parent is None:
+            text += "  cold"
+        elif node.similarity is not None:
             text += f"  similarity {node.similarity:.2f}"
         if node.inherited_epochs is not None:
             text += f"  saved ~{node.inherited_epochs:.1f} epochs"

@@ -95,6 +95,25 @@ def test_lineage_shows_parents_children_similarity_and_inherited_epochs(
     assert "cold-00000004" not in text
 
 
+def test_lineage_counts_what_a_pruned_trials_provisional_record_trained_not_its_plan(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial pruned after 2 of its 10 epochs keeps its provisional record; a later trial
+    # warm-started from it (similarity 1) saved those 2 epochs, not 10.
+    zoo = store.DirStore(tmp_path / "zoo")
+    spec = {"training": {"epochs": 10}}
+    add(zoo, "pruned-00000001", floats=10, days_old=2, job_spec=spec, provisional=True,
+        history=[{"step": 10, "epoch": 1}, {"step": 20, "epoch": 2}])
+    add(zoo, "child-00000002", floats=10, days_old=1, job_spec=spec,
+        parent=records.ZooModelId("pruned-00000001"), similarity=1.0)
+    found = json.loads(_run(capsys, "zoo", "lineage", "child-00000002", "--zoo",
+                            str(zoo.root), "-o", "json"))
+    assert (found["ancestors"][0]["own_epochs"], found["tree"]["inherited_epochs"]) == (2, 2.0)
+    text = _run(capsys, "zoo", "lineage", "pruned-00000001", "--zoo", str(zoo.root))
+    assert "saved ~2.0 epochs" in text and "pruned-00000001  small_cnn" in text
+    root = next(line for line in text.splitlines() if "pruned-00000001  " in line)
+    assert "cold" in root and "similarity" not in root  # its own start was cold
+
+
 def test_ls_filters_sorts_and_prints_json(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     zoo = store.DirStore(tmp_path / "zoo")

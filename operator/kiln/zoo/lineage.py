@@ -23,7 +23,9 @@ class Node:
         record: the record, or None for a parent no longer in the zoo (deleted or evicted).
         record_id: its id.
         similarity: architectural similarity to its parent in [0, 1], or None (cold start).
-        own_epochs: epochs its job trained (``job_spec.training.epochs``), or None if unknown.
+        own_epochs: epochs its job trained (``job_spec.training.epochs``; for a provisional
+            record the epochs it had trained when written, where the caller read them), or
+            None if unknown.
         inherited_epochs: the training its warm start saved, in epochs of its parent's line:
             similarity × the parent's accumulated epochs (its own plus what it inherited).
             An estimate in ModelKeeper's spirit: a parent of similarity s hands over about s
@@ -70,18 +72,32 @@ class Lineage:
     tree: Node
     cycles: tuple[tuple[str, ...], ...] = ()
 
+    def records(self) -> list[records.ZooRecord]:
+        """Every record in it that is still in the zoo: ancestors, the record, descendants."""
+        def subtree(node: Node) -> list[Node]:
+            return [node, *(n for child in node.children for n in subtree(child))]
+
+        return [n.record for n in (*self.ancestors, *subtree(self.tree)) if n.record is not None]
+
     def to_json(self) -> dict[str, Any]:
         return {"ancestors": [dict(n.to_json(), children=[]) for n in self.ancestors],
                 "tree": self.tree.to_json(), "cycles": [list(c) for c in self.cycles]}
 
 
-def lineage(found: Iterable[records.ZooRecord], record_id: str) -> Lineage:
+def lineage(found: Iterable[records.ZooRecord], record_id: str, *,
+            trained: Mapping[str, int] | None = None) -> Lineage:
     """The lineage of `record_id` among `found`.
+
+    `trained`: per record id, the epochs it actually trained, where that is known and not its
+    job's planned epochs (a provisional record of a pruned or stopped trial: its history's last
+    evaluation, `trained_epochs`).
 
     Raises:
         KeyError: `record_id` is not among `found`.
     """
     by_id: dict[str, records.ZooRecord] = {r.id: r for r in found}
+    epochs = {rec_id: _epochs(rec) for rec_id, rec in by_id.items()}
+    epochs.update((rec_id, n) for rec_id, n in (trained or {}).items() if rec_id in by_id)
     if record_id not in by_id:
         raise KeyError(record_id)
     children: dict[str, list[records.ZooRecord]] = {}
@@ -99,8 +115,8 @@ def lineage(found: Iterable[records.ZooRecord], record_id: str) -> Lineage:
                          if c.id not in seen | {rec_id})
         return Node(record=rec, record_id=rec_id,
                     similarity=rec.similarity if rec else None,
-                    own_epochs=_epochs(rec) if rec else None,
-                    inherited_epochs=_inherited(rec, by_id, accumulated) if rec else None,
+                    own_epochs=epochs[rec_id] if rec else None,
+                    inherited_epochs=_inherited(rec, by_id, epochs, accumulated) if rec else None,
                     children=kids)
 
     # child -> parent edges; every record has at most one parent, so each family holds at
@@ -133,26 +149,34 @@ def _epochs(rec: records.ZooRecord) -> int | None:
     return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
 
 
+def trained_epochs(history: Iterable[Mapping[str, Any]]) -> int | None:
+    """The epochs a run had trained by its last evaluation (None: no evaluation says)."""
+    last = [row.get("epoch") for row in history]
+    done = [e for e in last if isinstance(e, int) and not isinstance(e, bool)]
+    return max(done) if done else None
+
+
 def _inherited(rec: records.ZooRecord, by_id: Mapping[str, records.ZooRecord],
-               memo: dict[str, float | None]) -> float | None:
+               epochs: Mapping[str, int | None], memo: dict[str, float | None]) -> float | None:
     """similarity × the parent's accumulated epochs, or None (cold, or parent unknown)."""
     if rec.parent is None or rec.similarity is None or rec.parent not in by_id:
         return None
-    total = _accumulated(rec.parent, by_id, memo, frozenset({rec.id}))
+    total = _accumulated(rec.parent, by_id, epochs, memo, frozenset({rec.id}))
     return None if total is None else rec.similarity * total
 
 
 def _accumulated(rec_id: str, by_id: Mapping[str, records.ZooRecord],
-                 memo: dict[str, float | None], seen: frozenset[str]) -> float | None:
+                 epochs: Mapping[str, int | None], memo: dict[str, float | None],
+                 seen: frozenset[str]) -> float | None:
     """Epochs a record's weights embody: its own plus what its warm start inherited."""
     if rec_id in memo:
         return memo[rec_id]
     rec = by_id[rec_id]
-    own = _epochs(rec)
+    own = epochs[rec_id]
     inherited = 0.0
     if (rec.parent is not None and rec.similarity is not None and rec.parent in by_id
             and rec.parent not in seen):
-        above = _accumulated(rec.parent, by_id, memo, seen | {rec_id})
+        above = _accumulated(rec.parent, by_id, epochs, memo, seen | {rec_id})
         inherited = rec.similarity * above if above is not None else 0.0
     memo[rec_id] = None if own is None and not inherited else (own or 0) + inherited
     return memo[rec_id]
