@@ -174,7 +174,7 @@ def test_ctrl_c_or_sigterm_checkpoints_the_running_job_and_stops(
     out, err = process.communicate(timeout=DEADLINE_SECONDS)
     assert process.returncode == code, err
     said = " ".join((err + out).split())
-    assert "digits-long: stopped; its last checkpoint is kept, `kiln run` again resumes it" in said
+    assert "digits-long: stopped; any checkpoint it saved is kept, `kiln run` again resumes it" in said
     assert "trainer exited with code" not in said
     assert checkpoint.exists()
     assert "Traceback" not in err

@@ -258,7 +258,7 @@ def _run_one(
     if interrupted or (result is None and code in contract.INTERRUPTED_EXIT_CODES):
         # Ctrl-C signals the whole process group: the trainer may see it first, save its
         # checkpoint and exit 130 before (or, with SIGINT ignored here, instead of) us.
-        console.print(f"[yellow]{escape(job.name)}: stopped; its last checkpoint is kept, "
+        console.print(f"[yellow]{escape(job.name)}: stopped; any checkpoint it saved is kept, "
                       "`kiln run` again resumes it[/]")
         raise KeyboardInterrupt
     if result is None or code != 0:

@@ -484,8 +484,8 @@ class _Run:
         if live.result is None or code != 0:
             if live.result is None and (code in contract.INTERRUPTED_EXIT_CODES or live.stopped):
                 self.record[name]["state"] = "stopped"
-                self.console.print(f"[yellow]{escape(name)}: stopped; its last checkpoint is "
-                                   "kept, `kiln run` again resumes it[/]")
+                self.console.print(f"[yellow]{escape(name)}: stopped; any checkpoint it saved "
+                                   "is kept, `kiln run` again resumes it[/]")
                 raise _Interrupted(name)
             self.record[name]["state"] = "failed"
             log_path = self.work_dir / f"{name}.log"
@@ -561,7 +561,7 @@ class _Run:
         for name, live in list(self.live.items()):
             live.log.close()
             self._record(name, live, state="stopped", code=live.process.returncode)
-            self.console.print(f"[yellow]{escape(name)}: {why}; its last checkpoint is kept, "
+            self.console.print(f"[yellow]{escape(name)}: {why}; any checkpoint it saved is kept, "
                                "`kiln run` again resumes it[/]")
         self.live.clear()
 

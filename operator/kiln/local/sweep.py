@@ -537,7 +537,7 @@ class SweepRun:
             self._end(lv.index, _State.PRUNED, why=lv.stopping or "",
                       pruned_at=lv.verdict.pruned_at() if lv.verdict else None)
         elif interrupted or code in contract.INTERRUPTED_EXIT_CODES:
-            self.say(f"{lv.job.name}: stopped; its last checkpoint is kept")
+            self.say(f"{lv.job.name}: stopped; any checkpoint it saved is kept")
             if not interrupted:
                 raise _Interrupted(lv.job.name)
         else:

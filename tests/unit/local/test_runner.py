@@ -71,7 +71,7 @@ def test_a_trainer_stopped_by_sigint_or_sigterm_is_an_interruption(
 ) -> None:
     outcome, text = _run_with_fake_trainer(tmp_path, monkeypatch, script)
     assert isinstance(outcome, KeyboardInterrupt)
-    assert "fake: stopped; its last checkpoint is kept, `kiln run` again resumes it" in text
+    assert "fake: stopped; any checkpoint it saved is kept, `kiln run` again resumes it" in text
 
 
 @pytest.mark.process

@@ -146,7 +146,7 @@ def test_a_failed_trainer_stops_the_others_and_queued_jobs_never_start(
     assert isinstance(failed, runner.TrainerFailed) and failed.job_name == "b"
     assert "boom" in str(failed)
     assert [j["state"] for j in record["jobs"]] == ["stopped", "failed", "not started"]
-    assert "a: stopped because another job failed; its last checkpoint is kept" in text
+    assert "a: stopped because another job failed; any checkpoint it saved is kept" in text
 
 
 @pytest.mark.process
@@ -160,7 +160,7 @@ def test_an_own_command_not_on_path_fails_its_job_as_any_failed_trainer(
     assert "b: spec.template.command: cannot run 'no-such-command-xyz': not found on PATH" in \
         str(failed)
     assert [j["state"] for j in record["jobs"]] == ["stopped", "failed", "not started"]
-    assert "a: stopped because another job failed; its last checkpoint is kept" in text
+    assert "a: stopped because another job failed; any checkpoint it saved is kept" in text
 
 
 @pytest.mark.parametrize("stopped", [pytest.param(STOPPED, id="exit-130"),
@@ -173,8 +173,8 @@ def test_a_trainer_stopped_by_a_signal_interrupts_the_whole_run(
     outcome, text, record, _ = _run(tmp_path, monkeypatch, the_plan, {"a": LONG, "b": stopped})
     assert isinstance(outcome, KeyboardInterrupt)
     assert [j["state"] for j in record["jobs"]] == ["stopped", "stopped"]
-    assert "b: stopped; its last checkpoint is kept" in text
-    assert "a: stopped; its last checkpoint is kept" in text
+    assert "b: stopped; any checkpoint it saved is kept" in text
+    assert "a: stopped; any checkpoint it saved is kept" in text
 
 
 @pytest.mark.process
@@ -192,7 +192,7 @@ def test_ctrl_c_in_the_runner_stops_every_running_trainer(
     assert [j["state"] for j in record["jobs"]] == ["stopped", "stopped", "not started"]
     # 143 once a fake trainer has set its handler, -15 if SIGTERM came before.
     assert all(j["exit_code"] in contract.INTERRUPTED_EXIT_CODES for j in record["jobs"][:2])
-    assert text.count("stopped; its last checkpoint is kept") == 2
+    assert text.count("stopped; any checkpoint it saved is kept") == 2
 
 
 def test_every_lock_is_taken_before_any_trainer_starts(
