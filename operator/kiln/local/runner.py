@@ -33,7 +33,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from kiln import api, contract
 from kiln.local import zygote
-from kiln.zoo import sources
+from kiln.zoo import sources, store
 
 # How long a trainer gets to write its checkpoint after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
@@ -162,7 +162,7 @@ def run_jobs(
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    with job_locks(jobs, work_dir):
+    with job_locks(jobs, work_dir, zoo_uri=zoo_uri):
         for job in jobs:
             result = _run_one(job, zoo_uri=zoo_uri, work_dir=work_dir, console=console, env=env)
             outcomes.append(JobOutcome(job.name, job.spec.model.label, result,
@@ -171,21 +171,42 @@ def run_jobs(
 
 
 @contextlib.contextmanager
-def job_locks(jobs: list[api.TrainingJob], work_dir: Path) -> Iterator[None]:
+def job_locks(jobs: list[api.TrainingJob], work_dir: Path, *,
+              zoo_uri: str | None = None) -> Iterator[None]:
     """Hold every job's lock (`lock`) while in the block; all are taken before any
-    training, so a clash wastes no work.
+    training, so a clash wastes no work. On a directory zoo each job is also locked there
+    (``locks/<namespace>/<job>.lock``): its checkpoint lives in the zoo, so a run of the same
+    job from another directory would resume it and race this one on it.
 
     Raises:
         JobBusy: another process holds one of them (none is kept).
     """
+    shared = _zoo_dir(zoo_uri)
     with contextlib.ExitStack() as locks:
         for job in jobs:
             locks.enter_context(lock(work_dir / f"{job.name}.lock", job.name))
+            if shared is not None:
+                path = shared / "locks" / job.namespace / f"{job.name}.lock"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(lock(path, job.name, where=(
+                    f"with zoo {shared}, whose checkpoint of it both would resume")))
         yield
 
 
+def _zoo_dir(zoo_uri: str | None) -> Path | None:
+    """The directory of a directory zoo (None: none, or an S3 zoo)."""
+    if zoo_uri is None:
+        return None
+    try:
+        opened = store.open_store(zoo_uri, env={})
+    except ValueError:  # s3:// without the endpoint that `env` would give: not a directory
+        return None
+    return opened.root if isinstance(opened, store.DirStore) else None
+
+
 @contextlib.contextmanager
-def lock(path: Path, name: str, *, kind: str = "job") -> Iterator[None]:
+def lock(path: Path, name: str, *, kind: str = "job",
+         where: str = "from this directory") -> Iterator[None]:
     """Hold an exclusive lock on `path` for the `kind` (job, sweep) `name` while in the block,
     without waiting; `<path>.pid` names the holder.
 
@@ -205,7 +226,7 @@ def lock(path: Path, name: str, *, kind: str = "job") -> Iterator[None]:
         except OSError:  # between the holder's lock and its pid: rare, and only for the message
             holder = "unknown"
         raise JobBusy(
-            f"{kind} {name} is already running (pid {holder}) from this directory; wait "
+            f"{kind} {name} is already running (pid {holder}) {where}; wait "
             f"for it to finish or stop it (its lock: {path})"
         ) from None
     except OSError as exc:  # a file system that refuses locks altogether: run unguarded

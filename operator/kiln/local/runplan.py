@@ -98,7 +98,7 @@ def profile_jobs(
     entries = profilecache.read_cache(profile_cache) if profile_cache is not None else {}
     work_dir.mkdir(parents=True, exist_ok=True)
     out = {}
-    with runner.job_locks(wanted, work_dir):
+    with runner.job_locks(wanted, work_dir, zoo_uri=zoo_uri):
         for job in wanted:
             found = _profile_one(job, devices=devices, zoo_uri=zoo_uri, work_dir=work_dir,
                                  console=console, env=env or {})
@@ -355,7 +355,7 @@ def run_planned(
     work_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(list(jobs), the_plan, dict(configs), devices, zoo_uri, work_dir, console, env or {},
                decisions={n: p.warm_start for n, p in (profiled or {}).items() if p.warm_start})
-    with runner.job_locks(list(jobs), work_dir):
+    with runner.job_locks(list(jobs), work_dir, zoo_uri=zoo_uri):
         try:
             with runner.new_progress(console) as progress:
                 run.loop(progress)

@@ -51,7 +51,7 @@ def _run_with_fake_trainer(
     out = io.StringIO()
     console = Console(file=out, width=200)
     try:
-        outcome: Any = runner.run_jobs([JOB], zoo_uri="zoo", work_dir=tmp_path, console=console)
+        outcome: Any = runner.run_jobs([JOB], zoo_uri=str(tmp_path / "zoo"), work_dir=tmp_path, console=console)
     except (KeyboardInterrupt, runner.TrainerFailed) as exc:
         outcome = exc
     return outcome, out.getvalue()
@@ -139,7 +139,26 @@ def test_a_held_job_lock_stops_run_jobs_before_any_trainer_starts(
 
     monkeypatch.setattr(subprocess, "Popen", no_trainer)
     with runner.lock(tmp_path / "fake.lock", "fake"), pytest.raises(runner.JobBusy):
-        runner.run_jobs([JOB], zoo_uri="zoo", work_dir=tmp_path, console=Console())
+        runner.run_jobs([JOB], zoo_uri=str(tmp_path / "zoo"), work_dir=tmp_path, console=Console())
+
+
+def test_the_same_job_from_another_directory_on_the_same_directory_zoo_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its checkpoint lives in the zoo: a second run would resume it and race the first.
+    def no_trainer(*_: object, **__: object) -> None:
+        raise AssertionError("no trainer may start")
+
+    zoo = tmp_path / "zoo"
+    with runner.job_locks([JOB], tmp_path / "a", zoo_uri=str(zoo)):
+        monkeypatch.setattr(subprocess, "Popen", no_trainer)
+        with pytest.raises(runner.JobBusy, match=f"with zoo {zoo}"):
+            runner.run_jobs([JOB], zoo_uri=str(zoo), work_dir=tmp_path / "b",
+                            console=Console())
+    with runner.job_locks([JOB], tmp_path / "b", zoo_uri=str(zoo)):  # released, and
+        pass  # an S3 zoo (not a directory) takes no lock here:
+    with runner.job_locks([JOB], tmp_path / "c", zoo_uri="s3://bucket"):
+        pass
 
 
 def test_trainers_get_each_job_files_folder_first_on_pythonpath_then_the_users(
@@ -184,7 +203,7 @@ def test_an_own_command_not_on_path_fails_the_job_naming_the_field(tmp_path: Pat
     job = api.parse_job({**api.to_wire(JOB), "spec": {
         **api.to_wire(JOB)["spec"], "template": {"command": ["no-such-command-xyz", "--fast"]}}})
     with pytest.raises(runner.TrainerFailed) as caught:
-        runner.run_jobs([job], zoo_uri="zoo", work_dir=tmp_path, console=Console(file=io.StringIO()))
+        runner.run_jobs([job], zoo_uri=str(tmp_path / "zoo"), work_dir=tmp_path, console=Console(file=io.StringIO()))
     assert caught.value.exit_code == 127
     assert str(caught.value) == ("job fake: spec.template.command: cannot run "
                                  "'no-such-command-xyz': not found on PATH; install it or give "

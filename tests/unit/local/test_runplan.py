@@ -89,7 +89,7 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, the_plan: types.Plan,
     out = io.StringIO()
     try:
         outcome: Any = runplan.run_planned(
-            jobs, the_plan=the_plan, configs=configs, devices=devices, zoo_uri="zoo",
+            jobs, the_plan=the_plan, configs=configs, devices=devices, zoo_uri=str(tmp_path / "zoo"),
             work_dir=tmp_path, console=Console(file=out, width=200))
     except (KeyboardInterrupt, runner.TrainerFailed) as exc:
         outcome = exc
@@ -206,7 +206,7 @@ def test_every_lock_is_taken_before_any_trainer_starts(
     devices = machine.Devices("cpu", 2, 1, None)
     with runner.lock(tmp_path / "b.lock", "b"), pytest.raises(runner.JobBusy):
         runplan.run_planned([_job("a"), _job("b")], the_plan=the_plan, configs={},
-                            devices=devices, zoo_uri="zoo", work_dir=tmp_path,
+                            devices=devices, zoo_uri=str(tmp_path / "zoo"), work_dir=tmp_path,
                             console=Console(file=io.StringIO()))
 
 
@@ -296,7 +296,7 @@ def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[api.Tra
     out = io.StringIO()
     try:
         profiled: Any = runplan.profile_jobs(
-            jobs, devices=machine.Devices("cpu", 2, 3, None), zoo_uri="zoo",
+            jobs, devices=machine.Devices("cpu", 2, 3, None), zoo_uri=str(tmp_path / "zoo"),
             work_dir=tmp_path / "runs", console=Console(file=out, width=300),
             profile_cache=tmp_path / "profiles.json", env={"PYTHONPATH": "/jobs"})
     except (KeyboardInterrupt, runner.TrainerFailed) as exc:
@@ -401,7 +401,7 @@ def test_a_profiled_decision_reaches_its_trainer_until_a_job_of_the_run_register
         [_job(n) for n in "abc"], the_plan=the_plan,
         configs={a.job: (types.Config("single", 1, a.seconds, "profile"),)
                  for a in the_plan.assignments},
-        devices=machine.Devices("cpu", 2, 1, None), zoo_uri="zoo", work_dir=tmp_path,
+        devices=machine.Devices("cpu", 2, 1, None), zoo_uri=str(tmp_path / "zoo"), work_dir=tmp_path,
         console=Console(file=io.StringIO()), profiled=profiled)
     by_job = {Path(c[c.index("--job") + 1]).stem: c for c in commands}
     for name in "ab":
