@@ -764,6 +764,12 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
     claims = _claims(zoo.list_keys(CLAIMS_PREFIX))
     records = []
     for record_id, names in sorted(names_by_id.items()):
+        try:
+            check_id(record_id)
+        except ValueError as exc:  # `kiln zoo rm` takes ids only: say how to remove it
+            _skip(record_id, f"its folder name is no record id ({exc}), so it is no Kiln "
+                  f"record; delete {MODELS_PREFIX}{record_id}/ from the store itself", zoo)
+            continue
         missing = [n for n in (META_NAME, WEIGHTS_NAME, GRAPH_NAME) if n not in names]
         if META_NAME in missing:
             _skip(record_id, f"has no {META_NAME} (half-written, or being deleted)", zoo)

@@ -508,7 +508,9 @@ def test_listing_skips_folders_whose_names_are_not_ids(tmp_path: Path) -> None:
     records.write_record(zoo, _record(), _weights(), {})
     for name in ("meta.json", "weights.safetensors", "graph.json"):
         zoo.put_bytes(f"models/-bad/{name}", b"{}")
-    with pytest.warns(records.SkippedRecordWarning, match="zoo record -bad .* skipped"):
+    with pytest.warns(records.SkippedRecordWarning,
+                      match="zoo record -bad .* skipped: its folder name is no record id .*"
+                            "delete models/-bad/ from the store itself"):
         listed = records.list_records(zoo)
     assert [r.id for r in listed] == ["small_resnet-0badc0de"]
 
