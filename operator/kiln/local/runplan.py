@@ -293,8 +293,9 @@ def replan_summary(before: Mapping[str, types.Assignment],
                and (was.parallelism, was.gpus) != (a.parallelism, a.gpus)]
     if changed:
         return "re-planned with measured speeds: " + "; ".join(changed)
-    order = ", ".join(a.job for a in sorted(after, key=lambda a: (a.start, a.job)))
-    return f"re-planned with measured speeds: same configs, start order {order}"
+    starts = ", ".join(f"{a.job} at {a.start:.0f} s"
+                       for a in sorted(after, key=lambda a: (a.start, a.job)))
+    return f"re-planned with measured speeds: same configs, planned starts {starts}"
 
 
 def source_of(configs: Sequence[types.Config], a: types.Assignment) -> str:

@@ -224,7 +224,7 @@ def test_a_replan_says_which_queued_jobs_changed_config_and_when_they_start() ->
         "re-planned with measured speeds: b now single×1 (was ddp×2), planned start 10 s")
     same = _plan(("c", 1, 10.0, 5.0), ("b", 2, 15.0, 5.0)).assignments
     assert runplan.replan_summary(before, same) == (
-        "re-planned with measured speeds: same configs, start order c, b")
+        "re-planned with measured speeds: same configs, planned starts c at 10 s, b at 15 s")
 
 
 def test_without_a_multi_process_trainer_only_single_is_planned() -> None:
