@@ -28,6 +28,10 @@ DEFAULT_HALF_LIFE_SECONDS = 7 * 24 * 3600.0
 """A hit's weight halves every week: a parent chosen often last month counts less than one
 chosen twice yesterday."""
 
+# A record's created_time is written by its trainer pod (user code): one later than the survey's
+# time by more than clock skew is not believed, or it would count as a fresh registration forever.
+CLOCK_SKEW = datetime.timedelta(hours=1)
+
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -207,13 +211,15 @@ def survey(
         created = datetime.datetime.fromisoformat(record.created_time)
         created = created if created.tzinfo else created.replace(tzinfo=datetime.UTC)
         abandoned = record.provisional and (record.namespace, record.job_name) not in running
+        # A pod's word: a time in the future counts no registration hit (it never decays).
+        registered = None if abandoned or created > now + CLOCK_SKEW else created
         why = protect.get(record.id, "") or bases.get(record.id, "")
         if not why and record.provisional and not abandoned:
             why = f"provisional record of running job {record.namespace}/{record.job_name}"
         found = hits.get(record.id, [])
         entries.append(Entry(
             record=record, size_bytes=size, hits=len(found), protected=why,
-            value=value(found, created=None if abandoned else created, now=now,
+            value=value(found, created=registered, now=now,
                         half_life_seconds=half_life_seconds)))
     return entries
 

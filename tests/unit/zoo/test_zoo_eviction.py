@@ -118,6 +118,22 @@ def test_a_job_of_the_same_name_in_another_namespace_keeps_no_provisional_record
     assert [e.record.id for e in chosen.evict] == ["abandoned-00000001"]
 
 
+def test_a_created_time_in_the_future_counts_no_registration_and_never_outlasts_others(
+        zoo: store.DirStore) -> None:
+    # A trainer pod writes its record's created_time: one far in the future would weigh as a
+    # registration of this moment forever, so another team's newer model went first.
+    add(zoo, "forged-00000001", floats=1000, days_old=-365 * 100, namespace="team-a")
+    add(zoo, "honest-00000002", floats=1000, days_old=1, namespace="team-b")
+    add(zoo, "skewed-00000003", floats=1000, days_old=-0.01, namespace="team-c")  # 15 min
+    entries = eviction.survey(zoo, now=NOW, half_life_seconds=7 * DAY_SECONDS)
+    worth = {e.record.id: e.value for e in entries}
+    assert worth["forged-00000001"] == 0.0
+    assert worth["skewed-00000003"] == pytest.approx(1.0)  # clock skew is believed
+    total = sum(sizes(zoo).values())
+    chosen = eviction.plan(entries, capacity_bytes=total - 1)
+    assert [e.record.id for e in chosen.evict] == ["forged-00000001"]
+
+
 def test_carry_out_deletes_records_and_their_hits(zoo: store.DirStore) -> None:
     add(zoo, "gone-00000001", floats=2000)
     add(zoo, "kept-00000002", floats=10)
