@@ -15,6 +15,7 @@ import pytest
 from kubesim import emulator
 from zoofactory import add, hit
 
+from kiln import api
 from kiln.controller import handlers, main
 from kiln.zoo import records, store
 
@@ -39,20 +40,24 @@ def _job(name: str, *, parent: str = "auto", status: dict[str, Any] | None = Non
 def test_operator_eviction_keeps_live_parents_and_running_provisional_records(
         tmp_path: Path) -> None:
     zoo = store.DirStore(tmp_path / "zoo")
-    for record_id in ("decided-00000001", "pinned-00000002", "finished-00000003",
-                      "spare-00000004"):
+    for record_id in ("decided-00000001", "finished-00000003", "spare-00000004"):
         add(zoo, record_id, floats=3000, days_old=400)  # old and never chosen: worth least
+    add(zoo, "pinned-00000002", floats=3000, days_old=400, namespace="team-b")  # its pinner's
     add(zoo, "provisional-00000005", floats=3000, days_old=400, provisional=True,
         job_name="running", namespace="team-a")
     # Job "running" of team-b is gone: a live job of that name in team-a keeps this one no more.
     add(zoo, "provisional-00000007", floats=3000, days_old=400, provisional=True,
         job_name="running", namespace="team-b")
+    # Team-c's private model, pinned by a team-a job not yet admitted: naming it keeps nothing.
+    add(zoo, "private-00000008", floats=3000, days_old=400, namespace="team-c",
+        share=api.ZooShare.PRIVATE)
     add(zoo, "popular-00000006", floats=3000)
     hit(zoo, "popular-00000006", days_ago=0, times=5)
     with emulator.Emulator() as cluster:
         cluster.client.create_job("team-a", _job("running", status={
             "warmStart": {"parent": "decided-00000001"}}))
         cluster.client.create_job("team-b", _job("pinned", parent="pinned-00000002"))
+        cluster.client.create_job("team-a", _job("pins-theirs", parent="private-00000008"))
         cluster.client.create_job("team-a", _job("done", status={
             **SUCCEEDED, "warmStart": {"parent": "finished-00000003"}}))
         options = main.options_from_args(main.build_parser().parse_args(
