@@ -18,7 +18,7 @@ import kopf
 
 from kiln import api, contract
 from kiln.controller import kube, pods, status
-from kiln.zoo import access, presigned, records, store
+from kiln.zoo import access, eviction, presigned, records, store
 
 MINTED_ANNOTATION = "kiln.dev/zoo-access-minted"
 EXPIRES_ANNOTATION = "kiln.dev/zoo-access-expires"
@@ -28,6 +28,17 @@ EXPIRES_ANNOTATION = "kiln.dev/zoo-access-expires"
 MAX_VISIBLE_RECORDS = 256
 MAX_MANIFEST_BYTES = 900_000
 _log = logging.getLogger(__name__)
+
+
+def newest_visible(found: list[records.ZooRecord], namespace: str, *,
+                   now: datetime.datetime) -> list[str]:
+    """The ids of the newest `MAX_VISIBLE_RECORDS` records `namespace` may see, by their
+    created_time; one dated more than clock skew ahead of `now` comes last (a pod writes that
+    time: dated ahead, one namespace's records would crowd every other's out)."""
+    ahead = (now + eviction.CLOCK_SKEW).strftime("%Y-%m-%dT%H:%M:%SZ")
+    seen = sorted((r for r in found if r.visible_to(namespace)),
+                  key=lambda r: (r.created_time <= ahead, r.created_time), reverse=True)
+    return [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
 
 
 class ZooAccess:
@@ -71,6 +82,8 @@ class ZooAccess:
         Raises:
             store.StoreUnavailable: the zoo could not be read or asked for its region.
             store.StoreMisconfigured: the operator's credential was refused.
+            records.IdTaken: the job's record id is claimed for another job (nothing is
+                signed: its pods wait, and the log says to create the job again).
         """
         zoo = self.zoo
         if not isinstance(zoo, store.S3Store):
@@ -85,9 +98,7 @@ class ZooAccess:
         visible: list[str] = []
         if _searches(decided):
             found = await asyncio.to_thread(records.list_records, zoo)
-            seen = sorted((r for r in found if r.visible_to(job.namespace)),
-                          key=lambda r: r.created_time, reverse=True)
-            visible = [r.id for r in seen[:MAX_VISIBLE_RECORDS]]
+            visible = newest_visible(found, job.namespace, now=now)
         record = records.job_record_id(job.spec.model.label, str(meta.get("uid") or ""))
         imports = job.spec.model.pretrained is not None and job.spec.training.peft is not None
         # Before its pod may write there: a record under these ids naming another namespace

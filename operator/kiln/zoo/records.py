@@ -457,6 +457,10 @@ CLAIMS_PREFIX = "claims/"
 _log = logging.getLogger(__name__)
 
 
+class IdTaken(ValueError):
+    """A record id the operator would reserve for a job is claimed for another job already."""
+
+
 class SkippedRecordWarning(UserWarning):
     """`list_records` left out a record it could not use; the message names it and says why."""
 
@@ -619,16 +623,31 @@ def read_record(zoo: store.ObjectStore, record_id: str) -> ZooRecord:
             or job than the one the operator reserved the id for (`write_claim`).
         StoreUnavailable: the store failed.
     """
-    claims = _claims(zoo.list_keys(f"{CLAIMS_PREFIX}{check_id(record_id)}/"))
-    return _read_record(zoo, record_id, claims.get(record_id, set()))
+    return _read_record(zoo, record_id, claims_of(zoo, record_id))
 
 
 def write_claim(zoo: store.ObjectStore, record_id: str, namespace: str, job_name: str) -> None:
     """Say, under a key no trainer pod is granted, that the operator reserved `record_id` for
     `namespace`/`job_name`: a pod writes its record's meta.json itself, so one claiming another
     namespace or job there is refused wherever records are read (`read_record`,
-    `list_records`), and can never pass as another team's model."""
+    `list_records`), and can never pass as another team's model.
+
+    Raises:
+        IdTaken: the id is claimed for another job already (two job uids alike in the digits
+            the id takes): the two must never share one record.
+    """
+    others = claims_of(zoo, record_id) - {(namespace, job_name)}
+    if others:
+        raise IdTaken(f"zoo record id {record_id} is reserved for "
+                      f"{', '.join(f'{ns}/{job}' for ns, job in sorted(others))} already; "
+                      f"delete job {namespace}/{job_name} and create it again (a new uid "
+                      "gives a new id)")
     zoo.put_bytes(f"{CLAIMS_PREFIX}{check_id(record_id)}/{namespace}/{job_name}", b"")
+
+
+def claims_of(zoo: store.ObjectStore, record_id: str) -> set[tuple[str, str]]:
+    """The (namespace, job) pairs the operator reserved `record_id` for (`write_claim`)."""
+    return _claims(zoo.list_keys(f"{CLAIMS_PREFIX}{check_id(record_id)}/")).get(record_id, set())
 
 
 def _claims(keys: Iterable[str]) -> dict[str, set[tuple[str, str]]]:

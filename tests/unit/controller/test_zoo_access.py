@@ -143,3 +143,15 @@ def _any_record(record_id: str) -> records.ZooRecord:
         similarity=None, created_time="2026-01-02T03:04:05Z", job_name="x",
         job_spec={"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob"})
 
+
+
+def test_a_record_dated_in_the_future_never_crowds_others_out_of_a_searching_pods_urls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zoo_access, "MAX_VISIBLE_RECORDS", 2)
+    found = [dataclasses.replace(_any_record(f"small_cnn-0000000{i}"), created_time=created,
+                                 share=api.ZooShare.SHARED)
+             for i, created in enumerate(["9999-12-31T23:59:59Z", "2026-01-02T02:00:00Z",
+                                          "2026-01-01T00:00:00Z", "2026-01-02T03:30:00Z"])]
+    # Within the hour of clock skew a later time is believed; years ahead is not.
+    assert zoo_access.newest_visible(found, "team-b", now=NOW) == [
+        "small_cnn-00000003", "small_cnn-00000001"]

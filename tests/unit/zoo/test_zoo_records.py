@@ -565,3 +565,14 @@ def test_a_write_that_fails_midway_leaves_no_half_written_record_behind(
     rec = records.write_record(zoo, _record(), _weights(), {"nodes": []}, history=[])
     assert records.read_history(zoo, rec) == []  # an empty history is still written
     assert [r.id for r in records.list_records(zoo)] == ["small_resnet-0badc0de"]
+
+
+def test_an_id_claimed_for_one_job_is_never_claimed_for_another(tmp_path: Path) -> None:
+    # Two job uids alike in the 8 hex digits an id takes: the second job gets no claim.
+    zoo = store.DirStore(tmp_path)
+    records.write_claim(zoo, "small_cnn-1f2e3d4c", "team-a", "first")
+    records.write_claim(zoo, "small_cnn-1f2e3d4c", "team-a", "first")  # its own again: fine
+    with pytest.raises(records.IdTaken, match="reserved for team-a/first already; delete job "
+                                              "team-b/second and create it again"):
+        records.write_claim(zoo, "small_cnn-1f2e3d4c", "team-b", "second")
+    assert records.claims_of(zoo, "small_cnn-1f2e3d4c") == {("team-a", "first")}
