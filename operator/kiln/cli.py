@@ -1073,9 +1073,10 @@ def _cmd_zoo_lineage(args: argparse.Namespace, console: Console) -> int:
     model_id = _model_id(args.model_id)
     zoo = _open_zoo(args)
     listed = records.list_records(zoo)
+    relatives = lineage.family(listed, model_id)
     try:
-        found = lineage.lineage(listed, model_id)
-        found = lineage.lineage(listed, model_id, trained=_trained_epochs(zoo, found.records()))
+        found = lineage.lineage(listed, model_id, trained=_trained_epochs(
+            zoo, [r for r in listed if r.id in relatives]))
     except KeyError:
         if zoo.list_keys(records.record_prefix(model_id)):  # there, but skipped as unusable
             raise UsageError(f"zoo record {model_id} in {zoo.describe()} is unusable (the "

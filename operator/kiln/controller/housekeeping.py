@@ -268,8 +268,8 @@ async def live_zoo_use(deps: lifecycle.Deps
         # spec edited later, or a pod's report, protects nothing).
         pinned = None if warm else (((body.get("spec") or {}).get("warmStart") or {}).get(
             "parent"))
-        if isinstance(pinned, str) and pinned != "auto" and not await _visible(
-                deps.parents.zoo, pinned, str(meta.get("namespace") or "")):
+        if isinstance(pinned, str) and pinned != "auto" and not await asyncio.to_thread(
+                records.visible_ids, deps.parents.zoo, [pinned], str(meta.get("namespace") or "")):
             pinned = None  # another namespace's private model: naming it keeps nothing
         used = [warm.get("parent"), *(warm.get("alternatives") or []), pinned]
         for record_id in used:
@@ -277,11 +277,3 @@ async def live_zoo_use(deps: lifecycle.Deps
                 protect.setdefault(record_id, f"parent of live job {meta.get('namespace')}/{name}")
     return protect, running
 
-
-async def _visible(zoo: store.ObjectStore, record_id: str, namespace: str) -> bool:
-    """Whether `namespace` may see the record (False when it is missing or damaged)."""
-    try:
-        found = await asyncio.to_thread(records.read_record, zoo, record_id)
-    except (ValueError, store.ObjectNotFound):
-        return False
-    return found.visible_to(namespace)

@@ -94,7 +94,7 @@ class ZooAccess:
             p for p in (decided.parent, *decided.alternatives) if p]
         # The status a re-signing reads them from is writable by more than the operator: only
         # records the job's namespace may see get URLs.
-        readable = await asyncio.to_thread(_visible_ids, zoo, named, job.namespace)
+        readable = await asyncio.to_thread(records.visible_ids, zoo, named, job.namespace)
         visible: list[str] = []
         if _searches(decided):
             found = await asyncio.to_thread(records.list_records, zoo)
@@ -199,19 +199,6 @@ def sign_within_budget(zoo: store.S3Store, grants: Callable[[list[str]], presign
         if len(manifest.to_json()) <= MAX_MANIFEST_BYTES or not visible:
             return manifest
         visible = visible[: len(visible) // 2]
-
-
-def _visible_ids(zoo: store.ObjectStore, ids: list[str], namespace: str) -> list[str]:
-    """The records of `ids` that exist, are readable and that `namespace` may see."""
-    kept = []
-    for record_id in ids:
-        try:
-            if records.read_record(zoo, record_id).visible_to(namespace):
-                kept.append(record_id)
-        except (KeyError, ValueError):  # missing, or damaged (CorruptRecord)
-            _log.info("zoo access for %s: record %s is missing or unreadable; no URLs for it",
-                      namespace, record_id)
-    return kept
 
 
 def build_secret(owner: Mapping[str, Any], job: api.TrainingJob, manifest: presigned.Manifest,

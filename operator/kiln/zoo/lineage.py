@@ -72,13 +72,6 @@ class Lineage:
     tree: Node
     cycles: tuple[tuple[str, ...], ...] = ()
 
-    def records(self) -> list[records.ZooRecord]:
-        """Every record in it that is still in the zoo: ancestors, the record, descendants."""
-        def subtree(node: Node) -> list[Node]:
-            return [node, *(n for child in node.children for n in subtree(child))]
-
-        return [n.record for n in (*self.ancestors, *subtree(self.tree)) if n.record is not None]
-
     def to_json(self) -> dict[str, Any]:
         return {"ancestors": [dict(n.to_json(), children=[]) for n in self.ancestors],
                 "tree": self.tree.to_json(), "cycles": [list(c) for c in self.cycles]}
@@ -119,10 +112,9 @@ def lineage(found: Iterable[records.ZooRecord], record_id: str, *,
                     inherited_epochs=_inherited(rec, by_id, epochs, accumulated) if rec else None,
                     children=kids)
 
-    # child -> parent edges; every record has at most one parent, so each family holds at
-    # most one cycle, and a cycle's records appear once: in the subtree or among the ancestors
-    graph = nx.DiGraph((rec.id, rec.parent) for rec in by_id.values() if rec.parent is not None)
-    graph.add_node(record_id)
+    # every record has at most one parent, so each family holds at most one cycle, and a
+    # cycle's records appear once: in the subtree or among the ancestors
+    graph = _parent_graph(by_id.values(), record_id)
     family = nx.node_connected_component(graph.to_undirected(as_view=True), record_id)
     cycles = tuple(_canonical(cycle) for cycle in nx.simple_cycles(graph.subgraph(family)))
     chain: list[Node] = []
@@ -149,11 +141,25 @@ def _epochs(rec: records.ZooRecord) -> int | None:
     return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
 
 
+def family(found: Iterable[records.ZooRecord], record_id: str) -> set[str]:
+    """The ids of every relative of `record_id` among `found` (itself included): all a
+    lineage of it may show or count."""
+    graph = _parent_graph(found, record_id)
+    return set(nx.node_connected_component(graph.to_undirected(as_view=True), record_id))
+
+
+def _parent_graph(found: Iterable[records.ZooRecord], record_id: str) -> nx.DiGraph:
+    """Child -> parent edges of `found`, with `record_id` as a node even if it has none."""
+    graph = nx.DiGraph((rec.id, rec.parent) for rec in found if rec.parent is not None)
+    graph.add_node(record_id)
+    return graph
+
+
 def trained_epochs(history: Iterable[Mapping[str, Any]]) -> int | None:
     """The epochs a run had trained by its last evaluation (None: no evaluation says)."""
-    last = [row.get("epoch") for row in history]
-    done = [e for e in last if isinstance(e, int) and not isinstance(e, bool)]
-    return max(done) if done else None
+    epochs = [e for e in (row.get("epoch") for row in history)
+              if isinstance(e, int) and not isinstance(e, bool)]
+    return max(epochs) if epochs else None
 
 
 def _inherited(rec: records.ZooRecord, by_id: Mapping[str, records.ZooRecord],

@@ -765,6 +765,23 @@ def verify_record(zoo: store.ObjectStore, record_id: str) -> ZooRecord:
     return record
 
 
+def visible_ids(zoo: store.ObjectStore, ids: Iterable[str], namespace: str) -> list[str]:
+    """The records of `ids` that exist, are readable and that `namespace` may see, in order.
+
+    Raises:
+        StoreUnavailable: the store failed.
+    """
+    kept = []
+    for record_id in ids:
+        try:
+            if read_record(zoo, record_id).visible_to(namespace):
+                kept.append(record_id)
+        except (store.ObjectNotFound, ValueError):  # missing, or damaged (CorruptRecord)
+            _log.info("zoo record %s is missing or unreadable; %s may not use it", record_id,
+                      namespace)
+    return kept
+
+
 def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
     """Every usable record, sorted by id; unusable ones are skipped with a warning.
 

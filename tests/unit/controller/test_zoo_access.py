@@ -130,7 +130,7 @@ def test_only_records_the_namespace_may_see_get_urls_whatever_the_status_names(
             {"w": torch.zeros(2)}, {"nodes": [], "edges": []})
     named = ["small_cnn-0000aaaa", "small_cnn-0000bbbb", "small_cnn-0000cccc",
              "small_cnn-0000dddd"]
-    assert zoo_access._visible_ids(zoo, named, "team-b") == [
+    assert records.visible_ids(zoo, named, "team-b") == [
         "small_cnn-0000bbbb", "small_cnn-0000cccc"]
 
 
