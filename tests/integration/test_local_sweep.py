@@ -291,3 +291,64 @@ def test_a_damaged_trial_file_is_made_again_and_the_trial_resumes(tmp_path: Path
     assert "damaged-t0.json: unreadable (" in done.stderr and "damaged-t0: resuming" in done.stderr
     (trial,) = api.sweep.parse_sweep(json.loads(done.stdout)).status.history  # type: ignore[union-attr]
     assert trial.state is api.sweep.TrialState.SUCCEEDED
+
+
+# An own command standing in for a trainer: one evaluation and a result, both reporting
+# ACCURACY (and no loss), as a user's loop may.
+REPORTING_TRAINER = '''\
+import json
+import sys
+
+from kiln import contract
+
+accuracy = float(sys.argv[1])
+progress = contract.Progress(
+    epoch=1, epochs=2, step=1, steps_per_epoch=1, train_loss=1.0,
+    validation_accuracy=accuracy, validation_loss=None, samples_per_second=None,
+    eta_seconds=None, elapsed_seconds=1.0, evaluated=True)
+result = contract.Result(
+    metric_name="validation_accuracy", metric=accuracy, validation_accuracy=accuracy,
+    validation_loss=None, wall_seconds=1.0, time_to_target_seconds=None, target_reached=True,
+    epochs_run=2, steps=2, samples_per_second=None, zoo_model=None, resumed_from_epoch=0)
+for event in (progress, result):
+    print(json.dumps({"event": event.KIND, **event.to_json()}), flush=True)
+'''
+
+
+def _reporting_sweep(tmp_path: Path, name: str, accuracy: float, **spec: Any) -> Path:
+    script = tmp_path / "trainer.py"
+    script.write_text(REPORTING_TRAINER, encoding="utf-8")
+    doc = _doc(name, warm="independent", epochs=2,
+               parameters=[{"path": "training.optimizer.lr", "float": {"min": 0.005, "max": 0.02}}],
+               maxTrials=2, parallelTrials=1, **spec)
+    doc["spec"]["template"]["template"] = {"command": ["python", str(script), str(accuracy)]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("objective", [{"target": 0.9}, {}])
+def test_an_accuracy_reported_as_a_percentage_neither_reaches_the_target_nor_ranks_a_trial(
+        tmp_path: Path, objective: dict[str, Any]) -> None:
+    file = _reporting_sweep(tmp_path, "percent", 95.0, objective=objective)
+    done = clirun.kiln("sweep", "run", str(file), "-o", "json", cwd=tmp_path, env=_env())
+    assert done.returncode == 1, done.stderr
+    assert "percent-t0: epoch 1: reported validation_accuracy 95.0, which is not a fraction " \
+           "in [0, 1]; ignored" in done.stderr
+    swept = api.sweep.parse_sweep(json.loads(done.stdout))
+    assert swept.status is not None and swept.status.best is None
+    assert [t.state for t in swept.status.history] == [api.sweep.TrialState.SUCCEEDED] * 2
+    assert all(t.metric is None and not t.evaluations for t in swept.status.history)
+    failed = next(c for c in swept.status.conditions if c.type.value == "Failed")
+    assert failed.reason == "ObjectiveNotReported"
+    assert "none that succeeded reported validation_accuracy" in failed.message
+
+
+def test_a_sweep_whose_trainer_never_reports_the_objective_fails_saying_so(
+        tmp_path: Path) -> None:
+    file = _reporting_sweep(tmp_path, "noloss", 0.5, objective={"metric": "validation_loss"})
+    done = clirun.kiln("sweep", "run", str(file), cwd=tmp_path, env=_env())
+    assert done.returncode == 1, done.stderr
+    assert "phase: Failed: All 2 trials ended and none that succeeded reported " \
+           "validation_loss, the objective" in done.stdout
+    assert "set spec.objective.metric to one it reports" in done.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -101,7 +100,8 @@ def read(job: Mapping[str, Any], objective: S.Objective, *,
     progress = status.part(st, "progress", api.ProgressStatus)
     result = status.part(st, "result", api.ResultStatus)
     warm = status.part(st, "warmStart", api.WarmStartDecision)
-    latest = _finite(getattr(progress, key))
+    # What the trainer reported, which the metric cannot take (an accuracy of 95), is none.
+    latest = S.objective_value(objective.metric, getattr(progress, key))
     suspended = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend") is True
     state, metric, message = S.TrialState.RUNNING, latest, ""
     evaluation: tuple[int, float] | None = None
@@ -110,10 +110,11 @@ def read(job: Mapping[str, Any], objective: S.Objective, *,
         state, message = S.TrialState.FAILED, failed.message if failed else ""
     elif status.is_true(st, api.ConditionType.SUCCEEDED):
         state = S.TrialState.SUCCEEDED
-        metric = _finite(getattr(result, key))
+        metric = S.objective_value(objective.metric, getattr(result, key))
         metric = latest if metric is None else metric
         if metric is not None and progress.epoch:
-            evaluation = (progress.epoch, metric)  # at the end: the epochs run
+            # at the end: the epochs run, as the trainer counts them (at most the budget)
+            evaluation = (min(progress.epoch, _epochs(job)), metric)
     elif latest is not None and progress.epoch is not None:
         epochs = _epochs(job)
         if progress.epoch < epochs and progress.epoch >= 2:
@@ -125,10 +126,6 @@ def read(job: Mapping[str, Any], objective: S.Objective, *,
     return Reading(evaluation=evaluation, state=state, metric=metric, zoo_model=zoo_model,
                    parent=warm.parent, similarity=warm.similarity if warm.parent else None,
                    message=message, suspended=suspended)
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
 
 
 def _epochs(job: Mapping[str, Any]) -> int:

@@ -144,9 +144,21 @@ def _seconds_since(text: str | None) -> float:
 
 
 def objective_of(spec: api.sweep.TrainingSweepSpec, values: dict[str, Any]) -> float | None:
-    """The objective metric in a progress event's or result's fields, or None."""
-    value = values.get(spec.objective.metric.value)
-    return float(value) if isinstance(value, int | float) else None
+    """The objective metric in a progress event's or result's fields, or None (also when it is
+    a value the metric cannot take: `api.sweep.objective_value`)."""
+    return api.sweep.objective_value(spec.objective.metric,
+                                     values.get(spec.objective.metric.value))
+
+
+def misreported(spec: api.sweep.TrainingSweepSpec, values: dict[str, Any]) -> str | None:
+    """Why the objective a trainer reported in `values` is ignored, or None when it is taken
+    (or not reported)."""
+    metric = spec.objective.metric
+    value = values.get(metric.value)
+    if value is None or objective_of(spec, values) is not None:
+        return None
+    return (f"reported {metric.value} {value!r}, which is not {api.sweep.objective_range(metric)}"
+            "; ignored (a trainer reports an accuracy as a fraction, not a percentage)")
 
 
 def conditions(old: Sequence[api.sweep.SweepCondition], standing: sweep.Standing,
@@ -387,6 +399,9 @@ class SweepRun:
 
         value = objective_of(self.spec, event.to_json())
         if value is None:
+            why = misreported(self.spec, event.to_json())
+            if why:
+                self.say(f"{lv.job.name}: epoch {event.epoch}: {why}")
             return
         trial = self.trial(lv.index)
         kept = [e for e in trial.evaluations if e[0] < event.epoch]  # a resumed run repeats
@@ -551,6 +566,9 @@ class SweepRun:
         result = lv.result or {}
         trial = self.trial(lv.index)
         metric = objective_of(self.spec, result)
+        why = misreported(self.spec, result)
+        if why:
+            self.say(f"{lv.job.name}: its result {why}")
         if metric is None and trial.evaluations:
             metric = trial.evaluations[-1][1]
         # The record a trial may name is the one reserved for it, nothing else.

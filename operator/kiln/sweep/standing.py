@@ -17,7 +17,7 @@ class Standing:
     phase: api.sweep.SweepPhase
     reason: str  # CamelCase, for the condition and events: TrialsPending, TrialsRunning,
     #              MaxTrialsReached, TargetReached, SearchExhausted, TooManyFailedTrials,
-    #              NoTrialSucceeded
+    #              NoTrialSucceeded, ObjectiveNotReported
     message: str  # one sentence with numbers
     to_start: int  # new trials that may start now (0 once ended)
 
@@ -73,6 +73,14 @@ def standing(spec: api.sweep.TrainingSweepSpec, history: Sequence[api.sweep.Tria
         # no trained model to show for it, whatever the budget says
         return Standing(counts, best, phase.FAILED, "NoTrialSucceeded",
                         f"All {counts.total} trials ended and none succeeded: {summary}.", 0)
+    if over and counts.running == 0 and not any(
+            t.state is state.SUCCEEDED and _finite(t.metric) for t in history):
+        # trained models, but nothing says which is best: the objective was never measured
+        metric = objective.metric.value
+        return Standing(counts, best, phase.FAILED, "ObjectiveNotReported",
+                        f"All {counts.total} trials ended and none that succeeded reported "
+                        f"{metric}, the objective: {summary}. Make the trainer report {metric} "
+                        "at each evaluation, or set spec.objective.metric to one it reports.", 0)
     if counts.total >= budget and counts.running == 0:
         return Standing(counts, best, phase.SUCCEEDED, "MaxTrialsReached",
                         f"All {counts.total} trials ended: {summary}.", 0)

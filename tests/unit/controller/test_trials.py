@@ -67,6 +67,25 @@ def test_an_ended_trial_takes_its_metric_and_model_from_status_result() -> None:
     assert (failed.parent, failed.similarity) == (None, None)  # cold: its best match's is moot
 
 
+def test_what_a_pod_reports_that_the_metric_cannot_take_is_no_evaluation() -> None:
+    # A trial's pod is user code: an accuracy in percent, a negative loss or an epoch past the
+    # budget would end the sweep at its target, lead its search or misdate an evaluation.
+    objective = S.Objective(target=0.9)
+    running = _job(0, status={"progress": {"epoch": 3, "validationAccuracy": 95.0}})
+    assert trials.read(running, objective).evaluation is None
+    done = _job(0, status={"conditions": [_condition("Succeeded")],
+                           "progress": {"epoch": 10**9, "validationAccuracy": 0.8},
+                           "result": {"validationAccuracy": 95.0}})
+    reading = trials.read(done, objective)
+    assert (reading.metric, reading.evaluation) == (0.8, (5, 0.8))
+    loss = S.Objective(metric=api.TargetMetric.VALIDATION_LOSS)
+    negative = _job(0, status={"conditions": [_condition("Succeeded")],
+                               "progress": {"epoch": 5, "validationLoss": -1.0},
+                               "result": {"validationLoss": -1.0}})
+    assert (trials.read(negative, loss).metric, trials.read(negative, loss).evaluation) == (
+        None, None)
+
+
 def test_a_running_trials_model_is_its_reserved_record_only_once_the_zoo_holds_it() -> None:
     job = _job(0, status={"progress": {"epoch": 2, "validationAccuracy": 0.5}})
     reserved = "small_cnn-00000000"
