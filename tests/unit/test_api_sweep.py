@@ -318,6 +318,12 @@ def test_validate_accepts_a_mixed_file(tmp_path: Path, capsys: pytest.CaptureFix
     pytest.param(("architecture: small_cnn", "architecture: small_cnnn"),
                  "spec.template.model.architecture: unknown architecture 'small_cnnn'",
                  id="template-architecture"),
+    # Values valid alone, not together: the deepest model at the widest width.
+    pytest.param(("{min: 1, max: 3}\n    - path: model.args.width\n      categorical: [8, 16]",
+                  "{min: 1, max: 150}\n    - path: model.args.width\n      categorical: [8, 4096]"),
+                 "spec.parameters: training.optimizer.lr=0.001, model.args.depth=150, "
+                 "model.args.width=4096 together make an invalid trial: spec.model.args: "
+                 "small_cnn with these args has", id="values-invalid-together"),
 ])
 def test_validate_refuses_a_bad_sweep_naming_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], expected: str

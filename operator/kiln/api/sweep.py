@@ -50,6 +50,9 @@ TRIAL_BYTES = 1024  # a trial's name, state, metric, zoo ids, prunedAt and a cap
 EVALUATION_BYTES = 40  # [epoch, value, seconds]
 TRIAL_MESSAGE_MAX_BYTES = 256  # a failed trial's message as the history keeps it
 MAX_VALUE_CHARS = 256  # a categorical string value
+# Admission builds a trial's model at each of these combinations of parameter values (on the
+# meta device): a few seconds at most.
+MAX_PROBE_POINTS = 64
 # Trials are named <sweep>-t<index>; the sweep's name leaves room for "-t199" in 63 characters.
 SWEEP_NAME_MAX_LENGTH = names.NAME_MAX_LENGTH - len(f"-t{MAX_TRIALS - 1}")
 # Paths below these spec fields are free-form (builder and dataset keyword arguments).
@@ -506,6 +509,22 @@ def probe_values(param: Parameter) -> list[Any]:
         return sorted({values[0], values[-1]})
     assert param.float_range is not None
     return [param.float_range.min, param.float_range.max]
+
+
+def probe_points(parameters: Sequence[Parameter]) -> list[dict[str, Any]]:
+    """Combinations of several parameters' `probe_values` a trial's spec is checked at too:
+    values valid alone may not be together (the deepest and the widest model, a warm-up as
+    long as the fewest epochs). Every combination while there are at most `MAX_PROBE_POINTS`;
+    else all parameters at their first, and at their last, probe value."""
+    if len(parameters) < 2:
+        return []
+    values = [probe_values(p) for p in parameters]
+    paths = [p.path for p in parameters]
+    if math.prod(len(v) for v in values) <= MAX_PROBE_POINTS:
+        combos = list(itertools.product(*values))
+    else:
+        combos = [tuple(v[0] for v in values), tuple(v[-1] for v in values)]
+    return [dict(zip(paths, combo, strict=True)) for combo in combos]
 
 
 def path_problem_of(path: str) -> str | None:

@@ -150,7 +150,8 @@ def check_sweep(sweep: api.sweep.TrainingSweep) -> list[str]:
     """`check_job`'s registry checks for every trial a parsed sweep may make; [] when each can
     run. `kiln validate` and the operator's admission of a sweep both run this after
     `api.sweep.parse_sweep` (which checked the rest): the template as a trial's spec, then
-    each parameter alone at each of its values (each category, each end of a range).
+    each parameter alone at each of its values (each category, each end of a range), then the
+    parameters together (`api.sweep.probe_points`).
 
     Returns:
         Problems, one line each, naming spec.template or spec.parameters[i].
@@ -165,6 +166,14 @@ def check_sweep(sweep: api.sweep.TrainingSweep) -> list[str]:
             if bad:
                 found.append(f"spec.parameters[{i}]: {param.path}={json.dumps(value)} makes an "
                              "invalid trial: " + "; ".join(bad))
+    if found:  # each alone says it better
+        return found
+    for point in api.sweep.probe_points(sweep.spec.parameters):
+        bad = _trial_problems(sweep, api.sweep.apply(template, point))
+        if bad:
+            values = ", ".join(f"{path}={json.dumps(v)}" for path, v in point.items())
+            return [f"spec.parameters: {values} together make an invalid trial: "
+                    + "; ".join(bad) + "; narrow the ranges so that every combination is valid"]
     return found
 
 
