@@ -16,7 +16,10 @@ import clirun
 import minio
 import pytest
 import sourcedata
+import tokenizers
 import yaml
+from tokenizers import models as tokenizer_models
+from tokenizers import pre_tokenizers
 
 from kiln import api, contract
 from kiln.zoo import records, sources, store
@@ -223,3 +226,25 @@ def test_an_object_key_with_an_empty_part_is_refused_naming_it(
         sources.fetch(f"s3://{s3_bucket}/data", field="spec.dataset.uri", secret="second-s3",
                       environ=env, cache=tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_naming_it(tmp_path: Path) -> None:
+    weights = sourcedata.pretrained(tmp_path / "lm")
+    # every corpus word is unknown, so the first sample holds id 1000: past the 256 rows
+    vocab = {**{f"w{i}": i for i in range(1000)}, "[UNK]": 1000}
+    tokenizer = tokenizers.Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(weights / "tokenizer.json"))
+    job = _job(tmp_path / "big.yaml", "big-vocab", "unused")
+    doc = yaml.safe_load(job.read_text(encoding="utf-8"))
+    doc["spec"]["model"]["pretrained"] = {"uri": str(weights)}
+    doc["spec"]["dataset"] = {"name": "text", "uri": str(CORPUS), "validationFraction": 0.3}
+    job.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path,
+                       env=environ | {"OMP_NUM_THREADS": "1"})
+    log = (tmp_path / ".kiln" / "runs" / "big-vocab.log").read_text(encoding="utf-8")
+    assert done.returncode != 0
+    assert ("spec.model.pretrained.uri: the model cannot read the ids of the tokenizer.json "
+            "beside its weights" in done.stderr and "1001 tokens" in done.stderr), done.stderr
+    assert "Traceback" not in log, log

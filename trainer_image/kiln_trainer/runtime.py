@@ -135,14 +135,27 @@ def check_outputs(raw_model: nn.Module, splits: data.Splits, device: torch.devic
     """Run one validation sample through the model and check its output size fits the data.
 
     Raises:
-        api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text.
+        api.InvalidSpec: fewer logits than the dataset's classes, or than 256 bytes for text;
+            a tokenizer whose ids the model cannot embed.
         data.DatasetError: an entrypoint dataset's target the model cannot predict.
     """
     sample, _ = splits.validation[0]
     raw_model.eval()
-    with torch.inference_mode():
-        outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
-    raw_model.train()
+    try:
+        with torch.inference_mode():
+            outputs = int(raw_model(sample.unsqueeze(0).to(device)).shape[-1])
+    except (IndexError, RuntimeError) as exc:
+        if splits.vocab_size is None:
+            raise
+        # a token id past the embedding's rows: the tokenizer is not the model's
+        raise api.InvalidSpec([(
+            f"spec.model.pretrained.uri: the model cannot read the ids of the tokenizer.json "
+            f"beside its weights ({type(exc).__name__}: {exc}), whose vocabulary has "
+            f"{splits.vocab_size} tokens; ship the tokenizer the weights were trained with, or "
+            f"weights of a model with spec.model.args.vocab_size at least "
+            f"{splits.vocab_size}")]) from None
+    finally:
+        raw_model.train()
     data.check_targets(splits, outputs)
     if splits.num_classes is not None and outputs < splits.num_classes:
         raise api.InvalidSpec([(
