@@ -57,6 +57,28 @@ def test_export_then_import_round_trips_weights_bit_exact(
     assert records.verify_record(target, rec.id).weights_sha256 == rec.weights_sha256
 
 
+def test_a_language_model_round_trips_through_export_and_import(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import safetensors.torch
+
+    from kiln import api, models
+
+    model = {"architecture": "char_transformer", "args": {"depth": 1, "width": 16, "heads": 2},
+             "inputShape": [8]}
+    weights = tmp_path / "lm.safetensors"
+    safetensors.torch.save_model(models.build(api.ModelSpec.model_validate(model)),
+                                 str(weights))
+    _run(capsys, "zoo", "import", str(weights), "--architecture", "char_transformer", "--args",
+         json.dumps(model["args"]), "--input-shape", "8", "--metric", "validation_loss=2.5",
+         "--zoo", str(tmp_path / "a"))
+    (rec,) = records.list_records(store.DirStore(tmp_path / "a"))
+    out = tmp_path / "export"
+    _run(capsys, "zoo", "export", rec.id, "--out", str(out), "--zoo", str(tmp_path / "a"))
+    said = _run(capsys, "zoo", "import", str(out), "--zoo", str(tmp_path / "b"))
+    assert said.startswith(f"imported {rec.id}: char_transformer"), said
+    assert records.verify_record(store.DirStore(tmp_path / "b"), rec.id).task == rec.task
+
+
 def test_import_refuses_an_export_whose_weights_changed(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = store.DirStore(tmp_path / "a")
@@ -215,6 +237,9 @@ def _tamper_meta(out: Path, **changes: Any) -> None:
     pytest.param({"input_shape": [3, 8, 8]}, "stem.0.weight: file [8, 1, 3, 3], model [8, 3, "
                  "3, 3]", id="input-shape"),
     pytest.param({"task": "regression"}, "meta.json: task: Input should be", id="task"),
+    pytest.param({"metric_name": "validation_loss", "metric_value": -1.0},
+                 "meta.json: validation_loss: a loss is a cross-entropy, at least 0",
+                 id="negative-loss"),
     pytest.param({}, "num_batches_tracked: file [7, 7], model []", id="tensor-shape"),
 ])
 def test_import_refuses_an_export_whose_weights_do_not_fit_its_model(

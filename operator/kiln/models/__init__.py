@@ -18,6 +18,7 @@ from kiln.models.checks import (
     modality_of,
     task_name,
     task_of,
+    wire_task,
 )
 from kiln.models.entrypoints import EntrypointError, out_of_memory
 from kiln.models.registry import (
@@ -59,4 +60,5 @@ __all__ = [
     "register_model",
     "task_name",
     "task_of",
+    "wire_task",
 ]

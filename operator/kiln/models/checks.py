@@ -287,8 +287,13 @@ def _entrypoint_problems(spec: api.ModelSpec, dataset: api.DatasetName | None) -
 
 def task_name(spec: api.ModelSpec) -> str:
     """spec.model.task's wire value, defaults applied: classification or language_model."""
-    task = task_of(spec)
-    return next(k for k, v in _TASKS.items() if v is task).value
+    return wire_task(task_of(spec))
+
+
+def wire_task(task: str) -> str:
+    """A `registry.Task` (as a zoo record stores it, e.g. language_modeling) as
+    spec.model.task's wire value (language_model); an unknown one as it is."""
+    return next((k.value for k, v in _TASKS.items() if v.value == task), task)
 
 
 def _dataset_fit(

@@ -38,8 +38,8 @@ def parse_metric(text: str) -> tuple[str, float]:
     """``validation_accuracy=0.91`` -> ("validation_accuracy", 0.91).
 
     Raises:
-        WeightsError: no ``=``, an unknown metric, a value that is not a finite number, or an
-            accuracy outside [0, 1].
+        WeightsError: no ``=``, an unknown metric, a value that is not a finite number, an
+            accuracy outside [0, 1] or a negative loss.
     """
     name, equals, value = text.partition("=")
     known = [str(m) for m in api.TargetMetric]
@@ -55,10 +55,20 @@ def parse_metric(text: str) -> tuple[str, float]:
         number = math.nan
     if not math.isfinite(number):
         raise WeightsError(f"--metric {text!r}: {value.strip()!r} is not a finite number")
-    if name.strip() == api.TargetMetric.VALIDATION_ACCURACY and not 0.0 <= number <= 1.0:
-        raise WeightsError(f"--metric {text!r}: an accuracy is a fraction in [0, 1] "
-                           f"(got {number}); write 0.91, not 91")
+    problem = metric_problem(name.strip(), number)
+    if problem:
+        raise WeightsError(f"--metric {text!r}: {problem}")
     return name.strip(), number
+
+
+def metric_problem(name: str, value: float) -> str | None:
+    """What is wrong with a metric a record would hold, or None: an accuracy outside [0, 1],
+    or a negative loss (a cross-entropy is at least 0, and a lower loss ranks a parent first)."""
+    if name == api.TargetMetric.VALIDATION_ACCURACY and not 0.0 <= value <= 1.0:
+        return f"an accuracy is a fraction in [0, 1] (got {value}); write 0.91, not 91"
+    if name == api.TargetMetric.VALIDATION_LOSS and value < 0.0:
+        return f"a loss is a cross-entropy, at least 0 (got {value})"
+    return None
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:
@@ -188,7 +198,8 @@ def import_weights(
 
 def check_export(record: records.ZooRecord, state: Mapping[str, Tensor], folder: Path) -> None:
     """Refuse an exported record (`kiln zoo import EXPORT_DIR`) whose weights do not fit the
-    model its meta.json describes, as `import_weights` refuses weights that do not fit.
+    model its meta.json describes, as `import_weights` refuses weights that do not fit, or
+    whose metrics `metric_problem` refuses (as --metric would).
 
     A built-in architecture is built from the record's architecture, args and input_shape on
     the meta device (no memory for the weights), every key and shape is compared
@@ -198,15 +209,23 @@ def check_export(record: records.ZooRecord, state: Mapping[str, Tensor], folder:
     Raises:
         WeightsError: naming meta.json's field or weights.safetensors and what differs.
     """
+    meta, weights = folder / records.META_NAME, folder / records.WEIGHTS_NAME
+    for name, value in ((record.metric_name, record.metric_value),
+                        (api.TargetMetric.VALIDATION_ACCURACY, record.validation_accuracy),
+                        (api.TargetMetric.VALIDATION_LOSS, record.validation_loss)):
+        problem = metric_problem(name, value) if value is not None else None
+        if problem:
+            raise WeightsError(f"{meta}: {name}: {problem}; the export was edited or damaged: "
+                               "export it again")
     if record.architecture is None:
         return
-    meta, weights = folder / records.META_NAME, folder / records.WEIGHTS_NAME
     where = (f"{meta}: architecture {record.architecture!r}, args {record.args}, input_shape "
              f"{list(record.input_shape)}")
     try:
         spec = api.ModelSpec.model_validate({
             "architecture": record.architecture, "args": record.args,
-            "inputShape": list(record.input_shape), "task": record.task})
+            "inputShape": list(record.input_shape),
+            "task": models.wire_task(record.task)})
     except pydantic.ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise WeightsError(f"{meta}: {problems.replace('inputShape', 'input_shape')}; the "
