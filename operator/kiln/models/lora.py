@@ -6,6 +6,7 @@ peft is imported only here and only when a job asks for it (`pip install kiln-op
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kiln import api
 
 ADAPTER_NAME = "default"  # peft's name of a model's only adapter
 FIELD = "spec.training.peft.targetModules"
+_KINDS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)  # what `adaptable` lists
 
 
 class PeftMissing(ImportError):
@@ -41,6 +43,8 @@ def attach(model: nn.Module, spec: api.PeftSpec) -> nn.Module:
     Raises:
         ValueError: a target module matches nothing or is no Linear, Conv or Embedding; the
             message names spec.training.peft.targetModules and the modules that would fit.
+            Or the rank is above what a wrapped module's weight can use (naming
+            spec.training.peft.rank and the module).
         PeftMissing: peft is not installed.
     """
     peft = _peft()
@@ -49,15 +53,44 @@ def attach(model: nn.Module, spec: api.PeftSpec) -> nn.Module:
     try:
         peft.tuners.lora.LoraModel(model, config, ADAPTER_NAME)
     except ValueError as exc:
-        raise ValueError(f"{FIELD}: {str(exc).splitlines()[0]} (got {spec.target_modules}); "
+        why = str(exc).splitlines()[0]
+        if "is not supported" in str(exc):  # peft's first line ends inside the module's repr
+            named = [f"{name} ({type(module).__name__})" for name, module in model.named_modules()
+                     if _matches(name, spec.target_modules)
+                     and not isinstance(module, (peft.tuners.lora.LoraLayer, *_KINDS))]
+            why = f"LoRA cannot wrap {_some(named)}" if named else why
+        raise ValueError(f"{FIELD}: {why} (got {spec.target_modules}); "
                          f"name modules that LoRA can wrap: {_some(adaptable(model))}") from None
+    _check_rank(model, spec.rank, peft.tuners.lora.LoraLayer)
     return model
+
+
+def _matches(name: str, targets: list[str]) -> bool:
+    """Whether peft's target list names module `name`: in full, or as its end after a dot."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def _check_rank(model: nn.Module, rank: int, layer: type[Any]) -> None:
+    """Refuse a rank above what a wrapped module's weight can use: the update B A of a
+    d_out x d_in weight has rank at most min(d_out, d_in), so more only adds parameters."""
+    limits = {}
+    for name, module in model.named_modules():
+        weight = getattr(module.get_base_layer(), "weight", None) if isinstance(
+            module, layer) else None
+        if isinstance(weight, torch.Tensor) and weight.dim() >= 2:
+            limits[name] = min(weight.shape[0], math.prod(weight.shape[1:]))
+    over = {name: most for name, most in limits.items() if most < rank}
+    if over:
+        raise ValueError(
+            f"spec.training.peft.rank: {rank} is more than "
+            f"{_some([f'{name} (at most {most})' for name, most in over.items()])} can use, "
+            "since an update of a d_out x d_in weight has rank at most min(d_out, d_in); set "
+            f"rank to {min(over.values())} or less, or target larger modules")
 
 
 def adaptable(model: nn.Module) -> list[str]:
     """Names of the modules of `model` that LoRA can wrap (Linear, Conv, Embedding)."""
-    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)
-    return [name for name, module in model.named_modules() if name and isinstance(module, kinds)]
+    return [name for name, module in model.named_modules() if name and isinstance(module, _KINDS)]
 
 
 def adapter_state(model: nn.Module,

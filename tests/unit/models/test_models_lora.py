@@ -4,10 +4,12 @@ adapter helpers of `kiln.models.lora` (its tensors, loading them, merging into t
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from kiln import api, models
 from kiln.models import lora
@@ -118,3 +120,22 @@ def test_an_adapter_of_other_settings_does_not_load_saying_what_differs() -> Non
         {"rank": 4, "targetModules": ["head.2"]}))
     with pytest.raises(ValueError, match="other shapes head.2.lora_A.weight"):
         lora.load_adapter(other, lora.adapter_state(small))
+
+
+@pytest.mark.parametrize(("peft", "message"), [
+    pytest.param({"rank": 16, "targetModules": ["head.2"]},
+                 "spec.training.peft.rank: 16 is more than head.2 (at most 10) can use", id="rank"),
+    pytest.param({"targetModules": ["blocks"]},
+                 "spec.training.peft.targetModules: LoRA cannot wrap blocks (Sequential)",
+                 id="container"),
+])
+def test_kiln_validate_refuses_what_lora_cannot_wrap_naming_field_and_module(
+        peft: dict[str, Any], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln import cli
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(_doc(peft)), encoding="utf-8")
+    assert cli.main(["validate", str(job)]) != cli.EXIT_OK
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "Traceback" not in err, err
