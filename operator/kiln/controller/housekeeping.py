@@ -1,5 +1,6 @@
 """Per-job periodic checks: TTL after the end, the active deadline, the pod start timeout,
-and live progress; and the zoo-wide one, eviction down to --zoo-capacity.
+and live progress; and the zoo-wide one, eviction down to --zoo-capacity (with the unusable
+records of jobs that no longer run).
 
 The runPolicy fields are read from the raw spec, so an invalid job (which has no parsed spec)
 still honours its TTL.
@@ -205,7 +206,8 @@ async def collect_zoo_forever(deps: lifecycle.Deps) -> None:
 
 
 async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
-    """One eviction round: protect what live jobs use, then delete what the plan evicts.
+    """One eviction round: protect what live jobs use, then delete what the plan evicts and
+    the unusable records reserved for jobs that no longer run (`eviction.abandoned`).
 
     Returns:
         The plan carried out, or None when no --zoo-capacity is set.
@@ -221,14 +223,41 @@ async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
     capacity_bytes = eviction.parse_size(deps.options.zoo_capacity)
     zoo = deps.parents.zoo
 
-    def collect() -> eviction.Plan:  # store I/O: off the event loop
+    # A zoo may be shared with operators of other namespaces, whose live jobs this one never
+    # lists: only records reserved in namespaces it lists may be judged abandoned.
+    listed = _listed(deps.options.namespaces)
+
+    def watched(namespace: str) -> bool:
+        return not listed or namespace in listed
+
+    def collect() -> tuple[eviction.Plan, list[str]]:  # store I/O: off the event loop
         chosen = eviction.plan(eviction.survey(
             zoo, now=now, half_life_seconds=deps.options.zoo_hit_half_life_seconds,
             protect=protect, live_jobs=running), capacity_bytes=capacity_bytes)
         eviction.carry_out(zoo, chosen)
-        return chosen
+        return chosen, eviction.abandoned(zoo, chosen.entries, live_jobs=running,
+                                          watched=watched)
 
-    chosen = await asyncio.to_thread(collect)
+    chosen, stale = await asyncio.to_thread(collect)
+    if stale:
+        # A job created since the listing above reserved its id before any pod of it could
+        # write there: list again and re-check each folder, so no record being written goes.
+        _, running = await live_zoo_use(deps)
+
+        def drop() -> list[str]:
+            gone = []
+            for record_id in stale:
+                if records.claims_of(zoo, record_id) & running or not eviction.unusable(
+                        zoo, record_id):
+                    continue
+                records.delete_record(zoo, record_id)
+                gone.append(record_id)
+            return gone
+
+        for record_id in await asyncio.to_thread(drop):
+            _log.info("zoo: deleted unusable record %s (half-written by a pod that failed, or "
+                      "naming another job than the one it was reserved for); its job no longer "
+                      "runs", record_id)
     for entry in chosen.evict:
         _log.info("zoo eviction: deleted %s (%d bytes, %d hits, value %.3g) to keep %s within "
                   "--zoo-capacity %s", entry.record.id, entry.size_bytes, entry.hits,
@@ -240,6 +269,12 @@ async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
     return chosen
 
 
+def _listed(namespaces: tuple[str, ...]) -> tuple[str, ...]:
+    """The namespaces whose jobs `live_zoo_use` lists; empty: every one (no --namespace, or
+    patterns, which kopf matches cluster-wide then)."""
+    return () if any(ch in ns for ns in namespaces for ch in "*?[!") else namespaces
+
+
 async def live_zoo_use(deps: lifecycle.Deps
                        ) -> tuple[dict[str, str], set[tuple[str, str]]]:
     """What unfinished jobs use: record id -> why it stays (their parents, decided or pinned,
@@ -249,9 +284,7 @@ async def live_zoo_use(deps: lifecycle.Deps
     Raises:
         kube.ApiError: the jobs could not be listed.
     """
-    namespaces = deps.options.namespaces
-    if any(ch in ns for ns in namespaces for ch in "*?[!"):
-        namespaces = ()  # globs: list cluster-wide (kopf scans namespaces then anyway)
+    namespaces = _listed(deps.options.namespaces)
     listed: list[kube.Object] = []
     for namespace in namespaces or (None,):
         listed += await deps.client.list(kube.Paths.jobs(namespace))

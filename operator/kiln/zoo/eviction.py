@@ -3,7 +3,8 @@ decayed value, and eviction of the records worth least per byte.
 
 Never evicts a protected record (a live job's parent, a running job's provisional record, the
 base of a LoRA adapter still in the zoo); the caller says which of the first two are
-protected, since only the operator knows its live jobs.
+protected, since only the operator knows its live jobs. Also finds the unusable records of jobs
+that no longer run (`abandoned`), which nothing else would ever delete.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import datetime
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kiln.zoo import presigned, records, store
 
@@ -244,6 +245,43 @@ def unlisted(zoo: store.ObjectStore, entries: Iterable[Entry]) -> tuple[int, lis
             continue  # deleted meanwhile
         names.add(name)
     return size, sorted(names)
+
+
+def abandoned(zoo: store.ObjectStore, entries: Iterable[Entry], *,
+              live_jobs: Iterable[tuple[str, str]], watched: Callable[[str], bool]) -> list[str]:
+    """The unusable record folders (`unlisted`) reserved for jobs (`records.claims`) none of
+    which still runs, all in namespaces `watched` accepts: what a failed pod left half-written,
+    or a record its pod wrote under another job's name. Nothing can read them, and eviction
+    neither counts nor deletes them, so without this they would hold storage forever. A folder
+    nobody reserved (an import still uploading) is never one of them.
+
+    Raises:
+        StoreUnavailable: the store failed.
+    """
+    live = set(live_jobs)
+    reserved = records.claims(zoo)
+    return [name for name in unlisted(zoo, entries)[1]
+            if (owners := reserved.get(name)) and not owners & live
+            and all(watched(namespace) for namespace, _ in owners)]
+
+
+def unusable(zoo: store.ObjectStore, record_id: str) -> bool:
+    """Whether a record folder still exists and is unusable as `records.list_records` judges:
+    no meta.json, weights or graph file, or a meta.json it refuses.
+
+    Raises:
+        StoreUnavailable: the store failed.
+    """
+    names = {key.rsplit("/", 1)[-1] for key in zoo.list_keys(records.record_prefix(record_id))}
+    if not names:
+        return False  # gone already
+    if not {records.META_NAME, records.WEIGHTS_NAME, records.GRAPH_NAME} <= names:
+        return True
+    try:
+        records.read_record(zoo, record_id)
+    except (ValueError, store.ObjectNotFound):  # CorruptRecord; or meta.json deleted meanwhile
+        return True
+    return False
 
 
 def plan(entries: Iterable[Entry], *, capacity_bytes: int) -> Plan:

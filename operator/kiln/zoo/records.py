@@ -650,6 +650,11 @@ def claims_of(zoo: store.ObjectStore, record_id: str) -> set[tuple[str, str]]:
     return _claims(zoo.list_keys(f"{CLAIMS_PREFIX}{check_id(record_id)}/")).get(record_id, set())
 
 
+def claims(zoo: store.ObjectStore) -> dict[str, set[tuple[str, str]]]:
+    """Every reserved record id -> the (namespace, job) pairs it was reserved for."""
+    return _claims(zoo.list_keys(CLAIMS_PREFIX))
+
+
 def _claims(keys: Iterable[str]) -> dict[str, set[tuple[str, str]]]:
     """Record id -> the (namespace, job) it was reserved for, from claims/ keys."""
     found: dict[str, set[tuple[str, str]]] = {}
@@ -797,7 +802,7 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
         parts = key.split("/")
         if len(parts) == 3:  # models/<id>/<file>; anything deeper is not ours
             names_by_id.setdefault(parts[1], set()).add(parts[2])
-    claims = _claims(zoo.list_keys(CLAIMS_PREFIX))
+    reserved = claims(zoo)
     records = []
     for record_id, names in sorted(names_by_id.items()):
         try:
@@ -814,7 +819,7 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
             _skip(record_id, f"{' and '.join(missing)} missing", zoo)
             continue
         try:
-            records.append(_read_record(zoo, record_id, claims.get(record_id, set())))
+            records.append(_read_record(zoo, record_id, reserved.get(record_id, set())))
         except ValueError as exc:  # CorruptRecord, or a folder name that is no id
             _skip(record_id, f"unreadable: {exc}", zoo)
         except store.ObjectNotFound:

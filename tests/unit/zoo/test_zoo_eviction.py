@@ -203,3 +203,24 @@ def test_zoo_gc_reports_unreadable_records_it_neither_counts_nor_deletes(
     assert cli.main(["zoo", "gc", "--zoo", str(zoo.root), "--capacity", "1GiB"]) == 0
     assert "not counted: " in capsys.readouterr().out
     assert (zoo.root / records.record_prefix("broken-00000002")).is_dir()
+
+
+@pytest.mark.filterwarnings("ignore::kiln.zoo.records.SkippedRecordWarning")
+def test_abandoned_is_only_unusable_records_reserved_for_jobs_that_ended_in_watched_namespaces(
+        zoo: store.DirStore) -> None:
+    for record_id, owner in (("ended-00000001", ("team-a", "ended")),
+                             ("live-00000002", ("team-a", "live")),
+                             ("elsewhere-00000003", ("team-z", "ended")),
+                             ("unclaimed-00000004", None)):
+        zoo.put_bytes(records.record_prefix(record_id) + records.WEIGHTS_NAME, b"partial")
+        if owner is not None:
+            records.write_claim(zoo, record_id, *owner)
+    add(zoo, "usable-00000005", floats=4, namespace="team-a", job_name="ended2")
+    records.write_claim(zoo, "usable-00000005", "team-a", "ended2")
+    entries = eviction.survey(zoo, now=NOW)
+    found = eviction.abandoned(zoo, entries, live_jobs=[("team-a", "live")],
+                               watched=lambda namespace: namespace != "team-z")
+    assert found == ["ended-00000001"]
+    assert eviction.unusable(zoo, "ended-00000001")
+    assert not eviction.unusable(zoo, "usable-00000005")
+    assert not eviction.unusable(zoo, "gone-00000006")  # no folder: nothing to delete
