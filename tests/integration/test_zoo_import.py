@@ -157,6 +157,9 @@ def test_import_adds_or_drops_a_wrapper_prefix_and_accepts_a_tied_key(tmp_path: 
         pytest.param(lambda t: _save(t, "safetensors", _state(t)),
                      ["--metric", "validation_accuracy=91"], "write 0.91, not 91",
                      id="metric-percent"),
+        pytest.param(lambda t: _save(t, "safetensors", {
+            k: v.fill_(float("nan")) if k == "head.2.bias" else v for k, v in _state(t).items()}),
+                     [], "1 tensors hold NaN or infinite values (head.2.bias)", id="nan-weights"),
         pytest.param(lambda t: _save(t, "safetensors", _state(t)),
                      ["--metric", "validation_loss=-2"], "a loss is a cross-entropy, at least 0",
                      id="metric-negative-loss"),

@@ -110,7 +110,8 @@ def load_strict(model: nn.Module, state: Mapping[str, Tensor], where: str, *,
     `advice` ends a mismatch's message (default: check the model flags).
 
     Raises:
-        WeightsError: missing or unexpected keys (listed), or shapes that differ (listed).
+        WeightsError: missing or unexpected keys (listed), shapes that differ (listed), or
+            tensors holding NaN or infinite values (listed).
     """
     own = model.state_dict()
     state = _aligned_keys(dict(state), set(own))
@@ -129,6 +130,13 @@ def load_strict(model: nn.Module, state: Mapping[str, Tensor], where: str, *,
     if shapes:
         raise WeightsError(f"{where}: {len(shapes)} tensors have other shapes than the model's "
                            f"({_some(shapes)}); {advice or 'check --args'}")
+    # NaN weights would train to a NaN loss, whose message blames the learning rate
+    broken = [k for k, v in state.items()
+              if v.is_floating_point() and v.device.type != "meta" and not torch.isfinite(v).all()]
+    if broken:
+        raise WeightsError(f"{where}: {len(broken)} tensors hold NaN or infinite values "
+                           f"({_some(broken)}); the weights are damaged or diverged: give "
+                           "weights saved before that")
     for name, tensor in own.items():
         source = state.get(name)
         if source is None:  # tied to a loaded key
