@@ -97,6 +97,10 @@ def resumed(given: _Sweep, path: Path) -> _Sweep:
     except api.InvalidSpec as exc:
         raise SweepError(f"sweep {given.name}: its recorded state {path} cannot be read ("
                          + "; ".join(exc.problems) + ")" + over) from None
+    if stored.name != given.name:
+        # The run takes the recorded metadata: its trials would be named after another sweep.
+        raise SweepError(f"sweep {given.name}: its recorded state {path} is sweep "
+                         f"{stored.name}'s (metadata.name)" + over)
     was, now = api.to_wire(stored.spec), api.to_wire(given.spec)
     changed = sorted(k for k in was.keys() | now.keys()
                      if k not in RESUMABLE_CHANGES and was.get(k) != now.get(k))

@@ -117,6 +117,20 @@ def test_a_damaged_or_hand_edited_state_is_refused_naming_the_file_and_the_fix(
         assert why in str(caught.value) and "delete that file" in str(caught.value)
 
 
+@pytest.mark.process  # importing the trainer's stack runs ldconfig (ctypes finding a library)
+def test_a_state_renamed_by_hand_is_refused_before_any_trial_starts(tmp_path: Path) -> None:
+    (tmp_path / "tsw.yaml").write_text(yaml.safe_dump(_doc()), encoding="utf-8")
+    runs = tmp_path / ".kiln" / "runs"
+    runs.mkdir(parents=True)
+    other = api.sweep.parse_sweep({**_doc(), "metadata": {"name": "other"}})
+    local_sweep.write_state(local_sweep.state_path(runs, "search"), other)
+    done = clirun.kiln("sweep", "run", "tsw.yaml", "--zoo", "zoo", cwd=tmp_path)
+    assert done.returncode == cli.EXIT_USAGE, done.stderr
+    assert "sweep search: its recorded state" in done.stderr
+    assert "is sweep other's (metadata.name); delete that file" in done.stderr
+    assert not list(runs.glob("*-t*"))  # no trial was started
+
+
 def test_a_trials_evaluation_without_an_epoch_and_a_value_is_refused_by_name() -> None:
     doc = {**CLUSTER_SWEEP, "status": {"history": [
         {"index": 0, "name": "search-t0", "state": "Running", "evaluations": [[], [1]]}]}}
