@@ -248,3 +248,20 @@ def test_a_tokenizer_larger_than_the_model_is_refused_naming_it(tmp_path: Path) 
     assert ("spec.model.pretrained.uri: the model cannot read the ids of the tokenizer.json "
             "beside its weights" in done.stderr and "1001 tokens" in done.stderr), done.stderr
     assert "Traceback" not in log, log
+
+
+def test_a_tokenizer_json_that_is_no_file_is_refused_naming_it(tmp_path: Path) -> None:
+    weights = sourcedata.pretrained(tmp_path / "lm")
+    (weights / "tokenizer.json").unlink(missing_ok=True)
+    (weights / "tokenizer.json").mkdir()  # not silently byte-level: the user meant a tokenizer
+    job = _job(tmp_path / "dir.yaml", "dir-tokenizer", "unused")
+    doc = yaml.safe_load(job.read_text(encoding="utf-8"))
+    doc["spec"]["model"]["pretrained"] = {"uri": str(weights)}
+    doc["spec"]["dataset"] = {"name": "text", "uri": str(CORPUS), "validationFraction": 0.3}
+    job.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path,
+                       env=environ | {"OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    assert "tokenizer.json is no file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

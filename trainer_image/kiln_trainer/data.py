@@ -638,7 +638,8 @@ def tokenizer_file(model: api.ModelSpec | None, environ: Mapping[str, str]) -> P
     directory at spec.model.pretrained.uri), or None: text stays byte-level.
 
     Raises:
-        DatasetError: the pretrained weights cannot be made local (`fetch`).
+        DatasetError: the pretrained weights cannot be made local (`fetch`), or a
+            tokenizer.json beside them is no file.
     """
     if model is None or model.pretrained is None:
         return None
@@ -646,6 +647,10 @@ def tokenizer_file(model: api.ModelSpec | None, environ: Mapping[str, str]) -> P
     weights = Path(fetch(model.pretrained.uri, field="spec.model.pretrained.uri",
                          environ=environ, secret=ref.name if ref else "").path)
     found = weights / TOKENIZER_FILE
+    if found.exists() and not found.is_file():  # silently byte-level would mislead
+        raise DatasetError(f"spec.model.pretrained.uri: {found} is no file; put the tokenizer "
+                           "there as tokenizer.save() writes it, or remove it for byte-level "
+                           "text")
     return found if found.is_file() else None
 
 
