@@ -240,3 +240,31 @@ def test_a_bad_sweep_fails_as_invalid_spec_naming_the_field_and_makes_no_trial(
     scenario.wait_event(cluster, namespace, name, "InvalidSpec")
     assert _jobs_created(cluster, namespace) == []
     cluster.client.delete(_path(namespace, name))
+
+
+def test_a_trial_job_the_api_server_refuses_fails_the_trial_with_its_words(
+    cluster: emulator.Emulator, operator: operator_process.OperatorProcess, namespace: str,
+) -> None:
+    """A rule of the API server's own (a CRD validation rule the sweep's checks lack) refuses
+    every trial job: each trial fails with the server's message, a TrialRejected event says it,
+    and the sweep ends at maxFailedTrials instead of creating the jobs forever."""
+    name = "digits-refused-sweep"
+    doc = _doc(name, 0, namespace)
+    doc["spec"].update(maxTrials=3, maxFailedTrials=2)
+    words = "spec.training: Invalid value: the cluster's own rule"
+    refusal = cluster.refuse_creates(emulator.CreateRefusal(
+        plural=api.PLURAL, message=words,
+        when=lambda body: ((body.get("metadata") or {}).get("labels") or {}).get(
+            api.sweep.SWEEP_LABEL) == name))
+    cluster.client.create(_path(namespace), doc)
+    failed = _wait_sweep(cluster, operator, namespace, name,
+                         lambda st: st.get("phase") == "Failed", what="phase Failed")
+    history = failed["history"]
+    assert history and all(t["state"] == "Failed" and words in t["message"] for t in history), (
+        history)
+    assert failed["trials"]["failed"] >= 2, failed["trials"]
+    assert len(refusal.refused) >= 2, refusal.refused
+    assert not [j for j in cluster.objects(emulator.TRAININGJOBS)
+                if j["metadata"].get("labels", {}).get(api.sweep.SWEEP_LABEL) == name]
+    scenario.wait_event(cluster, namespace, name, "TrialRejected")
+    cluster.client.delete(_path(namespace, name))

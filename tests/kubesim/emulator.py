@@ -71,6 +71,24 @@ class QuotaRefusal:
                 f"{self.resource}=1, used: {self.resource}=1, limited: {self.resource}=1")
 
 
+@dataclasses.dataclass
+class CreateRefusal:
+    """Refuse the creation of matching objects as one of the API server's validation rules
+    would (422 Invalid): what the emulator does not check itself, e.g. a CRD's CEL rules.
+
+    Attributes:
+        plural: the resource, e.g. ``trainingjobs``.
+        message: the server's words.
+        when: which bodies to refuse (default: every one).
+        refused: names of the objects refused so far (filled by the emulator).
+    """
+
+    plural: str
+    message: str
+    when: Callable[[dict[str, Any]], bool] = lambda _body: True
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+
 @dataclasses.dataclass(frozen=True)
 class LoggedRequest:
     """One request the emulator received.
@@ -151,6 +169,7 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
             params=dict(request.params or {}),
         ))
         self._refuse_over_quota(request)
+        self._refuse_invalid(request)
         if _is_pod(request) and request.subresource == "log":
             return await self._serve_log(request)
         if await self._serve_terminating(request):
@@ -209,10 +228,11 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
                 f"json: exceeded max depth of {api.API_SERVER_MAX_DEPTH}"))
 
     def configure(self, *, max_pod_grace_seconds: int | None,
-                  quota: list[QuotaRefusal]) -> None:
+                  quota: list[QuotaRefusal], creates: list[CreateRefusal]) -> None:
         """Set what `Emulator` was given: the pods' longest grace period and the refusals."""
         self._kubesim_max_grace = max_pod_grace_seconds
         self._kubesim_quota = quota
+        self._kubesim_creates = creates
 
     def _refuse_over_quota(self, request: kmock.Request) -> None:
         """Answer 403 to a pod creation that a `QuotaRefusal` matches (before any change)."""
@@ -228,6 +248,18 @@ class _RecordingEmulator(kmock.KubernetesEmulator):
                 refusal.refused.append(name)
                 raise kmock.KubernetesError(status=403, reason="Forbidden",
                                             message=refusal.message(name))
+
+    def _refuse_invalid(self, request: kmock.Request) -> None:
+        """Answer 422 to a creation that a `CreateRefusal` matches (before any change)."""
+        resource = request.resource
+        if (request.action != "CREATE" or resource is None
+                or not isinstance(request.data, dict)):
+            return
+        for refusal in getattr(self, "_kubesim_creates", []):
+            if refusal.plural == resource.plural and refusal.when(request.data):
+                refusal.refused.append(str((request.data.get("metadata") or {}).get("name")))
+                raise kmock.KubernetesError(status=422, reason="Invalid",
+                                            message=refusal.message)
 
     async def _serve_terminating(self, request: kmock.Request) -> bool:
         """Keep a deleted pod Terminating for its grace period; True when this request was
@@ -395,6 +427,7 @@ class Emulator:
         self._extra_resources = dict(extra_resources or {})
         self._max_pod_grace_seconds = max_pod_grace_seconds
         self._quota: list[QuotaRefusal] = []
+        self._creates: list[CreateRefusal] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -441,7 +474,8 @@ class Emulator:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         handler = _RecordingEmulator()
-        handler.configure(max_pod_grace_seconds=self._max_pod_grace_seconds, quota=self._quota)
+        handler.configure(max_pod_grace_seconds=self._max_pod_grace_seconds, quota=self._quota,
+                          creates=self._creates)
         handler.resources.load_bundled()  # kopf waits for v1/namespaces in discovery otherwise
         handler.resources[TRAININGJOBS] = kmock.ResourceInfo(
             kind=api.KIND, singular=api.SINGULAR, namespaced=True,
@@ -496,6 +530,12 @@ class Emulator:
     def allow_pods(self, refusal: QuotaRefusal) -> None:
         """Stop refusing what `refusal` refused (the quota was raised)."""
         self.call(lambda: self._quota.remove(refusal))
+
+    def refuse_creates(self, refusal: CreateRefusal) -> CreateRefusal:
+        """Refuse matching creations with 422 Invalid from now on; returns `refusal` (its
+        `refused` fills in)."""
+        self.call(lambda: self._creates.append(refusal))
+        return refusal
 
     @property
     def requests(self) -> list[LoggedRequest]:

@@ -32,6 +32,9 @@ SWEEPS = (api.GROUP, api.VERSION, S.SWEEP_PLURAL)
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 HANDLER = "sweeps"  # the handler label of its errors (kiln_reconcile_errors_total)
 RESYNC_SECONDS = 5.0
+# A trial job the API server refuses with these (400 BadRequest, 422 Invalid) is never made:
+# the trial fails. Others (a quota's 403, throttling, server errors) are tried again.
+REFUSED_FOR_GOOD = (400, 422)
 ACCEPTED = "Accepted"
 HISTORY_CONFLICT = "HistoryConflict"  # the recorded trials do not fit the sweep's spec now
 _log = logging.getLogger(__name__)
@@ -176,12 +179,43 @@ async def _reconcile(deps: lifecycle.Deps, ref: jobs.JobRef) -> None:
         await deps.jobs.post(body, type_, reason, message)
     if plan.create and parsed is not None:
         preferred = sweep.own_models(parsed.spec.objective, history)
+        refused: dict[int, str] = {}
         for trial in plan.create:
             doc = sweep.trial_job(parsed, trial.index, trial.params, preferred=preferred)
-            await deps.client.create(kube.Paths.jobs(ref.namespace), doc)  # 409: made before
+            try:
+                await deps.client.create(kube.Paths.jobs(ref.namespace), doc)  # 409: made before
+            except kube.ApiError as exc:
+                if exc.status not in REFUSED_FOR_GOOD:
+                    raise
+                refused[trial.index] = (
+                    f"The API server refused trial job {trial.name}: {exc.message}. Fix "
+                    "spec.template or the parameters' ranges so that every trial is valid.")
+        if refused:
+            await _refused(deps, ref, body, new, refused)
     for name in plan.suspend:
         await deps.client.merge_patch(kube.Paths.job(ref.namespace, name),
                                       {"spec": {"runPolicy": {"suspend": True}}})
+
+
+async def _refused(deps: lifecycle.Deps, ref: jobs.JobRef, body: kube.Object,
+                   written: dict[str, Any], refused: Mapping[int, str]) -> None:
+    """Trials whose job the API server refused for good (a rule of its own that the sweep's
+    checks lack, such as a CRD validation rule) fail with its words: the sweep goes on, or
+    fails at maxFailedTrials, instead of creating that job forever. The next reconcile counts
+    them and rebuilds the search from this status."""
+    history = [t if t.index not in refused else t.model_copy(update={
+        "state": S.TrialState.FAILED,
+        "message": status.cap(refused[t.index], S.TRIAL_MESSAGE_MAX_BYTES)})
+        for t in trials.history_of(written)]
+    after = {**written, "history": [api.to_wire(t) for t in history]}
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    deps.caches.sweep_searches.pop(uid, None)
+    patch = status.merge_patch(written, after)
+    if patch:
+        await deps.client.merge_patch(kube.Paths.sweep(ref.namespace, ref.name, status=True),
+                                      {"status": patch})
+    for message in refused.values():
+        await deps.jobs.post(body, "Warning", "TrialRejected", message)
 
 
 async def _validate(body: Mapping[str, Any], *, checked: bool
