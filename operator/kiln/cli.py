@@ -699,6 +699,9 @@ def _load_sweep(given: str) -> api.sweep.TrainingSweep:
                 markup=False, highlight=False, soft_wrap=True)
             return local_sweep.read_sweep(state)
         return swept
+    if path.is_dir():
+        raise UsageError(f"{given} is a folder; give a TrainingSweep file, a sweep's name, or - "
+                         "to read one from stdin")
     state = local_sweep.state_path(runner.RUNS, given)  # read only: no folder made
     if state.is_file():
         return local_sweep.read_sweep(state)

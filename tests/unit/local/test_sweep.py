@@ -226,6 +226,10 @@ def test_sweep_show_names_what_it_could_not_find(tmp_path: Path) -> None:
     done = clirun.kiln("sweep", "show", "nowhere", cwd=tmp_path)
     assert done.returncode == cli.EXIT_USAGE
     assert "nowhere: no such file, and no sweep of that name was run here" in done.stderr
+    (tmp_path / "folder").mkdir()
+    done = clirun.kiln("sweep", "show", "folder", cwd=tmp_path)
+    assert done.returncode == cli.EXIT_USAGE
+    assert "folder is a folder; give a TrainingSweep file" in done.stderr, done.stderr
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(
         {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},
          "spec": {"model": {"architecture": "small_cnn", "inputShape": [1, 8, 8]}}}),
