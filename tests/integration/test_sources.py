@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,17 @@ def test_a_damaged_cache_entry_is_downloaded_again_not_used(
     assert fetch().downloaded and (Path(first.path) / "firing.txt").is_file()
     assert not fetch().downloaded  # whole again: used as it is
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(first.path).name]
+    # A download killed mid-way leaves its scratch folder; an old one goes at the next fetch,
+    # a recent one (another pod's download on a shared cache) stays.
+    old, recent = (tmp_path / "cache" / f".{name}.partial" for name in ("old", "recent"))
+    for scratch in (old, recent):
+        (scratch / "part").mkdir(parents=True)
+        (scratch / "part" / "x.txt").write_bytes(b"half")
+    hours_ago = time.time() - 2 * 3600
+    for path in (old, old / "part", old / "part" / "x.txt"):
+        os.utime(path, (hours_ago, hours_ago))
+    fetch()
+    assert not old.exists() and (recent / "part" / "x.txt").is_file()
 
 
 @pytest.mark.parametrize("odd", ["data//x.txt", "data///y/x.txt"])

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -45,6 +46,9 @@ _log = logging.getLogger(__name__)
 # so a server that accepts connections and never answers would hold a job for half an hour.
 CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 60.0  # idle time between bytes, not a download's whole time
+# A download's scratch folder untouched this long was left by a process that died (a live one
+# writes at least every READ_TIMEOUT_SECONDS); the next download from that cache removes it.
+STALE_SCRATCH_SECONDS = 3600.0
 
 
 class SourceError(ValueError):
@@ -162,6 +166,7 @@ def fetch(uri: str, *, field: str, secret: str = "", environ: Mapping[str, str],
                              secure=secure, region=settings.get(contract.Env.ZOO_REGION) or None,
                              http_client=http)
         objects, single = _list(client, source, field=field)
+        _remove_stale_scratch(cache)
         entry = cache / content_key(objects, single=single)
         downloaded = not _intact(entry, objects)
         if downloaded:
@@ -328,6 +333,21 @@ def _intact(entry: Path, objects: Sequence[Listed]) -> bool:
             os.rename(entry, aside)
         shutil.rmtree(aside, ignore_errors=True)
     return whole
+
+
+def _remove_stale_scratch(cache: Path) -> None:
+    """Remove the scratch folders of downloads that died (killed mid-way): nothing uses them,
+    and the cache may be a volume shared by many pods, so only those untouched for
+    STALE_SCRATCH_SECONDS go (another pod's download in progress is newer)."""
+    now = time.time()
+    for scratch in cache.glob(".*.partial") if cache.is_dir() else ():
+        try:
+            newest = max(p.stat().st_mtime for p in (scratch, *scratch.rglob("*")))
+        except OSError:  # removed meanwhile
+            continue
+        if now - newest > STALE_SCRATCH_SECONDS:
+            _log.info("removing %s: a download into it stopped %.0f s ago", scratch, now - newest)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _download(client: minio.Minio, source: api.SourceUri, objects: Sequence[Listed],
