@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,18 @@ def test_an_object_key_with_an_empty_part_is_refused_naming_it(
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
 
 
+def _run_text_job(tmp_path: Path, name: str, weights: Path) -> subprocess.CompletedProcess[str]:
+    """`kiln run` of a text job fine-tuning the pretrained weights in `weights`."""
+    job = _job(tmp_path / f"{name}.yaml", name, "unused")
+    doc = yaml.safe_load(job.read_text(encoding="utf-8"))
+    doc["spec"]["model"]["pretrained"] = {"uri": str(weights)}
+    doc["spec"]["dataset"] = {"name": "text", "uri": str(CORPUS), "validationFraction": 0.3}
+    job.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    return clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path,
+                       env=environ | {"OMP_NUM_THREADS": "1"})
+
+
 def test_a_tokenizer_larger_than_the_model_is_refused_naming_it(tmp_path: Path) -> None:
     weights = sourcedata.pretrained(tmp_path / "lm")
     # every corpus word is unknown, so the first sample holds id 1000: past the 256 rows
@@ -247,14 +260,7 @@ def test_a_tokenizer_larger_than_the_model_is_refused_naming_it(tmp_path: Path) 
     tokenizer = tokenizers.Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(weights / "tokenizer.json"))
-    job = _job(tmp_path / "big.yaml", "big-vocab", "unused")
-    doc = yaml.safe_load(job.read_text(encoding="utf-8"))
-    doc["spec"]["model"]["pretrained"] = {"uri": str(weights)}
-    doc["spec"]["dataset"] = {"name": "text", "uri": str(CORPUS), "validationFraction": 0.3}
-    job.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path,
-                       env=environ | {"OMP_NUM_THREADS": "1"})
+    done = _run_text_job(tmp_path, "big-vocab", weights)
     log = (tmp_path / ".kiln" / "runs" / "big-vocab.log").read_text(encoding="utf-8")
     assert done.returncode != 0
     assert ("spec.model.pretrained.uri: the model cannot read the ids of the tokenizer.json "
@@ -266,14 +272,7 @@ def test_a_tokenizer_json_that_is_no_file_is_refused_naming_it(tmp_path: Path) -
     weights = sourcedata.pretrained(tmp_path / "lm")
     (weights / "tokenizer.json").unlink(missing_ok=True)
     (weights / "tokenizer.json").mkdir()  # not silently byte-level: the user meant a tokenizer
-    job = _job(tmp_path / "dir.yaml", "dir-tokenizer", "unused")
-    doc = yaml.safe_load(job.read_text(encoding="utf-8"))
-    doc["spec"]["model"]["pretrained"] = {"uri": str(weights)}
-    doc["spec"]["dataset"] = {"name": "text", "uri": str(CORPUS), "validationFraction": 0.3}
-    job.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    done = clirun.kiln("run", str(job), "--zoo", "zoo", cwd=tmp_path,
-                       env=environ | {"OMP_NUM_THREADS": "1"})
+    done = _run_text_job(tmp_path, "dir-tokenizer", weights)
     assert done.returncode != 0
     assert "tokenizer.json is no file" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
