@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
@@ -312,8 +313,8 @@ def _parser() -> argparse.ArgumentParser:
                             help=f"in the repository root: regenerate {dashboard.CHART_COPY}")
     dash.set_defaults(func=_cmd_dashboard)
 
-    plot = sub.add_parser("plot", help="draw runs' training curves or a placement plan "
-                          "(PNG, SVG or PDF, by the --out suffix)")
+    plot = sub.add_parser("plot", help="draw runs' training curves, a sweep's trials or a "
+                          "placement plan (PNG, SVG or PDF, by the --out suffix)")
     plot.add_argument("runs", nargs="*", type=Path, metavar="RUN",
                       help="a run's history (.kiln/runs/JOB.metrics.jsonl, its log, or a bare "
                       "JOB name, looked up in .kiln/runs/), else a zoo model id or the job name "
@@ -538,7 +539,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         except UsageError as exc:
             invalid.append(str(exc))
             lines = str(exc).splitlines()  # "FILE: invalid TrainingJob:", then "  problem"s
-            rows.append({"source": source, "name": None, "valid": False,
+            rows.append({"source": source, "name": _name_as_written(path), "valid": False,
                          "problems": [ln.strip() for ln in lines if ln.startswith("  ")] or lines})
             continue
         known = [*runtimes, *(d for d in found if isinstance(d, api.runtime.AnyRuntime))]
@@ -583,9 +584,23 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
             row["problems"] = [f"metadata.name: another {nouns[row['kind']]} has this name"]
     if args.output != "table":  # every file's verdict on stdout; the problems on stderr too
         output.show(console, args.output, rows)
-    if invalid:
-        raise UsageError("\n".join(invalid))
+    if invalid:  # each file's own "error:" line, as the first one gets
+        raise UsageError("\nerror: ".join(invalid))
     return EXIT_OK
+
+
+def _name_as_written(path: Path) -> str | None:
+    """metadata.name of a one-document file that did not validate, as written (None for
+    stdin, several documents, or none readable)."""
+    if path == STDIN:
+        return None
+    try:
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    meta = docs[0].get("metadata") if len(docs) == 1 and isinstance(docs[0], dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:

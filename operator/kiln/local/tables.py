@@ -140,9 +140,12 @@ def zoo_models(where: str, found: Sequence[records.ZooRecord]) -> Table:
     for column in ("id", "architecture", "dataset", "metric", "params", "parent", "created"):
         table.add_column(column)
     for rec in found:
-        add_row(table, rec.id, rec.builder, rec.dataset,
-                fmt(rec.metric_value, rec.metric_name), f"{rec.num_params:,}", rec.parent or "-",
-                rec.created_time)
+        # A provisional record is a job's best weights so far (still training, or stopped
+        # early, e.g. a pruned trial): its metric is not a finished model's.
+        metric = fmt(rec.metric_value, rec.metric_name) + (" (provisional)"
+                                                             if rec.provisional else "")
+        add_row(table, rec.id, rec.builder, rec.dataset, metric, f"{rec.num_params:,}",
+                rec.parent or "-", rec.created_time)
     return table
 
 

@@ -249,8 +249,8 @@ def unknown_args(name: str, args: Mapping[str, Any]) -> list[tuple[str, str]]:
             problems.append((key, "set it as spec.model.inputShape, not as an argument"))
             continue
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        problems.append((key, f"unknown argument of {name}; {hint}(known: {', '.join(known)})"))
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append((key, f"unknown argument of {name}{hint} (known: {', '.join(known)})"))
     return problems
 
 
