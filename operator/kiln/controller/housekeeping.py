@@ -147,12 +147,16 @@ async def _read_progress(deps: lifecycle.Deps, ref: jobs.JobRef, body: Mapping[s
         return
     running = api.running_doc(body).get("spec") or {}  # the admitted epochs, whatever edits say
     epochs = int((running.get("training") or {}).get("epochs") or 1)
+    rejected: dict[str, float] = {}
     try:
-        found = progress.parse(text, epochs=epochs)
+        found = progress.parse(text, epochs=epochs, rejected=rejected)
         verdict = progress.warm_start_decision(text)
     except ValueError as exc:
         _log.warning("%s: unreadable trainer metrics at %s (%s)", ref.key, where, exc)
         return
+    if rejected:
+        _log.warning("%s: ignoring trainer metrics no trainer reports: %s", ref.key,
+                     ", ".join(f"{k}={v!r}" for k, v in sorted(rejected.items())))
     if found is None:
         return
     if found.eta_seconds is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,12 @@ if TYPE_CHECKING:  # it imports torch: the methods that use it import it, so the
 
 _log = logging.getLogger(__name__)
 PUBLISH_CONCURRENCY = 16
+# A trainer's reported throughput, and the ETA it implies for its spec's samples left, are
+# believed between these multiples of the job's own estimate at its device count (its profile,
+# zoo relatives or model FLOPs). The estimate is optimistic (small models run far below their
+# FLOPs' pace), so little room above it: a report of more makes its devices seem about to come
+# free; below, room for any real job, none for a speed that makes the planner's numbers infinite.
+SPEED_TRUST = (1e-4, 10.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +159,7 @@ class PlacementLoop:
         self._work: dict[str, estimate.Workload] = {}
         self._moving: dict[str, tuple[str, introspect.Move]] = {}  # key -> (pool, move)
         self._compute: dict[str, float] = {}  # key -> share of its compute freezing left
+        self._distrusted: set[str] = set()  # keys whose reports were bounded (logged once)
         self._queue: dict[jobs.JobRef, Queued] = {}
         self._configs: dict[tuple[jobs.JobRef, str], tuple[types.Config, ...]] = {}
         # (ref, device) -> the GPU types its configs were estimated for
@@ -267,6 +275,8 @@ class PlacementLoop:
             node_objects, pod_objects, cpu_slots=self._settings.cpu_slots,
             gpu_type=self._settings.gpu_type, gpu_type_label=self._settings.gpu_type_label,
             gpu_resources=self._settings.gpu_resources, now=now, eta_seconds=self._eta))
+        pools = dataclasses.replace(pools, running={
+            p: tuple(self._bounded_eta(r) for r in rs) for p, rs in pools.running.items()})
         self._gpu_resource.update(pools.gpu_resource)
         requested = feasible.used(pod_objects)
         groups: dict[str, list[Queued]] = {}
@@ -401,6 +411,7 @@ class PlacementLoop:
             for memo in (self._placed, self._progress, self._restart_seconds, self._stopped,
                          self._work, self._moving, self._compute):
                 memo.pop(key, None)
+            self._distrusted.discard(key)
         for pool, running in pools.running.items():
             device = "gpu" if pool == cluster.GPU_POOL else "cpu"
             if pool not in pools.nodes:
@@ -436,7 +447,7 @@ class PlacementLoop:
         """The running job with its remaining time from its measured progress, when its
         trainer reported no ETA (`estimate.remaining_seconds`)."""
         placed = self._placed.get(running.job)
-        progress = self._progress.get(running.job)
+        progress = self._believed(running)
         rate, step = progress if progress is not None else (0.0, None)
         if running.job in self._eta or placed is None or step is None:
             return running
@@ -456,7 +467,7 @@ class PlacementLoop:
         placed = self._placed[running.job]
         configs = placed.configs
         current = next((c for c in configs if c.gpus == running.gpus), None)
-        progress = self._progress.get(running.job)
+        progress = self._believed(running)
         if current is not None and progress is not None:
             configs = estimate.refine(
                 configs, work=self._workload(placed), running=current,
@@ -465,6 +476,66 @@ class PlacementLoop:
         return introspect.JobState(configs, last_move=placed.last_move,
                                    restart_seconds=self._restart_seconds.get(running.job),
                                    compute_scale=self._compute.get(running.job, 1.0))
+
+    def _speed_bounds(self, running: types.Running) -> tuple[float, float] | None:
+        """The samples/s a trainer's report is believed within (`SPEED_TRUST` times the
+        job's estimate at its device count); None for a job this loop did not start or
+        without a finite estimate there."""
+        from kiln.placement import estimate
+
+        placed = self._placed.get(running.job)
+        current = None if placed is None else next(
+            (c for c in placed.configs if c.gpus == running.gpus), None)
+        if placed is None or current is None or not math.isfinite(current.seconds):
+            return None
+        work = self._workload(placed)
+        device = estimate.device_model("cuda" if placed.device == "gpu" else "cpu")
+        estimated = work.batch_size / estimate.step_of(work, current.seconds, device)
+        return estimated * SPEED_TRUST[0], estimated * SPEED_TRUST[1]
+
+    def _believed(self, running: types.Running) -> tuple[float, int | None] | None:
+        """The job's reported (samples/s, step), its speed held within `_speed_bounds`."""
+        progress = self._progress.get(running.job)
+        bounds = self._speed_bounds(running)
+        if progress is None or bounds is None:
+            return progress
+        rate, step = progress
+        believed = min(max(rate, bounds[0]), bounds[1])
+        if believed != rate:
+            self._distrust(running.job, f"{rate:g} samples/s, planned as {believed:g} "
+                           f"(believed within {bounds[0]:g}..{bounds[1]:g} on "
+                           f"{running.gpus} device(s))")
+        return believed, None if step is None else max(0, step)
+
+    def _bounded_eta(self, running: types.Running) -> types.Running:
+        """The running job with its reported ETA held to the time its spec's samples left
+        take within `_speed_bounds` (after its reported step, else all of them)."""
+        from kiln.placement import estimate
+
+        eta = self._eta.get(running.job)
+        bounds = self._speed_bounds(running)
+        if eta is None or bounds is None:
+            return running
+        work = self._workload(self._placed[running.job])
+        progress = self._progress.get(running.job)
+        step = progress[1] if progress is not None and progress[1] is not None else 0
+        done = min(max(0, step) * work.batch_size, work.total_train_samples)
+        low, high = (estimate.remaining_seconds(work, samples_done=done,
+                                                measured_samples_per_second=speed)
+                     for speed in reversed(bounds))
+        believed = min(max(eta, low), high)
+        if believed == eta:
+            return running
+        self._distrust(running.job, f"an ETA of {eta:g} s, planned as {believed:g} s (its "
+                       f"spec's samples left at {bounds[1]:g}..{bounds[0]:g} samples/s)")
+        return dataclasses.replace(running, remaining_seconds=max(
+            cluster.MIN_REMAINING_SECONDS, believed))
+
+    def _distrust(self, key: str, what: str) -> None:
+        """Log, once per job while it runs here, that its trainer's report was bounded."""
+        if key not in self._distrusted:
+            self._distrusted.add(key)
+            _log.warning("placement: %s: its trainer reported %s", key, what)
 
     def _workload(self, placed: Placed) -> estimate.Workload:
         """The job's workload, sized once (`estimate.workload` may count a folder's files)."""

@@ -33,6 +33,14 @@ _PROBES: dict[str, str] = {
     contract.Metric.COLD_PROBE_ACCURACY: "cold_probe_accuracy",
 }
 _INTEGERS = ("step", "frozen_modules")
+# A count beyond this is no trainer's (and no longer an exact JSON number in the API).
+MAX_COUNT = 2**53
+# field -> the values a real trainer publishes (`kiln_trainer.metrics` clamps its own); what
+# the planner reads is only believed within them. Losses and accuracy: any finite value.
+_RANGES: dict[str, tuple[float, float]] = {
+    "epoch": (0, MAX_COUNT), "step": (0, MAX_COUNT), "frozen_modules": (0, MAX_COUNT),
+    "samples_per_second": (0, math.inf), "eta_seconds": (0, math.inf),
+    "compute_fraction": (0, 1)}
 
 
 def address(template: str, state: pods.PodState, namespace: str) -> str | None:
@@ -60,12 +68,17 @@ async def read(session: aiohttp.ClientSession, host_port: str, *,
         return None
 
 
-def parse(text: str, *, epochs: int) -> api.ProgressStatus | None:
+def parse(text: str, *, epochs: int,
+          rejected: dict[str, float] | None = None) -> api.ProgressStatus | None:
     """status.progress from a trainer's exposition text (None when it has no Kiln metrics).
+
+    A value no trainer publishes (a negative step or ETA, a compute share above 1, a count
+    beyond `MAX_COUNT`, an infinite epoch) is left out, as if not reported.
 
     Args:
         text: Prometheus text format.
         epochs: the job's epoch budget (caps the 1-based epoch in progress).
+        rejected: when given, filled with each left-out field and the value reported.
 
     Raises:
         ValueError: the text is not Prometheus text format.
@@ -76,13 +89,19 @@ def parse(text: str, *, epochs: int) -> api.ProgressStatus | None:
             if sample.name.startswith(contract.METRIC_PREFIX):
                 values[sample.name[len(contract.METRIC_PREFIX):]] = float(sample.value)
     progress: dict[str, float | int] = {}
-    if contract.Metric.EPOCH in values:  # epochs completed -> the 1-based epoch in progress
-        progress["epoch"] = min(int(values[contract.Metric.EPOCH]) + 1, epochs)
-    for name, field in _FIELDS.items():
+    for name, field in ((contract.Metric.EPOCH, "epoch"), *_FIELDS.items()):
         value = values.get(name)
-        if value is None or not math.isfinite(value):
+        if value is None:
             continue
-        progress[field] = int(value) if field in _INTEGERS else round(value, 6)
+        if not math.isfinite(value) or field in _RANGES and not (
+                _RANGES[field][0] <= value <= _RANGES[field][1]):
+            if rejected is not None and field in _RANGES:
+                rejected[field] = value
+            continue
+        if field == "epoch":  # epochs completed -> the 1-based epoch in progress
+            progress[field] = min(int(value) + 1, epochs)
+        else:
+            progress[field] = int(value) if field in _INTEGERS else round(value, 6)
     return api.ProgressStatus.model_validate(progress) if progress else None
 
 

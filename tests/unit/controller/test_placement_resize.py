@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
+import pytest
 from kubesim import selection
 from unit.controller import resize_cases
 
@@ -61,14 +63,15 @@ async def _nothing(*_: Any) -> None:
 
 
 def _loop(state: _Cluster, clock: list[float], *, min_interval: float,
-          eta: dict[str, float], max_gpus: int = 2) -> placement_loop.PlacementLoop:
+          eta: dict[str, float], max_gpus: int = 2,
+          publish: placement_loop.Publish = _nothing) -> placement_loop.PlacementLoop:
     settings = main.loop_settings(operator_settings.Options(
         placement_interval_seconds=1.0, cpu_slots_per_node=1, max_gpus_per_job=max_gpus,
         placement_use_milp=False, resize_min_gain=2.0, resize_min_interval_seconds=min_interval,
         resize_restart_seconds=60.0, resize_grow_price=0.0))  # GPUs taken while idle: free
     return placement_loop.PlacementLoop(
         client=state,  # type: ignore[arg-type]  # lists nodes and pods, as the loop needs
-        settings=settings, launch=state.launch, publish=_nothing, unplaceable=_nothing,
+        settings=settings, launch=state.launch, publish=publish, unplaceable=_nothing,
         zoo_records=list, metrics=metrics.OperatorMetrics(), clock=lambda: clock[0],
         eta_seconds=eta, resize=state.resize)
 
@@ -143,3 +146,56 @@ def test_a_measured_fast_restart_lets_a_smaller_gain_move_the_job() -> None:
         assert [(m.gpus, m.restart_seconds) for m in state.moves] == [(2, 60.0), (4, 12.0)]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("reported_eta", "speed"), [(1.7e308, 900.0), (None, 5e-324)])
+def test_a_trainer_reporting_an_endless_eta_or_no_speed_leaves_the_gains_finite(
+        reported_eta: float | None, speed: float) -> None:
+    # Before its reports were bounded, an ETA of 1.7e308 s made the grow's gain NaN (inf -
+    # inf), and a speed of 5e-324 samples/s made every config infinite.
+    state, clock, eta = _Cluster(), [1000.0], dict[str, float]()
+    loop = _loop(state, clock, min_interval=300.0, eta=eta)
+
+    async def scenario() -> None:
+        _queue(loop, "a", clock[0])
+        await loop.tick()
+        if reported_eta is not None:
+            eta["ns/a"] = reported_eta
+        del state.pods["other"]
+        clock[0] += 10.0
+        loop.observe_progress("ns/a", samples_per_second=speed, step=10, now=clock[0])
+        await loop.tick()
+
+    asyncio.run(scenario())
+    assert state.moves and all(math.isfinite(m.gain_seconds) and math.isfinite(
+        m.remaining_seconds) for m in state.moves)
+
+
+def test_a_trainer_reporting_it_is_about_to_end_does_not_make_the_planner_wait_on_it() -> None:
+    # "b" waits for the GPU "a" holds. "a" reports an ETA of 0 s at step 0 of 2,000 epochs:
+    # at ten times its estimated speed (~300k samples/s) those 80M samples take minutes, and
+    # b's planned start says so (it was 5 s away at every re-plan).
+    state, clock, eta = _Cluster(gpus=1, other_gpus=0), [1000.0], dict[str, float]()
+    published: list[types.Assignment] = []
+
+    async def publish(_: placement_loop.Queued, assignment: types.Assignment, __: str) -> None:
+        published.append(assignment)
+
+    loop = _loop(state, clock, min_interval=300.0, eta=eta, publish=publish)
+    long_job = resize_cases.heavy_job("a")
+    long_job = long_job.model_copy(update={"spec": long_job.spec.model_copy(update={
+        "training": long_job.spec.training.model_copy(update={"epochs": 2000})})})
+    decision = select.cold_start(api.WarmStartOutcome.COLD_EMPTY, "no zoo models")
+
+    async def scenario() -> None:
+        loop.add(placement_loop.Queued(jobs.JobRef("ns", "a"), long_job, decision,
+                                       since=clock[0]))
+        await loop.tick()
+        eta["ns/a"] = 0.0
+        loop.observe_progress("ns/a", samples_per_second=900.0, step=0, now=clock[0])
+        _queue(loop, "b", clock[0])
+        await loop.tick()
+
+    asyncio.run(scenario())
+    (waiting,) = [a for a in published if a.job == "ns/b"]
+    assert waiting.start - clock[0] > 100.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import prometheus_client
 import pytest
 
@@ -10,8 +12,9 @@ from kiln.controller import progress
 from kiln_trainer import metrics, tracking
 
 
-def _parse(text: str, *, epochs: int) -> api.ProgressStatus:
-    found = progress.parse(text, epochs=epochs)
+def _parse(text: str, *, epochs: int,
+           rejected: dict[str, float] | None = None) -> api.ProgressStatus:
+    found = progress.parse(text, epochs=epochs, rejected=rejected)
     assert found is not None
     return found
 
@@ -71,3 +74,29 @@ def test_the_trainers_warm_start_verdict_is_read_with_its_probe_scores() -> None
     again = progress.warm_start_decision(reporter.exposition().decode())
     assert again == {"outcome": "warm", "parent": "p-1", "reason": "kept p-1",
                      "probe_loss": 0.4, "cold_probe_loss": 2.3}
+
+
+@pytest.mark.parametrize(("sample", "field", "value"), [
+    ("kiln_trainer_epoch +Inf", "epoch", math.inf),  # raised OverflowError: no progress read
+    ("kiln_trainer_epoch -7", "epoch", -7.0),
+    ("kiln_trainer_steps_total -5", "step", -5.0),
+    ("kiln_trainer_steps_total 1e300", "step", 1e300),
+    ("kiln_trainer_frozen_modules 1e30", "frozen_modules", 1e30),
+    ("kiln_trainer_eta_seconds -100", "eta_seconds", -100.0),
+    ("kiln_trainer_samples_per_second +Inf", "samples_per_second", math.inf),
+    ("kiln_trainer_samples_per_second -3", "samples_per_second", -3.0),
+    ("kiln_trainer_compute_ratio 7", "compute_fraction", 7.0),
+])
+def test_a_value_no_trainer_reports_is_left_out_and_named(sample: str, field: str,
+                                                            value: float) -> None:
+    rejected: dict[str, float] = {}
+    found = _parse(f"{sample}\nkiln_trainer_train_loss 0.5\n", epochs=3, rejected=rejected)
+    assert getattr(found, field) is None and found.train_loss == 0.5
+    assert list(rejected) == [field] and rejected[field] == value
+
+
+def test_a_diverged_loss_is_left_out_without_being_named() -> None:
+    rejected: dict[str, float] = {}
+    found = _parse("kiln_trainer_train_loss NaN\nkiln_trainer_steps_total 3\n", epochs=1,
+                   rejected=rejected)
+    assert (found.train_loss, found.step, rejected) == (None, 3, {})
