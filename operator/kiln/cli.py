@@ -494,8 +494,10 @@ def _checked_documents(path: Path, runtimes: Sequence[api.runtime.AnyRuntime] = 
                                         if named else doc)
             if more:
                 raise api.InvalidSpec(more, source=source, kind=doc.kind)
-    except api.InvalidSpec as exc:  # a job that did not parse: add what can be told
-        problems = models.check_job(exc) if exc.kind == api.KIND else exc.problems
+    except api.InvalidSpec as exc:  # a job or sweep that did not parse: add what can be told
+        problems = (models.check_job(exc) if exc.kind == api.KIND
+                    else models.check_sweep(exc) if exc.kind == api.sweep.SWEEP_KIND
+                    else exc.problems)
         raise UsageError(str(api.InvalidSpec(problems, source=exc.source, kind=exc.kind))
                          ) from None
     return found

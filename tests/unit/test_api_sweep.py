@@ -336,6 +336,17 @@ def test_validate_refuses_a_bad_sweep_naming_the_field(
     assert "Traceback" not in err
 
 
+def test_validate_names_a_sweeps_schema_and_trial_problems_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = SWEEP.replace("categorical: [8, 16]", "categorical: [8, 16, 0]").replace(
+        "earlyStopping: {name: asha}", "earlyStopping: {name: asha}\n  maxTrials: eight")
+    assert cli.main(["validate", str(_write(tmp_path, text))]) == cli.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert "spec.maxTrials: Input should be a valid integer" in err, err
+    assert "spec.parameters[2]: model.args.width=0 makes an invalid trial" in err, err
+
+
 def test_validate_json_gives_each_documents_kind_and_verdict(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = _write(tmp_path, SWEEP + "---\n" + JOB, "good.yaml")

@@ -73,8 +73,8 @@ class InvalidSpec(ValueError):
     Attributes:
         problems: every problem found, one ``field.path: what is wrong`` line each.
         source: where the document came from (a file, a namespace/name), or "".
-        job: the document as far as it parses, each field the schema rejected reset to its
-            default, so the checks that do not read those fields can still run; None when even
+        job: the document as far as it parses (a TrainingJob, or a TrainingSweep for kind
+            TrainingSweep), each field the schema rejected reset to its default, so the checks that do not read those fields can still run; None when even
             that does not parse (or nothing was parsed).
         rejected: the field paths the schema rejected (an unknown key's parent object).
         kind: the document's kind, named in the message (TrainingJob or TrainingSweep).

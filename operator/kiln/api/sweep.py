@@ -407,10 +407,18 @@ def parse_sweep(doc: Any, *, source: str = "") -> TrainingSweep:
     unknown = validation.unknown_fields(TrainingSweep, doc)
     try:
         sweep = TrainingSweep.model_validate_json(json.dumps(doc), strict=True)
-    except (ValidationError, ValueError) as exc:
-        found = validation.problems_of(exc) if isinstance(exc, ValidationError) else [str(exc)]
-        shown = [p for p in found if "extra inputs are not permitted" not in p.lower()]
-        raise names.InvalidSpec(unknown + shown, source=source, kind=SWEEP_KIND) from None
+    except ValidationError as exc:
+        shown = [p for p in validation.problems_of(exc)
+                 if "extra inputs are not permitted" not in p.lower()]
+        # As for a job: the checks that read no rejected field still run, on the sweep with
+        # those fields at their defaults, so every problem shows at once.
+        partial, rejected = validation.without_rejected(
+            doc, exc.errors(), validation.misspelt(unknown), TrainingSweep)
+        more = validation.unaffected(problems(partial), rejected) if partial is not None else []
+        raise names.InvalidSpec(unknown + shown + more, source=source, kind=SWEEP_KIND,
+                                job=partial, rejected=rejected) from None
+    except ValueError as exc:
+        raise names.InvalidSpec(unknown + [str(exc)], source=source, kind=SWEEP_KIND) from None
     found = unknown + problems(sweep)
     if found:
         raise names.InvalidSpec(found, source=source, kind=SWEEP_KIND)

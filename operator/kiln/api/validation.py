@@ -21,6 +21,8 @@ from pydantic import BaseModel, ValidationError
 from kiln.api import bounds, names, podschema, scheduling, status
 from kiln.api import spec as spec_types
 
+M = typing.TypeVar("M", bound=BaseModel)
+
 
 def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
     """Parse and validate one job document (a dict as decoded from YAML/JSON).
@@ -41,7 +43,7 @@ def parse_job(doc: Any, *, source: str = "") -> status.TrainingJob:
     job, problems, errors = _check_schema_errors(doc)
     rejected: tuple[str, ...] = ()
     if job is None and errors is not None:
-        job, rejected = _without_rejected(doc, errors, _misspelt(problems))
+        job, rejected = without_rejected(doc, errors, misspelt(problems), status.TrainingJob)
     if job is not None:
         problems += unaffected(validate(job), rejected)
     if problems:
@@ -81,19 +83,20 @@ def _nested(a: str, b: str) -> bool:
                ((a, b), (b, a)))
 
 
-def _misspelt(problems: list[str]) -> dict[str, str]:
+def misspelt(problems: list[str]) -> dict[str, str]:
     """Unknown field path -> the field it probably meant (its did-you-mean), from `problems`."""
     found = (re.fullmatch(r"(.*\.)?([^.:]+): unknown field; did you mean '([^']+)'\?", p)
              for p in problems)
     return {f"{m[1] or ''}{m[2]}": f"{m[1] or ''}{m[3]}" for m in found if m}
 
 
-def _without_rejected(doc: Any, errors: list[Any], misspelt: dict[str, str]
-                      ) -> tuple[status.TrainingJob | None, tuple[str, ...]]:
+def without_rejected(doc: Any, errors: list[Any], meant: dict[str, str], model: type[M]
+                     ) -> tuple[M | None, tuple[str, ...]]:
     """`doc` with every field the schema rejected defaulted (removed) or stood in for
-    (`_STAND_INS`), parsed, and those fields' paths; None when it still does not parse. An
-    unknown key is removed, and the field it was probably meant as (`misspelt`) counts as
-    rejected: it was left at its default."""
+    (`_STAND_INS`), parsed as `model` (a TrainingJob or TrainingSweep), and those fields'
+    paths; None when it still does not parse. An unknown key is removed, and the field it was
+    probably meant as (`meant`, from `misspelt`) counts as rejected: it was left at its
+    default."""
     wire = copy.deepcopy(_as_kubectl_sends(doc, "", []))
     rejected: list[str] = []
     for _ in range(3):  # a removed field can expose another error (a required one missing)
@@ -101,10 +104,10 @@ def _without_rejected(doc: Any, errors: list[Any], misspelt: dict[str, str]
             path = _reject(wire, error["loc"], error["type"])
             if error["type"] != "extra_forbidden":
                 rejected.append(path)
-            elif path in misspelt:
-                rejected.append(misspelt[path])
+            elif path in meant:
+                rejected.append(meant[path])
         try:
-            return (status.TrainingJob.model_validate_json(json.dumps(wire), strict=True),
+            return (model.model_validate_json(json.dumps(wire), strict=True),
                     tuple(dict.fromkeys(rejected)))
         except ValidationError as exc:
             errors = exc.errors()

@@ -146,16 +146,23 @@ def check_job(job: api.TrainingJob | api.InvalidSpec) -> list[str]:
     return api.validate(job) + _model_problems(job)
 
 
-def check_sweep(sweep: api.sweep.TrainingSweep) -> list[str]:
+def check_sweep(sweep: api.sweep.TrainingSweep | api.InvalidSpec) -> list[str]:
     """`check_job`'s registry checks for every trial a parsed sweep may make; [] when each can
     run. `kiln validate` and the operator's admission of a sweep both run this after
     `api.sweep.parse_sweep` (which checked the rest): the template as a trial's spec, then
     each parameter alone at each of its values (each category, each end of a range), then the
-    parameters together (`api.sweep.probe_points`).
+    parameters together (`api.sweep.probe_points`). Given the error `parse_sweep` raised, its
+    problems, then (as `check_job` does) these checks of the sweep as far as it parsed when
+    only the schema rejected fields, except problems reading those fields.
 
     Returns:
         Problems, one line each, naming spec.template or spec.parameters[i].
     """
+    if isinstance(sweep, api.InvalidSpec):
+        partial = sweep.job
+        if not isinstance(partial, api.sweep.TrainingSweep) or api.sweep.problems(partial):
+            return list(sweep.problems)
+        return list(sweep.problems) + api.unaffected(check_sweep(partial), sweep.rejected)
     template = api.to_wire(sweep.spec.template)
     found = [f"spec.template.{p.removeprefix('spec.')}" for p in _trial_problems(sweep, template)]
     if found:  # every parameter's trials would repeat them
