@@ -164,10 +164,15 @@ _POSITIVE = {"zoo_request_attempts", "zoo_retry_max_delay_seconds", "zoo_query_t
              "placement_interval_seconds", "placement_time_limit_seconds", "max_gpus_per_job",
              "cpu_slots_per_node", "housekeeping_interval_seconds", "progress_timeout_seconds",
              "termination_grace_seconds", "profile_timeout_seconds",
-             "zoo_gc_interval_seconds", "zoo_hit_half_life_seconds", "zoo_access_hours"}
+             "zoo_gc_interval_seconds", "zoo_hit_half_life_seconds", "zoo_access_hours",
+             "trainer_metrics_port"}  # every trainer pod declares it: containerPort 0 is refused
 _MAXIMUM = {"zoo_request_attempts": 100, "zoo_retry_limit": 1000, "max_gpus_per_job": 64,
             "cpu_slots_per_node": 256, "termination_grace_seconds": 86400,
-            "zoo_access_hours": 168}  # SigV4 signs URLs for at most 7 days
+            "zoo_access_hours": 168,  # SigV4 signs URLs for at most 7 days
+            # A pipe's poll takes at most 2**31 ms (24.8 days): a longer graph deadline raised
+            # OverflowError in every warm-start search. A day is far past any model's tracing,
+            # and past any profiling run (its pod's activeDeadlineSeconds).
+            "warm_start_graph_timeout_seconds": 86400, "profile_timeout_seconds": 86400}
 # Kubernetes label values and (optionally prefixed) keys, for --gpu-type and its label.
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
@@ -178,6 +183,11 @@ _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label
 _PROGRESS_FIELDS = {"pod_ip", "port", "pod", "namespace"}
+# A key of a Secret's data, as the zoo credential keys are.
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+# The options that name objects every trainer pod refers to: a bad name is accepted here but
+# the API server refuses every trainer pod the operator creates.
+_OBJECT_NAMES = {"zoo_secret": "a Secret", "trainer_service_account": "a ServiceAccount"}
 
 
 def _text(name: str) -> Any:
@@ -232,9 +242,17 @@ def _text(name: str) -> Any:
                 eviction.parse_capacity(text)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
-        if name == "default_image" and not text.strip():
-            raise argparse.ArgumentTypeError("an image is needed, e.g. "
-                                             f"{settings.DEFAULT_IMAGE}")
+        if name == "default_image" and (not text.strip() or re.search(r"\s", text)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an image reference (no spaces; the kubelet could not pull "
+                f"it for any job), e.g. {settings.DEFAULT_IMAGE}")
+        if name in _OBJECT_NAMES and not _NAME.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not the name of {_OBJECT_NAMES[name]} (lowercase letters, "
+                "digits, '-', '.'; the API server would refuse every trainer pod), e.g. zoo-creds")
+        if name.startswith("zoo_secret_") and not _SECRET_KEY.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a Secret key (letters, digits, '-', '_', '.'), e.g. accessKey")
         return text
     return parse
 
@@ -415,7 +433,11 @@ def build_parser(prog: str = "kiln operator", *,
 
 
 def options_from_args(args: argparse.Namespace) -> settings.Options:
-    """`settings.Options` from parsed arguments."""
+    """`settings.Options` from parsed arguments.
+
+    Raises:
+        ValueError: options that cannot work together (the message names the flags).
+    """
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(settings.Options)
               if hasattr(args, f.name)}
     for name in ("namespaces", "namespace_gpu_quota", "priority_weights"):
@@ -423,7 +445,13 @@ def options_from_args(args: argparse.Namespace) -> settings.Options:
     if "gpu_resources" in values:  # repeated flags, without duplicates; none: the default
         values["gpu_resources"] = (tuple(dict.fromkeys(values["gpu_resources"]))
                                    or settings.Options.gpu_resources)
-    return settings.Options(**values)
+    options = settings.Options(**values)
+    # Both servers bind at start, /metrics first: kopf's liveness endpoint then failed to bind
+    # inside kopf, after the operator had connected.
+    if options.metrics_port and options.metrics_port == options.liveness_port:
+        raise ValueError(f"--metrics-port and --liveness-port are both {options.metrics_port}; "
+                         "give the two endpoints different ports (0 turns one off)")
+    return options
 
 
 def build(options: settings.Options, connection: kopf.ConnectionInfo, *,

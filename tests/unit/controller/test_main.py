@@ -83,6 +83,16 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--pod-security-context", "runAsNonRoot"], "not JSON"),
     (["--container-security-context", "[1]"], "must be a JSON object"),
     (["--peering", "Kiln Peers"], "'Kiln Peers' is not an object name"),
+    # Accepted before, then every trainer pod (or every warm-start search) failed.
+    (["--trainer-metrics-port", "0"], "must be greater than 0"),
+    (["--warm-start-graph-timeout-seconds", "3000000"], "must be at most 86400"),
+    (["--profile-timeout-seconds", "1e300"], "must be at most 86400"),
+    (["--default-image", "kiln-trainer:0.1 beta"],
+     "'kiln-trainer:0.1 beta' is not an image reference"),
+    (["--zoo-secret", "Zoo Creds"], "'Zoo Creds' is not the name of a Secret"),
+    (["--trainer-service-account", "ml_trainer"],
+     "'ml_trainer' is not the name of a ServiceAccount"),
+    (["--zoo-secret-access-key", "access key"], "'access key' is not a Secret key"),
 ])
 def test_numeric_options_out_of_range_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,6 +109,15 @@ def test_zero_ports_and_retries_are_allowed() -> None:
         "--gpu-type", "NVIDIA-A100-SXM4-80GB"]))
     assert (options.metrics_port, options.liveness_port, options.zoo_retry_limit) == (0, 0, 0)
     assert options.gpu_type == "NVIDIA-A100-SXM4-80GB"
+
+
+def test_one_port_for_metrics_and_liveness_fails_at_start_naming_both_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--metrics-port", "8080", "--liveness-port", "8080"]
+    with pytest.raises(ValueError, match="--metrics-port and --liveness-port are both 8080"):
+        main.options_from_args(main.build_parser().parse_args(argv))
+    assert main.main(argv) == 2  # before any connection
+    assert "different ports" in capsys.readouterr().out
 
 
 class _Server(http.server.BaseHTTPRequestHandler):
