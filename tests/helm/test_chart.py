@@ -328,8 +328,24 @@ def test_pod_labels_cannot_unselect_the_operators_pods() -> None:
      "metrics.port and operator.livenessPort are both 8080"),
     ({"zoo": {"endpoint": "m:9000"}, "operator": {"extraArgs": ["--liveness-port=0"]}},
      "operator.extraArgs: --liveness-port is set by the chart"),
+    # The operator took the last of two silently, or failed at start on a lone flag.
+    ({"zoo": {"endpoint": "m:9000"},
+      "operator": {"extraArgs": ["--zoo-capacity=10GiB", "--zoo-capacity=20GiB"]}},
+     "operator.extraArgs: --zoo-capacity is given twice"),
+    ({"zoo": {"endpoint": "m:9000"}, "operator": {"extraArgs": ["--resize", "--no-resize"]}},
+     "operator.extraArgs: --resize is given twice (--resize and --no-resize)"),
+    ({"zoo": {"endpoint": "m:9000"}, "operator": {"extraArgs": ["--zoo-capacity", "--no-resize"]}},
+     "operator.extraArgs: --zoo-capacity needs a value in the same item"),
+    # The flag the chart passes won over it silently.
+    ({"zoo": {"endpoint": "m:9000"},
+      "operator": {"env": [{"name": "KILN_OPERATOR_ZOO_URI", "value": "s3://other"}]}},
+     "operator.env: KILN_OPERATOR_ZOO_URI sets the operator's --zoo-uri"),
+    ({"zoo": {"endpoint": "m:9000"},
+      "operator": {"env": [{"name": "KILN_OPERATOR_GPU_RESOURCES", "value": "amd.com/gpu"}]}},
+     "operator.env: KILN_OPERATOR_GPU_RESOURCES sets the operator's --gpu-resource"),
 ], ids=["no-zoo-endpoint", "no-account-name", "default-account", "same-ports",
-        "extra-arg-the-chart-sets"])
+        "extra-arg-the-chart-sets", "extra-arg-twice", "extra-switch-and-its-no-form",
+        "extra-arg-without-value", "env-of-a-chart-flag", "env-of-a-chart-list-flag"])
 def test_values_no_schema_can_check_fail_install_naming_the_value(
         values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmFailed, match=re.escape(message)):
@@ -370,5 +386,10 @@ def test_the_charts_extra_args_lists_cover_every_operator_flag_once() -> None:
 def test_an_unknown_extra_arg_fails_install_naming_the_open_flags() -> None:
     with pytest.raises(helm.HelmFailed, match="--bogus-flag is not a kiln operator flag"):
         helm.install({"operator": {"extraArgs": ["--bogus-flag=1"]}})
-    release = helm.install({"operator": {"extraArgs": ["--housekeeping-interval-seconds=5"]}})
-    assert _operator_options(release).housekeeping_interval_seconds == 5.0
+    release = helm.install({"operator": {
+        "extraArgs": ["--housekeeping-interval-seconds=5", "--priority-weight=high=4",
+                      "--priority-weight=low=0.5", "--no-resize"],
+        "env": [{"name": "KILN_OPERATOR_ZOO_CAPACITY", "value": "10GiB"}]}})
+    options = _operator_options(release)
+    assert options.housekeeping_interval_seconds == 5.0 and options.resize is False
+    assert options.priority_weights == ("high=4", "low=0.5")  # a repeatable flag, repeated

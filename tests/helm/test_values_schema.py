@@ -35,6 +35,13 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
      "/grafanaDashboard/labels/grafana_dashboard"),
     ({"minio": {"rootPassword": "short"}}, "/minio/rootPassword"),
     ({"metrics": {"service": {"type": "Ingress"}}}, "/metrics/service/type"),
+    # Rendered without complaint before: the pod failed to pull, or the API server refused it.
+    ({"image": {"tag": "0.1 beta"}}, "/image/tag"),
+    ({"trainer": {"image": "kiln trainer:0.1"}}, "/trainer/image"),
+    ({"operator": {"resources": {"requests": {"cpu": "lots"}}}},
+     "/operator/resources/requests/cpu"),
+    ({"minio": {"persistence": {"size": "10 gigs"}}}, "/minio/persistence/size"),
+    ({"trainer": {"gpuTypeLabel": "nvidia gpu product"}}, "/trainer/gpuTypeLabel"),
 ]
 
 

@@ -64,12 +64,41 @@ app.kubernetes.io/part-of: kiln
 {{- end -}}
 {{- $managed := list "--namespace" "-n" "--zoo-uri" "--zoo-endpoint" "--zoo-secret" "--zoo-secret-access-key" "--zoo-secret-secret-key" "--zoo-share" "--zoo-pod-access" "--zoo-access-hours" "--default-image" "--image-pull-policy" "--trainer-service-account" "--trainer-metrics-port" "--termination-grace-seconds" "--gpu-type" "--gpu-type-label" "--gpu-resource" "--max-gpus-per-job" "--cpu-slots-per-node" "--kueue" "--no-kueue" "--placement-use-milp" "--no-placement-use-milp" "--placement-time-limit-seconds" "--placement-interval-seconds" "--placement-freeze-window-seconds" "--liveness-port" "--metrics-port" "--kubeconfig" "--verbose" "--no-verbose" "--help" "-h" "--peering" "--finalizer" "--no-finalizer" "--pod-security-context" "--container-security-context" -}}
 {{- $open := list "--kueue-api-version" "--zoo-secret-session-token" "--zoo-retry-limit" "--zoo-retry-delay-seconds" "--zoo-retry-max-delay-seconds" "--zoo-request-attempts" "--zoo-refresh-seconds" "--zoo-query-timeout-seconds" "--zoo-capacity" "--zoo-gc-interval-seconds" "--zoo-hit-half-life-seconds" "--warm-start-graph-timeout-seconds" "--liveness-host" "--metrics-host" "--housekeeping-interval-seconds" "--pod-start-timeout-seconds" "--progress-address" "--progress-timeout-seconds" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" "--profile-timeout-seconds" "--placement-objective" "--namespace-gpu-quota" "--priority-weight" "--resize" "--no-resize" "--resize-min-gain" "--resize-min-interval-seconds" "--resize-restart-seconds" "--resize-grow-price" "--resize-grow-load-exponent" "--resize-short-job-weight" -}}
+{{- /* The open flags that take no value; the others need one (each extraArg is one argument). */ -}}
+{{- $switches := list "--resize" "--no-resize" "--profile-entrypoint-models" "--no-profile-entrypoint-models" "--profile-unmeasured" "--no-profile-unmeasured" -}}
+{{- $repeatable := list "--namespace-gpu-quota" "--priority-weight" -}}
+{{- $seen := dict -}}
 {{- range .Values.operator.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
 {{- if has $flag $managed -}}
 {{- fail (printf "operator.extraArgs: %s is set by the chart from its values (see values.yaml); set the value instead" $flag) -}}
 {{- else if not (has $flag $open) -}}
 {{- fail (printf "operator.extraArgs: %s is not a kiln operator flag the chart leaves open; use one of %s, as --flag=value" $flag (join ", " $open)) -}}
+{{- else if and (has $flag $switches) (contains "=" .) -}}
+{{- fail (printf "operator.extraArgs: %s takes no value; give %s, or its --no- form, alone" . $flag) -}}
+{{- else if and (not (has $flag $switches)) (not (contains "=" .)) -}}
+{{- fail (printf "operator.extraArgs: %s needs a value in the same item, as %s=VALUE" $flag $flag) -}}
+{{- end -}}
+{{- /* the operator would take the last of two silently: --resize and --no-resize are one setting */ -}}
+{{- $setting := $flag | replace "--no-" "--" -}}
+{{- if and (hasKey $seen $setting) (not (has $flag $repeatable)) -}}
+{{- fail (printf "operator.extraArgs: %s is given twice (%s and %s); keep one" $setting (get $seen $setting) .) -}}
+{{- end -}}
+{{- $_ := set $seen $setting . -}}
+{{- end -}}
+{{- /* KILN_OPERATOR_<SETTING> in operator.env would lose to the flag the chart passes, or set
+what the values leave unset (e.g. peering with one replica): the values decide these. */ -}}
+{{- $lists := dict "--namespace" "NAMESPACES" "--gpu-resource" "GPU_RESOURCES" -}}
+{{- $managedEnv := dict -}}
+{{- range $managed -}}
+{{- if and (hasPrefix "--" .) (not (hasPrefix "--no-" .)) (ne . "--help") -}}
+{{- $name := get $lists . | default (trimPrefix "--" . | replace "-" "_" | upper) -}}
+{{- $_ := set $managedEnv (printf "KILN_OPERATOR_%s" $name) . -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.operator.env -}}
+{{- if hasKey $managedEnv .name -}}
+{{- fail (printf "operator.env: %s sets the operator's %s, which the chart sets from its values (see values.yaml); set the value instead" .name (get $managedEnv .name)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
