@@ -594,6 +594,14 @@ async def _create_pod(deps: Deps, e: jobs.Edit, job: api.TrainingJob, attempt: i
         deps.caches.create_retry.pop(_uid(body), None)
 
 
+def create_retry_delay(interval_seconds: float, refusals: int) -> float:
+    """Seconds until a refused pod is created again: `interval_seconds`, doubled for each
+    refusal in a row, at most `CREATE_RETRY_MAX_SECONDS`."""
+    # The count grows for as long as the refusals last (days, at the cap): 2.0 ** 1024 would
+    # overflow, and any count past 64 is at the cap already.
+    return min(CREATE_RETRY_MAX_SECONDS, interval_seconds * 2.0 ** min(refusals, 64))
+
+
 def _refused(deps: Deps, e: jobs.Edit, pod: str, exc: kube.ApiError) -> None:
     """The API server forbade creating `pod`: Running=False/FailedCreate with its words (a
     Warning event, as the Job controller's FailedCreate), and a retry once the back-off has
@@ -601,8 +609,7 @@ def _refused(deps: Deps, e: jobs.Edit, pod: str, exc: kube.ApiError) -> None:
     `CREATE_RETRY_MAX_SECONDS` (`_start_attempt`)."""
     uid = _uid(e.body or {})
     refusals, _ = deps.caches.create_retry.get(uid, (0, 0.0))
-    delay = min(CREATE_RETRY_MAX_SECONDS,
-                deps.options.housekeeping_interval_seconds * 2.0 ** refusals)
+    delay = create_retry_delay(deps.options.housekeeping_interval_seconds, refusals)
     deps.caches.create_retry[uid] = (refusals + 1, deps.clock() + delay)
     advice = ("raise the namespace's ResourceQuota or end some of its pods"
               if "exceeded quota" in exc.message else "see the message")
