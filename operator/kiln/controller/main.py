@@ -211,6 +211,11 @@ def _text(name: str) -> Any:
                                      "s3://bucket[/prefix]")
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
+        if name == "zoo_endpoint":
+            try:
+                store.parse_endpoint(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         if name == "gpu_type" and not _LABEL_VALUE.match(text):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a node label value (letters, digits, '-', '_', '.'; at most "

@@ -339,7 +339,7 @@ def parse_endpoint(endpoint: str, *, secure: bool = False) -> tuple[str, bool]:
                 f"invalid S3 endpoint {endpoint!r}: use host:port or http(s)://host:port"
             )
         text, secure = parts.netloc, parts.scheme == "https"
-    if not text or "/" in text:
+    if not text or "/" in text or any(ch.isspace() for ch in text):
         raise ValueError(f"invalid S3 endpoint {endpoint!r}: use host:port or http(s)://host:port")
     return text, secure
 

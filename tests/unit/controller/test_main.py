@@ -68,6 +68,7 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--zoo-retry-limit", "-2"], "must be 0 or more"),
     (["--zoo-retry-limit", "1.5"], "expected a whole number"),
     (["--metrics-port", "70000"], "a port is at most 65535"),
+    (["--zoo-endpoint", "minio 9000"], "invalid S3 endpoint 'minio 9000'"),
     (["--max-gpus-per-job", "0"], "must be greater than 0"),
     (["--zoo-request-attempts", "1026"], "must be at most 100"),
     (["--termination-grace-seconds", "0"], "must be greater than 0"),
