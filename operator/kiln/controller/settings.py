@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kiln
-from kiln.api import names
+from kiln.api import names, podschema
 from kiln.controller import cluster, pods
 from kiln.placement import introspect, types
 
@@ -250,6 +250,11 @@ def security_context(text: str, flag: str) -> dict[str, Any]:
     if not isinstance(value, dict):  # a bad flag value, reported like the others
         raise ValueError(  # noqa: TRY004
             f"--{flag}: must be a JSON object (got {text!r}), e.g. " '{"runAsNonRoot": true}')
+    # What the API server would refuse in every trainer pod: refused at start instead.
+    kind = "V1PodSecurityContext" if flag.startswith("pod") else "V1SecurityContext"
+    problems = podschema.pod_schema_problems(value, kind, "")
+    if problems:
+        raise ValueError(f"--{flag}: " + "; ".join(p.lstrip(".") for p in problems))
     return value
 
 

@@ -83,6 +83,9 @@ def test_resize_flags_make_the_introspection_policy_or_turn_it_off() -> None:
     (["--gpu-resource", "gpu"], "'gpu' is not an extended resource name"),
     (["--pod-security-context", "runAsNonRoot"], "not JSON"),
     (["--container-security-context", "[1]"], "must be a JSON object"),
+    (["--pod-security-context", '{"runAsUser": "root"}'], "runAsUser: must be an integer"),
+    (["--container-security-context", '{"capabilities": {"drop": "ALL"}}'],
+     "capabilities.drop: must be a list"),
     (["--peering", "Kiln Peers"], "'Kiln Peers' is not an object name"),
     # Accepted before, then every trainer pod (or every warm-start search) failed.
     (["--trainer-metrics-port", "0"], "must be greater than 0"),
