@@ -42,6 +42,9 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
      "/operator/resources/requests/cpu"),
     ({"minio": {"persistence": {"size": "10 gigs"}}}, "/minio/persistence/size"),
     ({"trainer": {"gpuTypeLabel": "nvidia gpu product"}}, "/trainer/gpuTypeLabel"),
+    ({"commonLabels": {"team": "ML team"}}, "/commonLabels/team"),
+    ({"operator": {"podLabels": {"cost center": "ml"}}}, "/operator/podLabels"),
+    ({"operator": {"nodeSelector": {"pool": "gpu-" + "x" * 70}}}, "/operator/nodeSelector/pool"),
 ]
 
 
