@@ -546,7 +546,8 @@ def run(options: settings.Options) -> None:
     Raises:
         kopf.LoginError: no credentials (no kubeconfig and not in a pod).
         ApiUnreachable: no connection to the API server opens (after a few seconds of tries).
-        ValueError: unusable zoo settings.
+        ValueError: unusable zoo settings, or /metrics cannot be served at --metrics-host and
+            --metrics-port.
     """
     logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -570,8 +571,14 @@ def run(options: settings.Options) -> None:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, options, operator.gate)
     if options.metrics_port:
-        prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_host,
-                                            registry=operator.deps.metrics.registry)
+        try:
+            prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_host,
+                                                registry=operator.deps.metrics.registry)
+        except OSError as exc:  # no such interface (socket.gaierror), or the port is taken
+            raise ValueError(f"--metrics-host {options.metrics_host} --metrics-port "
+                             f"{options.metrics_port}: cannot serve /metrics there ({exc}); "
+                             "give an interface of this host (0.0.0.0 for all) and a free "
+                             "port") from None
     liveness = (f"http://{options.liveness_host}:{options.liveness_port}/healthz"
                 if options.liveness_port else None)
     _log.info("Kiln operator: API server %s, %s, zoo %s", connection.server,

@@ -269,3 +269,31 @@ def test_security_context_flags_reach_the_pod_builder() -> None:
     pod_settings = settings.pod_settings(options)
     assert pod_settings.pod_security_context == {"runAsNonRoot": True, "fsGroup": 2000}
     assert pod_settings.container_security_context == {"readOnlyRootFilesystem": True}
+
+
+def test_kiln_operator_with_metrics_on_no_interface_exits_2_naming_the_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "")  # connection_info sets it; restore afterwards
+    handler = type("Handler", (_Server,), {"kubernetes": True})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=functools.partial(server.serve_forever, poll_interval=0.01),
+                              daemon=True)
+    thread.start()
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "c", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "c"}}]}))
+    try:
+        code = main.main(["--kubeconfig", str(config), "--zoo-uri", str(tmp_path / "zoo"),
+                          "--metrics-host", "no-such-host.invalid"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "--metrics-host no-such-host.invalid" in out and "cannot serve /metrics" in out, out
+    assert "Traceback" not in out
