@@ -57,8 +57,18 @@ def read_sweep(path: Path, text: str | None = None) -> _Sweep:
         api.InvalidSpec: not readable, not one TrainingSweep document, or invalid (every field
             named).
     """
-    found = (jobfile.load_documents(path) if text is None
-             else jobfile.parse_documents(text, source=str(path)))
+    try:
+        found = (jobfile.load_documents(path) if text is None
+                 else jobfile.parse_documents(text, source=str(path)))
+    except api.InvalidSpec as exc:
+        if exc.kind not in (api.KIND, api.runtime.RUNTIME_KIND,
+                            api.runtime.CLUSTER_RUNTIME_KIND):
+            raise  # the sweep's own problems, or a file that is not YAML
+        # Another kind that does not validate: what matters here is that it is no sweep.
+        found_kind = (f"expected one TrainingSweep document; found an invalid {exc.kind}: "
+                      + "; ".join(exc.problems))
+        raise api.InvalidSpec([found_kind], source=str(path), kind=api.sweep.SWEEP_KIND
+                              ) from None
     if len(found) != 1 or not isinstance(found[0], api.sweep.TrainingSweep):
         kinds = ", ".join(doc.kind for doc in found)
         raise api.InvalidSpec([f"expected one TrainingSweep document; found: {kinds}"],

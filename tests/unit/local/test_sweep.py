@@ -237,6 +237,13 @@ def test_sweep_show_names_what_it_could_not_find(tmp_path: Path) -> None:
     wrong = clirun.kiln("sweep", "show", "job.yaml", cwd=tmp_path)
     assert wrong.returncode == cli.EXIT_USAGE
     assert "expected one TrainingSweep document; found: TrainingJob" in wrong.stderr
+    (tmp_path / "bad-job.yaml").write_text(yaml.safe_dump(  # no spec.model: invalid too
+        {"apiVersion": "kiln.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},
+         "spec": {}}), encoding="utf-8")
+    wrong = clirun.kiln("sweep", "show", "bad-job.yaml", cwd=tmp_path)
+    assert wrong.returncode == cli.EXIT_USAGE
+    assert ("expected one TrainingSweep document; found an invalid TrainingJob: spec.model"
+            in wrong.stderr), wrong.stderr
 
 
 def test_plot_draws_every_trial_of_a_sweep_pruned_ones_dashed(tmp_path: Path) -> None:
