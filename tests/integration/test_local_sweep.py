@@ -333,8 +333,8 @@ def test_an_accuracy_reported_as_a_percentage_neither_reaches_the_target_nor_ran
     file = _reporting_sweep(tmp_path, "percent", 95.0, objective=objective)
     done = clirun.kiln("sweep", "run", str(file), "-o", "json", cwd=tmp_path, env=_env())
     assert done.returncode == 1, done.stderr
-    assert "percent-t0: epoch 1: reported validation_accuracy 95.0, which is not a fraction " \
-           "in [0, 1]; ignored" in done.stderr
+    assert "percent-t0: epoch 1: reported validation_accuracy 95.0, ignored: an accuracy is " \
+           "a fraction in [0, 1] (got 95.0); write 0.91, not 91" in done.stderr, done.stderr
     swept = api.sweep.parse_sweep(json.loads(done.stdout))
     assert swept.status is not None and swept.status.best is None
     assert [t.state for t in swept.status.history] == [api.sweep.TrialState.SUCCEEDED] * 2

@@ -65,6 +65,7 @@ from kiln.api.names import (
     TransferredMode,
     WarmStartOutcome,
     ZooShare,
+    metric_problem,
     non_ascii,
 )
 from kiln.api.podschema import (
@@ -212,6 +213,7 @@ __all__ = [
     "check_schema",
     "edited_parts",
     "ignored_edits",
+    "metric_problem",
     "nesting_depth",
     "non_ascii",
     "parse_job",

@@ -197,6 +197,18 @@ class TargetMetric(enum.StrEnum):
     VALIDATION_LOSS = "validation_loss"
 
 
+def metric_problem(metric: str, value: float) -> str | None:
+    """What is wrong with `value` as a `metric`, or None: an accuracy is a fraction in [0, 1]
+    (an own loop may report a percentage), a loss is a cross-entropy, at least 0. A trainer's
+    report, an imported model's --metric and a record all pass this: a value out of range
+    would end a sweep at its target or rank a parent first."""
+    if metric == TargetMetric.VALIDATION_ACCURACY and not 0.0 <= value <= 1.0:
+        return f"an accuracy is a fraction in [0, 1] (got {value}); write 0.91, not 91"
+    if metric == TargetMetric.VALIDATION_LOSS and value < 0.0:
+        return f"a loss is a cross-entropy, at least 0 (got {value})"
+    return None
+
+
 class DatasetName(enum.StrEnum):
     DIGITS = "digits"  # scikit-learn's bundled handwritten digits (1,797 8x8 images)
     IMAGEFOLDER = "imagefolder"  # torchvision ImageFolder at `path`

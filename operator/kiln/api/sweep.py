@@ -372,20 +372,12 @@ def trial_name(sweep: str, index: int) -> str:
 
 def objective_value(metric: names.TargetMetric, value: Any) -> float | None:
     """`value`, a trainer's report of `metric`, as an evaluation, or None when it cannot be
-    one: not a finite number, an accuracy outside [0, 1] (an own loop may report a
-    percentage), a negative loss. A trainer's report is user code's: a value the metric cannot
-    take would end a sweep at its target or lead its search."""
+    one: not a finite number, or one `names.metric_problem` refuses. A trainer's report is
+    user code's: a value the metric cannot take would end a sweep at its target or lead its
+    search."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    if metric is names.TargetMetric.VALIDATION_ACCURACY:
-        return float(value) if 0.0 <= value <= 1.0 else None
-    return float(value) if value >= 0.0 else None
-
-
-def objective_range(metric: names.TargetMetric) -> str:
-    """The values `objective_value` takes for `metric`, in words."""
-    return ("a fraction in [0, 1]" if metric is names.TargetMetric.VALIDATION_ACCURACY
-            else "0 or above")
+    return None if names.metric_problem(metric, value) else float(value)
 
 
 # ---------------------------------------------------------------------------- checks

@@ -251,7 +251,7 @@ async def collect_zoo(deps: lifecycle.Deps) -> eviction.Plan | None:
         def drop() -> list[str]:
             gone = []
             for record_id in stale:
-                if records.claims_of(zoo, record_id) & running or not eviction.unusable(
+                if records.claims_of(zoo, record_id) & running or not records.unusable(
                         zoo, record_id):
                     continue
                 records.delete_record(zoo, record_id)

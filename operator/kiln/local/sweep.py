@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import queue
 import threading
@@ -171,8 +172,9 @@ def misreported(spec: api.sweep.TrainingSweepSpec, values: dict[str, Any]) -> st
     value = values.get(metric.value)
     if value is None or objective_of(spec, values) is not None:
         return None
-    return (f"reported {metric.value} {value!r}, which is not {api.sweep.objective_range(metric)}"
-            "; ignored (a trainer reports an accuracy as a fraction, not a percentage)")
+    why = (api.metric_problem(metric, value) if isinstance(value, int | float)
+           and not isinstance(value, bool) and math.isfinite(value) else "not a finite number")
+    return f"reported {metric.value} {value!r}, ignored: {why}"
 
 
 def conditions(old: Sequence[api.sweep.SweepCondition], standing: sweep.Standing,

@@ -55,20 +55,10 @@ def parse_metric(text: str) -> tuple[str, float]:
         number = math.nan
     if not math.isfinite(number):
         raise WeightsError(f"--metric {text!r}: {value.strip()!r} is not a finite number")
-    problem = metric_problem(name.strip(), number)
+    problem = api.metric_problem(name.strip(), number)
     if problem:
         raise WeightsError(f"--metric {text!r}: {problem}")
     return name.strip(), number
-
-
-def metric_problem(name: str, value: float) -> str | None:
-    """What is wrong with a metric a record would hold, or None: an accuracy outside [0, 1],
-    or a negative loss (a cross-entropy is at least 0, and a lower loss ranks a parent first)."""
-    if name == api.TargetMetric.VALIDATION_ACCURACY and not 0.0 <= value <= 1.0:
-        return f"an accuracy is a fraction in [0, 1] (got {value}); write 0.91, not 91"
-    if name == api.TargetMetric.VALIDATION_LOSS and value < 0.0:
-        return f"a loss is a cross-entropy, at least 0 (got {value})"
-    return None
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:
@@ -207,7 +197,7 @@ def import_weights(
 def check_export(record: records.ZooRecord, state: Mapping[str, Tensor], folder: Path) -> None:
     """Refuse an exported record (`kiln zoo import EXPORT_DIR`) whose weights do not fit the
     model its meta.json describes, as `import_weights` refuses weights that do not fit, or
-    whose metrics `metric_problem` refuses (as --metric would).
+    whose metrics `api.metric_problem` refuses (as --metric would).
 
     A built-in architecture is built from the record's architecture, args and input_shape on
     the meta device (no memory for the weights), every key and shape is compared
@@ -221,7 +211,7 @@ def check_export(record: records.ZooRecord, state: Mapping[str, Tensor], folder:
     for name, value in ((record.metric_name, record.metric_value),
                         (api.TargetMetric.VALIDATION_ACCURACY, record.validation_accuracy),
                         (api.TargetMetric.VALIDATION_LOSS, record.validation_loss)):
-        problem = metric_problem(name, value) if value is not None else None
+        problem = api.metric_problem(name, value) if value is not None else None
         if problem:
             raise WeightsError(f"{meta}: {name}: {problem}; the export was edited or damaged: "
                                "export it again")

@@ -265,25 +265,6 @@ def abandoned(zoo: store.ObjectStore, entries: Iterable[Entry], *,
             and all(watched(namespace) for namespace, _ in owners)]
 
 
-def unusable(zoo: store.ObjectStore, record_id: str) -> bool:
-    """Whether a record folder still exists and is unusable as `records.list_records` judges:
-    no meta.json, weights or graph file, or a meta.json it refuses.
-
-    Raises:
-        StoreUnavailable: the store failed.
-    """
-    names = {key.rsplit("/", 1)[-1] for key in zoo.list_keys(records.record_prefix(record_id))}
-    if not names:
-        return False  # gone already
-    if not {records.META_NAME, records.WEIGHTS_NAME, records.GRAPH_NAME} <= names:
-        return True
-    try:
-        records.read_record(zoo, record_id)
-    except (ValueError, store.ObjectNotFound):  # CorruptRecord; or meta.json deleted meanwhile
-        return True
-    return False
-
-
 def plan(entries: Iterable[Entry], *, capacity_bytes: int) -> Plan:
     """Choose what to evict so the rest fits `capacity_bytes` and keeps the most value.
 

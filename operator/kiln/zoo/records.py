@@ -446,6 +446,7 @@ if TYPE_CHECKING:
 MODELS_PREFIX = "models/"
 WEIGHTS_NAME = "weights.safetensors"
 GRAPH_NAME = "graph.json"
+RECORD_FILES = (META_NAME, WEIGHTS_NAME, GRAPH_NAME)  # what a usable record holds
 HISTORY_NAME = "history.jsonl"  # the trainer's evaluations: the curves `kiln plot` draws
 CHECKPOINTS_PREFIX = "checkpoints/"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -811,7 +812,7 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
             _skip(record_id, f"its folder name is no record id ({exc}), so it is no Kiln "
                   f"record; delete {MODELS_PREFIX}{record_id}/ from the store itself", zoo)
             continue
-        missing = [n for n in (META_NAME, WEIGHTS_NAME, GRAPH_NAME) if n not in names]
+        missing = [n for n in RECORD_FILES if n not in names]
         if META_NAME in missing:
             _skip(record_id, f"has no {META_NAME} (half-written, or being deleted)", zoo)
             continue
@@ -825,6 +826,25 @@ def list_records(zoo: store.ObjectStore) -> list[ZooRecord]:
         except store.ObjectNotFound:
             _log.debug("zoo record %s was deleted while listing %s", record_id, zoo.describe())
     return records
+
+
+def unusable(zoo: store.ObjectStore, record_id: str) -> bool:
+    """Whether a record folder still exists and `list_records` would skip it: a file of
+    `RECORD_FILES` missing, or a meta.json it refuses.
+
+    Raises:
+        StoreUnavailable: the store failed.
+    """
+    names = {key.rsplit("/", 1)[-1] for key in zoo.list_keys(record_prefix(record_id))}
+    if not names:
+        return False  # gone already
+    if not set(RECORD_FILES) <= names:
+        return True
+    try:
+        read_record(zoo, record_id)
+    except (ValueError, store.ObjectNotFound):  # CorruptRecord; or meta.json deleted meanwhile
+        return True
+    return False
 
 
 def delete_record(zoo: store.ObjectStore, record_id: str) -> None:

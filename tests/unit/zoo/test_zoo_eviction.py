@@ -221,6 +221,6 @@ def test_abandoned_is_only_unusable_records_reserved_for_jobs_that_ended_in_watc
     found = eviction.abandoned(zoo, entries, live_jobs=[("team-a", "live")],
                                watched=lambda namespace: namespace != "team-z")
     assert found == ["ended-00000001"]
-    assert eviction.unusable(zoo, "ended-00000001")
-    assert not eviction.unusable(zoo, "usable-00000005")
-    assert not eviction.unusable(zoo, "gone-00000006")  # no folder: nothing to delete
+    assert records.unusable(zoo, "ended-00000001")
+    assert not records.unusable(zoo, "usable-00000005")
+    assert not records.unusable(zoo, "gone-00000006")  # no folder: nothing to delete
